@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <span>
 #include <string>
 
@@ -43,3 +44,8 @@ struct CompareOptions {
 ::testing::AssertionResult has_nonzero(std::span<const float> values);
 
 }  // namespace octet::testing
+
+namespace octet {
+// Lets GoogleTest print a Dtype parameter by name (found by argument-dependent lookup).
+inline void PrintTo(Dtype d, std::ostream* os) { *os << dtype_name(d); }
+}  // namespace octet

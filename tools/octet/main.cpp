@@ -1,1 +1,101 @@
-int main() { return 0; }
+// The `octet` command-line tool: builds the command tree, parses the arguments and turns every failure into
+// one line on standard error and an exit code: 0 success, 1 internal error or failed output, 2 invalid
+// arguments or input. CLI11's own printing and exit codes are bypassed so that every usage error looks the
+// same and exits with 2.
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cmd_fp8.h"
+#include "io.h"
+#include "octet/check.h"
+#include "octet/version.h"
+
+namespace {
+
+// "octet fp8 quantize": the chosen command, as far as parsing got.
+std::string command_path(const CLI::App& root) {
+  std::string path = root.get_name();
+  const CLI::App* app = &root;
+  for (;;) {
+    const std::vector<const CLI::App*> chosen = app->get_subcommands([](const CLI::App*) { return true; });
+    const CLI::App* next = nullptr;
+    for (const CLI::App* sub : chosen) {
+      if (sub->parsed()) next = sub;
+    }
+    if (next == nullptr) return path;
+    path += " " + next->get_name();
+    app = next;
+  }
+}
+
+// Messages become one line: CLI11 and exception texts may contain newlines.
+std::string one_line(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!text.empty() && (text.back() == ' ' || text.back() == '.')) text.pop_back();
+  return text;
+}
+
+void print_error(const std::string& command, const char* what, const std::string& message) {
+  std::fputs(fmt::format("{}: {}: {}\n", command, what, one_line(message)).c_str(), stderr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("octet: FP8 mixed-precision training engine, command-line tool", "octet");
+  app.set_version_flag("--version", fmt::format("octet {}", octet::kVersion), "Print the version and exit");
+  app.require_subcommand(0, 1);  // none: print help and fail; two: a usage error
+  app.footer(
+      "Exit codes: 0 success, 1 internal error or output that could not be written, 2 invalid arguments\n"
+      "or input (one line on standard error says what and where; nothing is printed on standard output).\n"
+      "\n"
+      "Examples:\n"
+      "  octet fp8 table --format e5m2\n"
+      "  echo \"0.5 300 1e-4\" | octet fp8 quantize --format e4m3 --scale 2\n"
+      "  octet fp8 quantize --help");
+  octet::cli::Fp8Command fp8(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);  // help() shows the deepest chosen subcommand
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    std::fputs(app.help("", CLI::AppFormatMode::All).c_str(), stdout);
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    std::fputs(fmt::format("{}\n", e.what()).c_str(), stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    const std::string command = command_path(app);
+    print_error(command, "error",
+                fmt::format("{}; run '{} --help' for usage", one_line(e.what()), command));
+    return 2;
+  }
+
+  const std::string command = command_path(app);
+  if (!fp8.leaf_selected()) {
+    // `octet` or `octet fp8` alone: a usage error whose most useful message is the list of commands.
+    std::fputs(app.help().c_str(), stderr);
+    return 2;
+  }
+  try {
+    fp8.run(stdin, stdout, stderr);
+    return 0;
+  } catch (const octet::Error& e) {
+    print_error(command, e.kind() == octet::ErrorKind::internal ? "internal error" : "error", e.what());
+    return e.exit_code();
+  } catch (const octet::cli::IoError& e) {
+    print_error(command, "error", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    print_error(command, "internal error", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,316 @@
+// The fused FP8 cast kernels (see octet/cuda/cast.h) and their launcher. Two kernels share one per-element
+// step: a flat grid-stride kernel with float4 loads for the row-major codes alone, and a tiled kernel that
+// also writes the transposed codes through shared memory. The per-element step is the CPU reference's
+// cast_one (src/numerics/quantize.cpp) line for line, so the bytes, amax and counts agree exactly.
+#include "octet/cuda/cast.h"
+
+#include <cmath>
+
+#include "octet/check.h"
+#include "octet/cuda/device.h"
+#include "octet/numerics/minifloat.h"
+#include "octet/numerics/random.h"
+
+namespace octet::cuda {
+namespace {
+
+constexpr int kThreads = 256;        // flat kernel block size
+constexpr int kTile = 32;            // transpose tile edge: one warp spans a tile row
+constexpr int kTileRowsPerPass = 8;  // transpose block is kTile x kTileRowsPerPass = 256 threads
+constexpr int kBlocksPerMultiprocessor = 8;
+
+constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
+constexpr uint32_t kInfBits = 0x7F800000u;
+constexpr uint32_t kQuietNanBits = 0x7FC00000u;
+
+// What one thread saw. amax_bits holds |x| as float bits: for non-negative floats the bit patterns order like
+// the values (+0 lowest, +Inf highest finite-or-infinite), so an unsigned max is a float max. A NaN input
+// contributes a quiet NaN's bits, which exceed +Inf's, so the maximum is NaN exactly when some input was NaN
+// (octet::compute_amax's rule) and no separate flag is needed: nan_inputs counts them anyway.
+// A plain aggregate (no member initialisers) so that it may live in __shared__ memory.
+struct Tally {
+  uint32_t amax_bits;
+  unsigned long long saturated;
+  unsigned long long underflowed;
+  unsigned long long nan_inputs;
+};
+
+__device__ __forceinline__ uint32_t float_bits(float x) { return __float_as_uint(x); }
+
+// cast_one of src/numerics/quantize.cpp: scale in float32, encode, count. Format and rounding are template
+// parameters so that the generic encoder folds to this format's constants.
+template <Dtype Format, bool Stochastic>
+__device__ __forceinline__ uint32_t cast_element(float x, float scale, Overflow overflow, uint64_t seed,
+                                                 uint64_t index, Tally& tally) {
+  constexpr MinifloatSpec spec = minifloat_spec(Format);
+  constexpr uint32_t sign_bit = 1u << (spec.exponent_bits + spec.mantissa_bits);
+  // __fmul_rn: round-to-nearest and never contracted into an FMA, as the host's x * scale.
+  const float scaled = __fmul_rn(x, scale);
+  uint32_t random_bits = 0;
+  const uint32_t* random = nullptr;
+  if constexpr (Stochastic) {
+    random_bits = CounterRng(seed).bits(index);
+    random = &random_bits;
+  } else {
+    (void)seed;
+    (void)index;
+  }
+  const EncodeResult r = encode_checked(spec, scaled, overflow, random);
+  const uint32_t abs_bits = float_bits(x) & kAbsMask;
+  const bool nan = abs_bits > kInfBits;
+  tally.nan_inputs += nan ? 1u : 0u;
+  tally.saturated += r.overflow ? 1u : 0u;
+  tally.underflowed += (abs_bits != 0u && !nan && (r.code & ~sign_bit) == 0u) ? 1u : 0u;
+  const uint32_t amax_candidate = nan ? kQuietNanBits : abs_bits;
+  tally.amax_bits = amax_candidate > tally.amax_bits ? amax_candidate : tally.amax_bits;
+  return r.code;
+}
+
+__device__ __forceinline__ void warp_reduce(Tally& t) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const uint32_t other_amax = __shfl_xor_sync(0xFFFFFFFFu, t.amax_bits, offset);
+    t.amax_bits = other_amax > t.amax_bits ? other_amax : t.amax_bits;
+    t.saturated += __shfl_xor_sync(0xFFFFFFFFu, t.saturated, offset);
+    t.underflowed += __shfl_xor_sync(0xFFFFFFFFu, t.underflowed, offset);
+    t.nan_inputs += __shfl_xor_sync(0xFFFFFFFFu, t.nan_inputs, offset);
+  }
+}
+
+// Block reduction, then one atomic per quantity and block. Every thread of the block must call it; the block
+// size is a multiple of 32 (both kernels use 256 threads).
+__device__ void flush_tally(Tally t, CastResults* results) {
+  __shared__ Tally warp_tallies[32];
+  const unsigned thread = threadIdx.y * blockDim.x + threadIdx.x;
+  const unsigned lane = thread % 32u;
+  const unsigned warp = thread / 32u;
+  const unsigned warps = (blockDim.x * blockDim.y) / 32u;
+  warp_reduce(t);
+  if (lane == 0) warp_tallies[warp] = t;
+  __syncthreads();
+  if (warp != 0) return;
+  Tally w = lane < warps ? warp_tallies[lane] : Tally{0u, 0ull, 0ull, 0ull};
+  warp_reduce(w);
+  if (lane != 0) return;
+  if (w.amax_bits != 0u) atomicMax(reinterpret_cast<unsigned int*>(&results->amax), w.amax_bits);
+  if (w.saturated != 0u) atomicAdd(&results->saturated, w.saturated);
+  if (w.underflowed != 0u) atomicAdd(&results->underflowed, w.underflowed);
+  if (w.nan_inputs != 0u) atomicAdd(&results->nan_inputs, w.nan_inputs);
+}
+
+struct KernelParameters {
+  const float* input;
+  int64_t rows;
+  int64_t cols;
+  const float* scale;
+  uint8_t* output;
+  uint8_t* output_transposed;
+  float* scale_inv;
+  CastResults* results;
+  Overflow overflow;
+  uint64_t seed;
+  int64_t vector_groups;  // flat kernel: groups of 4 elements read as float4 (0 when unaligned)
+};
+
+__device__ __forceinline__ void write_scale_inv(const KernelParameters& p, float scale) {
+  // __fdiv_rn: the correctly rounded 1 / scale of the host, whatever the division flags.
+  if (p.scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+    *p.scale_inv = __fdiv_rn(1.0f, scale);
+  }
+}
+
+// Row-major codes only. Groups of four elements: one float4 load and one 32-bit store of four codes (little
+// endian, so code i lands at byte i); then the n % 4 elements (or all of them when unaligned) one by one.
+template <Dtype Format, bool Stochastic>
+__global__ void __launch_bounds__(kThreads) cast_amax_kernel(const KernelParameters p) {
+  const float scale = *p.scale;
+  const int64_t n = p.rows * p.cols;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  Tally t{0u, 0ull, 0ull, 0ull};
+  const float4* input4 = reinterpret_cast<const float4*>(p.input);
+  uint32_t* output4 = reinterpret_cast<uint32_t*>(p.output);
+  for (int64_t g = first; g < p.vector_groups; g += stride) {
+    const float4 v = __ldg(input4 + g);
+    const uint64_t i = static_cast<uint64_t>(g) * 4u;
+    const uint32_t c0 = cast_element<Format, Stochastic>(v.x, scale, p.overflow, p.seed, i, t);
+    const uint32_t c1 = cast_element<Format, Stochastic>(v.y, scale, p.overflow, p.seed, i + 1, t);
+    const uint32_t c2 = cast_element<Format, Stochastic>(v.z, scale, p.overflow, p.seed, i + 2, t);
+    const uint32_t c3 = cast_element<Format, Stochastic>(v.w, scale, p.overflow, p.seed, i + 3, t);
+    output4[g] = c0 | (c1 << 8) | (c2 << 16) | (c3 << 24);
+  }
+  for (int64_t i = p.vector_groups * 4 + first; i < n; i += stride) {
+    p.output[i] = static_cast<uint8_t>(cast_element<Format, Stochastic>(__ldg(p.input + i), scale, p.overflow,
+                                                                         p.seed, static_cast<uint64_t>(i), t));
+  }
+  write_scale_inv(p, scale);
+  flush_tally(t, p.results);
+}
+
+// Row-major and transposed codes. A block walks kTile x kTile tiles (grid-stride over tiles): it reads a
+// tile row by row (a warp reads 32 consecutive floats), writes the row-major codes, keeps them in shared
+// memory, and writes the tile's transpose row by row. The tile is 32-bit words with one column of padding,
+// so that both the row-wise writes and the column-wise reads hit 32 different banks.
+template <Dtype Format, bool Stochastic>
+__global__ void __launch_bounds__(kTile * kTileRowsPerPass) cast_transpose_amax_kernel(const KernelParameters p) {
+  __shared__ uint32_t tile[kTile][kTile + 1];
+  const float scale = *p.scale;
+  const int64_t tile_rows = (p.rows + kTile - 1) / kTile;
+  const int64_t tile_cols = (p.cols + kTile - 1) / kTile;
+  const int64_t tiles = tile_rows * tile_cols;
+  Tally t{0u, 0ull, 0ull, 0ull};
+  for (int64_t tile_index = blockIdx.x; tile_index < tiles; tile_index += gridDim.x) {
+    const int64_t row0 = (tile_index / tile_cols) * kTile;
+    const int64_t col0 = (tile_index % tile_cols) * kTile;
+    for (int k = static_cast<int>(threadIdx.y); k < kTile; k += kTileRowsPerPass) {
+      const int64_t r = row0 + k;
+      const int64_t c = col0 + threadIdx.x;
+      if (r < p.rows && c < p.cols) {
+        const int64_t i = r * p.cols + c;
+        const uint32_t code = cast_element<Format, Stochastic>(__ldg(p.input + i), scale, p.overflow, p.seed,
+                                                               static_cast<uint64_t>(i), t);
+        p.output[i] = static_cast<uint8_t>(code);
+        tile[k][threadIdx.x] = code;
+      }
+    }
+    __syncthreads();
+    for (int k = static_cast<int>(threadIdx.y); k < kTile; k += kTileRowsPerPass) {
+      const int64_t c = col0 + k;  // row of the transposed output
+      const int64_t r = row0 + threadIdx.x;
+      if (r < p.rows && c < p.cols) p.output_transposed[c * p.rows + r] = static_cast<uint8_t>(tile[threadIdx.x][k]);
+    }
+    __syncthreads();  // the next tile overwrites `tile`
+  }
+  write_scale_inv(p, scale);
+  flush_tally(t, p.results);
+}
+
+int multiprocessor_count() {
+  int device = 0;
+  int count = 0;
+  OCTET_CUDA_CHECK(cudaGetDevice(&device));
+  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+// Enough blocks to fill the GPU, no more: the kernels stride over the rest. Always at least one block, which
+// writes scale_inv even for an empty tensor.
+unsigned grid_size(int64_t work_items, int64_t items_per_block) {
+  const int64_t wanted = (work_items + items_per_block - 1) / items_per_block;
+  const int64_t most = static_cast<int64_t>(multiprocessor_count()) * kBlocksPerMultiprocessor;
+  const int64_t blocks = wanted < 1 ? 1 : (wanted < most ? wanted : most);
+  return static_cast<unsigned>(blocks);
+}
+
+template <Dtype Format, bool Stochastic>
+void launch(const KernelParameters& p, cudaStream_t stream) {
+  if (p.output_transposed != nullptr) {
+    const int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
+    const dim3 block(kTile, kTileRowsPerPass);
+    cast_transpose_amax_kernel<Format, Stochastic><<<grid_size(tiles, 1), block, 0, stream>>>(p);
+    OCTET_CUDA_CHECK_LAUNCH("cast_transpose_amax_kernel");
+  } else {
+    const int64_t n = p.rows * p.cols;
+    const int64_t work_items = p.vector_groups + (n - p.vector_groups * 4);
+    cast_amax_kernel<Format, Stochastic><<<grid_size(work_items, kThreads), kThreads, 0, stream>>>(p);
+    OCTET_CUDA_CHECK_LAUNCH("cast_amax_kernel");
+  }
+}
+
+bool aligned(const void* pointer, uintptr_t alignment) {
+  return reinterpret_cast<uintptr_t>(pointer) % alignment == 0;
+}
+
+}  // namespace
+
+void cast_amax(const CastAmaxArguments& a, cudaStream_t stream) {
+  OCTET_REQUIRE(is_fp8(a.format), "cast_amax: the target format must be e4m3 or e5m2, got {}",
+                dtype_name(a.format));
+  OCTET_REQUIRE(a.rows >= 0 && a.cols >= 0, "cast_amax: the shape must not be negative, got [{}, {}]", a.rows,
+                a.cols);
+  const int64_t n = a.rows * a.cols;
+  OCTET_REQUIRE(a.scale != nullptr && a.results != nullptr, "cast_amax: scale and results must be given");
+  OCTET_REQUIRE(n == 0 || (a.input != nullptr && a.output != nullptr),
+                "cast_amax: a [{}, {}] cast needs input and output pointers", a.rows, a.cols);
+
+  KernelParameters p{};
+  p.input = a.input;
+  p.rows = a.rows;
+  p.cols = a.cols;
+  p.scale = a.scale;
+  p.output = a.output;
+  p.output_transposed = n > 0 ? a.output_transposed : nullptr;
+  p.scale_inv = a.scale_inv;
+  p.results = a.results;
+  p.overflow = a.options.overflow;
+  p.seed = a.options.seed;
+  p.vector_groups = (aligned(a.input, 16) && aligned(a.output, 4)) ? n / 4 : 0;
+
+  // The kernels accumulate into results with atomics: start from zero amax (+0.0f bits) and zero counts.
+  OCTET_CUDA_CHECK(cudaMemsetAsync(a.results, 0, sizeof(CastResults), stream));
+  const bool stochastic = a.options.rounding == Rounding::stochastic;
+  if (a.format == Dtype::e4m3 && stochastic) {
+    launch<Dtype::e4m3, true>(p, stream);
+  } else if (a.format == Dtype::e4m3) {
+    launch<Dtype::e4m3, false>(p, stream);
+  } else if (stochastic) {
+    launch<Dtype::e5m2, true>(p, stream);
+  } else {
+    launch<Dtype::e5m2, false>(p, stream);
+  }
+}
+
+DeviceCastOutput cast_on_device(std::span<const float> x, int64_t rows, int64_t cols, Dtype format, float scale,
+                                const CastOptions& options, bool transposed) {
+  OCTET_REQUIRE(rows >= 0 && cols >= 0 && static_cast<int64_t>(x.size()) == rows * cols,
+                "cast_on_device: a [{}, {}] matrix needs {} values, got {}", rows, cols, rows * cols, x.size());
+  OCTET_REQUIRE(scale > 0.0f && std::isfinite(scale),
+                "cast_on_device: the scale must be a positive finite number, got {}", scale);
+  const size_t n = x.size();
+  DeviceBuffer<float> input(n);
+  DeviceBuffer<float> scales(2);  // [0] scale, [1] scale_inv
+  DeviceBuffer<uint8_t> output(n);
+  DeviceBuffer<uint8_t> output_transposed(transposed ? n : 0);
+  DeviceBuffer<CastResults> results(1);
+  input.copy_from_host(x);
+  scales.copy_from_host(std::span<const float>(&scale, 1));
+
+  CastAmaxArguments a;
+  a.input = input.data();
+  a.rows = rows;
+  a.cols = cols;
+  a.format = format;
+  a.scale = scales.data();
+  a.output = output.data();
+  a.output_transposed = output_transposed.data();
+  a.scale_inv = scales.data() + 1;
+  a.results = results.data();
+  a.options = options;
+  cast_amax(a, nullptr);  // the legacy default stream: the synchronous copies below wait for it
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+
+  DeviceCastOutput out;
+  QuantizedTensor& q = out.tensor;
+  q.format = format;
+  q.rows = rows;
+  q.cols = cols;
+  q.granularity = ScaleGranularity::per_tensor;
+  q.data.resize(n);
+  output.copy_to_host(q.data);
+  float scale_and_inverse[2] = {0.0f, 0.0f};
+  scales.copy_to_host(scale_and_inverse);
+  q.scale_inv = {scale_and_inverse[1]};
+  CastResults r{};
+  results.copy_to_host(std::span<CastResults>(&r, 1));
+  q.amax = r.amax;
+  q.stats.elements = static_cast<int64_t>(n);
+  q.stats.saturated = static_cast<int64_t>(r.saturated);
+  q.stats.underflowed = static_cast<int64_t>(r.underflowed);
+  q.stats.nan_inputs = static_cast<int64_t>(r.nan_inputs);
+  if (transposed) {
+    out.transposed.resize(n);
+    output_transposed.copy_to_host(out.transposed);
+  }
+  return out;
+}
+
+}  // namespace octet::cuda
