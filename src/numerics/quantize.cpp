@@ -71,15 +71,19 @@ static QuantizedTensor per_tensor_cast(std::span<const float> x, int64_t rows, i
   q.amax = amax;
   const MinifloatSpec spec = minifloat_spec(format);
   const CounterRng rng(options.seed);
-  for (size_t i = 0; i < x.size(); ++i) q.data[i] = cast_one(x[i], scale, spec, options, rng, i, q.stats);
+  // Counts kept in a local: stores through uint8_t* may alias q's members, and would force reloads.
+  CastStats stats;
+  uint8_t* out = q.data.data();
+  for (size_t i = 0; i < x.size(); ++i) out[i] = cast_one(x[i], scale, spec, options, rng, i, stats);
+  q.stats = stats;
   return q;
 }
 
 QuantizedTensor quantize_with_scale(std::span<const float> x, int64_t rows, int64_t cols, Dtype format,
                                     float scale, const CastOptions& options) {
   check_shape(x, rows, cols, format);
-  OCTET_REQUIRE(scale > 0.0f && std::isfinite(scale), "quantize: the scale must be a positive finite number, "
-                "got {}", scale);
+  OCTET_REQUIRE(is_valid_scale(scale), "quantize: the scale must be a positive finite number with a finite "
+                "inverse (about 2.9e-39 to 3.4e38), got {}", scale);
   return per_tensor_cast(x, rows, cols, format, scale, compute_amax(x), options);
 }
 

@@ -18,6 +18,10 @@ float scale_from_amax(float amax, float fp8_max, int margin, float previous_scal
   return scale > static_cast<double>(FLT_MAX) ? FLT_MAX : static_cast<float>(scale);
 }
 
+bool is_valid_scale(float scale) {
+  return scale > 0.0f && std::isfinite(scale) && std::isfinite(1.0f / scale);
+}
+
 float round_scale_down_to_power_of_two(float scale) {
   OCTET_CHECK(scale > 0.0f && std::isfinite(scale), "a positive finite scale, got {}", scale);
   int exponent = 0;

@@ -9,8 +9,8 @@
 namespace octet {
 
 StaticScaling::StaticScaling(float scale) : scale_(scale) {
-  OCTET_REQUIRE(scale > 0.0f && std::isfinite(scale), "static scaling: the scale must be a positive finite "
-                "number, got {}", scale);
+  OCTET_REQUIRE(is_valid_scale(scale), "static scaling: the scale must be a positive finite number with a "
+                "finite inverse (about 2.9e-39 to 3.4e38), got {}", scale);
 }
 
 std::string StaticScaling::describe() const { return fmt::format("static (scale {})", scale_); }

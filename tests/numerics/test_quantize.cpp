@@ -159,7 +159,7 @@ TEST(Quantize, BadArgumentsAreInvalidInput) {
   const std::vector<float> x(6, 1.0f);
   EXPECT_THROW(quantize_with_scale(x, 2, 2, Dtype::e4m3, 1.0f), Error);
   EXPECT_THROW(quantize_with_scale(x, 2, 3, Dtype::bf16, 1.0f), Error);
-  for (const float bad : {0.0f, -2.0f, NAN, INFINITY}) {
+  for (const float bad : {0.0f, -2.0f, NAN, INFINITY, 1e-39f}) {
     try {
       quantize_with_scale(x, 2, 3, Dtype::e4m3, bad);
       FAIL() << "accepted scale " << bad;

@@ -25,6 +25,13 @@ TEST(ScaleFromAmax, FollowsTheFormulaAndGuardsDegenerateAmax) {
   EXPECT_EQ(scale_from_amax(1e-40f, 448.0f, 0, 1.0f, &degenerate), FLT_MAX);  // clamped, not Inf
 }
 
+TEST(ScaleFromAmax, ValidScalesHaveAFiniteInverse) {
+  EXPECT_TRUE(is_valid_scale(1.0f));
+  EXPECT_TRUE(is_valid_scale(FLT_MAX));
+  EXPECT_TRUE(is_valid_scale(3e-39f));  // 1 / FLT_MAX itself is subnormal and inverts to Inf
+  for (const float bad : {0.0f, -1.0f, INFINITY, NAN, 1e-39f}) EXPECT_FALSE(is_valid_scale(bad)) << bad;
+}
+
 TEST(ScaleFromAmax, PowerOfTwoRoundsDown) {
   EXPECT_EQ(round_scale_down_to_power_of_two(224.0f), 128.0f);
   EXPECT_EQ(round_scale_down_to_power_of_two(256.0f), 256.0f);
@@ -107,7 +114,7 @@ TEST(StaticScaling, FixedScaleAndValidation) {
   EXPECT_EQ(q.scale_inv[0], 1.0f / 16.0f);
   EXPECT_EQ(e4m3_to_float(q.data[1]), 32.0f);
   EXPECT_EQ(state.last_amax, 2.0f);
-  for (const float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+  for (const float bad : {0.0f, -1.0f, INFINITY, NAN, 1e-39f}) {
     try {
       StaticScaling s(bad);
       FAIL() << "accepted scale " << bad;

@@ -23,9 +23,13 @@ namespace {
 
 constexpr Dtype kFormats[] = {Dtype::e4m3, Dtype::e5m2};
 
-std::string valid_formats() { return fmt::format("{}, {}", dtype_name(kFormats[0]), dtype_name(kFormats[1])); }
+std::string valid_formats() {
+  return fmt::format("{}, {}", dtype_name(kFormats[0]), dtype_name(kFormats[1]));
+}
 
-[[noreturn]] void invalid(const std::string& message) { throw Error(ErrorKind::invalid_input, message); }
+[[noreturn]] void invalid(const std::string& message) {
+  throw Error(ErrorKind::invalid_input, message);
+}
 
 Dtype parse_fp8_format(const std::string& text) {
   const std::optional<Dtype> d = parse_dtype(text);
@@ -40,10 +44,10 @@ std::string formats_help() {
   std::string text = "Formats:\n";
   for (const Dtype d : kFormats) {
     const DtypeInfo& info = dtype_info(d);
-    text += fmt::format("  {}  largest finite {}, smallest normal {}, smallest subnormal {}, {}\n", info.name,
-                        format_float(info.max_finite), format_float(info.min_normal),
-                        format_float(info.min_subnormal),
-                        info.has_infinity ? "has inf" : "no inf (OCP E4M3FN)");
+    text +=
+        fmt::format("  {}  largest finite {}, smallest normal {}, smallest subnormal {}, {}\n", info.name,
+                    format_float(info.max_finite), format_float(info.min_normal),
+                    format_float(info.min_subnormal), info.has_infinity ? "has inf" : "no inf (OCP E4M3FN)");
   }
   return text;
 }
@@ -65,7 +69,8 @@ Fp8Command::Fp8Command(CLI::App& parent) {
                "  octet fp8 table --format e4m3\n"
                "  echo \"1 0.1 500 -3e-5 nan\" | octet fp8 quantize --format e4m3\n");
 
-  table_ = fp8_->add_subcommand("table", "Print all 256 codes of an FP8 format with their values and classes");
+  table_ =
+      fp8_->add_subcommand("table", "Print all 256 codes of an FP8 format with their values and classes");
   table_->add_option("--format", table_format_, "FP8 format to list: " + valid_formats())
       ->required()
       ->type_name("FORMAT");
@@ -83,11 +88,11 @@ Fp8Command::Fp8Command(CLI::App& parent) {
   quantize_->add_option("--format", quantize_format_, "FP8 format to cast to: " + valid_formats())
       ->required()
       ->type_name("FORMAT");
-  scale_option_ = quantize_->add_option("--scale", scale_text_,
-                                        "Multiply each value by S before the cast; S > 0, finite (default 1)");
+  scale_option_ = quantize_->add_option(
+      "--scale", scale_text_, "Multiply each value by S before the cast; S > 0, finite (default 1)");
   scale_option_->type_name("S");
-  recipe_option_ = quantize_->add_option("--recipe", recipe_,
-                                         "Derive the scale from the input instead; valid: current");
+  recipe_option_ =
+      quantize_->add_option("--recipe", recipe_, "Derive the scale from the input instead; valid: current");
   recipe_option_->type_name("RECIPE");
   quantize_->add_flag("--no-saturate", no_saturate_,
                       "Out-of-range values become inf (e5m2) or nan (e4m3), not +-largest finite");
@@ -98,7 +103,10 @@ Fp8Command::Fp8Command(CLI::App& parent) {
       "it cannot give a scale and the scale stays 1 (a note on standard error says so).\n"
       "--scale and --recipe exclude each other; with neither the scale is 1.\n"
       "\n"
-      "Input: values separated by whitespace, each " + std::string(kNumberSyntax) + ".\n"
+      "Input: values separated by whitespace, each one of:\n"
+      "  " +
+      std::string(kNumberSyntax) +
+      ".\n"
       "Values beyond float32's range read as +-inf (overflow) or +-0 (underflow), as strtof reads them.\n"
       "Input that is not a number stops the command before anything is printed.\n"
       "\n"
@@ -117,7 +125,9 @@ Fp8Command::Fp8Command(CLI::App& parent) {
       "  octet fp8 quantize --format e4m3 --recipe current --no-saturate < activations.txt > codes.txt");
 }
 
-bool Fp8Command::leaf_selected() const { return table_->parsed() || quantize_->parsed(); }
+bool Fp8Command::leaf_selected() const {
+  return table_->parsed() || quantize_->parsed();
+}
 
 void Fp8Command::run(std::FILE* in, std::FILE* out, std::FILE* err) const {
   if (table_->parsed()) {
@@ -148,8 +158,9 @@ void Fp8Command::run_quantize(std::FILE* in, std::FILE* out, std::FILE* err) con
   const Dtype format = parse_fp8_format(quantize_format_);
   const bool use_recipe = recipe_option_->count() > 0;
   if (use_recipe && scale_option_->count() > 0) {
-    invalid("--scale and --recipe cannot be used together; give a fixed scale with --scale, or let --recipe "
-            "current choose one, or neither for scale 1");
+    invalid(
+        "--scale and --recipe cannot be used together; give a fixed scale with --scale, or let --recipe "
+        "current choose one, or neither for scale 1");
   }
   if (use_recipe && recipe_ != "current") {
     invalid(fmt::format("--recipe '{}' is not a known recipe; valid recipes: current", quote_token(recipe_)));
@@ -157,11 +168,12 @@ void Fp8Command::run_quantize(std::FILE* in, std::FILE* out, std::FILE* err) con
   float scale = 1.0f;
   if (scale_option_->count() > 0) {
     const std::optional<float> parsed = parse_float32(scale_text_);
-    if (!parsed || !(*parsed > 0.0f) || !std::isfinite(*parsed)) {
+    if (!parsed || !is_valid_scale(*parsed)) {
       const std::string seen = parsed ? fmt::format(" (reads as {})", format_float(*parsed)) : "";
-      invalid(fmt::format("--scale '{}'{} is not a positive finite number; expected a float32 literal such "
-                          "as 1, 3.75 or 1e-3 greater than 0 and below 3.4e38",
-                          quote_token(scale_text_), seen));
+      invalid(
+          fmt::format("--scale '{}'{} is not a positive finite number with a finite inverse; expected a "
+                      "float32 literal such as 1, 3.75 or 1e-3, from about 2.9e-39 to 3.4e38",
+                      quote_token(scale_text_), seen));
     }
     scale = *parsed;
   }
@@ -186,9 +198,10 @@ void Fp8Command::run_quantize(std::FILE* in, std::FILE* out, std::FILE* err) con
     q = quantize_with_scale(values, 1, n, format, scale, options);
   }
   const std::vector<float> dequantized = dequantize(q);
-  OCTET_CHECK(dequantized.size() == values.size() && q.data.size() == values.size() && q.scale_inv.size() == 1,
-              "{} codes, {} dequantized values and one scale_inv for {} inputs, got {}", q.data.size(),
-              dequantized.size(), values.size(), q.scale_inv.size());
+  OCTET_CHECK(
+      dequantized.size() == values.size() && q.data.size() == values.size() && q.scale_inv.size() == 1,
+      "{} codes, {} dequantized values and one scale_inv for {} inputs, got {}", q.data.size(),
+      dequantized.size(), values.size(), q.scale_inv.size());
 
   std::string text;
   text.reserve(values.size() * 16);
@@ -201,11 +214,14 @@ void Fp8Command::run_quantize(std::FILE* in, std::FILE* out, std::FILE* err) con
   std::string summary;
   if (degenerate_amax) {
     // A fallback is never silent: say why the scale is not the recipe's formula.
-    summary += fmt::format("note: amax is {}, from which --recipe current cannot derive a scale; scale 1 used\n",
-                           format_float(q.amax));
+    summary += fmt::format(
+        "octet fp8 quantize: note: amax is {}, from which --recipe current cannot derive a scale; scale 1 "
+        "used\n",
+        format_float(q.amax));
   }
   summary += fmt::format(
-      "summary: values={} format={} recipe={} scale={} scale_inv={} amax={} saturated={} underflow={} nan={}\n",
+      "summary: values={} format={} recipe={} scale={} scale_inv={} amax={} saturated={} underflow={} "
+      "nan={}\n",
       values.size(), dtype_name(format), use_recipe ? "current" : "none", format_float(used_scale),
       format_float(q.scale_inv[0]), format_float(q.amax), q.stats.saturated, q.stats.underflowed,
       q.stats.nan_inputs);

@@ -6,8 +6,8 @@
 #include <exception>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "cmd_fp8.h"
 #include "io.h"
@@ -45,9 +45,7 @@ void print_error(const std::string& command, const char* what, const std::string
   std::fputs(fmt::format("{}: {}: {}\n", command, what, one_line(message)).c_str(), stderr);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_command_line(int argc, char** argv) {
   CLI::App app("octet: FP8 mixed-precision training engine, command-line tool", "octet");
   app.set_version_flag("--version", fmt::format("octet {}", octet::kVersion), "Print the version and exit");
   app.require_subcommand(0, 1);  // none: print help and fail; two: a usage error
@@ -74,8 +72,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const CLI::ParseError& e) {
     const std::string command = command_path(app);
-    print_error(command, "error",
-                fmt::format("{}; run '{} --help' for usage", one_line(e.what()), command));
+    print_error(command, "error", fmt::format("{}; run '{} --help' for usage", one_line(e.what()), command));
     return 2;
   }
 
@@ -96,6 +93,22 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     print_error(command, "internal error", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Anything that escapes the command itself (building the command tree, formatting a message) is still
+  // reported in one line rather than through std::terminate.
+  try {
+    return run_command_line(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "octet: internal error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fputs("octet: internal error: unknown exception\n", stderr);
     return 1;
   }
 }

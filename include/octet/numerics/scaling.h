@@ -50,6 +50,10 @@ struct ScalingState {
 // float32.
 float scale_from_amax(float amax, float fp8_max, int margin, float previous_scale, bool* degenerate);
 
+// A usable per-tensor scale: positive, finite, and with a finite inverse (scale_inv = 1 / scale is stored
+// with the tensor), i.e. between 1 / FLT_MAX (about 2.9e-39) and FLT_MAX.
+bool is_valid_scale(float scale);
+
 // The largest power of two not above `scale` (the scale then never pushes amax past fp8_max).
 float round_scale_down_to_power_of_two(float scale);
 

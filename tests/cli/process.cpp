@@ -1,0 +1,106 @@
+// See process.h. posix_spawn rather than fork: the test binary may hold large buffers, and the child only
+// needs its three standard streams redirected before exec.
+#include "process.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include <gtest/gtest.h>
+
+extern char** environ;
+
+namespace octet::testing {
+namespace {
+
+std::runtime_error system_error(const std::string& what) {
+  return std::runtime_error(what + ": " + std::strerror(errno));
+}
+
+void write_file(const std::string& path, std::string_view contents) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) throw system_error("cannot open " + path);
+  const size_t written = std::fwrite(contents.data(), 1, contents.size(), f);
+  const bool closed = std::fclose(f) == 0;
+  if (written != contents.size() || !closed) throw system_error("cannot write " + path);
+}
+
+// Closes a posix_spawn file-actions object on every path out of run_process.
+struct SpawnActions {
+  posix_spawn_file_actions_t actions;
+  SpawnActions() { posix_spawn_file_actions_init(&actions); }
+  ~SpawnActions() { posix_spawn_file_actions_destroy(&actions); }
+};
+
+}  // namespace
+
+TempFile::TempFile(std::string_view contents) {
+  std::string pattern = ::testing::TempDir() + "octet_cli_XXXXXX";
+  const int fd = mkstemp(pattern.data());
+  if (fd < 0) throw system_error("mkstemp " + pattern);
+  close(fd);
+  path_ = pattern;
+  if (!contents.empty()) write_file(path_, contents);
+}
+
+TempFile::~TempFile() {
+  std::remove(path_.c_str());
+}
+
+std::string read_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw system_error("cannot open " + path);
+  std::string text;
+  char buffer[1 << 16];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) text.append(buffer, n);
+  std::fclose(f);
+  return text;
+}
+
+ProcessResult run_process(const std::vector<std::string>& argv, const std::string& stdin_path) {
+  const TempFile out_file, err_file;
+  SpawnActions fa;
+  posix_spawn_file_actions_addopen(&fa.actions, 0, stdin_path.c_str(), O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa.actions, 1, out_file.path().c_str(), O_WRONLY | O_TRUNC, 0);
+  posix_spawn_file_actions_addopen(&fa.actions, 2, err_file.path().c_str(), O_WRONLY | O_TRUNC, 0);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, args[0], &fa.actions, nullptr, args.data(), environ);
+  if (rc != 0) {
+    errno = rc;
+    throw system_error("posix_spawn " + argv[0]);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw system_error("waitpid");
+  }
+  ProcessResult result;
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result.term_signal = WTERMSIG(status);
+  result.out = read_file(out_file.path());
+  result.err = read_file(err_file.path());
+  return result;
+}
+
+ProcessResult run_octet(const std::vector<std::string>& args, std::string_view input) {
+  const TempFile in(input);
+  return run_octet_with_input_file(args, in.path());
+}
+
+ProcessResult run_octet_with_input_file(const std::vector<std::string>& args, const std::string& input_path) {
+  std::vector<std::string> argv = {OCTET_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, input_path);
+}
+
+}  // namespace octet::testing
