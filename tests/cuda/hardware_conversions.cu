@@ -17,12 +17,18 @@ namespace octet::testing {
 
 const char* conversion_name(HardwareConversion c) {
   switch (c) {
-    case HardwareConversion::e4m3_satfinite: return "e4m3 satfinite";
-    case HardwareConversion::e4m3_nosat: return "e4m3 nosat";
-    case HardwareConversion::e5m2_satfinite: return "e5m2 satfinite";
-    case HardwareConversion::e5m2_nosat: return "e5m2 nosat";
-    case HardwareConversion::bf16_rn: return "bf16 rn";
-    case HardwareConversion::f16_rn: return "f16 rn";
+    case HardwareConversion::e4m3_satfinite:
+      return "e4m3 satfinite";
+    case HardwareConversion::e4m3_nosat:
+      return "e4m3 nosat";
+    case HardwareConversion::e5m2_satfinite:
+      return "e5m2 satfinite";
+    case HardwareConversion::e5m2_nosat:
+      return "e5m2 nosat";
+    case HardwareConversion::bf16_rn:
+      return "bf16 rn";
+    case HardwareConversion::f16_rn:
+      return "f16 rn";
   }
   return "?";
 }
@@ -59,11 +65,15 @@ struct LocalTally {
 OCTET_HOST_DEVICE constexpr MinifloatSpec spec_of(HardwareConversion c) {
   switch (c) {
     case HardwareConversion::e4m3_satfinite:
-    case HardwareConversion::e4m3_nosat: return minifloat_spec(Dtype::e4m3);
+    case HardwareConversion::e4m3_nosat:
+      return minifloat_spec(Dtype::e4m3);
     case HardwareConversion::e5m2_satfinite:
-    case HardwareConversion::e5m2_nosat: return minifloat_spec(Dtype::e5m2);
-    case HardwareConversion::bf16_rn: return minifloat_spec(Dtype::bf16);
-    case HardwareConversion::f16_rn: return minifloat_spec(Dtype::f16);
+    case HardwareConversion::e5m2_nosat:
+      return minifloat_spec(Dtype::e5m2);
+    case HardwareConversion::bf16_rn:
+      return minifloat_spec(Dtype::bf16);
+    case HardwareConversion::f16_rn:
+      return minifloat_spec(Dtype::f16);
   }
   return minifloat_spec(Dtype::f32);
 }
@@ -76,9 +86,11 @@ OCTET_HOST_DEVICE constexpr Overflow overflow_of(HardwareConversion c) {
 
 template <HardwareConversion C>
 __device__ __forceinline__ uint32_t hardware_code(float x) {
-  if constexpr (C == HardwareConversion::e4m3_satfinite) return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+  if constexpr (C == HardwareConversion::e4m3_satfinite)
+    return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
   if constexpr (C == HardwareConversion::e4m3_nosat) return __nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E4M3);
-  if constexpr (C == HardwareConversion::e5m2_satfinite) return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2);
+  if constexpr (C == HardwareConversion::e5m2_satfinite)
+    return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2);
   if constexpr (C == HardwareConversion::e5m2_nosat) return __nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E5M2);
   if constexpr (C == HardwareConversion::bf16_rn) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
   if constexpr (C == HardwareConversion::f16_rn) return __half_as_ushort(__float2half_rn(x));

@@ -32,8 +32,8 @@ struct ConversionReport {
   // compared: both codes must be NaN codes (which NaN is reported below, not counted here).
   uint64_t mismatches = 0;
   std::vector<ConversionRecord> first_mismatches;
-  // NaN inputs (2^24 - 2 of them): the OR and the AND of every code the hardware wrote for one. They are equal
-  // exactly when the hardware always wrote the same code, which is then its canonical NaN.
+  // NaN inputs (2^24 - 2 of them): the OR and the AND of every code the hardware wrote for one. They are
+  // equal exactly when the hardware always wrote the same code, which is then its canonical NaN.
   uint32_t nan_input_code_or = 0;
   uint32_t nan_input_code_and = 0;
   uint64_t nan_input_code_differs = 0;  // NaN inputs where the hardware's NaN code differs from octet's

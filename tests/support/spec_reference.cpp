@@ -71,8 +71,8 @@ uint32_t SpecFormat::encode(double x, bool saturate, uint32_t canonical_nan) con
   const uint32_t sign = std::signbit(x) ? sign_bit : 0u;
   const double a = std::fabs(x);
   const uint32_t largest = codes_.back();
-  const uint32_t inf_or_nan =
-      finite_only_ ? canonical_nan : (sign | (((1u << exponent_bits_) - 1u) << mantissa_bits_));
+  const uint32_t all_ones = (1u << (exponent_bits_ + mantissa_bits_)) - 1u;  // S.1111.111: E4M3's NaN
+  const uint32_t inf_or_nan = sign | (finite_only_ ? all_ones : ((1u << exponent_bits_) - 1u) << mantissa_bits_);
   const uint32_t overflow = saturate ? (sign | largest) : inf_or_nan;
   if (std::isinf(a)) return overflow;
 

@@ -29,7 +29,8 @@ class SpecFormat {
   double max_finite() const { return max_finite_; }
 
   // Round-to-nearest-even encoding of x. saturate: beyond-range finite values and infinities become
-  // +-max_finite; otherwise +-Inf (formats with infinities) or NaN. NaN encodes as `canonical_nan`.
+  // +-max_finite; otherwise +-Inf (formats with infinities) or the all-ones NaN pattern with x's sign (E4M3).
+  // A NaN input encodes as `canonical_nan`.
   uint32_t encode(double x, bool saturate, uint32_t canonical_nan) const;
 
  private:

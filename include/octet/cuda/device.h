@@ -42,22 +42,22 @@ namespace detail {
 
 // `call` must return cudaSuccess; anything else throws octet::Error naming the call, the CUDA error, file and
 // line.
-#define OCTET_CUDA_CHECK(call)                                                                  \
-  do {                                                                                          \
-    const cudaError_t octet_cuda_status_ = (call);                                              \
-    if (octet_cuda_status_ != cudaSuccess) {                                                    \
-      ::octet::cuda::detail::throw_cuda_error(octet_cuda_status_, #call, __FILE__, __LINE__);   \
-    }                                                                                           \
+#define OCTET_CUDA_CHECK(call)                                                                \
+  do {                                                                                        \
+    const cudaError_t octet_cuda_status_ = (call);                                            \
+    if (octet_cuda_status_ != cudaSuccess) {                                                  \
+      ::octet::cuda::detail::throw_cuda_error(octet_cuda_status_, #call, __FILE__, __LINE__); \
+    }                                                                                         \
   } while (0)
 
 // After every kernel launch: a launch reports a bad configuration only through cudaGetLastError.
-#define OCTET_CUDA_CHECK_LAUNCH(kernel_name)                                                           \
-  do {                                                                                                 \
-    const cudaError_t octet_cuda_status_ = cudaGetLastError();                                         \
-    if (octet_cuda_status_ != cudaSuccess) {                                                           \
+#define OCTET_CUDA_CHECK_LAUNCH(kernel_name)                                                          \
+  do {                                                                                                \
+    const cudaError_t octet_cuda_status_ = cudaGetLastError();                                        \
+    if (octet_cuda_status_ != cudaSuccess) {                                                          \
       ::octet::cuda::detail::throw_cuda_error(octet_cuda_status_, "launch of " kernel_name, __FILE__, \
-                                              __LINE__);                                               \
-    }                                                                                                  \
+                                              __LINE__);                                              \
+    }                                                                                                 \
   } while (0)
 
 namespace octet::cuda {

@@ -21,7 +21,7 @@ enum class Dtype : uint8_t { f32, bf16, f16, e4m3, e5m2, e8m0 };
 // What a cast does with a finite value whose rounded magnitude is beyond the format's largest finite value.
 enum class Overflow : uint8_t {
   saturate,        // clamp to +-largest finite; +-Inf also becomes +-largest finite (CUDA's __NV_SATFINITE)
-  non_saturating,  // become +-Inf where the format has infinities, NaN otherwise (E4M3, E8M0)
+  non_saturating,  // become +-Inf where the format has infinities, NaN with the value's sign otherwise (E4M3)
 };
 
 // How special bit patterns are laid out in a format.
@@ -54,7 +54,7 @@ OCTET_HOST_DEVICE constexpr int storage_bits(const MinifloatSpec& s) {
   return (s.specials == SpecialEncoding::unsigned_power_of_two ? 0 : 1) + s.exponent_bits + s.mantissa_bits;
 }
 
-// The NaN every encoder produces: sign clear, every other bit set (what NVIDIA hardware conversions write).
+// The NaN a NaN input encodes to: sign clear, every other bit set (what NVIDIA's conversions write).
 OCTET_HOST_DEVICE constexpr uint32_t canonical_nan(const MinifloatSpec& s) {
   return (s.specials == SpecialEncoding::unsigned_power_of_two) ? 0xFFu
                                                                 : (1u << (s.exponent_bits + s.mantissa_bits)) - 1u;
@@ -195,11 +195,12 @@ OCTET_HOST_DEVICE inline EncodeResult encode_checked(const MinifloatSpec& s, flo
   const uint32_t sign = (bits >> 31) && !is_unsigned ? 1u << (s.exponent_bits + s.mantissa_bits) : 0u;
   const uint32_t nan = canonical_nan(s);
   const uint32_t largest = max_finite_code(s);
+  // Overflow without saturation: +-Inf, or in formats without infinities the NaN code with the input's sign
+  // (S.1111.111 in E4M3), as CUDA's __NV_NOSAT conversion and PyTorch's float8_e4m3fn cast write it.
   const uint32_t overflowed =
       overflow == Overflow::saturate
           ? (sign | largest)
-          : (s.specials == SpecialEncoding::ieee ? (sign | (((1u << s.exponent_bits) - 1u) << s.mantissa_bits))
-                                                 : nan);
+          : (sign | (s.specials == SpecialEncoding::ieee ? ((1u << s.exponent_bits) - 1u) << s.mantissa_bits : nan));
 
   if (abs_bits > 0x7F800000u) return {nan, false};
   if (is_unsigned) {

@@ -4,8 +4,6 @@
 // cast_one (src/numerics/quantize.cpp) line for line, so the bytes, amax and counts agree exactly.
 #include "octet/cuda/cast.h"
 
-#include <cmath>
-
 #include "octet/check.h"
 #include "octet/cuda/device.h"
 #include "octet/numerics/minifloat.h"
@@ -16,7 +14,8 @@ namespace {
 
 constexpr int kThreads = 256;        // flat kernel block size
 constexpr int kTile = 32;            // transpose tile edge: one warp spans a tile row
-constexpr int kTileRowsPerPass = 8;  // transpose block is kTile x kTileRowsPerPass = 256 threads
+constexpr int kTileRowsPerPass = 8;  // transpose block is kTile x kTileRowsPerPass threads
+constexpr int kTransposeThreads = kTile * kTileRowsPerPass;
 constexpr int kBlocksPerMultiprocessor = 8;
 
 constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
@@ -24,7 +23,7 @@ constexpr uint32_t kInfBits = 0x7F800000u;
 constexpr uint32_t kQuietNanBits = 0x7FC00000u;
 
 // What one thread saw. amax_bits holds |x| as float bits: for non-negative floats the bit patterns order like
-// the values (+0 lowest, +Inf highest finite-or-infinite), so an unsigned max is a float max. A NaN input
+// the values (+0 lowest, +Inf highest), so an unsigned max is a float max. A NaN input
 // contributes a quiet NaN's bits, which exceed +Inf's, so the maximum is NaN exactly when some input was NaN
 // (octet::compute_amax's rule) and no separate flag is needed: nan_inputs counts them anyway.
 // A plain aggregate (no member initialisers) so that it may live in __shared__ memory.
@@ -35,7 +34,9 @@ struct Tally {
   unsigned long long nan_inputs;
 };
 
-__device__ __forceinline__ uint32_t float_bits(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ uint32_t float_bits(float x) {
+  return __float_as_uint(x);
+}
 
 // cast_one of src/numerics/quantize.cpp: scale in float32, encode, count. Format and rounding are template
 // parameters so that the generic encoder folds to this format's constants.
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) cast_amax_kernel(const KernelParamet
   }
   for (int64_t i = p.vector_groups * 4 + first; i < n; i += stride) {
     p.output[i] = static_cast<uint8_t>(cast_element<Format, Stochastic>(__ldg(p.input + i), scale, p.overflow,
-                                                                         p.seed, static_cast<uint64_t>(i), t));
+                                                                        p.seed, static_cast<uint64_t>(i), t));
   }
   write_scale_inv(p, scale);
   flush_tally(t, p.results);
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) cast_amax_kernel(const KernelParamet
 // memory, and writes the tile's transpose row by row. The tile is 32-bit words with one column of padding,
 // so that both the row-wise writes and the column-wise reads hit 32 different banks.
 template <Dtype Format, bool Stochastic>
-__global__ void __launch_bounds__(kTile * kTileRowsPerPass) cast_transpose_amax_kernel(const KernelParameters p) {
+__global__ void __launch_bounds__(kTransposeThreads) cast_transpose_amax_kernel(const KernelParameters p) {
   __shared__ uint32_t tile[kTile][kTile + 1];
   const float scale = *p.scale;
   const int64_t tile_rows = (p.rows + kTile - 1) / kTile;
@@ -176,7 +177,9 @@ __global__ void __launch_bounds__(kTile * kTileRowsPerPass) cast_transpose_amax_
     for (int k = static_cast<int>(threadIdx.y); k < kTile; k += kTileRowsPerPass) {
       const int64_t c = col0 + k;  // row of the transposed output
       const int64_t r = row0 + threadIdx.x;
-      if (r < p.rows && c < p.cols) p.output_transposed[c * p.rows + r] = static_cast<uint8_t>(tile[threadIdx.x][k]);
+      if (r < p.rows && c < p.cols) {
+        p.output_transposed[c * p.rows + r] = static_cast<uint8_t>(tile[threadIdx.x][k]);
+      }
     }
     __syncthreads();  // the next tile overwrites `tile`
   }
@@ -259,12 +262,14 @@ void cast_amax(const CastAmaxArguments& a, cudaStream_t stream) {
   }
 }
 
-DeviceCastOutput cast_on_device(std::span<const float> x, int64_t rows, int64_t cols, Dtype format, float scale,
-                                const CastOptions& options, bool transposed) {
+DeviceCastOutput cast_on_device(std::span<const float> x, int64_t rows, int64_t cols, Dtype format,
+                                float scale, const CastOptions& options, bool transposed) {
   OCTET_REQUIRE(rows >= 0 && cols >= 0 && static_cast<int64_t>(x.size()) == rows * cols,
-                "cast_on_device: a [{}, {}] matrix needs {} values, got {}", rows, cols, rows * cols, x.size());
-  OCTET_REQUIRE(scale > 0.0f && std::isfinite(scale),
-                "cast_on_device: the scale must be a positive finite number, got {}", scale);
+                "cast_on_device: a [{}, {}] matrix needs {} values, got {}", rows, cols, rows * cols,
+                x.size());
+  OCTET_REQUIRE(is_valid_scale(scale),
+                "cast_on_device: the scale must be a positive finite number with a finite inverse, got {}",
+                scale);
   const size_t n = x.size();
   DeviceBuffer<float> input(n);
   DeviceBuffer<float> scales(2);  // [0] scale, [1] scale_inv

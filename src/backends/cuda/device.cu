@@ -54,7 +54,9 @@ bool has_fp8_tensor_cores(const DeviceInfo& info) {
   return info.compute_major > 8 || (info.compute_major == 8 && info.compute_minor >= 9);
 }
 
-Stream::Stream() { OCTET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+Stream::Stream() {
+  OCTET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
 
 Stream::~Stream() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
@@ -68,6 +70,8 @@ Stream& Stream::operator=(Stream&& other) noexcept {
   return *this;
 }
 
-void Stream::synchronize() const { OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void Stream::synchronize() const {
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 }  // namespace octet::cuda
