@@ -58,7 +58,7 @@ note "shared libraries: all found for ${#programs[@]} programs"
 command -v ctest >/dev/null 2>&1 || fail "ctest not found: install CMake (3.25 or later)"
 
 status=0
-for label in gpu numerics cli; do
+for label in gpu numerics cli peer; do
   echo "== ctest -L $label"
   log="$out/ctest-$label.log"
   if ctest --test-dir "$build" -L "^${label}\$" --output-on-failure 2>&1 | tee "$log"; then
