@@ -24,7 +24,7 @@ for b in run["benchmarks"]:
     rows.append(f"| {name.split('/')[0]} | {n} | {t} | {rate} |")
 cpu = f'{ctx.get("num_cpus")} CPUs at {ctx.get("mhz_per_cpu")} MHz'
 body = "\n".join([f"Measured {ctx['date']} on a {cpu} x86-64 machine, "
-                  f"{ctx.get('library_build_type', '')} Google Benchmark, octet Release build, median of 5.", "", *rows])
+                  f"octet Release build (the Google Benchmark library reports a {ctx.get('library_build_type', '?')} build of itself), median of 5 runs.", "", *rows])
 doc = open("docs/benchmarks.md").read()
 doc = re.sub(r"(<!-- numerics-bench:begin -->\n).*?(\n<!-- numerics-bench:end -->)", lambda m: m.group(1) + body + m.group(2), doc, flags=re.S)
 open("docs/benchmarks.md", "w").write(doc)
