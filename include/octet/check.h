@@ -30,18 +30,18 @@ class Error : public std::runtime_error {
 }  // namespace octet
 
 // An internal invariant: `cond` must hold; the message says what was expected and what was seen.
-#define OCTET_CHECK(cond, ...)                                                                          \
-  do {                                                                                                  \
-    if (!(cond)) {                                                                                      \
-      ::octet::throw_error(::octet::ErrorKind::internal, __FILE__, __LINE__,                            \
-                           fmt::format("check failed: {}: {}", #cond, fmt::format(__VA_ARGS__)));       \
-    }                                                                                                   \
+#define OCTET_CHECK(cond, ...)                                                                    \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      ::octet::throw_error(::octet::ErrorKind::internal, __FILE__, __LINE__,                      \
+                           fmt::format("check failed: {}: {}", #cond, fmt::format(__VA_ARGS__))); \
+    }                                                                                             \
   } while (0)
 
 // A user-facing validation: `cond` must hold for the input to be valid.
-#define OCTET_REQUIRE(cond, ...)                                                                        \
-  do {                                                                                                  \
-    if (!(cond)) {                                                                                      \
+#define OCTET_REQUIRE(cond, ...)                                                                             \
+  do {                                                                                                       \
+    if (!(cond)) {                                                                                           \
       ::octet::throw_error(::octet::ErrorKind::invalid_input, __FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
-    }                                                                                                   \
+    }                                                                                                        \
   } while (0)

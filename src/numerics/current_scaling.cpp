@@ -7,7 +7,9 @@ namespace octet {
 
 CurrentScaling::CurrentScaling(int margin) : margin_(margin) {}
 
-std::string CurrentScaling::describe() const { return fmt::format("current (margin {})", margin_); }
+std::string CurrentScaling::describe() const {
+  return fmt::format("current (margin {})", margin_);
+}
 
 float CurrentScaling::cast_scale(const ScalingState& state, float tensor_amax, Dtype format) const {
   return scale_from_amax(tensor_amax, dtype_info(format).max_finite, margin_, state.scale, nullptr);
@@ -15,7 +17,8 @@ float CurrentScaling::cast_scale(const ScalingState& state, float tensor_amax, D
 
 void CurrentScaling::update(ScalingState& state, float tensor_amax, Dtype format) const {
   bool degenerate = false;
-  state.scale = scale_from_amax(tensor_amax, dtype_info(format).max_finite, margin_, state.scale, &degenerate);
+  state.scale =
+      scale_from_amax(tensor_amax, dtype_info(format).max_finite, margin_, state.scale, &degenerate);
   state.scale_inv = 1.0f / state.scale;
   state.last_amax = tensor_amax;
   state.updates += 1;

@@ -27,7 +27,9 @@ ScalingState DelayedScaling::initial_state() const {
   return s;
 }
 
-float DelayedScaling::cast_scale(const ScalingState& state, float, Dtype) const { return state.scale; }
+float DelayedScaling::cast_scale(const ScalingState& state, float, Dtype) const {
+  return state.scale;
+}
 
 void DelayedScaling::update(ScalingState& state, float tensor_amax, Dtype format) const {
   OCTET_CHECK(state.amax_history.size() == static_cast<size_t>(history_length_),

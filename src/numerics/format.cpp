@@ -34,9 +34,13 @@ const std::array<DtypeInfo, 6>& table() {
 
 }  // namespace
 
-const DtypeInfo& dtype_info(Dtype dtype) { return table()[static_cast<size_t>(dtype)]; }
+const DtypeInfo& dtype_info(Dtype dtype) {
+  return table()[static_cast<size_t>(dtype)];
+}
 
-std::string_view dtype_name(Dtype dtype) { return dtype_info(dtype).name; }
+std::string_view dtype_name(Dtype dtype) {
+  return dtype_info(dtype).name;
+}
 
 std::optional<Dtype> parse_dtype(std::string_view name) {
   for (size_t i = 0; i < table().size(); ++i) {
@@ -64,11 +68,16 @@ CodeClass classify(Dtype dtype, uint32_t code) {
 
 std::string_view code_class_name(CodeClass c) {
   switch (c) {
-    case CodeClass::zero: return "zero";
-    case CodeClass::subnormal: return "subnormal";
-    case CodeClass::normal: return "normal";
-    case CodeClass::infinity: return "inf";
-    case CodeClass::nan: return "nan";
+    case CodeClass::zero:
+      return "zero";
+    case CodeClass::subnormal:
+      return "subnormal";
+    case CodeClass::normal:
+      return "normal";
+    case CodeClass::infinity:
+      return "inf";
+    case CodeClass::nan:
+      return "nan";
   }
   return "?";
 }

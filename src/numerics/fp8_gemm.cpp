@@ -32,14 +32,15 @@ std::string fp8_gemm_can_implement(const Fp8GemmArguments& args) {
   const QuantizedTensor& a = *args.a;
   const QuantizedTensor& b = *args.b;
   if (!is_fp8(a.format) || !is_fp8(b.format)) {
-    return fmt::format("operands must be e4m3 or e5m2, got {} x {}", dtype_name(a.format), dtype_name(b.format));
+    return fmt::format("operands must be e4m3 or e5m2, got {} x {}", dtype_name(a.format),
+                       dtype_name(b.format));
   }
   if (a.format == Dtype::e5m2 && b.format == Dtype::e5m2) {
     return "e5m2 x e5m2 is not an FP8 GEMM Hopper supports (e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3 are)";
   }
   if (a.cols != b.cols) {
-    return fmt::format("A is [{}, {}] and B is [{}, {}]: both must be K-major with the same K", a.rows, a.cols,
-                       b.rows, b.cols);
+    return fmt::format("A is [{}, {}] and B is [{}, {}]: both must be K-major with the same K", a.rows,
+                       a.cols, b.rows, b.cols);
   }
   if (a.rows < 1 || b.rows < 1 || a.cols < 1) {
     return fmt::format("M, N and K must be at least 1, got M={} N={} K={}", a.rows, b.rows, a.cols);
@@ -52,11 +53,13 @@ std::string fp8_gemm_can_implement(const Fp8GemmArguments& args) {
   const bool a_blocked = a.granularity != ScaleGranularity::per_tensor;
   const bool b_blocked = b.granularity != ScaleGranularity::per_tensor;
   if (a_blocked != b_blocked || (a_blocked && k_block(a) != k_block(b))) {
-    return fmt::format("scale layouts {} x {} do not pair: both per-tensor, or both blocked with the same K block",
-                       granularity_name(a.granularity), granularity_name(b.granularity));
+    return fmt::format(
+        "scale layouts {} x {} do not pair: both per-tensor, or both blocked with the same K block",
+        granularity_name(a.granularity), granularity_name(b.granularity));
   }
   if (args.beta != 0.0f && static_cast<int64_t>(args.c.size()) != a.rows * b.rows) {
-    return fmt::format("beta is {} but C holds {} values, not M*N = {}", args.beta, args.c.size(), a.rows * b.rows);
+    return fmt::format("beta is {} but C holds {} values, not M*N = {}", args.beta, args.c.size(),
+                       a.rows * b.rows);
   }
   if (args.output != Dtype::f32 && args.output != Dtype::bf16 && !is_fp8(args.output)) {
     return fmt::format("output must be f32, bf16, e4m3 or e5m2, got {}", dtype_name(args.output));
@@ -70,15 +73,16 @@ std::string fp8_gemm_can_implement(const Fp8GemmArguments& args) {
   return {};
 }
 
-std::vector<float> reference_gemm_f32(std::span<const float> a, std::span<const float> b, int64_t m, int64_t n,
-                                      int64_t k) {
+std::vector<float> reference_gemm_f32(std::span<const float> a, std::span<const float> b, int64_t m,
+                                      int64_t n, int64_t k) {
   OCTET_CHECK(static_cast<int64_t>(a.size()) == m * k && static_cast<int64_t>(b.size()) == n * k,
               "A [{}, {}] and B [{}, {}], got {} and {} values", m, k, n, k, a.size(), b.size());
   std::vector<float> d(static_cast<size_t>(m * n));
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       float acc = 0.0f;
-      for (int64_t p = 0; p < k; ++p) acc += a[static_cast<size_t>(i * k + p)] * b[static_cast<size_t>(j * k + p)];
+      for (int64_t p = 0; p < k; ++p)
+        acc += a[static_cast<size_t>(i * k + p)] * b[static_cast<size_t>(j * k + p)];
       d[static_cast<size_t>(i * n + j)] = acc;
     }
   }
@@ -127,8 +131,8 @@ static std::vector<float> accumulate_blas(const Fp8GemmArguments& args) {
 #if defined(OCTET_HAVE_BLAS)
   const std::vector<float> af = dequantize(a), bf = dequantize(b);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), args.alpha, af.data(), static_cast<int>(k), bf.data(), static_cast<int>(k), 0.0f,
-              d.data(), static_cast<int>(n));
+              static_cast<int>(k), args.alpha, af.data(), static_cast<int>(k), bf.data(), static_cast<int>(k),
+              0.0f, d.data(), static_cast<int>(n));
   if (args.beta != 0.0f) {
     for (size_t i = 0; i < d.size(); ++i) d[i] += args.beta * args.c[i];
   }

@@ -6,7 +6,9 @@
 
 namespace octet {
 
-std::string MxScaling::describe() const { return "mxfp8 (E8M0 scale per 1x32 block)"; }
+std::string MxScaling::describe() const {
+  return "mxfp8 (E8M0 scale per 1x32 block)";
+}
 
 float MxScaling::block_scale(float block_amax, Dtype format, bool* degenerate) const {
   if (!(block_amax > 0.0f) || !std::isfinite(block_amax)) {

@@ -50,12 +50,14 @@ static uint8_t cast_one(float x, float scale, const MinifloatSpec& spec, const C
   return static_cast<uint8_t>(r.code);
 }
 
-uint8_t cast_scaled(float scaled, Dtype format, const CastOptions& options, uint64_t index, CastStats& stats) {
+uint8_t cast_scaled(float scaled, Dtype format, const CastOptions& options, uint64_t index,
+                    CastStats& stats) {
   return cast_one(scaled, 1.0f, minifloat_spec(format), options, CounterRng(options.seed), index, stats);
 }
 
 static void check_shape(std::span<const float> x, int64_t rows, int64_t cols, Dtype format) {
-  OCTET_REQUIRE(is_fp8(format), "quantize: the target format must be e4m3 or e5m2, got {}", dtype_name(format));
+  OCTET_REQUIRE(is_fp8(format), "quantize: the target format must be e4m3 or e5m2, got {}",
+                dtype_name(format));
   OCTET_REQUIRE(rows >= 0 && cols >= 0 && static_cast<int64_t>(x.size()) == rows * cols,
                 "quantize: a [{}, {}] matrix needs {} values, got {}", rows, cols, rows * cols, x.size());
 }
@@ -97,8 +99,10 @@ static QuantizedTensor per_tensor_cast(std::span<const float> x, int64_t rows, i
 QuantizedTensor quantize_with_scale(std::span<const float> x, int64_t rows, int64_t cols, Dtype format,
                                     float scale, const CastOptions& options) {
   check_shape(x, rows, cols, format);
-  OCTET_REQUIRE(is_valid_scale(scale), "quantize: the scale must be a positive finite number with a finite "
-                "inverse (about 2.9e-39 to 3.4e38), got {}", scale);
+  OCTET_REQUIRE(is_valid_scale(scale),
+                "quantize: the scale must be a positive finite number with a finite "
+                "inverse (about 2.9e-39 to 3.4e38), got {}",
+                scale);
   return per_tensor_cast(x, rows, cols, format, scale, compute_amax(x), options);
 }
 

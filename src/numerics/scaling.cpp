@@ -31,31 +31,44 @@ float round_scale_down_to_power_of_two(float scale) {
 
 BlockShape block_shape(ScaleGranularity g) {
   switch (g) {
-    case ScaleGranularity::per_tensor: return {0, 0};
-    case ScaleGranularity::tile_1x128: return {1, 128};
-    case ScaleGranularity::block_128x128: return {128, 128};
-    case ScaleGranularity::mx_1x32: return {1, 32};
+    case ScaleGranularity::per_tensor:
+      return {0, 0};
+    case ScaleGranularity::tile_1x128:
+      return {1, 128};
+    case ScaleGranularity::block_128x128:
+      return {128, 128};
+    case ScaleGranularity::mx_1x32:
+      return {1, 32};
   }
   return {0, 0};
 }
 
 const char* granularity_name(ScaleGranularity g) {
   switch (g) {
-    case ScaleGranularity::per_tensor: return "per-tensor";
-    case ScaleGranularity::tile_1x128: return "1x128";
-    case ScaleGranularity::block_128x128: return "128x128";
-    case ScaleGranularity::mx_1x32: return "mx 1x32";
+    case ScaleGranularity::per_tensor:
+      return "per-tensor";
+    case ScaleGranularity::tile_1x128:
+      return "1x128";
+    case ScaleGranularity::block_128x128:
+      return "128x128";
+    case ScaleGranularity::mx_1x32:
+      return "mx 1x32";
   }
   return "?";
 }
 
 const char* recipe_name(RecipeKind k) {
   switch (k) {
-    case RecipeKind::current: return "current";
-    case RecipeKind::delayed: return "delayed";
-    case RecipeKind::static_scale: return "static";
-    case RecipeKind::block: return "block";
-    case RecipeKind::mxfp8: return "mxfp8";
+    case RecipeKind::current:
+      return "current";
+    case RecipeKind::delayed:
+      return "delayed";
+    case RecipeKind::static_scale:
+      return "static";
+    case RecipeKind::block:
+      return "block";
+    case RecipeKind::mxfp8:
+      return "mxfp8";
   }
   return "?";
 }

@@ -9,11 +9,15 @@
 namespace octet {
 
 StaticScaling::StaticScaling(float scale) : scale_(scale) {
-  OCTET_REQUIRE(is_valid_scale(scale), "static scaling: the scale must be a positive finite number with a "
-                "finite inverse (about 2.9e-39 to 3.4e38), got {}", scale);
+  OCTET_REQUIRE(is_valid_scale(scale),
+                "static scaling: the scale must be a positive finite number with a "
+                "finite inverse (about 2.9e-39 to 3.4e38), got {}",
+                scale);
 }
 
-std::string StaticScaling::describe() const { return fmt::format("static (scale {})", scale_); }
+std::string StaticScaling::describe() const {
+  return fmt::format("static (scale {})", scale_);
+}
 
 ScalingState StaticScaling::initial_state() const {
   ScalingState s;
@@ -22,7 +26,9 @@ ScalingState StaticScaling::initial_state() const {
   return s;
 }
 
-float StaticScaling::cast_scale(const ScalingState&, float, Dtype) const { return scale_; }
+float StaticScaling::cast_scale(const ScalingState&, float, Dtype) const {
+  return scale_;
+}
 
 void StaticScaling::update(ScalingState& state, float tensor_amax, Dtype) const {
   state.scale = scale_;

@@ -85,7 +85,8 @@ TEST(CliErrors, UnknownRecipe) {
 }
 
 TEST(CliErrors, ScaleMustBeAPositiveFiniteNumber) {
-  for (const char* scale : {"0", "-0", "-1", "inf", "nan", "abc", "1e-50", "1e-39", "1e39", "", "2x", "0x2"}) {
+  for (const char* scale :
+       {"0", "-0", "-1", "inf", "nan", "abc", "1e-50", "1e-39", "1e39", "", "2x", "0x2"}) {
     SCOPED_TRACE(scale);
     const ProcessResult r = run_octet({"fp8", "quantize", "--format", "e5m2", "--scale", scale}, "1 2 3");
     EXPECT_TRUE(is_usage_error(r, {"--scale", std::string("'") + scale + "'", "positive finite"}));

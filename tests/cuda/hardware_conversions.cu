@@ -122,7 +122,7 @@ __device__ __forceinline__ void check(uint32_t bits, LocalTally& t, DeviceReport
   const bool input_nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
   const bool hardware_nan = is_nan_code(spec, hardware);
   if (input_nan || hardware_nan) {
-    // A NaN carries no value: both sides must write a NaN code; which one is tallied, not failed.
+    // Both sides must write a NaN code; whether it is the same code is tallied, and the test requires it.
     if (!(hardware_nan && is_nan_code(spec, ours))) {
       t.mismatches += 1;
       record(report->mismatch_records, &report->mismatches_recorded, {bits, ours, hardware});

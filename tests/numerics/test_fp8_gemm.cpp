@@ -16,7 +16,8 @@ namespace {
 using testing::CompareOptions;
 
 // Golden D = A x B^T in float64 from the dequantized operands, and sum |a| |b| per element.
-void golden(const QuantizedTensor& a, const QuantizedTensor& b, std::vector<float>& d, std::vector<float>& magnitude) {
+void golden(const QuantizedTensor& a, const QuantizedTensor& b, std::vector<float>& d,
+            std::vector<float>& magnitude) {
   const std::vector<float> av = dequantize(a), bv = dequantize(b);
   const int64_t m = a.rows, n = b.rows, k = a.cols;
   d.assign(static_cast<size_t>(m * n), 0.0f);
@@ -25,7 +26,8 @@ void golden(const QuantizedTensor& a, const QuantizedTensor& b, std::vector<floa
     for (int64_t j = 0; j < n; ++j) {
       double s = 0, mag = 0;
       for (int64_t p = 0; p < k; ++p) {
-        const double prod = static_cast<double>(av[static_cast<size_t>(i * k + p)]) * bv[static_cast<size_t>(j * k + p)];
+        const double prod =
+            static_cast<double>(av[static_cast<size_t>(i * k + p)]) * bv[static_cast<size_t>(j * k + p)];
         s += prod;
         mag += std::fabs(prod);
       }
@@ -56,7 +58,8 @@ TEST(Fp8Gemm, SmallIntegersGiveTheExactProduct) {
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) {
           int64_t exact = 0;
-          for (int64_t p = 0; p < k; ++p) exact += static_cast<int64_t>(a[i * k + p]) * static_cast<int64_t>(b[j * k + p]);
+          for (int64_t p = 0; p < k; ++p)
+            exact += static_cast<int64_t>(a[i * k + p]) * static_cast<int64_t>(b[j * k + p]);
           ASSERT_EQ(out.values[static_cast<size_t>(i * n + j)], static_cast<float>(exact)) << i << "," << j;
         }
       }
@@ -70,7 +73,8 @@ TEST(Fp8Gemm, PerTensorMatchesFloat64GoldenOnOddShapes) {
   for (const auto& s : shapes) {
     const int64_t m = s[0], n = s[1], k = s[2];
     const QuantizedTensor qa = per_tensor(testing::random_normal(m * k, seed++), m, k, Dtype::e4m3, 96.0f);
-    const QuantizedTensor qb = per_tensor(testing::random_normal(n * k, seed++, 0.01f), n, k, Dtype::e5m2, 3000.0f);
+    const QuantizedTensor qb =
+        per_tensor(testing::random_normal(n * k, seed++, 0.01f), n, k, Dtype::e5m2, 3000.0f);
     std::vector<float> want, magnitude;
     golden(qa, qb, want, magnitude);
     Fp8GemmArguments args;
@@ -81,7 +85,8 @@ TEST(Fp8Gemm, PerTensorMatchesFloat64GoldenOnOddShapes) {
     for (float& w : magnitude) w *= 0.75f;
     const GemmOutput out = fp8_gemm(args);
     ASSERT_TRUE(testing::has_nonzero(out.values));
-    EXPECT_TRUE(testing::all_close(out.values, want, {Dtype::f32, k, magnitude})) << m << "x" << n << "x" << k;
+    EXPECT_TRUE(testing::all_close(out.values, want, {Dtype::f32, k, magnitude}))
+        << m << "x" << n << "x" << k;
   }
 }
 
@@ -115,7 +120,8 @@ TEST(Fp8Gemm, BlockScaledOperandsPromotePartialSums) {
   const BlockScaling recipe;
   ScalingState unused;
   const QuantizedTensor qa = quantize(a, m, k, Dtype::e4m3, TensorRole::activation, recipe, unused);
-  const QuantizedTensor qb = quantize(testing::random_normal(n * k, 6), n, k, Dtype::e4m3, TensorRole::weight, recipe, unused);
+  const QuantizedTensor qb =
+      quantize(testing::random_normal(n * k, 6), n, k, Dtype::e4m3, TensorRole::weight, recipe, unused);
   ASSERT_EQ(qa.granularity, ScaleGranularity::tile_1x128);
   ASSERT_EQ(qb.granularity, ScaleGranularity::block_128x128);
   std::vector<float> want, magnitude;
@@ -136,8 +142,10 @@ TEST(Fp8Gemm, MxScaledOperands) {
   const int64_t m = 9, n = 11, k = 100;
   const MxScaling recipe;
   ScalingState unused;
-  const QuantizedTensor qa = quantize(testing::random_log_uniform(m * k, 7, -20, 20), m, k, Dtype::e4m3, TensorRole::activation, recipe, unused);
-  const QuantizedTensor qb = quantize(testing::random_normal(n * k, 8), n, k, Dtype::e5m2, TensorRole::gradient, recipe, unused);
+  const QuantizedTensor qa = quantize(testing::random_log_uniform(m * k, 7, -20, 20), m, k, Dtype::e4m3,
+                                      TensorRole::activation, recipe, unused);
+  const QuantizedTensor qb =
+      quantize(testing::random_normal(n * k, 8), n, k, Dtype::e5m2, TensorRole::gradient, recipe, unused);
   std::vector<float> want, magnitude;
   golden(qa, qb, want, magnitude);
   Fp8GemmArguments args;
@@ -189,7 +197,8 @@ TEST(Fp8Gemm, RefusesWhatHopperCannotRun) {
   const QuantizedTensor e5 = per_tensor(x, 8, 16, Dtype::e5m2, 1.0f);
   const QuantizedTensor other_k = per_tensor(std::vector<float>(8 * 32, 1.0f), 8, 32, Dtype::e4m3, 1.0f);
   ScalingState unused;
-  const QuantizedTensor tiled = quantize(x, 8, 16, Dtype::e4m3, TensorRole::activation, BlockScaling(), unused);
+  const QuantizedTensor tiled =
+      quantize(x, 8, 16, Dtype::e4m3, TensorRole::activation, BlockScaling(), unused);
   auto reason = [](const QuantizedTensor& a, const QuantizedTensor& b) {
     Fp8GemmArguments args;
     args.a = &a;

@@ -10,8 +10,8 @@
 
 #include <gtest/gtest.h>
 
-#include "octet/numerics/format.h"
 #include "compare.h"
+#include "octet/numerics/format.h"
 #include "random.h"
 #include "spec_reference.h"
 
@@ -27,7 +27,9 @@ float bits_to_float(uint32_t u) {
   return f;
 }
 
-uint32_t nan_code(Dtype d) { return canonical_nan(minifloat_spec(d)); }
+uint32_t nan_code(Dtype d) {
+  return canonical_nan(minifloat_spec(d));
+}
 
 class SignedFormat : public ::testing::TestWithParam<Dtype> {};
 
@@ -84,8 +86,8 @@ TEST_P(SignedFormat, BoundariesAndHalfwayPointsMatchTheReference) {
   for (size_t i = 0; i + 1 < positives.size(); ++i) {
     const float mid = static_cast<float>((positives[i] + positives[i + 1]) / 2);
     ASSERT_EQ(static_cast<double>(mid), (positives[i] + positives[i + 1]) / 2) << "midpoint not exact";
-    for (const float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY),
-                          static_cast<float>(positives[i])}) {
+    for (const float x :
+         {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY), static_cast<float>(positives[i])}) {
       for (const float s : {x, -x}) {
         for (const bool sat : {true, false}) {
           const uint32_t want = ref.encode(s, sat, nan_code(d));
@@ -109,13 +111,15 @@ TEST_P(SignedFormat, RandomBitPatternsMatchTheReference) {
   for (const float v : testing::random_log_uniform(400000, 7, -30, 20)) inputs.push_back(v);
   for (const float x : inputs) {
     for (const bool sat : {true, false}) {
-      ASSERT_EQ(encode(d, x, sat ? Overflow::saturate : Overflow::non_saturating), ref.encode(x, sat, nan_code(d)))
+      ASSERT_EQ(encode(d, x, sat ? Overflow::saturate : Overflow::non_saturating),
+                ref.encode(x, sat, nan_code(d)))
           << dtype_name(d) << " x=" << x << " bits=0x" << std::hex << std::bit_cast<uint32_t>(x);
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, SignedFormat, ::testing::Values(Dtype::e4m3, Dtype::e5m2, Dtype::bf16, Dtype::f16),
+INSTANTIATE_TEST_SUITE_P(Formats, SignedFormat,
+                         ::testing::Values(Dtype::e4m3, Dtype::e5m2, Dtype::bf16, Dtype::f16),
                          [](const auto& p) { return std::string(dtype_name(p.param)); });
 
 // The facts users rely on, spelled out (OCP 8-bit floating point specification, IEEE 754 for FP16/BF16).
@@ -172,7 +176,7 @@ TEST(FormatFacts, Bf16AndF16CarryRoundingAcrossBinades) {
   EXPECT_EQ(float_to_bf16(std::nextafter(1.0f + std::ldexp(1.0f, -8), 2.0f)), 0x3F81);
   // The largest float32 rounds past bf16's largest finite to infinity.
   EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7F80);
-  EXPECT_EQ(float_to_f16(65520.0f), 0x7C00);   // tie above 65504 goes to the even neighbour: infinity
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7C00);  // tie above 65504 goes to the even neighbour: infinity
   EXPECT_EQ(float_to_f16(65519.0f), 0x7BFF);
   EXPECT_EQ(float_to_bf16(NAN), 0x7FFF);
   EXPECT_EQ(float_to_f16(NAN), 0x7FFF);
@@ -207,12 +211,12 @@ TEST(E8m0, EveryCodeIsAPowerOfTwoAndReencodes) {
 }
 
 TEST(E8m0, RoundsToNearestPowerOfTwoAndHasNoZeroOrSign) {
-  EXPECT_EQ(encode(Dtype::e8m0, 1.4f, Overflow::non_saturating), 127u);   // nearer 1 than 2
-  EXPECT_EQ(encode(Dtype::e8m0, 1.5f, Overflow::non_saturating), 128u);   // tie: the even code (2)
-  EXPECT_EQ(encode(Dtype::e8m0, 3.0f, Overflow::non_saturating), 129u);   // tie between 2 and 4: 4
-  EXPECT_EQ(encode(Dtype::e8m0, 0.0f, Overflow::non_saturating), 0xFFu);  // no zero: NaN
-  EXPECT_EQ(encode(Dtype::e8m0, -2.0f, Overflow::non_saturating), 0xFFu); // no sign: NaN
-  EXPECT_EQ(encode(Dtype::e8m0, 0.0f, Overflow::saturate), 0x00u);        // or the least value
+  EXPECT_EQ(encode(Dtype::e8m0, 1.4f, Overflow::non_saturating), 127u);    // nearer 1 than 2
+  EXPECT_EQ(encode(Dtype::e8m0, 1.5f, Overflow::non_saturating), 128u);    // tie: the even code (2)
+  EXPECT_EQ(encode(Dtype::e8m0, 3.0f, Overflow::non_saturating), 129u);    // tie between 2 and 4: 4
+  EXPECT_EQ(encode(Dtype::e8m0, 0.0f, Overflow::non_saturating), 0xFFu);   // no zero: NaN
+  EXPECT_EQ(encode(Dtype::e8m0, -2.0f, Overflow::non_saturating), 0xFFu);  // no sign: NaN
+  EXPECT_EQ(encode(Dtype::e8m0, 0.0f, Overflow::saturate), 0x00u);         // or the least value
   EXPECT_EQ(encode(Dtype::e8m0, std::ldexp(1.0f, -140), Overflow::saturate), 0x00u);
   EXPECT_EQ(encode(Dtype::e8m0, INFINITY, Overflow::saturate), 0xFEu);
   EXPECT_EQ(encode(Dtype::e8m0, INFINITY, Overflow::non_saturating), 0xFFu);

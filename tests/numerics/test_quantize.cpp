@@ -80,8 +80,10 @@ TEST_P(QuantizeFormats, BlockLayoutsMatchTheReferenceOnOddShapes) {
     const ScalingRecipe* recipe;
     TensorRole role;
   };
-  const Case cases[] = {{&block, TensorRole::activation}, {&block, TensorRole::weight},
-                        {&block_pow2, TensorRole::gradient}, {&mx, TensorRole::activation}};
+  const Case cases[] = {{&block, TensorRole::activation},
+                        {&block, TensorRole::weight},
+                        {&block_pow2, TensorRole::gradient},
+                        {&mx, TensorRole::activation}};
   uint64_t seed = 500;
   for (const Case& c : cases) {
     for (const auto& shape : odd_shapes()) {
@@ -89,7 +91,8 @@ TEST_P(QuantizeFormats, BlockLayoutsMatchTheReferenceOnOddShapes) {
       // Rows of very different magnitudes: the point of per-block scales.
       std::vector<float> x = testing::random_normal(n, seed++);
       for (int64_t r = 0; r < shape.rows; ++r) {
-        for (int64_t col = 0; col < shape.cols; ++col) x[static_cast<size_t>(r * shape.cols + col)] *= std::ldexp(1.0f, static_cast<int>(r % 29) - 14);
+        for (int64_t col = 0; col < shape.cols; ++col)
+          x[static_cast<size_t>(r * shape.cols + col)] *= std::ldexp(1.0f, static_cast<int>(r % 29) - 14);
       }
       if (n > 3) x[3] = 0.0f;
       ScalingState unused;
@@ -97,7 +100,8 @@ TEST_P(QuantizeFormats, BlockLayoutsMatchTheReferenceOnOddShapes) {
       const ScaleGranularity g = c.recipe->granularity(c.role);
       ASSERT_EQ(q.granularity, g);
       const BlockShape bs = block_shape(g);
-      const int64_t grid_rows = (shape.rows + bs.rows - 1) / bs.rows, grid_cols = (shape.cols + bs.cols - 1) / bs.cols;
+      const int64_t grid_rows = (shape.rows + bs.rows - 1) / bs.rows,
+                    grid_cols = (shape.cols + bs.cols - 1) / bs.cols;
       ASSERT_EQ(q.scale_inv.size(), static_cast<size_t>(grid_rows * grid_cols));
       for (int64_t br = 0; br < grid_rows; ++br) {
         for (int64_t bc = 0; bc < grid_cols; ++bc) {
@@ -120,14 +124,16 @@ TEST_P(QuantizeFormats, BlockLayoutsMatchTheReferenceOnOddShapes) {
       }
       EXPECT_EQ(q.stats.saturated, 0) << "block scales come from the block's own amax";
       if (g == ScaleGranularity::mx_1x32) {
-        for (size_t i = 0; i < q.scale_inv.size(); ++i) EXPECT_EQ(decode(Dtype::e8m0, q.scale_e8m0[i]), q.scale_inv[i]);
+        for (size_t i = 0; i < q.scale_inv.size(); ++i)
+          EXPECT_EQ(decode(Dtype::e8m0, q.scale_e8m0[i]), q.scale_inv[i]);
       }
       // Dequantized values are within half a unit in the last place of E4M3/E5M2 of x (relative), except
       // those that fell into the subnormal range.
       const std::vector<float> back = dequantize(q);
       const double half_ulp = std::ldexp(1.0, -minifloat_spec(d).mantissa_bits - 1);
       for (size_t i = 0; i < n; ++i) {
-        const float scaled = std::fabs(x[i] / q.scale_inv_at(static_cast<int64_t>(i) / shape.cols, static_cast<int64_t>(i) % shape.cols));
+        const float scaled = std::fabs(x[i] / q.scale_inv_at(static_cast<int64_t>(i) / shape.cols,
+                                                             static_cast<int64_t>(i) % shape.cols));
         if (scaled < dtype_info(d).min_normal) continue;
         ASSERT_LE(std::fabs(back[i] - x[i]), half_ulp * std::fabs(x[i]) * (1 + 1e-6)) << i;
       }

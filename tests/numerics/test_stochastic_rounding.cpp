@@ -40,8 +40,8 @@ TEST(StochasticRounding, ResultIsAlwaysANeighbour) {
         if (v >= a && v < above) above = v;
       }
       const float got = std::fabs(decode(d, sr(d, xs[i], rng.bits(i))));
-      EXPECT_TRUE(got == below || got == above) << "x=" << xs[i] << " got " << got << " between " << below
-                                                << " and " << above;
+      EXPECT_TRUE(got == below || got == above)
+          << "x=" << xs[i] << " got " << got << " between " << below << " and " << above;
     }
   }
 }

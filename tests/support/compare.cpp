@@ -18,12 +18,12 @@ Tolerance tolerance_for(Dtype output, int64_t reduction_length) {
 ::testing::AssertionResult all_close(std::span<const float> actual, std::span<const float> expected,
                                      const CompareOptions& options) {
   if (actual.size() != expected.size()) {
-    return ::testing::AssertionFailure() << "sizes differ: actual " << actual.size() << ", expected "
-                                         << expected.size();
+    return ::testing::AssertionFailure()
+           << "sizes differ: actual " << actual.size() << ", expected " << expected.size();
   }
   if (!options.magnitude.empty() && options.magnitude.size() != expected.size()) {
-    return ::testing::AssertionFailure() << "magnitude has " << options.magnitude.size() << " values, need "
-                                         << expected.size();
+    return ::testing::AssertionFailure()
+           << "magnitude has " << options.magnitude.size() << " values, need " << expected.size();
   }
   const Tolerance tol = tolerance_for(options.dtype, options.reduction_length);
   std::ostringstream report;
@@ -56,30 +56,32 @@ Tolerance tolerance_for(Dtype output, int64_t reduction_length) {
     }
   }
   if (failures == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << failures << " of " << actual.size() << " elements differ ("
-                                       << dtype_name(options.dtype) << ", K=" << options.reduction_length
-                                       << "; worst error/bound " << worst << " at " << worst_index << "):"
-                                       << report.str();
+  return ::testing::AssertionFailure()
+         << failures << " of " << actual.size() << " elements differ (" << dtype_name(options.dtype)
+         << ", K=" << options.reduction_length << "; worst error/bound " << worst << " at " << worst_index
+         << "):" << report.str();
 }
 
 ::testing::AssertionResult bytes_equal(std::span<const uint8_t> actual, std::span<const uint8_t> expected,
                                        Dtype dtype, int max_reported) {
   if (actual.size() != expected.size()) {
-    return ::testing::AssertionFailure() << "sizes differ: actual " << actual.size() << ", expected "
-                                         << expected.size();
+    return ::testing::AssertionFailure()
+           << "sizes differ: actual " << actual.size() << ", expected " << expected.size();
   }
   std::ostringstream report;
   int64_t failures = 0;
   for (size_t i = 0; i < actual.size(); ++i) {
     if (actual[i] == expected[i]) continue;
     if (failures < max_reported) {
-      report << "\n  [" << i << "] actual 0x" << std::hex << int{actual[i]} << " (" << decode(dtype, actual[i])
-             << "), expected 0x" << int{expected[i]} << std::dec << " (" << decode(dtype, expected[i]) << ")";
+      report << "\n  [" << i << "] actual 0x" << std::hex << int{actual[i]} << " ("
+             << decode(dtype, actual[i]) << "), expected 0x" << int{expected[i]} << std::dec << " ("
+             << decode(dtype, expected[i]) << ")";
     }
     ++failures;
   }
   if (failures == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << failures << " of " << actual.size() << " codes differ:" << report.str();
+  return ::testing::AssertionFailure()
+         << failures << " of " << actual.size() << " codes differ:" << report.str();
 }
 
 ::testing::AssertionResult has_nonzero(std::span<const float> values) {

@@ -47,5 +47,7 @@ struct CompareOptions {
 
 namespace octet {
 // Lets GoogleTest print a Dtype parameter by name (found by argument-dependent lookup).
-inline void PrintTo(Dtype d, std::ostream* os) { *os << dtype_name(d); }
+inline void PrintTo(Dtype d, std::ostream* os) {
+  *os << dtype_name(d);
+}
 }  // namespace octet

@@ -9,8 +9,8 @@ namespace octet::testing {
 
 const std::vector<Shape2D>& odd_shapes() {
   static const std::vector<Shape2D> shapes = {
-      {1, 1}, {1, 2}, {5, 7}, {7, 5}, {13, 131}, {127, 257}, {128, 128}, {129, 127}, {1, 3221}, {2333, 1},
-      {3, 1000}, {64, 384},
+      {1, 1},     {1, 2},     {5, 7},    {7, 5},    {13, 131}, {127, 257},
+      {128, 128}, {129, 127}, {1, 3221}, {2333, 1}, {3, 1000}, {64, 384},
   };
   return shapes;
 }
@@ -53,8 +53,9 @@ std::vector<float> random_small_integers(size_t n, uint64_t seed, int range) {
 
 std::vector<float> special_values() {
   using L = std::numeric_limits<float>;
-  return {0.0f, -0.0f, L::infinity(), -L::infinity(), L::quiet_NaN(), -L::quiet_NaN(), L::max(), -L::max(),
-          L::min(), -L::min(), L::denorm_min(), -L::denorm_min(), L::epsilon(), 1.0f, -1.0f};
+  return {0.0f,         -0.0f,     L::infinity(), -L::infinity(), L::quiet_NaN(),  -L::quiet_NaN(),
+          L::max(),     -L::max(), L::min(),      -L::min(),      L::denorm_min(), -L::denorm_min(),
+          L::epsilon(), 1.0f,      -1.0f};
 }
 
 }  // namespace octet::testing

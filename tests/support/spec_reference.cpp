@@ -10,11 +10,20 @@ namespace octet::testing {
 
 SpecFormat::SpecFormat(Dtype dtype) {
   switch (dtype) {
-    case Dtype::e4m3: exponent_bits_ = 4, mantissa_bits_ = 3, bias_ = 7, finite_only_ = true; break;
-    case Dtype::e5m2: exponent_bits_ = 5, mantissa_bits_ = 2, bias_ = 15, finite_only_ = false; break;
-    case Dtype::bf16: exponent_bits_ = 8, mantissa_bits_ = 7, bias_ = 127, finite_only_ = false; break;
-    case Dtype::f16: exponent_bits_ = 5, mantissa_bits_ = 10, bias_ = 15, finite_only_ = false; break;
-    default: throw std::invalid_argument("SpecFormat: signed formats with subnormals only");
+    case Dtype::e4m3:
+      exponent_bits_ = 4, mantissa_bits_ = 3, bias_ = 7, finite_only_ = true;
+      break;
+    case Dtype::e5m2:
+      exponent_bits_ = 5, mantissa_bits_ = 2, bias_ = 15, finite_only_ = false;
+      break;
+    case Dtype::bf16:
+      exponent_bits_ = 8, mantissa_bits_ = 7, bias_ = 127, finite_only_ = false;
+      break;
+    case Dtype::f16:
+      exponent_bits_ = 5, mantissa_bits_ = 10, bias_ = 15, finite_only_ = false;
+      break;
+    default:
+      throw std::invalid_argument("SpecFormat: signed formats with subnormals only");
   }
   const uint32_t positive_codes = 1u << (exponent_bits_ + mantissa_bits_);
   for (uint32_t c = 0; c < positive_codes; ++c) {
@@ -56,11 +65,16 @@ double SpecFormat::value(uint32_t code) const {
   const double sign = s ? -1.0 : 1.0;
   const double two_m = std::pow(2.0, mantissa_bits_);
   switch (classify(code)) {
-    case SpecClass::nan: return std::numeric_limits<double>::quiet_NaN();
-    case SpecClass::infinity: return sign * std::numeric_limits<double>::infinity();
-    case SpecClass::zero: return sign * 0.0;
-    case SpecClass::subnormal: return sign * std::pow(2.0, 1 - bias_) * (m / two_m);
-    case SpecClass::normal: return sign * std::pow(2.0, e - bias_) * (1.0 + m / two_m);
+    case SpecClass::nan:
+      return std::numeric_limits<double>::quiet_NaN();
+    case SpecClass::infinity:
+      return sign * std::numeric_limits<double>::infinity();
+    case SpecClass::zero:
+      return sign * 0.0;
+    case SpecClass::subnormal:
+      return sign * std::pow(2.0, 1 - bias_) * (m / two_m);
+    case SpecClass::normal:
+      return sign * std::pow(2.0, e - bias_) * (1.0 + m / two_m);
   }
   return 0.0;
 }
@@ -72,7 +86,8 @@ uint32_t SpecFormat::encode(double x, bool saturate, uint32_t canonical_nan) con
   const double a = std::fabs(x);
   const uint32_t largest = codes_.back();
   const uint32_t all_ones = (1u << (exponent_bits_ + mantissa_bits_)) - 1u;  // S.1111.111: E4M3's NaN
-  const uint32_t inf_or_nan = sign | (finite_only_ ? all_ones : ((1u << exponent_bits_) - 1u) << mantissa_bits_);
+  const uint32_t inf_or_nan =
+      sign | (finite_only_ ? all_ones : ((1u << exponent_bits_) - 1u) << mantissa_bits_);
   const uint32_t overflow = saturate ? (sign | largest) : inf_or_nan;
   if (std::isinf(a)) return overflow;
 

@@ -30,7 +30,9 @@ std::string_view dtype_name(Dtype dtype);
 std::optional<Dtype> parse_dtype(std::string_view name);
 
 // True for the 8-bit formats that tensors are cast to (E4M3 and E5M2; E8M0 holds scales only).
-constexpr bool is_fp8(Dtype d) { return d == Dtype::e4m3 || d == Dtype::e5m2; }
+constexpr bool is_fp8(Dtype d) {
+  return d == Dtype::e4m3 || d == Dtype::e5m2;
+}
 
 CodeClass classify(Dtype dtype, uint32_t code);
 std::string_view code_class_name(CodeClass c);
@@ -39,7 +41,9 @@ std::string_view code_class_name(CodeClass c);
 inline uint32_t encode(Dtype dtype, float x, Overflow overflow = Overflow::saturate) {
   return encode(minifloat_spec(dtype), x, overflow);
 }
-inline float decode(Dtype dtype, uint32_t code) { return decode(minifloat_spec(dtype), code); }
+inline float decode(Dtype dtype, uint32_t code) {
+  return decode(minifloat_spec(dtype), code);
+}
 
 // Rounds x to the nearest value of dtype (ties to even) and returns it as float32.
 inline float round_to(Dtype dtype, float x, Overflow overflow = Overflow::saturate) {

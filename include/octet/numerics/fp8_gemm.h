@@ -26,7 +26,7 @@ struct Fp8GemmArguments {
   const QuantizedTensor* b = nullptr;  // [N, K]
   float alpha = 1.0f;
   float beta = 0.0f;
-  std::span<const float> c;  // [M, N]; required when beta != 0
+  std::span<const float> c;   // [M, N]; required when beta != 0
   Dtype output = Dtype::f32;  // f32, bf16, e4m3 or e5m2
   float output_scale = 1.0f;  // FP8 output: q = cast(D * output_scale)
   GemmAccumulation accumulation = GemmAccumulation::reference;
@@ -50,7 +50,7 @@ bool blas_available();
 GemmOutput fp8_gemm(const Fp8GemmArguments& args);
 
 // D = A x B^T in float32 from float32 operands ([M,K], [N,K]), plain loops; the tests' and GEMM's baseline.
-std::vector<float> reference_gemm_f32(std::span<const float> a, std::span<const float> b, int64_t m, int64_t n,
-                                      int64_t k);
+std::vector<float> reference_gemm_f32(std::span<const float> a, std::span<const float> b, int64_t m,
+                                      int64_t n, int64_t k);
 
 }  // namespace octet

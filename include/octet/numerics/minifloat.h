@@ -26,8 +26,8 @@ enum class Overflow : uint8_t {
 
 // How special bit patterns are laid out in a format.
 enum class SpecialEncoding : uint8_t {
-  ieee,         // exponent all ones: mantissa 0 is Inf, anything else NaN (E5M2, FP16, BF16)
-  finite_only,  // no infinities; only exponent and mantissa all ones is NaN (OCP E4M3, "FN")
+  ieee,                   // exponent all ones: mantissa 0 is Inf, anything else NaN (E5M2, FP16, BF16)
+  finite_only,            // no infinities; only exponent and mantissa all ones is NaN (OCP E4M3, "FN")
   unsigned_power_of_two,  // E8M0: no sign, no mantissa, no zero; 0xFF is NaN
 };
 
@@ -40,12 +40,18 @@ struct MinifloatSpec {
 
 OCTET_HOST_DEVICE constexpr MinifloatSpec minifloat_spec(Dtype dtype) {
   switch (dtype) {
-    case Dtype::e4m3: return {4, 3, 7, SpecialEncoding::finite_only};
-    case Dtype::e5m2: return {5, 2, 15, SpecialEncoding::ieee};
-    case Dtype::e8m0: return {8, 0, 127, SpecialEncoding::unsigned_power_of_two};
-    case Dtype::bf16: return {8, 7, 127, SpecialEncoding::ieee};
-    case Dtype::f16: return {5, 10, 15, SpecialEncoding::ieee};
-    case Dtype::f32: return {8, 23, 127, SpecialEncoding::ieee};
+    case Dtype::e4m3:
+      return {4, 3, 7, SpecialEncoding::finite_only};
+    case Dtype::e5m2:
+      return {5, 2, 15, SpecialEncoding::ieee};
+    case Dtype::e8m0:
+      return {8, 0, 127, SpecialEncoding::unsigned_power_of_two};
+    case Dtype::bf16:
+      return {8, 7, 127, SpecialEncoding::ieee};
+    case Dtype::f16:
+      return {5, 10, 15, SpecialEncoding::ieee};
+    case Dtype::f32:
+      return {8, 23, 127, SpecialEncoding::ieee};
   }
   return {8, 23, 127, SpecialEncoding::ieee};
 }
@@ -56,8 +62,9 @@ OCTET_HOST_DEVICE constexpr int storage_bits(const MinifloatSpec& s) {
 
 // The NaN a NaN input encodes to: sign clear, every other bit set (what NVIDIA's conversions write).
 OCTET_HOST_DEVICE constexpr uint32_t canonical_nan(const MinifloatSpec& s) {
-  return (s.specials == SpecialEncoding::unsigned_power_of_two) ? 0xFFu
-                                                                : (1u << (s.exponent_bits + s.mantissa_bits)) - 1u;
+  return (s.specials == SpecialEncoding::unsigned_power_of_two)
+             ? 0xFFu
+             : (1u << (s.exponent_bits + s.mantissa_bits)) - 1u;
 }
 
 // Largest finite magnitude as a code with the sign bit clear.
@@ -65,9 +72,12 @@ OCTET_HOST_DEVICE constexpr uint32_t max_finite_code(const MinifloatSpec& s) {
   const uint32_t exponent_all_ones = (1u << s.exponent_bits) - 1u;
   const uint32_t mantissa_all_ones = (1u << s.mantissa_bits) - 1u;
   switch (s.specials) {
-    case SpecialEncoding::ieee: return ((exponent_all_ones - 1u) << s.mantissa_bits) | mantissa_all_ones;
-    case SpecialEncoding::finite_only: return (exponent_all_ones << s.mantissa_bits) | (mantissa_all_ones - 1u);
-    case SpecialEncoding::unsigned_power_of_two: return 0xFEu;
+    case SpecialEncoding::ieee:
+      return ((exponent_all_ones - 1u) << s.mantissa_bits) | mantissa_all_ones;
+    case SpecialEncoding::finite_only:
+      return (exponent_all_ones << s.mantissa_bits) | (mantissa_all_ones - 1u);
+    case SpecialEncoding::unsigned_power_of_two:
+      return 0xFEu;
   }
   return 0;
 }
@@ -200,7 +210,8 @@ OCTET_HOST_DEVICE inline EncodeResult encode_checked(const MinifloatSpec& s, flo
   const uint32_t overflowed =
       overflow == Overflow::saturate
           ? (sign | largest)
-          : (sign | (s.specials == SpecialEncoding::ieee ? ((1u << s.exponent_bits) - 1u) << s.mantissa_bits : nan));
+          : (sign |
+             (s.specials == SpecialEncoding::ieee ? ((1u << s.exponent_bits) - 1u) << s.mantissa_bits : nan));
 
   if (abs_bits > 0x7F800000u) return {nan, false};
   if (is_unsigned) {
@@ -233,8 +244,7 @@ OCTET_HOST_DEVICE inline float decode(const MinifloatSpec& s, uint32_t code) {
   }
   const bool negative = (code >> (s.exponent_bits + s.mantissa_bits)) & 1u;
   float magnitude;
-  if (exponent == exponent_mask &&
-      (s.specials == SpecialEncoding::ieee || mantissa == mantissa_mask)) {
+  if (exponent == exponent_mask && (s.specials == SpecialEncoding::ieee || mantissa == mantissa_mask)) {
     if (s.specials == SpecialEncoding::ieee && mantissa == 0) {
       magnitude = detail::bits_float(0x7F800000u);
     } else {
@@ -263,9 +273,17 @@ OCTET_HOST_DEVICE inline uint16_t float_to_bf16(float x) {
 OCTET_HOST_DEVICE inline uint16_t float_to_f16(float x) {
   return static_cast<uint16_t>(encode(minifloat_spec(Dtype::f16), x, Overflow::non_saturating));
 }
-OCTET_HOST_DEVICE inline float e4m3_to_float(uint8_t c) { return decode(minifloat_spec(Dtype::e4m3), c); }
-OCTET_HOST_DEVICE inline float e5m2_to_float(uint8_t c) { return decode(minifloat_spec(Dtype::e5m2), c); }
-OCTET_HOST_DEVICE inline float bf16_to_float(uint16_t c) { return decode(minifloat_spec(Dtype::bf16), c); }
-OCTET_HOST_DEVICE inline float f16_to_float(uint16_t c) { return decode(minifloat_spec(Dtype::f16), c); }
+OCTET_HOST_DEVICE inline float e4m3_to_float(uint8_t c) {
+  return decode(minifloat_spec(Dtype::e4m3), c);
+}
+OCTET_HOST_DEVICE inline float e5m2_to_float(uint8_t c) {
+  return decode(minifloat_spec(Dtype::e5m2), c);
+}
+OCTET_HOST_DEVICE inline float bf16_to_float(uint16_t c) {
+  return decode(minifloat_spec(Dtype::bf16), c);
+}
+OCTET_HOST_DEVICE inline float f16_to_float(uint16_t c) {
+  return decode(minifloat_spec(Dtype::f16), c);
+}
 
 }  // namespace octet

@@ -1,5 +1,5 @@
-// Quantizing a float32 matrix to FP8 with a scaling recipe, and back. The CPU reference for every cast kernel:
-// a GPU cast must produce the same bytes, scales, amax and counts.
+// Quantizing a float32 matrix to FP8 with a scaling recipe, and back. The CPU reference for every cast
+// kernel: a GPU cast must produce the same bytes, scales, amax and counts.
 #pragma once
 
 #include <cstdint>
@@ -37,10 +37,10 @@ struct QuantizedTensor {
   int64_t rows = 0;
   int64_t cols = 0;
   ScaleGranularity granularity = ScaleGranularity::per_tensor;
-  std::vector<uint8_t> data;       // rows * cols codes
-  std::vector<float> scale_inv;    // one per block, row-major over the grid of blocks
-  std::vector<uint8_t> scale_e8m0; // MXFP8 only: scale_inv as E8M0 codes
-  float amax = 0.0f;               // max |x| over the input, NaN if any input was NaN
+  std::vector<uint8_t> data;        // rows * cols codes
+  std::vector<float> scale_inv;     // one per block, row-major over the grid of blocks
+  std::vector<uint8_t> scale_e8m0;  // MXFP8 only: scale_inv as E8M0 codes
+  float amax = 0.0f;                // max |x| over the input, NaN if any input was NaN
   CastStats stats;
 
   int64_t block_grid_cols() const;

@@ -95,7 +95,8 @@ class CurrentScaling final : public ScalingRecipe {
   int margin_;
 };
 
-// Scale from the amaxes of earlier steps: the cast needs no extra pass, and this cast's amax feeds later ones.
+// Scale from the amaxes of earlier steps: the cast needs no extra pass, and this cast's amax feeds later
+// ones.
 class DelayedScaling final : public ScalingRecipe {
  public:
   DelayedScaling(int history_length = 16, AmaxAlgorithm algorithm = AmaxAlgorithm::max, int margin = 0);
