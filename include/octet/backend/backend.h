@@ -1,0 +1,101 @@
+// The backend interface: the small, explicit set of ops the training engine is written against. The CPU
+// backend (cpu_backend.h) is the reference; a GPU backend implements the same ops and is held to it. Buffers
+// are allocated by the backend and addressed by raw pointers into them (host memory on the CPU, device memory
+// on a GPU). Shape letters as in llm.c: N = B*T rows, C channels, OC output channels, NH heads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "octet/backend/precision.h"
+
+namespace octet {
+
+// Memory owned by a backend; move-only through unique_ptr.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* data() = 0;
+  virtual size_t bytes() const = 0;
+  float* floats() { return static_cast<float*>(data()); }
+  int32_t* ints() { return static_cast<int32_t*>(data()); }
+};
+
+// A linear layer's weight in the form its GEMMs consume (a rounded BF16/FP16 copy, or FP8 codes with their
+// transposed copy), made once per optimizer step by Backend::prepare_weight.
+class WeightCopy {
+ public:
+  virtual ~WeightCopy() = default;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // Memory. Buffers are zero-filled.
+  virtual std::unique_ptr<Buffer> allocate(size_t bytes) = 0;
+  virtual void copy_to_host(void* host, const void* source, size_t bytes) = 0;
+  virtual void copy_from_host(void* destination, const void* host, size_t bytes) = 0;
+  virtual void fill_zero(float* x, int64_t n) = 0;
+
+  // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                               int64_t T, int64_t C) = 0;
+  // Accumulates into dwte and dwpe.
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                                int64_t T, int64_t C) = 0;
+
+  // Per row of inp [N, C]: out = (x - mean) * rstd * weight + bias; saves mean and rstd [N].
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                 const float* bias, int64_t N, int64_t C) = 0;
+  // Accumulates into dinp, dweight, dbias.
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                  const float* weight, const float* mean, const float* rstd, int64_t N,
+                                  int64_t C) = 0;
+
+  // Makes (or refreshes) the copy of weight [OC, C] that the layer's GEMMs use, as `exec` says.
+  virtual void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
+                              LinearExecution& exec) = 0;
+  // out [N, OC] = inp [N, C] x W^T + bias (bias may be null).
+  virtual void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
+                              const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) = 0;
+  // dinp [N, C] = dout x W (overwritten); dweight [OC, C] += dout^T x inp; dbias [OC] += column sums of dout.
+  virtual void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                               LinearExecution& exec) = 0;
+
+  // Causal multi-head self-attention over qkv [B, T, 3C] (q, k, v each [C], NH heads of C/NH), writing out
+  // [B, T, C] and the softmax log-sum-exp per row, lse [B, NH, T]; no T x T matrix is kept.
+  virtual void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                                 int64_t NH) = 0;
+  // dqkv [B, T, 3C] is overwritten.
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                  const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
+
+  // GELU, tanh approximation.
+  virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
+  // dinp = dout * gelu'(inp), overwritten.
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;
+  // a += b
+  virtual void accumulate(float* a, const float* b, int64_t n) = 0;
+
+  // Softmax cross-entropy over the first V of Vp logits per row: losses [N] = -log p[target]. When
+  // dloss != 0, logits are overwritten with d(dloss * sum(losses))/dlogits (zero in the padded columns).
+  virtual void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                                     int64_t Vp, float dloss) = 0;
+
+  // Optimizer and gradient utilities.
+  virtual double sum_of_squares(const float* x, int64_t n) = 0;
+  virtual bool all_finite(const float* x, int64_t n) = 0;
+  virtual void scale(float* x, int64_t n, float factor) = 0;
+  // AdamW on float32 master weights: g = grads * grad_scale; m, v moments; decoupled weight decay.
+  virtual void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
+                            float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                            float grad_scale) = 0;
+};
+
+}  // namespace octet

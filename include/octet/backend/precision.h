@@ -1,0 +1,65 @@
+// Precision of the model's GEMMs: the training mode, how each of a linear layer's three GEMMs runs, and the
+// FP8 scaling state that belongs to each FP8 GEMM operand. The precision policy (precision_policy.h) fills
+// these in; the backend executes them and never changes them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "octet/numerics/scaling.h"
+
+namespace octet {
+
+// The training mode: exactly these four spellings in configs and on the command line.
+enum class MixedPrecision : uint8_t { fp32, bf16, fp16, fp8 };
+std::string_view mixed_precision_name(MixedPrecision m);
+std::optional<MixedPrecision> parse_mixed_precision(std::string_view s);
+
+// How one GEMM multiplies: in float32, on operands rounded to BF16 or FP16 (float32 accumulation), or on
+// FP8 operands scaled by a recipe.
+enum class GemmMode : uint8_t { f32, bf16, f16, fp8 };
+std::string_view gemm_mode_name(GemmMode m);
+
+// The three GEMMs of a linear layer y = x W^T + b.
+enum class GemmRole : uint8_t { forward, input_gradient, weight_gradient };
+
+// FP8 formats of a layer's three operands: activation x, weight W, output gradient dy.
+struct Fp8Formats {
+  Dtype activation = Dtype::e4m3;
+  Dtype weight = Dtype::e4m3;
+  Dtype gradient = Dtype::e5m2;  // HYBRID; all-E4M3 sets this to e4m3
+};
+
+// The scaling state of one FP8 linear layer's operands, carried from step to step.
+struct Fp8LinearState {
+  ScalingState activation;
+  ScalingState weight;
+  ScalingState gradient;
+};
+
+class WeightCopy;  // backend.h
+
+// How the backend runs one linear layer, and what it saw.
+struct LinearExecution {
+  GemmMode forward = GemmMode::f32;
+  GemmMode input_gradient = GemmMode::f32;
+  GemmMode weight_gradient = GemmMode::f32;
+  // For FP8 GEMMs:
+  const ScalingRecipe* recipe = nullptr;
+  Fp8Formats formats;
+  Fp8LinearState* state = nullptr;
+  // What the forward kept for the backward: the FP8 cast of the input (so the backward uses the very codes
+  // and scale the forward used, and FP8 rather than wider activations are kept).
+  std::unique_ptr<WeightCopy> saved_input;
+  // Counters the backend increments: GEMMs that ran in FP8, and the others.
+  int64_t* fp8_gemms = nullptr;
+  int64_t* other_gemms = nullptr;
+  // Casts' saturation and underflow, accumulated for telemetry.
+  int64_t* saturated = nullptr;
+  int64_t* underflowed = nullptr;
+};
+
+}  // namespace octet

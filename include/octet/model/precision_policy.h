@@ -1,0 +1,71 @@
+// The precision policy: for every GEMM of every linear layer, which precision it runs in and why. Built from
+// the precision settings and the model's shapes; it is data the trainer prints (one grep-able line) and
+// records (the per-layer map), and the backend executes without changing it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "octet/backend/precision.h"
+#include "octet/model/config.h"
+
+namespace octet {
+
+struct PrecisionSettings {
+  MixedPrecision mode = MixedPrecision::fp32;
+  // FP8 recipe (mode fp8 only).
+  RecipeKind recipe = RecipeKind::delayed;
+  int amax_history = 16;
+  AmaxAlgorithm amax_algorithm = AmaxAlgorithm::max;
+  int margin = 0;
+  float static_scale = 1.0f;
+  bool power_of_two_scales = false;
+  bool all_e4m3 = false;  // false: HYBRID (E4M3 forward tensors, E5M2 gradients)
+  // Which linear layers convert: layer names such as "h.0.attn.c_attn", "h.3.mlp.c_proj", "lm_head".
+  std::vector<std::string> include;  // empty: every block linear layer
+  std::vector<std::string> exclude;
+  bool lm_head = false;                // convert the LM head too
+  bool first_last_blocks_bf16 = false;  // keep blocks 0 and L-1 in BF16
+};
+
+// True when `name` matches the glob `pattern` ('*' any run of characters, '?' one character).
+bool glob_match(std::string_view pattern, std::string_view name);
+
+struct LinearPlan {
+  std::string name;    // "h.0.attn.c_attn", ..., "lm_head"
+  int64_t in_features;   // C (K of the forward GEMM)
+  int64_t out_features;  // OC
+  GemmMode forward = GemmMode::f32;
+  GemmMode input_gradient = GemmMode::f32;
+  GemmMode weight_gradient = GemmMode::f32;
+  std::string reason;  // why this layer runs as it does, e.g. "excluded by pattern '*.mlp.*'"
+  bool fp8() const { return forward == GemmMode::fp8; }
+};
+
+class PrecisionPolicy {
+ public:
+  // `tokens_per_step` is B*T of a micro-batch (the M of the forward GEMMs).
+  PrecisionPolicy(const PrecisionSettings& settings, const Gpt2Config& model, int64_t tokens_per_step);
+
+  const PrecisionSettings& settings() const { return settings_; }
+  MixedPrecision mode() const { return settings_.mode; }
+  const std::vector<LinearPlan>& layers() const { return layers_; }
+  const LinearPlan& layer(std::string_view name) const;
+  const ScalingRecipe* recipe() const { return recipe_.get(); }
+  Fp8Formats formats() const;
+  int64_t fp8_layer_count() const;
+
+  // The line printed at start in fp8 mode, e.g. "FP8 training enabled: recipe=delayed (hybrid E4M3/E5M2,
+  // history 16, margin 0); 48 of 49 linear layers in FP8; lm_head: excluded by config". Empty otherwise.
+  std::string startup_line() const;
+  // The per-layer map as JSON (one object per layer: name, shape, the three GEMM modes, reason).
+  std::string map_json() const;
+
+ private:
+  PrecisionSettings settings_;
+  std::vector<LinearPlan> layers_;
+  std::unique_ptr<ScalingRecipe> recipe_;
+};
+
+}  // namespace octet

@@ -1,0 +1,41 @@
+// AdamW over float32 master weights with decoupled weight decay on matrices only (every 2-D parameter), as
+// torch.optim.AdamW applies it: p -= lr * wd * p, then the Adam update with bias-corrected moments.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "octet/backend/backend.h"
+#include "octet/model/gpt2.h"
+
+namespace octet {
+
+struct AdamWSettings {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+};
+
+class AdamW {
+ public:
+  AdamW(Backend& backend, const std::vector<ParameterInfo>& parameters, int64_t parameter_count,
+        AdamWSettings settings);
+  // One update of params from grads * grad_scale (grad_scale undoes loss scaling and applies clipping).
+  void step(float* params, const float* grads, float learning_rate, float grad_scale);
+  int64_t steps() const { return steps_; }
+  const AdamWSettings& settings() const { return settings_; }
+  float* first_moment() { return m_->floats(); }
+  float* second_moment() { return v_->floats(); }
+
+ private:
+  Backend& backend_;
+  std::vector<ParameterInfo> parameters_;
+  AdamWSettings settings_;
+  std::unique_ptr<Buffer> m_;
+  std::unique_ptr<Buffer> v_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace octet

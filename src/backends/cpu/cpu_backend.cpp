@@ -1,0 +1,192 @@
+// CPU backend: memory, embeddings, LayerNorm, GELU, residuals, the loss, and the optimizer's ops.
+#include "cpu_backend.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "octet/backend/cpu_backend.h"
+#include "octet/check.h"
+
+namespace octet {
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<cpu::CpuBackend>(); }
+
+namespace cpu {
+
+CpuBuffer::CpuBuffer(size_t bytes) : bytes_(bytes) {
+  // 64-byte alignment for vector loads; at least one byte so that the pointer is unique.
+  data_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  if (data_ == nullptr) throw std::bad_alloc();
+  std::memset(data_, 0, bytes);
+}
+
+CpuBuffer::~CpuBuffer() { std::free(data_); }
+
+std::unique_ptr<Buffer> CpuBackend::allocate(size_t bytes) { return std::make_unique<CpuBuffer>(bytes); }
+void CpuBackend::copy_to_host(void* host, const void* source, size_t bytes) { std::memcpy(host, source, bytes); }
+void CpuBackend::copy_from_host(void* destination, const void* host, size_t bytes) {
+  std::memcpy(destination, host, bytes);
+}
+void CpuBackend::fill_zero(float* x, int64_t n) { std::memset(x, 0, static_cast<size_t>(n) * sizeof(float)); }
+
+void CpuBackend::encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                                 int64_t T, int64_t C) {
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      float* o = out + (b * T + t) * C;
+      const float* e = wte + static_cast<int64_t>(tokens[b * T + t]) * C;
+      const float* p = wpe + t * C;
+      for (int64_t i = 0; i < C; ++i) o[i] = e[i] + p[i];
+    }
+  }
+}
+
+void CpuBackend::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                                  int64_t T, int64_t C) {
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* d = dout + (b * T + t) * C;
+      float* e = dwte + static_cast<int64_t>(tokens[b * T + t]) * C;
+      float* p = dwpe + t * C;
+      for (int64_t i = 0; i < C; ++i) {
+        e[i] += d[i];
+        p[i] += d[i];
+      }
+    }
+  }
+}
+
+void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                   const float* bias, int64_t N, int64_t C) {
+  const float eps = 1e-5f;
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    double sum = 0.0;
+    for (int64_t i = 0; i < C; ++i) sum += x[i];
+    const float m = static_cast<float>(sum / static_cast<double>(C));
+    double var = 0.0;
+    for (int64_t i = 0; i < C; ++i) var += static_cast<double>(x[i] - m) * (x[i] - m);
+    const float s = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + eps));
+    float* o = out + n * C;
+    for (int64_t i = 0; i < C; ++i) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                    const float* weight, const float* mean, const float* rstd, int64_t N,
+                                    int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* d = dout + n * C;
+    const float* x = inp + n * C;
+    const float m = mean[n], s = rstd[n];
+    double dnorm_mean = 0.0, dnorm_norm_mean = 0.0;
+    for (int64_t i = 0; i < C; ++i) {
+      const float norm = (x[i] - m) * s;
+      const float dnorm = weight[i] * d[i];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += static_cast<double>(dnorm) * norm;
+    }
+    const float a = static_cast<float>(dnorm_mean / static_cast<double>(C));
+    const float b = static_cast<float>(dnorm_norm_mean / static_cast<double>(C));
+    float* di = dinp + n * C;
+    for (int64_t i = 0; i < C; ++i) {
+      const float norm = (x[i] - m) * s;
+      const float dnorm = weight[i] * d[i];
+      dbias[i] += d[i];
+      dweight[i] += norm * d[i];
+      di[i] += (dnorm - a - norm * b) * s;
+    }
+  }
+}
+
+// GELU with the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+static constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+void CpuBackend::gelu_forward(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + 0.044715f * x * x * x)));
+  }
+}
+
+void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluScale * (x + 0.044715f * x * x * x);
+    const float th = std::tanh(u);
+    const float sech2 = 1.0f - th * th;
+    const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = grad * dout[i];
+  }
+}
+
+void CpuBackend::residual_forward(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void CpuBackend::accumulate(float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+}
+
+void CpuBackend::softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                                       int64_t Vp, float dloss) {
+  for (int64_t n = 0; n < N; ++n) {
+    float* row = logits + n * Vp;
+    float max = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) max = row[v] > max ? row[v] : max;
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - max));
+    const int64_t target = targets[n];
+    const double log_sum = std::log(sum);
+    losses[n] = static_cast<float>(log_sum - (row[target] - max));
+    if (dloss != 0.0f) {
+      for (int64_t v = 0; v < V; ++v) {
+        const double p = std::exp(static_cast<double>(row[v] - max) - log_sum);
+        row[v] = static_cast<float>((p - (v == target ? 1.0 : 0.0)) * dloss);
+      }
+      for (int64_t v = V; v < Vp; ++v) row[v] = 0.0f;
+    }
+  }
+}
+
+double CpuBackend::sum_of_squares(const float* x, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+bool CpuBackend::all_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  return true;
+}
+
+void CpuBackend::scale(float* x, int64_t n, float factor) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+void CpuBackend::adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
+                              float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                              float grad_scale) {
+  const float bias1 = 1.0f - std::pow(beta1, static_cast<float>(step));
+  const float bias2 = 1.0f - std::pow(beta2, static_cast<float>(step));
+  const float bias2_sqrt = std::sqrt(bias2);
+  const float step_size = learning_rate / bias1;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grads[i] * grad_scale;
+    float p = params[i] * (1.0f - learning_rate * weight_decay);
+    m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+    v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+    const float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
+    p -= step_size * m[i] / denom;
+    params[i] = p;
+  }
+}
+
+}  // namespace cpu
+}  // namespace octet

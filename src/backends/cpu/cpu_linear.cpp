@@ -1,0 +1,241 @@
+// Linear layers on the CPU in every GEMM mode: float32; BF16 or FP16 operands with float32 accumulation (the
+// operands and the output rounded as the GPU stores them); FP8 operands cast by the layer's scaling recipe
+// and multiplied by the numerics core's emulated FP8 GEMM, with BF16 output.
+#include <cmath>
+#include <vector>
+
+#include "cpu_backend.h"
+#include "octet/check.h"
+#include "octet/numerics/fp8_gemm.h"
+
+#if defined(OCTET_HAVE_BLAS)
+#include <cblas.h>
+#endif
+
+namespace octet::cpu {
+namespace {
+
+// C [M, N] = op(A) op(B) (+ C when accumulate); op(A) is [M, K], op(B) is [K, N]; row-major.
+void sgemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const float* a, const float* b,
+           float* c, bool accumulate) {
+#if defined(OCTET_HAVE_BLAS)
+  cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1.0f, a,
+              static_cast<int>(transpose_a ? M : K), b, static_cast<int>(transpose_b ? K : N),
+              accumulate ? 1.0f : 0.0f, c, static_cast<int>(N));
+#else
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      float acc = 0.0f;
+      for (int64_t p = 0; p < K; ++p) {
+        const float x = transpose_a ? a[p * M + i] : a[i * K + p];
+        const float y = transpose_b ? b[j * K + p] : b[p * N + j];
+        acc += x * y;
+      }
+      c[i * N + j] = accumulate ? c[i * N + j] + acc : acc;
+    }
+  }
+#endif
+}
+
+Dtype storage_of(GemmMode m) { return m == GemmMode::f16 ? Dtype::f16 : Dtype::bf16; }
+
+std::vector<float> rounded(const float* x, int64_t n, Dtype d) {
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = round_to(d, x[i], Overflow::non_saturating);
+  return out;
+}
+
+void round_in_place(float* x, int64_t n, Dtype d) {
+  for (int64_t i = 0; i < n; ++i) x[i] = round_to(d, x[i], Overflow::non_saturating);
+}
+
+std::vector<float> transpose(const float* x, int64_t rows, int64_t cols) {
+  std::vector<float> t(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) t[static_cast<size_t>(c * rows + r)] = x[r * cols + c];
+  }
+  return t;
+}
+
+// The K-major copy of a quantized [rows, cols] tensor's transpose. Per-tensor scales carry over unchanged,
+// so the codes are simply transposed; block scales are laid along the other dimension, so the transposed
+// values are quantized afresh (block recipes keep no state).
+QuantizedTensor transposed(const QuantizedTensor& q, const float* values, TensorRole role,
+                           const ScalingRecipe& recipe) {
+  if (q.granularity == ScaleGranularity::per_tensor) {
+    QuantizedTensor t = q;
+    t.rows = q.cols;
+    t.cols = q.rows;
+    for (int64_t r = 0; r < q.rows; ++r) {
+      for (int64_t c = 0; c < q.cols; ++c) t.data[static_cast<size_t>(c * q.rows + r)] = q.data[static_cast<size_t>(r * q.cols + c)];
+    }
+    return t;
+  }
+  ScalingState unused;
+  return quantize(transpose(values, q.rows, q.cols), q.cols, q.rows, q.format, role, recipe, unused);
+}
+
+struct SavedInput final : public WeightCopy {
+  QuantizedTensor fp8;
+};
+
+// D = A x B^T through the emulated FP8 GEMM (float32 values out); counts the GEMM.
+std::vector<float> fp8_product(const QuantizedTensor& a, const QuantizedTensor& b, LinearExecution& exec) {
+  Fp8GemmArguments args;
+  args.a = &a;
+  args.b = &b;
+  args.accumulation = blas_available() ? GemmAccumulation::blas : GemmAccumulation::reference;
+  GemmOutput out = fp8_gemm(args);
+  if (exec.fp8_gemms) *exec.fp8_gemms += 1;
+  return std::move(out.values);
+}
+
+void count_cast(const QuantizedTensor& q, LinearExecution& exec) {
+  if (exec.saturated) *exec.saturated += q.stats.saturated;
+  if (exec.underflowed) *exec.underflowed += q.stats.underflowed;
+}
+
+void count_other(LinearExecution& exec) {
+  if (exec.other_gemms) *exec.other_gemms += 1;
+}
+
+}  // namespace
+
+void gemm_abt(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, bool accumulate) {
+  sgemm(false, true, M, N, K, a, b, out, accumulate);
+}
+
+void CpuBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
+                                LinearExecution& exec) {
+  auto* cpu_copy = dynamic_cast<CpuWeightCopy*>(copy.get());
+  if (cpu_copy == nullptr) {
+    copy = std::make_unique<CpuWeightCopy>();
+    cpu_copy = static_cast<CpuWeightCopy*>(copy.get());
+  }
+  const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
+  if (any_fp8) {
+    OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
+    cpu_copy->fp8 = quantize(std::span<const float>(weight, static_cast<size_t>(OC * C)), OC, C,
+                             exec.formats.weight, TensorRole::weight, *exec.recipe, exec.state->weight);
+    count_cast(cpu_copy->fp8, exec);
+    cpu_copy->fp8_transposed = transposed(cpu_copy->fp8, weight, TensorRole::weight, *exec.recipe);
+  }
+  const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
+  if (wide == GemmMode::bf16 || wide == GemmMode::f16) {
+    cpu_copy->rounded = rounded(weight, OC * C, storage_of(wide));
+  } else {
+    cpu_copy->rounded.clear();
+  }
+}
+
+void CpuBackend::linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
+                                const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
+  const auto* w = dynamic_cast<const CpuWeightCopy*>(copy);
+  switch (exec.forward) {
+    case GemmMode::f32:
+      sgemm(false, true, N, OC, C, inp, weight, out, false);
+      count_other(exec);
+      break;
+    case GemmMode::bf16:
+    case GemmMode::f16: {
+      OCTET_CHECK(w != nullptr && !w->rounded.empty(), "a rounded weight copy (prepare_weight)");
+      const Dtype d = storage_of(exec.forward);
+      const std::vector<float> x = rounded(inp, N * C, d);
+      sgemm(false, true, N, OC, C, x.data(), w->rounded.data(), out, false);
+      count_other(exec);
+      break;
+    }
+    case GemmMode::fp8: {
+      OCTET_CHECK(w != nullptr && !w->fp8.data.empty(), "an FP8 weight copy (prepare_weight)");
+      auto saved = std::make_unique<SavedInput>();
+      saved->fp8 = quantize(std::span<const float>(inp, static_cast<size_t>(N * C)), N, C, exec.formats.activation,
+                            TensorRole::activation, *exec.recipe, exec.state->activation);
+      count_cast(saved->fp8, exec);
+      const std::vector<float> d = fp8_product(saved->fp8, w->fp8, exec);
+      std::copy(d.begin(), d.end(), out);
+      exec.saved_input = std::move(saved);
+      break;
+    }
+  }
+  if (bias != nullptr) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += bias[o];
+    }
+  }
+  // The output is stored in the GEMM's output type: BF16 for FP8 GEMMs.
+  if (exec.forward != GemmMode::f32) {
+    round_in_place(out, N * OC, exec.forward == GemmMode::f16 ? Dtype::f16 : Dtype::bf16);
+  }
+}
+
+void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                 const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                                 LinearExecution& exec) {
+  const auto* w = dynamic_cast<const CpuWeightCopy*>(copy);
+  if (dbias != nullptr) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t o = 0; o < OC; ++o) dbias[o] += dout[n * OC + o];
+    }
+  }
+  const bool fp8 = exec.input_gradient == GemmMode::fp8 || exec.weight_gradient == GemmMode::fp8;
+  QuantizedTensor dy;
+  if (fp8) {
+    dy = quantize(std::span<const float>(dout, static_cast<size_t>(N * OC)), N, OC, exec.formats.gradient,
+                  TensorRole::gradient, *exec.recipe, exec.state->gradient);
+    count_cast(dy, exec);
+  }
+
+  // Input gradient: dinp [N, C] = dout [N, OC] x W [OC, C].
+  switch (exec.input_gradient) {
+    case GemmMode::f32:
+      sgemm(false, false, N, C, OC, dout, weight, dinp, false);
+      count_other(exec);
+      break;
+    case GemmMode::bf16:
+    case GemmMode::f16: {
+      const Dtype d = storage_of(exec.input_gradient);
+      const std::vector<float> g = rounded(dout, N * OC, d);
+      sgemm(false, false, N, C, OC, g.data(), w->rounded.data(), dinp, false);
+      round_in_place(dinp, N * C, d);
+      count_other(exec);
+      break;
+    }
+    case GemmMode::fp8: {
+      // K-major operands: A = dy [N, OC], B = W^T [C, OC].
+      const std::vector<float> d = fp8_product(dy, w->fp8_transposed, exec);
+      std::copy(d.begin(), d.end(), dinp);
+      round_in_place(dinp, N * C, Dtype::bf16);
+      break;
+    }
+  }
+
+  // Weight gradient, accumulated in float32: dweight [OC, C] += dout^T [OC, N] x inp [N, C].
+  switch (exec.weight_gradient) {
+    case GemmMode::f32:
+      sgemm(true, false, OC, C, N, dout, inp, dweight, true);
+      count_other(exec);
+      break;
+    case GemmMode::bf16:
+    case GemmMode::f16: {
+      const Dtype d = storage_of(exec.weight_gradient);
+      const std::vector<float> g = rounded(dout, N * OC, d);
+      const std::vector<float> x = rounded(inp, N * C, d);
+      sgemm(true, false, OC, C, N, g.data(), x.data(), dweight, true);
+      count_other(exec);
+      break;
+    }
+    case GemmMode::fp8: {
+      const auto* saved = dynamic_cast<const SavedInput*>(exec.saved_input.get());
+      OCTET_CHECK(saved != nullptr, "the forward's FP8 input, kept for the backward");
+      // K-major operands: A = dy^T [OC, N], B = x^T [C, N].
+      const QuantizedTensor dy_t = transposed(dy, dout, TensorRole::gradient, *exec.recipe);
+      const QuantizedTensor x_t = transposed(saved->fp8, inp, TensorRole::activation, *exec.recipe);
+      const std::vector<float> d = fp8_product(dy_t, x_t, exec);
+      for (size_t i = 0; i < d.size(); ++i) dweight[i] += d[i];
+      break;
+    }
+  }
+}
+
+}  // namespace octet::cpu

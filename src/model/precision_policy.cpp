@@ -1,0 +1,161 @@
+// Builds the per-GEMM precision plan of a GPT model from the precision settings (see precision_policy.h).
+#include "octet/model/precision_policy.h"
+
+#include <fmt/format.h>
+
+#include "octet/check.h"
+
+namespace octet {
+
+bool glob_match(std::string_view pattern, std::string_view name) {
+  // Iterative matcher with backtracking to the last '*'.
+  size_t p = 0, n = 0, star = std::string_view::npos, mark = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p, ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+static std::unique_ptr<ScalingRecipe> make_recipe(const PrecisionSettings& s) {
+  switch (s.recipe) {
+    case RecipeKind::current: return std::make_unique<CurrentScaling>(s.margin);
+    case RecipeKind::delayed: return std::make_unique<DelayedScaling>(s.amax_history, s.amax_algorithm, s.margin);
+    case RecipeKind::static_scale: return std::make_unique<StaticScaling>(s.static_scale);
+    case RecipeKind::block: return std::make_unique<BlockScaling>(s.power_of_two_scales);
+    case RecipeKind::mxfp8: return std::make_unique<MxScaling>();
+  }
+  return nullptr;
+}
+
+// Hopper's FP8 GEMMs need every dimension to be a multiple of 16 (16-byte aligned leading dimensions of
+// 1-byte elements); the CPU emulation holds itself to the same rule so that both backends decide alike.
+static std::string fp8_shape_problem(int64_t m, int64_t n, int64_t k) {
+  for (const auto& [what, v] : {std::pair{"tokens per micro-batch (B*T)", m}, std::pair{"out_features", n},
+                                std::pair{"in_features", k}}) {
+    if (v % 16 != 0) return fmt::format("{} = {} is not a multiple of 16, which FP8 GEMMs need", what, v);
+  }
+  return {};
+}
+
+PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const Gpt2Config& model, int64_t tokens_per_step)
+    : settings_(settings) {
+  const GemmMode base = settings.mode == MixedPrecision::fp32   ? GemmMode::f32
+                        : settings.mode == MixedPrecision::fp16 ? GemmMode::f16
+                                                                : GemmMode::bf16;
+  const bool fp8 = settings.mode == MixedPrecision::fp8;
+  if (fp8) recipe_ = make_recipe(settings);
+  const int64_t C = model.channels;
+  auto add = [&](std::string name, int64_t in, int64_t out, int64_t block) {
+    LinearPlan plan;
+    plan.name = std::move(name);
+    plan.in_features = in;
+    plan.out_features = out;
+    plan.forward = plan.input_gradient = plan.weight_gradient = base;
+    if (!fp8) {
+      plan.reason = fmt::format("mode {}", mixed_precision_name(settings.mode));
+      layers_.push_back(std::move(plan));
+      return;
+    }
+    std::string why;
+    const bool is_head = plan.name == "lm_head";
+    if (is_head && !settings.lm_head) why = "excluded by config";
+    if (why.empty() && !is_head && settings.first_last_blocks_bf16 && (block == 0 || block == model.layers - 1)) {
+      why = "first and last blocks kept in BF16 by config";
+    }
+    if (why.empty() && !settings.include.empty() && !is_head) {
+      bool included = false;
+      for (const std::string& p : settings.include) included |= glob_match(p, plan.name);
+      if (!included) why = "not matched by any include pattern";
+    }
+    for (const std::string& p : settings.exclude) {
+      if (why.empty() && glob_match(p, plan.name)) why = fmt::format("excluded by pattern '{}'", p);
+    }
+    if (why.empty()) {
+      const std::string shape = fp8_shape_problem(tokens_per_step, out, in);
+      if (!shape.empty()) why = "kept in BF16: " + shape;
+    }
+    if (why.empty()) {
+      plan.forward = plan.input_gradient = plan.weight_gradient = GemmMode::fp8;
+      plan.reason = "FP8 by policy";
+    } else {
+      plan.reason = why;
+    }
+    layers_.push_back(std::move(plan));
+  };
+  for (int64_t l = 0; l < model.layers; ++l) {
+    add(fmt::format("h.{}.attn.c_attn", l), C, 3 * C, l);
+    add(fmt::format("h.{}.attn.c_proj", l), C, C, l);
+    add(fmt::format("h.{}.mlp.c_fc", l), C, 4 * C, l);
+    add(fmt::format("h.{}.mlp.c_proj", l), 4 * C, C, l);
+  }
+  add("lm_head", C, model.padded_vocab(), -1);
+}
+
+const LinearPlan& PrecisionPolicy::layer(std::string_view name) const {
+  for (const LinearPlan& p : layers_) {
+    if (p.name == name) return p;
+  }
+  OCTET_CHECK(false, "a linear layer named {}", name);
+  return layers_.front();
+}
+
+Fp8Formats PrecisionPolicy::formats() const {
+  Fp8Formats f;
+  if (settings_.all_e4m3) f.gradient = Dtype::e4m3;
+  return f;
+}
+
+int64_t PrecisionPolicy::fp8_layer_count() const {
+  int64_t n = 0;
+  for (const LinearPlan& p : layers_) n += p.fp8() ? 1 : 0;
+  return n;
+}
+
+std::string PrecisionPolicy::startup_line() const {
+  if (settings_.mode != MixedPrecision::fp8) return {};
+  std::string recipe = recipe_name(settings_.recipe);
+  std::string details;
+  const std::string formats = settings_.all_e4m3 ? "all E4M3" : "hybrid E4M3/E5M2";
+  switch (settings_.recipe) {
+    case RecipeKind::delayed:
+      details = fmt::format("{}, history {}, {}margin {}", formats, settings_.amax_history,
+                            settings_.amax_algorithm == AmaxAlgorithm::max ? "" : "most_recent, ", settings_.margin);
+      break;
+    case RecipeKind::current: details = fmt::format("{}, margin {}", formats, settings_.margin); break;
+    case RecipeKind::static_scale: details = fmt::format("{}, scale {}", formats, settings_.static_scale); break;
+    case RecipeKind::block:
+      details = fmt::format("{}, 1x128 activations and gradients, 128x128 weights{}", formats,
+                            settings_.power_of_two_scales ? ", power-of-two scales" : "");
+      break;
+    case RecipeKind::mxfp8: details = fmt::format("{}, E8M0 scale per 32 values", formats); break;
+  }
+  const LinearPlan& head = layers_.back();
+  return fmt::format("FP8 training enabled: recipe={} ({}); {} of {} linear layers in FP8; lm_head: {}", recipe,
+                     details, fp8_layer_count(), layers_.size(), head.fp8() ? "FP8" : head.reason);
+}
+
+std::string PrecisionPolicy::map_json() const {
+  std::string out = "[\n";
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LinearPlan& p = layers_[i];
+    out += fmt::format(
+        "  {{\"layer\": \"{}\", \"in_features\": {}, \"out_features\": {}, \"forward\": \"{}\", "
+        "\"input_gradient\": \"{}\", \"weight_gradient\": \"{}\", \"reason\": \"{}\"}}{}\n",
+        p.name, p.in_features, p.out_features, gemm_mode_name(p.forward), gemm_mode_name(p.input_gradient),
+        gemm_mode_name(p.weight_gradient), p.reason, i + 1 < layers_.size() ? "," : "");
+  }
+  return out + "]\n";
+}
+
+}  // namespace octet
