@@ -13,13 +13,16 @@ namespace octet {
 enum class ErrorKind {
   invalid_input,  // the user's input, arguments, config, data or checkpoint is wrong: exit code 2
   internal,       // a broken invariant inside octet: exit code 1
+  training_failed,  // training cannot go on (for example too many non-finite steps in a row): exit code 3
 };
 
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
   ErrorKind kind() const noexcept { return kind_; }
-  int exit_code() const noexcept { return kind_ == ErrorKind::invalid_input ? 2 : 1; }
+  int exit_code() const noexcept {
+    return kind_ == ErrorKind::invalid_input ? 2 : kind_ == ErrorKind::training_failed ? 3 : 1;
+  }
 
  private:
   ErrorKind kind_;

@@ -374,6 +374,10 @@ void Gpt2::backward(float dloss_scale) {
   have_targets_ = false;  // the logits now hold their gradient
 }
 
+void Gpt2::set_scaling_updates(bool on) {
+  for (auto& l : linears_) l->exec.update_scaling = on;
+}
+
 const float* Gpt2::logits() const { return acts_->logits; }
 const float* Gpt2::losses() const { return acts_->losses; }
 

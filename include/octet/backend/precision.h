@@ -51,6 +51,9 @@ struct LinearExecution {
   const ScalingRecipe* recipe = nullptr;
   Fp8Formats formats;
   Fp8LinearState* state = nullptr;
+  // False during evaluation: casts use the current scales but leave the scaling state (amax histories)
+  // untouched, so that evaluating never changes what training does next.
+  bool update_scaling = true;
   // What the forward kept for the backward: the FP8 cast of the input (so the backward uses the very codes
   // and scale the forward used, and FP8 rather than wider activations are kept).
   std::unique_ptr<WeightCopy> saved_input;

@@ -70,6 +70,8 @@ class Gpt2 {
   const float* losses() const;
 
   GemmCounters& counters() { return counters_; }
+  // Whether forwards update the FP8 scaling state (amax histories); off while evaluating.
+  void set_scaling_updates(bool on);
   // FP8 scaling state of a linear layer (null when the layer is not in FP8).
   Fp8LinearState* fp8_state(std::string_view layer);
 

@@ -149,8 +149,10 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
     case GemmMode::fp8: {
       OCTET_CHECK(w != nullptr && !w->fp8.data.empty(), "an FP8 weight copy (prepare_weight)");
       auto saved = std::make_unique<SavedInput>();
+      ScalingState frozen = exec.state->activation;
       saved->fp8 = quantize(std::span<const float>(inp, static_cast<size_t>(N * C)), N, C, exec.formats.activation,
-                            TensorRole::activation, *exec.recipe, exec.state->activation);
+                            TensorRole::activation, *exec.recipe,
+                            exec.update_scaling ? exec.state->activation : frozen);
       count_cast(saved->fp8, exec);
       const std::vector<float> d = fp8_product(saved->fp8, w->fp8, exec);
       std::copy(d.begin(), d.end(), out);

@@ -1,0 +1,68 @@
+// One optimizer step of a GPT: micro-batches with gradient accumulation, loss scaling, a check that the
+// loss and every gradient are finite (skipping the step and naming the first non-finite tensor when not),
+// clipping by the global gradient norm, AdamW, and the refresh of the GEMMs' weight copies.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "octet/model/gpt2.h"
+#include "octet/train/optimizer.h"
+#include "octet/train/schedule.h"
+
+namespace octet {
+
+struct TrainSettings {
+  int64_t batch_size = 8;        // B of a micro-batch
+  int64_t seq_len = 64;          // T
+  int64_t grad_accum_steps = 1;  // micro-batches per optimizer step
+  LearningRateSchedule schedule;
+  float grad_clip = 1.0f;  // maximum global gradient norm; 0 disables clipping
+  AdamWSettings adamw;
+  LossScaleSettings loss_scale;
+  int64_t max_consecutive_skips = 10;  // then the run stops with a diagnostic
+};
+
+// Fills tokens and targets [B, T] (host memory) for the next micro-batch.
+using BatchSource = std::function<void(int32_t* tokens, int32_t* targets)>;
+
+struct StepResult {
+  int64_t step = 0;           // 0-based index of this optimizer step
+  float loss = 0.0f;          // mean over the step's micro-batches
+  float learning_rate = 0.0f;
+  float grad_norm = 0.0f;     // global norm of the unscaled gradient, before clipping
+  float loss_scale = 1.0f;    // used by this step
+  bool skipped = false;
+  std::string skip_reason;    // e.g. "non-finite gradient in h.3.mlp.c_fc.weight"
+  int64_t fp8_gemms = 0;      // GEMMs of this step that ran in FP8
+  int64_t other_gemms = 0;    // and the others
+  int64_t tokens = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(Gpt2& model, TrainSettings settings);
+  // Runs one optimizer step. Throws octet::Error (ErrorKind::training_failed) after
+  // max_consecutive_skips skipped steps in a row.
+  StepResult step(const BatchSource& data);
+  // Mean loss over `batches` micro-batches, without touching gradients or the optimizer.
+  float evaluate(const BatchSource& data, int64_t batches);
+
+  int64_t steps_done() const { return step_; }
+  LossScaler& loss_scaler() { return scaler_; }
+  AdamW& optimizer() { return optimizer_; }
+  const TrainSettings& settings() const { return settings_; }
+
+ private:
+  std::string first_non_finite_gradient();
+
+  Gpt2& model_;
+  TrainSettings settings_;
+  AdamW optimizer_;
+  LossScaler scaler_;
+  int64_t step_ = 0;
+  int64_t consecutive_skips_ = 0;
+};
+
+}  // namespace octet
