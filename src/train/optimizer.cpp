@@ -14,9 +14,9 @@ AdamW::AdamW(Backend& backend, const std::vector<ParameterInfo>& parameters, int
 void AdamW::step(float* params, const float* grads, float learning_rate, float grad_scale) {
   ++steps_;
   for (const ParameterInfo& p : parameters_) {
-    backend_.adamw_update(params + p.offset, m_->floats() + p.offset, v_->floats() + p.offset, grads + p.offset,
-                          p.count, learning_rate, settings_.beta1, settings_.beta2, settings_.eps,
-                          p.weight_decay ? settings_.weight_decay : 0.0f, steps_, grad_scale);
+    backend_.adamw_update(params + p.offset, m_->floats() + p.offset, v_->floats() + p.offset,
+                          grads + p.offset, p.count, learning_rate, settings_.beta1, settings_.beta2,
+                          settings_.eps, p.weight_decay ? settings_.weight_decay : 0.0f, steps_, grad_scale);
   }
 }
 

@@ -19,7 +19,8 @@ Trainer::Trainer(Gpt2& model, TrainSettings settings)
   OCTET_REQUIRE(settings.seq_len >= 1, "train.seq_len must be at least 1, got {}", settings.seq_len);
   OCTET_REQUIRE(settings.grad_accum_steps >= 1, "train.grad_accum_steps must be at least 1, got {}",
                 settings.grad_accum_steps);
-  OCTET_REQUIRE(settings.grad_clip >= 0.0f, "train.grad_clip must be 0 (off) or positive, got {}", settings.grad_clip);
+  OCTET_REQUIRE(settings.grad_clip >= 0.0f, "train.grad_clip must be 0 (off) or positive, got {}",
+                settings.grad_clip);
   OCTET_REQUIRE(settings.max_consecutive_skips >= 1, "train.max_consecutive_skips must be at least 1, got {}",
                 settings.max_consecutive_skips);
 }
@@ -72,11 +73,12 @@ StepResult Trainer::step(const BatchSource& data) {
     scaler_.update(true);
     ++step_;
     if (++consecutive_skips_ >= settings_.max_consecutive_skips) {
-      throw Error(ErrorKind::training_failed,
-                  fmt::format("training stopped at step {}: {} consecutive steps skipped, the last for a {}; the "
-                              "loss scale is now {}. Lower the learning rate, check the data, or train in bf16 "
-                              "to see whether precision is the cause",
-                              r.step + 1, consecutive_skips_, r.skip_reason, scaler_.scale()));
+      throw Error(
+          ErrorKind::training_failed,
+          fmt::format("training stopped at step {}: {} consecutive steps skipped, the last for a {}; the "
+                      "loss scale is now {}. Lower the learning rate, check the data, or train in bf16 "
+                      "to see whether precision is the cause",
+                      r.step + 1, consecutive_skips_, r.skip_reason, scaler_.scale()));
     }
     return r;
   }

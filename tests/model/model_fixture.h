@@ -30,7 +30,8 @@ inline PrecisionSettings mode(MixedPrecision m) {
   return s;
 }
 
-// A stream of random tokens (targets are the next tokens) that repeats a fixed pattern, so a model can learn it.
+// A stream of random tokens (targets are the next tokens) that repeats a fixed pattern, so a model can learn
+// it.
 inline BatchSource pattern_stream(uint64_t seed, int64_t B, int64_t T, int64_t V) {
   auto rng = std::make_shared<std::mt19937_64>(seed);
   return [rng, B, T, V](int32_t* tokens, int32_t* targets) {

@@ -15,7 +15,8 @@ QuantizedTensor transpose_codes(const QuantizedTensor& q) {
   t.rows = q.cols;
   t.cols = q.rows;
   for (int64_t r = 0; r < q.rows; ++r) {
-    for (int64_t c = 0; c < q.cols; ++c) t.data[static_cast<size_t>(c * q.rows + r)] = q.data[static_cast<size_t>(r * q.cols + c)];
+    for (int64_t c = 0; c < q.cols; ++c)
+      t.data[static_cast<size_t>(c * q.rows + r)] = q.data[static_cast<size_t>(r * q.cols + c)];
   }
   return t;
 }
@@ -67,18 +68,21 @@ TEST_P(Fp8Linear, EveryGemmEqualsTheEmulatedFp8Gemm) {
 
   for (int step = 0; step < 3; ++step) {
     // Magnitudes change from step to step so that the amax history and the scales move.
-    const std::vector<float> x = testing::random_normal(N * C, 10 + step, 1.0f + 3.0f * static_cast<float>(step));
-    const std::vector<float> dy = testing::random_normal(N * OC, 20 + step, 1e-3f / static_cast<float>(1 + step));
+    const std::vector<float> x =
+        testing::random_normal(N * C, 10 + step, 1.0f + 3.0f * static_cast<float>(step));
+    const std::vector<float> dy =
+        testing::random_normal(N * OC, 20 + step, 1e-3f / static_cast<float>(1 + step));
     std::vector<float> out(N * OC), dx(N * C), dw(OC * C, 0.0f), db(OC, 0.0f);
     backend->linear_forward(out.data(), x.data(), weight.data(), copy.get(), bias.data(), N, C, OC, exec);
-    backend->linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), weight.data(), copy.get(), N, C,
-                             OC, exec);
+    backend->linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), weight.data(), copy.get(),
+                             N, C, OC, exec);
 
     const QuantizedTensor qx = quantize(x, N, C, Dtype::e4m3, TensorRole::activation, *recipe, act);
     const QuantizedTensor qdy = quantize(dy, N, OC, Dtype::e5m2, TensorRole::gradient, *recipe, grad);
     std::vector<float> want_out = product(qx, qw);
     for (int64_t n = 0; n < N; ++n) {
-      for (int64_t o = 0; o < OC; ++o) want_out[static_cast<size_t>(n * OC + o)] += bias[static_cast<size_t>(o)];
+      for (int64_t o = 0; o < OC; ++o)
+        want_out[static_cast<size_t>(n * OC + o)] += bias[static_cast<size_t>(o)];
     }
     want_out = bf16(want_out);
     const std::vector<float> want_dx = bf16(product(qdy, transpose_codes(qw)));

@@ -114,7 +114,8 @@ TEST(Gpt2, EveryModeComputesTheSameFunctionWithinItsPrecision) {
     return l;
   };
   const float f32 = loss(MixedPrecision::fp32, nullptr);
-  EXPECT_GT(std::fabs(f32 - std::log(61.0f)), 0.5f) << "the comparison needs a loss far from its initial value";
+  EXPECT_GT(std::fabs(f32 - std::log(61.0f)), 0.5f)
+      << "the comparison needs a loss far from its initial value";
   // Each format's unit roundoff (BF16 2^-8, FP16 2^-11, E4M3 2^-4) bounds the relative error of one
   // rounding; a few layers' errors add up, so each mode is allowed about four of them.
   EXPECT_NEAR(loss(MixedPrecision::bf16, nullptr), f32, 4 * 0x1p-8f * f32);

@@ -111,9 +111,10 @@ TEST(PrecisionPolicy, RecipesDescribeThemselvesInTheLine) {
   s.recipe = RecipeKind::current;
   s.all_e4m3 = true;
   const PrecisionPolicy p(s, model(2, 64), 256);
-  EXPECT_EQ(p.startup_line(),
-            "FP8 training enabled: recipe=current (all E4M3, margin 0); 8 of 9 linear layers in FP8; lm_head: "
-            "excluded by config");
+  EXPECT_EQ(
+      p.startup_line(),
+      "FP8 training enabled: recipe=current (all E4M3, margin 0); 8 of 9 linear layers in FP8; lm_head: "
+      "excluded by config");
   EXPECT_EQ(p.formats().gradient, Dtype::e4m3);
   s.recipe = RecipeKind::block;
   EXPECT_NE(PrecisionPolicy(s, model(2, 64), 256).startup_line().find("recipe=block (all E4M3, 1x128"),
@@ -123,10 +124,11 @@ TEST(PrecisionPolicy, RecipesDescribeThemselvesInTheLine) {
 TEST(PrecisionPolicy, MapListsEveryLayer) {
   const PrecisionPolicy p(fp8(), model(2, 64), 256);
   const std::string json = p.map_json();
-  EXPECT_NE(json.find("{\"layer\": \"h.1.mlp.c_proj\", \"in_features\": 256, \"out_features\": 64, \"forward\": "
-                      "\"fp8\", \"input_gradient\": \"fp8\", \"weight_gradient\": \"fp8\", \"reason\": \"FP8 by "
-                      "policy\"}"),
-            std::string::npos)
+  EXPECT_NE(
+      json.find("{\"layer\": \"h.1.mlp.c_proj\", \"in_features\": 256, \"out_features\": 64, \"forward\": "
+                "\"fp8\", \"input_gradient\": \"fp8\", \"weight_gradient\": \"fp8\", \"reason\": \"FP8 by "
+                "policy\"}"),
+      std::string::npos)
       << json;
   EXPECT_NE(json.find("\"layer\": \"lm_head\""), std::string::npos);
 }

@@ -33,10 +33,11 @@ TEST(LearningRateSchedule, WarmupThenCosineToTheFloor) {
   s.final_fraction = 0.1f;
   EXPECT_FLOAT_EQ(s.at(0), 0.25f);
   EXPECT_FLOAT_EQ(s.at(3), 1.0f);
-  EXPECT_FLOAT_EQ(s.at(4), 1.0f);        // decay starts at the maximum
+  EXPECT_FLOAT_EQ(s.at(4), 1.0f);  // decay starts at the maximum
   // Step 8 is 4 of the 9 decay intervals in.
-  EXPECT_FLOAT_EQ(s.at(8), 0.1f + 0.9f * 0.5f * (1.0f + static_cast<float>(std::cos(3.141592653589793 * 4.0 / 9.0))));
-  EXPECT_FLOAT_EQ(s.at(13), 0.1f);       // ends on the floor
+  EXPECT_FLOAT_EQ(s.at(8),
+                  0.1f + 0.9f * 0.5f * (1.0f + static_cast<float>(std::cos(3.141592653589793 * 4.0 / 9.0))));
+  EXPECT_FLOAT_EQ(s.at(13), 0.1f);  // ends on the floor
   EXPECT_FLOAT_EQ(s.at(100), 0.1f);
   for (int64_t i = 5; i < 14; ++i) EXPECT_LT(s.at(i), s.at(i - 1));
 }
@@ -118,8 +119,8 @@ TEST(Trainer, AccumulatingMicroBatchesEqualsOneLargeBatch) {
   const auto [large, large_grads] = gradient_of_one_step(4, 1);
   const auto [accumulated, accumulated_grads] = gradient_of_one_step(2, 2);
   EXPECT_NEAR(large.loss, accumulated.loss, 1e-6f);
-  // Only the order of float32 additions differs: a relative difference of the order of 1e-7 (float32 arithmetic
-  // lands far under 1e-5), while a missing or doubled micro-batch would be of order 1.
+  // Only the order of float32 additions differs: a relative difference of the order of 1e-7 (float32
+  // arithmetic lands far under 1e-5), while a missing or doubled micro-batch would be of order 1.
   double diff = 0, norm = 0;
   for (size_t i = 0; i < large_grads.size(); ++i) {
     diff += (accumulated_grads[i] - large_grads[i]) * (accumulated_grads[i] - large_grads[i]);

@@ -182,6 +182,35 @@ TEST(FormatFacts, Bf16AndF16CarryRoundingAcrossBinades) {
   EXPECT_EQ(float_to_f16(NAN), 0x7FFF);
 }
 
+// The bit-level BF16 and FP16 roundings of the hot path against the generic encoder: every pattern whose
+// discarded bits are a tie or next to one, for all upper halves, and a stride through all other patterns.
+TEST(FormatFacts, FastRoundingsEqualTheEncoder) {
+  auto check = [](uint32_t bits) {
+    const float x = bits_to_float(bits);
+    for (const Dtype d : {Dtype::bf16, Dtype::f16}) {
+      const float fast = d == Dtype::bf16 ? round_to_bf16(x) : round_to_f16(x);
+      const float slow = decode(d, encode(d, x, Overflow::non_saturating));
+      if (std::isnan(slow) ? !std::isnan(fast)
+                           : std::bit_cast<uint32_t>(fast) != std::bit_cast<uint32_t>(slow)) {
+        return ::testing::AssertionFailure() << dtype_name(d) << " x=" << x << " bits 0x" << std::hex << bits
+                                             << ": fast " << fast << ", encoder " << slow;
+      }
+    }
+    return ::testing::AssertionSuccess();
+  };
+  for (uint32_t hi = 0; hi < 65536; ++hi) {
+    for (const uint32_t lo : {0x0000u, 0x0FFFu, 0x1000u, 0x1001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu}) {
+      ASSERT_TRUE(check(hi << 16 | lo));
+    }
+  }
+  // FP16's ties sit at bit 12 in its normal range and move down through its subnormal range.
+  for (uint32_t e = 0x60; e < 0x72; ++e) {
+    for (uint32_t m = 0; m < (1u << 23); m += 97) ASSERT_TRUE(check(e << 23 | m));
+  }
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 251)
+    ASSERT_TRUE(check(static_cast<uint32_t>(bits)));
+}
+
 // GCC's _Float16 conversion (x86 SSE2 soft-float or F16C) is a second, independent FP16 reference.
 TEST(FormatFacts, F16AgreesWithTheCompilersConversion) {
   std::mt19937 rng(99);

@@ -42,8 +42,8 @@ class Backend {
   virtual void fill_zero(float* x, int64_t n) = 0;
 
   // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
-                               int64_t T, int64_t C) = 0;
+  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                               int64_t B, int64_t T, int64_t C) = 0;
   // Accumulates into dwte and dwpe.
   virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                                 int64_t T, int64_t C) = 0;
@@ -52,9 +52,9 @@ class Backend {
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                  const float* bias, int64_t N, int64_t C) = 0;
   // Accumulates into dinp, dweight, dbias.
-  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                  const float* weight, const float* mean, const float* rstd, int64_t N,
-                                  int64_t C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean, const float* rstd,
+                                  int64_t N, int64_t C) = 0;
 
   // Makes (or refreshes) the copy of weight [OC, C] that the layer's GEMMs use, as `exec` says.
   virtual void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
@@ -85,17 +85,17 @@ class Backend {
 
   // Softmax cross-entropy over the first V of Vp logits per row: losses [N] = -log p[target]. When
   // dloss != 0, logits are overwritten with d(dloss * sum(losses))/dlogits (zero in the padded columns).
-  virtual void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
-                                     int64_t Vp, float dloss) = 0;
+  virtual void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N,
+                                     int64_t V, int64_t Vp, float dloss) = 0;
 
   // Optimizer and gradient utilities.
   virtual double sum_of_squares(const float* x, int64_t n) = 0;
   virtual bool all_finite(const float* x, int64_t n) = 0;
   virtual void scale(float* x, int64_t n, float factor) = 0;
   // AdamW on float32 master weights: g = grads * grad_scale; m, v moments; decoupled weight decay.
-  virtual void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
-                            float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                            float grad_scale) = 0;
+  virtual void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
+                            float learning_rate, float beta1, float beta2, float eps, float weight_decay,
+                            int64_t step, float grad_scale) = 0;
 };
 
 }  // namespace octet

@@ -8,12 +8,12 @@
 namespace octet {
 
 struct Gpt2Config {
-  int64_t vocab_size = 50257;       // V: real tokens; the loss covers only these
-  int64_t padded_vocab_size = 0;    // Vp: rows of the embedding; 0 means V rounded up to a multiple of 64
-  int64_t max_seq_len = 1024;       // positions of the learned position embedding
-  int64_t layers = 12;              // L
-  int64_t heads = 12;               // NH
-  int64_t channels = 768;           // C
+  int64_t vocab_size = 50257;     // V: real tokens; the loss covers only these
+  int64_t padded_vocab_size = 0;  // Vp: rows of the embedding; 0 means V rounded up to a multiple of 64
+  int64_t max_seq_len = 1024;     // positions of the learned position embedding
+  int64_t layers = 12;            // L
+  int64_t heads = 12;             // NH
+  int64_t channels = 768;         // C
 
   int64_t padded_vocab() const;
   int64_t head_size() const { return channels / heads; }

@@ -20,7 +20,7 @@ struct ParameterInfo {
   std::vector<int64_t> shape;  // linear weights are [out_features, in_features]
   int64_t offset = 0;          // into the parameter (and gradient) buffer, in floats
   int64_t count = 0;
-  bool weight_decay = false;   // matrices (every 2-D parameter, embeddings included) decay; vectors do not
+  bool weight_decay = false;  // matrices (every 2-D parameter, embeddings included) decay; vectors do not
 };
 
 // Counters of what the GEMMs did since the last reset.
@@ -34,7 +34,8 @@ struct GemmCounters {
 class Gpt2 {
  public:
   // max_batch and max_seq_len size the activation plan; forward accepts any B <= max_batch, T <= max_seq_len.
-  Gpt2(const Gpt2Config& config, Backend& backend, PrecisionPolicy policy, int64_t max_batch, int64_t max_seq_len);
+  Gpt2(const Gpt2Config& config, Backend& backend, PrecisionPolicy policy, int64_t max_batch,
+       int64_t max_seq_len);
   ~Gpt2();
   Gpt2(const Gpt2&) = delete;
   Gpt2& operator=(const Gpt2&) = delete;

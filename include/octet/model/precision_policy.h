@@ -25,7 +25,7 @@ struct PrecisionSettings {
   // Which linear layers convert: layer names such as "h.0.attn.c_attn", "h.3.mlp.c_proj", "lm_head".
   std::vector<std::string> include;  // empty: every block linear layer
   std::vector<std::string> exclude;
-  bool lm_head = false;                // convert the LM head too
+  bool lm_head = false;                 // convert the LM head too
   bool first_last_blocks_bf16 = false;  // keep blocks 0 and L-1 in BF16
 };
 
@@ -33,7 +33,7 @@ struct PrecisionSettings {
 bool glob_match(std::string_view pattern, std::string_view name);
 
 struct LinearPlan {
-  std::string name;    // "h.0.attn.c_attn", ..., "lm_head"
+  std::string name;      // "h.0.attn.c_attn", ..., "lm_head"
   int64_t in_features;   // C (K of the forward GEMM)
   int64_t out_features;  // OC
   GemmMode forward = GemmMode::f32;

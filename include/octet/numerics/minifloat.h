@@ -273,6 +273,34 @@ OCTET_HOST_DEVICE inline uint16_t float_to_bf16(float x) {
 OCTET_HOST_DEVICE inline uint16_t float_to_f16(float x) {
   return static_cast<uint16_t>(encode(minifloat_spec(Dtype::f16), x, Overflow::non_saturating));
 }
+// x rounded to BF16 (nearest, ties to even; overflow to +-Inf) and returned as float32: the same result as
+// decode(encode(bf16, x)), by integer rounding of the bit pattern. The hot path of BF16 emulation.
+OCTET_HOST_DEVICE inline float round_to_bf16(float x) {
+  uint32_t u = detail::float_bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return detail::bits_float(0x7FFF0000u);  // canonical NaN
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return detail::bits_float(u & 0xFFFF0000u);
+}
+
+// x rounded to FP16 (nearest, ties to even; overflow to +-Inf) and returned as float32, equal to
+// decode(encode(f16, x)). Normal range: round float32's mantissa to 10 bits. Subnormal range (below 2^-14):
+// adding and subtracting 0.5 rounds to a multiple of 2^-24, ties to even, in the float adder itself.
+OCTET_HOST_DEVICE inline float round_to_f16(float x) {
+  const uint32_t u = detail::float_bits(x);
+  const uint32_t sign = u & 0x80000000u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return detail::bits_float(0x7FFFE000u);  // canonical NaN (FP16 0x7FFF)
+  uint32_t r;
+  if (a < 0x38800000u) {  // below 2^-14
+    const float m = (detail::bits_float(a) + 0.5f) - 0.5f;
+    r = detail::float_bits(m);
+  } else {
+    r = (a + 0xFFFu + ((a >> 13) & 1u)) & 0xFFFFE000u;
+    if (r > 0x477FE000u) r = 0x7F800000u;  // beyond 65504
+  }
+  return detail::bits_float(sign | r);
+}
+
 OCTET_HOST_DEVICE inline float e4m3_to_float(uint8_t c) {
   return decode(minifloat_spec(Dtype::e4m3), c);
 }

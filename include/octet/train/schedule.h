@@ -16,7 +16,7 @@ struct LearningRateSchedule {
 };
 
 struct LossScaleSettings {
-  bool dynamic = false;          // true for fp16 mode
+  bool dynamic = false;  // true for fp16 mode
   float initial_scale = 65536.0f;
   int64_t growth_interval = 2000;  // clean steps before the scale doubles
   float backoff_factor = 0.5f;     // applied on overflow

@@ -28,15 +28,15 @@ struct TrainSettings {
 using BatchSource = std::function<void(int32_t* tokens, int32_t* targets)>;
 
 struct StepResult {
-  int64_t step = 0;           // 0-based index of this optimizer step
-  float loss = 0.0f;          // mean over the step's micro-batches
+  int64_t step = 0;   // 0-based index of this optimizer step
+  float loss = 0.0f;  // mean over the step's micro-batches
   float learning_rate = 0.0f;
-  float grad_norm = 0.0f;     // global norm of the unscaled gradient, before clipping
-  float loss_scale = 1.0f;    // used by this step
+  float grad_norm = 0.0f;   // global norm of the unscaled gradient, before clipping
+  float loss_scale = 1.0f;  // used by this step
   bool skipped = false;
-  std::string skip_reason;    // e.g. "non-finite gradient in h.3.mlp.c_fc.weight"
-  int64_t fp8_gemms = 0;      // GEMMs of this step that ran in FP8
-  int64_t other_gemms = 0;    // and the others
+  std::string skip_reason;  // e.g. "non-finite gradient in h.3.mlp.c_fc.weight"
+  int64_t fp8_gemms = 0;    // GEMMs of this step that ran in FP8
+  int64_t other_gemms = 0;  // and the others
   int64_t tokens = 0;
 };
 

@@ -25,12 +25,14 @@ void CpuBackend::attention_forward(float* out, float* lse, const float* qkv, int
           max = scores[static_cast<size_t>(t2)] > max ? scores[static_cast<size_t>(t2)] : max;
         }
         double sum = 0.0;
-        for (int64_t t2 = 0; t2 <= t; ++t2) sum += std::exp(static_cast<double>(scores[static_cast<size_t>(t2)] - max));
+        for (int64_t t2 = 0; t2 <= t; ++t2)
+          sum += std::exp(static_cast<double>(scores[static_cast<size_t>(t2)] - max));
         const double log_sum = std::log(sum);
         float* o = out + (b * T + t) * C + h * hs;
         for (int64_t i = 0; i < hs; ++i) o[i] = 0.0f;
         for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float p = static_cast<float>(std::exp(static_cast<double>(scores[static_cast<size_t>(t2)] - max) - log_sum));
+          const float p = static_cast<float>(
+              std::exp(static_cast<double>(scores[static_cast<size_t>(t2)] - max) - log_sum));
           const float* v = qkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
           for (int64_t i = 0; i < hs; ++i) o[i] += p * v[i];
         }

@@ -11,7 +11,9 @@
 
 namespace octet {
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<cpu::CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<cpu::CpuBackend>();
+}
 
 namespace cpu {
 
@@ -22,17 +24,25 @@ CpuBuffer::CpuBuffer(size_t bytes) : bytes_(bytes) {
   std::memset(data_, 0, bytes);
 }
 
-CpuBuffer::~CpuBuffer() { std::free(data_); }
+CpuBuffer::~CpuBuffer() {
+  std::free(data_);
+}
 
-std::unique_ptr<Buffer> CpuBackend::allocate(size_t bytes) { return std::make_unique<CpuBuffer>(bytes); }
-void CpuBackend::copy_to_host(void* host, const void* source, size_t bytes) { std::memcpy(host, source, bytes); }
+std::unique_ptr<Buffer> CpuBackend::allocate(size_t bytes) {
+  return std::make_unique<CpuBuffer>(bytes);
+}
+void CpuBackend::copy_to_host(void* host, const void* source, size_t bytes) {
+  std::memcpy(host, source, bytes);
+}
 void CpuBackend::copy_from_host(void* destination, const void* host, size_t bytes) {
   std::memcpy(destination, host, bytes);
 }
-void CpuBackend::fill_zero(float* x, int64_t n) { std::memset(x, 0, static_cast<size_t>(n) * sizeof(float)); }
+void CpuBackend::fill_zero(float* x, int64_t n) {
+  std::memset(x, 0, static_cast<size_t>(n) * sizeof(float));
+}
 
-void CpuBackend::encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
-                                 int64_t T, int64_t C) {
+void CpuBackend::encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                 int64_t B, int64_t T, int64_t C) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       float* o = out + (b * T + t) * C;
@@ -43,8 +53,8 @@ void CpuBackend::encoder_forward(float* out, const int32_t* tokens, const float*
   }
 }
 
-void CpuBackend::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                                  int64_t T, int64_t C) {
+void CpuBackend::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                  int64_t B, int64_t T, int64_t C) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const float* d = dout + (b * T + t) * C;
@@ -58,8 +68,8 @@ void CpuBackend::encoder_backward(float* dwte, float* dwpe, const float* dout, c
   }
 }
 
-void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                   const float* bias, int64_t N, int64_t C) {
+void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                   const float* weight, const float* bias, int64_t N, int64_t C) {
   const float eps = 1e-5f;
   for (int64_t n = 0; n < N; ++n) {
     const float* x = inp + n * C;
@@ -76,9 +86,9 @@ void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const f
   }
 }
 
-void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                    const float* weight, const float* mean, const float* rstd, int64_t N,
-                                    int64_t C) {
+void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                    const float* inp, const float* weight, const float* mean,
+                                    const float* rstd, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; ++n) {
     const float* d = dout + n * C;
     const float* x = inp + n * C;
@@ -132,8 +142,8 @@ void CpuBackend::accumulate(float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
-void CpuBackend::softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
-                                       int64_t Vp, float dloss) {
+void CpuBackend::softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N,
+                                       int64_t V, int64_t Vp, float dloss) {
   for (int64_t n = 0; n < N; ++n) {
     float* row = logits + n * Vp;
     float max = -INFINITY;
@@ -170,9 +180,9 @@ void CpuBackend::scale(float* x, int64_t n, float factor) {
   for (int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
-void CpuBackend::adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
-                              float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                              float grad_scale) {
+void CpuBackend::adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
+                              float learning_rate, float beta1, float beta2, float eps, float weight_decay,
+                              int64_t step, float grad_scale) {
   const float bias1 = 1.0f - std::pow(beta1, static_cast<float>(step));
   const float bias2 = 1.0f - std::pow(beta2, static_cast<float>(step));
   const float bias2_sqrt = std::sqrt(bias2);

@@ -20,8 +20,8 @@ class CpuBuffer final : public Buffer {
 
 // A linear layer's weight as its GEMMs consume it.
 struct CpuWeightCopy final : public WeightCopy {
-  std::vector<float> rounded;    // BF16/FP16 modes: the weight rounded to the GEMM's type, [OC, C]
-  QuantizedTensor fp8;           // FP8: codes of W [OC, C]
+  std::vector<float> rounded;      // BF16/FP16 modes: the weight rounded to the GEMM's type, [OC, C]
+  QuantizedTensor fp8;             // FP8: codes of W [OC, C]
   QuantizedTensor fp8_transposed;  // FP8: codes of W^T [C, OC], the K-major operand of the input gradient
 };
 
@@ -33,40 +33,42 @@ class CpuBackend final : public Backend {
   void copy_from_host(void* destination, const void* host, size_t bytes) override;
   void fill_zero(float* x, int64_t n) override;
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
-                       int64_t C) override;
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
-                        int64_t C) override;
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                       int64_t T, int64_t C) override;
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                        int64_t T, int64_t C) override;
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                          const float* bias, int64_t N, int64_t C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) override;
+                          const float* weight, const float* mean, const float* rstd, int64_t N,
+                          int64_t C) override;
 
   void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                       LinearExecution& exec) override;
-  void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy, const float* bias,
-                      int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override;
+  void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
+                      const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override;
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                        LinearExecution& exec) override;
 
   void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
                          int64_t NH) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                          int64_t B, int64_t T, int64_t C, int64_t NH) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override;
 
   void gelu_forward(float* out, const float* inp, int64_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
   void residual_forward(float* out, const float* a, const float* b, int64_t n) override;
   void accumulate(float* a, const float* b, int64_t n) override;
-  void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V, int64_t Vp,
-                             float dloss) override;
+  void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                             int64_t Vp, float dloss) override;
 
   double sum_of_squares(const float* x, int64_t n) override;
   bool all_finite(const float* x, int64_t n) override;
   void scale(float* x, int64_t n, float factor) override;
   void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
-                    float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale) override;
+                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                    float grad_scale) override;
 };
 
 // out [M, N] = a [M, K] x b [N, K]^T (+= when accumulate), float32 accumulation; BLAS when present.

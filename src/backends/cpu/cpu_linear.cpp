@@ -16,8 +16,8 @@ namespace octet::cpu {
 namespace {
 
 // C [M, N] = op(A) op(B) (+ C when accumulate); op(A) is [M, K], op(B) is [K, N]; row-major.
-void sgemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const float* a, const float* b,
-           float* c, bool accumulate) {
+void sgemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const float* a,
+           const float* b, float* c, bool accumulate) {
 #if defined(OCTET_HAVE_BLAS)
   cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1.0f, a,
@@ -38,16 +38,27 @@ void sgemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, 
 #endif
 }
 
-Dtype storage_of(GemmMode m) { return m == GemmMode::f16 ? Dtype::f16 : Dtype::bf16; }
+Dtype storage_of(GemmMode m) {
+  return m == GemmMode::f16 ? Dtype::f16 : Dtype::bf16;
+}
+
+// Rounds to BF16 or FP16 and back with the bit-level forms of minifloat.h (the hot path of the emulation).
+void round_into(const float* x, float* out, int64_t n, Dtype d) {
+  if (d == Dtype::f16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = round_to_f16(x[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = round_to_bf16(x[i]);
+  }
+}
 
 std::vector<float> rounded(const float* x, int64_t n, Dtype d) {
   std::vector<float> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = round_to(d, x[i], Overflow::non_saturating);
+  round_into(x, out.data(), n, d);
   return out;
 }
 
 void round_in_place(float* x, int64_t n, Dtype d) {
-  for (int64_t i = 0; i < n; ++i) x[i] = round_to(d, x[i], Overflow::non_saturating);
+  round_into(x, x, n, d);
 }
 
 std::vector<float> transpose(const float* x, int64_t rows, int64_t cols) {
@@ -68,7 +79,8 @@ QuantizedTensor transposed(const QuantizedTensor& q, const float* values, Tensor
     t.rows = q.cols;
     t.cols = q.rows;
     for (int64_t r = 0; r < q.rows; ++r) {
-      for (int64_t c = 0; c < q.cols; ++c) t.data[static_cast<size_t>(c * q.rows + r)] = q.data[static_cast<size_t>(r * q.cols + c)];
+      for (int64_t c = 0; c < q.cols; ++c)
+        t.data[static_cast<size_t>(c * q.rows + r)] = q.data[static_cast<size_t>(r * q.cols + c)];
     }
     return t;
   }
@@ -150,8 +162,8 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
       OCTET_CHECK(w != nullptr && !w->fp8.data.empty(), "an FP8 weight copy (prepare_weight)");
       auto saved = std::make_unique<SavedInput>();
       ScalingState frozen = exec.state->activation;
-      saved->fp8 = quantize(std::span<const float>(inp, static_cast<size_t>(N * C)), N, C, exec.formats.activation,
-                            TensorRole::activation, *exec.recipe,
+      saved->fp8 = quantize(std::span<const float>(inp, static_cast<size_t>(N * C)), N, C,
+                            exec.formats.activation, TensorRole::activation, *exec.recipe,
                             exec.update_scaling ? exec.state->activation : frozen);
       count_cast(saved->fp8, exec);
       const std::vector<float> d = fp8_product(saved->fp8, w->fp8, exec);
@@ -171,9 +183,9 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
   }
 }
 
-void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                 const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                                 LinearExecution& exec) {
+void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                 const float* inp, const float* weight, const WeightCopy* copy, int64_t N,
+                                 int64_t C, int64_t OC, LinearExecution& exec) {
   const auto* w = dynamic_cast<const CpuWeightCopy*>(copy);
   if (dbias != nullptr) {
     for (int64_t n = 0; n < N; ++n) {
