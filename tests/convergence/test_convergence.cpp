@@ -1,12 +1,12 @@
 // Convergence on real English text: a small GPT trained on the Brown corpus (byte-level tokens) in each of
 // the four precision modes, from the same weights and batches. fp8's final validation loss must land within
 // 2% of bf16's. With OCTET_RESULTS_DIR set, the table of results is written there (convergence.md).
+#include <unistd.h>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -65,7 +65,8 @@ Outcome train(MixedPrecision mode, const fs::path& shards) {
   io::DataLoaderOptions train_options{kBatch, kSeq, true, 42, config.vocab_size};
   io::DataLoader train_loader(shards, io::DataSplit::train, train_options);
   const BatchSource train_data = [&](int32_t* tokens, int32_t* targets) {
-    train_loader.next_batch({tokens, static_cast<size_t>(kBatch * kSeq)}, {targets, static_cast<size_t>(kBatch * kSeq)});
+    train_loader.next_batch({tokens, static_cast<size_t>(kBatch * kSeq)},
+                            {targets, static_cast<size_t>(kBatch * kSeq)});
   };
   io::DataLoaderOptions validation_options{kBatch, kSeq, false, 0, config.vocab_size};
   io::DataLoader validation_loader(shards, io::DataSplit::validation, validation_options);
@@ -91,8 +92,8 @@ Outcome train(MixedPrecision mode, const fs::path& shards) {
 
 TEST(Convergence, FourModesOnTheBrownCorpus) {
   const fs::path text = corpus_text_dir();
-  ASSERT_TRUE(fs::is_directory(text)) << "the Brown corpus is missing at " << text
-                                      << ": run scripts/fetch_corpus.sh (scripts/test.sh does)";
+  ASSERT_TRUE(fs::is_directory(text))
+      << "the Brown corpus is missing at " << text << ": run scripts/fetch_corpus.sh (scripts/test.sh does)";
   const std::vector<fs::path> files = io::list_files(text, ".txt");
   ASSERT_GT(files.size(), 100u);
   const fs::path shards = fs::temp_directory_path() / fmt::format("octet-convergence-{}", ::getpid());
@@ -101,25 +102,29 @@ TEST(Convergence, FourModesOnTheBrownCorpus) {
   const io::PrepareSummary summary = io::prepare_text_shards(files, *tokenizer, shards, io::PrepareOptions{});
 
   std::vector<Outcome> outcomes;
-  for (const MixedPrecision m : {MixedPrecision::fp32, MixedPrecision::bf16, MixedPrecision::fp16, MixedPrecision::fp8}) {
+  for (const MixedPrecision m :
+       {MixedPrecision::fp32, MixedPrecision::bf16, MixedPrecision::fp16, MixedPrecision::fp8}) {
     outcomes.push_back(train(m, shards));
   }
   fs::remove_all(shards);
 
   const Outcome& bf16 = outcomes[1];
   std::string table = fmt::format(
-      "Brown corpus, byte-level tokens: {} training and {} validation tokens. Model: {} layers, {} channels, {} "
-      "heads, context {}; {} steps of {} sequences, AdamW, learning rate 3e-3 with 20 warm-up steps and cosine "
+      "Brown corpus, byte-level tokens: {} training and {} validation tokens. Model: {} layers, {} channels, "
+      "{} "
+      "heads, context {}; {} steps of {} sequences, AdamW, learning rate 3e-3 with 20 warm-up steps and "
+      "cosine "
       "decay to 3e-4. Validation loss over {} fixed batches ({} tokens).\n\n"
-      "| mode | validation loss at start | final validation loss | vs bf16 | final training loss | skipped steps "
+      "| mode | validation loss at start | final validation loss | vs bf16 | final training loss | skipped "
+      "steps "
       "| seconds (2 CPU cores) |\n|---|---|---|---|---|---|---|\n",
       summary.train_tokens, summary.validation_tokens, 2, 64, 4, kSeq, kSteps, kBatch, kValidationBatches,
       kValidationBatches * kBatch * kSeq);
   for (const Outcome& o : outcomes) {
-    table += fmt::format("| {} | {:.4f} | {:.4f} | {:+.2f}% | {:.4f} | {} | {:.0f} |\n", mixed_precision_name(o.mode),
-                         o.initial_validation, o.final_validation,
-                         100.0 * (o.final_validation - bf16.final_validation) / bf16.final_validation, o.final_train,
-                         o.skipped, o.seconds);
+    table += fmt::format("| {} | {:.4f} | {:.4f} | {:+.2f}% | {:.4f} | {} | {:.0f} |\n",
+                         mixed_precision_name(o.mode), o.initial_validation, o.final_validation,
+                         100.0 * (o.final_validation - bf16.final_validation) / bf16.final_validation,
+                         o.final_train, o.skipped, o.seconds);
   }
   std::printf("%s", table.c_str());
   if (const char* dir = std::getenv("OCTET_RESULTS_DIR")) {
