@@ -2,6 +2,7 @@
 #include "octet/model/precision_policy.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "octet/check.h"
 
@@ -93,8 +94,21 @@ PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const Gpt2Co
       if (!shape.empty()) why = "kept in BF16: " + shape;
     }
     if (why.empty()) {
-      plan.forward = plan.input_gradient = plan.weight_gradient = GemmMode::fp8;
+      plan.forward = settings.fp8_forward ? GemmMode::fp8 : base;
+      plan.input_gradient = settings.fp8_input_gradient ? GemmMode::fp8 : base;
+      plan.weight_gradient = settings.fp8_weight_gradient && settings.fp8_forward ? GemmMode::fp8 : base;
       plan.reason = "FP8 by policy";
+      std::vector<std::string> kept;
+      if (plan.forward != GemmMode::fp8) kept.push_back("forward");
+      if (plan.input_gradient != GemmMode::fp8) kept.push_back("input gradient");
+      if (plan.weight_gradient != GemmMode::fp8) kept.push_back("weight gradient");
+      if (!kept.empty()) {
+        plan.reason += fmt::format("; {} in BF16 by config", fmt::join(kept, " and "));
+        if (settings.fp8_weight_gradient && !settings.fp8_forward) {
+          plan.reason += " (an FP8 weight gradient needs the FP8 forward's input)";
+        }
+      }
+      if (!plan.fp8()) plan.reason = "every GEMM kept in BF16 by config";
     } else {
       plan.reason = why;
     }

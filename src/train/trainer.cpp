@@ -2,6 +2,8 @@
 #include "octet/train/trainer.h"
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <vector>
 
 #include <fmt/format.h>
@@ -23,6 +25,27 @@ Trainer::Trainer(Gpt2& model, TrainSettings settings)
                 settings.grad_clip);
   OCTET_REQUIRE(settings.max_consecutive_skips >= 1, "train.max_consecutive_skips must be at least 1, got {}",
                 settings.max_consecutive_skips);
+  const std::string line = model.policy().startup_line();
+  if (!line.empty() && settings_.log) settings_.log(line);
+  if (!settings_.run_directory.empty()) write_precision_map();
+}
+
+void Trainer::write_precision_map() {
+  // Written whole to a temporary name and renamed, so that a reader never sees half a map.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(settings_.run_directory, ec);
+  OCTET_REQUIRE(!ec, "cannot create the run directory {}: {}", settings_.run_directory.string(),
+                ec.message());
+  const fs::path target = settings_.run_directory / "precision_map.json";
+  const fs::path temporary = settings_.run_directory / ".precision_map.json.tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << model_.policy().map_json();
+    OCTET_REQUIRE(out.good(), "cannot write {}", temporary.string());
+  }
+  fs::rename(temporary, target, ec);
+  OCTET_REQUIRE(!ec, "cannot move {} into place: {}", target.string(), ec.message());
 }
 
 std::string Trainer::first_non_finite_gradient() {

@@ -21,6 +21,24 @@ QuantizedTensor transpose_codes(const QuantizedTensor& q) {
   return t;
 }
 
+std::vector<float> transpose_values(const std::vector<float>& x, int64_t rows, int64_t cols) {
+  std::vector<float> t(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c)
+      t[static_cast<size_t>(c * rows + r)] = x[static_cast<size_t>(r * cols + c)];
+  }
+  return t;
+}
+
+// The K-major transpose of an operand: per-tensor scales carry over, so the codes transpose; block scales lie
+// along the other dimension, so the transposed values are quantized afresh.
+QuantizedTensor transposed_operand(const QuantizedTensor& q, const std::vector<float>& values,
+                                   TensorRole role, const ScalingRecipe& recipe) {
+  if (q.granularity == ScaleGranularity::per_tensor) return transpose_codes(q);
+  ScalingState unused;
+  return quantize(transpose_values(values, q.rows, q.cols), q.cols, q.rows, q.format, role, recipe, unused);
+}
+
 std::vector<float> product(const QuantizedTensor& a, const QuantizedTensor& b) {
   Fp8GemmArguments args;
   args.a = &a;
@@ -48,6 +66,8 @@ TEST_P(Fp8Linear, EveryGemmEqualsTheEmulatedFp8Gemm) {
   std::unique_ptr<ScalingRecipe> recipe;
   if (GetParam() == RecipeKind::delayed) recipe = std::make_unique<DelayedScaling>(4);
   if (GetParam() == RecipeKind::current) recipe = std::make_unique<CurrentScaling>();
+  if (GetParam() == RecipeKind::static_scale) recipe = std::make_unique<StaticScaling>(64.0f);
+  if (GetParam() == RecipeKind::block) recipe = std::make_unique<BlockScaling>();
   auto backend = make_cpu_backend();
   const std::vector<float> weight = testing::random_normal(OC * C, 1, 0.05f);
   const std::vector<float> bias = testing::random_normal(OC, 2, 0.1f);
@@ -85,8 +105,10 @@ TEST_P(Fp8Linear, EveryGemmEqualsTheEmulatedFp8Gemm) {
         want_out[static_cast<size_t>(n * OC + o)] += bias[static_cast<size_t>(o)];
     }
     want_out = bf16(want_out);
-    const std::vector<float> want_dx = bf16(product(qdy, transpose_codes(qw)));
-    const std::vector<float> want_dw = product(transpose_codes(qdy), transpose_codes(qx));
+    const std::vector<float> want_dx =
+        bf16(product(qdy, transposed_operand(qw, weight, TensorRole::weight, *recipe)));
+    const std::vector<float> want_dw = product(transposed_operand(qdy, dy, TensorRole::gradient, *recipe),
+                                               transposed_operand(qx, x, TensorRole::activation, *recipe));
     ASSERT_TRUE(testing::has_nonzero(want_out));
     ASSERT_TRUE(testing::has_nonzero(want_dx));
     ASSERT_TRUE(testing::has_nonzero(want_dw));
@@ -108,7 +130,9 @@ TEST_P(Fp8Linear, EveryGemmEqualsTheEmulatedFp8Gemm) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Linear, ::testing::Values(RecipeKind::delayed, RecipeKind::current),
+INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Linear,
+                         ::testing::Values(RecipeKind::delayed, RecipeKind::current, RecipeKind::static_scale,
+                                           RecipeKind::block),
                          [](const auto& p) { return std::string(recipe_name(p.param)); });
 
 TEST(Fp8Linear, FrozenScalingLeavesTheStateAlone) {

@@ -79,6 +79,29 @@ TEST(PrecisionPolicy, PatternsHeadAndFirstLastBlocks) {
   EXPECT_EQ(r.fp8_layer_count(), 8);
 }
 
+TEST(PrecisionPolicy, EachOfTheThreeGemmsCanStayInBf16) {
+  PrecisionSettings s = fp8();
+  s.fp8_weight_gradient = false;
+  const PrecisionPolicy p(s, model(2, 64), 256);
+  const LinearPlan& l = p.layer("h.0.mlp.c_fc");
+  EXPECT_EQ(l.forward, GemmMode::fp8);
+  EXPECT_EQ(l.input_gradient, GemmMode::fp8);
+  EXPECT_EQ(l.weight_gradient, GemmMode::bf16);
+  EXPECT_EQ(l.reason, "FP8 by policy; weight gradient in BF16 by config");
+
+  s = fp8();
+  s.fp8_forward = false;  // the weight gradient needs the FP8 forward's input, so it stays BF16 too
+  const PrecisionPolicy q(s, model(2, 64), 256);
+  const LinearPlan& k = q.layer("h.1.attn.c_proj");
+  EXPECT_EQ(k.forward, GemmMode::bf16);
+  EXPECT_EQ(k.input_gradient, GemmMode::fp8);
+  EXPECT_EQ(k.weight_gradient, GemmMode::bf16);
+  EXPECT_EQ(
+      k.reason,
+      "FP8 by policy; forward and weight gradient in BF16 by config (an FP8 weight gradient needs the FP8 "
+      "forward's input)");
+}
+
 TEST(PrecisionPolicy, ShapesTheFp8PathCannotTakeStayBf16WithTheReason) {
   // 40 channels: c_attn is 40 -> 120, neither a multiple of 16.
   const PrecisionPolicy p(fp8(), model(2, 40), 256);

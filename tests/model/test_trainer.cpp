@@ -1,6 +1,8 @@
 // The training step: schedule, loss scaling, clipping, gradient accumulation, non-finite steps, and
 // bit-identical runs from the same seed in every mode.
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include <gtest/gtest.h>
 
@@ -233,6 +235,63 @@ TEST(Trainer, WeightAmaxHistoryRecordsEachStepsWeights) {
     EXPECT_EQ(s.activation.updates, step + 1);
     EXPECT_EQ(s.gradient.updates, step + 1);
   }
+}
+
+}  // namespace
+}  // namespace octet
+
+namespace octet {
+namespace {
+
+TEST(Trainer, Fp8RunsPrintTheStartupLineAndWriteTheMap) {
+  const Gpt2Config c = testing::tiny_config();
+  auto backend = make_cpu_backend();
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("octet-run-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
+       std::to_string(reinterpret_cast<uintptr_t>(&c)));
+  for (const MixedPrecision mp : {MixedPrecision::fp8, MixedPrecision::bf16}) {
+    std::filesystem::remove_all(dir);
+    Gpt2 m(c, *backend, PrecisionPolicy(testing::mode(mp), c, 32), 2, 16);
+    TrainSettings s;
+    s.batch_size = 2;
+    s.seq_len = 16;
+    s.run_directory = dir;
+    std::vector<std::string> lines;
+    s.log = [&](std::string_view line) { lines.emplace_back(line); };
+    Trainer t(m, s);
+    if (mp == MixedPrecision::fp8) {
+      ASSERT_EQ(lines.size(), 1u);
+      EXPECT_EQ(lines[0],
+                "FP8 training enabled: recipe=delayed (hybrid E4M3/E5M2, history 16, margin 0); 8 of 9 "
+                "linear layers "
+                "in FP8; lm_head: excluded by config");
+    } else {
+      EXPECT_TRUE(lines.empty()) << "no FP8 line outside fp8 mode";
+    }
+    std::ifstream map(dir / "precision_map.json");
+    const std::string text((std::istreambuf_iterator<char>(map)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, m.policy().map_json());
+    EXPECT_FALSE(std::filesystem::exists(dir / ".precision_map.json.tmp"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Trainer, PerGemmChoicesRunAndAreCounted) {
+  const Gpt2Config c = testing::tiny_config();
+  auto backend = make_cpu_backend();
+  PrecisionSettings p = testing::mode(MixedPrecision::fp8);
+  p.fp8_weight_gradient = false;
+  Gpt2 m(c, *backend, PrecisionPolicy(p, c, 32), 2, 16);
+  m.init_weights(4);
+  TrainSettings s;
+  s.batch_size = 2;
+  s.seq_len = 16;
+  Trainer t(m, s);
+  const StepResult r = t.step(testing::pattern_stream(3, 2, 16, c.vocab_size));
+  EXPECT_FALSE(r.skipped);
+  EXPECT_EQ(r.fp8_gemms, 8 * 2);    // forward and input gradient of 8 layers
+  EXPECT_EQ(r.other_gemms, 8 + 3);  // their weight gradients, and the LM head's three GEMMs
 }
 
 }  // namespace

@@ -25,6 +25,11 @@ struct PrecisionSettings {
   // Which linear layers convert: layer names such as "h.0.attn.c_attn", "h.3.mlp.c_proj", "lm_head".
   std::vector<std::string> include;  // empty: every block linear layer
   std::vector<std::string> exclude;
+  // Which of a converted layer's GEMMs run in FP8 (the others run in BF16). The weight gradient multiplies
+  // the forward's FP8 input, so it can be FP8 only when the forward is.
+  bool fp8_forward = true;
+  bool fp8_input_gradient = true;
+  bool fp8_weight_gradient = true;
   bool lm_head = false;                 // convert the LM head too
   bool first_last_blocks_bf16 = false;  // keep blocks 0 and L-1 in BF16
 };
@@ -40,7 +45,10 @@ struct LinearPlan {
   GemmMode input_gradient = GemmMode::f32;
   GemmMode weight_gradient = GemmMode::f32;
   std::string reason;  // why this layer runs as it does, e.g. "excluded by pattern '*.mlp.*'"
-  bool fp8() const { return forward == GemmMode::fp8; }
+  // True when any of the layer's GEMMs runs in FP8.
+  bool fp8() const {
+    return forward == GemmMode::fp8 || input_gradient == GemmMode::fp8 || weight_gradient == GemmMode::fp8;
+  }
 };
 
 class PrecisionPolicy {

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "octet/model/gpt2.h"
 #include "octet/train/optimizer.h"
@@ -22,6 +24,10 @@ struct TrainSettings {
   AdamWSettings adamw;
   LossScaleSettings loss_scale;
   int64_t max_consecutive_skips = 10;  // then the run stops with a diagnostic
+  // Where the run keeps its records; when set, the trainer writes precision_map.json there at start.
+  std::filesystem::path run_directory;
+  // Receives the lines the trainer reports (the FP8 startup line); none when unset.
+  std::function<void(std::string_view)> log;
 };
 
 // Fills tokens and targets [B, T] (host memory) for the next micro-batch.
@@ -42,6 +48,8 @@ struct StepResult {
 
 class Trainer {
  public:
+  // Reports the FP8 startup line through settings.log (fp8 mode only) and writes the per-layer precision map
+  // to settings.run_directory/precision_map.json when a run directory is set.
   Trainer(Gpt2& model, TrainSettings settings);
   // Runs one optimizer step. Throws octet::Error (ErrorKind::training_failed) after
   // max_consecutive_skips skipped steps in a row.
@@ -56,6 +64,7 @@ class Trainer {
 
  private:
   std::string first_non_finite_gradient();
+  void write_precision_map();
 
   Gpt2& model_;
   TrainSettings settings_;
