@@ -25,6 +25,8 @@ class AdamW {
   // One update of params from grads * grad_scale (grad_scale undoes loss scaling and applies clipping).
   void step(float* params, const float* grads, float learning_rate, float grad_scale);
   int64_t steps() const { return steps_; }
+  // For resuming from a checkpoint: the number of updates already made (the bias correction depends on it).
+  void restore_steps(int64_t steps) { steps_ = steps; }
   const AdamWSettings& settings() const { return settings_; }
   float* first_moment() { return m_->floats(); }
   float* second_moment() { return v_->floats(); }

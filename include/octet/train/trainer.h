@@ -58,6 +58,13 @@ class Trainer {
   float evaluate(const BatchSource& data, int64_t batches);
 
   int64_t steps_done() const { return step_; }
+  int64_t consecutive_skips() const { return consecutive_skips_; }
+  // For resuming from a checkpoint: the optimizer steps done and the skips in a row so far. The optimizer's
+  // moments, the loss scaler and the model's FP8 scaling state are restored through their own accessors.
+  void restore(int64_t steps_done, int64_t consecutive_skips) {
+    step_ = steps_done;
+    consecutive_skips_ = consecutive_skips;
+  }
   LossScaler& loss_scaler() { return scaler_; }
   AdamW& optimizer() { return optimizer_; }
   const TrainSettings& settings() const { return settings_; }
