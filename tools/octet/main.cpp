@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cmd_fp8.h"
+#include "cmd_train.h"
 #include "io.h"
 #include "octet/check.h"
 #include "octet/version.h"
@@ -51,13 +52,17 @@ int run_command_line(int argc, char** argv) {
   app.require_subcommand(0, 1);  // none: print help and fail; two: a usage error
   app.footer(
       "Exit codes: 0 success, 1 internal error or output that could not be written, 2 invalid arguments\n"
-      "or input (one line on standard error says what and where; nothing is printed on standard output).\n"
+      "or input (one line on standard error says what and where; nothing is printed on standard output),\n"
+      "3 training could not go on.\n"
       "\n"
       "Examples:\n"
+      "  octet train configs/quickstart.toml\n"
+      "  octet config show configs/quickstart.toml --set train.mixed_precision=bf16\n"
       "  octet fp8 table --format e5m2\n"
       "  echo \"0.5 300 1e-4\" | octet fp8 quantize --format e4m3 --scale 2\n"
       "  octet fp8 quantize --help");
   octet::cli::Fp8Command fp8(app);
+  octet::cli::WorkflowCommands workflow(app);
 
   try {
     app.parse(argc, argv);
@@ -77,12 +82,13 @@ int run_command_line(int argc, char** argv) {
   }
 
   const std::string command = command_path(app);
-  if (!fp8.leaf_selected()) {
+  if (!fp8.leaf_selected() && (!workflow.selected() || workflow.group_without_command())) {
     // `octet` or `octet fp8` alone: a usage error whose most useful message is the list of commands.
     std::fputs(app.help().c_str(), stderr);
     return 2;
   }
   try {
+    if (workflow.selected()) return workflow.run();
     fp8.run(stdin, stdout, stderr);
     return 0;
   } catch (const octet::Error& e) {

@@ -1,0 +1,59 @@
+// The configuration of a training run: one TOML file with sections [model], [train], [fp8], [optimizer],
+// [scheduler], [loss_scale], [data], [checkpoint], [logging], and `--set section.key=value` overrides. Every key
+// is described once (run_config.cpp's key table), which drives parsing, validation, `octet config show` and
+// the key reference in docs/config.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "octet/model/config.h"
+#include "octet/model/precision_policy.h"
+#include "octet/train/trainer.h"
+
+namespace octet {
+
+struct RunConfig {
+  Gpt2Config model;
+  PrecisionSettings precision;  // mode from train.mixed_precision, the rest from [fp8]
+  bool fp8_strict = false;      // refuse to start when FP8 cannot run as configured
+  TrainSettings train;          // batch, sequence, accumulation, schedule, optimizer, loss scale
+  int64_t steps = 1000;
+  uint64_t seed = 1337;
+  std::string device = "auto";  // "auto" | "cpu" | "cuda"
+  // [data]
+  std::filesystem::path data_dir;  // shards: train_NNNNNN.bin and val_NNNNNN.bin
+  std::string tokenizer = "bytes";
+  int64_t eval_every = 100;  // steps between validation losses; 0: only at the end
+  int64_t eval_batches = 20;
+  // [checkpoint]
+  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on interruption
+  int64_t keep_last = 3;
+  // [logging]
+  std::filesystem::path run_dir = "runs/octet";
+  int64_t log_every = 10;  // steps between plain progress lines when the output is not a terminal
+};
+
+// A key of the configuration, for documentation and `octet config show`.
+struct ConfigKeyInfo {
+  std::string name;           // "train.batch_size"
+  std::string type;           // "integer", "number", "string", "boolean", "list of strings"
+  std::string default_value;  // as TOML
+  std::string valid;          // valid values or range, in words
+  std::string description;
+};
+const std::vector<ConfigKeyInfo>& config_keys();
+
+// Reads and validates a configuration. `overrides` are "section.key=value" (value in TOML syntax; a bare word
+// is taken as a string). Throws octet::Error (invalid input, exit code 2) with one message that names the file,
+// the key and what was expected; nothing is created or written.
+RunConfig load_run_config(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
+// The same from TOML text (`origin` names it in messages).
+RunConfig parse_run_config(std::string_view toml, std::string_view origin, const std::vector<std::string>& overrides = {});
+
+// The fully resolved configuration as TOML, every key with its value (defaults included).
+std::string to_toml(const RunConfig& config);
+
+}  // namespace octet

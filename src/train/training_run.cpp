@@ -1,0 +1,142 @@
+// `octet train`'s run loop (see training_run.h).
+#include "octet/train/training_run.h"
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "octet/backend/cpu_backend.h"
+#include "octet/check.h"
+#include "octet/io/data_loader.h"
+#include "octet/version.h"
+
+namespace octet {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
+
+void write_atomically(const fs::path& path, const std::string& text) {
+  const fs::path temporary = path.parent_path() / fmt::format(".{}.tmp", path.filename().string());
+  {
+    std::ofstream out(temporary, std::ios::trunc | std::ios::binary);
+    out << text;
+    OCTET_REQUIRE(out.good(), "cannot write {}", temporary.string());
+  }
+  fs::rename(temporary, path);
+}
+
+std::string duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+}  // namespace
+
+TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOptions& options) {
+  // Everything that can be refused is refused before the run directory exists.
+  OCTET_REQUIRE(config.device != "cuda",
+                "train.device = \"cuda\": the CUDA backend does not run the model yet; use \"cpu\" or \"auto\"");
+  OCTET_REQUIRE(!config.data_dir.empty(), "data.dir is not set: point it at shards made by `octet data prepare`");
+  const int64_t B = config.train.batch_size, T = config.train.seq_len;
+  io::DataLoader train_loader(config.data_dir, io::DataSplit::train,
+                              io::DataLoaderOptions{B, T, true, config.seed, config.model.vocab_size});
+  io::DataLoader validation_loader(config.data_dir, io::DataSplit::validation,
+                                   io::DataLoaderOptions{B, T, false, 0, config.model.vocab_size});
+  OCTET_REQUIRE(!options.resume, "--resume needs checkpoints, which this build of octet cannot read yet");
+
+  auto backend = make_cpu_backend();
+  Gpt2 model(config.model, *backend, PrecisionPolicy(config.precision, config.model, B * T), B, T);
+  model.init_weights(config.seed);
+
+  fs::create_directories(config.run_dir);
+  write_atomically(config.run_dir / "config.toml", to_toml(config));
+  std::ofstream metrics(config.run_dir / "metrics.jsonl", std::ios::app);
+  OCTET_REQUIRE(metrics.good(), "cannot write {}", (config.run_dir / "metrics.jsonl").string());
+
+  std::FILE* out = options.out;
+  TrainSettings settings = config.train;
+  settings.run_directory = config.run_dir;
+  settings.log = [out](std::string_view line) { std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data()); };
+  std::fprintf(out, "octet %s: %s; %s on the %s backend; run directory %s\n", kVersion, config.model.describe().c_str(),
+               std::string(mixed_precision_name(config.precision.mode)).c_str(), std::string(backend->name()).c_str(),
+               config.run_dir.string().c_str());
+  Trainer trainer(model, settings);
+
+  const BatchSource train_data = [&](int32_t* tokens, int32_t* targets) {
+    train_loader.next_batch({tokens, static_cast<size_t>(B * T)}, {targets, static_cast<size_t>(B * T)});
+  };
+  const BatchSource validation_data = [&](int32_t* tokens, int32_t* targets) {
+    validation_loader.next_batch({tokens, static_cast<size_t>(B * T)}, {targets, static_cast<size_t>(B * T)});
+  };
+  auto validate = [&](int64_t step) {
+    validation_loader.reset();
+    const float loss = trainer.evaluate(validation_data, config.eval_batches);
+    if (options.interactive) std::fputs("\n", out);
+    std::fprintf(out, "step %lld: validation loss %.4f (perplexity %.2f)\n", static_cast<long long>(step), loss,
+                 std::exp(loss));
+    metrics << nlohmann::json{{"step", step}, {"val_loss", loss}}.dump() << "\n" << std::flush;
+    return loss;
+  };
+
+  if (options.handle_signals) {
+    g_stop_signal.store(0);
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+  }
+  TrainingRunSummary summary;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t first_step = trainer.steps_done();
+  for (int64_t step = trainer.steps_done(); step < config.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepResult r = trainer.step(train_data);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double tokens_per_second = static_cast<double>(r.tokens) / seconds;
+    metrics << nlohmann::json{{"step", step + 1},          {"loss", r.loss},
+                              {"lr", r.learning_rate},     {"grad_norm", r.skipped ? 0.0f : r.grad_norm},
+                              {"loss_scale", r.loss_scale}, {"skipped", r.skipped},
+                              {"skip_reason", r.skip_reason}, {"fp8_gemms", r.fp8_gemms},
+                              {"other_gemms", r.other_gemms}, {"tokens", r.tokens},
+                              {"tokens_per_second", tokens_per_second}, {"ms", seconds * 1000.0}}
+                   .dump()
+            << "\n";
+    const int64_t done = step + 1;
+    const double eta = elapsed / static_cast<double>(done - first_step) * static_cast<double>(config.steps - done);
+    const std::string line = fmt::format(
+        "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}", done, config.steps, r.loss,
+        r.learning_rate, r.grad_norm, tokens_per_second, duration(eta),
+        r.skipped ? fmt::format(" | skipped: {}", r.skip_reason) : std::string());
+    if (options.interactive) {
+      std::fprintf(out, "\r\033[K%s", line.c_str());
+      std::fflush(out);
+    } else if (done % config.log_every == 0 || done == config.steps || r.skipped) {
+      std::fprintf(out, "%s\n", line.c_str());
+    }
+    summary.steps_done = done;
+    summary.last_loss = r.loss;
+    if (config.eval_every > 0 && done % config.eval_every == 0 && done != config.steps) validate(done);
+    if (g_stop_signal.load() != 0) {
+      summary.interrupted = true;
+      if (options.interactive) std::fputs("\n", out);
+      std::fprintf(out, "stopped by signal %d after step %lld\n", g_stop_signal.load(), static_cast<long long>(done));
+      break;
+    }
+  }
+  metrics.flush();
+  if (!summary.interrupted) summary.last_validation_loss = validate(summary.steps_done);
+  if (options.handle_signals) {
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+  }
+  return summary;
+}
+
+}  // namespace octet

@@ -1,0 +1,83 @@
+// See cmd_train.h.
+#include "cmd_train.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "octet/check.h"
+#include "octet/config/run_config.h"
+#include "octet/io/corpus.h"
+#include "octet/io/tokenizer.h"
+#include "octet/train/training_run.h"
+
+namespace octet::cli {
+
+WorkflowCommands::WorkflowCommands(CLI::App& root) {
+  config_ = root.add_subcommand("config", "Inspect training configurations");
+  config_show_ = config_->add_subcommand("show", "Print the fully resolved configuration, defaults included");
+  config_show_->add_option("CONFIG", config_file_, "TOML configuration file")->required();
+  config_show_->add_option("--set", overrides_, "Override a key: section.key=value (repeatable)");
+  config_show_->footer("Example:\n  octet config show configs/quickstart.toml --set train.mixed_precision=bf16");
+
+  data_ = root.add_subcommand("data", "Prepare training data");
+  data_prepare_ = data_->add_subcommand("prepare", "Tokenize text files into llm.c token shards (train and validation)");
+  data_prepare_->add_option("--tokenizer", tokenizer_, "bytes or gpt2 (default bytes)");
+  data_prepare_->add_option("--out", out_dir_, "Directory for train_NNNNNN.bin and val_NNNNNN.bin")->required();
+  data_prepare_->add_option("--vocab", vocabulary_dir_,
+                            "gpt2: directory of encoder.json and vocab.bpe (default: where scripts/fetch_tokenizer.sh "
+                            "puts them)");
+  data_prepare_->add_option("FILES", text_files_, "Text files, one document each")->required();
+  data_prepare_->footer(
+      "Every 20th document goes to the validation split.\n"
+      "Example:\n  octet data prepare --tokenizer bytes --out data/brown .cache/data/brown/text/*.txt");
+
+  train_ = root.add_subcommand("train", "Train a GPT as a TOML configuration describes");
+  train_->add_option("CONFIG", config_file_, "TOML configuration file (docs/config.md)")->required();
+  train_->add_option("--set", overrides_, "Override a key: section.key=value (repeatable)");
+  train_->add_flag("--resume", resume_, "Continue from the latest complete checkpoint in the run directory");
+  train_->footer(
+      "Writes config.toml, precision_map.json and metrics.jsonl (one JSON object per step) to logging.run_dir.\n"
+      "SIGINT or SIGTERM stops after the current step.\n"
+      "Exit codes: 0 done, 2 invalid configuration or data (nothing written), 3 training could not go on.\n"
+      "Example:\n  octet train configs/quickstart.toml --set train.steps=100");
+}
+
+bool WorkflowCommands::selected() const {
+  return config_->parsed() || data_->parsed() || train_->parsed();
+}
+
+bool WorkflowCommands::group_without_command() const {
+  return (config_->parsed() && !config_show_->parsed()) || (data_->parsed() && !data_prepare_->parsed());
+}
+
+int WorkflowCommands::run() const {
+  if (config_show_->parsed()) {
+    const RunConfig config = load_run_config(config_file_, overrides_);
+    std::fputs(to_toml(config).c_str(), stdout);
+    return 0;
+  }
+  if (data_prepare_->parsed()) {
+    const std::optional<io::TokenizerKind> kind = io::parse_tokenizer_kind(tokenizer_);
+    OCTET_REQUIRE(kind.has_value(), "--tokenizer '{}' is not a tokenizer octet knows; valid: bytes, gpt2", tokenizer_);
+    const std::unique_ptr<io::Tokenizer> tokenizer = io::make_tokenizer(*kind);
+    std::vector<std::filesystem::path> files(text_files_.begin(), text_files_.end());
+    const io::PrepareSummary s = io::prepare_text_shards(files, *tokenizer, out_dir_, io::PrepareOptions{});
+    std::printf("%s: %lld train documents (%lld tokens) in %zu shard(s), %lld validation documents (%lld tokens)\n",
+                out_dir_.c_str(), static_cast<long long>(s.train_documents), static_cast<long long>(s.train_tokens),
+                s.train_shards.size(), static_cast<long long>(s.validation_documents),
+                static_cast<long long>(s.validation_tokens));
+    return 0;
+  }
+  const RunConfig config = load_run_config(config_file_, overrides_);
+  TrainingRunOptions options;
+  options.interactive = ::isatty(::fileno(stdout)) == 1;
+  options.resume = resume_;
+  run_training(config, options);
+  return 0;
+}
+
+}  // namespace octet::cli
