@@ -21,15 +21,22 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
   config_show_ = config_->add_subcommand("show", "Print the fully resolved configuration, defaults included");
   config_show_->add_option("CONFIG", config_file_, "TOML configuration file")->required();
   config_show_->add_option("--set", overrides_, "Override a key: section.key=value (repeatable)");
-  config_show_->footer("Example:\n  octet config show configs/quickstart.toml --set train.mixed_precision=bf16");
+  config_show_->footer(
+      "Example:\n  octet config show configs/quickstart.toml --set train.mixed_precision=bf16");
+
+  config_keys_ =
+      config_->add_subcommand("keys", "List every configuration key with its type, default and valid values");
 
   data_ = root.add_subcommand("data", "Prepare training data");
-  data_prepare_ = data_->add_subcommand("prepare", "Tokenize text files into llm.c token shards (train and validation)");
+  data_prepare_ =
+      data_->add_subcommand("prepare", "Tokenize text files into llm.c token shards (train and validation)");
   data_prepare_->add_option("--tokenizer", tokenizer_, "bytes or gpt2 (default bytes)");
-  data_prepare_->add_option("--out", out_dir_, "Directory for train_NNNNNN.bin and val_NNNNNN.bin")->required();
-  data_prepare_->add_option("--vocab", vocabulary_dir_,
-                            "gpt2: directory of encoder.json and vocab.bpe (default: where scripts/fetch_tokenizer.sh "
-                            "puts them)");
+  data_prepare_->add_option("--out", out_dir_, "Directory for train_NNNNNN.bin and val_NNNNNN.bin")
+      ->required();
+  data_prepare_->add_option(
+      "--vocab", vocabulary_dir_,
+      "gpt2: directory of encoder.json and vocab.bpe (default: where scripts/fetch_tokenizer.sh "
+      "puts them)");
   data_prepare_->add_option("FILES", text_files_, "Text files, one document each")->required();
   data_prepare_->footer(
       "Every 20th document goes to the validation split.\n"
@@ -40,7 +47,8 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
   train_->add_option("--set", overrides_, "Override a key: section.key=value (repeatable)");
   train_->add_flag("--resume", resume_, "Continue from the latest complete checkpoint in the run directory");
   train_->footer(
-      "Writes config.toml, precision_map.json and metrics.jsonl (one JSON object per step) to logging.run_dir.\n"
+      "Writes config.toml, precision_map.json and metrics.jsonl (one JSON object per step) to "
+      "logging.run_dir.\n"
       "SIGINT or SIGTERM stops after the current step.\n"
       "Exit codes: 0 done, 2 invalid configuration or data (nothing written), 3 training could not go on.\n"
       "Example:\n  octet train configs/quickstart.toml --set train.steps=100");
@@ -51,7 +59,8 @@ bool WorkflowCommands::selected() const {
 }
 
 bool WorkflowCommands::group_without_command() const {
-  return (config_->parsed() && !config_show_->parsed()) || (data_->parsed() && !data_prepare_->parsed());
+  return (config_->parsed() && !config_show_->parsed() && !config_keys_->parsed()) ||
+         (data_->parsed() && !data_prepare_->parsed());
 }
 
 int WorkflowCommands::run() const {
@@ -60,16 +69,28 @@ int WorkflowCommands::run() const {
     std::fputs(to_toml(config).c_str(), stdout);
     return 0;
   }
+  if (config_keys_->parsed()) {
+    // A Markdown table: docs/config.md holds this very output.
+    std::puts("| key | type | default | valid values | meaning |");
+    std::puts("|---|---|---|---|---|");
+    for (const ConfigKeyInfo& k : config_keys()) {
+      std::printf("| `%s` | %s | `%s` | %s | %s |\n", k.name.c_str(), k.type.c_str(), k.default_value.c_str(),
+                  k.valid.c_str(), k.description.c_str());
+    }
+    return 0;
+  }
   if (data_prepare_->parsed()) {
     const std::optional<io::TokenizerKind> kind = io::parse_tokenizer_kind(tokenizer_);
-    OCTET_REQUIRE(kind.has_value(), "--tokenizer '{}' is not a tokenizer octet knows; valid: bytes, gpt2", tokenizer_);
+    OCTET_REQUIRE(kind.has_value(), "--tokenizer '{}' is not a tokenizer octet knows; valid: bytes, gpt2",
+                  tokenizer_);
     const std::unique_ptr<io::Tokenizer> tokenizer = io::make_tokenizer(*kind);
     std::vector<std::filesystem::path> files(text_files_.begin(), text_files_.end());
     const io::PrepareSummary s = io::prepare_text_shards(files, *tokenizer, out_dir_, io::PrepareOptions{});
-    std::printf("%s: %lld train documents (%lld tokens) in %zu shard(s), %lld validation documents (%lld tokens)\n",
-                out_dir_.c_str(), static_cast<long long>(s.train_documents), static_cast<long long>(s.train_tokens),
-                s.train_shards.size(), static_cast<long long>(s.validation_documents),
-                static_cast<long long>(s.validation_tokens));
+    std::printf(
+        "%s: %lld train documents (%lld tokens) in %zu shard(s), %lld validation documents (%lld tokens)\n",
+        out_dir_.c_str(), static_cast<long long>(s.train_documents), static_cast<long long>(s.train_tokens),
+        s.train_shards.size(), static_cast<long long>(s.validation_documents),
+        static_cast<long long>(s.validation_tokens));
     return 0;
   }
   const RunConfig config = load_run_config(config_file_, overrides_);

@@ -1,6 +1,7 @@
 // `octet config show`, `octet data prepare` and `octet train`: the commands of a training workflow. Each only
 // wires the command line to the library (run_config.h, corpus.h, training_run.h).
 //   octet config show CONFIG [--set section.key=value ...]
+//   octet config keys
 //   octet data prepare --tokenizer bytes|gpt2 --out DIR FILES...
 //   octet train CONFIG [--set section.key=value ...] [--resume]
 #pragma once
@@ -26,6 +27,7 @@ class WorkflowCommands {
  private:
   CLI::App* config_ = nullptr;
   CLI::App* config_show_ = nullptr;
+  CLI::App* config_keys_ = nullptr;
   CLI::App* data_ = nullptr;
   CLI::App* data_prepare_ = nullptr;
   CLI::App* train_ = nullptr;
