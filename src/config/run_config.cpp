@@ -19,9 +19,13 @@
 namespace octet {
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw Error(ErrorKind::invalid_input, message); }
+[[noreturn]] void fail(const std::string& message) {
+  throw Error(ErrorKind::invalid_input, message);
+}
 
-std::string quote(std::string_view s) { return fmt::format("\"{}\"", s); }
+std::string quote(std::string_view s) {
+  return fmt::format("\"{}\"", s);
+}
 
 std::string describe_node(const toml::node& n) {
   if (n.is_string()) return fmt::format("string {}", quote(*n.value<std::string>()));
@@ -49,21 +53,27 @@ struct Key {
 };
 
 template <typename T>
-Key integer(std::string name, std::function<T&(RunConfig&)> ref, int64_t lo, int64_t hi, std::string description) {
+Key integer(std::string name, std::function<T&(RunConfig&)> ref, int64_t lo, int64_t hi,
+            std::string description) {
   std::string valid = hi == std::numeric_limits<int64_t>::max() ? fmt::format("at least {}", lo)
-                                                                 : fmt::format("{} to {}", lo, hi);
-  return {name, "integer", valid, std::move(description),
-          [=](RunConfig& c, const toml::node& n, const std::string& where) {
-            if (!n.is_integer()) fail(fmt::format("{}: {} must be an integer ({}), got {}", where, name, valid, describe_node(n)));
-            const int64_t v = *n.value<int64_t>();
-            if (v < lo || v > hi) fail(fmt::format("{}: {} must be {}, got {}", where, name, valid, v));
-            ref(c) = static_cast<T>(v);
-          },
-          [=](const RunConfig& c) { return fmt::format("{}", ref(const_cast<RunConfig&>(c))); }};
+                                                                : fmt::format("{} to {}", lo, hi);
+  return {
+      name,
+      "integer",
+      valid,
+      std::move(description),
+      [=](RunConfig& c, const toml::node& n, const std::string& where) {
+        if (!n.is_integer())
+          fail(fmt::format("{}: {} must be an integer ({}), got {}", where, name, valid, describe_node(n)));
+        const int64_t v = *n.value<int64_t>();
+        if (v < lo || v > hi) fail(fmt::format("{}: {} must be {}, got {}", where, name, valid, v));
+        ref(c) = static_cast<T>(v);
+      },
+      [=](const RunConfig& c) { return fmt::format("{}", ref(const_cast<RunConfig&>(c))); }};
 }
 
-Key number(std::string name, std::function<float&(RunConfig&)> ref, double lo, bool lo_open, double hi, bool hi_open,
-           std::string description) {
+Key number(std::string name, std::function<float&(RunConfig&)> ref, double lo, bool lo_open, double hi,
+           bool hi_open, std::string description) {
   std::string valid;
   const bool unbounded = hi == std::numeric_limits<double>::infinity();
   if (unbounded) {
@@ -71,9 +81,13 @@ Key number(std::string name, std::function<float&(RunConfig&)> ref, double lo, b
   } else {
     valid = fmt::format("{}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
   }
-  return {name, "number", valid, std::move(description),
+  return {name,
+          "number",
+          valid,
+          std::move(description),
           [=](RunConfig& c, const toml::node& n, const std::string& where) {
-            if (!n.is_number()) fail(fmt::format("{}: {} must be a number ({}), got {}", where, name, valid, describe_node(n)));
+            if (!n.is_number())
+              fail(fmt::format("{}: {} must be a number ({}), got {}", where, name, valid, describe_node(n)));
             const double v = *n.value<double>();
             const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
             if (!ok) fail(fmt::format("{}: {} must be {}, got {}", where, name, valid, v));
@@ -83,30 +97,43 @@ Key number(std::string name, std::function<float&(RunConfig&)> ref, double lo, b
 }
 
 Key boolean(std::string name, std::function<bool&(RunConfig&)> ref, std::string description) {
-  return {name, "boolean", "true or false", std::move(description),
+  return {name,
+          "boolean",
+          "true or false",
+          std::move(description),
           [=](RunConfig& c, const toml::node& n, const std::string& where) {
-            if (!n.is_boolean()) fail(fmt::format("{}: {} must be true or false, got {}", where, name, describe_node(n)));
+            if (!n.is_boolean())
+              fail(fmt::format("{}: {} must be true or false, got {}", where, name, describe_node(n)));
             ref(c) = *n.value<bool>();
           },
-          [=](const RunConfig& c) { return ref(const_cast<RunConfig&>(c)) ? std::string("true") : std::string("false"); }};
+          [=](const RunConfig& c) {
+            return ref(const_cast<RunConfig&>(c)) ? std::string("true") : std::string("false");
+          }};
 }
 
-Key text(std::string name, std::function<std::string(const RunConfig&)> get, std::function<void(RunConfig&, std::string)> put,
-         std::string description) {
-  return {name, "string", "any text (a path)", std::move(description),
+Key text(std::string name, std::function<std::string(const RunConfig&)> get,
+         std::function<void(RunConfig&, std::string)> put, std::string description) {
+  return {name,
+          "string",
+          "any text (a path)",
+          std::move(description),
           [=](RunConfig& c, const toml::node& n, const std::string& where) {
-            if (!n.is_string()) fail(fmt::format("{}: {} must be a string, got {}", where, name, describe_node(n)));
+            if (!n.is_string())
+              fail(fmt::format("{}: {} must be a string, got {}", where, name, describe_node(n)));
             put(c, *n.value<std::string>());
           },
           [=](const RunConfig& c) { return quote(get(c)); }};
 }
 
 template <typename E>
-Key choice(std::string name, std::function<E&(RunConfig&)> ref, std::vector<std::pair<std::string, E>> options,
-           std::string description) {
+Key choice(std::string name, std::function<E&(RunConfig&)> ref,
+           std::vector<std::pair<std::string, E>> options, std::string description) {
   std::string valid;
   for (size_t i = 0; i < options.size(); ++i) valid += (i ? ", " : "") + quote(options[i].first);
-  return {name, "string", "one of " + valid, std::move(description),
+  return {name,
+          "string",
+          "one of " + valid,
+          std::move(description),
           [=](RunConfig& c, const toml::node& n, const std::string& where) {
             const std::string seen = n.is_string() ? quote(*n.value<std::string>()) : describe_node(n);
             if (n.is_string()) {
@@ -127,14 +154,20 @@ Key choice(std::string name, std::function<E&(RunConfig&)> ref, std::vector<std:
           }};
 }
 
-Key strings(std::string name, std::function<std::vector<std::string>&(RunConfig&)> ref, std::string description) {
-  return {name, "list of strings", "layer-name globs such as \"h.0.*\" or \"*.mlp.*\"", std::move(description),
+Key strings(std::string name, std::function<std::vector<std::string>&(RunConfig&)> ref,
+            std::string description) {
+  return {name,
+          "list of strings",
+          "layer-name globs such as \"h.0.*\" or \"*.mlp.*\"",
+          std::move(description),
           [=](RunConfig& c, const toml::node& n, const std::string& where) {
             const toml::array* a = n.as_array();
-            if (a == nullptr) fail(fmt::format("{}: {} must be a list of strings, got {}", where, name, describe_node(n)));
+            if (a == nullptr)
+              fail(fmt::format("{}: {} must be a list of strings, got {}", where, name, describe_node(n)));
             std::vector<std::string> out;
             for (const toml::node& e : *a) {
-              if (!e.is_string()) fail(fmt::format("{}: {} must hold strings only, got {}", where, name, describe_node(e)));
+              if (!e.is_string())
+                fail(fmt::format("{}: {} must hold strings only, got {}", where, name, describe_node(e)));
               out.push_back(*e.value<std::string>());
             }
             ref(c) = std::move(out);
@@ -154,115 +187,176 @@ const std::vector<Key>& keys() {
     const double inf = std::numeric_limits<double>::infinity();
     std::vector<Key> k;
     // [model]
-    k.push_back(integer<int64_t>("model.vocab_size", [](RunConfig& c) -> int64_t& { return c.model.vocab_size; }, 2, big,
-                        "Tokens the model predicts (the loss covers exactly these)."));
-    k.push_back(integer<int64_t>("model.padded_vocab_size", [](RunConfig& c) -> int64_t& { return c.model.padded_vocab_size; },
-                        0, big, "Rows of the token embedding; 0 rounds vocab_size up to a multiple of 64."));
-    k.push_back(integer<int64_t>("model.max_seq_len", [](RunConfig& c) -> int64_t& { return c.model.max_seq_len; }, 1, big,
-                        "Positions of the learned position embedding (the context length)."));
-    k.push_back(integer<int64_t>("model.layers", [](RunConfig& c) -> int64_t& { return c.model.layers; }, 1, big, "Transformer blocks."));
-    k.push_back(integer<int64_t>("model.heads", [](RunConfig& c) -> int64_t& { return c.model.heads; }, 1, big, "Attention heads."));
-    k.push_back(integer<int64_t>("model.channels", [](RunConfig& c) -> int64_t& { return c.model.channels; }, 1, big,
-                        "Width of the residual stream; a multiple of heads."));
+    k.push_back(integer<int64_t>(
+        "model.vocab_size", [](RunConfig& c) -> int64_t& { return c.model.vocab_size; }, 2, big,
+        "Tokens the model predicts (the loss covers exactly these)."));
+    k.push_back(integer<int64_t>(
+        "model.padded_vocab_size", [](RunConfig& c) -> int64_t& { return c.model.padded_vocab_size; }, 0, big,
+        "Rows of the token embedding; 0 rounds vocab_size up to a multiple of 64."));
+    k.push_back(integer<int64_t>(
+        "model.max_seq_len", [](RunConfig& c) -> int64_t& { return c.model.max_seq_len; }, 1, big,
+        "Positions of the learned position embedding (the context length)."));
+    k.push_back(integer<int64_t>(
+        "model.layers", [](RunConfig& c) -> int64_t& { return c.model.layers; }, 1, big,
+        "Transformer blocks."));
+    k.push_back(integer<int64_t>(
+        "model.heads", [](RunConfig& c) -> int64_t& { return c.model.heads; }, 1, big, "Attention heads."));
+    k.push_back(integer<int64_t>(
+        "model.channels", [](RunConfig& c) -> int64_t& { return c.model.channels; }, 1, big,
+        "Width of the residual stream; a multiple of heads."));
     // [train]
-    k.push_back(choice<MixedPrecision>("train.mixed_precision", [](RunConfig& c) -> MixedPrecision& { return c.precision.mode; },
-                                       {{"fp32", MixedPrecision::fp32}, {"bf16", MixedPrecision::bf16},
-                                        {"fp16", MixedPrecision::fp16}, {"fp8", MixedPrecision::fp8}},
-                                       "Precision mode (docs/precision.md)."));
-    k.push_back(integer<int64_t>("train.batch_size", [](RunConfig& c) -> int64_t& { return c.train.batch_size; }, 1, big,
-                        "Sequences per micro-batch (B)."));
-    k.push_back(integer<int64_t>("train.seq_len", [](RunConfig& c) -> int64_t& { return c.train.seq_len; }, 1, big,
-                        "Tokens per sequence (T); at most model.max_seq_len."));
-    k.push_back(integer<int64_t>("train.grad_accum_steps", [](RunConfig& c) -> int64_t& { return c.train.grad_accum_steps; }, 1, big,
-                        "Micro-batches per optimizer step."));
-    k.push_back(integer<int64_t>("train.steps", [](RunConfig& c) -> int64_t& { return c.steps; }, 1, big, "Optimizer steps of the run."));
-    k.push_back(integer<uint64_t>("train.seed", [](RunConfig& c) -> uint64_t& { return c.seed; }, 0, big,
-                        "Seed of the initial weights and the data order."));
-    k.push_back(choice<std::string>("train.device", [](RunConfig& c) -> std::string& { return c.device; },
-                                    {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}},
-                                    "Where to train; auto picks a GPU when the build has CUDA and one is present."));
-    k.push_back(integer<int64_t>("train.max_consecutive_skips", [](RunConfig& c) -> int64_t& { return c.train.max_consecutive_skips; },
-                        1, big, "Skipped (non-finite) steps in a row after which the run stops (exit code 3)."));
+    k.push_back(choice<MixedPrecision>(
+        "train.mixed_precision", [](RunConfig& c) -> MixedPrecision& { return c.precision.mode; },
+        {{"fp32", MixedPrecision::fp32},
+         {"bf16", MixedPrecision::bf16},
+         {"fp16", MixedPrecision::fp16},
+         {"fp8", MixedPrecision::fp8}},
+        "Precision mode (docs/precision.md)."));
+    k.push_back(integer<int64_t>(
+        "train.batch_size", [](RunConfig& c) -> int64_t& { return c.train.batch_size; }, 1, big,
+        "Sequences per micro-batch (B)."));
+    k.push_back(integer<int64_t>(
+        "train.seq_len", [](RunConfig& c) -> int64_t& { return c.train.seq_len; }, 1, big,
+        "Tokens per sequence (T); at most model.max_seq_len."));
+    k.push_back(integer<int64_t>(
+        "train.grad_accum_steps", [](RunConfig& c) -> int64_t& { return c.train.grad_accum_steps; }, 1, big,
+        "Micro-batches per optimizer step."));
+    k.push_back(integer<int64_t>(
+        "train.steps", [](RunConfig& c) -> int64_t& { return c.steps; }, 1, big,
+        "Optimizer steps of the run."));
+    k.push_back(integer<uint64_t>(
+        "train.seed", [](RunConfig& c) -> uint64_t& { return c.seed; }, 0, big,
+        "Seed of the initial weights and the data order."));
+    k.push_back(choice<std::string>(
+        "train.device", [](RunConfig& c) -> std::string& { return c.device; },
+        {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}},
+        "Where to train; auto picks a GPU when the build has CUDA and one is present."));
+    k.push_back(integer<int64_t>(
+        "train.max_consecutive_skips", [](RunConfig& c) -> int64_t& { return c.train.max_consecutive_skips; },
+        1, big, "Skipped (non-finite) steps in a row after which the run stops (exit code 3)."));
     // [fp8]
-    k.push_back(choice<RecipeKind>("fp8.recipe", [](RunConfig& c) -> RecipeKind& { return c.precision.recipe; },
-                                   {{"delayed", RecipeKind::delayed}, {"current", RecipeKind::current},
-                                    {"static", RecipeKind::static_scale}, {"block", RecipeKind::block},
-                                    {"mxfp8", RecipeKind::mxfp8}},
-                                   "Scaling recipe (docs/fp8.md)."));
-    k.push_back(choice<bool>("fp8.formats", [](RunConfig& c) -> bool& { return c.precision.all_e4m3; },
-                             {{"hybrid", false}, {"e4m3", true}},
-                             "hybrid: E4M3 activations and weights, E5M2 gradients; e4m3: E4M3 everywhere."));
-    k.push_back(integer<int>("fp8.amax_history", [](RunConfig& c) -> int& { return c.precision.amax_history; },
-                        1, 1024, "Length of the delayed recipe's amax history."));
-    k.push_back(choice<AmaxAlgorithm>("fp8.amax_algorithm", [](RunConfig& c) -> AmaxAlgorithm& { return c.precision.amax_algorithm; },
-                                      {{"max", AmaxAlgorithm::max}, {"most_recent", AmaxAlgorithm::most_recent}},
-                                      "How the delayed recipe reads its history."));
-    k.push_back(integer<int>("fp8.margin", [](RunConfig& c) -> int& { return c.precision.margin; },
-                        0, 16, "Headroom: scales are divided by 2^margin."));
-    k.push_back(number("fp8.static_scale", [](RunConfig& c) -> float& { return c.precision.static_scale; }, 0, true, 3.4e38,
-                       false, "The scale of the static recipe."));
-    k.push_back(boolean("fp8.power_of_two_scales", [](RunConfig& c) -> bool& { return c.precision.power_of_two_scales; },
-                        "Block recipe: round scales down to powers of two."));
-    k.push_back(strings("fp8.include", [](RunConfig& c) -> std::vector<std::string>& { return c.precision.include; },
-                        "When not empty, only block layers matching one of these convert."));
-    k.push_back(strings("fp8.exclude", [](RunConfig& c) -> std::vector<std::string>& { return c.precision.exclude; },
-                        "Layers matching one of these stay in BF16."));
-    k.push_back(boolean("fp8.lm_head", [](RunConfig& c) -> bool& { return c.precision.lm_head; }, "Convert the LM head too."));
-    k.push_back(boolean("fp8.first_last_blocks_bf16", [](RunConfig& c) -> bool& { return c.precision.first_last_blocks_bf16; },
-                        "Keep the first and the last block in BF16."));
-    k.push_back(boolean("fp8.forward", [](RunConfig& c) -> bool& { return c.precision.fp8_forward; },
-                        "Run converted layers' forward GEMMs in FP8."));
-    k.push_back(boolean("fp8.input_gradient", [](RunConfig& c) -> bool& { return c.precision.fp8_input_gradient; },
-                        "Run converted layers' input-gradient GEMMs in FP8."));
-    k.push_back(boolean("fp8.weight_gradient", [](RunConfig& c) -> bool& { return c.precision.fp8_weight_gradient; },
-                        "Run converted layers' weight-gradient GEMMs in FP8 (needs the forward in FP8)."));
-    k.push_back(boolean("fp8.strict", [](RunConfig& c) -> bool& { return c.fp8_strict; },
-                        "Refuse to start instead of running FP8 GEMMs in BF16 where the device has no FP8 tensor cores."));
+    k.push_back(choice<RecipeKind>(
+        "fp8.recipe", [](RunConfig& c) -> RecipeKind& { return c.precision.recipe; },
+        {{"delayed", RecipeKind::delayed},
+         {"current", RecipeKind::current},
+         {"static", RecipeKind::static_scale},
+         {"block", RecipeKind::block},
+         {"mxfp8", RecipeKind::mxfp8}},
+        "Scaling recipe (docs/fp8.md)."));
+    k.push_back(choice<bool>(
+        "fp8.formats", [](RunConfig& c) -> bool& { return c.precision.all_e4m3; },
+        {{"hybrid", false}, {"e4m3", true}},
+        "hybrid: E4M3 activations and weights, E5M2 gradients; e4m3: E4M3 everywhere."));
+    k.push_back(integer<int>(
+        "fp8.amax_history", [](RunConfig& c) -> int& { return c.precision.amax_history; }, 1, 1024,
+        "Length of the delayed recipe's amax history."));
+    k.push_back(choice<AmaxAlgorithm>(
+        "fp8.amax_algorithm", [](RunConfig& c) -> AmaxAlgorithm& { return c.precision.amax_algorithm; },
+        {{"max", AmaxAlgorithm::max}, {"most_recent", AmaxAlgorithm::most_recent}},
+        "How the delayed recipe reads its history."));
+    k.push_back(integer<int>(
+        "fp8.margin", [](RunConfig& c) -> int& { return c.precision.margin; }, 0, 16,
+        "Headroom: scales are divided by 2^margin."));
+    k.push_back(number(
+        "fp8.static_scale", [](RunConfig& c) -> float& { return c.precision.static_scale; }, 0, true, 3.4e38,
+        false, "The scale of the static recipe."));
+    k.push_back(boolean(
+        "fp8.power_of_two_scales", [](RunConfig& c) -> bool& { return c.precision.power_of_two_scales; },
+        "Block recipe: round scales down to powers of two."));
+    k.push_back(strings(
+        "fp8.include", [](RunConfig& c) -> std::vector<std::string>& { return c.precision.include; },
+        "When not empty, only block layers matching one of these convert."));
+    k.push_back(strings(
+        "fp8.exclude", [](RunConfig& c) -> std::vector<std::string>& { return c.precision.exclude; },
+        "Layers matching one of these stay in BF16."));
+    k.push_back(boolean(
+        "fp8.lm_head", [](RunConfig& c) -> bool& { return c.precision.lm_head; },
+        "Convert the LM head too."));
+    k.push_back(boolean(
+        "fp8.first_last_blocks_bf16",
+        [](RunConfig& c) -> bool& { return c.precision.first_last_blocks_bf16; },
+        "Keep the first and the last block in BF16."));
+    k.push_back(boolean(
+        "fp8.forward", [](RunConfig& c) -> bool& { return c.precision.fp8_forward; },
+        "Run converted layers' forward GEMMs in FP8."));
+    k.push_back(boolean(
+        "fp8.input_gradient", [](RunConfig& c) -> bool& { return c.precision.fp8_input_gradient; },
+        "Run converted layers' input-gradient GEMMs in FP8."));
+    k.push_back(boolean(
+        "fp8.weight_gradient", [](RunConfig& c) -> bool& { return c.precision.fp8_weight_gradient; },
+        "Run converted layers' weight-gradient GEMMs in FP8 (needs the forward in FP8)."));
+    k.push_back(boolean(
+        "fp8.strict", [](RunConfig& c) -> bool& { return c.fp8_strict; },
+        "Refuse to start instead of running FP8 GEMMs in BF16 where the device has no FP8 tensor cores."));
     // [optimizer]
-    k.push_back(number("optimizer.learning_rate", [](RunConfig& c) -> float& { return c.train.schedule.max_learning_rate; },
-                       0, true, inf, false, "Peak learning rate."));
-    k.push_back(number("optimizer.beta1", [](RunConfig& c) -> float& { return c.train.adamw.beta1; }, 0, false, 1, true, "AdamW beta1."));
-    k.push_back(number("optimizer.beta2", [](RunConfig& c) -> float& { return c.train.adamw.beta2; }, 0, false, 1, true, "AdamW beta2."));
-    k.push_back(number("optimizer.eps", [](RunConfig& c) -> float& { return c.train.adamw.eps; }, 0, true, inf, false, "AdamW epsilon."));
-    k.push_back(number("optimizer.weight_decay", [](RunConfig& c) -> float& { return c.train.adamw.weight_decay; }, 0, false,
-                       inf, false, "Decoupled weight decay, applied to matrices only."));
-    k.push_back(number("optimizer.grad_clip", [](RunConfig& c) -> float& { return c.train.grad_clip; }, 0, false, inf, false,
-                       "Largest global gradient norm; 0 turns clipping off."));
+    k.push_back(number(
+        "optimizer.learning_rate", [](RunConfig& c) -> float& { return c.train.schedule.max_learning_rate; },
+        0, true, inf, false, "Peak learning rate."));
+    k.push_back(number(
+        "optimizer.beta1", [](RunConfig& c) -> float& { return c.train.adamw.beta1; }, 0, false, 1, true,
+        "AdamW beta1."));
+    k.push_back(number(
+        "optimizer.beta2", [](RunConfig& c) -> float& { return c.train.adamw.beta2; }, 0, false, 1, true,
+        "AdamW beta2."));
+    k.push_back(number(
+        "optimizer.eps", [](RunConfig& c) -> float& { return c.train.adamw.eps; }, 0, true, inf, false,
+        "AdamW epsilon."));
+    k.push_back(number(
+        "optimizer.weight_decay", [](RunConfig& c) -> float& { return c.train.adamw.weight_decay; }, 0, false,
+        inf, false, "Decoupled weight decay, applied to matrices only."));
+    k.push_back(number(
+        "optimizer.grad_clip", [](RunConfig& c) -> float& { return c.train.grad_clip; }, 0, false, inf, false,
+        "Largest global gradient norm; 0 turns clipping off."));
     // [scheduler]
-    k.push_back(integer<int64_t>("scheduler.warmup_steps", [](RunConfig& c) -> int64_t& { return c.train.schedule.warmup_steps; }, 0,
-                        big, "Steps of linear warm-up; at most train.steps."));
-    k.push_back(number("scheduler.final_fraction", [](RunConfig& c) -> float& { return c.train.schedule.final_fraction; }, 0,
-                       false, 1, false, "The cosine decay's floor, as a fraction of the peak learning rate."));
+    k.push_back(integer<int64_t>(
+        "scheduler.warmup_steps", [](RunConfig& c) -> int64_t& { return c.train.schedule.warmup_steps; }, 0,
+        big, "Steps of linear warm-up; at most train.steps."));
+    k.push_back(number(
+        "scheduler.final_fraction", [](RunConfig& c) -> float& { return c.train.schedule.final_fraction; }, 0,
+        false, 1, false, "The cosine decay's floor, as a fraction of the peak learning rate."));
     // [loss_scale] (fp16 mode)
-    k.push_back(number("loss_scale.initial_scale", [](RunConfig& c) -> float& { return c.train.loss_scale.initial_scale; }, 0,
-                       true, 3.4e38, false, "fp16: the first loss scale."));
-    k.push_back(integer<int64_t>("loss_scale.growth_interval", [](RunConfig& c) -> int64_t& { return c.train.loss_scale.growth_interval; },
-                        1, big, "fp16: clean steps in a row before the scale grows."));
-    k.push_back(number("loss_scale.backoff_factor", [](RunConfig& c) -> float& { return c.train.loss_scale.backoff_factor; }, 0,
-                       true, 1, true, "fp16: factor applied to the scale on overflow."));
-    k.push_back(number("loss_scale.growth_factor", [](RunConfig& c) -> float& { return c.train.loss_scale.growth_factor; }, 1,
-                       true, inf, false, "fp16: factor applied after growth_interval clean steps."));
+    k.push_back(number(
+        "loss_scale.initial_scale", [](RunConfig& c) -> float& { return c.train.loss_scale.initial_scale; },
+        0, true, 3.4e38, false, "fp16: the first loss scale."));
+    k.push_back(integer<int64_t>(
+        "loss_scale.growth_interval",
+        [](RunConfig& c) -> int64_t& { return c.train.loss_scale.growth_interval; }, 1, big,
+        "fp16: clean steps in a row before the scale grows."));
+    k.push_back(number(
+        "loss_scale.backoff_factor", [](RunConfig& c) -> float& { return c.train.loss_scale.backoff_factor; },
+        0, true, 1, true, "fp16: factor applied to the scale on overflow."));
+    k.push_back(number(
+        "loss_scale.growth_factor", [](RunConfig& c) -> float& { return c.train.loss_scale.growth_factor; },
+        1, true, inf, false, "fp16: factor applied after growth_interval clean steps."));
     // [data]
-    k.push_back(text("data.dir", [](const RunConfig& c) { return c.data_dir.string(); },
-                     [](RunConfig& c, std::string v) { c.data_dir = std::move(v); },
-                     "Directory of the token shards (train_*.bin, val_*.bin), as `octet data prepare` writes them."));
-    k.push_back(choice<std::string>("data.tokenizer", [](RunConfig& c) -> std::string& { return c.tokenizer; },
-                                    {{"bytes", "bytes"}, {"gpt2", "gpt2"}}, "The tokenizer the shards were made with."));
-    k.push_back(integer<int64_t>("data.eval_every", [](RunConfig& c) -> int64_t& { return c.eval_every; }, 0, big,
-                        "Steps between validation losses; 0: at the end only."));
-    k.push_back(integer<int64_t>("data.eval_batches", [](RunConfig& c) -> int64_t& { return c.eval_batches; }, 1, big,
-                        "Batches of the validation split per validation loss."));
+    k.push_back(text(
+        "data.dir", [](const RunConfig& c) { return c.data_dir.string(); },
+        [](RunConfig& c, std::string v) { c.data_dir = std::move(v); },
+        "Directory of the token shards (train_*.bin, val_*.bin), as `octet data prepare` writes them."));
+    k.push_back(choice<std::string>(
+        "data.tokenizer", [](RunConfig& c) -> std::string& { return c.tokenizer; },
+        {{"bytes", "bytes"}, {"gpt2", "gpt2"}}, "The tokenizer the shards were made with."));
+    k.push_back(integer<int64_t>(
+        "data.eval_every", [](RunConfig& c) -> int64_t& { return c.eval_every; }, 0, big,
+        "Steps between validation losses; 0: at the end only."));
+    k.push_back(integer<int64_t>(
+        "data.eval_batches", [](RunConfig& c) -> int64_t& { return c.eval_batches; }, 1, big,
+        "Batches of the validation split per validation loss."));
     // [checkpoint]
-    k.push_back(integer<int64_t>("checkpoint.every", [](RunConfig& c) -> int64_t& { return c.checkpoint_every; }, 0, big,
-                        "Steps between checkpoints; 0: at the end and on interruption only."));
-    k.push_back(integer<int64_t>("checkpoint.keep_last", [](RunConfig& c) -> int64_t& { return c.keep_last; }, 1, big,
-                        "Checkpoints kept; older ones are deleted after a successful save."));
+    k.push_back(integer<int64_t>(
+        "checkpoint.every", [](RunConfig& c) -> int64_t& { return c.checkpoint_every; }, 0, big,
+        "Steps between checkpoints; 0: at the end and on interruption only."));
+    k.push_back(integer<int64_t>(
+        "checkpoint.keep_last", [](RunConfig& c) -> int64_t& { return c.keep_last; }, 1, big,
+        "Checkpoints kept; older ones are deleted after a successful save."));
     // [logging]
-    k.push_back(text("logging.run_dir", [](const RunConfig& c) { return c.run_dir.string(); },
-                     [](RunConfig& c, std::string v) { c.run_dir = std::move(v); },
-                     "Where the run writes its metrics, precision map, resolved config and checkpoints."));
-    k.push_back(integer<int64_t>("logging.log_every", [](RunConfig& c) -> int64_t& { return c.log_every; }, 1, big,
-                        "Steps between progress lines when the output is not a terminal."));
+    k.push_back(text(
+        "logging.run_dir", [](const RunConfig& c) { return c.run_dir.string(); },
+        [](RunConfig& c, std::string v) { c.run_dir = std::move(v); },
+        "Where the run writes its metrics, precision map, resolved config and checkpoints."));
+    k.push_back(integer<int64_t>(
+        "logging.log_every", [](RunConfig& c) -> int64_t& { return c.log_every; }, 1, big,
+        "Steps between progress lines when the output is not a terminal."));
     return k;
   }();
   return table;
@@ -312,7 +406,8 @@ std::vector<std::string> sections() {
 void unknown_key(const std::string& where, const std::string& name) {
   std::vector<std::string> names;
   for (const Key& k : keys()) names.push_back(k.name);
-  fail(fmt::format("{}: unknown key {}; did you mean {}? (docs/config.md lists every key)", where, name, nearest(name, names)));
+  fail(fmt::format("{}: unknown key {}; did you mean {}? (docs/config.md lists every key)", where, name,
+                   nearest(name, names)));
 }
 
 void apply_table(RunConfig& config, const toml::table& root, const std::string& origin) {
@@ -322,8 +417,9 @@ void apply_table(RunConfig& config, const toml::table& root, const std::string& 
     const std::string where = fmt::format("{}:{}", origin, section_node.source().begin.line);
     const toml::table* table = section_node.as_table();
     if (table == nullptr) {
-      fail(fmt::format("{}: {} is outside any section; keys belong in sections such as [train] (sections: {})", where,
-                       section, fmt::join(known_sections, ", ")));
+      fail(
+          fmt::format("{}: {} is outside any section; keys belong in sections such as [train] (sections: {})",
+                      where, section, fmt::join(known_sections, ", ")));
     }
     if (std::find(known_sections.begin(), known_sections.end(), section) == known_sections.end()) {
       fail(fmt::format("{}: unknown section [{}]; did you mean [{}]? (sections: {})", where, section,
@@ -363,19 +459,23 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
     if (!ok) fail(fmt::format("{}: {}", origin, message));
   };
   require(c.model.channels % c.model.heads == 0,
-          fmt::format("model.channels ({}) must be a multiple of model.heads ({})", c.model.channels, c.model.heads));
+          fmt::format("model.channels ({}) must be a multiple of model.heads ({})", c.model.channels,
+                      c.model.heads));
   require(c.model.padded_vocab_size == 0 || c.model.padded_vocab_size >= c.model.vocab_size,
-          fmt::format("model.padded_vocab_size ({}) must be 0 or at least model.vocab_size ({})", c.model.padded_vocab_size,
-                      c.model.vocab_size));
-  require(c.train.seq_len <= c.model.max_seq_len,
-          fmt::format("train.seq_len ({}) is longer than model.max_seq_len ({}): the model has no positions beyond it",
-                      c.train.seq_len, c.model.max_seq_len));
+          fmt::format("model.padded_vocab_size ({}) must be 0 or at least model.vocab_size ({})",
+                      c.model.padded_vocab_size, c.model.vocab_size));
+  require(
+      c.train.seq_len <= c.model.max_seq_len,
+      fmt::format(
+          "train.seq_len ({}) is longer than model.max_seq_len ({}): the model has no positions beyond it",
+          c.train.seq_len, c.model.max_seq_len));
   require(c.train.schedule.warmup_steps <= c.steps,
-          fmt::format("scheduler.warmup_steps ({}) is more than train.steps ({})", c.train.schedule.warmup_steps, c.steps));
+          fmt::format("scheduler.warmup_steps ({}) is more than train.steps ({})",
+                      c.train.schedule.warmup_steps, c.steps));
   const int64_t tokenizer_vocab = c.tokenizer == "gpt2" ? 50257 : 256;
   require(c.model.vocab_size >= tokenizer_vocab,
-          fmt::format("model.vocab_size ({}) is smaller than the {} tokenizer's vocabulary ({})", c.model.vocab_size,
-                      c.tokenizer, tokenizer_vocab));
+          fmt::format("model.vocab_size ({}) is smaller than the {} tokenizer's vocabulary ({})",
+                      c.model.vocab_size, c.tokenizer, tokenizer_vocab));
 }
 
 void finish(RunConfig& c) {
@@ -395,12 +495,14 @@ const std::vector<ConfigKeyInfo>& config_keys() {
   return info;
 }
 
-RunConfig parse_run_config(std::string_view toml_text, std::string_view origin, const std::vector<std::string>& overrides) {
+RunConfig parse_run_config(std::string_view toml_text, std::string_view origin,
+                           const std::vector<std::string>& overrides) {
   toml::table root;
   try {
     root = toml::parse(toml_text, origin);
   } catch (const toml::parse_error& e) {
-    fail(fmt::format("{}:{}:{}: not valid TOML: {}", origin, e.source().begin.line, e.source().begin.column, e.description()));
+    fail(fmt::format("{}:{}:{}: not valid TOML: {}", origin, e.source().begin.line, e.source().begin.column,
+                     e.description()));
   }
   RunConfig config;
   apply_table(config, root, std::string(origin));

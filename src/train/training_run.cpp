@@ -21,7 +21,9 @@ namespace {
 namespace fs = std::filesystem;
 
 std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
+extern "C" void on_stop_signal(int signal) {
+  g_stop_signal.store(signal);
+}
 
 void write_atomically(const fs::path& path, const std::string& text) {
   const fs::path temporary = path.parent_path() / fmt::format(".{}.tmp", path.filename().string());
@@ -35,16 +37,19 @@ void write_atomically(const fs::path& path, const std::string& text) {
 
 std::string duration(double seconds) {
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
-  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
+  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60)
+                   : fmt::format("{}m{:02}s", s / 60, s % 60);
 }
 
 }  // namespace
 
 TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOptions& options) {
   // Everything that can be refused is refused before the run directory exists.
-  OCTET_REQUIRE(config.device != "cuda",
-                "train.device = \"cuda\": the CUDA backend does not run the model yet; use \"cpu\" or \"auto\"");
-  OCTET_REQUIRE(!config.data_dir.empty(), "data.dir is not set: point it at shards made by `octet data prepare`");
+  OCTET_REQUIRE(
+      config.device != "cuda",
+      "train.device = \"cuda\": the CUDA backend does not run the model yet; use \"cpu\" or \"auto\"");
+  OCTET_REQUIRE(!config.data_dir.empty(),
+                "data.dir is not set: point it at shards made by `octet data prepare`");
   const int64_t B = config.train.batch_size, T = config.train.seq_len;
   io::DataLoader train_loader(config.data_dir, io::DataSplit::train,
                               io::DataLoaderOptions{B, T, true, config.seed, config.model.vocab_size});
@@ -64,10 +69,13 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   std::FILE* out = options.out;
   TrainSettings settings = config.train;
   settings.run_directory = config.run_dir;
-  settings.log = [out](std::string_view line) { std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data()); };
-  std::fprintf(out, "octet %s: %s; %s on the %s backend; run directory %s\n", kVersion, config.model.describe().c_str(),
-               std::string(mixed_precision_name(config.precision.mode)).c_str(), std::string(backend->name()).c_str(),
-               config.run_dir.string().c_str());
+  settings.log = [out](std::string_view line) {
+    std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data());
+  };
+  std::fprintf(out, "octet %s: %s; %s on the %s backend; run directory %s\n", kVersion,
+               config.model.describe().c_str(),
+               std::string(mixed_precision_name(config.precision.mode)).c_str(),
+               std::string(backend->name()).c_str(), config.run_dir.string().c_str());
   Trainer trainer(model, settings);
 
   const BatchSource train_data = [&](int32_t* tokens, int32_t* targets) {
@@ -80,8 +88,8 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     validation_loader.reset();
     const float loss = trainer.evaluate(validation_data, config.eval_batches);
     if (options.interactive) std::fputs("\n", out);
-    std::fprintf(out, "step %lld: validation loss %.4f (perplexity %.2f)\n", static_cast<long long>(step), loss,
-                 std::exp(loss));
+    std::fprintf(out, "step %lld: validation loss %.4f (perplexity %.2f)\n", static_cast<long long>(step),
+                 loss, std::exp(loss));
     metrics << nlohmann::json{{"step", step}, {"val_loss", loss}}.dump() << "\n" << std::flush;
     return loss;
   };
@@ -100,20 +108,27 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double tokens_per_second = static_cast<double>(r.tokens) / seconds;
-    metrics << nlohmann::json{{"step", step + 1},          {"loss", r.loss},
-                              {"lr", r.learning_rate},     {"grad_norm", r.skipped ? 0.0f : r.grad_norm},
-                              {"loss_scale", r.loss_scale}, {"skipped", r.skipped},
-                              {"skip_reason", r.skip_reason}, {"fp8_gemms", r.fp8_gemms},
-                              {"other_gemms", r.other_gemms}, {"tokens", r.tokens},
-                              {"tokens_per_second", tokens_per_second}, {"ms", seconds * 1000.0}}
+    metrics << nlohmann::json{{"step", step + 1},
+                              {"loss", r.loss},
+                              {"lr", r.learning_rate},
+                              {"grad_norm", r.skipped ? 0.0f : r.grad_norm},
+                              {"loss_scale", r.loss_scale},
+                              {"skipped", r.skipped},
+                              {"skip_reason", r.skip_reason},
+                              {"fp8_gemms", r.fp8_gemms},
+                              {"other_gemms", r.other_gemms},
+                              {"tokens", r.tokens},
+                              {"tokens_per_second", tokens_per_second},
+                              {"ms", seconds * 1000.0}}
                    .dump()
             << "\n";
     const int64_t done = step + 1;
-    const double eta = elapsed / static_cast<double>(done - first_step) * static_cast<double>(config.steps - done);
-    const std::string line = fmt::format(
-        "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}", done, config.steps, r.loss,
-        r.learning_rate, r.grad_norm, tokens_per_second, duration(eta),
-        r.skipped ? fmt::format(" | skipped: {}", r.skip_reason) : std::string());
+    const double eta =
+        elapsed / static_cast<double>(done - first_step) * static_cast<double>(config.steps - done);
+    const std::string line =
+        fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}", done,
+                    config.steps, r.loss, r.learning_rate, r.grad_norm, tokens_per_second, duration(eta),
+                    r.skipped ? fmt::format(" | skipped: {}", r.skip_reason) : std::string());
     if (options.interactive) {
       std::fprintf(out, "\r\033[K%s", line.c_str());
       std::fflush(out);
@@ -126,7 +141,8 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     if (g_stop_signal.load() != 0) {
       summary.interrupted = true;
       if (options.interactive) std::fputs("\n", out);
-      std::fprintf(out, "stopped by signal %d after step %lld\n", g_stop_signal.load(), static_cast<long long>(done));
+      std::fprintf(out, "stopped by signal %d after step %lld\n", g_stop_signal.load(),
+                   static_cast<long long>(done));
       break;
     }
   }

@@ -1,7 +1,7 @@
 // The configuration of a training run: one TOML file with sections [model], [train], [fp8], [optimizer],
-// [scheduler], [loss_scale], [data], [checkpoint], [logging], and `--set section.key=value` overrides. Every key
-// is described once (run_config.cpp's key table), which drives parsing, validation, `octet config show` and
-// the key reference in docs/config.md.
+// [scheduler], [loss_scale], [data], [checkpoint], [logging], and `--set section.key=value` overrides. Every
+// key is described once (run_config.cpp's key table), which drives parsing, validation, `octet config show`
+// and the key reference in docs/config.md.
 #pragma once
 
 #include <cstdint>
@@ -47,11 +47,12 @@ struct ConfigKeyInfo {
 const std::vector<ConfigKeyInfo>& config_keys();
 
 // Reads and validates a configuration. `overrides` are "section.key=value" (value in TOML syntax; a bare word
-// is taken as a string). Throws octet::Error (invalid input, exit code 2) with one message that names the file,
-// the key and what was expected; nothing is created or written.
+// is taken as a string). Throws octet::Error (invalid input, exit code 2) with one message that names the
+// file, the key and what was expected; nothing is created or written.
 RunConfig load_run_config(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
 // The same from TOML text (`origin` names it in messages).
-RunConfig parse_run_config(std::string_view toml, std::string_view origin, const std::vector<std::string>& overrides = {});
+RunConfig parse_run_config(std::string_view toml, std::string_view origin,
+                           const std::vector<std::string>& overrides = {});
 
 // The fully resolved configuration as TOML, every key with its value (defaults included).
 std::string to_toml(const RunConfig& config);
