@@ -2,6 +2,7 @@
 #include "octet/io/tokenizer.h"
 
 #include "octet/check.h"
+#include "octet/io/gpt2_tokenizer.h"
 
 namespace octet::io {
 
@@ -25,17 +26,24 @@ std::string ByteTokenizer::decode(std::span<const int32_t> tokens) const {
   return text;
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind) {
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind, const std::filesystem::path& vocabulary_dir) {
   switch (kind) {
     case TokenizerKind::bytes:
       return std::make_unique<ByteTokenizer>();
+    case TokenizerKind::gpt2:
+      return std::make_unique<Gpt2Tokenizer>(vocabulary_dir);
   }
   OCTET_CHECK(false, "unhandled tokenizer kind {}", static_cast<int>(kind));
   return nullptr;
 }
 
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind) {
+  return make_tokenizer(kind, default_gpt2_vocabulary_dir());
+}
+
 std::optional<TokenizerKind> parse_tokenizer_kind(std::string_view name) {
   if (name == "bytes") return TokenizerKind::bytes;
+  if (name == "gpt2") return TokenizerKind::gpt2;
   return std::nullopt;
 }
 

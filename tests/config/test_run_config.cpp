@@ -53,7 +53,8 @@ learning_rate = 1e-3
 warmup_steps = 5
 [data]
 dir = "shards"
-)", "run.toml");
+)",
+                                       "run.toml");
   EXPECT_EQ(c.model.layers, 3);
   EXPECT_EQ(c.precision.mode, MixedPrecision::fp16);
   EXPECT_TRUE(c.train.loss_scale.dynamic) << "fp16 turns dynamic loss scaling on";
@@ -77,8 +78,10 @@ TEST(RunConfig, OverridesWinAndBareWordsAreStrings) {
 
 TEST(RunConfig, UnknownKeysAndSectionsSuggestTheNearest) {
   EXPECT_EQ(error_of("[train]\nbatchsize = 3\n"),
-            "run.toml:2: unknown key train.batchsize; did you mean train.batch_size? (docs/config.md lists every key)");
-  EXPECT_NE(error_of("[trian]\nsteps = 3\n").find("unknown section [trian]; did you mean [train]?"), std::string::npos);
+            "run.toml:2: unknown key train.batchsize; did you mean train.batch_size? (docs/config.md lists "
+            "every key)");
+  EXPECT_NE(error_of("[trian]\nsteps = 3\n").find("unknown section [trian]; did you mean [train]?"),
+            std::string::npos);
   EXPECT_NE(error_of("steps = 3\n").find("steps is outside any section"), std::string::npos);
   EXPECT_NE(error_of("", {"optimizer.lr=1"}).find("unknown key optimizer.lr; did you mean optimizer.eps?"),
             std::string::npos);
@@ -86,21 +89,26 @@ TEST(RunConfig, UnknownKeysAndSectionsSuggestTheNearest) {
 
 TEST(RunConfig, BadValuesListTheValidOnes) {
   EXPECT_EQ(error_of("[train]\nmixed_precision = \"FP8\"\n"),
-            "run.toml:2: train.mixed_precision = \"FP8\" is not valid; expected one of \"fp32\", \"bf16\", \"fp16\", "
+            "run.toml:2: train.mixed_precision = \"FP8\" is not valid; expected one of \"fp32\", \"bf16\", "
+            "\"fp16\", "
             "\"fp8\"");
-  EXPECT_NE(error_of("[fp8]\nrecipe = \"tensorwise\"\n").find("expected one of \"delayed\", \"current\", \"static\", \"block\", \"mxfp8\""),
+  EXPECT_NE(error_of("[fp8]\nrecipe = \"tensorwise\"\n")
+                .find("expected one of \"delayed\", \"current\", \"static\", \"block\", \"mxfp8\""),
             std::string::npos);
-  EXPECT_NE(error_of("[data]\ntokenizer = 5\n").find("data.tokenizer = integer 5 is not valid"), std::string::npos);
+  EXPECT_NE(error_of("[data]\ntokenizer = 5\n").find("data.tokenizer = integer 5 is not valid"),
+            std::string::npos);
 }
 
 TEST(RunConfig, WrongTypesAndRangesSayWhatWasExpected) {
   EXPECT_EQ(error_of("[train]\nbatch_size = \"eight\"\n"),
             "run.toml:2: train.batch_size must be an integer (at least 1), got string \"eight\"");
-  EXPECT_EQ(error_of("[train]\nbatch_size = 2.5\n"), "run.toml:2: train.batch_size must be an integer (at least 1), got number 2.5");
+  EXPECT_EQ(error_of("[train]\nbatch_size = 2.5\n"),
+            "run.toml:2: train.batch_size must be an integer (at least 1), got number 2.5");
   EXPECT_EQ(error_of("[train]\nbatch_size = 0\n"), "run.toml:2: train.batch_size must be at least 1, got 0");
   EXPECT_EQ(error_of("[optimizer]\nbeta2 = 1.0\n"), "run.toml:2: optimizer.beta2 must be [0, 1), got 1");
   EXPECT_EQ(error_of("[fp8]\namax_history = 0\n"), "run.toml:2: fp8.amax_history must be 1 to 1024, got 0");
-  EXPECT_EQ(error_of("[fp8]\nlm_head = \"yes\"\n"), "run.toml:2: fp8.lm_head must be true or false, got string \"yes\"");
+  EXPECT_EQ(error_of("[fp8]\nlm_head = \"yes\"\n"),
+            "run.toml:2: fp8.lm_head must be true or false, got string \"yes\"");
   EXPECT_NE(error_of("[fp8]\nexclude = \"*.mlp.*\"\n").find("must be a list of strings"), std::string::npos);
   EXPECT_NE(error_of("[train\nsteps = 3\n").find("run.toml:1:"), std::string::npos);
   EXPECT_NE(error_of("[train\nsteps = 3\n").find("not valid TOML"), std::string::npos);
@@ -108,10 +116,12 @@ TEST(RunConfig, WrongTypesAndRangesSayWhatWasExpected) {
 
 TEST(RunConfig, ContradictionsAreRefusedWithTheReason) {
   EXPECT_EQ(error_of("[model]\nmax_seq_len = 64\n[train]\nseq_len = 128\n"),
-            "run.toml: train.seq_len (128) is longer than model.max_seq_len (64): the model has no positions beyond it");
+            "run.toml: train.seq_len (128) is longer than model.max_seq_len (64): the model has no positions "
+            "beyond it");
   EXPECT_EQ(error_of("[train]\nsteps = 10\n[scheduler]\nwarmup_steps = 20\n"),
             "run.toml: scheduler.warmup_steps (20) is more than train.steps (10)");
-  EXPECT_EQ(error_of("[model]\nchannels = 30\nheads = 4\n"), "run.toml: model.channels (30) must be a multiple of model.heads (4)");
+  EXPECT_EQ(error_of("[model]\nchannels = 30\nheads = 4\n"),
+            "run.toml: model.channels (30) must be a multiple of model.heads (4)");
   EXPECT_EQ(error_of("[model]\nvocab_size = 256\n[data]\ntokenizer = \"gpt2\"\n"),
             "run.toml: model.vocab_size (256) is smaller than the gpt2 tokenizer's vocabulary (50257)");
 }
@@ -119,7 +129,8 @@ TEST(RunConfig, ContradictionsAreRefusedWithTheReason) {
 TEST(RunConfig, TheReferenceInDocsHoldsEveryKey) {
   std::string table = "| key | type | default | valid values | meaning |\n|---|---|---|---|---|\n";
   for (const ConfigKeyInfo& k : config_keys()) {
-    table += "| `" + k.name + "` | " + k.type + " | `" + k.default_value + "` | " + k.valid + " | " + k.description + " |\n";
+    table += "| `" + k.name + "` | " + k.type + " | `" + k.default_value + "` | " + k.valid + " | " +
+             k.description + " |\n";
   }
   std::ifstream in(std::filesystem::path(OCTET_SOURCE_DIR) / "docs" / "config.md");
   std::stringstream doc;

@@ -21,11 +21,13 @@ class TrainCommand : public ::testing::Test {
             ("octet-train-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(root_);
     fs::create_directories(root_ / "text");
-    std::vector<std::string> args = {"data", "prepare", "--tokenizer", "bytes", "--out", (root_ / "shards").string()};
+    std::vector<std::string> args = {"data",  "prepare", "--tokenizer",
+                                     "bytes", "--out",   (root_ / "shards").string()};
     for (int d = 0; d < 40; ++d) {
       const fs::path file = root_ / "text" / ("doc" + std::to_string(100 + d) + ".txt");
       std::ofstream out(file);
-      for (int i = 0; i < 60; ++i) out << "The quick brown fox " << (d * 7 + i) % 13 << " jumps over the lazy dog.\n";
+      for (int i = 0; i < 60; ++i)
+        out << "The quick brown fox " << (d * 7 + i) % 13 << " jumps over the lazy dog.\n";
       args.push_back(file.string());
     }
     const testing::ProcessResult r = run_octet(args);
@@ -36,11 +38,12 @@ class TrainCommand : public ::testing::Test {
 
   fs::path write_config(const std::string& mode, int steps) {
     const fs::path config = root_ / "run.toml";
-    std::ofstream(config) << "[model]\nvocab_size = 256\nmax_seq_len = 16\nlayers = 1\nheads = 2\nchannels = 32\n"
-                          << "[train]\nmixed_precision = \"" << mode << "\"\nbatch_size = 2\nseq_len = 16\nsteps = " << steps
-                          << "\n[scheduler]\nwarmup_steps = 1\n[data]\ndir = \"" << (root_ / "shards").string()
-                          << "\"\neval_every = 2\neval_batches = 2\n[logging]\nrun_dir = \"" << (root_ / "run").string()
-                          << "\"\nlog_every = 1\n";
+    std::ofstream(config)
+        << "[model]\nvocab_size = 256\nmax_seq_len = 16\nlayers = 1\nheads = 2\nchannels = 32\n"
+        << "[train]\nmixed_precision = \"" << mode << "\"\nbatch_size = 2\nseq_len = 16\nsteps = " << steps
+        << "\n[scheduler]\nwarmup_steps = 1\n[data]\ndir = \"" << (root_ / "shards").string()
+        << "\"\neval_every = 2\neval_batches = 2\n[logging]\nrun_dir = \"" << (root_ / "run").string()
+        << "\"\nlog_every = 1\n";
     return config;
   }
 
@@ -57,16 +60,19 @@ class TrainCommand : public ::testing::Test {
 TEST_F(TrainCommand, Fp8RunWritesItsRecordsAndSaysWhatRanInFp8) {
   const testing::ProcessResult r = run_octet({"train", write_config("fp8", 4).string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("FP8 training enabled: recipe=delayed (hybrid E4M3/E5M2, history 16, margin 0); 4 of 5 linear "
-                       "layers in FP8; lm_head: excluded by config\n"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          "FP8 training enabled: recipe=delayed (hybrid E4M3/E5M2, history 16, margin 0); 4 of 5 linear "
+          "layers in FP8; lm_head: excluded by config\n"),
+      std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("step 4/4 | loss "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("step 2: validation loss "), std::string::npos) << r.out;
   const std::string metrics = read(root_ / "run" / "metrics.jsonl");
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 4 + 2) << metrics;  // 4 steps, 2 validations
-  EXPECT_NE(metrics.find("\"fp8_gemms\":12"), std::string::npos) << metrics;    // 4 layers x 3 GEMMs per step
-  EXPECT_NE(read(root_ / "run" / "precision_map.json").find("\"layer\": \"h.0.mlp.c_fc\""), std::string::npos);
+  EXPECT_NE(metrics.find("\"fp8_gemms\":12"), std::string::npos) << metrics;  // 4 layers x 3 GEMMs per step
+  EXPECT_NE(read(root_ / "run" / "precision_map.json").find("\"layer\": \"h.0.mlp.c_fc\""),
+            std::string::npos);
   EXPECT_NE(read(root_ / "run" / "config.toml").find("mixed_precision = \"fp8\""), std::string::npos);
 }
 
@@ -103,19 +109,21 @@ TEST_F(TrainCommand, BadConfigurationOrDataWritesNothing) {
 }
 
 TEST_F(TrainCommand, ConfigShowPrintsTheResolvedConfiguration) {
-  const testing::ProcessResult r = run_octet({"config", "show", write_config("fp16", 3).string(), "--set", "train.steps=7"});
+  const testing::ProcessResult r =
+      run_octet({"config", "show", write_config("fp16", 3).string(), "--set", "train.steps=7"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("[train]\nmixed_precision = \"fp16\"\nbatch_size = 2\nseq_len = 16\ngrad_accum_steps = 1\nsteps = 7\n"),
+  EXPECT_NE(r.out.find("[train]\nmixed_precision = \"fp16\"\nbatch_size = 2\nseq_len = 16\ngrad_accum_steps "
+                       "= 1\nsteps = 7\n"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("[loss_scale]\ninitial_scale = 65536.0\n"), std::string::npos) << r.out;
 }
 
 TEST_F(TrainCommand, SigtermStopsAfterTheCurrentStep) {
-  const testing::ProcessResult r = testing::run_process(
-      {"/usr/bin/timeout", "--preserve-status", "-s", "TERM", "2", OCTET_BINARY, "train", write_config("fp32", 100000).string(),
-       "--set", "data.eval_every=0"},
-      "/dev/null");
+  const testing::ProcessResult r =
+      testing::run_process({"/usr/bin/timeout", "--preserve-status", "-s", "TERM", "2", OCTET_BINARY, "train",
+                            write_config("fp32", 100000).string(), "--set", "data.eval_every=0"},
+                           "/dev/null");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("stopped by signal 15 after step "), std::string::npos) << r.out;
 }

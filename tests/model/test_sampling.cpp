@@ -1,5 +1,5 @@
-// Generation: greedy decoding is the argmax, top-k 1 equals greedy, the seed reproduces a sample, and a trained
-// model continues a learned pattern.
+// Generation: greedy decoding is the argmax, top-k 1 equals greedy, the seed reproduces a sample, and a
+// trained model continues a learned pattern.
 #include <gtest/gtest.h>
 
 #include "model_fixture.h"

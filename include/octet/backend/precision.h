@@ -38,6 +38,9 @@ struct Fp8LinearState {
   ScalingState activation;
   ScalingState weight;
   ScalingState gradient;
+  // The scale the layer's current FP8 weight copy was cast with (per-tensor recipes). The cast records the
+  // weight's amax and so moves weight.scale on; a checkpoint keeps this to remake the very same copy.
+  float weight_copy_scale = 1.0f;
 };
 
 class WeightCopy;  // backend.h

@@ -1,8 +1,9 @@
-// The tokenizer interface that data preparation and text generation use, and the byte-level tokenizer
-// (token = byte value). A GPT-2 BPE tokenizer is meant to sit behind the same interface.
+// The tokenizer interface that data preparation and text generation use, the byte-level tokenizer
+// (token = byte value) and the factory that also builds GPT-2's BPE tokenizer (octet/io/gpt2_tokenizer.h).
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <span>
@@ -42,10 +43,19 @@ class ByteTokenizer final : public Tokenizer {
   int32_t end_of_text() const override { return kEndOfText; }
 };
 
-enum class TokenizerKind { bytes };
+enum class TokenizerKind {
+  bytes,  // ByteTokenizer
+  gpt2,   // Gpt2Tokenizer: GPT-2's byte-level BPE, read from encoder.json and vocab.bpe
+};
 
+// `vocabulary_dir` holds the files of tokenizers that have them (gpt2: encoder.json and vocab.bpe, as
+// scripts/fetch_tokenizer.sh installs them); the byte tokenizer ignores it. Throws invalid_input when the
+// files are missing or malformed.
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind, const std::filesystem::path& vocabulary_dir);
+// The same, with gpt2's files looked for in default_gpt2_vocabulary_dir() (where the fetch script puts them).
 std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind);
-// "bytes" -> TokenizerKind::bytes; nullopt for a name octet does not know (for command-line parsing).
+// "bytes" -> TokenizerKind::bytes, "gpt2" -> TokenizerKind::gpt2; nullopt for a name octet does not know
+// (for command-line parsing).
 std::optional<TokenizerKind> parse_tokenizer_kind(std::string_view name);
 
 }  // namespace octet::io

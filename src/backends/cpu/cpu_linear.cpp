@@ -128,8 +128,13 @@ void CpuBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* 
   const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
   if (any_fp8) {
     OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
-    cpu_copy->fp8 = quantize(std::span<const float>(weight, static_cast<size_t>(OC * C)), OC, C,
-                             exec.formats.weight, TensorRole::weight, *exec.recipe, exec.state->weight);
+    const std::span<const float> values(weight, static_cast<size_t>(OC * C));
+    if (exec.recipe->granularity(TensorRole::weight) == ScaleGranularity::per_tensor) {
+      exec.state->weight_copy_scale =
+          exec.recipe->cast_scale(exec.state->weight, compute_amax(values), exec.formats.weight);
+    }
+    cpu_copy->fp8 =
+        quantize(values, OC, C, exec.formats.weight, TensorRole::weight, *exec.recipe, exec.state->weight);
     count_cast(cpu_copy->fp8, exec);
     cpu_copy->fp8_transposed = transposed(cpu_copy->fp8, weight, TensorRole::weight, *exec.recipe);
   }

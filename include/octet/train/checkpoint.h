@@ -1,0 +1,68 @@
+// Checkpoints: one directory per checkpoint (RUN_DIR/checkpoints/step_000100/) holding model.safetensors
+// (the weights under Hugging Face GPT-2's names and layout, loadable by transformers), optimizer.safetensors
+// (octet's exact float32 master weights and the AdamW moments) and state.json (step counts, loss scaler,
+// every FP8 layer's scaling state, data loader positions, the resolved config). Saves are atomic; loads
+// validate everything before changing anything, and resume bit for bit. See docs/checkpoints.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "octet/backend/precision.h"
+#include "octet/io/data_loader.h"
+#include "octet/model/gpt2.h"
+#include "octet/train/trainer.h"
+
+namespace octet {
+
+// What the caller owns and a checkpoint keeps for it.
+struct TrainingProgress {
+  std::optional<io::LoaderPosition> train_position;
+  std::optional<io::LoaderPosition> validation_position;
+  uint64_t seed = 0;
+  std::string config;  // the resolved config, stored and returned verbatim
+};
+
+struct CheckpointOptions {
+  int keep_last = 3;  // complete checkpoints kept after a successful save (older ones are deleted); >= 1
+  // Called after each file of the checkpoint is on disk (in the temporary directory), before the next one
+  // is written; for tests that interrupt a save.
+  std::function<void(const std::filesystem::path& file)> after_file_written;
+};
+
+// RUN_DIR/checkpoints/step_<step, at least 6 digits>.
+std::filesystem::path checkpoint_directory(const std::filesystem::path& run_dir, int64_t step);
+
+// Saves the state after trainer.steps_done() steps and returns the checkpoint's directory. The files go to
+// RUN_DIR/checkpoints/.tmp_step_N, each flushed to disk, and the directory is then renamed into place, so
+// a checkpoint is either complete or absent. Afterwards only the newest keep_last complete checkpoints and
+// no temporary directories remain. In fp8 mode the live model's FP8 weight copies are re-cast with the
+// current weight scales, which is what a resumed run does (see docs/checkpoints.md).
+std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, Gpt2& model, Trainer& trainer,
+                                      const TrainingProgress& progress,
+                                      const CheckpointOptions& options = {});
+
+// Complete checkpoints of a run, oldest first; temporary and malformed directories are left out.
+std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& run_dir);
+// The newest complete checkpoint of a run, if any.
+std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& run_dir);
+
+struct CheckpointLoad {
+  int64_t step = 0;  // optimizer steps done (the next step's index)
+  TrainingProgress progress;
+  std::string octet_version;                  // of the run that saved it
+  MixedPrecision saved_mode{};                // mixed precision of the run that saved it
+  std::vector<std::string> fresh_fp8_layers;  // FP8 layers of this model whose scaling state starts fresh
+  std::vector<std::string> notes;             // lines for the caller to log, e.g. why FP8 state starts fresh
+};
+
+// Loads a checkpoint into a model and trainer built for the same shapes (the precision mode may differ).
+// Everything is read and validated first; on any problem an invalid_input error names the file and the
+// mismatch, and the model and trainer are left untouched.
+CheckpointLoad load_checkpoint(const std::filesystem::path& checkpoint_dir, Gpt2& model, Trainer& trainer);
+
+}  // namespace octet

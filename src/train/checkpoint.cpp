@@ -1,0 +1,511 @@
+// Saving and loading checkpoints (see checkpoint.h and docs/checkpoints.md).
+#include "octet/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "octet/check.h"
+#include "octet/io/safetensors.h"
+#include "octet/version.h"
+
+namespace octet {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kFormat = "octet-checkpoint";
+constexpr int kFormatVersion = 1;
+
+// ---- names and layouts ----------------------------------------------------------------------------------
+
+// Hugging Face GPT-2's name for an octet parameter.
+std::string hf_name(const std::string& name) {
+  if (name == "wte" || name == "wpe") return "transformer." + name + ".weight";
+  return "transformer." + name;
+}
+
+// HF GPT-2's Conv1D layers store the weight [in, out], the transpose of octet's [out, in].
+bool is_conv1d_weight(const ParameterInfo& p) {
+  if (p.shape.size() != 2 || p.name.rfind("h.", 0) != 0) return false;
+  for (const char* suffix :
+       {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
+    const std::string_view s(suffix);
+    if (p.name.size() > s.size() && p.name.compare(p.name.size() - s.size(), s.size(), s) == 0) return true;
+  }
+  return false;
+}
+
+// The shape a parameter has in model.safetensors.
+std::vector<int64_t> hf_shape(const ParameterInfo& p, const Gpt2Config& c) {
+  if (p.name == "wte") return {c.vocab_size, c.channels};  // only the real vocabulary rows
+  if (is_conv1d_weight(p)) return {p.shape[1], p.shape[0]};
+  return p.shape;
+}
+
+// The parameter `p` of the host copy `params` in model.safetensors' layout.
+std::vector<float> to_hf(const ParameterInfo& p, const Gpt2Config& c, const std::vector<float>& params) {
+  const float* source = params.data() + p.offset;
+  if (p.name == "wte") return {source, source + c.vocab_size * c.channels};
+  if (!is_conv1d_weight(p)) return {source, source + p.count};
+  const int64_t out = p.shape[0], in = p.shape[1];
+  std::vector<float> t(static_cast<size_t>(p.count));
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < in; ++i) t[static_cast<size_t>(i * out + o)] = source[o * in + i];
+  }
+  return t;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// ---- files ------------------------------------------------------------------------------------------------
+
+void write_file_durably(const fs::path& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  OCTET_REQUIRE(fd >= 0, "cannot create {}: {}", path.string(), std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      OCTET_REQUIRE(false, "cannot write {}: {}", path.string(), std::strerror(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  OCTET_REQUIRE(synced, "cannot flush {} to disk: {}", path.string(), std::strerror(errno));
+}
+
+void fsync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  OCTET_REQUIRE(fd >= 0, "cannot open directory {}: {}", dir.string(), std::strerror(errno));
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  OCTET_REQUIRE(synced, "cannot flush directory {} to disk: {}", dir.string(), std::strerror(errno));
+}
+
+std::vector<float> to_host(Backend& backend, const float* source, int64_t count) {
+  std::vector<float> host(static_cast<size_t>(count));
+  backend.copy_to_host(host.data(), source, host.size() * sizeof(float));
+  return host;
+}
+
+// The step of a directory named step_<digits>, or -1.
+int64_t step_of(const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  if (name.size() <= 5 || name.rfind("step_", 0) != 0 || name.size() > 5 + 18) return -1;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+  }
+  return std::stoll(name.substr(5));
+}
+
+// ---- state.json -------------------------------------------------------------------------------------------
+
+// Floats are JSON numbers, which nlohmann writes as the shortest decimal that reads back as the same double;
+// a float widened to double thus comes back bit for bit. Non-finite values, which JSON cannot hold, are
+// the strings "nan", "inf" and "-inf".
+json float_json(float x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return static_cast<double>(x);
+}
+
+float float_from_json(const json& j) {
+  if (j.is_string()) {
+    const std::string s = j.get<std::string>();
+    if (s == "nan") return NAN;
+    if (s == "inf") return INFINITY;
+    if (s == "-inf") return -INFINITY;
+  }
+  OCTET_REQUIRE(j.is_number(), "expected a number, got {}", j.dump());
+  return static_cast<float>(j.get<double>());
+}
+
+json scaling_json(const ScalingState& s) {
+  json history = json::array();
+  for (const float a : s.amax_history) history.push_back(float_json(a));
+  return {{"scale", float_json(s.scale)},
+          {"scale_inv", float_json(s.scale_inv)},
+          {"last_amax", float_json(s.last_amax)},
+          {"amax_history", history},
+          {"updates", s.updates},
+          {"degenerate_amax", s.degenerate_amax}};
+}
+
+ScalingState scaling_from_json(const json& j) {
+  ScalingState s;
+  s.scale = float_from_json(j.at("scale"));
+  s.scale_inv = float_from_json(j.at("scale_inv"));
+  s.last_amax = float_from_json(j.at("last_amax"));
+  for (const json& a : j.at("amax_history")) s.amax_history.push_back(float_from_json(a));
+  s.updates = j.at("updates").get<int64_t>();
+  s.degenerate_amax = j.at("degenerate_amax").get<int64_t>();
+  return s;
+}
+
+json position_json(const io::LoaderPosition& p) {
+  return {{"epoch", p.epoch}, {"shard_index", p.shard_index}, {"window_index", p.window_index}};
+}
+
+io::LoaderPosition position_from_json(const json& j) {
+  return {j.at("epoch").get<int64_t>(), j.at("shard_index").get<int64_t>(),
+          j.at("window_index").get<int64_t>()};
+}
+
+json model_json(const Gpt2Config& c) {
+  return {{"n_layer", c.layers},
+          {"n_head", c.heads},
+          {"n_embd", c.channels},
+          {"vocab_size", c.vocab_size},
+          {"padded_vocab_size", c.padded_vocab()},
+          {"n_positions", c.max_seq_len}};
+}
+
+// Everything state.json holds, parsed and checked before anything is loaded.
+struct SavedState {
+  int64_t step = 0;
+  int64_t optimizer_steps = 0;
+  int64_t consecutive_skips = 0;
+  std::string octet_version;
+  json model;
+  MixedPrecision mode{};
+  bool dynamic_loss_scale = false;
+  float loss_scale = 1.0f;
+  int64_t clean_steps = 0;
+  std::string recipe;  // empty outside fp8 mode
+  std::map<std::string, Fp8LinearState> fp8;
+  TrainingProgress progress;
+};
+
+SavedState parse_state(const fs::path& path) {
+  std::ifstream in(path);
+  OCTET_REQUIRE(in.good(), "cannot open {}", path.string());
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  SavedState s;
+  try {
+    const json j = json::parse(text);
+    OCTET_REQUIRE(j.is_object() && j.value("format", "") == kFormat,
+                  "{} is not an octet checkpoint state (no \"format\": \"{}\")", path.string(), kFormat);
+    const int version = j.at("format_version").get<int>();
+    OCTET_REQUIRE(version == kFormatVersion, "{} has format_version {}; this octet reads {}", path.string(),
+                  version, kFormatVersion);
+    s.step = j.at("step").get<int64_t>();
+    s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    s.consecutive_skips = j.at("consecutive_skips").get<int64_t>();
+    s.octet_version = j.at("octet_version").get<std::string>();
+    s.model = j.at("model");
+    const std::string mode = j.at("mixed_precision").get<std::string>();
+    const auto parsed = parse_mixed_precision(mode);
+    OCTET_REQUIRE(parsed.has_value(), "unknown mixed_precision '{}'", mode);
+    s.mode = *parsed;
+    const json& scaler = j.at("loss_scale");
+    s.dynamic_loss_scale = scaler.at("dynamic").get<bool>();
+    s.loss_scale = float_from_json(scaler.at("scale"));
+    s.clean_steps = scaler.at("clean_steps").get<int64_t>();
+    const json& fp8 = j.at("fp8");
+    if (!fp8.is_null()) {
+      s.recipe = fp8.at("recipe").get<std::string>();
+      for (const auto& [layer, state] : fp8.at("layers").items()) {
+        s.fp8[layer] = {scaling_from_json(state.at("activation")), scaling_from_json(state.at("weight")),
+                        scaling_from_json(state.at("gradient")), float_from_json(state.at("weight_copy_scale"))};
+      }
+    }
+    const json& data = j.at("data");
+    if (data.contains("train")) s.progress.train_position = position_from_json(data.at("train"));
+    if (data.contains("validation"))
+      s.progress.validation_position = position_from_json(data.at("validation"));
+    s.progress.seed = j.at("seed").get<uint64_t>();
+    s.progress.config = j.at("config").get<std::string>();
+  } catch (const json::exception& e) {
+    OCTET_REQUIRE(false, "{} is malformed: {}", path.string(), e.what());
+  } catch (const Error& e) {
+    if (std::string(e.what()).find(path.string()) != std::string::npos) throw;
+    OCTET_REQUIRE(false, "{} is malformed: {}", path.string(), e.what());
+  }
+  return s;
+}
+
+std::string state_text(Gpt2& model, Trainer& trainer, const TrainingProgress& progress) {
+  json j;
+  j["format"] = kFormat;
+  j["format_version"] = kFormatVersion;
+  j["octet_version"] = kVersion;
+  j["step"] = trainer.steps_done();
+  j["optimizer_steps"] = trainer.optimizer().steps();
+  j["consecutive_skips"] = trainer.consecutive_skips();
+  j["model"] = model_json(model.config());
+  j["mixed_precision"] = std::string(mixed_precision_name(model.policy().mode()));
+  j["loss_scale"] = {{"dynamic", trainer.settings().loss_scale.dynamic},
+                     {"scale", float_json(trainer.loss_scaler().scale())},
+                     {"clean_steps", trainer.loss_scaler().clean_steps()}};
+  json layers = json::object();
+  for (const LinearPlan& plan : model.policy().layers()) {
+    if (const Fp8LinearState* s = model.fp8_state(plan.name)) {
+      layers[plan.name] = {{"activation", scaling_json(s->activation)},
+                           {"weight", scaling_json(s->weight)},
+                           {"gradient", scaling_json(s->gradient)},
+                           {"weight_copy_scale", float_json(s->weight_copy_scale)}};
+    }
+  }
+  if (model.policy().recipe() != nullptr && !layers.empty()) {
+    j["fp8"] = {{"recipe", model.policy().recipe()->describe()}, {"layers", layers}};
+  } else {
+    j["fp8"] = nullptr;
+  }
+  json data = json::object();
+  if (progress.train_position) data["train"] = position_json(*progress.train_position);
+  if (progress.validation_position) data["validation"] = position_json(*progress.validation_position);
+  j["data"] = data;
+  j["seed"] = progress.seed;
+  j["config"] = progress.config;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
+fs::path checkpoint_directory(const fs::path& run_dir, int64_t step) {
+  return run_dir / "checkpoints" / fmt::format("step_{:06d}", step);
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& run_dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  const fs::path root = run_dir / "checkpoints";
+  if (!fs::is_directory(root, ec)) return {};
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    const int64_t step = step_of(e.path());
+    if (step < 0 || !e.is_directory(ec)) continue;
+    bool complete = fs::is_regular_file(e.path() / kModelFile, ec) &&
+                    fs::is_regular_file(e.path() / kOptimizerFile, ec) &&
+                    fs::is_regular_file(e.path() / kStateFile, ec);
+    if (complete) {
+      try {
+        complete = parse_state(e.path() / kStateFile).step == step;
+      } catch (const Error&) {
+        complete = false;
+      }
+    }
+    if (complete) found.emplace_back(step, e.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> result;
+  for (auto& f : found) result.push_back(std::move(f.second));
+  return result;
+}
+
+std::optional<fs::path> latest_checkpoint(const fs::path& run_dir) {
+  std::vector<fs::path> all = list_checkpoints(run_dir);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+fs::path save_checkpoint(const fs::path& run_dir, Gpt2& model, Trainer& trainer,
+                         const TrainingProgress& progress, const CheckpointOptions& options) {
+  OCTET_REQUIRE(options.keep_last >= 1, "checkpoint keep_last must be at least 1, got {}", options.keep_last);
+  const fs::path final_dir = checkpoint_directory(run_dir, trainer.steps_done());
+  const fs::path root = final_dir.parent_path();
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  OCTET_REQUIRE(!ec, "cannot create {}: {}", root.string(), ec.message());
+  // Leftovers of interrupted saves: never complete checkpoints, so safe to remove.
+  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp_step_", 0) == 0 || name.rfind(".old_step_", 0) == 0) fs::remove_all(e.path());
+  }
+
+  const Gpt2Config& c = model.config();
+  Backend& backend = model.backend();
+  const std::vector<float> params = to_host(backend, model.params(), model.parameter_count());
+  const std::vector<float> m = to_host(backend, trainer.optimizer().first_moment(), model.parameter_count());
+  const std::vector<float> v = to_host(backend, trainer.optimizer().second_moment(), model.parameter_count());
+
+  const fs::path temporary = root / (".tmp_" + final_dir.filename().string());
+  fs::create_directory(temporary, ec);
+  OCTET_REQUIRE(!ec, "cannot create {}: {}", temporary.string(), ec.message());
+  auto written = [&](const fs::path& file) {
+    if (options.after_file_written) options.after_file_written(file);
+  };
+
+  std::vector<std::vector<float>> hf_data;
+  std::vector<io::SafetensorsEntry> hf;
+  for (const ParameterInfo& p : model.parameters()) hf_data.push_back(to_hf(p, c, params));
+  for (size_t i = 0; i < model.parameters().size(); ++i) {
+    const ParameterInfo& p = model.parameters()[i];
+    hf.push_back({hf_name(p.name), hf_shape(p, c), hf_data[i]});
+  }
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"octet_version", kVersion}, {"config", model_json(c).dump()}};
+  io::write_safetensors(temporary / kModelFile, hf, metadata);
+  written(temporary / kModelFile);
+
+  std::vector<io::SafetensorsEntry> exact;
+  for (const auto& [prefix, source] : {std::pair{"", &params}, {"m.", &m}, {"v.", &v}}) {
+    for (const ParameterInfo& p : model.parameters()) {
+      exact.push_back({prefix + p.name, p.shape,
+                       std::span<const float>(source->data() + p.offset, static_cast<size_t>(p.count))});
+    }
+  }
+  io::write_safetensors(temporary / kOptimizerFile, exact, {{"octet_version", kVersion}});
+  written(temporary / kOptimizerFile);
+
+  write_file_durably(temporary / kStateFile, state_text(model, trainer, progress));
+  written(temporary / kStateFile);
+  fsync_directory(temporary);
+
+  // The rename is the commit. A checkpoint of the same step (saved again after a resume) is replaced.
+  if (fs::exists(final_dir)) {
+    const fs::path old = root / (".old_" + final_dir.filename().string());
+    fs::rename(final_dir, old, ec);
+    OCTET_REQUIRE(!ec, "cannot move the previous {} aside: {}", final_dir.string(), ec.message());
+    fs::rename(temporary, final_dir, ec);
+    OCTET_REQUIRE(!ec, "cannot move {} into place: {}", final_dir.string(), ec.message());
+    fs::remove_all(old);
+  } else {
+    fs::rename(temporary, final_dir, ec);
+    OCTET_REQUIRE(!ec, "cannot move {} into place: {}", final_dir.string(), ec.message());
+  }
+  fsync_directory(root);
+
+  const std::vector<fs::path> complete = list_checkpoints(run_dir);
+  for (size_t i = 0; i + static_cast<size_t>(options.keep_last) < complete.size(); ++i) {
+    fs::remove_all(complete[i]);
+  }
+  return final_dir;
+}
+
+CheckpointLoad load_checkpoint(const fs::path& dir, Gpt2& model, Trainer& trainer) {
+  for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
+    OCTET_REQUIRE(fs::is_regular_file(dir / name), "checkpoint {} is incomplete: {} is missing", dir.string(),
+                  name);
+  }
+  const Gpt2Config& c = model.config();
+  const fs::path state_path = dir / kStateFile;
+  const SavedState saved = parse_state(state_path);
+  const json expected_model = model_json(c);
+  for (const auto& [key, value] : expected_model.items()) {
+    OCTET_REQUIRE(saved.model.contains(key) && saved.model[key] == value,
+                  "{}: the checkpoint's model has {} {}, this model has {}", state_path.string(), key,
+                  saved.model.contains(key) ? saved.model[key].dump() : "(none)", value.dump());
+  }
+
+  // Master weights and moments: exact, in octet's layout.
+  const fs::path optimizer_path = dir / kOptimizerFile;
+  const io::SafetensorsFile exact = io::read_safetensors(optimizer_path);
+  const size_t n = static_cast<size_t>(model.parameter_count());
+  std::vector<float> params(n), m(n), v(n);
+  for (const auto& [prefix, target] : {std::pair{"", &params}, {"m.", &m}, {"v.", &v}}) {
+    for (const ParameterInfo& p : model.parameters()) {
+      const std::string name = prefix + p.name;
+      const io::SafetensorsTensor* t = exact.find(name);
+      OCTET_REQUIRE(t != nullptr, "{}: tensor '{}' is missing", optimizer_path.string(), name);
+      OCTET_REQUIRE(t->shape == p.shape, "{}: tensor '{}' has shape {}, this model needs {}",
+                    optimizer_path.string(), name, shape_text(t->shape), shape_text(p.shape));
+      std::copy(t->data.begin(), t->data.end(), target->begin() + p.offset);
+    }
+  }
+  // The Hugging Face copy must be valid and agree with the master weights bit for bit.
+  const fs::path model_path = dir / kModelFile;
+  const io::SafetensorsFile hf = io::read_safetensors(model_path);
+  for (const ParameterInfo& p : model.parameters()) {
+    const std::string name = hf_name(p.name);
+    const io::SafetensorsTensor* t = hf.find(name);
+    OCTET_REQUIRE(t != nullptr, "{}: tensor '{}' is missing", model_path.string(), name);
+    const std::vector<int64_t> shape = hf_shape(p, c);
+    OCTET_REQUIRE(t->shape == shape, "{}: tensor '{}' has shape {}, this model needs {}", model_path.string(),
+                  name, shape_text(t->shape), shape_text(shape));
+    const std::vector<float> expected = to_hf(p, c, params);
+    OCTET_REQUIRE(std::memcmp(expected.data(), t->data.data(), expected.size() * sizeof(float)) == 0,
+                  "{}: tensor '{}' differs from the master weights in {}", model_path.string(), name,
+                  optimizer_path.string());
+  }
+
+  // FP8 scaling state: carried over where the layer was FP8 under the same recipe, fresh otherwise.
+  CheckpointLoad result;
+  struct Fp8Restore {
+    Fp8LinearState* live;
+    Fp8LinearState state;
+    bool carried;  // from the checkpoint, rather than fresh
+  };
+  std::vector<Fp8Restore> fp8;
+  const ScalingRecipe* recipe = model.policy().recipe();
+  for (const LinearPlan& plan : model.policy().layers()) {
+    Fp8LinearState* live = model.fp8_state(plan.name);
+    if (live == nullptr) continue;
+    const auto it = saved.fp8.find(plan.name);
+    const size_t history = recipe->initial_state().amax_history.size();
+    const bool usable = it != saved.fp8.end() && saved.recipe == recipe->describe() &&
+                        it->second.activation.amax_history.size() == history &&
+                        it->second.weight.amax_history.size() == history &&
+                        it->second.gradient.amax_history.size() == history;
+    if (usable) {
+      fp8.push_back({live, it->second, true});
+    } else {
+      const ScalingState fresh = recipe->initial_state();
+      fp8.push_back({live, Fp8LinearState{fresh, fresh, fresh}, false});
+      result.fresh_fp8_layers.push_back(plan.name);
+    }
+  }
+  if (!result.fresh_fp8_layers.empty()) {
+    const std::string why =
+        saved.mode != MixedPrecision::fp8
+            ? fmt::format("checkpoint was trained in {}", mixed_precision_name(saved.mode))
+        : saved.recipe != recipe->describe()
+            ? fmt::format("checkpoint's recipe was {}, this run's is {}", saved.recipe, recipe->describe())
+            : std::string("checkpoint has no FP8 state for them");
+    result.notes.push_back(fmt::format("FP8 scaling state starts fresh for {} of {} FP8 layers: {}",
+                                       result.fresh_fp8_layers.size(), fp8.size(), why));
+  }
+  const bool restore_scaler = saved.dynamic_loss_scale == trainer.settings().loss_scale.dynamic;
+  if (!restore_scaler) {
+    result.notes.push_back(
+        fmt::format("loss scale starts fresh: the checkpoint's scaling was {}, this run's is {}",
+                    saved.dynamic_loss_scale ? "dynamic" : "static",
+                    trainer.settings().loss_scale.dynamic ? "dynamic" : "static"));
+  }
+
+  // Everything is valid: only now change the model and the trainer.
+  Backend& backend = model.backend();
+  backend.copy_from_host(model.params(), params.data(), n * sizeof(float));
+  backend.copy_from_host(trainer.optimizer().first_moment(), m.data(), n * sizeof(float));
+  backend.copy_from_host(trainer.optimizer().second_moment(), v.data(), n * sizeof(float));
+  trainer.restore(saved.step, saved.consecutive_skips);
+  trainer.optimizer().restore_steps(saved.optimizer_steps);
+  if (restore_scaler) trainer.loss_scaler().restore(saved.loss_scale, saved.clean_steps);
+  // The weight copies are remade with the scale the saving run's copies were cast with
+  // (Fp8LinearState::weight_copy_scale); the cast records an amax, so the saved state is put back afterwards.
+  // A fresh layer keeps that first amax, as after init_weights in a new run.
+  for (const Fp8Restore& r : fp8) {
+    *r.live = r.state;
+    if (r.carried) r.live->weight.scale = r.state.weight_copy_scale;
+  }
+  model.refresh_weight_copies();
+  for (const Fp8Restore& r : fp8) {
+    if (r.carried) *r.live = r.state;
+  }
+  result.step = saved.step;
+  result.progress = saved.progress;
+  result.octet_version = saved.octet_version;
+  result.saved_mode = saved.mode;
+  return result;
+}
+
+}  // namespace octet
