@@ -226,7 +226,8 @@ SavedState parse_state(const fs::path& path) {
       s.recipe = fp8.at("recipe").get<std::string>();
       for (const auto& [layer, state] : fp8.at("layers").items()) {
         s.fp8[layer] = {scaling_from_json(state.at("activation")), scaling_from_json(state.at("weight")),
-                        scaling_from_json(state.at("gradient")), float_from_json(state.at("weight_copy_scale"))};
+                        scaling_from_json(state.at("gradient")),
+                        float_from_json(state.at("weight_copy_scale"))};
       }
     }
     const json& data = j.at("data");
@@ -390,6 +391,10 @@ fs::path save_checkpoint(const fs::path& run_dir, Gpt2& model, Trainer& trainer,
     fs::remove_all(complete[i]);
   }
   return final_dir;
+}
+
+std::string checkpoint_config(const fs::path& checkpoint_dir) {
+  return parse_state(checkpoint_dir / kStateFile).progress.config;
 }
 
 CheckpointLoad load_checkpoint(const fs::path& dir, Gpt2& model, Trainer& trainer) {

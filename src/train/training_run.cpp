@@ -13,6 +13,9 @@
 #include "octet/backend/cpu_backend.h"
 #include "octet/check.h"
 #include "octet/io/data_loader.h"
+#include "octet/io/tokenizer.h"
+#include "octet/model/sampling.h"
+#include "octet/train/checkpoint.h"
 #include "octet/version.h"
 
 namespace octet {
@@ -55,7 +58,12 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
                               io::DataLoaderOptions{B, T, true, config.seed, config.model.vocab_size});
   io::DataLoader validation_loader(config.data_dir, io::DataSplit::validation,
                                    io::DataLoaderOptions{B, T, false, 0, config.model.vocab_size});
-  OCTET_REQUIRE(!options.resume, "--resume needs checkpoints, which this build of octet cannot read yet");
+  std::optional<fs::path> resume_from;
+  if (options.resume) {
+    resume_from = latest_checkpoint(config.run_dir);
+    OCTET_REQUIRE(resume_from.has_value(), "--resume: no complete checkpoint in {}",
+                  (config.run_dir / "checkpoints").string());
+  }
 
   auto backend = make_cpu_backend();
   Gpt2 model(config.model, *backend, PrecisionPolicy(config.precision, config.model, B * T), B, T);
@@ -77,6 +85,25 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
                std::string(mixed_precision_name(config.precision.mode)).c_str(),
                std::string(backend->name()).c_str(), config.run_dir.string().c_str());
   Trainer trainer(model, settings);
+  if (resume_from) {
+    const CheckpointLoad load = load_checkpoint(*resume_from, model, trainer);
+    if (load.progress.train_position) train_loader.seek(*load.progress.train_position);
+    std::fprintf(out, "resumed from %s at step %lld (saved by octet %s in %s)\n",
+                 resume_from->string().c_str(), static_cast<long long>(load.step), load.octet_version.c_str(),
+                 std::string(mixed_precision_name(load.saved_mode)).c_str());
+    for (const std::string& note : load.notes) std::fprintf(out, "%s\n", note.c_str());
+  }
+  auto save = [&]() {
+    TrainingProgress progress;
+    progress.train_position = train_loader.position();
+    progress.seed = config.seed;
+    progress.config = to_toml(config);
+    CheckpointOptions checkpoint_options;
+    checkpoint_options.keep_last = static_cast<int>(config.keep_last);
+    const fs::path saved = save_checkpoint(config.run_dir, model, trainer, progress, checkpoint_options);
+    if (options.interactive) std::fputs("\n", out);
+    std::fprintf(out, "saved checkpoint %s\n", saved.string().c_str());
+  };
 
   const BatchSource train_data = [&](int32_t* tokens, int32_t* targets) {
     train_loader.next_batch({tokens, static_cast<size_t>(B * T)}, {targets, static_cast<size_t>(B * T)});
@@ -135,7 +162,6 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     } else if (done % config.log_every == 0 || done == config.steps || r.skipped) {
       std::fprintf(out, "%s\n", line.c_str());
     }
-    summary.steps_done = done;
     summary.last_loss = r.loss;
     if (config.eval_every > 0 && done % config.eval_every == 0 && done != config.steps) validate(done);
     if (g_stop_signal.load() != 0) {
@@ -143,16 +169,85 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
       if (options.interactive) std::fputs("\n", out);
       std::fprintf(out, "stopped by signal %d after step %lld\n", g_stop_signal.load(),
                    static_cast<long long>(done));
+      save();
       break;
     }
+    if (config.checkpoint_every > 0 && done % config.checkpoint_every == 0 && done != config.steps) save();
   }
   metrics.flush();
-  if (!summary.interrupted) summary.last_validation_loss = validate(summary.steps_done);
+  summary.steps_done = trainer.steps_done();
+  if (!summary.interrupted) {
+    summary.last_validation_loss = validate(summary.steps_done);
+    save();
+  }
   if (options.handle_signals) {
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
   }
   return summary;
+}
+
+namespace {
+
+// A model (and the trainer that owns its optimizer state) rebuilt from a checkpoint's saved configuration.
+struct Restored {
+  RunConfig config;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Gpt2> model;
+  std::unique_ptr<Trainer> trainer;
+};
+
+Restored restore(const fs::path& checkpoint, int64_t batch, int64_t seq_len) {
+  Restored r;
+  r.config = parse_run_config(checkpoint_config(checkpoint), (checkpoint / "state.json").string());
+  r.backend = make_cpu_backend();
+  const int64_t B = batch > 0 ? batch : r.config.train.batch_size;
+  const int64_t T = seq_len > 0 ? seq_len : r.config.train.seq_len;
+  r.model = std::make_unique<Gpt2>(r.config.model, *r.backend,
+                                   PrecisionPolicy(r.config.precision, r.config.model, B * T), B, T);
+  TrainSettings settings = r.config.train;
+  settings.batch_size = B;
+  settings.seq_len = T;
+  r.trainer = std::make_unique<Trainer>(*r.model, settings);
+  load_checkpoint(checkpoint, *r.model, *r.trainer);
+  return r;
+}
+
+}  // namespace
+
+EvaluationResult evaluate_checkpoint(const fs::path& checkpoint, const fs::path& data_dir, int64_t batches) {
+  OCTET_REQUIRE(batches >= 0,
+                "the number of batches must be at least 1 (0: the run's data.eval_batches), got {}", batches);
+  Restored r = restore(checkpoint, 0, 0);
+  if (batches == 0) batches = r.config.eval_batches;
+  const fs::path dir = data_dir.empty() ? r.config.data_dir : data_dir;
+  const int64_t B = r.config.train.batch_size, T = r.config.train.seq_len;
+  io::DataLoader loader(dir, io::DataSplit::validation,
+                        io::DataLoaderOptions{B, T, false, 0, r.config.model.vocab_size});
+  const BatchSource data = [&](int32_t* tokens, int32_t* targets) {
+    loader.next_batch({tokens, static_cast<size_t>(B * T)}, {targets, static_cast<size_t>(B * T)});
+  };
+  EvaluationResult result;
+  result.loss = r.trainer->evaluate(data, batches);
+  result.perplexity = std::exp(result.loss);
+  result.tokens = batches * B * T;
+  result.step = r.trainer->steps_done();
+  result.mode = r.config.precision.mode;
+  return result;
+}
+
+std::string generate_from_checkpoint(const fs::path& checkpoint, std::string_view prompt,
+                                     const SamplingSettings& settings) {
+  const RunConfig config =
+      parse_run_config(checkpoint_config(checkpoint), (checkpoint / "state.json").string());
+  const std::optional<io::TokenizerKind> kind = io::parse_tokenizer_kind(config.tokenizer);
+  OCTET_REQUIRE(kind.has_value(), "the checkpoint's tokenizer '{}' is not one octet knows", config.tokenizer);
+  const std::unique_ptr<io::Tokenizer> tokenizer = io::make_tokenizer(*kind);
+  const std::vector<int32_t> tokens = tokenizer->encode(prompt);
+  OCTET_REQUIRE(!tokens.empty(), "the prompt is empty: give some text to continue");
+  Restored r = restore(checkpoint, 1, config.model.max_seq_len);
+  const std::vector<int32_t> continuation = generate(*r.model, tokens, settings, tokenizer->end_of_text());
+  return tokenizer->decode(continuation);
 }
 
 }  // namespace octet

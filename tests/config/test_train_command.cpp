@@ -2,6 +2,7 @@
 // metrics, the FP8 startup line, refusals that write nothing, a clean stop on SIGTERM).
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -126,6 +127,78 @@ TEST_F(TrainCommand, SigtermStopsAfterTheCurrentStep) {
                            "/dev/null");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("stopped by signal 15 after step "), std::string::npos) << r.out;
+}
+
+// The loss of every step in a metrics file, by step.
+std::map<int, std::string> step_losses(const std::string& metrics) {
+  std::map<int, std::string> out;
+  std::istringstream lines(metrics);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t loss = line.find("\"loss\":"), step = line.find("\"step\":");
+    if (loss == std::string::npos || step == std::string::npos) continue;  // validation lines
+    out[std::stoi(line.substr(step + 7))] = line.substr(loss + 7, line.find(',', loss) - loss - 7);
+  }
+  return out;
+}
+
+TEST_F(TrainCommand, ResumeAfterSigtermContinuesTheRunExactly) {
+  const fs::path config =
+      write_config("fp8", 3000);  // long enough (a few seconds) for the stop to land partway
+  const std::vector<std::string> quiet = {"--set", "data.eval_every=0", "--set", "logging.log_every=100"};
+  // The uninterrupted run, in its own directory.
+  std::vector<std::string> whole = {"train", config.string(), "--set",
+                                    "logging.run_dir=" + (root_ / "whole").string()};
+  whole.insert(whole.end(), quiet.begin(), quiet.end());
+  ASSERT_EQ(run_octet(whole).exit_code, 0);
+  // The same run stopped by SIGTERM partway (a checkpoint is saved), then resumed.
+  std::vector<std::string> first = {
+      "/usr/bin/timeout", "--preserve-status", "-s", "TERM", "1", OCTET_BINARY, "train", config.string()};
+  first.insert(first.end(), quiet.begin(), quiet.end());
+  const testing::ProcessResult stopped = testing::run_process(first, "/dev/null");
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
+  ASSERT_NE(stopped.out.find("stopped by signal 15"), std::string::npos)
+      << stopped.out << "(the run ended too early)";
+  std::vector<std::string> again = {"train", config.string(), "--resume"};
+  again.insert(again.end(), quiet.begin(), quiet.end());
+  const testing::ProcessResult resumed = run_octet(again);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from "), std::string::npos) << resumed.out;
+
+  const auto expected = step_losses(read(root_ / "whole" / "metrics.jsonl"));
+  const auto got = step_losses(read(root_ / "run" / "metrics.jsonl"));
+  ASSERT_EQ(expected.size(), 3000u);
+  EXPECT_EQ(got, expected)
+      << "every step's loss, before and after the resume, equals the uninterrupted run's";
+}
+
+TEST_F(TrainCommand, EvalAndGenerateUseTheCheckpoint) {
+  const testing::ProcessResult trained = run_octet({"train", write_config("bf16", 6).string()});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  const size_t at = trained.out.find("step 6: validation loss ");
+  ASSERT_NE(at, std::string::npos) << trained.out;
+  const std::string loss = trained.out.substr(at + 24, 6);
+  const testing::ProcessResult eval = run_octet({"eval", (root_ / "run").string()});
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  EXPECT_NE(eval.out.find("(step 6, bf16): validation loss " + loss), std::string::npos)
+      << eval.out << " should repeat the run's last validation loss " << loss;
+
+  const std::vector<std::string> generate = {
+      "generate", (root_ / "run").string(), "--prompt", "The quick", "--max-tokens", "12", "--seed", "3"};
+  const testing::ProcessResult a = run_octet(generate), b = run_octet(generate);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out.rfind("The quick", 0), 0u) << a.out;
+  EXPECT_GT(a.out.size(), std::string("The quick\n").size());
+  EXPECT_EQ(a.out, b.out) << "the seed reproduces the sample";
+
+  const testing::ProcessResult none = run_octet({"eval", (root_ / "nothing-here").string()});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("neither a checkpoint"), std::string::npos) << none.err;
+}
+
+TEST_F(TrainCommand, ResumeWithoutACheckpointIsRefused) {
+  const testing::ProcessResult r = run_octet({"train", write_config("fp32", 2).string(), "--resume"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--resume: no complete checkpoint in "), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "octet/config/run_config.h"
 #include "octet/io/corpus.h"
 #include "octet/io/tokenizer.h"
+#include "octet/train/checkpoint.h"
 #include "octet/train/training_run.h"
 
 namespace octet::cli {
@@ -52,10 +53,47 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
       "SIGINT or SIGTERM stops after the current step.\n"
       "Exit codes: 0 done, 2 invalid configuration or data (nothing written), 3 training could not go on.\n"
       "Example:\n  octet train configs/quickstart.toml --set train.steps=100");
+
+  eval_ = root.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
+  eval_
+      ->add_option("CHECKPOINT", checkpoint_,
+                   "A checkpoint directory, or a run directory (its latest checkpoint)")
+      ->required();
+  eval_->add_option("--data", eval_data_,
+                    "Shard directory (default: the data.dir the checkpoint was trained with)");
+  eval_->add_option("--batches", eval_batches_,
+                    "Validation batches to average over (default: the run's data.eval_batches)");
+  eval_->footer("Example:\n  octet eval runs/quickstart");
+
+  generate_ = root.add_subcommand("generate", "Continue a prompt with a checkpoint's model");
+  generate_
+      ->add_option("CHECKPOINT", checkpoint_,
+                   "A checkpoint directory, or a run directory (its latest checkpoint)")
+      ->required();
+  generate_->add_option("--prompt", prompt_, "Text to continue")->required();
+  generate_->add_option("--max-tokens", max_tokens_, "Tokens to generate (default 64)");
+  generate_->add_option("--temperature", temperature_,
+                        "Sampling temperature; 0 always takes the likeliest token (default 0.8)");
+  generate_->add_option("--top-k", top_k_, "Sample among the k likeliest tokens; 0 for all (default 40)");
+  generate_->add_option("--seed", seed_, "Seed of the sampling (default 1)");
+  generate_->footer("Example:\n  octet generate runs/quickstart --prompt \"The jury said\" --max-tokens 40");
 }
 
 bool WorkflowCommands::selected() const {
-  return config_->parsed() || data_->parsed() || train_->parsed();
+  return config_->parsed() || data_->parsed() || train_->parsed() || eval_->parsed() || generate_->parsed();
+}
+
+// A checkpoint directory, or a run directory standing for its latest complete checkpoint.
+static std::filesystem::path resolve_checkpoint(const std::string& given) {
+  const std::filesystem::path p(given);
+  if (std::filesystem::exists(p / "state.json")) return p;
+  const std::optional<std::filesystem::path> latest = latest_checkpoint(p);
+  OCTET_REQUIRE(
+      latest.has_value(),
+      "{} is neither a checkpoint (a directory with state.json) nor a run directory with a complete "
+      "checkpoint",
+      given);
+  return *latest;
 }
 
 bool WorkflowCommands::group_without_command() const {
@@ -91,6 +129,25 @@ int WorkflowCommands::run() const {
         out_dir_.c_str(), static_cast<long long>(s.train_documents), static_cast<long long>(s.train_tokens),
         s.train_shards.size(), static_cast<long long>(s.validation_documents),
         static_cast<long long>(s.validation_tokens));
+    return 0;
+  }
+  if (eval_->parsed()) {
+    const std::filesystem::path checkpoint = resolve_checkpoint(checkpoint_);
+    const EvaluationResult r = evaluate_checkpoint(checkpoint, eval_data_, eval_batches_);
+    std::printf("%s (step %lld, %s): validation loss %.4f, perplexity %.2f over %lld tokens\n",
+                checkpoint.string().c_str(), static_cast<long long>(r.step),
+                std::string(mixed_precision_name(r.mode)).c_str(), r.loss, r.perplexity,
+                static_cast<long long>(r.tokens));
+    return 0;
+  }
+  if (generate_->parsed()) {
+    SamplingSettings s;
+    s.max_new_tokens = max_tokens_;
+    s.temperature = temperature_;
+    s.top_k = top_k_;
+    s.seed = seed_;
+    const std::string text = generate_from_checkpoint(resolve_checkpoint(checkpoint_), prompt_, s);
+    std::printf("%s%s\n", prompt_.c_str(), text.c_str());
     return 0;
   }
   const RunConfig config = load_run_config(config_file_, overrides_);

@@ -4,6 +4,8 @@
 //   octet config keys
 //   octet data prepare --tokenizer bytes|gpt2 --out DIR FILES...
 //   octet train CONFIG [--set section.key=value ...] [--resume]
+//   octet eval CHECKPOINT [--data DIR] [--batches N]
+//   octet generate CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
 #pragma once
 
 #include <string>
@@ -31,6 +33,16 @@ class WorkflowCommands {
   CLI::App* data_ = nullptr;
   CLI::App* data_prepare_ = nullptr;
   CLI::App* train_ = nullptr;
+  CLI::App* eval_ = nullptr;
+  CLI::App* generate_ = nullptr;
+  std::string checkpoint_;
+  std::string eval_data_;
+  int64_t eval_batches_ = 0;
+  std::string prompt_;
+  int64_t max_tokens_ = 64;
+  float temperature_ = 0.8f;
+  int64_t top_k_ = 40;
+  uint64_t seed_ = 1;
   std::string config_file_;
   std::vector<std::string> overrides_;
   std::string tokenizer_ = "bytes";

@@ -40,8 +40,7 @@ std::filesystem::path checkpoint_directory(const std::filesystem::path& run_dir,
 // Saves the state after trainer.steps_done() steps and returns the checkpoint's directory. The files go to
 // RUN_DIR/checkpoints/.tmp_step_N, each flushed to disk, and the directory is then renamed into place, so
 // a checkpoint is either complete or absent. Afterwards only the newest keep_last complete checkpoints and
-// no temporary directories remain. In fp8 mode the live model's FP8 weight copies are re-cast with the
-// current weight scales, which is what a resumed run does (see docs/checkpoints.md).
+// no temporary directories remain. Saving changes nothing in the running model.
 std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, Gpt2& model, Trainer& trainer,
                                       const TrainingProgress& progress,
                                       const CheckpointOptions& options = {});
@@ -50,6 +49,10 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, Gpt2
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& run_dir);
 // The newest complete checkpoint of a run, if any.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& run_dir);
+
+// The resolved configuration a checkpoint was saved with (TrainingProgress::config), read without loading
+// anything else; throws invalid_input when the checkpoint's state.json is missing or malformed.
+std::string checkpoint_config(const std::filesystem::path& checkpoint_dir);
 
 struct CheckpointLoad {
   int64_t step = 0;  // optimizer steps done (the next step's index)

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <string>
 
 #include "octet/config/run_config.h"
+#include "octet/model/sampling.h"
 
 namespace octet {
 
@@ -25,7 +27,27 @@ struct TrainingRunSummary {
   bool interrupted = false;
 };
 
-// Validates everything it can (data, shapes, device) before it creates the run directory.
+// Validates everything it can (data, shapes, device) before it creates the run directory. Saves a checkpoint
+// every checkpoint.every steps, at the end, and when stopped by a signal; with options.resume it continues
+// from the latest complete checkpoint of the run directory.
 TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOptions& options);
+
+struct EvaluationResult {
+  float loss = 0.0f;  // mean cross-entropy per token over the validation batches
+  float perplexity = 0.0f;
+  int64_t tokens = 0;
+  int64_t step = 0;  // the checkpoint's step
+  MixedPrecision mode = MixedPrecision::fp32;
+};
+
+// Validation loss of a checkpoint over the first `batches` batches (0: the run's data.eval_batches, so that
+// the result equals the run's own last validation loss) of the validation split of `data_dir`
+// (empty: the data.dir the checkpoint was trained with), in the precision mode it was trained in.
+EvaluationResult evaluate_checkpoint(const std::filesystem::path& checkpoint,
+                                     const std::filesystem::path& data_dir, int64_t batches);
+
+// Continues `prompt` with the checkpoint's model and tokenizer; returns the generated text.
+std::string generate_from_checkpoint(const std::filesystem::path& checkpoint, std::string_view prompt,
+                                     const SamplingSettings& settings);
 
 }  // namespace octet
