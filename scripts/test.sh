@@ -13,6 +13,7 @@ octet_install_packages
 command -v npm >/dev/null && OCTET_TEST_PACKAGES=(python3-torch)
 octet_install_packages "${OCTET_TEST_PACKAGES[@]}"
 bash scripts/fetch_corpus.sh
+bash scripts/fetch_tokenizer.sh
 octet_configure
 jobs="$(nproc)"
 cmake --build "$OCTET_BUILD_DIR" -j "$jobs"

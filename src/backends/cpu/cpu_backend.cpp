@@ -144,20 +144,20 @@ void CpuBackend::accumulate(float* a, const float* b, int64_t n) {
 
 void CpuBackend::softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N,
                                        int64_t V, int64_t Vp, float dloss) {
+  // Exponentials in float32 (as the GPU computes them), their sum in float64.
   for (int64_t n = 0; n < N; ++n) {
     float* row = logits + n * Vp;
     float max = -INFINITY;
     for (int64_t v = 0; v < V; ++v) max = row[v] > max ? row[v] : max;
     double sum = 0.0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - max));
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - max);
     const int64_t target = targets[n];
-    const double log_sum = std::log(sum);
-    losses[n] = static_cast<float>(log_sum - (row[target] - max));
+    const float log_sum = static_cast<float>(std::log(sum));
+    losses[n] = log_sum - (row[target] - max);
     if (dloss != 0.0f) {
-      for (int64_t v = 0; v < V; ++v) {
-        const double p = std::exp(static_cast<double>(row[v] - max) - log_sum);
-        row[v] = static_cast<float>((p - (v == target ? 1.0 : 0.0)) * dloss);
-      }
+      const float inverse_sum = static_cast<float>(1.0 / sum);
+      for (int64_t v = 0; v < V; ++v) row[v] = std::exp(row[v] - max) * inverse_sum * dloss;
+      row[target] -= dloss;
       for (int64_t v = V; v < Vp; ++v) row[v] = 0.0f;
     }
   }

@@ -51,10 +51,15 @@ void round_into(const float* x, float* out, int64_t n, Dtype d) {
   }
 }
 
-std::vector<float> rounded(const float* x, int64_t n, Dtype d) {
-  std::vector<float> out(static_cast<size_t>(n));
-  round_into(x, out.data(), n, d);
-  return out;
+// A rounded copy of x in a per-thread scratch buffer (slot 0 or 1; a GEMM needs at most two at once), reused
+// from call to call: the LM head's operands are large, and allocating them anew each time costs more than
+// the rounding.
+const float* rounded(const float* x, int64_t n, Dtype d, int slot = 0) {
+  thread_local std::vector<float> scratch[2];
+  std::vector<float>& buffer = scratch[slot];
+  if (buffer.size() < static_cast<size_t>(n)) buffer.resize(static_cast<size_t>(n));
+  round_into(x, buffer.data(), n, d);
+  return buffer.data();
 }
 
 void round_in_place(float* x, int64_t n, Dtype d) {
@@ -140,7 +145,8 @@ void CpuBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* 
   }
   const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
   if (wide == GemmMode::bf16 || wide == GemmMode::f16) {
-    cpu_copy->rounded = rounded(weight, OC * C, storage_of(wide));
+    cpu_copy->rounded.resize(static_cast<size_t>(OC * C));
+    round_into(weight, cpu_copy->rounded.data(), OC * C, storage_of(wide));
   } else {
     cpu_copy->rounded.clear();
   }
@@ -158,8 +164,7 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
     case GemmMode::f16: {
       OCTET_CHECK(w != nullptr && !w->rounded.empty(), "a rounded weight copy (prepare_weight)");
       const Dtype d = storage_of(exec.forward);
-      const std::vector<float> x = rounded(inp, N * C, d);
-      sgemm(false, true, N, OC, C, x.data(), w->rounded.data(), out, false);
+      sgemm(false, true, N, OC, C, rounded(inp, N * C, d), w->rounded.data(), out, false);
       count_other(exec);
       break;
     }
@@ -214,8 +219,7 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
     case GemmMode::bf16:
     case GemmMode::f16: {
       const Dtype d = storage_of(exec.input_gradient);
-      const std::vector<float> g = rounded(dout, N * OC, d);
-      sgemm(false, false, N, C, OC, g.data(), w->rounded.data(), dinp, false);
+      sgemm(false, false, N, C, OC, rounded(dout, N * OC, d), w->rounded.data(), dinp, false);
       round_in_place(dinp, N * C, d);
       count_other(exec);
       break;
@@ -238,9 +242,7 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
     case GemmMode::bf16:
     case GemmMode::f16: {
       const Dtype d = storage_of(exec.weight_gradient);
-      const std::vector<float> g = rounded(dout, N * OC, d);
-      const std::vector<float> x = rounded(inp, N * C, d);
-      sgemm(true, false, OC, C, N, g.data(), x.data(), dweight, true);
+      sgemm(true, false, OC, C, N, rounded(dout, N * OC, d, 0), rounded(inp, N * C, d, 1), dweight, true);
       count_other(exec);
       break;
     }
