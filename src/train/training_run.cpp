@@ -80,6 +80,11 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   settings.log = [out](std::string_view line) {
     std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data());
   };
+  if (config.device == "auto") {
+    // Said every time, so that nobody takes a CPU run for a GPU one.
+    std::fprintf(out, "train.device = \"auto\": training on the CPU backend, FP8 emulated bit for bit (the CUDA "
+                      "backend does not run the model yet)\n");
+  }
   std::fprintf(out, "octet %s: %s; %s on the %s backend; run directory %s\n", kVersion,
                config.model.describe().c_str(),
                std::string(mixed_precision_name(config.precision.mode)).c_str(),
