@@ -82,8 +82,9 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   };
   if (config.device == "auto") {
     // Said every time, so that nobody takes a CPU run for a GPU one.
-    std::fprintf(out, "train.device = \"auto\": training on the CPU backend, FP8 emulated bit for bit (the CUDA "
-                      "backend does not run the model yet)\n");
+    std::fprintf(out,
+                 "train.device = \"auto\": training on the CPU backend, FP8 emulated bit for bit (the CUDA "
+                 "backend does not run the model yet)\n");
   }
   std::fprintf(out, "octet %s: %s; %s on the %s backend; run directory %s\n", kVersion,
                config.model.describe().c_str(),
