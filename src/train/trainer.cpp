@@ -3,12 +3,12 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "octet/check.h"
+#include "octet/io/atomic_file.h"
 
 namespace octet {
 
@@ -31,21 +31,11 @@ Trainer::Trainer(Gpt2& model, TrainSettings settings)
 }
 
 void Trainer::write_precision_map() {
-  // Written whole to a temporary name and renamed, so that a reader never sees half a map.
-  namespace fs = std::filesystem;
   std::error_code ec;
-  fs::create_directories(settings_.run_directory, ec);
+  std::filesystem::create_directories(settings_.run_directory, ec);
   OCTET_REQUIRE(!ec, "cannot create the run directory {}: {}", settings_.run_directory.string(),
                 ec.message());
-  const fs::path target = settings_.run_directory / "precision_map.json";
-  const fs::path temporary = settings_.run_directory / ".precision_map.json.tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << model_.policy().map_json();
-    OCTET_REQUIRE(out.good(), "cannot write {}", temporary.string());
-  }
-  fs::rename(temporary, target, ec);
-  OCTET_REQUIRE(!ec, "cannot move {} into place: {}", target.string(), ec.message());
+  io::write_file_atomically(settings_.run_directory / "precision_map.json", model_.policy().map_json());
 }
 
 std::string Trainer::first_non_finite_gradient() {

@@ -12,6 +12,7 @@
 
 #include "octet/backend/cpu_backend.h"
 #include "octet/check.h"
+#include "octet/io/atomic_file.h"
 #include "octet/io/data_loader.h"
 #include "octet/io/tokenizer.h"
 #include "octet/model/sampling.h"
@@ -26,16 +27,6 @@ namespace fs = std::filesystem;
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int signal) {
   g_stop_signal.store(signal);
-}
-
-void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path temporary = path.parent_path() / fmt::format(".{}.tmp", path.filename().string());
-  {
-    std::ofstream out(temporary, std::ios::trunc | std::ios::binary);
-    out << text;
-    OCTET_REQUIRE(out.good(), "cannot write {}", temporary.string());
-  }
-  fs::rename(temporary, path);
 }
 
 std::string duration(double seconds) {
@@ -70,7 +61,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   model.init_weights(config.seed);
 
   fs::create_directories(config.run_dir);
-  write_atomically(config.run_dir / "config.toml", to_toml(config));
+  io::write_file_atomically(config.run_dir / "config.toml", to_toml(config));
   std::ofstream metrics(config.run_dir / "metrics.jsonl", std::ios::app);
   OCTET_REQUIRE(metrics.good(), "cannot write {}", (config.run_dir / "metrics.jsonl").string());
 

@@ -1,0 +1,14 @@
+// Writing a small file so that a reader sees either the previous file or the whole new one, never a part.
+#pragma once
+
+#include <filesystem>
+#include <string_view>
+
+namespace octet::io {
+
+// Writes `contents` to a temporary file in the same directory (rename is atomic only within one file
+// system), flushes it to disk, renames it over `path` and flushes the directory. Throws octet::Error
+// (invalid input) naming the file when any step fails; the temporary is removed then.
+void write_file_atomically(const std::filesystem::path& path, std::string_view contents);
+
+}  // namespace octet::io
