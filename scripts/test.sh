@@ -10,7 +10,11 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 octet_install_packages
 # npm ships with Node.js on some machines; install Debian's only where there is none.
-command -v npm >/dev/null && OCTET_TEST_PACKAGES=(python3-torch)
+if command -v npm >/dev/null; then
+  wanted=()
+  for p in "${OCTET_TEST_PACKAGES[@]}"; do [ "$p" = npm ] || wanted+=("$p"); done
+  OCTET_TEST_PACKAGES=("${wanted[@]}")
+fi
 octet_install_packages "${OCTET_TEST_PACKAGES[@]}"
 bash scripts/fetch_corpus.sh
 bash scripts/fetch_tokenizer.sh

@@ -37,7 +37,9 @@ std::string describe_node(const toml::node& n) {
   return "a date or time";
 }
 
-std::string format_number(double v) {
+// Numbers are float32 settings: the shortest text that reads back as the same float ("0.1", not
+// "0.10000000149011612").
+std::string format_number(float v) {
   std::string s = fmt::format("{}", v);
   if (s.find_first_of(".en") == std::string::npos) s += ".0";  // keep it a TOML float
   return s;
@@ -288,6 +290,27 @@ const std::vector<Key>& keys() {
     k.push_back(boolean(
         "fp8.strict", [](RunConfig& c) -> bool& { return c.fp8_strict; },
         "Refuse to start instead of running FP8 GEMMs in BF16 where the device has no FP8 tensor cores."));
+    k.push_back(choice<AlertAction>(
+        "fp8.on_alert", [](RunConfig& c) -> AlertAction& { return c.telemetry.on_alert; },
+        {{"warn", AlertAction::warn}, {"bf16_layer", AlertAction::bf16_layer}, {"stop", AlertAction::stop}},
+        "What an FP8 alert does besides one warning line and an event row: nothing (warn), run the layer's "
+        "GEMMs in BF16 from the next step (bf16_layer), or save a checkpoint and stop with exit code 3 "
+        "(docs/telemetry.md)."));
+    k.push_back(number(
+        "fp8.alert_saturation", [](RunConfig& c) -> float& { return c.telemetry.alert_saturation; }, 0, false,
+        1, false,
+        "Alert when more than this fraction of an FP8 tensor's values saturate in a telemetry interval; 1: "
+        "never."));
+    k.push_back(number(
+        "fp8.alert_underflow", [](RunConfig& c) -> float& { return c.telemetry.alert_underflow; }, 0, false,
+        1, false,
+        "Alert when more than this fraction of an FP8 tensor's non-zero values underflow to zero in a "
+        "telemetry interval; 1: never."));
+    k.push_back(number(
+        "fp8.alert_scale_jump", [](RunConfig& c) -> float& { return c.telemetry.alert_scale_jump; }, 0, false,
+        inf, false,
+        "Alert when an FP8 tensor's scale moves by more than this factor from one telemetry step to the "
+        "next; 0: never, otherwise more than 1."));
     // [optimizer]
     k.push_back(number(
         "optimizer.learning_rate", [](RunConfig& c) -> float& { return c.train.schedule.max_learning_rate; },
@@ -357,6 +380,18 @@ const std::vector<Key>& keys() {
     k.push_back(integer<int64_t>(
         "logging.log_every", [](RunConfig& c) -> int64_t& { return c.log_every; }, 1, big,
         "Steps between progress lines when the output is not a terminal."));
+    // [telemetry]
+    k.push_back(boolean(
+        "telemetry.enabled", [](RunConfig& c) -> bool& { return c.telemetry.enabled; },
+        "Record per-step metrics and FP8 tensor statistics in RUN_DIR/telemetry.sqlite and raise FP8 alerts "
+        "(docs/telemetry.md)."));
+    k.push_back(integer<int64_t>(
+        "telemetry.interval", [](RunConfig& c) -> int64_t& { return c.telemetry.interval; }, 1, big,
+        "Steps between records of every FP8 tensor's amax, scale, saturation and underflow (and alert "
+        "checks)."));
+    k.push_back(boolean(
+        "telemetry.sqnr", [](RunConfig& c) -> bool& { return c.telemetry.sqnr; },
+        "Also measure each FP8 cast's signal-to-quantization-noise ratio (a dequantizing pass per cast)."));
     return k;
   }();
   return table;
@@ -472,6 +507,10 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
   require(c.train.schedule.warmup_steps <= c.steps,
           fmt::format("scheduler.warmup_steps ({}) is more than train.steps ({})",
                       c.train.schedule.warmup_steps, c.steps));
+  require(c.telemetry.alert_scale_jump == 0.0f || c.telemetry.alert_scale_jump > 1.0f,
+          fmt::format("fp8.alert_scale_jump ({}) must be 0 (never) or more than 1: a scale always moves by a "
+                      "factor of at least 1",
+                      c.telemetry.alert_scale_jump));
   const int64_t tokenizer_vocab = c.tokenizer == "gpt2" ? 50257 : 256;
   require(c.model.vocab_size >= tokenizer_vocab,
           fmt::format("model.vocab_size ({}) is smaller than the {} tokenizer's vocabulary ({})",

@@ -18,7 +18,8 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view c
   const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
   std::string temporary = (directory / fmt::format(".{}.XXXXXX", path.filename().string())).string();
   const int fd = ::mkstemp(temporary.data());
-  OCTET_REQUIRE(fd >= 0, "cannot create a temporary file next to {}: {}", path.string(), std::strerror(errno));
+  OCTET_REQUIRE(fd >= 0, "cannot create a temporary file next to {}: {}", path.string(),
+                std::strerror(errno));
   size_t written = 0;
   while (written < contents.size()) {
     const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);

@@ -47,6 +47,7 @@ struct Gpt2::Linear {
   int64_t weight_offset;
   int64_t bias_offset;  // -1: no bias
   Fp8LinearState state;
+  Fp8LinearTelemetry telemetry;
   LinearExecution exec;
   std::unique_ptr<WeightCopy> copy;
 };
@@ -154,6 +155,7 @@ void Gpt2::build_parameters() {
       e.formats = policy_.formats();
       linear->state = {e.recipe->initial_state(), e.recipe->initial_state(), e.recipe->initial_state()};
       e.state = &linear->state;
+      e.telemetry = &linear->telemetry;
     }
     e.fp8_gemms = &counters_.fp8_gemms;
     e.other_gemms = &counters_.other_gemms;
@@ -217,7 +219,39 @@ Gpt2::Linear& Gpt2::linear(std::string_view name) {
 
 Fp8LinearState* Gpt2::fp8_state(std::string_view layer) {
   Linear& l = linear(layer);
-  return l.plan->fp8() ? &l.state : nullptr;
+  if (!l.plan->fp8()) return nullptr;
+  backend_.fetch_scaling(l.state);  // the device's state, where the backend keeps it there
+  return &l.state;
+}
+
+Fp8LinearTelemetry* Gpt2::telemetry(std::string_view layer) {
+  Linear& l = linear(layer);
+  if (!l.plan->fp8()) return nullptr;
+  backend_.fetch_telemetry(l.telemetry);  // the device's totals, where the backend keeps them there
+  return &l.telemetry;
+}
+
+void Gpt2::reset_telemetry() {
+  for (auto& l : linears_) l->telemetry = {};
+}
+
+void Gpt2::set_telemetry(bool collect, bool measure_sqnr) {
+  collect_telemetry_ = collect;
+  for (auto& l : linears_) {
+    l->exec.telemetry = collect && l->plan->fp8() ? &l->telemetry : nullptr;
+    l->exec.measure_sqnr = collect && measure_sqnr;
+  }
+}
+
+void Gpt2::move_layer_to_bf16(std::string_view layer, std::string reason) {
+  Linear& l = linear(layer);
+  policy_.move_layer_to_bf16(layer, std::move(reason));
+  l.exec.forward = l.exec.input_gradient = l.exec.weight_gradient = GemmMode::bf16;
+  l.exec.telemetry = nullptr;
+  l.exec.saved_input.reset();
+  l.copy.reset();  // an FP8 copy holds no rounded weight: make a fresh one
+  backend_.prepare_weight(l.copy, params() + l.weight_offset, l.plan->out_features, l.plan->in_features,
+                          l.exec);
 }
 
 void Gpt2::init_weights(uint64_t seed) {
@@ -388,7 +422,11 @@ void Gpt2::backward(float dloss_scale) {
 }
 
 void Gpt2::set_scaling_updates(bool on) {
-  for (auto& l : linears_) l->exec.update_scaling = on;
+  // Evaluation casts leave the telemetry alone too: it describes what training does.
+  for (auto& l : linears_) {
+    l->exec.update_scaling = on;
+    l->exec.telemetry = on && collect_telemetry_ && l->plan->fp8() ? &l->telemetry : nullptr;
+  }
 }
 
 const float* Gpt2::logits() const {

@@ -131,6 +131,16 @@ const LinearPlan& PrecisionPolicy::layer(std::string_view name) const {
   return layers_.front();
 }
 
+void PrecisionPolicy::move_layer_to_bf16(std::string_view name, std::string reason) {
+  for (LinearPlan& p : layers_) {
+    if (p.name != name) continue;
+    p.forward = p.input_gradient = p.weight_gradient = GemmMode::bf16;
+    p.reason = std::move(reason);
+    return;
+  }
+  OCTET_CHECK(false, "a linear layer named {}", name);
+}
+
 Fp8Formats PrecisionPolicy::formats() const {
   Fp8Formats f;
   if (settings_.all_e4m3) f.gradient = Dtype::e4m3;

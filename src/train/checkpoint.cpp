@@ -498,13 +498,17 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Gpt2& model, Trainer& traine
   // The weight copies are remade with the scale the saving run's copies were cast with
   // (Fp8LinearState::weight_copy_scale); the cast records an amax, so the saved state is put back afterwards.
   // A fresh layer keeps that first amax, as after init_weights in a new run.
+  // A GPU backend keeps the scaling state on the device: every change made here is published to it.
   for (const Fp8Restore& r : fp8) {
     *r.live = r.state;
     if (r.carried) r.live->weight.scale = r.state.weight_copy_scale;
+    backend.publish_scaling(*r.live);
   }
   model.refresh_weight_copies();
   for (const Fp8Restore& r : fp8) {
-    if (r.carried) *r.live = r.state;
+    if (!r.carried) continue;
+    *r.live = r.state;
+    backend.publish_scaling(*r.live);
   }
   result.step = saved.step;
   result.progress = saved.progress;

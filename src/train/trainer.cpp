@@ -58,18 +58,26 @@ StepResult Trainer::step(const BatchSource& data) {
   r.learning_rate = settings_.schedule.at(step_);
   r.tokens = B * T * micro;
   const GemmCounters before = model_.counters();
+  const auto phase = [this](StepPhase p) {
+    if (settings_.phase_began) settings_.phase_began(p);
+  };
 
   std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
+  phase(StepPhase::optimizer);
   model_.zero_grad();
   double loss_sum = 0.0;
   bool loss_finite = true;
   for (int64_t m = 0; m < micro; ++m) {
+    phase(StepPhase::data);
     data(tokens.data(), targets.data());
+    phase(StepPhase::forward);
     const float loss = model_.forward(tokens.data(), targets.data(), B, T);
     loss_finite &= std::isfinite(loss);
     loss_sum += loss;
+    phase(StepPhase::backward);
     model_.backward(r.loss_scale / static_cast<float>(B * T * micro));
   }
+  phase(StepPhase::optimizer);
   r.loss = static_cast<float>(loss_sum / static_cast<double>(micro));
   r.fp8_gemms = model_.counters().fp8_gemms - before.fp8_gemms;
   r.other_gemms = model_.counters().other_gemms - before.other_gemms;
@@ -93,6 +101,7 @@ StepResult Trainer::step(const BatchSource& data) {
                       "to see whether precision is the cause",
                       r.step + 1, consecutive_skips_, r.skip_reason, scaler_.scale()));
     }
+    phase(StepPhase::done);
     return r;
   }
 
@@ -106,6 +115,7 @@ StepResult Trainer::step(const BatchSource& data) {
   scaler_.update(false);
   consecutive_skips_ = 0;
   ++step_;
+  phase(StepPhase::done);
   return r;
 }
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
@@ -11,11 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "octet/backend/cpu_backend.h"
+#include "octet/backend/cuda_backend.h"
 #include "octet/check.h"
 #include "octet/io/atomic_file.h"
 #include "octet/io/data_loader.h"
 #include "octet/io/tokenizer.h"
 #include "octet/model/sampling.h"
+#include "octet/telemetry/recorder.h"
 #include "octet/train/checkpoint.h"
 #include "octet/version.h"
 
@@ -35,13 +38,78 @@ std::string duration(double seconds) {
                    : fmt::format("{}m{:02}s", s / 60, s % 60);
 }
 
+// Where the run trains, decided (and refused) before anything is written.
+struct DeviceChoice {
+  bool cuda = false;
+  bool emulate_fp8 = false;  // fp8 on a GPU without FP8 tensor cores: BF16 GEMMs on the FP8 codes
+  std::string line;          // what the run says about it at start
+};
+
+DeviceChoice choose_device(const RunConfig& config) {
+  DeviceChoice d;
+  const bool fp8 = config.precision.mode == MixedPrecision::fp8;
+  const int gpus = cuda_device_count();
+  if (config.device == "cuda") {
+    OCTET_REQUIRE(
+        cuda_backend_built(),
+        "train.device = \"cuda\": this octet was built without CUDA; rebuild where nvcc is found, or "
+        "use \"cpu\" or \"auto\"");
+    OCTET_REQUIRE(gpus > 0,
+                  "train.device = \"cuda\": no CUDA GPU is visible (no driver, or no device); use "
+                  "\"cpu\" or \"auto\"");
+  }
+  d.cuda = config.device == "cuda" || (config.device == "auto" && gpus > 0);
+  if (!d.cuda) {
+    d.line = config.device == "auto"
+                 ? fmt::format("train.device = \"auto\": training on the CPU backend ({}){}",
+                               cuda_backend_built() ? "no CUDA GPU visible" : "built without CUDA",
+                               fp8 ? ", FP8 emulated bit for bit" : "")
+                 : std::string(fp8 ? "training on the CPU backend, FP8 emulated bit for bit"
+                                   : "training on the CPU backend");
+    return d;
+  }
+  const CudaDeviceInfo info = cuda_device_info(0);
+  if (fp8) {
+    const RecipeKind kind = config.precision.recipe;
+    OCTET_REQUIRE(kind != RecipeKind::block && kind != RecipeKind::mxfp8,
+                  "fp8.recipe = \"{}\" is not supported on the CUDA backend yet; use \"delayed\", "
+                  "\"current\" or \"static\" on the GPU, or train.device = \"cpu\"",
+                  recipe_name(kind));
+    if (!info.fp8_tensor_cores) {
+      OCTET_REQUIRE(!config.fp8_strict,
+                    "fp8.strict = true: {} (compute capability {}.{}) has no FP8 tensor cores (8.9 or above "
+                    "needed); set fp8.strict = false to run FP8 GEMMs as BF16 GEMMs on the FP8 values",
+                    info.name, info.major, info.minor);
+      d.emulate_fp8 = true;
+    }
+  }
+  d.line = fmt::format("training on {} (CUDA device 0, compute capability {}.{}){}", info.name, info.major,
+                       info.minor,
+                       !fp8            ? ""
+                       : d.emulate_fp8 ? "; WARNING: no FP8 tensor cores, FP8 GEMMs run as BF16 GEMMs on "
+                                         "the FP8 values (FP8 numerics, no FP8 speed)"
+                                       : "; FP8 GEMMs on FP8 tensor cores (cuBLASLt)");
+  return d;
+}
+
+std::unique_ptr<Backend> make_backend(const DeviceChoice& device, const RunConfig& config) {
+  if (!device.cuda) return make_cpu_backend();
+  CudaBackendOptions cuda_options;
+  cuda_options.emulate_fp8 = device.emulate_fp8;
+  cuda_options.bf16_attention = config.precision.mode != MixedPrecision::fp32;
+  return make_cuda_backend(cuda_options);
+}
+
 }  // namespace
+
+TrainingBackend make_training_backend(const RunConfig& config) {
+  const DeviceChoice device = choose_device(config);
+  return {make_backend(device, config), device.cuda, device.line};
+}
 
 TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOptions& options) {
   // Everything that can be refused is refused before the run directory exists.
-  OCTET_REQUIRE(
-      config.device != "cuda",
-      "train.device = \"cuda\": the CUDA backend does not run the model yet; use \"cpu\" or \"auto\"");
+  const DeviceChoice device = choose_device(config);
   OCTET_REQUIRE(!config.data_dir.empty(),
                 "data.dir is not set: point it at shards made by `octet data prepare`");
   const int64_t B = config.train.batch_size, T = config.train.seq_len;
@@ -56,7 +124,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
                   (config.run_dir / "checkpoints").string());
   }
 
-  auto backend = make_cpu_backend();
+  const std::unique_ptr<Backend> backend = make_backend(device, config);
   Gpt2 model(config.model, *backend, PrecisionPolicy(config.precision, config.model, B * T), B, T);
   model.init_weights(config.seed);
 
@@ -71,16 +139,32 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   settings.log = [out](std::string_view line) {
     std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data());
   };
-  if (config.device == "auto") {
-    // Said every time, so that nobody takes a CPU run for a GPU one.
-    std::fprintf(out,
-                 "train.device = \"auto\": training on the CPU backend, FP8 emulated bit for bit (the CUDA "
-                 "backend does not run the model yet)\n");
-  }
+  // Said every time, so that nobody takes a CPU run for a GPU one or an emulated FP8 GEMM for a real one.
+  std::fprintf(out, "%s\n", device.line.c_str());
   std::fprintf(out, "octet %s: %s; %s on the %s backend; run directory %s\n", kVersion,
                config.model.describe().c_str(),
                std::string(mixed_precision_name(config.precision.mode)).c_str(),
                std::string(backend->name()).c_str(), config.run_dir.string().c_str());
+  // Telemetry (docs/telemetry.md) starts before the trainer, so that layers which alerts of the run being
+  // resumed moved to BF16 are in BF16 when the trainer prints the startup line and writes the precision map.
+  std::unique_ptr<TelemetryStore> telemetry_store;
+  std::unique_ptr<TelemetryRecorder> telemetry;
+  const std::optional<int64_t> resume_step =
+      resume_from ? std::optional<int64_t>(std::stoll(resume_from->filename().string().substr(5)))  // step_N
+                  : std::nullopt;
+  if (config.telemetry.enabled) {
+    telemetry_store = std::make_unique<TelemetryStore>(config.run_dir / kTelemetryFile, resume_step);
+    RecorderOptions recorder_options;
+    recorder_options.run_directory = config.run_dir;
+    recorder_options.log = [out, &options](std::string_view line) {
+      if (options.interactive) std::fputs("\n", out);
+      std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data());
+    };
+    telemetry =
+        std::make_unique<TelemetryRecorder>(model, *telemetry_store, config.telemetry, recorder_options);
+  } else {
+    model.set_telemetry(false, false);
+  }
   Trainer trainer(model, settings);
   if (resume_from) {
     const CheckpointLoad load = load_checkpoint(*resume_from, model, trainer);
@@ -89,6 +173,28 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
                  resume_from->string().c_str(), static_cast<long long>(load.step), load.octet_version.c_str(),
                  std::string(mixed_precision_name(load.saved_mode)).c_str());
     for (const std::string& note : load.notes) std::fprintf(out, "%s\n", note.c_str());
+    if (telemetry) {
+      OCTET_CHECK(load.step == *resume_step, "checkpoint {} to hold step {}, as its name says; it holds {}",
+                  resume_from->string(), *resume_step, load.step);
+      telemetry->record_event({load.step, "info", std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                               fmt::format("resumed from {} at step {}", resume_from->string(), load.step)});
+    }
+  }
+  if (telemetry) {
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char started[32];
+    std::strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%SZ", &utc);
+    const ScalingRecipe* recipe = model.policy().recipe();
+    telemetry->start({{"name", (fs::absolute(config.run_dir) / "").parent_path().filename().string()},
+                      {"octet_version", kVersion},
+                      {"started_at", started},
+                      {"mode", std::string(mixed_precision_name(config.precision.mode))},
+                      {"device", std::string(backend->name())},
+                      {"recipe", recipe != nullptr ? recipe->describe() : "none"},
+                      {"telemetry_interval", std::to_string(config.telemetry.interval)},
+                      {"config", to_toml(config)}});
   }
   auto save = [&]() {
     TrainingProgress progress;
@@ -115,6 +221,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     std::fprintf(out, "step %lld: validation loss %.4f (perplexity %.2f)\n", static_cast<long long>(step),
                  loss, std::exp(loss));
     metrics << nlohmann::json{{"step", step}, {"val_loss", loss}}.dump() << "\n" << std::flush;
+    if (telemetry) telemetry->record_validation(step, loss);
     return loss;
   };
 
@@ -159,6 +266,15 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     } else if (done % config.log_every == 0 || done == config.steps || r.skipped) {
       std::fprintf(out, "%s\n", line.c_str());
     }
+    if (telemetry) {
+      telemetry->record_step(r, seconds * 1000.0, tokens_per_second,
+                             telemetry->is_telemetry_step(done, config.steps));
+      if (telemetry->stop_requested()) {  // fp8.on_alert = "stop"
+        save();
+        telemetry_store->close();
+        throw Error(ErrorKind::training_failed, telemetry->stop_message());
+      }
+    }
     summary.last_loss = r.loss;
     if (config.eval_every > 0 && done % config.eval_every == 0 && done != config.steps) validate(done);
     if (g_stop_signal.load() != 0) {
@@ -176,6 +292,13 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   if (!summary.interrupted) {
     summary.last_validation_loss = validate(summary.steps_done);
     save();
+  }
+  if (telemetry) {
+    telemetry_store->close();  // everything queued is written
+    if (telemetry->alerts_raised() > 0) {
+      std::fprintf(out, "%lld FP8 alert(s) in this run: see `octet inspect %s`\n",
+                   static_cast<long long>(telemetry->alerts_raised()), config.run_dir.string().c_str());
+    }
   }
   if (options.handle_signals) {
     std::signal(SIGINT, SIG_DFL);

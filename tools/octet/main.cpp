@@ -9,7 +9,10 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "cmd_bench.h"
 #include "cmd_fp8.h"
+#include "cmd_inspect.h"
+#include "cmd_report.h"
 #include "cmd_train.h"
 #include "io.h"
 #include "octet/check.h"
@@ -58,11 +61,17 @@ int run_command_line(int argc, char** argv) {
       "Examples:\n"
       "  octet train configs/quickstart.toml\n"
       "  octet config show configs/quickstart.toml --set train.mixed_precision=bf16\n"
+      "  octet inspect runs/quickstart --layer h.0.mlp.c_fc\n"
+      "  octet report runs/quickstart --compare runs/quickstart-bf16\n"
+      "  octet bench train configs/bench/gpt2-124M.toml\n"
       "  octet fp8 table --format e5m2\n"
       "  echo \"0.5 300 1e-4\" | octet fp8 quantize --format e4m3 --scale 2\n"
       "  octet fp8 quantize --help");
   octet::cli::Fp8Command fp8(app);
   octet::cli::WorkflowCommands workflow(app);
+  octet::cli::ReportCommand report(app);
+  octet::cli::InspectCommand inspect(app);
+  octet::cli::BenchCommands bench(app);
 
   try {
     app.parse(argc, argv);
@@ -82,13 +91,17 @@ int run_command_line(int argc, char** argv) {
   }
 
   const std::string command = command_path(app);
-  if (!fp8.leaf_selected() && (!workflow.selected() || workflow.group_without_command())) {
+  if (!fp8.leaf_selected() && !report.selected() && !inspect.selected() && !bench.leaf_selected() &&
+      (!workflow.selected() || workflow.group_without_command())) {
     // `octet` or `octet fp8` alone: a usage error whose most useful message is the list of commands.
     std::fputs(app.help().c_str(), stderr);
     return 2;
   }
   try {
     if (workflow.selected()) return workflow.run();
+    if (report.selected()) return report.run();
+    if (inspect.selected()) return inspect.run();
+    if (bench.leaf_selected()) return bench.run();
     fp8.run(stdin, stdout, stderr);
     return 0;
   } catch (const octet::Error& e) {

@@ -35,6 +35,19 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
 
+  // Waits until every op enqueued so far has finished (a GPU backend's ops are asynchronous; a value copied
+  // to the host is always complete).
+  virtual void synchronize() {}
+
+  // FP8 scaling state that a backend keeps in its own memory (the CUDA backend keeps it on the device so
+  // that casts read and update it without the host). fetch_scaling brings the host copy up to date;
+  // publish_scaling sends a changed host copy (a restored checkpoint) to the backend. No-ops on the CPU.
+  virtual void fetch_scaling(Fp8LinearState& /*state*/) {}
+  virtual void publish_scaling(const Fp8LinearState& /*state*/) {}
+  // The same for a layer's cast telemetry: adds what the backend counted since the last fetch to the host
+  // copy and zeroes its own counters (on the CPU the counts go straight to the host copy: a no-op).
+  virtual void fetch_telemetry(Fp8LinearTelemetry& /*telemetry*/) {}
+
   // Memory. Buffers are zero-filled.
   virtual std::unique_ptr<Buffer> allocate(size_t bytes) = 0;
   virtual void copy_to_host(void* host, const void* source, size_t bytes) = 0;

@@ -45,6 +45,28 @@ struct Fp8LinearState {
 
 class WeightCopy;  // backend.h
 
+// What the casts of one FP8 operand saw, as running totals (a backend only ever adds to them; the run reads
+// them every N steps and takes the differences, so nothing on a device needs resetting): the counts behind
+// the saturation and underflow fractions, and, when asked for, the signal and quantization-noise energies
+// behind the cast's SQNR (sums over the finite inputs of x^2 and of (x - dequantized)^2). Only the primary
+// cast of an operand counts, not a re-cast of its transposed copy.
+struct CastTelemetry {
+  int64_t casts = 0;
+  int64_t elements = 0;
+  int64_t nonzero = 0;      // non-zero finite inputs
+  int64_t saturated = 0;    // as CastStats::saturated
+  int64_t underflowed = 0;  // non-zero inputs that became zero
+  double signal_energy = 0.0;
+  double noise_energy = 0.0;
+};
+
+// The three operands of an FP8 linear layer.
+struct Fp8LinearTelemetry {
+  CastTelemetry activation;
+  CastTelemetry weight;
+  CastTelemetry gradient;
+};
+
 // How the backend runs one linear layer, and what it saw.
 struct LinearExecution {
   GemmMode forward = GemmMode::f32;
@@ -66,6 +88,10 @@ struct LinearExecution {
   // Casts' saturation and underflow, accumulated for telemetry.
   int64_t* saturated = nullptr;
   int64_t* underflowed = nullptr;
+  // Per-operand cast telemetry of this layer (null: not collected); measure_sqnr adds the energies, at the
+  // cost of a dequantizing pass.
+  Fp8LinearTelemetry* telemetry = nullptr;
+  bool measure_sqnr = false;
 };
 
 }  // namespace octet

@@ -1,7 +1,7 @@
 // The configuration of a training run: one TOML file with sections [model], [train], [fp8], [optimizer],
-// [scheduler], [loss_scale], [data], [checkpoint], [logging], and `--set section.key=value` overrides. Every
-// key is described once (run_config.cpp's key table), which drives parsing, validation, `octet config show`
-// and the key reference in docs/config.md.
+// [scheduler], [loss_scale], [data], [checkpoint], [logging], [telemetry], and `--set section.key=value`
+// overrides. Every key is described once (run_config.cpp's key table), which drives parsing, validation,
+// `octet config show` and the key reference in docs/config.md.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "octet/model/config.h"
 #include "octet/model/precision_policy.h"
+#include "octet/telemetry/settings.h"
 #include "octet/train/trainer.h"
 
 namespace octet {
@@ -34,6 +35,8 @@ struct RunConfig {
   // [logging]
   std::filesystem::path run_dir = "runs/octet";
   int64_t log_every = 10;  // steps between plain progress lines when the output is not a terminal
+  // [telemetry], and the alert keys of [fp8]
+  TelemetrySettings telemetry;
 };
 
 // A key of the configuration, for documentation and `octet config show`.

@@ -22,6 +22,7 @@ struct CastResults {
   unsigned long long saturated;  // as octet::CastStats: beyond the largest finite value, Inf inputs included
   unsigned long long underflowed;  // non-zero inputs that became +-0
   unsigned long long nan_inputs;   // NaN inputs
+  unsigned long long nonzero;      // non-zero finite inputs (the base of the underflow fraction)
 };
 
 // One cast. Every pointer is device memory.
@@ -41,6 +42,9 @@ struct CastAmaxArguments {
 // Enqueues the cast on `stream`. Throws octet::Error (invalid_input) for a format other than e4m3/e5m2, a
 // negative shape or a missing pointer, and (internal) when CUDA reports an error.
 void cast_amax(const CastAmaxArguments& arguments, cudaStream_t stream);
+
+// max |x| over n values into results->amax (NaN if any is NaN); the other fields of results are zeroed.
+void amax_only(const float* input, int64_t n, CastResults* results, cudaStream_t stream);
 
 // The host side of a whole cast, for tests and tools: copies x to the device, casts, waits, copies back.
 struct DeviceCastOutput {

@@ -75,6 +75,17 @@ class Gpt2 {
   void set_scaling_updates(bool on);
   // FP8 scaling state of a linear layer (null when the layer is not in FP8).
   Fp8LinearState* fp8_state(std::string_view layer);
+  // FP8 cast telemetry of a linear layer: running totals of its training casts since construction or the
+  // last reset_telemetry (null when the layer is not in FP8), brought up to date from the backend (a copy
+  // from the device on a GPU: call it on telemetry steps only). reset_telemetry zeroes the host copies.
+  Fp8LinearTelemetry* telemetry(std::string_view layer);
+  void reset_telemetry();
+  // Whether training casts add to the telemetry (on by default), and whether they also add the signal and
+  // noise energies behind the SQNR (off by default: a dequantizing pass per cast).
+  void set_telemetry(bool collect, bool measure_sqnr);
+  // Runs all three GEMMs of `layer` in BF16 from the next forward on, remakes its weight copy to match, and
+  // records `reason` in the precision policy (and so in its map).
+  void move_layer_to_bf16(std::string_view layer, std::string reason);
 
  private:
   struct Activations;
@@ -99,6 +110,7 @@ class Gpt2 {
   std::unique_ptr<Activations> acts_;
   std::vector<std::unique_ptr<Linear>> linears_;
   GemmCounters counters_;
+  bool collect_telemetry_ = true;
   int64_t last_B_ = 0;
   int64_t last_T_ = 0;
   bool have_targets_ = false;

@@ -60,6 +60,9 @@ class PrecisionPolicy {
   MixedPrecision mode() const { return settings_.mode; }
   const std::vector<LinearPlan>& layers() const { return layers_; }
   const LinearPlan& layer(std::string_view name) const;
+  // Runs all three GEMMs of `name` in BF16 from now on, with `reason` as the layer's reason (an FP8 alert's
+  // action, see docs/telemetry.md).
+  void move_layer_to_bf16(std::string_view name, std::string reason);
   const ScalingRecipe* recipe() const { return recipe_.get(); }
   Fp8Formats formats() const;
   int64_t fp8_layer_count() const;

@@ -90,6 +90,7 @@ class CurrentScaling final : public ScalingRecipe {
   bool needs_amax_before_cast() const override { return true; }
   float cast_scale(const ScalingState& state, float tensor_amax, Dtype format) const override;
   void update(ScalingState& state, float tensor_amax, Dtype format) const override;
+  int margin() const { return margin_; }
 
  private:
   int margin_;
@@ -107,6 +108,8 @@ class DelayedScaling final : public ScalingRecipe {
   void update(ScalingState& state, float tensor_amax, Dtype format) const override;
   ScalingState initial_state() const override;
   int history_length() const { return history_length_; }
+  AmaxAlgorithm algorithm() const { return algorithm_; }
+  int margin() const { return margin_; }
 
  private:
   int history_length_;
@@ -124,6 +127,7 @@ class StaticScaling final : public ScalingRecipe {
   float cast_scale(const ScalingState& state, float tensor_amax, Dtype format) const override;
   void update(ScalingState& state, float tensor_amax, Dtype format) const override;
   ScalingState initial_state() const override;
+  float scale() const { return scale_; }
 
  private:
   float scale_;

@@ -15,6 +15,10 @@
 
 namespace octet {
 
+// The parts of an optimizer step, for profiling. Zeroing the gradients counts with the optimizer, as
+// PyTorch's optimizer.zero_grad() does; the non-finite checks and the gradient norm count with it too.
+enum class StepPhase : uint8_t { optimizer, data, forward, backward, done };
+
 struct TrainSettings {
   int64_t batch_size = 8;        // B of a micro-batch
   int64_t seq_len = 64;          // T
@@ -28,6 +32,9 @@ struct TrainSettings {
   std::filesystem::path run_directory;
   // Receives the lines the trainer reports (the FP8 startup line); none when unset.
   std::function<void(std::string_view)> log;
+  // Called as each phase of a step begins, and with StepPhase::done when the step ends (`octet bench train`
+  // synchronises the backend there to time the phases); none when unset.
+  std::function<void(StepPhase)> phase_began;
 };
 
 // Fills tokens and targets [B, T] (host memory) for the next micro-batch.

@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 
+#include "octet/backend/backend.h"
 #include "octet/config/run_config.h"
 #include "octet/model/sampling.h"
 
@@ -26,6 +28,16 @@ struct TrainingRunSummary {
   float last_validation_loss = 0.0f;
   bool interrupted = false;
 };
+
+// The backend a run trains on, as train.device says (the GPU for "auto" when one is visible), and the line
+// the run prints about it: the device and how FP8 runs there. Throws octet::Error (invalid_input) when the
+// device cannot be had or cannot run the configuration (no CUDA, no GPU, a recipe the GPU lacks, fp8.strict).
+struct TrainingBackend {
+  std::unique_ptr<Backend> backend;
+  bool cuda = false;
+  std::string device_line;
+};
+TrainingBackend make_training_backend(const RunConfig& config);
 
 // Validates everything it can (data, shapes, device) before it creates the run directory. Saves a checkpoint
 // every checkpoint.every steps, at the end, and when stopped by a signal; with options.resume it continues

@@ -113,6 +113,33 @@ void count_cast(const QuantizedTensor& q, LinearExecution& exec) {
   if (exec.underflowed) *exec.underflowed += q.stats.underflowed;
 }
 
+// Adds one cast of x [n] to its operand's telemetry (when collected): the counts, and with measure_sqnr the
+// signal and noise energies over the finite inputs (noise = x - dequantized).
+void record_cast(const QuantizedTensor& q, const float* x, int64_t n,
+                 CastTelemetry Fp8LinearTelemetry::*operand, const LinearExecution& exec) {
+  if (exec.telemetry == nullptr) return;
+  CastTelemetry& t = exec.telemetry->*operand;
+  int64_t nonzero = 0;
+  for (int64_t i = 0; i < n; ++i) nonzero += (x[i] != 0.0f && std::isfinite(x[i])) ? 1 : 0;
+  t.casts += 1;
+  t.elements += n;
+  t.nonzero += nonzero;
+  t.saturated += q.stats.saturated;
+  t.underflowed += q.stats.underflowed;
+  if (exec.measure_sqnr) {
+    const std::vector<float> back = dequantize(q);
+    double signal = 0.0, noise = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(x[i])) continue;
+      const double e = static_cast<double>(x[i]) - static_cast<double>(back[static_cast<size_t>(i)]);
+      signal += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+      noise += e * e;
+    }
+    t.signal_energy += signal;
+    t.noise_energy += noise;
+  }
+}
+
 void count_other(LinearExecution& exec) {
   if (exec.other_gemms) *exec.other_gemms += 1;
 }
@@ -141,6 +168,7 @@ void CpuBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* 
     cpu_copy->fp8 =
         quantize(values, OC, C, exec.formats.weight, TensorRole::weight, *exec.recipe, exec.state->weight);
     count_cast(cpu_copy->fp8, exec);
+    record_cast(cpu_copy->fp8, weight, OC * C, &Fp8LinearTelemetry::weight, exec);
     cpu_copy->fp8_transposed = transposed(cpu_copy->fp8, weight, TensorRole::weight, *exec.recipe);
   }
   const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
@@ -176,6 +204,7 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
                             exec.formats.activation, TensorRole::activation, *exec.recipe,
                             exec.update_scaling ? exec.state->activation : frozen);
       count_cast(saved->fp8, exec);
+      record_cast(saved->fp8, inp, N * C, &Fp8LinearTelemetry::activation, exec);
       const std::vector<float> d = fp8_product(saved->fp8, w->fp8, exec);
       std::copy(d.begin(), d.end(), out);
       exec.saved_input = std::move(saved);
@@ -208,6 +237,7 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
     dy = quantize(std::span<const float>(dout, static_cast<size_t>(N * OC)), N, OC, exec.formats.gradient,
                   TensorRole::gradient, *exec.recipe, exec.state->gradient);
     count_cast(dy, exec);
+    record_cast(dy, dout, N * OC, &Fp8LinearTelemetry::gradient, exec);
   }
 
   // Input gradient: dinp [N, C] = dout [N, OC] x W [OC, C].

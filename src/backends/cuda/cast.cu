@@ -32,6 +32,7 @@ struct Tally {
   unsigned long long saturated;
   unsigned long long underflowed;
   unsigned long long nan_inputs;
+  unsigned long long nonzero;
 };
 
 __device__ __forceinline__ uint32_t float_bits(float x) {
@@ -60,6 +61,7 @@ __device__ __forceinline__ uint32_t cast_element(float x, float scale, Overflow 
   const uint32_t abs_bits = float_bits(x) & kAbsMask;
   const bool nan = abs_bits > kInfBits;
   tally.nan_inputs += nan ? 1u : 0u;
+  tally.nonzero += (abs_bits != 0u && abs_bits < kInfBits) ? 1u : 0u;
   tally.saturated += r.overflow ? 1u : 0u;
   tally.underflowed += (abs_bits != 0u && !nan && (r.code & ~sign_bit) == 0u) ? 1u : 0u;
   const uint32_t amax_candidate = nan ? kQuietNanBits : abs_bits;
@@ -74,6 +76,7 @@ __device__ __forceinline__ void warp_reduce(Tally& t) {
     t.saturated += __shfl_xor_sync(0xFFFFFFFFu, t.saturated, offset);
     t.underflowed += __shfl_xor_sync(0xFFFFFFFFu, t.underflowed, offset);
     t.nan_inputs += __shfl_xor_sync(0xFFFFFFFFu, t.nan_inputs, offset);
+    t.nonzero += __shfl_xor_sync(0xFFFFFFFFu, t.nonzero, offset);
   }
 }
 
@@ -89,13 +92,14 @@ __device__ void flush_tally(Tally t, CastResults* results) {
   if (lane == 0) warp_tallies[warp] = t;
   __syncthreads();
   if (warp != 0) return;
-  Tally w = lane < warps ? warp_tallies[lane] : Tally{0u, 0ull, 0ull, 0ull};
+  Tally w = lane < warps ? warp_tallies[lane] : Tally{0u, 0ull, 0ull, 0ull, 0ull};
   warp_reduce(w);
   if (lane != 0) return;
   if (w.amax_bits != 0u) atomicMax(reinterpret_cast<unsigned int*>(&results->amax), w.amax_bits);
   if (w.saturated != 0u) atomicAdd(&results->saturated, w.saturated);
   if (w.underflowed != 0u) atomicAdd(&results->underflowed, w.underflowed);
   if (w.nan_inputs != 0u) atomicAdd(&results->nan_inputs, w.nan_inputs);
+  if (w.nonzero != 0u) atomicAdd(&results->nonzero, w.nonzero);
 }
 
 struct KernelParameters {
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) cast_amax_kernel(const KernelParamet
   const int64_t n = p.rows * p.cols;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  Tally t{0u, 0ull, 0ull, 0ull};
+  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
   const float4* input4 = reinterpret_cast<const float4*>(p.input);
   uint32_t* output4 = reinterpret_cast<uint32_t*>(p.output);
   for (int64_t g = first; g < p.vector_groups; g += stride) {
@@ -158,7 +162,7 @@ __global__ void __launch_bounds__(kTransposeThreads) cast_transpose_amax_kernel(
   const int64_t tile_rows = (p.rows + kTile - 1) / kTile;
   const int64_t tile_cols = (p.cols + kTile - 1) / kTile;
   const int64_t tiles = tile_rows * tile_cols;
-  Tally t{0u, 0ull, 0ull, 0ull};
+  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
   for (int64_t tile_index = blockIdx.x; tile_index < tiles; tile_index += gridDim.x) {
     const int64_t row0 = (tile_index / tile_cols) * kTile;
     const int64_t col0 = (tile_index % tile_cols) * kTile;
@@ -185,6 +189,19 @@ __global__ void __launch_bounds__(kTransposeThreads) cast_transpose_amax_kernel(
   }
   write_scale_inv(p, scale);
   flush_tally(t, p.results);
+}
+
+// amax only (current scaling needs it before the cast can start): |x| bits under an unsigned max, NaN
+// winning as in cast_element.
+__global__ void __launch_bounds__(kThreads) amax_kernel(const float* input, int64_t n, CastResults* results) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const uint32_t abs_bits = float_bits(__ldg(input + i)) & kAbsMask;
+    const uint32_t candidate = abs_bits > kInfBits ? kQuietNanBits : abs_bits;
+    t.amax_bits = candidate > t.amax_bits ? candidate : t.amax_bits;
+  }
+  flush_tally(t, results);
 }
 
 int multiprocessor_count() {
@@ -260,6 +277,15 @@ void cast_amax(const CastAmaxArguments& a, cudaStream_t stream) {
   } else {
     launch<Dtype::e5m2, false>(p, stream);
   }
+}
+
+void amax_only(const float* input, int64_t n, CastResults* results, cudaStream_t stream) {
+  OCTET_REQUIRE(n >= 0 && results != nullptr && (n == 0 || input != nullptr),
+                "amax_only: an input of {} values and a results slot", n);
+  OCTET_CUDA_CHECK(cudaMemsetAsync(results, 0, sizeof(CastResults), stream));
+  if (n == 0) return;
+  amax_kernel<<<grid_size(n, kThreads * 4), kThreads, 0, stream>>>(input, n, results);
+  OCTET_CUDA_CHECK_LAUNCH("amax_kernel");
 }
 
 DeviceCastOutput cast_on_device(std::span<const float> x, int64_t rows, int64_t cols, Dtype format,

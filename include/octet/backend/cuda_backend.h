@@ -1,0 +1,44 @@
+// The CUDA backend: the Backend interface on an NVIDIA GPU, held to the CPU reference op by op. FP8 GEMMs run
+// on FP8 tensor cores through cuBLASLt where the GPU has them (compute capability 8.9 and up); the scaling
+// state of every FP8 operand lives on the device, so that no step waits for the host.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "octet/backend/backend.h"
+
+namespace octet {
+
+// What a CUDA device is and can do.
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;
+  int major = 0;
+  int minor = 0;
+  bool fp8_tensor_cores = false;  // compute capability 8.9 or above
+  size_t memory_bytes = 0;
+};
+
+// Usable CUDA devices: 0 when octet was built without CUDA, or without a driver or a GPU.
+int cuda_device_count();
+// Whether this build of octet has the CUDA backend at all.
+bool cuda_backend_built();
+
+struct CudaBackendOptions {
+  int device = 0;
+  // Without FP8 tensor cores (compute capability below 8.9) FP8 GEMMs run as BF16 GEMMs on the very same
+  // FP8 codes, then apply the two scales: the numerics stay those of FP8. This forces that path on any GPU
+  // (tests use it to check it on Hopper).
+  bool emulate_fp8 = false;
+  // Attention's products on BF16 tensor cores (float32 accumulation and softmax), as production flash
+  // attention does; false: float32 throughout, as the CPU reference.
+  bool bf16_attention = false;
+};
+
+// Throws octet::Error (invalid_input) when octet was built without CUDA or the device does not exist.
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
+// The device behind a backend made by make_cuda_backend.
+CudaDeviceInfo cuda_device_info(int device);
+
+}  // namespace octet

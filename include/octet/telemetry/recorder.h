@@ -1,0 +1,72 @@
+// The training run's telemetry: after every optimizer step it queues the step's row; every N steps it reads
+// each FP8 layer's scaling state and cast telemetry (from the device, where the backend keeps them there),
+// queues one row per FP8 tensor, and checks the alert thresholds; an alert prints one warning line, queues an
+// event row and acts as fp8.on_alert says (docs/telemetry.md).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "octet/model/gpt2.h"
+#include "octet/telemetry/alerts.h"
+#include "octet/telemetry/settings.h"
+#include "octet/telemetry/store.h"
+#include "octet/train/trainer.h"
+
+namespace octet {
+
+struct RecorderOptions {
+  std::function<void(std::string_view)> log;  // receives each alert line; none when unset
+  // Where precision_map.json is rewritten when an alert moves a layer to BF16 (none when empty).
+  std::filesystem::path run_directory;
+};
+
+class TelemetryRecorder {
+ public:
+  // Switches the model's cast telemetry (and SQNR measurement) on as `settings` say. A resumed store's layers
+  // in BF16 move to BF16 now (call before the Trainer is made, so that its startup line and precision map
+  // say so) and its raised alerts are not raised again.
+  TelemetryRecorder(Gpt2& model, TelemetryStore& store, const TelemetrySettings& settings,
+                    RecorderOptions options = {});
+
+  // Queues the run table's rows (key, value) and, unless the store has them, one gemms row per GEMM of every
+  // linear layer as the policy runs it now (since step 0).
+  void start(const std::vector<std::pair<std::string, std::string>>& run_info);
+  // Whether the step that makes `steps_done` steps records the FP8 tensors: every interval-th, and the last,
+  // but not the first (its casts are left out: under delayed scaling they use the initial scale of 1).
+  bool is_telemetry_step(int64_t steps_done, int64_t total_steps) const;
+  // After each optimizer step: the step row, a skipped step's event, and on telemetry steps the tensors and
+  // the alerts (which may move layers to BF16 or ask the run to stop).
+  void record_step(const StepResult& result, double step_ms, double tokens_per_s, bool telemetry_step);
+  void record_validation(int64_t steps_done, float loss);
+  void record_event(EventRecord event);
+
+  // An alert with fp8.on_alert = "stop" fired: the run should save a checkpoint and end with this message.
+  bool stop_requested() const { return !stop_message_.empty(); }
+  const std::string& stop_message() const { return stop_message_; }
+  // Alerts raised by this run so far.
+  int64_t alerts_raised() const { return alerts_raised_; }
+
+ private:
+  void record_tensors(int64_t step);
+  void act_on(const Alert& alert);
+  void move_to_bf16(const std::string& layer, const std::string& reason, int64_t since_step);
+  void log(const std::string& line) const;
+
+  Gpt2& model_;
+  TelemetryStore& store_;
+  TelemetrySettings settings_;
+  RecorderOptions options_;
+  AlertMonitor monitor_;
+  std::map<std::string, Fp8LinearTelemetry> previous_;  // totals at the last telemetry step, per layer
+  std::string stop_message_;
+  int64_t alerts_raised_ = 0;
+};
+
+}  // namespace octet

@@ -1,0 +1,56 @@
+// Fused causal multi-head self-attention on the GPU, flash-style: the forward keeps only the softmax's
+// log-sum-exp per row and the backward recomputes the probabilities from it, so no T x T matrix ever lives
+// in device memory. Same contract as the CPU reference (src/backends/cpu/cpu_attention.cpp):
+//   qkv  [B, T, 3C]  q, k, v each C wide, NH heads of hs = C / NH
+//   out  [B, T, C]
+//   lse  [B, NH, T]  natural log of sum_j exp(s_j) over the row's scaled scores s_j = (q . k_j) / sqrt(hs),
+//                    max included (lse = max + log(sum_j exp(s_j - max)))
+// Internal to the CUDA backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "octet/cuda/device.h"
+
+namespace octet::cuda {
+
+// Head sizes up to this many elements are supported (GPT-2 uses 64).
+inline constexpr int64_t kAttentionMaxHeadSize = 128;
+
+struct AttentionOptions {
+  // false: float32 arithmetic throughout, the path compared with the CPU reference.
+  // true: the products Q K^T, P V and those of the backward run on BF16 tensor cores with float32
+  // accumulation (Q, K, V, dO and the probabilities rounded to bf16 first); softmax, scaling and the
+  // accumulators stay float32. Needs hs % 16 == 0 and compute capability 8.0 or newer; other head sizes take
+  // the float32 path.
+  bool bf16 = false;
+};
+
+// Whether attention with these options takes the tensor-core path on the current device: options.bf16, hs a
+// multiple of 16 (up to kAttentionMaxHeadSize) and compute capability 8.0 or newer. Otherwise the float32
+// path runs; callers that asked for bf16 can use this to report the fallback.
+bool attention_uses_tensor_cores(int64_t C, int64_t NH, const AttentionOptions& options);
+
+// Scratch of the backward: D = rowsum(dO * O) per (b, h, t). Grows on demand and is reused across calls;
+// the stream of the call that grows it is synchronised before the old block is freed. Move-only.
+struct AttentionWorkspace {
+  DeviceBuffer<float> row_dot;
+
+  // At least `count` floats, valid for work queued on `stream` after this call.
+  float* reserve_row_dot(size_t count, cudaStream_t stream);
+};
+
+// out [B, T, C], lse [B, NH, T] from qkv [B, T, 3C]. B or T may be zero (nothing is launched).
+void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
+                       const AttentionOptions& options, cudaStream_t stream);
+
+// dqkv [B, T, 3C] (overwritten) from dout [B, T, C] and the forward's qkv, out and lse. Deterministic: the
+// same inputs give bit-identical dqkv (no atomics; every sum has a fixed order).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        int64_t B, int64_t T, int64_t C, int64_t NH, AttentionWorkspace& workspace,
+                        const AttentionOptions& options, cudaStream_t stream);
+
+}  // namespace octet::cuda

@@ -1,0 +1,866 @@
+// The CUDA backend: the Backend interface on one NVIDIA GPU. Every op is enqueued on the backend's stream and
+// nothing waits for the host inside a step: FP8 casts read their scale from device memory and a one-thread
+// kernel after each cast applies the recipe's update there, exactly as the CPU reference does on the host
+// (src/numerics/*_scaling.cpp), so the two backends walk the same scaling states. The host copy of a state
+// is brought up to date only when asked (fetch_scaling: checkpoints, telemetry, tests).
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "attention.h"
+#include "octet/backend/cuda_backend.h"
+#include "octet/check.h"
+#include "octet/cuda/cast.h"
+#include "octet/cuda/device.h"
+#include "octet/cuda/gemm.h"
+#include "octet/numerics/format.h"
+#include "ops.h"
+
+namespace octet {
+namespace cuda {
+namespace {
+
+constexpr int kMaxHistory = 1024;  // fp8.amax_history's upper bound (src/config/run_config.cpp)
+constexpr int kActivation = 0, kWeight = 1, kGradient = 2;
+
+// ScalingState of one operand, in device memory. The history is a fixed array: [0] is the most recent.
+struct DeviceTensorScaling {
+  float scale;
+  float scale_inv;
+  float last_amax;
+  int32_t history_length;  // 0 for recipes without a history
+  unsigned long long updates;
+  unsigned long long degenerate;
+  float history[kMaxHistory];
+};
+
+struct DeviceCastTelemetry {
+  unsigned long long casts;
+  unsigned long long elements;
+  unsigned long long nonzero;
+  unsigned long long saturated;
+  unsigned long long underflowed;
+  double signal_energy;
+  double noise_energy;
+};
+
+// Everything the device keeps for one FP8 linear layer.
+struct DeviceLayerState {
+  DeviceTensorScaling tensor[3];  // activation, weight, gradient
+  // Scales a GEMM reads sit 16 bytes apart: cuBLASLt refuses scale pointers with less alignment.
+  alignas(16) float weight_copy_scale;  // the scale the weight copy was cast with (weight_copy_scale)
+  alignas(16) float weight_scale_inv;   // its inverse, as the cast wrote it: the weight's dequantizing scale
+  alignas(16) float gradient_scale_inv;  // the last gradient cast's
+  alignas(16) float cast_scale[3];       // the scale of the cast in flight, per operand
+  CastResults results[3];         // what the last cast of each operand saw
+  DeviceCastTelemetry telemetry[3];
+};
+
+// A scaling recipe as plain numbers for the device.
+struct RecipeParameters {
+  RecipeKind kind;
+  int margin;
+  bool most_recent;
+  float static_scale;
+};
+
+RecipeParameters recipe_parameters(const ScalingRecipe& recipe) {
+  RecipeParameters p{recipe.kind(), 0, false, 1.0f};
+  switch (recipe.kind()) {
+    case RecipeKind::current:
+      p.margin = static_cast<const CurrentScaling&>(recipe).margin();
+      break;
+    case RecipeKind::delayed: {
+      const auto& d = static_cast<const DelayedScaling&>(recipe);
+      OCTET_REQUIRE(d.history_length() <= kMaxHistory,
+                    "the CUDA backend keeps amax histories of at most {} steps, the recipe asks for {}",
+                    kMaxHistory, d.history_length());
+      p.margin = d.margin();
+      p.most_recent = d.algorithm() == AmaxAlgorithm::most_recent;
+      break;
+    }
+    case RecipeKind::static_scale:
+      p.static_scale = static_cast<const StaticScaling&>(recipe).scale();
+      break;
+    case RecipeKind::block:
+    case RecipeKind::mxfp8:
+      OCTET_REQUIRE(false,
+                    "fp8.recipe = \"{}\" is not supported on the CUDA backend yet (its GEMMs need per-block "
+                    "scales in the tensor cores' main loop); use \"delayed\", \"current\" or \"static\" on "
+                    "the GPU, or train.device = \"cpu\"",
+                    recipe_name(recipe.kind()));
+      break;
+  }
+  return p;
+}
+
+// scale_from_amax of src/numerics/scaling.cpp, in the same double arithmetic.
+__device__ float device_scale_from_amax(float amax, float fp8_max, int margin, float previous, bool* degenerate) {
+  if (!(amax > 0.0f) || !isfinite(amax)) {
+    *degenerate = true;
+    return previous;
+  }
+  *degenerate = false;
+  const double scale = static_cast<double>(fp8_max) / static_cast<double>(amax) / ldexp(1.0, margin);
+  return scale > static_cast<double>(FLT_MAX) ? FLT_MAX : static_cast<float>(scale);
+}
+
+// ScalingRecipe::cast_scale: the scale this cast uses. `pre` holds the tensor's amax for current scaling.
+__global__ void prepare_scale_kernel(DeviceLayerState* s, int operand, RecipeParameters r, float fp8_max,
+                                     const CastResults* pre, float* out) {
+  const DeviceTensorScaling& t = s->tensor[operand];
+  bool unused = false;
+  switch (r.kind) {
+    case RecipeKind::current:
+      *out = device_scale_from_amax(pre->amax, fp8_max, r.margin, t.scale, &unused);
+      break;
+    case RecipeKind::static_scale:
+      *out = r.static_scale;
+      break;
+    default:
+      *out = t.scale;
+      break;
+  }
+}
+
+// ScalingRecipe::update after a cast, and the cast's telemetry.
+__global__ void after_cast_kernel(DeviceLayerState* s, int operand, RecipeParameters r, float fp8_max,
+                                  unsigned long long elements, bool update, bool count) {
+  DeviceTensorScaling& t = s->tensor[operand];
+  const CastResults& c = s->results[operand];
+  if (count) {
+    DeviceCastTelemetry& tel = s->telemetry[operand];
+    tel.casts += 1;
+    tel.elements += elements;
+    tel.nonzero += c.nonzero;
+    tel.saturated += c.saturated;
+    tel.underflowed += c.underflowed;
+  }
+  if (!update) return;
+  const float amax = c.amax;
+  bool degenerate = false;
+  switch (r.kind) {
+    case RecipeKind::current:
+      t.scale = device_scale_from_amax(amax, fp8_max, r.margin, t.scale, &degenerate);
+      t.scale_inv = __fdiv_rn(1.0f, t.scale);
+      t.last_amax = amax;
+      t.updates += 1;
+      if (degenerate) t.degenerate += 1;
+      break;
+    case RecipeKind::delayed: {
+      t.last_amax = amax;
+      t.updates += 1;
+      if (!isfinite(amax)) {
+        t.degenerate += 1;
+        break;
+      }
+      for (int i = t.history_length - 1; i > 0; --i) t.history[i] = t.history[i - 1];
+      t.history[0] = amax;
+      float window = t.history[0];
+      if (!r.most_recent) {
+        for (int i = 1; i < t.history_length; ++i) window = t.history[i] > window ? t.history[i] : window;
+      }
+      t.scale = device_scale_from_amax(window, fp8_max, r.margin, t.scale, &degenerate);
+      t.scale_inv = __fdiv_rn(1.0f, t.scale);
+      if (degenerate) t.degenerate += 1;
+      break;
+    }
+    case RecipeKind::static_scale:
+      t.scale = r.static_scale;
+      t.scale_inv = __fdiv_rn(1.0f, r.static_scale);
+      t.last_amax = amax;
+      t.updates += 1;
+      if (!(amax > 0.0f) || !isfinite(amax)) t.degenerate += 1;
+      break;
+    default:
+      break;
+  }
+}
+
+// The cast's signal and quantization-noise energies over its finite inputs (noise = x - code * scale_inv, the
+// dequantized value in float32 as octet::dequantize computes it), added to the operand's telemetry. Only
+// when telemetry asks for the SQNR: it is one more read of the tensor.
+__global__ void sqnr_kernel(const float* x, const uint8_t* codes, int64_t n, Dtype format, const float* scale_inv,
+                            DeviceCastTelemetry* telemetry) {
+  const MinifloatSpec spec = minifloat_spec(format);
+  const float inverse = *scale_inv;
+  double signal = 0.0, noise = 0.0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    if (!isfinite(v)) continue;
+    const double e = static_cast<double>(v) - static_cast<double>(__fmul_rn(decode(spec, codes[i]), inverse));
+    signal += static_cast<double>(v) * static_cast<double>(v);
+    noise += e * e;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    signal += __shfl_xor_sync(0xFFFFFFFFu, signal, offset);
+    noise += __shfl_xor_sync(0xFFFFFFFFu, noise, offset);
+  }
+  if (threadIdx.x % 32 == 0) {
+    atomicAdd(&telemetry->signal_energy, signal);
+    atomicAdd(&telemetry->noise_energy, noise);
+  }
+}
+
+// D = D_tmp * sa * sb (or D += ...): the FP8 GEMM's dequantization where the GEMM ran in BF16 on the codes'
+// values (GPUs without FP8 tensor cores).
+__global__ void dequantize_product_kernel(float* d, const float* tmp, int64_t n, const float* sa, const float* sb,
+                                          bool accumulate) {
+  const float s = __fmul_rn(*sa, *sb);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = __fmul_rn(tmp[i], s);
+    d[i] = accumulate ? d[i] + v : v;
+  }
+}
+
+// FP8 codes to their BF16 values (exact: every E4M3 and E5M2 value is a BF16 value).
+__global__ void decode_fp8_kernel(__nv_bfloat16* out, const uint8_t* codes, int64_t n, Dtype format) {
+  const MinifloatSpec spec = minifloat_spec(format);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16_rn(decode(spec, codes[i]));
+  }
+}
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 4096 ? 4096 : b));
+}
+
+class CudaBuffer final : public Buffer {
+ public:
+  explicit CudaBuffer(size_t bytes) : bytes_(bytes) {
+    OCTET_CUDA_CHECK(cudaMalloc(&data_, bytes == 0 ? 1 : bytes));
+    OCTET_CUDA_CHECK(cudaMemset(data_, 0, bytes == 0 ? 1 : bytes));
+  }
+  ~CudaBuffer() override { cudaFree(data_); }
+  void* data() override { return data_; }
+  size_t bytes() const override { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_;
+};
+
+// Device memory that grows on demand. Growing waits for the stream, so memory still in use by enqueued work
+// is never freed under it.
+class DeviceScratch {
+ public:
+  ~DeviceScratch() { cudaFree(data_); }
+  void* get(size_t bytes, cudaStream_t stream) {
+    if (bytes > bytes_) {
+      OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+      cudaFree(data_);
+      data_ = nullptr;
+      OCTET_CUDA_CHECK(cudaMalloc(&data_, bytes));
+      bytes_ = bytes;
+    }
+    return data_;
+  }
+  template <typename T>
+  T* as(size_t count, cudaStream_t stream) {
+    return static_cast<T*>(get(count * sizeof(T), stream));
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The device side of one FP8 linear layer: its scaling states, scales in flight and telemetry.
+struct DeviceLayer {
+  DeviceLayerState* device = nullptr;
+  RecipeParameters recipe{};
+  DeviceLayer() { OCTET_CUDA_CHECK(cudaMalloc(&device, sizeof(DeviceLayerState))); }
+  ~DeviceLayer() { cudaFree(device); }
+  DeviceLayer(const DeviceLayer&) = delete;
+  DeviceLayer& operator=(const DeviceLayer&) = delete;
+};
+
+class CudaBackend;
+void forget_layer(CudaBackend* backend, const DeviceLayer* layer);
+
+// A linear layer's weight as its GEMMs read it. It also owns the layer's device state, so that the state
+// lives exactly as long as the layer (a host state is only an address, which a later layer may reuse).
+struct CudaWeightCopy final : public WeightCopy {
+  DeviceScratch fp8;             // codes of W [OC, C]
+  DeviceScratch fp8_transposed;  // codes of W^T [C, OC]
+  DeviceScratch wide;            // BF16/FP16 W [OC, C]
+  bool has_fp8 = false;
+  bool has_wide = false;
+  std::unique_ptr<DeviceLayer> layer;  // FP8 layers
+  CudaBackend* owner = nullptr;        // the backend that maps host states to `layer`; outlives the copy
+  ~CudaWeightCopy() override {
+    if (layer != nullptr && owner != nullptr) forget_layer(owner, layer.get());
+  }
+};
+
+// The forward's FP8 input, kept for the weight-gradient GEMM: the codes of x^T [C, N] and their scale_inv.
+struct CudaSavedInput final : public WeightCopy {
+  DeviceScratch codes;             // x [N, C]
+  DeviceScratch codes_transposed;  // x^T [C, N]
+  DeviceScratch scale_inv;         // one float
+  Dtype format = Dtype::e4m3;
+};
+
+GemmType wide_type(GemmMode m) {
+  return m == GemmMode::f16 ? GemmType::f16 : GemmType::bf16;
+}
+Dtype wide_dtype(GemmMode m) {
+  return m == GemmMode::f16 ? Dtype::f16 : Dtype::bf16;
+}
+GemmType fp8_type(Dtype d) {
+  return d == Dtype::e5m2 ? GemmType::e5m2 : GemmType::e4m3;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {
+    int count = 0;
+    OCTET_REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess && count > options.device && options.device >= 0,
+                  "CUDA device {} does not exist ({} usable device(s) found)", options.device, count);
+    OCTET_CUDA_CHECK(cudaSetDevice(options.device));
+    info_ = cuda_device_info(options.device);
+    OCTET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    gemm_ = std::make_unique<GemmEngine>();
+    emulate_fp8_ = !info_.fp8_tensor_cores || options.emulate_fp8;
+    attention_options_.bf16 = options.bf16_attention;
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    layers_.clear();
+    gemm_.reset();
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  void synchronize() override { OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  std::unique_ptr<Buffer> allocate(size_t bytes) override { return std::make_unique<CudaBuffer>(bytes); }
+  void copy_to_host(void* host, const void* source, size_t bytes) override {
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(host, source, bytes, cudaMemcpyDeviceToHost, stream_));
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void copy_from_host(void* destination, const void* host, size_t bytes) override {
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(destination, host, bytes, cudaMemcpyHostToDevice, stream_));
+    // The host memory may be reused as soon as this returns.
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void fill_zero(float* x, int64_t n) override { cuda::fill_zero(x, n, stream_); }
+
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                       int64_t T, int64_t C) override {
+    cuda::encoder_forward(out, tokens, wte, wpe, B, T, C, stream_);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                        int64_t T, int64_t C) override {
+    cuda::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, workspace_, stream_);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                         const float* bias, int64_t N, int64_t C) override {
+    cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, const float* mean, const float* rstd, int64_t N,
+                          int64_t C) override {
+    cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, workspace_, stream_);
+  }
+
+  void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
+                      LinearExecution& exec) override;
+  void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
+                      const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override;
+  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                       LinearExecution& exec) override;
+
+  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                         int64_t NH) override {
+    cuda::attention_forward(out, lse, qkv, B, T, C, NH, attention_options_, stream_);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                          int64_t B, int64_t T, int64_t C, int64_t NH) override {
+    cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, attention_workspace_, attention_options_,
+                             stream_);
+  }
+
+  void gelu_forward(float* out, const float* inp, int64_t n) override { cuda::gelu_forward(out, inp, n, stream_); }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    cuda::gelu_backward(dinp, inp, dout, n, stream_);
+  }
+  void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
+    cuda::residual_forward(out, a, b, n, stream_);
+  }
+  void accumulate(float* a, const float* b, int64_t n) override { cuda::accumulate(a, b, n, stream_); }
+  void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                             int64_t Vp, float dloss) override {
+    cuda::softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss, stream_);
+  }
+
+  double sum_of_squares(const float* x, int64_t n) override {
+    return cuda::sum_of_squares(x, n, workspace_, stream_);
+  }
+  bool all_finite(const float* x, int64_t n) override { return cuda::all_finite(x, n, workspace_, stream_); }
+  void scale(float* x, int64_t n, float factor) override { cuda::scale(x, n, factor, stream_); }
+  void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
+                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                    float grad_scale) override {
+    cuda::adamw_update(params, m, v, grads, n, learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale,
+                       stream_);
+  }
+
+  void fetch_scaling(Fp8LinearState& state) override;
+  void publish_scaling(const Fp8LinearState& state) override;
+  void fetch_telemetry(Fp8LinearTelemetry& telemetry) override;
+
+  // Drops the host-state and telemetry mappings of a layer whose weight copy is going away.
+  void forget(const DeviceLayer* layer) {
+    std::erase_if(layers_, [layer](const auto& entry) { return entry.second == layer; });
+    std::erase_if(telemetry_layers_, [layer](const auto& entry) { return entry.second == layer; });
+  }
+
+ private:
+  using Layer = DeviceLayer;
+  // The device state of an FP8 layer, made with its weight copy (from the host state as it is then).
+  Layer& layer_of(LinearExecution& exec, CudaWeightCopy& copy);
+  Layer& prepared_layer(LinearExecution& exec, const CudaWeightCopy* copy);
+  // Casts x [rows, cols] as `operand` of the layer, writing codes and their transpose.
+  void cast_operand(Layer& layer, int operand, Dtype format, const float* x, int64_t rows, int64_t cols,
+                    uint8_t* codes, uint8_t* codes_transposed, float* scale_out, float* scale_inv_out,
+                    bool update, const LinearExecution& exec);
+  // D [M, N] (=|+=) A [M, K] x B [N, K]^T on FP8 codes with dequantizing scales (device pointers).
+  void fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv, const uint8_t* b,
+                Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N, int64_t K, bool accumulate,
+                bool fast_accumulation);
+  const void* wide_copy(const float* x, int64_t n, GemmMode mode, int slot);
+
+  CudaBackendOptions options_;
+  CudaDeviceInfo info_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<GemmEngine> gemm_;
+  Workspace workspace_;
+  AttentionOptions attention_options_;
+  AttentionWorkspace attention_workspace_;
+  bool emulate_fp8_ = false;
+  std::unordered_map<const Fp8LinearState*, Layer*> layers_;
+  std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
+  DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3];
+};
+
+void forget_layer(CudaBackend* backend, const DeviceLayer* layer) {
+  backend->forget(layer);
+}
+
+CudaBackend::Layer& CudaBackend::layer_of(LinearExecution& exec, CudaWeightCopy& copy) {
+  OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
+  if (copy.layer == nullptr) {
+    const RecipeParameters recipe = recipe_parameters(*exec.recipe);  // refuses recipes the GPU lacks
+    copy.layer = std::make_unique<Layer>();
+    copy.layer->recipe = recipe;
+    copy.owner = this;
+    OCTET_CUDA_CHECK(cudaMemsetAsync(copy.layer->device, 0, sizeof(DeviceLayerState), stream_));
+    layers_[exec.state] = copy.layer.get();
+    publish_scaling(*exec.state);
+  }
+  layers_[exec.state] = copy.layer.get();
+  if (exec.telemetry != nullptr) telemetry_layers_[exec.telemetry] = copy.layer.get();
+  return *copy.layer;
+}
+
+CudaBackend::Layer& CudaBackend::prepared_layer(LinearExecution& exec, const CudaWeightCopy* copy) {
+  OCTET_CHECK(copy != nullptr && copy->layer != nullptr, "an FP8 weight copy with its device state");
+  layers_[exec.state] = copy->layer.get();
+  if (exec.telemetry != nullptr) telemetry_layers_[exec.telemetry] = copy->layer.get();
+  return *copy->layer;
+}
+
+void CudaBackend::publish_scaling(const Fp8LinearState& state) {
+  auto it = layers_.find(&state);
+  if (it == layers_.end()) return;  // made with the layer's weight copy, from the host state as it is then
+  DeviceLayerState host{};
+  OCTET_CUDA_CHECK(
+      cudaMemcpyAsync(&host, it->second->device, sizeof(DeviceLayerState), cudaMemcpyDeviceToHost, stream_));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const ScalingState* operands[3] = {&state.activation, &state.weight, &state.gradient};
+  for (int i = 0; i < 3; ++i) {
+    const ScalingState& s = *operands[i];
+    DeviceTensorScaling& d = host.tensor[i];
+    OCTET_REQUIRE(s.amax_history.size() <= static_cast<size_t>(kMaxHistory),
+                  "an amax history of {} steps; the CUDA backend keeps at most {}", s.amax_history.size(),
+                  kMaxHistory);
+    d.scale = s.scale;
+    d.scale_inv = s.scale_inv;
+    d.last_amax = s.last_amax;
+    d.history_length = static_cast<int32_t>(s.amax_history.size());
+    d.updates = static_cast<unsigned long long>(s.updates);
+    d.degenerate = static_cast<unsigned long long>(s.degenerate_amax);
+    std::fill(std::begin(d.history), std::end(d.history), 0.0f);
+    std::copy(s.amax_history.begin(), s.amax_history.end(), d.history);
+  }
+  host.weight_copy_scale = state.weight_copy_scale;
+  OCTET_CUDA_CHECK(
+      cudaMemcpyAsync(it->second->device, &host, sizeof(DeviceLayerState), cudaMemcpyHostToDevice, stream_));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::fetch_scaling(Fp8LinearState& state) {
+  auto it = layers_.find(&state);
+  if (it == layers_.end()) return;  // never used on the device: the host copy is the state
+  DeviceLayerState host{};
+  OCTET_CUDA_CHECK(
+      cudaMemcpyAsync(&host, it->second->device, sizeof(DeviceLayerState), cudaMemcpyDeviceToHost, stream_));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  ScalingState* operands[3] = {&state.activation, &state.weight, &state.gradient};
+  for (int i = 0; i < 3; ++i) {
+    ScalingState& s = *operands[i];
+    const DeviceTensorScaling& d = host.tensor[i];
+    s.scale = d.scale;
+    s.scale_inv = d.scale_inv;
+    s.last_amax = d.last_amax;
+    s.amax_history.assign(d.history, d.history + d.history_length);
+    s.updates = static_cast<int64_t>(d.updates);
+    s.degenerate_amax = static_cast<int64_t>(d.degenerate);
+  }
+  state.weight_copy_scale = host.weight_copy_scale;
+}
+
+void CudaBackend::fetch_telemetry(Fp8LinearTelemetry& telemetry) {
+  auto it = telemetry_layers_.find(&telemetry);
+  if (it == telemetry_layers_.end()) return;
+  DeviceCastTelemetry device[3];
+  DeviceLayerState* d = it->second->device;
+  OCTET_CUDA_CHECK(
+      cudaMemcpyAsync(device, d->telemetry, sizeof(device), cudaMemcpyDeviceToHost, stream_));
+  OCTET_CUDA_CHECK(cudaMemsetAsync(d->telemetry, 0, sizeof(device), stream_));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  CastTelemetry* host[3] = {&telemetry.activation, &telemetry.weight, &telemetry.gradient};
+  for (int i = 0; i < 3; ++i) {
+    host[i]->casts += static_cast<int64_t>(device[i].casts);
+    host[i]->elements += static_cast<int64_t>(device[i].elements);
+    host[i]->nonzero += static_cast<int64_t>(device[i].nonzero);
+    host[i]->saturated += static_cast<int64_t>(device[i].saturated);
+    host[i]->underflowed += static_cast<int64_t>(device[i].underflowed);
+    host[i]->signal_energy += device[i].signal_energy;
+    host[i]->noise_energy += device[i].noise_energy;
+  }
+}
+
+void CudaBackend::cast_operand(Layer& layer, int operand, Dtype format, const float* x, int64_t rows,
+                               int64_t cols, uint8_t* codes, uint8_t* codes_transposed, float* scale_out,
+                               float* scale_inv_out, bool update, const LinearExecution& exec) {
+  DeviceLayerState* s = layer.device;
+  const float fp8_max = dtype_info(format).max_finite;
+  CastResults* results = &s->results[operand];
+  if (layer.recipe.kind == RecipeKind::current) amax_only(x, rows * cols, results, stream_);
+  prepare_scale_kernel<<<1, 1, 0, stream_>>>(s, operand, layer.recipe, fp8_max, results, scale_out);
+  OCTET_CUDA_CHECK_LAUNCH("prepare_scale_kernel");
+  CastAmaxArguments a;
+  a.input = x;
+  a.rows = rows;
+  a.cols = cols;
+  a.format = format;
+  a.scale = scale_out;
+  a.output = codes;
+  a.output_transposed = codes_transposed;
+  a.scale_inv = scale_inv_out;
+  a.results = results;
+  cast_amax(a, stream_);
+  // Telemetry counts a cast only where the layer collects it (not while evaluating, not when off).
+  const bool count = exec.telemetry != nullptr;
+  after_cast_kernel<<<1, 1, 0, stream_>>>(s, operand, layer.recipe, fp8_max,
+                                          static_cast<unsigned long long>(rows * cols), update, count);
+  OCTET_CUDA_CHECK_LAUNCH("after_cast_kernel");
+  if (count && exec.measure_sqnr && rows * cols > 0) {
+    sqnr_kernel<<<blocks_for(rows * cols), 256, 0, stream_>>>(x, codes, rows * cols, format, scale_inv_out,
+                                                              &s->telemetry[operand]);
+    OCTET_CUDA_CHECK_LAUNCH("sqnr_kernel");
+  }
+}
+
+void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv,
+                           const uint8_t* b, Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N,
+                           int64_t K, bool accumulate, bool fast_accumulation) {
+  if (!emulate_fp8_) {
+    GemmProblem p;
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.a_type = fp8_type(a_format);
+    p.b_type = fp8_type(b_format);
+    p.a = a;
+    p.b = b;
+    p.d = d;
+    p.accumulate = accumulate;
+    p.a_scale_inv = a_scale_inv;
+    p.b_scale_inv = b_scale_inv;
+    p.fast_accumulation = fast_accumulation;
+    gemm_->run(p, stream_);
+    return;
+  }
+  // No FP8 tensor cores: the same codes, as BF16 values, through a BF16 GEMM; then the two scales.
+  auto* a16 = emulation_[0].as<__nv_bfloat16>(static_cast<size_t>(M * K), stream_);
+  auto* b16 = emulation_[1].as<__nv_bfloat16>(static_cast<size_t>(N * K), stream_);
+  auto* tmp = emulation_[2].as<float>(static_cast<size_t>(M * N), stream_);
+  decode_fp8_kernel<<<blocks_for(M * K), 256, 0, stream_>>>(a16, a, M * K, a_format);
+  OCTET_CUDA_CHECK_LAUNCH("decode_fp8_kernel");
+  decode_fp8_kernel<<<blocks_for(N * K), 256, 0, stream_>>>(b16, b, N * K, b_format);
+  OCTET_CUDA_CHECK_LAUNCH("decode_fp8_kernel");
+  GemmProblem p;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.a_type = GemmType::bf16;
+  p.b_type = GemmType::bf16;
+  p.a = a16;
+  p.b = b16;
+  p.d = tmp;
+  p.accumulate = false;
+  gemm_->run(p, stream_);
+  dequantize_product_kernel<<<blocks_for(M * N), 256, 0, stream_>>>(d, tmp, M * N, a_scale_inv, b_scale_inv,
+                                                                   accumulate);
+  OCTET_CUDA_CHECK_LAUNCH("dequantize_product_kernel");
+}
+
+const void* CudaBackend::wide_copy(const float* x, int64_t n, GemmMode mode, int slot) {
+  if (mode == GemmMode::f16) {
+    auto* out = wide_[slot].as<__half>(static_cast<size_t>(n), stream_);
+    convert_to_f16(out, x, n, stream_);
+    return out;
+  }
+  auto* out = wide_[slot].as<__nv_bfloat16>(static_cast<size_t>(n), stream_);
+  convert_to_bf16(out, x, n, stream_);
+  return out;
+}
+
+void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
+                                 LinearExecution& exec) {
+  auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
+  if (w == nullptr) {
+    copy = std::make_unique<CudaWeightCopy>();
+    w = static_cast<CudaWeightCopy*>(copy.get());
+  }
+  const size_t n = static_cast<size_t>(OC * C);
+  const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
+  w->has_fp8 = any_fp8;
+  if (any_fp8) {
+    OCTET_REQUIRE(fp8_shape_supported(OC, C, C) && fp8_shape_supported(C, OC, OC),
+                  "an FP8 layer of {} x {} weights: FP8 GEMMs need both dimensions multiples of 16 (the "
+                  "precision policy keeps such layers in BF16)",
+                  OC, C);
+    Layer& layer = layer_of(exec, *w);
+    DeviceLayerState* s = layer.device;
+    // The weight's state moves on with every cast, as on the CPU (prepare_weight there updates it always).
+    cast_operand(layer, kWeight, exec.formats.weight, weight, OC, C, w->fp8.as<uint8_t>(n, stream_),
+                 w->fp8_transposed.as<uint8_t>(n, stream_), &s->weight_copy_scale, &s->weight_scale_inv, true, exec);
+  }
+  const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
+  w->has_wide = wide == GemmMode::bf16 || wide == GemmMode::f16;
+  if (w->has_wide) {
+    if (wide == GemmMode::f16) {
+      convert_to_f16(w->wide.as<__half>(n, stream_), weight, OC * C, stream_);
+    } else {
+      convert_to_bf16(w->wide.as<__nv_bfloat16>(n, stream_), weight, OC * C, stream_);
+    }
+  }
+}
+
+void CudaBackend::linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
+                                 const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
+  const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
+  GemmProblem p;
+  p.M = N;
+  p.N = OC;
+  p.K = C;
+  p.d = out;
+  switch (exec.forward) {
+    case GemmMode::f32:
+      p.a_type = p.b_type = GemmType::f32;
+      p.a = inp;
+      p.b = weight;
+      gemm_->run(p, stream_);
+      if (exec.other_gemms) *exec.other_gemms += 1;
+      break;
+    case GemmMode::bf16:
+    case GemmMode::f16:
+      OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
+      p.a_type = p.b_type = wide_type(exec.forward);
+      p.a = wide_copy(inp, N * C, exec.forward, 0);
+      p.b = const_cast<CudaWeightCopy*>(w)->wide.get(0, stream_);
+      gemm_->run(p, stream_);
+      if (exec.other_gemms) *exec.other_gemms += 1;
+      break;
+    case GemmMode::fp8: {
+      OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
+      OCTET_REQUIRE(exec.weight_gradient != GemmMode::fp8 || fp8_shape_supported(OC, C, N),
+                    "an FP8 weight gradient over {} rows: FP8 GEMMs need a multiple of 16 (the precision "
+                    "policy keeps such layers in BF16)",
+                    N);
+      Layer& layer = prepared_layer(exec, w);
+      auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
+      if (saved == nullptr) {
+        exec.saved_input = std::make_unique<CudaSavedInput>();
+        saved = static_cast<CudaSavedInput*>(exec.saved_input.get());
+      }
+      const size_t n = static_cast<size_t>(N * C);
+      saved->format = exec.formats.activation;
+      uint8_t* codes = saved->codes.as<uint8_t>(n, stream_);
+      uint8_t* codes_t = saved->codes_transposed.as<uint8_t>(n, stream_);
+      float* scale_inv = saved->scale_inv.as<float>(1, stream_);
+      cast_operand(layer, kActivation, exec.formats.activation, inp, N, C, codes, codes_t,
+                   &layer.device->cast_scale[kActivation], scale_inv, exec.update_scaling, exec);
+      fp8_gemm(out, codes, exec.formats.activation, scale_inv,
+               static_cast<const uint8_t*>(const_cast<CudaWeightCopy*>(w)->fp8.get(0, stream_)),
+               exec.formats.weight, &layer.device->weight_scale_inv, N, OC, C, false, true);
+      if (exec.fp8_gemms) *exec.fp8_gemms += 1;
+      break;
+    }
+  }
+  // Bias, then the GEMM's output type: BF16 for FP8 GEMMs (as the CPU reference stores it).
+  const Dtype round_to = exec.forward == GemmMode::f32   ? Dtype::f32
+                         : exec.forward == GemmMode::f16 ? Dtype::f16
+                                                         : Dtype::bf16;
+  add_bias(out, bias, N, OC, round_to, stream_);
+}
+
+void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const WeightCopy* copy, int64_t N,
+                                  int64_t C, int64_t OC, LinearExecution& exec) {
+  auto* w = const_cast<CudaWeightCopy*>(dynamic_cast<const CudaWeightCopy*>(copy));
+  if (dbias != nullptr) bias_backward(dbias, dout, N, OC, workspace_, stream_);
+  const bool fp8 = exec.input_gradient == GemmMode::fp8 || exec.weight_gradient == GemmMode::fp8;
+  const size_t ny = static_cast<size_t>(N * OC);
+  uint8_t* dy = nullptr;
+  uint8_t* dy_t = nullptr;
+  Layer* layer = nullptr;
+  if (fp8) {
+    layer = &prepared_layer(exec, w);
+    dy = dy_codes_.as<uint8_t>(ny, stream_);
+    dy_t = dy_codes_transposed_.as<uint8_t>(ny, stream_);
+    cast_operand(*layer, kGradient, exec.formats.gradient, dout, N, OC, dy, dy_t,
+                 &layer->device->cast_scale[kGradient], &layer->device->gradient_scale_inv, true, exec);
+  }
+
+  // Input gradient: dinp [N, C] = dout [N, OC] x W [OC, C], i.e. A = dout (K = OC), B = W^T.
+  switch (exec.input_gradient) {
+    case GemmMode::f32: {
+      GemmProblem p;
+      p.M = N;
+      p.N = C;
+      p.K = OC;
+      p.a_type = p.b_type = GemmType::f32;
+      p.a = dout;
+      p.b = weight;
+      p.b_transposed = true;
+      p.d = dinp;
+      gemm_->run(p, stream_);
+      if (exec.other_gemms) *exec.other_gemms += 1;
+      break;
+    }
+    case GemmMode::bf16:
+    case GemmMode::f16: {
+      OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
+      GemmProblem p;
+      p.M = N;
+      p.N = C;
+      p.K = OC;
+      p.a_type = p.b_type = wide_type(exec.input_gradient);
+      p.a = wide_copy(dout, N * OC, exec.input_gradient, 0);
+      p.b = w->wide.get(0, stream_);
+      p.b_transposed = true;
+      p.d = dinp;
+      gemm_->run(p, stream_);
+      round_in_place(dinp, N * C, wide_dtype(exec.input_gradient), stream_);
+      if (exec.other_gemms) *exec.other_gemms += 1;
+      break;
+    }
+    case GemmMode::fp8:
+      OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
+      fp8_gemm(dinp, dy, exec.formats.gradient, &layer->device->gradient_scale_inv,
+               static_cast<const uint8_t*>(w->fp8_transposed.get(0, stream_)), exec.formats.weight,
+               &layer->device->weight_scale_inv, N, C, OC, false, false);
+      round_in_place(dinp, N * C, Dtype::bf16, stream_);
+      if (exec.fp8_gemms) *exec.fp8_gemms += 1;
+      break;
+  }
+
+  // Weight gradient, accumulated in float32: dweight [OC, C] += dout^T [OC, N] x inp [N, C] (K = N).
+  switch (exec.weight_gradient) {
+    case GemmMode::f32:
+    case GemmMode::bf16:
+    case GemmMode::f16: {
+      GemmProblem p;
+      p.M = OC;
+      p.N = C;
+      p.K = N;
+      p.a_transposed = true;
+      p.b_transposed = true;
+      p.d = dweight;
+      p.accumulate = true;
+      if (exec.weight_gradient == GemmMode::f32) {
+        p.a_type = p.b_type = GemmType::f32;
+        p.a = dout;
+        p.b = inp;
+      } else {
+        p.a_type = p.b_type = wide_type(exec.weight_gradient);
+        p.a = wide_copy(dout, N * OC, exec.weight_gradient, 0);
+        p.b = wide_copy(inp, N * C, exec.weight_gradient, 1);
+      }
+      gemm_->run(p, stream_);
+      if (exec.other_gemms) *exec.other_gemms += 1;
+      break;
+    }
+    case GemmMode::fp8: {
+      auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
+      OCTET_CHECK(saved != nullptr, "the forward's FP8 input, kept for the backward");
+      fp8_gemm(dweight, dy_t, exec.formats.gradient, &layer->device->gradient_scale_inv,
+               static_cast<const uint8_t*>(saved->codes_transposed.get(0, stream_)), saved->format,
+               static_cast<const float*>(saved->scale_inv.get(0, stream_)), OC, C, N, true, false);
+      if (exec.fp8_gemms) *exec.fp8_gemms += 1;
+      break;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+
+bool cuda_backend_built() {
+  return true;
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return count;
+}
+
+CudaDeviceInfo cuda_device_info(int device) {
+  cudaDeviceProp prop{};
+  OCTET_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  CudaDeviceInfo info;
+  info.index = device;
+  info.name = prop.name;
+  info.major = prop.major;
+  info.minor = prop.minor;
+  info.fp8_tensor_cores = prop.major > 8 || (prop.major == 8 && prop.minor >= 9);
+  info.memory_bytes = prop.totalGlobalMem;
+  return info;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  OCTET_REQUIRE(cuda_device_count() > 0, "train.device = \"cuda\": no CUDA GPU is visible to this process");
+  return std::make_unique<cuda::CudaBackend>(options);
+}
+
+}  // namespace octet

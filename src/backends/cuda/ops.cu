@@ -1,0 +1,1126 @@
+// The CUDA backend's element-wise, normalisation, loss and optimizer kernels (see ops.h) and their
+// launchers. Each kernel mirrors the CPU reference (src/backends/cpu/cpu_backend.cpp) operation for
+// operation, with the round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...) wherever the reference rounds
+// a product before adding it: nvcc would otherwise contract a * b + c into one FMA and round once where the
+// host rounds twice. Reductions run in an order fixed by the shapes (never by the device or by atomics), so
+// every op is bitwise repeatable; sums the reference takes in float64 are taken in float64 here too, so they
+// differ from it only in the order of float64 additions.
+#include "ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "octet/check.h"
+#include "octet/cuda/device.h"
+
+namespace octet::cuda {
+namespace {
+
+constexpr int kThreads = 256;      // block size of the flat kernels
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+constexpr size_t kAlignment = 256;  // of each region carved out of a workspace
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0;
+  OCTET_CUDA_CHECK(cudaGetDevice(&device));
+  int value = 0;
+  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
+}
+
+// Blocks for a grid-stride loop over `work` items: enough to fill the device, never more than the work.
+// The results of the kernels that use it do not depend on the grid size.
+unsigned flat_grid(int64_t work) {
+  thread_local int device = -1;
+  thread_local int multiprocessors = 0;
+  int current = 0;
+  OCTET_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device) {
+    OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, current));
+    device = current;
+  }
+  const int64_t limit = static_cast<int64_t>(multiprocessors) * 16;
+  return static_cast<unsigned>(std::clamp<int64_t>(ceil_div(work, kThreads), 1, std::max<int64_t>(limit, 1)));
+}
+
+// Offsets of the regions an op carves out of one workspace block, laid out before the block is asked for:
+// a second Workspace::get could move the block under pointers taken from the first.
+struct Layout {
+  size_t bytes = 0;
+  size_t reserve(size_t size) {
+    const size_t at = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    bytes = at + size;
+    return at;
+  }
+};
+
+template <typename T>
+T* at_offset(void* base, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Device helpers
+
+// W consecutive floats, loaded as one float4 when W is 4 (the caller guarantees 16-byte alignment).
+template <int W>
+struct Pack {
+  float v[W];
+};
+
+template <int W>
+__device__ __forceinline__ Pack<W> load_pack(const float* p) {
+  if constexpr (W == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    return {{q.x, q.y, q.z, q.w}};
+  } else {
+    return {{*p}};
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void store_pack(float* p, const Pack<W>& x) {
+  if constexpr (W == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(x.v[0], x.v[1], x.v[2], x.v[3]);
+  } else {
+    *p = x.v[0];
+  }
+}
+
+// Butterfly sum: every lane ends with the same bits, since each step adds the same two values on both lanes.
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = __dadd_rn(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// Sum over the block, returned to every thread. Every thread of the block must call it.
+__device__ double block_sum(double v) {
+  __shared__ double warp_sums[kWarp];
+  const unsigned lane = threadIdx.x % kWarp;
+  const unsigned warp = threadIdx.x / kWarp;
+  v = warp_sum(v);
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  v = lane < blockDim.x / kWarp ? warp_sums[lane] : 0.0;
+  v = warp_sum(v);
+  __syncthreads();  // warp_sums may be reused by the next call
+  return v;
+}
+
+// A grid-stride loop over n elements: op.template apply<4>(i) for the groups of four (float4 loads, used
+// when every pointer is 16-byte aligned and `groups` = n / 4), then op.template apply<1>(i) for the rest.
+template <typename Op>
+__global__ void __launch_bounds__(kThreads) for_each_kernel(Op op, int64_t groups, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t g = first; g < groups; g += stride) op.template apply<4>(g * 4);
+  for (int64_t i = groups * 4 + first; i < n; i += stride) op.template apply<1>(i);
+}
+
+// Enqueues for_each_kernel; the caller checks the launch (OCTET_CUDA_CHECK_LAUNCH names the op).
+template <typename Op>
+void for_each(const Op& op, int64_t n, bool vectorize, cudaStream_t stream) {
+  const int64_t groups = vectorize ? n / 4 : 0;
+  const int64_t work = groups + (n - groups * 4);
+  for_each_kernel<<<flat_grid(work), kThreads, 0, stream>>>(op, groups, n);
+}
+
+// out = fn(in) and out = fn(a, b), element-wise; out may alias an input.
+template <typename Fn>
+struct Map1 {
+  float* out;
+  const float* in;
+  Fn fn;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    Pack<W> x = load_pack<W>(in + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) x.v[k] = fn(x.v[k]);
+    store_pack<W>(out + i, x);
+  }
+};
+
+template <typename Fn>
+struct Map2 {
+  float* out;
+  const float* a;
+  const float* b;
+  Fn fn;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    Pack<W> x = load_pack<W>(a + i);
+    const Pack<W> y = load_pack<W>(b + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) x.v[k] = fn(x.v[k], y.v[k]);
+    store_pack<W>(out + i, x);
+  }
+};
+
+struct Add {
+  __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+};
+struct Multiply {
+  float factor;
+  __device__ float operator()(float x) const { return __fmul_rn(x, factor); }
+};
+struct RoundBf16 {
+  __device__ float operator()(float x) const { return round_to_bf16(x); }
+};
+struct RoundF16 {
+  __device__ float operator()(float x) const { return round_to_f16(x); }
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// GELU: the reference's expressions, evaluated left to right as C++ groups them.
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+constexpr float kGeluCubicSlope = 3.0f * kGeluCubic;  // folded in float, as the host compiler folds it
+
+__device__ __forceinline__ float gelu_argument(float x) {
+  const float cubic = __fmul_rn(__fmul_rn(__fmul_rn(kGeluCubic, x), x), x);
+  return __fmul_rn(kGeluScale, __fadd_rn(x, cubic));
+}
+
+struct Gelu {
+  __device__ float operator()(float x) const {
+    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(gelu_argument(x))));
+  }
+};
+
+// gelu'(x) * dout
+struct GeluGradient {
+  __device__ float operator()(float x, float dout) const {
+    const float th = tanhf(gelu_argument(x));
+    const float sech2 = __fsub_rn(1.0f, __fmul_rn(th, th));
+    const float left = __fmul_rn(0.5f, __fadd_rn(1.0f, th));
+    const float slope = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(kGeluCubicSlope, x), x));
+    const float right = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), sech2), kGeluScale), slope);
+    return __fmul_rn(__fadd_rn(left, right), dout);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Embeddings
+
+struct EncoderForward {
+  float* out;
+  const int32_t* tokens;
+  const float* wte;
+  const float* wpe;
+  int64_t T;
+  int64_t C;
+  // With W = 4, C is a multiple of 4, so the group lies in one row.
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    const int64_t row = i / C;
+    const int64_t c = i - row * C;
+    const int64_t t = row % T;
+    const Pack<W> e = load_pack<W>(wte + static_cast<int64_t>(tokens[row]) * C + c);
+    Pack<W> p = load_pack<W>(wpe + t * C + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) p.v[k] = __fadd_rn(e.v[k], p.v[k]);
+    store_pack<W>(out + i, p);
+  }
+};
+
+// dwpe[t, c] += dout[b, t, c] for b = 0, 1, ...: the reference's order. Element i of dwpe [T*C] gathers
+// element b*T*C + i of dout, so groups of four stay aligned when T*C is a multiple of 4.
+struct EncoderBackwardPosition {
+  float* dwpe;
+  const float* dout;
+  int64_t B;
+  int64_t TC;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    Pack<W> acc = load_pack<W>(dwpe + i);
+    for (int64_t b = 0; b < B; ++b) {
+      const Pack<W> d = load_pack<W>(dout + b * TC + i);
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc.v[k] = __fadd_rn(acc.v[k], d.v[k]);
+    }
+    store_pack<W>(dwpe + i, acc);
+  }
+};
+
+__global__ void iota_kernel(int32_t* x, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) x[i] = i;
+}
+
+// One block per sorted position; the block at the start of a token's run adds the run's rows of dout into
+// that token's row of dwte in position order, i.e. in the reference's (b, t) order (the sort is stable).
+// blockIdx.y picks a chunk of channels.
+template <int W>
+__global__ void encoder_backward_token_kernel(float* dwte, const float* dout, const int32_t* sorted_tokens,
+                                              const int32_t* sorted_positions, int n, int64_t C) {
+  const int first = static_cast<int>(blockIdx.x);
+  const int32_t token = sorted_tokens[first];
+  if (first > 0 && sorted_tokens[first - 1] == token) return;
+  const int64_t c = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * W;
+  if (c >= C) return;
+  // The run's end by binary search, so that the loop below has a known trip count and its loads can be
+  // issued ahead of the (ordered) additions: a frequent token's run can be thousands of positions long.
+  int low = first + 1;
+  int high = n;
+  while (low < high) {
+    const int middle = low + (high - low) / 2;
+    if (sorted_tokens[middle] == token) {
+      low = middle + 1;
+    } else {
+      high = middle;
+    }
+  }
+  const int end = low;
+  float* e = dwte + static_cast<int64_t>(token) * C + c;
+  Pack<W> acc = load_pack<W>(e);
+#pragma unroll 8
+  for (int j = first; j < end; ++j) {
+    const Pack<W> d = load_pack<W>(dout + static_cast<int64_t>(sorted_positions[j]) * C + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) acc.v[k] = __fadd_rn(acc.v[k], d.v[k]);
+  }
+  store_pack<W>(e, acc);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Column sums over rows: out[c] += sum over r of x[r * ld + c], in a fixed order. Stage one: blocks of
+// 32 columns x 8 row lanes, one block per (column tile, split of the rows); each thread sums its rows in
+// order, the eight lanes are added in order. With one split the block adds straight into out; otherwise
+// stage two adds each column's split totals in order.
+
+constexpr int kColumnTile = 32;
+constexpr int kColumnLanes = 8;
+
+struct ColumnSumPlan {
+  int64_t rows_per_split = 0;
+  int64_t splits = 0;
+  size_t scratch_floats(int64_t cols) const { return splits > 1 ? static_cast<size_t>(splits * cols) : 0; }
+};
+
+// Depends on the shape only, so the order of additions is the same on every device.
+ColumnSumPlan plan_column_sum(int64_t rows, int64_t cols) {
+  const int64_t tiles = ceil_div(cols, kColumnTile);
+  int64_t splits = std::clamp<int64_t>(ceil_div(1024, tiles), 1, 128);  // about 1024 blocks in all
+  splits = std::max<int64_t>(1, std::min(splits, ceil_div(rows, 4 * kColumnLanes)));
+  ColumnSumPlan plan;
+  plan.rows_per_split = ceil_div(rows, splits);
+  plan.splits = ceil_div(rows, plan.rows_per_split);
+  return plan;
+}
+
+template <bool Direct>
+__global__ void __launch_bounds__(kColumnTile* kColumnLanes)
+    column_sum_kernel(const float* x, int64_t ld, int64_t rows, int64_t cols, int64_t rows_per_split,
+                      float* out) {
+  __shared__ float lane_sums[kColumnLanes][kColumnTile + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_split;
+  const int64_t end = rows < begin + rows_per_split ? rows : begin + rows_per_split;
+  float acc = 0.0f;
+  if (c < cols) {
+#pragma unroll 4
+    for (int64_t r = begin + threadIdx.y; r < end; r += kColumnLanes) acc = __fadd_rn(acc, x[r * ld + c]);
+  }
+  lane_sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float total = lane_sums[0][threadIdx.x];
+#pragma unroll
+  for (int k = 1; k < kColumnLanes; ++k) total = __fadd_rn(total, lane_sums[k][threadIdx.x]);
+  if constexpr (Direct) {
+    out[c] = __fadd_rn(out[c], total);
+  } else {
+    out[blockIdx.y * cols + c] = total;
+  }
+}
+
+__global__ void column_finish_kernel(const float* split_sums, int64_t splits, int64_t cols, float* out) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float total = split_sums[c];
+  for (int64_t s = 1; s < splits; ++s) total = __fadd_rn(total, split_sums[s * cols + c]);
+  out[c] = __fadd_rn(out[c], total);
+}
+
+// scratch: plan.scratch_floats(cols) floats.
+void column_sum(const float* x, int64_t ld, int64_t rows, int64_t cols, float* out, const ColumnSumPlan& plan,
+                float* scratch, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const dim3 block(kColumnTile, kColumnLanes);
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kColumnTile)), static_cast<unsigned>(plan.splits));
+  if (plan.splits == 1) {
+    column_sum_kernel<true><<<grid, block, 0, stream>>>(x, ld, rows, cols, plan.rows_per_split, out);
+    OCTET_CUDA_CHECK_LAUNCH("column_sum_kernel");
+    return;
+  }
+  column_sum_kernel<false><<<grid, block, 0, stream>>>(x, ld, rows, cols, plan.rows_per_split, scratch);
+  OCTET_CUDA_CHECK_LAUNCH("column_sum_kernel");
+  column_finish_kernel<<<static_cast<unsigned>(ceil_div(cols, kThreads)), kThreads, 0, stream>>>(
+      scratch, plan.splits, cols, out);
+  OCTET_CUDA_CHECK_LAUNCH("column_finish_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// LayerNorm: one warp per row. The row's statistics are float64 sums, as in the reference; the row is read
+// once per pass and stays in L1 between passes.
+
+constexpr float kLayernormEps = 1e-5f;
+constexpr int kLayernormForwardWarps = kThreads / kWarp;
+constexpr int kLayernormBackwardWarps = 4;  // per block, each with its own dweight/dbias partials
+constexpr int64_t kLayernormBackwardBlocks = 1024;
+
+template <int W>
+__global__ void __launch_bounds__(kThreads)
+    layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                             const float* bias, int64_t N, int64_t C) {
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kLayernormForwardWarps + threadIdx.x / kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  double sum = 0.0;
+  for (int64_t i = lane * W; i < C; i += kWarp * W) {
+    const Pack<W> p = load_pack<W>(x + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) sum = __dadd_rn(sum, static_cast<double>(p.v[k]));
+  }
+  const float m = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
+  double var = 0.0;
+  for (int64_t i = lane * W; i < C; i += kWarp * W) {
+    const Pack<W> p = load_pack<W>(x + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const double d = static_cast<double>(__fsub_rn(p.v[k], m));
+      var = __dadd_rn(var, __dmul_rn(d, d));
+    }
+  }
+  const double variance = warp_sum(var) / static_cast<double>(C);
+  const float s = static_cast<float>(1.0 / sqrt(variance + static_cast<double>(kLayernormEps)));
+  float* o = out + row * C;
+  for (int64_t i = lane * W; i < C; i += kWarp * W) {
+    Pack<W> p = load_pack<W>(x + i);
+    const Pack<W> w = load_pack<W>(weight + i);
+    const Pack<W> b = load_pack<W>(bias + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) p.v[k] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(p.v[k], m), s), w.v[k]), b.v[k]);
+    store_pack<W>(o + i, p);
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+// Accumulates dinp row by row; each warp adds its rows' dbias and dweight terms into its own partials in
+// shared memory ([warps][2][C]: dbias, then dweight), each lane always touching the same columns. The block
+// then adds its warps' partials in order and writes them to partials [gridDim.x][2][C].
+template <int W>
+__global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
+    layernorm_backward_kernel(float* dinp, float* partials, const float* dout, const float* inp,
+                              const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
+  extern __shared__ float warp_partials[];
+  const int warps = static_cast<int>(blockDim.x / kWarp);
+  const int warp = static_cast<int>(threadIdx.x / kWarp);
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  for (int64_t i = threadIdx.x; i < warps * 2 * C; i += blockDim.x) warp_partials[i] = 0.0f;
+  __syncthreads();
+  float* dbias_acc = warp_partials + warp * 2 * C;
+  float* dweight_acc = dbias_acc + C;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + warp; row < N;
+       row += static_cast<int64_t>(gridDim.x) * warps) {
+    const float* d = dout + row * C;
+    const float* x = inp + row * C;
+    const float m = mean[row];
+    const float s = rstd[row];
+    double dnorm_sum = 0.0;
+    double dnorm_norm_sum = 0.0;
+    for (int64_t i = lane * W; i < C; i += kWarp * W) {
+      const Pack<W> dp = load_pack<W>(d + i);
+      const Pack<W> xp = load_pack<W>(x + i);
+      const Pack<W> wp = load_pack<W>(weight + i);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float norm = __fmul_rn(__fsub_rn(xp.v[k], m), s);
+        const float dnorm = __fmul_rn(wp.v[k], dp.v[k]);
+        dnorm_sum = __dadd_rn(dnorm_sum, static_cast<double>(dnorm));
+        dnorm_norm_sum = __dadd_rn(dnorm_norm_sum, __dmul_rn(static_cast<double>(dnorm), static_cast<double>(norm)));
+      }
+    }
+    const float a = static_cast<float>(warp_sum(dnorm_sum) / static_cast<double>(C));
+    const float b = static_cast<float>(warp_sum(dnorm_norm_sum) / static_cast<double>(C));
+    float* di = dinp + row * C;
+    for (int64_t i = lane * W; i < C; i += kWarp * W) {
+      const Pack<W> dp = load_pack<W>(d + i);
+      const Pack<W> xp = load_pack<W>(x + i);
+      const Pack<W> wp = load_pack<W>(weight + i);
+      Pack<W> gp = load_pack<W>(di + i);
+      Pack<W> bias_acc = load_pack<W>(dbias_acc + i);
+      Pack<W> weight_acc = load_pack<W>(dweight_acc + i);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float norm = __fmul_rn(__fsub_rn(xp.v[k], m), s);
+        const float dnorm = __fmul_rn(wp.v[k], dp.v[k]);
+        bias_acc.v[k] = __fadd_rn(bias_acc.v[k], dp.v[k]);
+        weight_acc.v[k] = __fadd_rn(weight_acc.v[k], __fmul_rn(norm, dp.v[k]));
+        const float centred = __fsub_rn(__fsub_rn(dnorm, a), __fmul_rn(norm, b));
+        gp.v[k] = __fadd_rn(gp.v[k], __fmul_rn(centred, s));
+      }
+      store_pack<W>(di + i, gp);
+      store_pack<W>(dbias_acc + i, bias_acc);
+      store_pack<W>(dweight_acc + i, weight_acc);
+    }
+  }
+  __syncthreads();
+  float* block_partials = partials + static_cast<int64_t>(blockIdx.x) * 2 * C;
+  for (int64_t i = threadIdx.x; i < 2 * C; i += blockDim.x) {
+    float total = warp_partials[i];
+    for (int w = 1; w < warps; ++w) total = __fadd_rn(total, warp_partials[w * 2 * C + i]);
+    block_partials[i] = total;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Softmax cross-entropy: one block per row. Each thread keeps a running maximum and a float64 sum of
+// exp(x - maximum), rescaled when the maximum grows, so the row is read once for the loss. When the row fits
+// in shared memory (Cached), that read also keeps it there for the gradient pass, so the logits cross DRAM
+// once each way: rows of a GPT-2 vocabulary, hundreds of them in flight, do not stay in L2 between passes.
+// Each thread reads back only what it stored itself, so the cache needs no barrier of its own.
+
+constexpr int kSoftmaxThreads = 1024;
+
+struct MaxSum {
+  float max;
+  double sum;
+};
+
+// The factor that moves a sum taken under maximum m to maximum `to` (>= m); 1 when they agree, which also
+// covers a thread that saw no element (m = to = -Inf).
+__device__ __forceinline__ double rescale(float m, float to) {
+  return m == to ? 1.0 : static_cast<double>(expf(__fsub_rn(m, to)));
+}
+
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float to = fmaxf(a.max, b.max);
+  return {to, __dadd_rn(__dmul_rn(a.sum, rescale(a.max, to)), __dmul_rn(b.sum, rescale(b.max, to)))};
+}
+
+__device__ __forceinline__ void add_logit(MaxSum& r, float x) {
+  // exp(-Inf) adds nothing; skipping it also keeps -Inf - -Inf (NaN) out while the running maximum is -Inf.
+  if (x == -INFINITY) return;
+  if (x > r.max) {
+    r.sum = __dmul_rn(r.sum, rescale(r.max, x));
+    r.max = x;
+  }
+  // A NaN logit makes the sum NaN, and so the loss, as in the reference.
+  r.sum = __dadd_rn(r.sum, static_cast<double>(expf(__fsub_rn(x, r.max))));
+}
+
+__device__ MaxSum block_max_sum(MaxSum r) {
+  __shared__ float maxima[kWarp];
+  __shared__ double sums[kWarp];
+  const unsigned lane = threadIdx.x % kWarp;
+  const unsigned warp = threadIdx.x / kWarp;
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    r = combine(r, {__shfl_xor_sync(kFullMask, r.max, offset), __shfl_xor_sync(kFullMask, r.sum, offset)});
+  }
+  if (lane == 0) {
+    maxima[warp] = r.max;
+    sums[warp] = r.sum;
+  }
+  __syncthreads();
+  r = lane < blockDim.x / kWarp ? MaxSum{maxima[lane], sums[lane]} : MaxSum{-INFINITY, 0.0};
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    r = combine(r, {__shfl_xor_sync(kFullMask, r.max, offset), __shfl_xor_sync(kFullMask, r.sum, offset)});
+  }
+  return r;
+}
+
+template <int W, bool Cached>
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    softmax_cross_entropy_kernel(float* losses, float* logits, const int32_t* targets, int64_t V, int64_t Vp,
+                                 float dloss) {
+  extern __shared__ float cached_row[];  // [V] when Cached
+  const int64_t n = blockIdx.x;
+  float* row = logits + n * Vp;
+  const int64_t target = targets[n];
+  // Read before the block reduction's barriers, so before any thread overwrites the row.
+  const float target_logit = threadIdx.x == 0 ? row[target] : 0.0f;
+  const int64_t groups = V / W;
+  MaxSum r{-INFINITY, 0.0};
+  for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
+    const Pack<W> p = load_pack<W>(row + g * W);
+    if constexpr (Cached) store_pack<W>(cached_row + g * W, p);
+#pragma unroll
+    for (int k = 0; k < W; ++k) add_logit(r, p.v[k]);
+  }
+  for (int64_t v = groups * W + threadIdx.x; v < V; v += kSoftmaxThreads) {
+    const float x = row[v];
+    if constexpr (Cached) cached_row[v] = x;
+    add_logit(r, x);
+  }
+  r = block_max_sum(r);
+  const float max = r.max;
+  if (threadIdx.x == 0) {
+    const float log_sum = static_cast<float>(log(r.sum));
+    losses[n] = __fsub_rn(log_sum, __fsub_rn(target_logit, max));
+  }
+  if (dloss == 0.0f) return;
+  const float inverse_sum = static_cast<float>(1.0 / r.sum);
+  for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
+    Pack<W> p = load_pack<W>((Cached ? cached_row : row) + g * W);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      p.v[k] = __fmul_rn(__fmul_rn(expf(__fsub_rn(p.v[k], max)), inverse_sum), dloss);
+      if (g * W + k == target) p.v[k] = __fsub_rn(p.v[k], dloss);
+    }
+    store_pack<W>(row + g * W, p);
+  }
+  for (int64_t v = groups * W + threadIdx.x; v < V; v += kSoftmaxThreads) {
+    float p = __fmul_rn(__fmul_rn(expf(__fsub_rn(Cached ? cached_row[v] : row[v], max)), inverse_sum), dloss);
+    if (v == target) p = __fsub_rn(p, dloss);
+    row[v] = p;
+  }
+  for (int64_t v = V + threadIdx.x; v < Vp; v += kSoftmaxThreads) row[v] = 0.0f;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Gradient utilities
+
+// Blocks of the sum of squares: from n alone, so that the order of additions is the same everywhere.
+constexpr int64_t kSumBlocks = 1024;
+
+int64_t sum_blocks(int64_t n) {
+  return std::clamp<int64_t>(ceil_div(n, kThreads * 8), 1, kSumBlocks);
+}
+
+template <int W>
+__global__ void __launch_bounds__(kThreads) sum_of_squares_kernel(const float* x, int64_t n, double* block_sums) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t groups = n / W;
+  double acc = 0.0;
+  for (int64_t g = first; g < groups; g += stride) {
+    const Pack<W> p = load_pack<W>(x + g * W);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const double d = static_cast<double>(p.v[k]);
+      acc = __dadd_rn(acc, __dmul_rn(d, d));
+    }
+  }
+  for (int64_t i = groups * W + first; i < n; i += stride) {
+    const double d = static_cast<double>(x[i]);
+    acc = __dadd_rn(acc, __dmul_rn(d, d));
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) block_sums[blockIdx.x] = acc;
+}
+
+__global__ void __launch_bounds__(kThreads) sum_blocks_kernel(const double* block_sums, int64_t count, double* total) {
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc = __dadd_rn(acc, block_sums[i]);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *total = acc;
+}
+
+// Sets *flag when some element is Inf or NaN (every writer stores the same value, so no atomics).
+struct FindNonFinite {
+  const float* x;
+  int* flag;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    const Pack<W> p = load_pack<W>(x + i);
+    bool finite = true;
+#pragma unroll
+    for (int k = 0; k < W; ++k) finite = finite && (__float_as_uint(p.v[k]) & 0x7F800000u) != 0x7F800000u;
+    if (!finite) *flag = 1;
+  }
+};
+
+// The reference's AdamW step, one rounding per operation in its order; the loop-invariant factors are
+// computed on the host exactly as the reference computes them.
+struct AdamW {
+  float* params;
+  float* m;
+  float* v;
+  const float* grads;
+  float grad_scale;
+  float decay;         // 1 - learning_rate * weight_decay
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float bias2_sqrt;
+  float step_size;     // learning_rate / bias1
+  float eps;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    Pack<W> p = load_pack<W>(params + i);
+    Pack<W> mp = load_pack<W>(m + i);
+    Pack<W> vp = load_pack<W>(v + i);
+    const Pack<W> gp = load_pack<W>(grads + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float g = __fmul_rn(gp.v[k], grad_scale);
+      const float decayed = __fmul_rn(p.v[k], decay);
+      mp.v[k] = __fadd_rn(__fmul_rn(beta1, mp.v[k]), __fmul_rn(one_minus_beta1, g));
+      vp.v[k] = __fadd_rn(__fmul_rn(beta2, vp.v[k]), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
+      const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vp.v[k]), bias2_sqrt), eps);
+      p.v[k] = __fsub_rn(decayed, __fdiv_rn(__fmul_rn(step_size, mp.v[k]), denom));
+    }
+    store_pack<W>(params + i, p);
+    store_pack<W>(m + i, mp);
+    store_pack<W>(v + i, vp);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Linear-layer support
+
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  // round_to_bf16 leaves the BF16 code in the upper half (its NaN is the canonical 0x7FFF).
+  return static_cast<uint16_t>(__float_as_uint(round_to_bf16(x)) >> 16);
+}
+
+__device__ __forceinline__ uint16_t f16_bits(float x) {
+  // round_to_f16's result is an FP16 value, which the hardware conversion then represents exactly; NaN is
+  // written as the canonical 0x7FFF, as octet::float_to_f16 writes it.
+  const float r = round_to_f16(x);
+  return r != r ? static_cast<uint16_t>(0x7FFFu) : __half_as_ushort(__float2half_rn(r));
+}
+
+// With W = 4 the output is 8-byte aligned and written as one 64-bit store.
+template <bool Bf16>
+struct Convert {
+  uint16_t* out;
+  const float* in;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    const Pack<W> p = load_pack<W>(in + i);
+    uint16_t codes[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) codes[k] = Bf16 ? bf16_bits(p.v[k]) : f16_bits(p.v[k]);
+    if constexpr (W == 4) {
+      uint2 packed;
+      packed.x = static_cast<uint32_t>(codes[0]) | (static_cast<uint32_t>(codes[1]) << 16);
+      packed.y = static_cast<uint32_t>(codes[2]) | (static_cast<uint32_t>(codes[3]) << 16);
+      *reinterpret_cast<uint2*>(out + i) = packed;
+    } else {
+      out[i] = codes[0];
+    }
+  }
+};
+
+// out += bias (when given), then rounded to Round (bf16, f16, or f32 for none). With W = 4, OC is a multiple
+// of 4, so a group's columns are consecutive.
+template <Dtype Round>
+struct AddBias {
+  float* out;
+  const float* bias;
+  int64_t OC;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    Pack<W> p = load_pack<W>(out + i);
+    if (bias != nullptr) {
+      const Pack<W> b = load_pack<W>(bias + i % OC);
+#pragma unroll
+      for (int k = 0; k < W; ++k) p.v[k] = __fadd_rn(p.v[k], b.v[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if constexpr (Round == Dtype::bf16) p.v[k] = round_to_bf16(p.v[k]);
+      if constexpr (Round == Dtype::f16) p.v[k] = round_to_f16(p.v[k]);
+    }
+    store_pack<W>(out + i, p);
+  }
+};
+
+void check_size(int64_t n, const char* op) {
+  OCTET_CHECK(n >= 0, "{}: a non-negative size, got {}", op, n);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// Workspace
+
+Workspace::~Workspace() {
+  release();
+}
+
+Workspace::Workspace(Workspace&& other) noexcept
+    : device_(std::exchange(other.device_, nullptr)),
+      device_bytes_(std::exchange(other.device_bytes_, 0)),
+      host_(std::exchange(other.host_, nullptr)) {}
+
+Workspace& Workspace::operator=(Workspace&& other) noexcept {
+  if (this != &other) {
+    release();
+    device_ = std::exchange(other.device_, nullptr);
+    device_bytes_ = std::exchange(other.device_bytes_, 0);
+    host_ = std::exchange(other.host_, nullptr);
+  }
+  return *this;
+}
+
+void Workspace::release() noexcept {
+  if (device_ != nullptr) (void)cudaFree(device_);
+  if (host_ != nullptr) (void)cudaFreeHost(host_);
+  device_ = nullptr;
+  device_bytes_ = 0;
+  host_ = nullptr;
+}
+
+void* Workspace::get(size_t bytes, cudaStream_t stream) {
+  if (bytes <= device_bytes_ && device_ != nullptr) return device_;
+  // Work already queued on the stream may still use the old block.
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (device_ != nullptr) OCTET_CUDA_CHECK(cudaFree(device_));
+  device_ = nullptr;
+  device_bytes_ = 0;
+  // Half as much again, rounded to 1 MiB, so that slowly growing requests do not reallocate every time.
+  const size_t mib = size_t{1} << 20;
+  const size_t size = std::max<size_t>((bytes + bytes / 2 + mib - 1) / mib * mib, mib);
+  OCTET_CUDA_CHECK(cudaMalloc(&device_, size));
+  device_bytes_ = size;
+  return device_;
+}
+
+void* Workspace::host() {
+  if (host_ == nullptr) OCTET_CUDA_CHECK(cudaMallocHost(&host_, kHostBytes));
+  return host_;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Launchers
+
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                     int64_t C, cudaStream_t stream) {
+  OCTET_CHECK(B >= 0 && T >= 0 && C >= 0, "encoder_forward: non-negative B, T, C, got {} {} {}", B, T, C);
+  const int64_t n = B * T * C;
+  if (n == 0) return;
+  const bool vectorize = C % 4 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
+  for_each(EncoderForward{out, tokens, wte, wpe, T, C}, n, vectorize, stream);
+  OCTET_CUDA_CHECK_LAUNCH("encoder_forward");
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
+                      int64_t C, Workspace& workspace, cudaStream_t stream) {
+  OCTET_CHECK(B >= 0 && T >= 0 && C >= 0, "encoder_backward: non-negative B, T, C, got {} {} {}", B, T, C);
+  const int64_t rows = B * T;
+  if (rows == 0 || C == 0) return;
+  OCTET_CHECK(rows <= INT32_MAX, "encoder_backward: at most 2^31 - 1 positions, got {}", rows);
+  const int n = static_cast<int>(rows);
+
+  // Positions sorted by token id, stably, so that each token's positions keep the reference's (b, t) order.
+  size_t sort_bytes = 0;
+  OCTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, tokens, static_cast<int32_t*>(nullptr),
+                                                   static_cast<const int32_t*>(nullptr),
+                                                   static_cast<int32_t*>(nullptr), n, 0, 32, stream));
+  Layout layout;
+  const size_t sorted_tokens_at = layout.reserve(rows * sizeof(int32_t));
+  const size_t positions_at = layout.reserve(rows * sizeof(int32_t));
+  const size_t sorted_positions_at = layout.reserve(rows * sizeof(int32_t));
+  const size_t sort_at = layout.reserve(sort_bytes);
+  void* base = workspace.get(layout.bytes, stream);
+  auto* sorted_tokens = at_offset<int32_t>(base, sorted_tokens_at);
+  auto* positions = at_offset<int32_t>(base, positions_at);
+  auto* sorted_positions = at_offset<int32_t>(base, sorted_positions_at);
+
+  iota_kernel<<<static_cast<unsigned>(ceil_div(rows, kThreads)), kThreads, 0, stream>>>(positions, n);
+  OCTET_CUDA_CHECK_LAUNCH("iota_kernel");
+  OCTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(at_offset<void>(base, sort_at), sort_bytes, tokens,
+                                                   sorted_tokens, positions, sorted_positions, n, 0, 32,
+                                                   stream));
+
+  const bool vectorize = C % 4 == 0 && aligned16(dwte) && aligned16(dout);
+  const int width = vectorize ? 4 : 1;
+  const int64_t lanes = ceil_div(C, width);
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, ceil_div(lanes, kWarp) * kWarp));
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(ceil_div(lanes, threads)));
+  if (vectorize) {
+    encoder_backward_token_kernel<4><<<grid, threads, 0, stream>>>(dwte, dout, sorted_tokens, sorted_positions,
+                                                                   n, C);
+  } else {
+    encoder_backward_token_kernel<1><<<grid, threads, 0, stream>>>(dwte, dout, sorted_tokens, sorted_positions,
+                                                                   n, C);
+  }
+  OCTET_CUDA_CHECK_LAUNCH("encoder_backward_token_kernel");
+
+  const int64_t TC = T * C;
+  for_each(EncoderBackwardPosition{dwpe, dout, B, TC}, TC, TC % 4 == 0 && aligned16(dwpe) && aligned16(dout),
+           stream);
+  OCTET_CUDA_CHECK_LAUNCH("encoder_backward (positions)");
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C, cudaStream_t stream) {
+  OCTET_CHECK(N >= 0 && C > 0, "layernorm_forward: N >= 0 and C > 0, got N={} C={}", N, C);
+  if (N == 0) return;
+  const unsigned blocks = static_cast<unsigned>(ceil_div(N, kLayernormForwardWarps));
+  if (C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias)) {
+    layernorm_forward_kernel<4><<<blocks, kThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  } else {
+    layernorm_forward_kernel<1><<<blocks, kThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  }
+  OCTET_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
+                        Workspace& workspace, cudaStream_t stream) {
+  OCTET_CHECK(N >= 0 && C > 0, "layernorm_backward: N >= 0 and C > 0, got N={} C={}", N, C);
+  if (N == 0) return;
+  const size_t warp_bytes = static_cast<size_t>(2 * C) * sizeof(float);
+  const size_t shared_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  const int warps = static_cast<int>(std::min<size_t>(kLayernormBackwardWarps, shared_limit / warp_bytes));
+  OCTET_REQUIRE(warps >= 1, "layernorm_backward: C={} needs {} bytes of shared memory per warp, the device has {}",
+                C, warp_bytes, shared_limit);
+  const size_t shared_bytes = static_cast<size_t>(warps) * warp_bytes;
+  const int64_t blocks = std::min(ceil_div(N, warps), kLayernormBackwardBlocks);
+
+  const ColumnSumPlan plan = plan_column_sum(blocks, C);
+  Layout layout;
+  const size_t partials_at = layout.reserve(static_cast<size_t>(blocks) * warp_bytes);
+  const size_t scratch_at = layout.reserve(plan.scratch_floats(C) * sizeof(float));
+  void* base = workspace.get(layout.bytes, stream);
+  float* partials = at_offset<float>(base, partials_at);
+  float* scratch = at_offset<float>(base, scratch_at);
+
+  const bool vectorize =
+      C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
+  auto launch = [&](auto kernel) {
+    if (shared_bytes > kDefaultSharedBytes) {
+      OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(shared_bytes)));
+    }
+    kernel<<<static_cast<unsigned>(blocks), warps * kWarp, shared_bytes, stream>>>(dinp, partials, dout, inp,
+                                                                                  weight, mean, rstd, N, C);
+  };
+  if (vectorize) {
+    launch(layernorm_backward_kernel<4>);
+  } else {
+    launch(layernorm_backward_kernel<1>);
+  }
+  OCTET_CUDA_CHECK_LAUNCH("layernorm_backward_kernel");
+  // Rows of partials hold dbias then dweight; stage two of each sum may reuse the scratch, being ordered on
+  // the stream.
+  column_sum(partials, 2 * C, blocks, C, dbias, plan, scratch, stream);
+  column_sum(partials + C, 2 * C, blocks, C, dweight, plan, scratch, stream);
+}
+
+void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
+  check_size(n, "gelu_forward");
+  if (n == 0) return;
+  for_each(Map1<Gelu>{out, inp, Gelu{}}, n, aligned16(out) && aligned16(inp), stream);
+  OCTET_CUDA_CHECK_LAUNCH("gelu_forward");
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream) {
+  check_size(n, "gelu_backward");
+  if (n == 0) return;
+  for_each(Map2<GeluGradient>{dinp, inp, dout, GeluGradient{}}, n,
+           aligned16(dinp) && aligned16(inp) && aligned16(dout), stream);
+  OCTET_CUDA_CHECK_LAUNCH("gelu_backward");
+}
+
+void residual_forward(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
+  check_size(n, "residual_forward");
+  if (n == 0) return;
+  for_each(Map2<Add>{out, a, b, Add{}}, n, aligned16(out) && aligned16(a) && aligned16(b), stream);
+  OCTET_CUDA_CHECK_LAUNCH("residual_forward");
+}
+
+void accumulate(float* a, const float* b, int64_t n, cudaStream_t stream) {
+  check_size(n, "accumulate");
+  if (n == 0) return;
+  for_each(Map2<Add>{a, a, b, Add{}}, n, aligned16(a) && aligned16(b), stream);
+  OCTET_CUDA_CHECK_LAUNCH("accumulate");
+}
+
+void scale(float* x, int64_t n, float factor, cudaStream_t stream) {
+  check_size(n, "scale");
+  if (n == 0) return;
+  for_each(Map1<Multiply>{x, x, Multiply{factor}}, n, aligned16(x), stream);
+  OCTET_CUDA_CHECK_LAUNCH("scale");
+}
+
+void fill_zero(float* x, int64_t n, cudaStream_t stream) {
+  check_size(n, "fill_zero");
+  if (n == 0) return;
+  OCTET_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n) * sizeof(float), stream));
+}
+
+void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                           int64_t Vp, float dloss, cudaStream_t stream) {
+  OCTET_CHECK(N >= 0 && V > 0 && Vp >= V, "softmax_cross_entropy: N >= 0, 0 < V <= Vp, got N={} V={} Vp={}", N,
+              V, Vp);
+  if (N == 0) return;
+  OCTET_CHECK(N <= INT32_MAX, "softmax_cross_entropy: at most 2^31 - 1 rows, got {}", N);
+  const auto blocks = static_cast<unsigned>(N);
+  // The row cache is only worth its shared memory when the gradient pass reads the row again.
+  const size_t cache_bytes = static_cast<size_t>(V) * sizeof(float);
+  const size_t shared_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  const bool cached = dloss != 0.0f && cache_bytes + 1024 <= shared_limit;  // 1 KiB for the reduction's arrays
+  auto launch = [&](auto kernel, size_t shared_bytes) {
+    if (shared_bytes > kDefaultSharedBytes) {
+      OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(shared_bytes)));
+    }
+    kernel<<<blocks, kSoftmaxThreads, shared_bytes, stream>>>(losses, logits, targets, V, Vp, dloss);
+  };
+  const bool vectorize = Vp % 4 == 0 && aligned16(logits);
+  if (cached) {
+    if (vectorize) {
+      launch(softmax_cross_entropy_kernel<4, true>, cache_bytes);
+    } else {
+      launch(softmax_cross_entropy_kernel<1, true>, cache_bytes);
+    }
+  } else {
+    if (vectorize) {
+      launch(softmax_cross_entropy_kernel<4, false>, 0);
+    } else {
+      launch(softmax_cross_entropy_kernel<1, false>, 0);
+    }
+  }
+  OCTET_CUDA_CHECK_LAUNCH("softmax_cross_entropy_kernel");
+}
+
+double sum_of_squares(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream) {
+  check_size(n, "sum_of_squares");
+  if (n == 0) return 0.0;
+  const int64_t blocks = sum_blocks(n);
+  Layout layout;
+  const size_t block_sums_at = layout.reserve(static_cast<size_t>(blocks) * sizeof(double));
+  const size_t total_at = layout.reserve(sizeof(double));
+  void* base = workspace.get(layout.bytes, stream);
+  auto* block_sums = at_offset<double>(base, block_sums_at);
+  auto* total = at_offset<double>(base, total_at);
+  if (aligned16(x)) {
+    sum_of_squares_kernel<4><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, block_sums);
+  } else {
+    sum_of_squares_kernel<1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, block_sums);
+  }
+  OCTET_CUDA_CHECK_LAUNCH("sum_of_squares_kernel");
+  sum_blocks_kernel<<<1, kThreads, 0, stream>>>(block_sums, blocks, total);
+  OCTET_CUDA_CHECK_LAUNCH("sum_blocks_kernel");
+  auto* host = static_cast<double*>(workspace.host());
+  OCTET_CUDA_CHECK(cudaMemcpyAsync(host, total, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return *host;
+}
+
+bool all_finite(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream) {
+  check_size(n, "all_finite");
+  if (n == 0) return true;
+  auto* flag = static_cast<int*>(workspace.get(sizeof(int), stream));
+  OCTET_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream));
+  for_each(FindNonFinite{x, flag}, n, aligned16(x), stream);
+  OCTET_CUDA_CHECK_LAUNCH("all_finite");
+  auto* host = static_cast<int*>(workspace.host());
+  OCTET_CUDA_CHECK(cudaMemcpyAsync(host, flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return *host == 0;
+}
+
+void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                  cudaStream_t stream) {
+  check_size(n, "adamw_update");
+  if (n == 0) return;
+  // The reference's host expressions, so that every constant has the same bits.
+  const float bias1 = 1.0f - std::pow(beta1, static_cast<float>(step));
+  const float bias2 = 1.0f - std::pow(beta2, static_cast<float>(step));
+  AdamW op{};
+  op.params = params;
+  op.m = m;
+  op.v = v;
+  op.grads = grads;
+  op.grad_scale = grad_scale;
+  op.decay = 1.0f - learning_rate * weight_decay;
+  op.beta1 = beta1;
+  op.one_minus_beta1 = 1.0f - beta1;
+  op.beta2 = beta2;
+  op.one_minus_beta2 = 1.0f - beta2;
+  op.bias2_sqrt = std::sqrt(bias2);
+  op.step_size = learning_rate / bias1;
+  op.eps = eps;
+  for_each(op, n, aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads), stream);
+  OCTET_CUDA_CHECK_LAUNCH("adamw_update");
+}
+
+void convert_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream) {
+  check_size(n, "convert_to_bf16");
+  if (n == 0) return;
+  auto* codes = reinterpret_cast<uint16_t*>(out);
+  for_each(Convert<true>{codes, in}, n, reinterpret_cast<uintptr_t>(out) % 8 == 0 && aligned16(in), stream);
+  OCTET_CUDA_CHECK_LAUNCH("convert_to_bf16");
+}
+
+void convert_to_f16(__half* out, const float* in, int64_t n, cudaStream_t stream) {
+  check_size(n, "convert_to_f16");
+  if (n == 0) return;
+  auto* codes = reinterpret_cast<uint16_t*>(out);
+  for_each(Convert<false>{codes, in}, n, reinterpret_cast<uintptr_t>(out) % 8 == 0 && aligned16(in), stream);
+  OCTET_CUDA_CHECK_LAUNCH("convert_to_f16");
+}
+
+void round_in_place(float* x, int64_t n, Dtype dtype, cudaStream_t stream) {
+  check_size(n, "round_in_place");
+  OCTET_CHECK(dtype == Dtype::bf16 || dtype == Dtype::f16, "round_in_place: bf16 or f16, got dtype {}",
+              static_cast<int>(dtype));
+  if (n == 0) return;
+  if (dtype == Dtype::bf16) {
+    for_each(Map1<RoundBf16>{x, x, RoundBf16{}}, n, aligned16(x), stream);
+  } else {
+    for_each(Map1<RoundF16>{x, x, RoundF16{}}, n, aligned16(x), stream);
+  }
+  OCTET_CUDA_CHECK_LAUNCH("round_in_place");
+}
+
+void add_bias(float* out, const float* bias, int64_t N, int64_t OC, Dtype round_to, cudaStream_t stream) {
+  OCTET_CHECK(N >= 0 && OC >= 0, "add_bias: non-negative N and OC, got {} {}", N, OC);
+  OCTET_CHECK(round_to == Dtype::f32 || round_to == Dtype::bf16 || round_to == Dtype::f16,
+              "add_bias: f32, bf16 or f16, got dtype {}", static_cast<int>(round_to));
+  const int64_t n = N * OC;
+  if (n == 0 || (bias == nullptr && round_to == Dtype::f32)) return;
+  const bool vectorize = aligned16(out) && (bias == nullptr || (OC % 4 == 0 && aligned16(bias)));
+  switch (round_to) {
+    case Dtype::bf16:
+      for_each(AddBias<Dtype::bf16>{out, bias, OC}, n, vectorize, stream);
+      break;
+    case Dtype::f16:
+      for_each(AddBias<Dtype::f16>{out, bias, OC}, n, vectorize, stream);
+      break;
+    default:
+      for_each(AddBias<Dtype::f32>{out, bias, OC}, n, vectorize, stream);
+      break;
+  }
+  OCTET_CUDA_CHECK_LAUNCH("add_bias");
+}
+
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Workspace& workspace,
+                   cudaStream_t stream) {
+  OCTET_CHECK(N >= 0 && OC >= 0, "bias_backward: non-negative N and OC, got {} {}", N, OC);
+  if (N == 0 || OC == 0) return;
+  const ColumnSumPlan plan = plan_column_sum(N, OC);
+  float* scratch = nullptr;
+  if (plan.splits > 1) {
+    scratch = static_cast<float*>(workspace.get(plan.scratch_floats(OC) * sizeof(float), stream));
+  }
+  column_sum(dout, OC, N, OC, dbias, plan, scratch, stream);
+}
+
+}  // namespace octet::cuda

@@ -1,0 +1,102 @@
+// The CUDA backend's element-wise, normalisation, loss and optimizer ops: the contracts of the Backend
+// interface (octet/backend/backend.h) on device pointers, enqueued on a stream. Each op follows the CPU
+// reference (src/backends/cpu) operation for operation: results are bit-identical where the math is exact
+// (embeddings, residuals, scaling, rounding, AdamW) and differ only by reduction order elsewhere. Every op is
+// deterministic: no floating-point atomics, reduction orders fixed by the shapes alone.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "octet/numerics/minifloat.h"
+
+namespace octet::cuda {
+
+// Device scratch memory for the ops that need it, grown on demand and kept for reuse, plus a few bytes of
+// pinned host memory for the values that ops return to the host. Use one Workspace per stream. Move-only;
+// the destructor frees and never throws.
+class Workspace {
+ public:
+  Workspace() = default;
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  Workspace(Workspace&& other) noexcept;
+  Workspace& operator=(Workspace&& other) noexcept;
+
+  // At least `bytes` of device memory, 256-byte aligned. Growing waits for the work queued on `stream`,
+  // which may still use the old block. The pointer stays valid until the next call.
+  void* get(size_t bytes, cudaStream_t stream);
+  // kHostBytes of pinned host memory, for copies back from the device.
+  static constexpr size_t kHostBytes = 64;
+  void* host();
+
+ private:
+  void release() noexcept;
+
+  void* device_ = nullptr;
+  size_t device_bytes_ = 0;
+  void* host_ = nullptr;
+};
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                     int64_t C, cudaStream_t stream);
+// dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[t,:] += dout[b,t,:], each sum taken in (b, t) order, as the CPU
+// reference takes it, so the results are bit-identical to it.
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
+                      int64_t C, Workspace& workspace, cudaStream_t stream);
+
+// Per row of inp [N, C]: out = (x - mean) * rstd * weight + bias; writes mean and rstd [N].
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C, cudaStream_t stream);
+// Accumulates into dinp [N, C], dweight [C] and dbias [C]. C is limited by shared memory (8 * C bytes per
+// warp must fit a block: C up to about 29000 on Hopper).
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
+                        Workspace& workspace, cudaStream_t stream);
+
+// GELU, tanh approximation; gelu_backward overwrites dinp = dout * gelu'(inp).
+void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream);
+
+void residual_forward(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
+// a += b
+void accumulate(float* a, const float* b, int64_t n, cudaStream_t stream);
+// x *= factor
+void scale(float* x, int64_t n, float factor, cudaStream_t stream);
+void fill_zero(float* x, int64_t n, cudaStream_t stream);
+
+// Softmax cross-entropy over the first V of Vp logits per row: losses [N] = -log p[target]. When dloss != 0,
+// logits are overwritten with dloss * (softmax - onehot(target)), zero in the padded columns.
+void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                           int64_t Vp, float dloss, cudaStream_t stream);
+
+// Sum of x^2 in float64, in an order fixed by n; waits for the stream.
+double sum_of_squares(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream);
+// Whether no element is Inf or NaN; waits for the stream.
+bool all_finite(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream);
+
+// AdamW on float32 master weights, the CPU reference's formula: g = grads * grad_scale; step counts from 1
+// and sets the bias corrections; weight decay is decoupled (params *= 1 - learning_rate * weight_decay).
+void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                  cudaStream_t stream);
+
+// Linear-layer support. Conversions round to nearest, ties to even, as octet::round_to_bf16 / round_to_f16.
+void convert_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream);
+void convert_to_f16(__half* out, const float* in, int64_t n, cudaStream_t stream);
+// x = round_to_bf16(x) or round_to_f16(x); `dtype` is Dtype::bf16 or Dtype::f16.
+void round_in_place(float* x, int64_t n, Dtype dtype, cudaStream_t stream);
+// out [N, OC] += bias (bias may be null), then, unless round_to is Dtype::f32, out is rounded to round_to
+// (bf16 or f16): the CPU linear layer's bias-then-round.
+void add_bias(float* out, const float* bias, int64_t N, int64_t OC, Dtype round_to, cudaStream_t stream);
+// dbias [OC] += column sums of dout [N, OC].
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Workspace& workspace,
+                   cudaStream_t stream);
+
+}  // namespace octet::cuda

@@ -1,0 +1,209 @@
+// The run's telemetry and FP8 alerts (see recorder.h).
+#include "octet/telemetry/recorder.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "octet/check.h"
+#include "octet/io/atomic_file.h"
+
+namespace octet {
+namespace {
+
+constexpr const char* kGemmNames[] = {"forward", "input_gradient", "weight_gradient"};
+
+std::optional<double> finite_or_null(double v) {
+  return std::isfinite(v) ? std::optional<double>(v) : std::nullopt;
+}
+
+CastTelemetry difference(const CastTelemetry& now, const CastTelemetry& before) {
+  CastTelemetry d;
+  d.casts = now.casts - before.casts;
+  d.elements = now.elements - before.elements;
+  d.nonzero = now.nonzero - before.nonzero;
+  d.saturated = now.saturated - before.saturated;
+  d.underflowed = now.underflowed - before.underflowed;
+  d.signal_energy = now.signal_energy - before.signal_energy;
+  d.noise_energy = now.noise_energy - before.noise_energy;
+  return d;
+}
+
+}  // namespace
+
+TelemetryRecorder::TelemetryRecorder(Gpt2& model, TelemetryStore& store, const TelemetrySettings& settings,
+                                     RecorderOptions options)
+    : model_(model), store_(store), settings_(settings), options_(std::move(options)), monitor_(settings) {
+  OCTET_REQUIRE(settings.interval >= 1, "telemetry.interval must be at least 1, got {}", settings.interval);
+  model_.set_telemetry(true, settings.sqnr);
+  const TelemetryResume& resumed = store_.resumed();
+  for (const auto& [layer, tensor, kind] : resumed.alerts_raised) monitor_.mark_raised(layer, tensor, kind);
+  for (const auto& [layer, reason] : resumed.layers_in_bf16) {
+    bool known = false;
+    for (const LinearPlan& plan : model_.policy().layers()) known |= plan.name == layer && plan.fp8();
+    if (known) model_.move_layer_to_bf16(layer, reason);
+  }
+}
+
+void TelemetryRecorder::log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+void TelemetryRecorder::start(const std::vector<std::pair<std::string, std::string>>& run_info) {
+  for (const auto& [key, value] : run_info) store_.add(RunInfoRecord{key, value, key == "started_at"});
+  store_.add(RunInfoRecord{"precision_map", model_.policy().map_json()});
+  if (store_.resumed().has_gemms) return;
+  for (const LinearPlan& plan : model_.policy().layers()) {
+    const GemmMode modes[] = {plan.forward, plan.input_gradient, plan.weight_gradient};
+    for (int g = 0; g < 3; ++g) {
+      store_.add(GemmRecord{plan.name, kGemmNames[g], std::string(gemm_mode_name(modes[g])), plan.reason, 0});
+    }
+  }
+}
+
+bool TelemetryRecorder::is_telemetry_step(int64_t steps_done, int64_t total_steps) const {
+  // Not the first step of a run (see record_step), unless it is the only one.
+  if (steps_done == 1) return total_steps == 1;
+  return steps_done % settings_.interval == 0 || steps_done == total_steps;
+}
+
+void TelemetryRecorder::record_event(EventRecord event) {
+  store_.add(std::move(event));
+}
+
+void TelemetryRecorder::record_validation(int64_t steps_done, float loss) {
+  store_.add(ValidationRecord{steps_done, loss});
+}
+
+void TelemetryRecorder::record_step(const StepResult& r, double step_ms, double tokens_per_s,
+                                    bool telemetry_step) {
+  const int64_t done = r.step + 1;
+  StepRecord row;
+  row.step = done;
+  row.loss = finite_or_null(r.loss);
+  row.learning_rate = r.learning_rate;
+  row.grad_norm = r.skipped ? std::nullopt : finite_or_null(r.grad_norm);
+  row.loss_scale = r.loss_scale;
+  row.skipped = r.skipped;
+  if (r.skipped) row.skip_reason = r.skip_reason;
+  row.tokens = r.tokens;
+  row.step_ms = step_ms;
+  row.tokens_per_s = tokens_per_s;
+  row.fp8_gemms = r.fp8_gemms;
+  row.other_gemms = r.other_gemms;
+  store_.add(std::move(row));
+  if (r.skipped) {
+    store_.add(EventRecord{done, "skipped_step", std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                           fmt::format("step {} skipped: {}", done, r.skip_reason)});
+  }
+  if (telemetry_step) record_tensors(done);
+  if (done == 1 && !telemetry_step) {
+    // The first step's casts are left out of the first interval: under delayed scaling they use the initial
+    // scale of 1, as no amax is known yet, and would raise alerts that say nothing about the run.
+    for (const LinearPlan& plan : model_.policy().layers()) {
+      if (const Fp8LinearTelemetry* totals = plan.fp8() ? model_.telemetry(plan.name) : nullptr)
+        previous_[plan.name] = *totals;
+    }
+  }
+}
+
+void TelemetryRecorder::record_tensors(int64_t step) {
+  std::vector<Alert> alerts;
+  for (const LinearPlan& plan : model_.policy().layers()) {
+    if (!plan.fp8()) continue;
+    // Both bring the host copies up to date from the device, where a backend keeps them there.
+    const Fp8LinearState* state = model_.fp8_state(plan.name);
+    const Fp8LinearTelemetry* totals = model_.telemetry(plan.name);
+    OCTET_CHECK(state != nullptr && totals != nullptr, "scaling state and telemetry of FP8 layer {}",
+                plan.name);
+    Fp8LinearTelemetry& before = previous_[plan.name];
+    const ScalingRecipe& recipe = *model_.policy().recipe();
+    struct Operand {
+      const char* name;
+      TensorRole role;
+      const ScalingState& scaling;
+      CastTelemetry now;
+      CastTelemetry then;
+    };
+    const Operand operands[] = {
+        {"activation", TensorRole::activation, state->activation, totals->activation, before.activation},
+        {"weight", TensorRole::weight, state->weight, totals->weight, before.weight},
+        {"gradient", TensorRole::gradient, state->gradient, totals->gradient, before.gradient},
+    };
+    for (const Operand& o : operands) {
+      const CastTelemetry d = difference(o.now, o.then);
+      TensorRecord row;
+      row.step = step;
+      row.layer = plan.name;
+      row.tensor = o.name;
+      if (recipe.granularity(o.role) == ScaleGranularity::per_tensor) {
+        row.amax = finite_or_null(o.scaling.last_amax);
+        row.scale = finite_or_null(o.scaling.scale);
+      }
+      if (d.elements > 0)
+        row.saturated_fraction = static_cast<double>(d.saturated) / static_cast<double>(d.elements);
+      if (d.nonzero > 0)
+        row.underflow_fraction = static_cast<double>(d.underflowed) / static_cast<double>(d.nonzero);
+      if (settings_.sqnr && d.signal_energy > 0.0 && d.noise_energy > 0.0)
+        row.sqnr_db = 10.0 * std::log10(d.signal_energy / d.noise_energy);
+      const TensorReading reading{step,     plan.name, o.name, row.saturated_fraction, row.underflow_fraction,
+                                  row.scale};
+      for (Alert& a : monitor_.observe(reading)) alerts.push_back(std::move(a));
+      store_.add(std::move(row));
+    }
+    before = *totals;
+  }
+  for (const Alert& a : alerts) act_on(a);
+}
+
+void TelemetryRecorder::act_on(const Alert& a) {
+  ++alerts_raised_;
+  const std::string action_key = fmt::format("fp8.on_alert = \"{}\"", alert_action_name(settings_.on_alert));
+  std::string consequence;
+  switch (settings_.on_alert) {
+    case AlertAction::warn:
+      consequence = fmt::format("training goes on in FP8 ({}); not repeated for this tensor", action_key);
+      break;
+    case AlertAction::bf16_layer: {
+      const bool still_fp8 = model_.policy().layer(a.layer).fp8();
+      consequence = still_fp8
+                        ? fmt::format("{} runs in BF16 from step {} ({})", a.layer, a.step + 1, action_key)
+                        : fmt::format("{} already moves to BF16 from step {}", a.layer, a.step + 1);
+      break;
+    }
+    case AlertAction::stop:
+      consequence = fmt::format("the run stops after a checkpoint ({})", action_key);
+      break;
+  }
+  const std::string line = fmt::format("warning: FP8 {} alert at step {}: {} {}: {}; {}", a.kind, a.step,
+                                       a.layer, a.tensor, a.what, consequence);
+  log(line);
+  store_.add(EventRecord{a.step, a.kind, a.layer, a.tensor, a.value, a.threshold, line});
+  if (settings_.on_alert == AlertAction::bf16_layer && model_.policy().layer(a.layer).fp8()) {
+    move_to_bf16(a.layer,
+                 fmt::format("BF16 from step {} after an FP8 {} alert at step {} ({} {})", a.step + 1, a.kind,
+                             a.step, a.tensor,
+                             a.kind == "scale_jump" ? fmt::format("factor {:.3g}", a.value)
+                                                    : fmt::format("{:.3g}%", a.value * 100)),
+                 a.step + 1);
+  } else if (settings_.on_alert == AlertAction::stop && stop_message_.empty()) {
+    stop_message_ = fmt::format(
+        "training stopped at step {} by an FP8 {} alert: {} {}: {} (fp8.on_alert = \"stop\"). Run `octet "
+        "inspect` on the run directory; docs/troubleshooting.md says what to change",
+        a.step, a.kind, a.layer, a.tensor, a.what);
+    store_.add(EventRecord{a.step, "stop", a.layer, a.tensor, a.value, a.threshold, stop_message_});
+  }
+}
+
+void TelemetryRecorder::move_to_bf16(const std::string& layer, const std::string& reason,
+                                     int64_t since_step) {
+  model_.move_layer_to_bf16(layer, reason);
+  for (const char* gemm : kGemmNames) store_.add(GemmRecord{layer, gemm, "bf16", reason, since_step});
+  store_.add(EventRecord{since_step - 1, "layer_to_bf16", layer, std::nullopt, std::nullopt, std::nullopt,
+                         fmt::format("{}: {}", layer, reason)});
+  store_.add(RunInfoRecord{"precision_map", model_.policy().map_json()});
+  if (!options_.run_directory.empty())
+    io::write_file_atomically(options_.run_directory / "precision_map.json", model_.policy().map_json());
+}
+
+}  // namespace octet

@@ -1,0 +1,499 @@
+// Every op of the Backend interface on the CUDA backend against the CPU reference, on fresh seeded inputs
+// over odd and prime shapes (the harness is backend_ops_harness.h; attention and the linear layers have their
+// own files). One maker per op builds its cases: operands, the call, and per output the comparison with its
+// tolerance's rationale in one line. Exact ops must match bit for bit; reductions get float32 tolerances
+// scaled by their length. Every test skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backend_ops_harness.h"
+#include "random.h"
+
+namespace {
+
+using namespace octet::testing::backend_ops;  // NOLINT(google-build-using-namespace): the harness's
+                                              // vocabulary
+using octet::Backend;
+using octet::testing::random_normal;
+using octet::testing::random_uniform;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::vector<double> none() {
+  return {};
+}
+
+void run_all(const std::vector<OpCase>& cases) {
+  const auto reference = make_reference_backend();
+  const auto tested = make_tested_backend();
+  for (const OpCase& c : cases) run_case(*reference, *tested, c);
+}
+
+// Element counts for the elementwise ops: one, odd, prime, and past one pass of a typical grid.
+const std::vector<int64_t> kCounts = {1, 7, 91, 3221, 65537, (1 << 20) + 3};
+
+// --- embeddings ---
+
+struct EncoderShape {
+  int64_t B, T, C, V;
+};
+// The last has few tokens for many positions, so that the backward's sums over repeated tokens are long.
+const std::vector<EncoderShape> kEncoderShapes = {
+    {1, 1, 1, 1}, {1, 1, 8, 3}, {2, 37, 24, 11}, {3, 64, 48, 97}, {2, 257, 96, 5}};
+
+std::vector<OpCase> encoder_forward_cases() {
+  std::vector<OpCase> cases;
+  for (const auto& [B, T, C, V] : kEncoderShapes) {
+    OpCase c{"encoder_forward", shape_label({{"B", B}, {"T", T}, {"C", C}, {"V", V}}), {}, {}, {}};
+    const uint64_t seed = seed_of(c.op, c.shape);
+    c.operands = {output("out", B * T * C), input_ints("tokens", random_indices(B * T, seed, V)),
+                  input("wte", random_normal(V * C, seed + 1)), input("wpe", random_normal(T * C, seed + 2))};
+    c.run = [=](Backend& b, const std::vector<void*>& p) {
+      b.encoder_forward(floats_at(p, 0), ints_at(p, 1), floats_at(p, 2), floats_at(p, 3), B, T, C);
+      return none();
+    };
+    c.checks = {exact("out", "one float32 addition per element: the same bits on any IEEE machine")};
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+std::vector<OpCase> encoder_backward_cases() {
+  std::vector<OpCase> cases;
+  for (const auto& [B, T, C, V] : kEncoderShapes) {
+    OpCase c{"encoder_backward", shape_label({{"B", B}, {"T", T}, {"C", C}, {"V", V}}), {}, {}, {}};
+    const uint64_t seed = seed_of(c.op, c.shape);
+    const std::vector<int32_t> tokens = random_indices(B * T, seed, V);  // few V: tokens repeat
+    const std::vector<float> dwte = random_normal(V * C, seed + 1), dwpe = random_normal(T * C, seed + 2);
+    const std::vector<float> dout = random_normal(B * T * C, seed + 3);
+    // What flows into each accumulated element: its old value and every dout row added to it.
+    std::vector<float> wte_terms(dwte.size()), wpe_terms(dwpe.size());
+    for (size_t i = 0; i < dwte.size(); ++i) wte_terms[i] = std::fabs(dwte[i]);
+    for (size_t i = 0; i < dwpe.size(); ++i) wpe_terms[i] = std::fabs(dwpe[i]);
+    for (int64_t n = 0; n < B * T; ++n) {
+      for (int64_t i = 0; i < C; ++i) {
+        wte_terms[tokens[n] * C + i] += std::fabs(dout[n * C + i]);
+        wpe_terms[(n % T) * C + i] += std::fabs(dout[n * C + i]);
+      }
+    }
+    c.operands = {in_out("dwte", dwte), in_out("dwpe", dwpe), input("dout", dout),
+                  input_ints("tokens", tokens)};
+    c.run = [=](Backend& b, const std::vector<void*>& p) {
+      b.encoder_backward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), ints_at(p, 3), B, T, C);
+      return none();
+    };
+    c.checks = {close("dwte", B * T + 1, wte_terms, "a float32 sum of at most B*T+1 terms in any order"),
+                close("dwpe", B + 1, wpe_terms, "a float32 sum of B+1 terms in any order")};
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+// --- LayerNorm ---
+
+struct RowStats {
+  std::vector<float> mean, rstd, mean_abs;
+};
+
+// Mean, 1/sqrt(var + 1e-5) and mean |x| of every row, in float64.
+RowStats row_stats(const std::vector<float>& x, int64_t N, int64_t C) {
+  RowStats s;
+  for (int64_t n = 0; n < N; ++n) {
+    double sum = 0.0, sum_abs = 0.0, var = 0.0;
+    for (int64_t i = 0; i < C; ++i) sum += x[n * C + i], sum_abs += std::fabs(x[n * C + i]);
+    const double m = sum / static_cast<double>(C);
+    for (int64_t i = 0; i < C; ++i) var += (x[n * C + i] - m) * (x[n * C + i] - m);
+    s.mean.push_back(static_cast<float>(m));
+    s.rstd.push_back(static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + 1e-5)));
+    s.mean_abs.push_back(static_cast<float>(sum_abs / static_cast<double>(C)));
+  }
+  return s;
+}
+
+const std::vector<std::pair<int64_t, int64_t>> kLayerNormShapes = {{1, 1},    {13, 7},   {74, 24},
+                                                                   {37, 768}, {3, 3221}, {256, 64}};
+
+OpCase layernorm_forward_case(int64_t N, int64_t C, std::vector<float> x, const std::string& label) {
+  OpCase c{"layernorm_forward", label, {}, {}, {}};
+  const uint64_t seed = seed_of(c.op, c.shape);
+  const std::vector<float> w = random_normal(C, seed + 1), bias = random_normal(C, seed + 2);
+  const RowStats s = row_stats(x, N, C);
+  // The output's error: the mean's (C 2^-24 mean|x|) and rstd's (relative (C+4) 2^-24), through |w| rstd.
+  std::vector<float> out_terms(static_cast<size_t>(N * C));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t i = 0; i < C; ++i) {
+      out_terms[n * C + i] =
+          std::fabs(w[i]) * s.rstd[n] * (s.mean_abs[n] + std::fabs(x[n * C + i] - s.mean[n])) +
+          std::fabs(bias[i]);
+    }
+  }
+  c.operands = {output("out", N * C), output("mean", N),  output("rstd", N),
+                input("inp", x),      input("weight", w), input("bias", bias)};
+  c.run = [=](Backend& b, const std::vector<void*>& p) {
+    b.layernorm_forward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), floats_at(p, 3), floats_at(p, 4),
+                        floats_at(p, 5), N, C);
+    return none();
+  };
+  c.checks = {close("mean", C, s.mean_abs, "a sum of C float32 terms: C 2^-24 of mean |x|"),
+              close("rstd", C + 4, {}, "sum of C squares, then sqrt and a division: relative (C+4) 2^-24"),
+              close("out", C + 4, out_terms, "the mean's and rstd's errors carried through |w| rstd")};
+  return c;
+}
+
+std::vector<OpCase> layernorm_forward_cases() {
+  std::vector<OpCase> cases;
+  for (const auto& [N, C] : kLayerNormShapes) {
+    const std::string label = shape_label({{"N", N}, {"C", C}});
+    std::vector<float> x = random_normal(N * C, seed_of("layernorm_forward inp", label), 2.0f);
+    for (float& v : x) v += 0.5f;  // a non-zero mean, so that subtracting it matters
+    cases.push_back(layernorm_forward_case(N, C, x, label));
+  }
+  return cases;
+}
+
+std::vector<OpCase> layernorm_backward_cases() {
+  std::vector<OpCase> cases;
+  for (const auto& [N, C] : kLayerNormShapes) {
+    OpCase c{"layernorm_backward", shape_label({{"N", N}, {"C", C}}), {}, {}, {}};
+    const uint64_t seed = seed_of(c.op, c.shape);
+    const std::vector<float> x = random_normal(N * C, seed), w = random_normal(C, seed + 1);
+    const std::vector<float> dout = random_normal(N * C, seed + 2);
+    const std::vector<float> dinp = random_normal(N * C, seed + 3), dw = random_normal(C, seed + 4),
+                             db = random_normal(C, seed + 5);
+    const RowStats s = row_stats(x, N, C);
+    std::vector<float> dinp_terms(dinp.size()), dw_terms(C), db_terms(C);
+    for (int64_t i = 0; i < C; ++i) dw_terms[i] = std::fabs(dw[i]), db_terms[i] = std::fabs(db[i]);
+    for (int64_t n = 0; n < N; ++n) {
+      double mean_dnorm = 0.0, mean_dnorm_norm = 0.0;
+      for (int64_t i = 0; i < C; ++i) {
+        const double norm = (x[n * C + i] - s.mean[n]) * s.rstd[n], dnorm = w[i] * dout[n * C + i];
+        mean_dnorm += std::fabs(dnorm) / static_cast<double>(C);
+        mean_dnorm_norm += std::fabs(dnorm * norm) / static_cast<double>(C);
+        dw_terms[i] += static_cast<float>(std::fabs(norm * dout[n * C + i]));
+        db_terms[i] += std::fabs(dout[n * C + i]);
+      }
+      for (int64_t i = 0; i < C; ++i) {
+        const double norm = (x[n * C + i] - s.mean[n]) * s.rstd[n], dnorm = w[i] * dout[n * C + i];
+        dinp_terms[n * C + i] =
+            static_cast<float>(std::fabs(dinp[n * C + i]) + s.rstd[n] * (std::fabs(dnorm) + mean_dnorm +
+                                                                         std::fabs(norm) * mean_dnorm_norm));
+      }
+    }
+    c.operands = {in_out("dinp", dinp), in_out("dweight", dw), in_out("dbias", db),   input("dout", dout),
+                  input("inp", x),      input("weight", w),    input("mean", s.mean), input("rstd", s.rstd)};
+    c.run = [=](Backend& b, const std::vector<void*>& p) {
+      b.layernorm_backward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), floats_at(p, 3),
+                           floats_at(p, 4), floats_at(p, 5), floats_at(p, 6), floats_at(p, 7), N, C);
+      return none();
+    };
+    c.checks = {close("dbias", N + 1, db_terms, "a float32 sum over N rows plus the old value"),
+                close("dweight", N + 4, dw_terms, "a sum over N rows of norm * dout (norm: 2 roundings)"),
+                close("dinp", C + 4, dinp_terms, "two row sums of C terms, carried through rstd")};
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+// --- elementwise ---
+
+// GELU (tanh form) computes a cube, a polynomial, tanh (at most 2 ulps on glibc and CUDA) and products.
+constexpr int64_t kGeluRoundings = 8;
+constexpr float kGeluScale = 0.7978845608028654f;
+// Where results are subnormal a rounding costs up to half a subnormal step, 2^-150 = 2^-24 * 2^-126: a term
+// of magnitude 2^-126 (the smallest normal) in every element covers it.
+const float kSubnormalStep = std::ldexp(1.0f, -126);
+
+OpCase gelu_forward_case(const std::vector<float>& x, const std::string& label) {
+  OpCase c{"gelu_forward", label, {}, {}, {}};
+  std::vector<float> terms(x.size());
+  for (size_t i = 0; i < x.size(); ++i) terms[i] = std::fabs(x[i]) + kSubnormalStep;
+  const auto n = static_cast<int64_t>(x.size());
+  c.operands = {output("out", x.size()), input("inp", x)};
+  c.run = [=](Backend& b, const std::vector<void*>& p) {
+    b.gelu_forward(floats_at(p, 0), floats_at(p, 1), n);
+    return none();
+  };
+  c.checks = {
+      close("out", kGeluRoundings, terms, "a few float32 roundings and tanh's ulps, each of |x| + 2^-126")};
+  return c;
+}
+
+OpCase gelu_backward_case(const std::vector<float>& x, const std::vector<float>& dout,
+                          const std::string& label) {
+  OpCase c{"gelu_backward", label, {}, {}, {}};
+  std::vector<float> terms(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float slope = std::fabs(x[i]) * kGeluScale * (1.0f + 3.0f * 0.044715f * x[i] * x[i]);
+    terms[i] = std::fabs(dout[i]) * (1.0f + slope) + kSubnormalStep;
+  }
+  const auto n = static_cast<int64_t>(x.size());
+  c.operands = {output("dinp", x.size()), input("inp", x), input("dout", dout)};
+  c.run = [=](Backend& b, const std::vector<void*>& p) {
+    b.gelu_backward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), n);
+    return none();
+  };
+  c.checks = {
+      close("dinp", kGeluRoundings + 4, terms, "GELU's roundings and the derivative's terms, times |dout|")};
+  return c;
+}
+
+OpCase residual_case(const std::vector<float>& a, const std::vector<float>& b_values,
+                     const std::string& label) {
+  OpCase c{"residual_forward", label, {}, {}, {}};
+  const auto n = static_cast<int64_t>(a.size());
+  c.operands = {output("out", a.size()), input("a", a), input("b", b_values)};
+  c.run = [=](Backend& b, const std::vector<void*>& p) {
+    b.residual_forward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), n);
+    return none();
+  };
+  c.checks = {exact("out", "one float32 addition per element")};
+  return c;
+}
+
+std::vector<OpCase> elementwise_cases() {
+  std::vector<OpCase> cases;
+  for (const int64_t n : kCounts) {
+    const std::string label = shape_label({{"n", n}});
+    const uint64_t seed = seed_of("elementwise", label);
+    const std::vector<float> x = random_normal(n, seed, 3.0f), y = random_normal(n, seed + 1);
+    cases.push_back(gelu_forward_case(x, label));
+    cases.push_back(gelu_backward_case(x, y, label));
+    cases.push_back(residual_case(x, y, label));
+
+    OpCase acc{"accumulate", label, {in_out("a", x), input("b", y)}, {}, {}};
+    acc.run = [=](Backend& b, const std::vector<void*>& p) {
+      b.accumulate(floats_at(p, 0), floats_at(p, 1), n);
+      return none();
+    };
+    acc.checks = {exact("a", "one float32 addition per element")};
+    cases.push_back(std::move(acc));
+
+    OpCase scale{"scale", label, {in_out("x", x)}, {}, {}};
+    scale.run = [=](Backend& b, const std::vector<void*>& p) {
+      b.scale(floats_at(p, 0), n, 0.7f);  // not a power of two: the product is rounded
+      return none();
+    };
+    scale.checks = {exact("x", "one float32 multiplication per element")};
+    cases.push_back(std::move(scale));
+
+    OpCase zero{"fill_zero", label, {in_out("x", x)}, {}, {}};
+    zero.run = [=](Backend& b, const std::vector<void*>& p) {
+      b.fill_zero(floats_at(p, 0), n);
+      return none();
+    };
+    zero.checks = {exact("x", "zeros")};
+    cases.push_back(std::move(zero));
+  }
+  return cases;
+}
+
+// --- loss ---
+
+// Softmax cross-entropy on rows of Vp logits (the first V real); `logits` may hold planted NaN or -Inf.
+OpCase softmax_cross_entropy_case(int64_t N, int64_t V, int64_t Vp, float dloss, std::vector<float> logits,
+                                  const std::vector<int32_t>& targets, const std::string& label) {
+  OpCase c{"softmax_cross_entropy", label, {}, {}, {}};
+  std::vector<float> loss_terms(N), grad_terms(logits.size(), 0.0f);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = logits.data() + n * Vp;
+    float max = -kInf;
+    for (int64_t v = 0; v < V; ++v) max = row[v] > max ? row[v] : max;
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
+    const double log_sum = std::log(sum), loss = log_sum - (row[targets[n]] - max);
+    // log-sum-exp: V exponentials summed, an absolute error of about (V+4) 2^-24, plus rounding of the loss.
+    loss_terms[n] = static_cast<float>(1.0 + std::fabs(loss) + std::fabs(log_sum));
+    for (int64_t v = 0; v < V; ++v) {
+      const double prob = std::exp(static_cast<double>(row[v]) - max) / sum;
+      grad_terms[n * Vp + v] = static_cast<float>(std::fabs(dloss) * (prob + (v == targets[n] ? 1.0 : 0.0)));
+    }
+  }
+  c.operands = {output("losses", N), in_out("logits", logits), input_ints("targets", targets)};
+  c.run = [=](Backend& b, const std::vector<void*>& p) {
+    b.softmax_cross_entropy(floats_at(p, 0), floats_at(p, 1), ints_at(p, 2), N, V, Vp, dloss);
+    return none();
+  };
+  c.checks = {close("losses", V + 4, loss_terms, "a sum of V exponentials: absolute (V+4) 2^-24 on the log")};
+  if (dloss == 0.0f) {
+    c.checks.push_back(exact("logits", "dloss 0: the logits are left as they are"));
+  } else {
+    c.checks.push_back(close("logits", V + 4, grad_terms,
+                             "p relative to the sum's (V+4) 2^-24, times |dloss|; padded columns exactly 0"));
+  }
+  return c;
+}
+
+std::vector<OpCase> softmax_cross_entropy_cases() {
+  std::vector<OpCase> cases;
+  struct LossShape {
+    int64_t N, V, Vp;
+  };
+  for (const auto& [N, V, Vp] :
+       std::vector<LossShape>{{1, 1, 1}, {13, 97, 128}, {37, 61, 64}, {4, 1000, 1024}, {3, 50257, 50304}}) {
+    for (const float dloss : {0.0f, 1.0f / static_cast<float>(N), 1024.0f / static_cast<float>(N)}) {
+      const std::string label =
+          shape_label({{"N", N}, {"V", V}, {"Vp", Vp}}) + " dloss=" + std::to_string(dloss);
+      const uint64_t seed = seed_of("softmax_cross_entropy", label);
+      cases.push_back(softmax_cross_entropy_case(N, V, Vp, dloss, random_normal(N * Vp, seed, 3.0f),
+                                                 random_indices(N, seed + 1, V), label));
+    }
+  }
+  return cases;
+}
+
+// --- optimizer and gradient utilities ---
+
+std::vector<OpCase> reduction_cases() {
+  std::vector<OpCase> cases;
+  for (const int64_t n : kCounts) {
+    const std::string label = shape_label({{"n", n}});
+    const std::vector<float> x = random_normal(n, seed_of("sum_of_squares", label));
+    OpCase sum{"sum_of_squares", label, {input("x", x)}, {}, {}};
+    sum.run = [=](Backend& b, const std::vector<void*>& p) {
+      return std::vector<double>{b.sum_of_squares(floats_at(p, 0), n)};
+    };
+    sum.checks = {close("result", n, {}, "a sum of n non-negative terms: relative n 2^-24 at worst")};
+    cases.push_back(std::move(sum));
+
+    // all_finite with nothing planted, then an Inf or a NaN in the last element and -Inf in the first.
+    struct Plant {
+      const char* what;
+      int64_t index;  // -1: nothing planted
+      float value;
+    };
+    for (const auto& [what, index, value] : std::vector<Plant>{{"finite", -1, 0.0f},
+                                                               {"+Inf last", n - 1, kInf},
+                                                               {"NaN last", n - 1, kNaN},
+                                                               {"-Inf first", 0, -kInf}}) {
+      std::vector<float> planted = x;
+      if (index >= 0) planted[index] = value;
+      OpCase finite{"all_finite", label + " " + what, {input("x", planted)}, {}, {}};
+      finite.run = [=](Backend& b, const std::vector<void*>& p) {
+        return std::vector<double>{b.all_finite(floats_at(p, 0), n) ? 1.0 : 0.0};
+      };
+      finite.checks = {exact("result", "a yes or no")};
+      cases.push_back(std::move(finite));
+    }
+  }
+  return cases;
+}
+
+std::vector<OpCase> adamw_cases() {
+  std::vector<OpCase> cases;
+  for (const int64_t n : kCounts) {
+    OpCase c{"adamw_update", shape_label({{"n", n}}), {}, {}, {}};
+    const uint64_t seed = seed_of(c.op, c.shape);
+    const std::vector<float> params = random_normal(n, seed), m = random_normal(n, seed + 1, 0.1f);
+    const std::vector<float> v = random_uniform(n, seed + 2, 0.0f, 0.01f), grads = random_normal(n, seed + 3);
+    const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, decay = 0.1f, grad_scale = 0.5f;
+    const int64_t step = 7;
+    std::vector<float> p_terms(n), m_terms(n), v_terms(n);
+    const double bias1 = 1.0 - std::pow(beta1, 7.0), bias2 = 1.0 - std::pow(beta2, 7.0);
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = grads[i] * grad_scale;
+      const double m_new = beta1 * m[i] + (1.0 - beta1) * g, v_new = beta2 * v[i] + (1.0 - beta2) * g * g;
+      m_terms[i] = static_cast<float>(beta1 * std::fabs(m[i]) + (1.0 - beta1) * std::fabs(g));
+      v_terms[i] = static_cast<float>(v_new);
+      const double update = lr / bias1 * std::fabs(m_new) / (std::sqrt(v_new / bias2) + eps);
+      p_terms[i] = static_cast<float>(std::fabs(params[i]) + update);
+    }
+    c.operands = {in_out("params", params), in_out("m", m), in_out("v", v), input("grads", grads)};
+    c.run = [=](Backend& b, const std::vector<void*>& p) {
+      b.adamw_update(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), floats_at(p, 3), n, lr, beta1, beta2,
+                     eps, decay, step, grad_scale);
+      return none();
+    };
+    c.checks = {
+        close("m", 4, m_terms, "grad scaling, two products and a sum (FMA or not)"),
+        close("v", 6, v_terms, "grad scaling, a square, two products and a sum (FMA or not)"),
+        close("params", 16, p_terms,
+              "a dozen roundings incl. powf and sqrt (<= 2 ulps), 1 - beta^7 amplifying powf's by <= 2.3")};
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+// --- NaN and Inf propagation: the backends must agree on which outputs are NaN or infinite ---
+
+std::vector<OpCase> non_finite_cases() {
+  std::vector<OpCase> cases;
+  const std::string label = "n=16 with NaN, +-Inf, +-1e20, +-0, a subnormal";
+  std::vector<float> x = random_normal(16, seed_of("non-finite", label), 2.0f);
+  x[1] = kNaN, x[3] = kInf, x[4] = -kInf, x[6] = 1e20f, x[7] = -1e20f, x[9] = 0.0f, x[10] = -0.0f,
+  x[12] = 1e-40f;
+  std::vector<float> y = random_normal(16, seed_of("non-finite dout", label));
+  y[2] = kNaN, y[3] = -kInf, y[5] = kInf, y[8] = kNaN;
+  cases.push_back(gelu_forward_case(x, label));
+  cases.push_back(gelu_backward_case(x, y, label));
+  cases.push_back(residual_case(x, y, label));  // includes Inf + -Inf
+
+  // LayerNorm with a NaN in row 2 of 5: that row all NaN (mean and rstd too), the others untouched.
+  std::vector<float> rows = random_normal(5 * 7, seed_of("non-finite layernorm", label));
+  rows[2 * 7 + 3] = kNaN;
+  cases.push_back(layernorm_forward_case(5, 7, rows, "N=5 C=7, NaN in row 2"));
+
+  // Softmax rows: a NaN logit (row NaN), a NaN in a padded column (ignored), -Inf in column 0 (p = 0; a
+  // running maximum that starts at -Inf must not make it NaN).
+  const int64_t N = 4, V = 13, Vp = 16;
+  std::vector<float> logits = random_normal(N * Vp, seed_of("non-finite softmax", label), 2.0f);
+  const std::vector<int32_t> targets = {5, 6, 7, 8};
+  logits[0 * Vp + 4] = kNaN;
+  logits[1 * Vp + 14] = kNaN;
+  logits[2 * Vp + 0] = -kInf;
+  cases.push_back(softmax_cross_entropy_case(N, V, Vp, 0.25f, logits, targets,
+                                             "N=4 V=13 Vp=16, NaN logit / NaN padding / -Inf in column 0"));
+  return cases;
+}
+
+TEST(BackendOps, EncoderForward) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(encoder_forward_cases());
+}
+
+TEST(BackendOps, EncoderBackward) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(encoder_backward_cases());
+}
+
+TEST(BackendOps, LayerNormForward) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(layernorm_forward_cases());
+}
+
+TEST(BackendOps, LayerNormBackward) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(layernorm_backward_cases());
+}
+
+TEST(BackendOps, ElementwiseGeluResidualAccumulateScaleFillZero) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(elementwise_cases());
+}
+
+TEST(BackendOps, SoftmaxCrossEntropy) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(softmax_cross_entropy_cases());
+}
+
+TEST(BackendOps, SumOfSquaresAndAllFinite) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(reduction_cases());
+}
+
+TEST(BackendOps, AdamW) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(adamw_cases());
+}
+
+TEST(BackendOps, NanAndInfPropagateAlike) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(non_finite_cases());
+}
+
+}  // namespace

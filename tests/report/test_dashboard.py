@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""The dashboard in a real browser: trains a tiny GPT in fp8 (alerts move layers to BF16) and in bf16 with
+`octet train`, writes `octet report RUN --compare REFERENCE`, loads the page in headless Chromium and requires
+that its script finished without a console message, that it drew what telemetry.sqlite holds (loss and
+validation points, precision map cells, heatmap rows per tensor, events), that it made no network request and
+names no external resource, and that its screenshot is not blank. Then it plants failures in copies of the page
+(an error in a panel, an uncaught error after load, a request to the network, a blank page) and requires the
+same checks to reject each. Exit 0 pass, 1 fail, 77 skipped (no Chromium).
+
+  test_dashboard.py OCTET_BINARY WORK_DIR"""
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report_browser  # noqa: E402
+
+FAILURES = []
+
+
+def expect(condition, message):
+    if not condition:
+        FAILURES.append(message)
+        print("FAIL: " + message)
+
+
+def octet(binary, *args):
+    r = subprocess.run([binary] + list(args), capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"octet {' '.join(args)} exited with {r.returncode}: {r.stderr}")
+    return r.stdout
+
+
+def prepare_data(binary, work):
+    text = os.path.join(work, "text")
+    os.makedirs(text)
+    files = []
+    for d in range(40):
+        path = os.path.join(text, f"doc{100 + d}.txt")
+        with open(path, "w") as f:
+            for i in range(60):
+                f.write(f"The quick brown fox {(d * 7 + i) % 13} jumps over the lazy dog.\n")
+        files.append(path)
+    octet(binary, "data", "prepare", "--tokenizer", "bytes", "--out", os.path.join(work, "shards"), *files)
+
+
+def train(binary, work, mode):
+    """A tiny run; in fp8 any underflow raises an alert that moves the layer to BF16, so that the page has moved
+    GEMMs and events to show whatever the alert thresholds' defaults are."""
+    run_dir = os.path.join(work, "run-" + mode)
+    config = os.path.join(work, mode + ".toml")
+    with open(config, "w") as f:
+        f.write(f"""[model]
+vocab_size = 256
+max_seq_len = 16
+layers = 2
+heads = 2
+channels = 32
+[train]
+mixed_precision = "{mode}"
+batch_size = 2
+seq_len = 16
+steps = 40
+[scheduler]
+warmup_steps = 2
+[fp8]
+on_alert = "bf16_layer"
+alert_underflow = 0.0
+[data]
+dir = "{os.path.join(work, "shards")}"
+eval_every = 10
+eval_batches = 2
+[logging]
+run_dir = "{run_dir}"
+log_every = 10
+[telemetry]
+interval = 2
+""")
+    octet(binary, "train", config)
+    return run_dir
+
+
+def expected_summary(run_dir, compare_dir):
+    """What the page must report having drawn, counted independently from the database."""
+    db = sqlite3.connect(os.path.join(run_dir, "telemetry.sqlite"))
+    one = lambda sql, *a: db.execute(sql, a).fetchone()[0]  # noqa: E731
+    e = {
+        "loss-points": one("SELECT COUNT(*) FROM steps WHERE loss IS NOT NULL"),
+        "validation-points": one("SELECT COUNT(*) FROM validation WHERE loss IS NOT NULL"),
+        "precision-layers": one("SELECT COUNT(DISTINCT layer) FROM gemms"),
+        "precision-cells": one("SELECT COUNT(*) FROM (SELECT DISTINCT layer, gemm FROM gemms)"),
+        "fp8-layers": one("SELECT COUNT(DISTINCT layer) FROM gemms WHERE since_step = 0 AND mode = 'fp8'"),
+        "heatmap-columns": min(400, one("SELECT COUNT(DISTINCT step) FROM tensor_stats")),
+        "throughput-points": one("SELECT COUNT(*) FROM steps WHERE tokens_per_s IS NOT NULL"),
+        "phases": one("SELECT COUNT(DISTINCT phase) FROM phases"),
+        "events": one("SELECT COUNT(*) FROM events"),
+        "moved-cells": one("""SELECT COUNT(*) FROM (SELECT layer, gemm FROM gemms g WHERE since_step > 0 AND mode !=
+                              (SELECT mode FROM gemms WHERE layer = g.layer AND gemm = g.gemm ORDER BY since_step,
+                               rowid LIMIT 1) GROUP BY layer, gemm)"""),
+    }
+    for (tensor,) in db.execute("SELECT DISTINCT tensor FROM tensor_stats"):
+        e["heatmap-rows-" + tensor] = one("SELECT COUNT(DISTINCT layer) FROM tensor_stats WHERE tensor = ?", tensor)
+    if compare_dir:
+        ref = sqlite3.connect(os.path.join(compare_dir, "telemetry.sqlite"))
+        e["compare-loss-points"] = ref.execute("SELECT COUNT(*) FROM steps WHERE loss IS NOT NULL").fetchone()[0]
+        e["compare-validation-points"] = ref.execute(
+            "SELECT COUNT(*) FROM validation WHERE loss IS NOT NULL").fetchone()[0]
+    return {k: str(v) for k, v in e.items()}
+
+
+def check_report(chromium, work, html, run_dir, compare_dir, name):
+    problems, loaded = report_browser.check_page(chromium, html, os.path.join(work, "browser-" + name))
+    for p in problems:
+        expect(False, f"{name}: {p}")
+    print(f"{name}: summary {loaded['summary']}; screenshot {loaded.get('screenshot_stats')}")
+    for key, value in expected_summary(run_dir, compare_dir).items():
+        expect(loaded["summary"].get(key) == value,
+               f"{name}: the page drew {key}={loaded['summary'].get(key)!r}, the database holds {value}")
+    with open(html, encoding="utf-8") as f:
+        page = f.read()
+    template = re.sub(r'<script type="application/json" id="octet-data">.*?</script>', "", page, flags=re.S)
+    expect("http://" not in template and "https://" not in template,
+           f"{name}: the page's markup, style or script names an http(s) address")
+    return loaded
+
+
+def planted(chromium, work, html, name, edit, expected_problem):
+    """A copy of the page changed by `edit` must fail the checks, with a problem that mentions expected_problem."""
+    with open(html, encoding="utf-8") as f:
+        page = f.read()
+    changed = edit(page)
+    assert changed != page, f"planting {name} changed nothing"
+    path = os.path.join(work, "planted-" + name + ".html")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(changed)
+    problems, _ = report_browser.check_page(chromium, path, os.path.join(work, "browser-planted-" + name))
+    print(f"planted {name}: {len(problems)} problem(s): {problems[:3]}")
+    expect(any(expected_problem in p for p in problems),
+           f"planted {name}: the checks did not report '{expected_problem}' (they found {problems})")
+
+
+def main():
+    binary, work = sys.argv[1], sys.argv[2]
+    chromium = report_browser.find_chromium()
+    if chromium is None:
+        print("chromium is not installed: skipped")
+        return 77
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    prepare_data(binary, work)
+    fp8_run, bf16_run = train(binary, work, "fp8"), train(binary, work, "bf16")
+    for run in (fp8_run, bf16_run):
+        if not os.path.exists(os.path.join(run, "telemetry.sqlite")):
+            print(f"FAIL: octet train wrote no telemetry.sqlite in {run}")
+            return 1
+
+    out = octet(binary, "report", fp8_run, "--compare", bf16_run)
+    html = os.path.join(fp8_run, "report.html")
+    expect(out.startswith(html + ": ") and out.count("\n") == 1, f"octet report printed {out!r}")
+    loaded = check_report(chromium, work, html, fp8_run, bf16_run, "fp8-vs-bf16")
+    s = loaded["summary"]
+    expect(int(s.get("fp8-layers", 0)) > 0, "the fp8 run shows no FP8 layer")
+    for tensor in ("activation", "weight", "gradient"):
+        expect(s.get("heatmap-rows-" + tensor) == s.get("fp8-layers"),
+               f"{tensor} heatmap has {s.get('heatmap-rows-' + tensor)} rows for {s.get('fp8-layers')} FP8 layers")
+    expect(int(s.get("moved-cells", 0)) > 0, "no GEMM shows as moved to BF16 although alerts moved layers")
+    expect(s.get("compare") == "yes" and s.get("charts") == "3", f"loss, difference and throughput charts: {s}")
+
+    # A run without FP8 layers and without a reference: the page still works, with empty FP8 panels.
+    bf16_html = os.path.join(work, "bf16-report.html")
+    octet(binary, "report", bf16_run, "--out", bf16_html)
+    s = check_report(chromium, work, bf16_html, bf16_run, None, "bf16-alone")["summary"]
+    expect(s.get("fp8-layers") == "0" and s.get("heatmaps") == "0" and s.get("compare") == "no",
+           f"the bf16 run's page: {s}")
+
+    # The checks must reject broken pages.
+    planted(chromium, work, html, "panel-error", lambda p: p.replace("  renderEvents();\n",
+                                                                     "  renderEvents();\n  null.planted;\n", 1),
+            "page status is 'error'")
+    planted(chromium, work, html, "late-error", lambda p: p.replace(
+        "</body>", "<script>setTimeout(() => { throw new Error('planted'); }, 0);</script></body>", 1), "console:")
+    planted(chromium, work, html, "syntax-error", lambda p: p.replace("function renderEvents()", "function renderEvents(", 1),
+            "page status is 'loading'")
+    # A request made by script, with the page's Content-Security-Policy removed: only the network log sees it.
+    planted(chromium, work, html, "network", lambda p: re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", p).replace(
+        "</body>", "<script>new Image().src = 'http' + '://192.0.2.1/planted.png';</script></body>", 1),
+        "network request: http://192.0.2.1/planted.png")
+    planted(chromium, work, html, "external-link", lambda p: p.replace(
+        "<footer", '<link rel="stylesheet" href="https://example.invalid/x.css"><footer', 1), "external reference")
+    planted(chromium, work, html, "blank", lambda p: '<!DOCTYPE html><html><body data-status="ok"></body></html>',
+            "the screenshot looks blank")
+
+    if FAILURES:
+        print(f"{len(FAILURES)} failure(s)")
+        return 1
+    print("dashboard: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
