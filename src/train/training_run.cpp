@@ -1,6 +1,7 @@
 // `octet train`'s run loop (see training_run.h).
 #include "octet/train/training_run.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -100,6 +101,56 @@ std::unique_ptr<Backend> make_backend(const DeviceChoice& device, const RunConfi
   return make_cuda_backend(cuda_options);
 }
 
+// Milliseconds per phase of one step, summed over the phase's stretches (the optimizer phase opens the step,
+// zeroing the gradients, and closes it). Inactive steps cost one branch per phase.
+class PhaseTimer {
+ public:
+  void reset(bool active) {
+    active_ = active;
+    current_.reset();
+    ms_.clear();
+  }
+  void begin(StepPhase phase, Backend& backend) {
+    if (!active_) return;
+    backend.synchronize();
+    const auto now = std::chrono::steady_clock::now();
+    if (current_) {
+      const std::string name = phase_name(*current_);
+      auto it = std::find_if(ms_.begin(), ms_.end(), [&](const auto& entry) { return entry.first == name; });
+      const double ms = std::chrono::duration<double, std::milli>(now - began_).count();
+      if (it == ms_.end()) {
+        ms_.emplace_back(name, ms);
+      } else {
+        it->second += ms;
+      }
+    }
+    current_ = phase == StepPhase::done ? std::nullopt : std::optional<StepPhase>(phase);
+    began_ = now;
+  }
+  const std::vector<std::pair<std::string, double>>& totals() const { return ms_; }
+
+ private:
+  static std::string phase_name(StepPhase phase) {
+    switch (phase) {
+      case StepPhase::optimizer:
+        return "optimizer";
+      case StepPhase::data:
+        return "data";
+      case StepPhase::forward:
+        return "forward";
+      case StepPhase::backward:
+        return "backward";
+      case StepPhase::done:
+        break;
+    }
+    return "done";
+  }
+  bool active_ = false;
+  std::optional<StepPhase> current_;
+  std::chrono::steady_clock::time_point began_;
+  std::vector<std::pair<std::string, double>> ms_;
+};
+
 }  // namespace
 
 TrainingBackend make_training_backend(const RunConfig& config) {
@@ -164,6 +215,14 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
         std::make_unique<TelemetryRecorder>(model, *telemetry_store, config.telemetry, recorder_options);
   } else {
     model.set_telemetry(false, false);
+  }
+  // On telemetry steps the step is split into phases (data, forward, backward, optimizer) for the phases
+  // table: the backend is synchronised at each phase boundary of those steps only, so that a phase's time is
+  // the device's and not just the time taken to enqueue it.
+  PhaseTimer phases;
+  if (telemetry) {
+    Backend* timed = backend.get();
+    settings.phase_began = [&phases, timed](StepPhase phase) { phases.begin(phase, *timed); };
   }
   Trainer trainer(model, settings);
   if (resume_from) {
@@ -235,6 +294,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   const int64_t first_step = trainer.steps_done();
   for (int64_t step = trainer.steps_done(); step < config.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    phases.reset(telemetry != nullptr && telemetry->is_telemetry_step(step + 1, config.steps));
     const StepResult r = trainer.step(train_data);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -269,6 +329,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     if (telemetry) {
       telemetry->record_step(r, seconds * 1000.0, tokens_per_second,
                              telemetry->is_telemetry_step(done, config.steps));
+      for (const auto& [phase, ms] : phases.totals()) telemetry_store->add(PhaseRecord{done, phase, ms});
       if (telemetry->stop_requested()) {  // fp8.on_alert = "stop"
         save();
         telemetry_store->close();

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sqlite3.h>
 
 #include "process.h"
 
@@ -103,6 +104,28 @@ TEST_F(InspectCommand, TrainWritesTelemetryThatInspectReads) {
   EXPECT_GT(first["scale"].get<double>(), 0.0);
   EXPECT_TRUE(first["sqnr_db"].is_null()) << "SQNR is off by default";
   EXPECT_EQ(layer["layer"]["gemms"].size(), 3u);
+
+  // The phases of every telemetry step (2, 4, 6): data, forward, backward and optimizer, each timed.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2((run_dir() / "telemetry.sqlite").c_str(), &db, SQLITE_OPEN_READONLY, nullptr),
+            SQLITE_OK);
+  sqlite3_stmt* statement = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT step, phase, ms FROM phases ORDER BY step, phase", -1, &statement,
+                               nullptr),
+            SQLITE_OK);
+  std::set<std::pair<int64_t, std::string>> phases;
+  while (sqlite3_step(statement) == SQLITE_ROW) {
+    phases.emplace(sqlite3_column_int64(statement, 0),
+                   reinterpret_cast<const char*>(sqlite3_column_text(statement, 1)));
+    EXPECT_GE(sqlite3_column_double(statement, 2), 0.0);
+  }
+  sqlite3_finalize(statement);
+  sqlite3_close(db);
+  std::set<std::pair<int64_t, std::string>> expected;
+  for (int64_t step : {2, 4, 6}) {
+    for (const char* phase : {"backward", "data", "forward", "optimizer"}) expected.emplace(step, phase);
+  }
+  EXPECT_EQ(phases, expected);
 
   const ProcessResult text = run_octet({"inspect", run_dir().string(), "--layer", "h.0.mlp.c_fc"});
   ASSERT_EQ(text.exit_code, 0) << text.err;
