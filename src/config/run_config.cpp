@@ -288,6 +288,14 @@ const std::vector<Key>& keys() {
         "fp8.weight_gradient", [](RunConfig& c) -> bool& { return c.precision.fp8_weight_gradient; },
         "Run converted layers' weight-gradient GEMMs in FP8 (needs the forward in FP8)."));
     k.push_back(boolean(
+        "fp8.fast_accumulation_forward",
+        [](RunConfig& c) -> bool& { return c.precision.fast_accumulation_forward; },
+        "Forward FP8 GEMMs keep the sum in the tensor cores' narrow accumulator (GPU; faster, less exact)."));
+    k.push_back(boolean(
+        "fp8.fast_accumulation_backward",
+        [](RunConfig& c) -> bool& { return c.precision.fast_accumulation_backward; },
+        "The same for the input- and weight-gradient FP8 GEMMs (GPU); off promotes partial sums to float32."));
+    k.push_back(boolean(
         "fp8.strict", [](RunConfig& c) -> bool& { return c.fp8_strict; },
         "Refuse to start instead of running FP8 GEMMs in BF16 where the device has no FP8 tensor cores."));
     k.push_back(choice<AlertAction>(

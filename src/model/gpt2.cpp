@@ -153,6 +153,8 @@ void Gpt2::build_parameters() {
     if (plan.fp8()) {
       e.recipe = policy_.recipe();
       e.formats = policy_.formats();
+      e.fast_accumulation_forward = policy_.settings().fast_accumulation_forward;
+      e.fast_accumulation_backward = policy_.settings().fast_accumulation_backward;
       linear->state = {e.recipe->initial_state(), e.recipe->initial_state(), e.recipe->initial_state()};
       e.state = &linear->state;
       e.telemetry = &linear->telemetry;

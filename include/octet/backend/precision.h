@@ -74,6 +74,10 @@ struct LinearExecution {
   GemmMode weight_gradient = GemmMode::f32;
   // For FP8 GEMMs:
   const ScalingRecipe* recipe = nullptr;
+  // Fast accumulation (PrecisionSettings) of the forward and of the two backward FP8 GEMMs; backends whose
+  // FP8 GEMMs always accumulate in float32 (the CPU emulation) ignore it.
+  bool fast_accumulation_forward = true;
+  bool fast_accumulation_backward = false;
   Fp8Formats formats;
   Fp8LinearState* state = nullptr;
   // False during evaluation: casts use the current scales but leave the scaling state (amax histories)

@@ -30,6 +30,11 @@ struct PrecisionSettings {
   bool fp8_forward = true;
   bool fp8_input_gradient = true;
   bool fp8_weight_gradient = true;
+  // Hopper's FP8 GEMMs may keep the whole sum in the tensor cores' narrow accumulator (fast accumulation)
+  // instead of promoting partial sums to float32 along K. Faster, less exact: on for the forward by default,
+  // off for the two backward GEMMs. The GPU only: the CPU emulation always accumulates in float32.
+  bool fast_accumulation_forward = true;
+  bool fast_accumulation_backward = false;
   bool lm_head = false;                 // convert the LM head too
   bool first_last_blocks_bf16 = false;  // keep blocks 0 and L-1 in BF16
 };

@@ -718,7 +718,8 @@ void CudaBackend::linear_forward(float* out, const float* inp, const float* weig
                    &layer.device->cast_scale[kActivation], scale_inv, exec.update_scaling, exec);
       fp8_gemm(out, codes, exec.formats.activation, scale_inv,
                static_cast<const uint8_t*>(const_cast<CudaWeightCopy*>(w)->fp8.get(0, stream_)),
-               exec.formats.weight, &layer.device->weight_scale_inv, N, OC, C, false, true);
+               exec.formats.weight, &layer.device->weight_scale_inv, N, OC, C, false,
+               exec.fast_accumulation_forward);
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
     }
@@ -785,7 +786,7 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
       OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
       fp8_gemm(dinp, dy, exec.formats.gradient, &layer->device->gradient_scale_inv,
                static_cast<const uint8_t*>(w->fp8_transposed.get(0, stream_)), exec.formats.weight,
-               &layer->device->weight_scale_inv, N, C, OC, false, false);
+               &layer->device->weight_scale_inv, N, C, OC, false, exec.fast_accumulation_backward);
       round_in_place(dinp, N * C, Dtype::bf16, stream_);
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
@@ -822,7 +823,8 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
       OCTET_CHECK(saved != nullptr, "the forward's FP8 input, kept for the backward");
       fp8_gemm(dweight, dy_t, exec.formats.gradient, &layer->device->gradient_scale_inv,
                static_cast<const uint8_t*>(saved->codes_transposed.get(0, stream_)), saved->format,
-               static_cast<const float*>(saved->scale_inv.get(0, stream_)), OC, C, N, true, false);
+               static_cast<const float*>(saved->scale_inv.get(0, stream_)), OC, C, N, true,
+               exec.fast_accumulation_backward);
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
     }
