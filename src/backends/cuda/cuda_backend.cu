@@ -839,24 +839,18 @@ bool cuda_backend_built() {
 }
 
 int cuda_device_count() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return 0;
-  }
-  return count;
+  return cuda::device_count();
 }
 
 CudaDeviceInfo cuda_device_info(int device) {
-  cudaDeviceProp prop{};
-  OCTET_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  const cuda::DeviceInfo d = cuda::device_info(device);
   CudaDeviceInfo info;
-  info.index = device;
-  info.name = prop.name;
-  info.major = prop.major;
-  info.minor = prop.minor;
-  info.fp8_tensor_cores = prop.major > 8 || (prop.major == 8 && prop.minor >= 9);
-  info.memory_bytes = prop.totalGlobalMem;
+  info.index = d.index;
+  info.name = d.name;
+  info.major = d.compute_major;
+  info.minor = d.compute_minor;
+  info.fp8_tensor_cores = cuda::has_fp8_tensor_cores(d);
+  info.memory_bytes = d.total_memory_bytes;
   return info;
 }
 
