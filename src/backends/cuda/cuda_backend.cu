@@ -749,6 +749,7 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
                  &layer->device->cast_scale[kGradient], &layer->device->gradient_scale_inv, true, exec);
   }
 
+  const void* dout_wide = nullptr;  // dout rounded to BF16/FP16 (slot 0), once for both GEMMs
   // Input gradient: dinp [N, C] = dout [N, OC] x W [OC, C], i.e. A = dout (K = OC), B = W^T.
   switch (exec.input_gradient) {
     case GemmMode::f32: {
@@ -773,7 +774,7 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
       p.N = C;
       p.K = OC;
       p.a_type = p.b_type = wide_type(exec.input_gradient);
-      p.a = wide_copy(dout, N * OC, exec.input_gradient, 0);
+      p.a = dout_wide = wide_copy(dout, N * OC, exec.input_gradient, 0);
       p.b = w->wide.get(0, stream_);
       p.b_transposed = true;
       p.d = dinp;
@@ -811,7 +812,9 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
         p.b = inp;
       } else {
         p.a_type = p.b_type = wide_type(exec.weight_gradient);
-        p.a = wide_copy(dout, N * OC, exec.weight_gradient, 0);
+        // The input gradient's rounded copy of dout, when it made one of the same type.
+        p.a = exec.input_gradient == exec.weight_gradient ? dout_wide
+                                                          : wide_copy(dout, N * OC, exec.weight_gradient, 0);
         p.b = wide_copy(inp, N * C, exec.weight_gradient, 1);
       }
       gemm_->run(p, stream_);
