@@ -15,7 +15,8 @@ int cuda_device_count() {
 }
 
 CudaDeviceInfo cuda_device_info(int) {
-  OCTET_REQUIRE(false, "this octet was built without CUDA (configure with nvcc available, OCTET_CUDA=AUTO|ON)");
+  OCTET_REQUIRE(false,
+                "this octet was built without CUDA (configure with nvcc available, OCTET_CUDA=AUTO|ON)");
   return {};
 }
 
@@ -28,14 +29,16 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) {
 
 std::vector<GemmBenchRow> bench_gemms(const std::vector<GemmBenchShape>&, const GemmBenchSettings&,
                                       const std::function<void(const GemmBenchRow&)>&) {
-  OCTET_REQUIRE(false, "GPU benchmarks: this octet was built without CUDA (configure with nvcc available, "
-                       "OCTET_CUDA=AUTO|ON)");
+  OCTET_REQUIRE(false,
+                "GPU benchmarks: this octet was built without CUDA (configure with nvcc available, "
+                "OCTET_CUDA=AUTO|ON)");
   return {};
 }
 
 DeviceMemoryUse device_memory_in_use(int) {
-  OCTET_REQUIRE(false, "device memory: this octet was built without CUDA (configure with nvcc available, "
-                       "OCTET_CUDA=AUTO|ON)");
+  OCTET_REQUIRE(false,
+                "device memory: this octet was built without CUDA (configure with nvcc available, "
+                "OCTET_CUDA=AUTO|ON)");
   return {};
 }
 

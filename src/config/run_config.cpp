@@ -294,7 +294,8 @@ const std::vector<Key>& keys() {
     k.push_back(boolean(
         "fp8.fast_accumulation_backward",
         [](RunConfig& c) -> bool& { return c.precision.fast_accumulation_backward; },
-        "The same for the input- and weight-gradient FP8 GEMMs (GPU); off promotes partial sums to float32."));
+        "The same for the input- and weight-gradient FP8 GEMMs (GPU); off promotes partial sums to "
+        "float32."));
     k.push_back(boolean(
         "fp8.strict", [](RunConfig& c) -> bool& { return c.fp8_strict; },
         "Refuse to start instead of running FP8 GEMMs in BF16 where the device has no FP8 tensor cores."));

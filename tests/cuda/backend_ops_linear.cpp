@@ -187,10 +187,10 @@ Trace run_linear(Backend& backend, const LinearConfig& config, const LinearShape
       if (config.fp8()) {
         backend.fetch_scaling(*state);
         backend.fetch_telemetry(telemetry);
-        counters.saturated = telemetry.activation.saturated + telemetry.weight.saturated +
-                             telemetry.gradient.saturated;
-        counters.underflowed = telemetry.activation.underflowed + telemetry.weight.underflowed +
-                               telemetry.gradient.underflowed;
+        counters.saturated =
+            telemetry.activation.saturated + telemetry.weight.saturated + telemetry.gradient.saturated;
+        counters.underflowed =
+            telemetry.activation.underflowed + telemetry.weight.underflowed + telemetry.gradient.underflowed;
       }
     } catch (const octet::Error& e) {
       r.refused = true, r.refusal_kind = e.kind(), r.refusal = e.what();

@@ -145,7 +145,7 @@ TEST_P(GpuTraining, FollowsTheCpuReference) {
     EXPECT_EQ(device.other_gemms.back(), 3);
     // Largest relative difference of the amax histories, per operand (activation, weight, gradient).
     const auto amax_differences = [&](const std::vector<Fp8LinearState>& expected,
-                                       const std::vector<Fp8LinearState>& actual) {
+                                      const std::vector<Fp8LinearState>& actual) {
       std::array<double, 3> largest{0.0, 0.0, 0.0};
       EXPECT_EQ(expected.size(), actual.size());
       for (size_t i = 0; i < std::min(expected.size(), actual.size()); ++i) {
@@ -171,10 +171,11 @@ TEST_P(GpuTraining, FollowsTheCpuReference) {
     // After 50 steps each run has followed its own rounding: activations and weights a little apart, and a
     // gradient's amax, the largest of many small values, further.
     const std::array<double, 3> late = amax_differences(reference.states, device.states);
-    std::printf("[%s] largest relative amax history difference over %zu layers after %lld steps: activation "
-                "%.3g, weight %.3g, gradient %.3g; after %lld steps: %.3g, %.3g, %.3g\n",
-                c.name, device.states.size(), static_cast<long long>(kEarlySteps), early[0], early[1], early[2],
-                static_cast<long long>(kSteps), late[0], late[1], late[2]);
+    std::printf(
+        "[%s] largest relative amax history difference over %zu layers after %lld steps: activation "
+        "%.3g, weight %.3g, gradient %.3g; after %lld steps: %.3g, %.3g, %.3g\n",
+        c.name, device.states.size(), static_cast<long long>(kEarlySteps), early[0], early[1], early[2],
+        static_cast<long long>(kSteps), late[0], late[1], late[2]);
     EXPECT_LE(early[0], 0.06);
     EXPECT_LE(early[1], 0.06);
     EXPECT_LE(early[2], 0.06);

@@ -54,11 +54,11 @@ struct DeviceCastTelemetry {
 struct DeviceLayerState {
   DeviceTensorScaling tensor[3];  // activation, weight, gradient
   // Scales a GEMM reads sit 16 bytes apart: cuBLASLt refuses scale pointers with less alignment.
-  alignas(16) float weight_copy_scale;  // the scale the weight copy was cast with (weight_copy_scale)
-  alignas(16) float weight_scale_inv;   // its inverse, as the cast wrote it: the weight's dequantizing scale
+  alignas(16) float weight_copy_scale;   // the scale the weight copy was cast with (weight_copy_scale)
+  alignas(16) float weight_scale_inv;    // its inverse, as the cast wrote it: the weight's dequantizing scale
   alignas(16) float gradient_scale_inv;  // the last gradient cast's
   alignas(16) float cast_scale[3];       // the scale of the cast in flight, per operand
-  CastResults results[3];         // what the last cast of each operand saw
+  CastResults results[3];                // what the last cast of each operand saw
   DeviceCastTelemetry telemetry[3];
 };
 
@@ -101,7 +101,8 @@ RecipeParameters recipe_parameters(const ScalingRecipe& recipe) {
 }
 
 // scale_from_amax of src/numerics/scaling.cpp, in the same double arithmetic.
-__device__ float device_scale_from_amax(float amax, float fp8_max, int margin, float previous, bool* degenerate) {
+__device__ float device_scale_from_amax(float amax, float fp8_max, int margin, float previous,
+                                        bool* degenerate) {
   if (!(amax > 0.0f) || !isfinite(amax)) {
     *degenerate = true;
     return previous;
@@ -186,8 +187,8 @@ __global__ void after_cast_kernel(DeviceLayerState* s, int operand, RecipeParame
 // The cast's signal and quantization-noise energies over its finite inputs (noise = x - code * scale_inv, the
 // dequantized value in float32 as octet::dequantize computes it), added to the operand's telemetry. Only
 // when telemetry asks for the SQNR: it is one more read of the tensor.
-__global__ void sqnr_kernel(const float* x, const uint8_t* codes, int64_t n, Dtype format, const float* scale_inv,
-                            DeviceCastTelemetry* telemetry) {
+__global__ void sqnr_kernel(const float* x, const uint8_t* codes, int64_t n, Dtype format,
+                            const float* scale_inv, DeviceCastTelemetry* telemetry) {
   const MinifloatSpec spec = minifloat_spec(format);
   const float inverse = *scale_inv;
   double signal = 0.0, noise = 0.0;
@@ -211,8 +212,8 @@ __global__ void sqnr_kernel(const float* x, const uint8_t* codes, int64_t n, Dty
 
 // D = D_tmp * sa * sb (or D += ...): the FP8 GEMM's dequantization where the GEMM ran in BF16 on the codes'
 // values (GPUs without FP8 tensor cores).
-__global__ void dequantize_product_kernel(float* d, const float* tmp, int64_t n, const float* sa, const float* sb,
-                                          bool accumulate) {
+__global__ void dequantize_product_kernel(float* d, const float* tmp, int64_t n, const float* sa,
+                                          const float* sb, bool accumulate) {
   const float s = __fmul_rn(*sa, *sb);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -386,13 +387,15 @@ class CudaBackend final : public Backend {
                          int64_t NH) override {
     cuda::attention_forward(out, lse, qkv, B, T, C, NH, attention_options_, stream_);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                          int64_t B, int64_t T, int64_t C, int64_t NH) override {
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {
     cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, attention_workspace_, attention_options_,
                              stream_);
   }
 
-  void gelu_forward(float* out, const float* inp, int64_t n) override { cuda::gelu_forward(out, inp, n, stream_); }
+  void gelu_forward(float* out, const float* inp, int64_t n) override {
+    cuda::gelu_forward(out, inp, n, stream_);
+  }
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
     cuda::gelu_backward(dinp, inp, dout, n, stream_);
   }
@@ -413,8 +416,8 @@ class CudaBackend final : public Backend {
   void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
                     float beta1, float beta2, float eps, float weight_decay, int64_t step,
                     float grad_scale) override {
-    cuda::adamw_update(params, m, v, grads, n, learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale,
-                       stream_);
+    cuda::adamw_update(params, m, v, grads, n, learning_rate, beta1, beta2, eps, weight_decay, step,
+                       grad_scale, stream_);
   }
 
   void fetch_scaling(Fp8LinearState& state) override;
@@ -537,8 +540,7 @@ void CudaBackend::fetch_telemetry(Fp8LinearTelemetry& telemetry) {
   if (it == telemetry_layers_.end()) return;
   DeviceCastTelemetry device[3];
   DeviceLayerState* d = it->second->device;
-  OCTET_CUDA_CHECK(
-      cudaMemcpyAsync(device, d->telemetry, sizeof(device), cudaMemcpyDeviceToHost, stream_));
+  OCTET_CUDA_CHECK(cudaMemcpyAsync(device, d->telemetry, sizeof(device), cudaMemcpyDeviceToHost, stream_));
   OCTET_CUDA_CHECK(cudaMemsetAsync(d->telemetry, 0, sizeof(device), stream_));
   OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
   CastTelemetry* host[3] = {&telemetry.activation, &telemetry.weight, &telemetry.gradient};
@@ -625,7 +627,7 @@ void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const flo
   p.accumulate = false;
   gemm_->run(p, stream_);
   dequantize_product_kernel<<<blocks_for(M * N), 256, 0, stream_>>>(d, tmp, M * N, a_scale_inv, b_scale_inv,
-                                                                   accumulate);
+                                                                    accumulate);
   OCTET_CUDA_CHECK_LAUNCH("dequantize_product_kernel");
 }
 
@@ -640,8 +642,8 @@ const void* CudaBackend::wide_copy(const float* x, int64_t n, GemmMode mode, int
   return out;
 }
 
-void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
-                                 LinearExecution& exec) {
+void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC,
+                                 int64_t C, LinearExecution& exec) {
   auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
   if (w == nullptr) {
     copy = std::make_unique<CudaWeightCopy>();
@@ -659,7 +661,8 @@ void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float*
     DeviceLayerState* s = layer.device;
     // The weight's state moves on with every cast, as on the CPU (prepare_weight there updates it always).
     cast_operand(layer, kWeight, exec.formats.weight, weight, OC, C, w->fp8.as<uint8_t>(n, stream_),
-                 w->fp8_transposed.as<uint8_t>(n, stream_), &s->weight_copy_scale, &s->weight_scale_inv, true, exec);
+                 w->fp8_transposed.as<uint8_t>(n, stream_), &s->weight_copy_scale, &s->weight_scale_inv, true,
+                 exec);
   }
   const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
   w->has_wide = wide == GemmMode::bf16 || wide == GemmMode::f16;

@@ -19,7 +19,7 @@
 namespace octet::cuda {
 namespace {
 
-constexpr int kThreads = 256;      // block size of the flat kernels
+constexpr int kThreads = 256;  // block size of the flat kernels
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr size_t kAlignment = 256;  // of each region carved out of a workspace
@@ -102,7 +102,8 @@ __device__ __forceinline__ void store_pack(float* p, const Pack<W>& x) {
 
 // Butterfly sum: every lane ends with the same bits, since each step adds the same two values on both lanes.
 __device__ __forceinline__ double warp_sum(double v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = __dadd_rn(v, __shfl_xor_sync(kFullMask, v, offset));
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v = __dadd_rn(v, __shfl_xor_sync(kFullMask, v, offset));
   return v;
 }
 
@@ -415,7 +416,8 @@ __global__ void __launch_bounds__(kThreads)
     const Pack<W> w = load_pack<W>(weight + i);
     const Pack<W> b = load_pack<W>(bias + i);
 #pragma unroll
-    for (int k = 0; k < W; ++k) p.v[k] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(p.v[k], m), s), w.v[k]), b.v[k]);
+    for (int k = 0; k < W; ++k)
+      p.v[k] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(p.v[k], m), s), w.v[k]), b.v[k]);
     store_pack<W>(o + i, p);
   }
   if (lane == 0) {
@@ -430,7 +432,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int W>
 __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
     layernorm_backward_kernel(float* dinp, float* partials, const float* dout, const float* inp,
-                              const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
+                              const float* weight, const float* mean, const float* rstd, int64_t N,
+                              int64_t C) {
   extern __shared__ float warp_partials[];
   const int warps = static_cast<int>(blockDim.x / kWarp);
   const int warp = static_cast<int>(threadIdx.x / kWarp);
@@ -456,7 +459,8 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
         const float norm = __fmul_rn(__fsub_rn(xp.v[k], m), s);
         const float dnorm = __fmul_rn(wp.v[k], dp.v[k]);
         dnorm_sum = __dadd_rn(dnorm_sum, static_cast<double>(dnorm));
-        dnorm_norm_sum = __dadd_rn(dnorm_norm_sum, __dmul_rn(static_cast<double>(dnorm), static_cast<double>(norm)));
+        dnorm_norm_sum =
+            __dadd_rn(dnorm_norm_sum, __dmul_rn(static_cast<double>(dnorm), static_cast<double>(norm)));
       }
     }
     const float a = static_cast<float>(warp_sum(dnorm_sum) / static_cast<double>(C));
@@ -607,7 +611,8 @@ int64_t sum_blocks(int64_t n) {
 }
 
 template <int W>
-__global__ void __launch_bounds__(kThreads) sum_of_squares_kernel(const float* x, int64_t n, double* block_sums) {
+__global__ void __launch_bounds__(kThreads)
+    sum_of_squares_kernel(const float* x, int64_t n, double* block_sums) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = n / W;
@@ -628,7 +633,8 @@ __global__ void __launch_bounds__(kThreads) sum_of_squares_kernel(const float* x
   if (threadIdx.x == 0) block_sums[blockIdx.x] = acc;
 }
 
-__global__ void __launch_bounds__(kThreads) sum_blocks_kernel(const double* block_sums, int64_t count, double* total) {
+__global__ void __launch_bounds__(kThreads)
+    sum_blocks_kernel(const double* block_sums, int64_t count, double* total) {
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc = __dadd_rn(acc, block_sums[i]);
   acc = block_sum(acc);
@@ -657,13 +663,13 @@ struct AdamW {
   float* v;
   const float* grads;
   float grad_scale;
-  float decay;         // 1 - learning_rate * weight_decay
+  float decay;  // 1 - learning_rate * weight_decay
   float beta1;
   float one_minus_beta1;
   float beta2;
   float one_minus_beta2;
   float bias2_sqrt;
-  float step_size;     // learning_rate / bias1
+  float step_size;  // learning_rate / bias1
   float eps;
   template <int W>
   __device__ void apply(int64_t i) const {
@@ -806,8 +812,8 @@ void* Workspace::host() {
 // ---------------------------------------------------------------------------------------------------------
 // Launchers
 
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
-                     int64_t C, cudaStream_t stream) {
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                     int64_t T, int64_t C, cudaStream_t stream) {
   OCTET_CHECK(B >= 0 && T >= 0 && C >= 0, "encoder_forward: non-negative B, T, C, got {} {} {}", B, T, C);
   const int64_t n = B * T * C;
   if (n == 0) return;
@@ -816,8 +822,8 @@ void encoder_forward(float* out, const int32_t* tokens, const float* wte, const 
   OCTET_CUDA_CHECK_LAUNCH("encoder_forward");
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
-                      int64_t C, Workspace& workspace, cudaStream_t stream) {
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                      int64_t T, int64_t C, Workspace& workspace, cudaStream_t stream) {
   OCTET_CHECK(B >= 0 && T >= 0 && C >= 0, "encoder_backward: non-negative B, T, C, got {} {} {}", B, T, C);
   const int64_t rows = B * T;
   if (rows == 0 || C == 0) return;
@@ -826,9 +832,9 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
 
   // Positions sorted by token id, stably, so that each token's positions keep the reference's (b, t) order.
   size_t sort_bytes = 0;
-  OCTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, tokens, static_cast<int32_t*>(nullptr),
-                                                   static_cast<const int32_t*>(nullptr),
-                                                   static_cast<int32_t*>(nullptr), n, 0, 32, stream));
+  OCTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, tokens, static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+      static_cast<int32_t*>(nullptr), n, 0, 32, stream));
   Layout layout;
   const size_t sorted_tokens_at = layout.reserve(rows * sizeof(int32_t));
   const size_t positions_at = layout.reserve(rows * sizeof(int32_t));
@@ -851,11 +857,11 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   const int threads = static_cast<int>(std::min<int64_t>(kThreads, ceil_div(lanes, kWarp) * kWarp));
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(ceil_div(lanes, threads)));
   if (vectorize) {
-    encoder_backward_token_kernel<4><<<grid, threads, 0, stream>>>(dwte, dout, sorted_tokens, sorted_positions,
-                                                                   n, C);
+    encoder_backward_token_kernel<4>
+        <<<grid, threads, 0, stream>>>(dwte, dout, sorted_tokens, sorted_positions, n, C);
   } else {
-    encoder_backward_token_kernel<1><<<grid, threads, 0, stream>>>(dwte, dout, sorted_tokens, sorted_positions,
-                                                                   n, C);
+    encoder_backward_token_kernel<1>
+        <<<grid, threads, 0, stream>>>(dwte, dout, sorted_tokens, sorted_positions, n, C);
   }
   OCTET_CUDA_CHECK_LAUNCH("encoder_backward_token_kernel");
 
@@ -886,8 +892,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   const size_t warp_bytes = static_cast<size_t>(2 * C) * sizeof(float);
   const size_t shared_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
   const int warps = static_cast<int>(std::min<size_t>(kLayernormBackwardWarps, shared_limit / warp_bytes));
-  OCTET_REQUIRE(warps >= 1, "layernorm_backward: C={} needs {} bytes of shared memory per warp, the device has {}",
-                C, warp_bytes, shared_limit);
+  OCTET_REQUIRE(warps >= 1,
+                "layernorm_backward: C={} needs {} bytes of shared memory per warp, the device has {}", C,
+                warp_bytes, shared_limit);
   const size_t shared_bytes = static_cast<size_t>(warps) * warp_bytes;
   const int64_t blocks = std::min(ceil_div(N, warps), kLayernormBackwardBlocks);
 
@@ -907,7 +914,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                                             static_cast<int>(shared_bytes)));
     }
     kernel<<<static_cast<unsigned>(blocks), warps * kWarp, shared_bytes, stream>>>(dinp, partials, dout, inp,
-                                                                                  weight, mean, rstd, N, C);
+                                                                                   weight, mean, rstd, N, C);
   };
   if (vectorize) {
     launch(layernorm_backward_kernel<4>);
@@ -965,15 +972,16 @@ void fill_zero(float* x, int64_t n, cudaStream_t stream) {
 
 void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
                            int64_t Vp, float dloss, cudaStream_t stream) {
-  OCTET_CHECK(N >= 0 && V > 0 && Vp >= V, "softmax_cross_entropy: N >= 0, 0 < V <= Vp, got N={} V={} Vp={}", N,
-              V, Vp);
+  OCTET_CHECK(N >= 0 && V > 0 && Vp >= V, "softmax_cross_entropy: N >= 0, 0 < V <= Vp, got N={} V={} Vp={}",
+              N, V, Vp);
   if (N == 0) return;
   OCTET_CHECK(N <= INT32_MAX, "softmax_cross_entropy: at most 2^31 - 1 rows, got {}", N);
   const auto blocks = static_cast<unsigned>(N);
   // The row cache is only worth its shared memory when the gradient pass reads the row again.
   const size_t cache_bytes = static_cast<size_t>(V) * sizeof(float);
   const size_t shared_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
-  const bool cached = dloss != 0.0f && cache_bytes + 1024 <= shared_limit;  // 1 KiB for the reduction's arrays
+  const bool cached =
+      dloss != 0.0f && cache_bytes + 1024 <= shared_limit;  // 1 KiB for the reduction's arrays
   auto launch = [&](auto kernel, size_t shared_bytes) {
     if (shared_bytes > kDefaultSharedBytes) {
       OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -44,12 +44,12 @@ class Workspace {
 };
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
-                     int64_t C, cudaStream_t stream);
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                     int64_t T, int64_t C, cudaStream_t stream);
 // dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[t,:] += dout[b,t,:], each sum taken in (b, t) order, as the CPU
 // reference takes it, so the results are bit-identical to it.
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
-                      int64_t C, Workspace& workspace, cudaStream_t stream);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                      int64_t T, int64_t C, Workspace& workspace, cudaStream_t stream);
 
 // Per row of inp [N, C]: out = (x - mean) * rstd * weight + bias; writes mean and rstd [N].
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
