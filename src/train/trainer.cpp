@@ -67,26 +67,35 @@ StepResult Trainer::step(const BatchSource& data) {
   model_.zero_grad();
   double loss_sum = 0.0;
   bool loss_finite = true;
+  // The gradient of the scaled mean loss; each forward runs the LM head's backward with it, chunk by chunk.
+  const float dloss = r.loss_scale / static_cast<float>(B * T * micro);
   for (int64_t m = 0; m < micro; ++m) {
     phase(StepPhase::data);
     data(tokens.data(), targets.data());
     phase(StepPhase::forward);
-    const float loss = model_.forward(tokens.data(), targets.data(), B, T);
+    const float loss = model_.forward(tokens.data(), targets.data(), B, T, dloss);
     loss_finite &= std::isfinite(loss);
     loss_sum += loss;
     phase(StepPhase::backward);
-    model_.backward(r.loss_scale / static_cast<float>(B * T * micro));
+    model_.backward(dloss);
   }
   phase(StepPhase::optimizer);
   r.loss = static_cast<float>(loss_sum / static_cast<double>(micro));
   r.fp8_gemms = model_.counters().fp8_gemms - before.fp8_gemms;
   r.other_gemms = model_.counters().other_gemms - before.other_gemms;
 
+  double sum_of_squares = 0.0;
   if (!loss_finite) {
     r.skip_reason = fmt::format("non-finite loss ({})", r.loss);
-  } else if (const std::string name = first_non_finite_gradient(); !name.empty()) {
-    r.skip_reason = fmt::format("non-finite gradient in {}", name);
-    if (settings_.loss_scale.dynamic) r.skip_reason += fmt::format(" at loss scale {}", r.loss_scale);
+  } else {
+    // A float64 sum of float32 squares is finite exactly when every gradient is: one reduction checks them
+    // all, and only a non-finite sum pays for the search, tensor by tensor, for the first bad one.
+    sum_of_squares = model_.backend().sum_of_squares(model_.grads(), model_.parameter_count());
+    const std::string name = std::isfinite(sum_of_squares) ? std::string() : first_non_finite_gradient();
+    if (!name.empty()) {
+      r.skip_reason = fmt::format("non-finite gradient in {}", name);
+      if (settings_.loss_scale.dynamic) r.skip_reason += fmt::format(" at loss scale {}", r.loss_scale);
+    }
   }
   if (!r.skip_reason.empty()) {
     r.skipped = true;
@@ -105,7 +114,6 @@ StepResult Trainer::step(const BatchSource& data) {
     return r;
   }
 
-  const double sum_of_squares = model_.backend().sum_of_squares(model_.grads(), model_.parameter_count());
   r.grad_norm = static_cast<float>(std::sqrt(sum_of_squares) / r.loss_scale);
   const float clip = settings_.grad_clip > 0.0f && r.grad_norm > settings_.grad_clip
                          ? settings_.grad_clip / r.grad_norm

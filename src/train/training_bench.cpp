@@ -44,13 +44,17 @@ class PhaseClock {
     if (!active_) return;
     backend_.synchronize();
     const Clock::time_point now = Clock::now();
+    const OpTimes ops = backend_.take_op_times();
     if (current_ != StepPhase::done) {
-      seconds_[static_cast<size_t>(current_)] += std::chrono::duration<double>(now - since_).count();
+      const size_t phase = static_cast<size_t>(current_);
+      seconds_[phase] += std::chrono::duration<double>(now - since_).count();
+      for (size_t k = 0; k < kOpKinds; ++k) op_ms_[phase][k] += ops[k];
     }
     current_ = next;
     since_ = now;
   }
   double milliseconds(StepPhase phase) const { return seconds_[static_cast<size_t>(phase)] * 1000.0; }
+  OpTimes op_milliseconds(StepPhase phase) const { return op_ms_[static_cast<size_t>(phase)]; }
 
  private:
   Backend& backend_;
@@ -58,6 +62,7 @@ class PhaseClock {
   StepPhase current_ = StepPhase::done;
   Clock::time_point since_;
   std::array<double, 5> seconds_{};
+  std::array<OpTimes, 5> op_ms_{};
 };
 
 // Random tokens and targets: a few batches made once from the seed and served in turn, so that the data phase
@@ -163,9 +168,12 @@ TrainingBenchResult benchmark_training(const RunConfig& config, const TrainingBe
   sample_memory();
 
   if (options.phase_steps > 0) {
+    backend.set_op_timing(true);
+    backend.take_op_times();
     phase_clock.start();
     for (int64_t i = 0; i < options.phase_steps; ++i) trainer.step(data);
     phase_clock.stop();
+    backend.set_op_timing(false);
     sample_memory();
     StepPhaseTimes phases;
     phases.steps = options.phase_steps;
@@ -174,6 +182,16 @@ TrainingBenchResult benchmark_training(const RunConfig& config, const TrainingBe
     phases.forward_ms = phase_clock.milliseconds(StepPhase::forward) / n;
     phases.backward_ms = phase_clock.milliseconds(StepPhase::backward) / n;
     phases.optimizer_ms = phase_clock.milliseconds(StepPhase::optimizer) / n;
+    const auto per_step = [n](OpTimes t) {
+      for (double& ms : t) ms /= n;
+      return t;
+    };
+    phases.forward_ops = per_step(phase_clock.op_milliseconds(StepPhase::forward));
+    phases.backward_ops = per_step(phase_clock.op_milliseconds(StepPhase::backward));
+    phases.optimizer_ops = per_step(phase_clock.op_milliseconds(StepPhase::optimizer));
+    for (const OpTimes* t : {&phases.forward_ops, &phases.backward_ops, &phases.optimizer_ops}) {
+      for (const double ms : *t) phases.has_op_times |= ms > 0.0;
+    }
     result.phases = phases;
   }
 

@@ -378,10 +378,18 @@ struct Restored {
   std::unique_ptr<Trainer> trainer;
 };
 
-Restored restore(const fs::path& checkpoint, int64_t batch, int64_t seq_len) {
+Restored restore(const fs::path& checkpoint, int64_t batch, int64_t seq_len, const std::string& device,
+                 std::string* device_line) {
   Restored r;
   r.config = parse_run_config(checkpoint_config(checkpoint), (checkpoint / "state.json").string());
-  r.backend = make_cpu_backend();
+  if (!device.empty()) {
+    OCTET_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
+                  "--device must be \"auto\", \"cpu\" or \"cuda\", got \"{}\"", device);
+    r.config.device = device;
+  }
+  const DeviceChoice choice = choose_device(r.config);
+  r.backend = make_backend(choice, r.config);
+  if (device_line != nullptr) *device_line = choice.line;
   const int64_t B = batch > 0 ? batch : r.config.train.batch_size;
   const int64_t T = seq_len > 0 ? seq_len : r.config.train.seq_len;
   r.model = std::make_unique<Gpt2>(r.config.model, *r.backend,
@@ -396,10 +404,12 @@ Restored restore(const fs::path& checkpoint, int64_t batch, int64_t seq_len) {
 
 }  // namespace
 
-EvaluationResult evaluate_checkpoint(const fs::path& checkpoint, const fs::path& data_dir, int64_t batches) {
+EvaluationResult evaluate_checkpoint(const fs::path& checkpoint, const fs::path& data_dir, int64_t batches,
+                                     const std::string& device) {
   OCTET_REQUIRE(batches >= 0,
                 "the number of batches must be at least 1 (0: the run's data.eval_batches), got {}", batches);
-  Restored r = restore(checkpoint, 0, 0);
+  EvaluationResult result;
+  Restored r = restore(checkpoint, 0, 0, device, &result.device_line);
   if (batches == 0) batches = r.config.eval_batches;
   const fs::path dir = data_dir.empty() ? r.config.data_dir : data_dir;
   const int64_t B = r.config.train.batch_size, T = r.config.train.seq_len;
@@ -408,7 +418,6 @@ EvaluationResult evaluate_checkpoint(const fs::path& checkpoint, const fs::path&
   const BatchSource data = [&](int32_t* tokens, int32_t* targets) {
     loader.next_batch({tokens, static_cast<size_t>(B * T)}, {targets, static_cast<size_t>(B * T)});
   };
-  EvaluationResult result;
   result.loss = r.trainer->evaluate(data, batches);
   result.perplexity = std::exp(result.loss);
   result.tokens = batches * B * T;
@@ -418,7 +427,7 @@ EvaluationResult evaluate_checkpoint(const fs::path& checkpoint, const fs::path&
 }
 
 std::string generate_from_checkpoint(const fs::path& checkpoint, std::string_view prompt,
-                                     const SamplingSettings& settings) {
+                                     const SamplingSettings& settings, const std::string& device) {
   const RunConfig config =
       parse_run_config(checkpoint_config(checkpoint), (checkpoint / "state.json").string());
   const std::optional<io::TokenizerKind> kind = io::parse_tokenizer_kind(config.tokenizer);
@@ -426,7 +435,7 @@ std::string generate_from_checkpoint(const fs::path& checkpoint, std::string_vie
   const std::unique_ptr<io::Tokenizer> tokenizer = io::make_tokenizer(*kind);
   const std::vector<int32_t> tokens = tokenizer->encode(prompt);
   OCTET_REQUIRE(!tokens.empty(), "the prompt is empty: give some text to continue");
-  Restored r = restore(checkpoint, 1, config.model.max_seq_len);
+  Restored r = restore(checkpoint, 1, config.model.max_seq_len, device, nullptr);
   const std::vector<int32_t> continuation = generate(*r.model, tokens, settings, tokenizer->end_of_text());
   return tokenizer->decode(continuation);
 }

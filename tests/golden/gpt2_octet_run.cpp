@@ -90,12 +90,16 @@ OctetRun run_octet(const GoldenCase& gc) {
 
   AdamW optimizer(*backend, model.parameters(), model.parameter_count(), gc.optimizer);
   for (int64_t step = 0; step < gc.steps; ++step) {
-    model.zero_grad();
-    const float loss = model.forward(run.tokens.data(), run.targets.data(), B, T);
     if (step == 0) {
-      run.loss = loss;
-      run.logits = to_host(*backend, model.logits(), N * Vp);  // backward overwrites them with gradients
+      // A forward with targets keeps no logits (it runs the LM head chunk by chunk): ask for them first.
+      model.forward_logits(run.tokens.data(), B, T);
+      run.logits = to_host(*backend, model.logits(), N * Vp);
     }
+    model.zero_grad();
+    // As the trainer does: the LM head's backward runs in the forward.
+    const float loss =
+        model.forward(run.tokens.data(), run.targets.data(), B, T, 1.0f / static_cast<float>(N));
+    if (step == 0) run.loss = loss;
     model.backward(1.0f / static_cast<float>(N));
     if (step == 0) run.grads = to_host(*backend, model.grads(), model.parameter_count());
     run.step_losses.push_back(loss);

@@ -1,9 +1,14 @@
 // GPT-2 on the CPU backend: layout, initialisation, gradients against finite differences, and what each
 // precision mode does to the forward.
+#include <algorithm>
 #include <cmath>
+#include <span>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "compare.h"
 #include "model_fixture.h"
 
 namespace octet {
@@ -127,6 +132,110 @@ TEST(Gpt2, EveryModeComputesTheSameFunctionWithinItsPrecision) {
   // 8 FP8 layers x 3 GEMMs; the LM head's 3 in BF16.
   EXPECT_EQ(counters.fp8_gemms, 24);
   EXPECT_EQ(counters.other_gemms, 3);
+}
+
+std::vector<float> host_copy(Backend& backend, const float* x, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  backend.copy_to_host(out.data(), x, out.size() * sizeof(float));
+  return out;
+}
+
+TEST(Gpt2, TheLmHeadRunsInChunks) {
+  const Gpt2Config c = tiny_config();
+  auto backend = make_cpu_backend();
+  const int64_t B = 260, T = 16, N = B * T, Vp = c.padded_vocab();
+  ASSERT_GT(N, Gpt2::kHeadChunkRows) << "two chunks: 4096 rows and 64";
+  auto make = [&] {
+    auto m = std::make_unique<Gpt2>(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, N), B, T);
+    m->init_weights(9);
+    for (int64_t i = 0; i < m->parameter_count(); ++i) m->params()[i] *= 4.0f;  // logits far from uniform
+    m->refresh_weight_copies();
+    m->zero_grad();
+    return m;
+  };
+  const auto tokens = random_tokens(N, 11, c.vocab_size), targets = random_tokens(N, 12, c.vocab_size);
+  const float dloss = 1.0f / static_cast<float>(N);
+
+  // Each row's loss is the one of the full logits.
+  auto fused = make();
+  fused->forward_logits(tokens.data(), B, T);
+  auto logits = backend->allocate(static_cast<size_t>(N * Vp) * sizeof(float));
+  auto device_targets = backend->allocate(static_cast<size_t>(N) * sizeof(int32_t));
+  auto expected_losses = backend->allocate(static_cast<size_t>(N) * sizeof(float));
+  backend->copy_from_host(logits->floats(), host_copy(*backend, fused->logits(), N * Vp).data(),
+                          logits->bytes());
+  backend->copy_from_host(device_targets->ints(), targets.data(), device_targets->bytes());
+  backend->softmax_cross_entropy(expected_losses->floats(), logits->floats(), device_targets->ints(), N,
+                                 c.vocab_size, Vp, 0.0f);
+  fused->counters() = {};
+  const float loss = fused->forward(tokens.data(), targets.data(), B, T, dloss);
+  EXPECT_EQ(host_copy(*backend, fused->losses(), N), host_copy(*backend, expected_losses->floats(), N));
+  EXPECT_THROW(fused->logits(), Error) << "a forward with targets keeps no logits";
+  EXPECT_THROW(fused->backward(2.0f * dloss), Error) << "the head's backward ran with another scale";
+  fused->backward(dloss);
+  const std::vector<float> grads = host_copy(*backend, fused->grads(), fused->parameter_count());
+  EXPECT_TRUE(testing::has_nonzero(grads));
+  // The chunks count as the GEMMs they split: 3 per linear layer, 8 block layers and the head.
+  EXPECT_EQ(fused->counters().other_gemms, 27);
+
+  // The head's backward run by backward() after a loss-only forward (the logits made again) is the same.
+  auto separate = make();
+  EXPECT_EQ(separate->forward(tokens.data(), targets.data(), B, T), loss);
+  separate->backward(dloss);
+  EXPECT_EQ(host_copy(*backend, separate->grads(), separate->parameter_count()), grads);
+
+  // Two micro-batches of one chunk each add up to the same gradient, up to float32 summation order.
+  auto halves = make();
+  const int64_t half = N / 2;
+  const float first = halves->forward(tokens.data(), targets.data(), B / 2, T, dloss);
+  halves->backward(dloss);
+  const float second = halves->forward(tokens.data() + half, targets.data() + half, B / 2, T, dloss);
+  halves->backward(dloss);
+  EXPECT_NEAR((first + second) / 2.0f, loss, 4e-7 * loss);
+  const std::vector<float> accumulated = host_copy(*backend, halves->grads(), halves->parameter_count());
+  for (const ParameterInfo& p : fused->parameters()) {
+    const std::span<const float> a(grads.data() + p.offset, static_cast<size_t>(p.count));
+    const std::span<const float> e(accumulated.data() + p.offset, static_cast<size_t>(p.count));
+    // The largest gradient of the tensor stands in for each element's sum of |terms|.
+    float largest = 0.0f;
+    for (const float x : e) largest = std::max(largest, std::fabs(x));
+    const std::vector<float> magnitude(e.size(), largest);
+    EXPECT_TRUE(testing::all_close(a, e, {Dtype::f32, N, magnitude})) << p.name;
+  }
+}
+
+TEST(Gpt2, LayersMovedToBf16KeepTheirFloat32Input) {
+  // FP8 layers whose input's FP8 cast is all they read have no float32 input buffer until they move to BF16;
+  // then they train exactly as layers that ran in BF16 from the start.
+  const Gpt2Config c = tiny_config();
+  auto backend = make_cpu_backend();
+  const std::vector<std::string> moved = {"h.0.attn.c_attn", "h.0.mlp.c_fc", "h.0.mlp.c_proj", "lm_head"};
+  PrecisionSettings all = mode(MixedPrecision::fp8);
+  all.lm_head = true;
+  Gpt2 a(c, *backend, PrecisionPolicy(all, c, 32), 2, 16);
+  a.init_weights(6);
+  for (const std::string& layer : moved) a.move_layer_to_bf16(layer, "BF16 by test");
+  PrecisionSettings some = mode(MixedPrecision::fp8);
+  some.exclude = {"h.0.attn.c_attn", "h.0.mlp.*"};
+  Gpt2 b(c, *backend, PrecisionPolicy(some, c, 32), 2, 16);
+  b.init_weights(6);
+  for (const std::string& layer : moved)
+    ASSERT_EQ(a.policy().layer(layer).fp8(), b.policy().layer(layer).fp8());
+  TrainSettings s;
+  s.batch_size = 2;
+  s.seq_len = 16;
+  Trainer ta(a, s), tb(b, s);
+  const BatchSource data_a = testing::pattern_stream(4, 2, 16, c.vocab_size);
+  const BatchSource data_b = testing::pattern_stream(4, 2, 16, c.vocab_size);
+  for (int step = 0; step < 3; ++step) {
+    const StepResult ra = ta.step(data_a), rb = tb.step(data_b);
+    EXPECT_EQ(ra.loss, rb.loss) << "step " << step;
+    EXPECT_EQ(ra.fp8_gemms, rb.fp8_gemms);
+    EXPECT_EQ(ra.fp8_gemms, 5 * 3);  // h.0.attn.c_proj and the 4 layers of block 1
+  }
+  EXPECT_EQ(std::vector<float>(a.params(), a.params() + a.parameter_count()),
+            std::vector<float>(b.params(), b.params() + b.parameter_count()));
+  EXPECT_EQ(ta.evaluate(data_a, 1), tb.evaluate(data_b, 1));
 }
 
 TEST(Gpt2, BadTokensAndShapesAreRefused) {

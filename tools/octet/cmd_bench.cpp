@@ -274,6 +274,16 @@ int BenchCommands::run_train() const {
                 {"backward_ms", r.phases->backward_ms},
                 {"optimizer_ms", r.phases->optimizer_ms},
                 {"total_ms", r.phases->total_ms()}};
+      if (r.phases->has_op_times) {
+        json kinds = json::array();
+        for (size_t k = 0; k < kOpKinds; ++k) {
+          kinds.push_back({{"kind", op_kind_name(static_cast<OpKind>(k))},
+                           {"forward_ms", r.phases->forward_ops[k]},
+                           {"backward_ms", r.phases->backward_ops[k]},
+                           {"optimizer_ms", r.phases->optimizer_ops[k]}});
+        }
+        phases["device_ms_by_kind"] = kinds;
+      }
     }
     const auto or_null = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
     const json out = {
@@ -363,6 +373,21 @@ int BenchCommands::run_train() const {
       std::printf("  %-10s %10.3f  %5.1f%%\n", name, ms, total > 0.0 ? ms / total * 100.0 : 0.0);
     }
     std::printf("  %-10s %10.3f  (the timed steps, unsynchronised: %.3f)\n", "total", total, r.ms_per_step);
+    if (p.has_op_times) {
+      std::printf("device time by kind of op (same pass, CUDA events around each op, ms/step):\n");
+      std::printf("  %-44s %9s %9s %9s %9s\n", "kind", "forward", "backward", "optimizer", "total");
+      double sums[4] = {0.0, 0.0, 0.0, 0.0};
+      for (size_t k = 0; k < kOpKinds; ++k) {
+        const double f = p.forward_ops[k], b = p.backward_ops[k], o = p.optimizer_ops[k];
+        std::printf("  %-44s %9.3f %9.3f %9.3f %9.3f\n",
+                    std::string(op_kind_name(static_cast<OpKind>(k))).c_str(), f, b, o, f + b + o);
+        sums[0] += f;
+        sums[1] += b;
+        sums[2] += o;
+        sums[3] += f + b + o;
+      }
+      std::printf("  %-44s %9.3f %9.3f %9.3f %9.3f\n", "sum", sums[0], sums[1], sums[2], sums[3]);
+    }
   }
   return 0;
 }

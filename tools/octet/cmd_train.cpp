@@ -63,6 +63,8 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
                     "Shard directory (default: the data.dir the checkpoint was trained with)");
   eval_->add_option("--batches", eval_batches_,
                     "Validation batches to average over (default: the run's data.eval_batches)");
+  eval_->add_option("--device", device_,
+                    "auto, cpu or cuda (default: the run's train.device); prints where it runs on stderr");
   eval_->footer("Example:\n  octet eval runs/quickstart");
 
   generate_ = root.add_subcommand("generate", "Continue a prompt with a checkpoint's model");
@@ -76,6 +78,7 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
                         "Sampling temperature; 0 always takes the likeliest token (default 0.8)");
   generate_->add_option("--top-k", top_k_, "Sample among the k likeliest tokens; 0 for all (default 40)");
   generate_->add_option("--seed", seed_, "Seed of the sampling (default 1)");
+  generate_->add_option("--device", device_, "auto, cpu or cuda (default: the run's train.device)");
   generate_->footer("Example:\n  octet generate runs/quickstart --prompt \"The jury said\" --max-tokens 40");
 }
 
@@ -133,7 +136,8 @@ int WorkflowCommands::run() const {
   }
   if (eval_->parsed()) {
     const std::filesystem::path checkpoint = resolve_checkpoint(checkpoint_);
-    const EvaluationResult r = evaluate_checkpoint(checkpoint, eval_data_, eval_batches_);
+    const EvaluationResult r = evaluate_checkpoint(checkpoint, eval_data_, eval_batches_, device_);
+    std::fprintf(stderr, "%s\n", r.device_line.c_str());
     std::printf("%s (step %lld, %s): validation loss %.4f, perplexity %.2f over %lld tokens\n",
                 checkpoint.string().c_str(), static_cast<long long>(r.step),
                 std::string(mixed_precision_name(r.mode)).c_str(), r.loss, r.perplexity,
@@ -146,7 +150,7 @@ int WorkflowCommands::run() const {
     s.temperature = temperature_;
     s.top_k = top_k_;
     s.seed = seed_;
-    const std::string text = generate_from_checkpoint(resolve_checkpoint(checkpoint_), prompt_, s);
+    const std::string text = generate_from_checkpoint(resolve_checkpoint(checkpoint_), prompt_, s, device_);
     std::printf("%s%s\n", prompt_.c_str(), text.c_str());
     return 0;
   }

@@ -43,6 +43,7 @@ class WorkflowCommands {
   float temperature_ = 0.8f;
   int64_t top_k_ = 40;
   uint64_t seed_ = 1;
+  std::string device_;  // eval and generate: auto, cpu or cuda; empty: the run's train.device
   std::string config_file_;
   std::vector<std::string> overrides_;
   std::string tokenizer_ = "bytes";

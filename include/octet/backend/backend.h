@@ -4,6 +4,7 @@
 // on a GPU). Shape letters as in llm.c: N = B*T rows, C channels, OC output channels, NH heads.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -12,6 +13,23 @@
 #include "octet/backend/precision.h"
 
 namespace octet {
+
+// Kinds of work in a training step, for the time breakdown of `octet bench train`.
+enum class OpKind : uint8_t {
+  gemm_fp8,   // FP8 GEMMs
+  gemm_wide,  // BF16, FP16 and FP32 GEMMs
+  attention,  // fused attention, forward and backward
+  casts,      // FP8 casts (with their scaling updates) and BF16/FP16 conversions not fused into a producer
+  norm_activation,  // LayerNorm and GELU, with the FP8 casts fused into them
+  loss,             // softmax cross-entropy
+  optimizer,        // AdamW (with the weight casts fused into it), gradient norm, finiteness checks
+  other,            // embeddings, residual adds, biases, zeroing
+  count
+};
+inline constexpr size_t kOpKinds = static_cast<size_t>(OpKind::count);
+std::string_view op_kind_name(OpKind kind);
+// Device milliseconds per OpKind.
+using OpTimes = std::array<double, kOpKinds>;
 
 // Memory owned by a backend; move-only through unique_ptr.
 class Buffer {
@@ -47,6 +65,12 @@ class Backend {
   // The same for a layer's cast telemetry: adds what the backend counted since the last fetch to the host
   // copy and zeroes its own counters (on the CPU the counts go straight to the host copy: a no-op).
   virtual void fetch_telemetry(Fp8LinearTelemetry& /*telemetry*/) {}
+
+  // Device time per kind of op, when on: take_op_times returns the milliseconds of the work enqueued since
+  // the last take (waiting for it) and starts again. Timing adds events around every op; it is for
+  // benchmarks. A backend that cannot time returns zeros.
+  virtual void set_op_timing(bool /*on*/) {}
+  virtual OpTimes take_op_times() { return {}; }
 
   // Memory. Buffers are zero-filled.
   virtual std::unique_ptr<Buffer> allocate(size_t bytes) = 0;
@@ -90,6 +114,19 @@ class Backend {
 
   // GELU, tanh approximation.
   virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
+
+  // The producer of an FP8 linear layer's input casting it for that layer. layernorm_forward_cast and
+  // gelu_forward_cast do what layernorm_forward and gelu_forward do and also cast their output [N, C] for the
+  // forward GEMM of `consumer`, exactly as its linear_forward would (same scale, same scaling-state update,
+  // same counts and telemetry). The cast is kept in consumer.saved_input with consumer.input_cast_ready set;
+  // the next linear_forward on `consumer` takes it instead of casting its input. A GPU backend writes the
+  // codes in the same pass as the output. `out` may be null when nothing else reads the output
+  // (input_cast_suffices(consumer)); then the float32 output is not written at all.
+  virtual void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp,
+                                      const float* weight, const float* bias, int64_t N, int64_t C,
+                                      LinearExecution& consumer) = 0;
+  virtual void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
+                                 LinearExecution& consumer) = 0;
   // dinp = dout * gelu'(inp), overwritten.
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;
@@ -109,6 +146,16 @@ class Backend {
   virtual void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
                             float learning_rate, float beta1, float beta2, float eps, float weight_decay,
                             int64_t step, float grad_scale) = 0;
+  // AdamW on a linear layer's weight [OC, C], then prepare_weight of its copy: the same results as the two
+  // calls in turn. A GPU backend writes the FP8 copy and its transpose in the AdamW pass.
+  virtual void adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC,
+                                   int64_t C, float learning_rate, float beta1, float beta2, float eps,
+                                   float weight_decay, int64_t step, float grad_scale,
+                                   std::unique_ptr<WeightCopy>& copy, LinearExecution& exec) {
+    adamw_update(params, m, v, grads, OC * C, learning_rate, beta1, beta2, eps, weight_decay, step,
+                 grad_scale);
+    prepare_weight(copy, params, OC, C, exec);
+  }
 };
 
 }  // namespace octet

@@ -86,6 +86,10 @@ struct LinearExecution {
   // What the forward kept for the backward: the FP8 cast of the input (so the backward uses the very codes
   // and scale the forward used, and FP8 rather than wider activations are kept).
   std::unique_ptr<WeightCopy> saved_input;
+  // Set by the op that produced the input when it also cast it for this layer
+  // (Backend::layernorm_forward_cast, gelu_forward_cast): saved_input already holds this forward's cast.
+  // linear_forward takes it and clears the flag.
+  bool input_cast_ready = false;
   // Counters the backend increments: GEMMs that ran in FP8, and the others.
   int64_t* fp8_gemms = nullptr;
   int64_t* other_gemms = nullptr;
@@ -97,5 +101,10 @@ struct LinearExecution {
   Fp8LinearTelemetry* telemetry = nullptr;
   bool measure_sqnr = false;
 };
+
+// Whether the FP8 cast of a layer's input is all its GEMMs read of that input: the forward and the weight
+// gradient run in FP8 with a per-tensor scaled activation (whose transposed codes are the forward's codes
+// transposed). The producer of such an input need not keep its float32 values.
+bool input_cast_suffices(const LinearExecution& exec);
 
 }  // namespace octet

@@ -1,6 +1,7 @@
 // GPT-2, written once against the backend interface: forward and backward by hand (no autograd), parameters
 // and gradients in one contiguous buffer each, activations in one planned buffer sized for the largest
-// micro-batch. The LM head is tied to the token embedding.
+// micro-batch, and a few gradient buffers that every layer's backward reuses. The LM head is tied to the
+// token embedding; training and evaluation run it and the loss in row chunks, never holding all logits.
 #pragma once
 
 #include <cstdint>
@@ -57,16 +58,28 @@ class Gpt2 {
   // Remakes the GEMMs' weight copies (BF16/FP16 rounding, FP8 casts); call after every change of params().
   void refresh_weight_copies();
 
-  // Forward over tokens and targets [B, T] (host memory); returns the mean loss over the B*T positions.
-  float forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
-  // Logits-only forward (no targets); logits() then holds [B*T, Vp].
+  // Rows of logits the LM head computes at a time in forward and backward (kHeadChunkRows, or all B*T rows
+  // when the head runs a GEMM in FP8, so that its casts and scaling see the whole micro-batch at once).
+  static constexpr int64_t kHeadChunkRows = 4096;
+
+  // Forward over tokens and targets [B, T] (host memory); returns the mean loss over the B*T positions. The
+  // LM head and the loss run chunk by chunk. With dloss != 0 the head's backward runs here too, on each
+  // chunk right after its loss: the gradient of dloss * sum(losses) is added to the head's weight gradient
+  // (wte's in grads(): zero the gradients before this forward, not after it) and backward(dloss) goes on
+  // from there. With dloss = 0 (evaluation) only the loss is computed.
+  float forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss = 0.0f);
+  // Logits-only forward (no targets); logits() then holds [B*T, Vp] (a buffer made on the first call).
   void forward_logits(const int32_t* tokens, int64_t B, int64_t T);
-  // Backward of the last forward, accumulating into grads(): the gradient of dloss_scale * sum(losses).
-  // Use dloss_scale = loss_scale / (B * T * accumulation_steps) for the mean over an accumulated step.
+  // Backward of the last forward with targets, accumulating into grads(): the gradient of
+  // dloss_scale * sum(losses). Use dloss_scale = loss_scale / (B * T * accumulation_steps) for the mean over
+  // an accumulated step. After forward(..., dloss) it takes the same dloss and starts below the LM head;
+  // after a loss-only forward it runs the head's backward first (recomputing the logits when they took more
+  // than one chunk).
   void backward(float dloss_scale);
   void zero_grad();
 
-  // Backend memory: [B*T, Vp] logits of the last forward (gradients after backward), [B*T] losses.
+  // Backend memory: [B*T, Vp] logits of the last forward_logits (only that forward keeps them all), and the
+  // [B*T] losses of the last forward with targets.
   const float* logits() const;
   const float* losses() const;
 
@@ -89,11 +102,30 @@ class Gpt2 {
 
  private:
   struct Activations;
+  struct Gradients;
   struct Linear;
+  // What the last forward left for backward.
+  enum class Pending : uint8_t { nothing, loss, head_backward_done };
   void build_parameters();
   void plan_activations();
+  // Allocates the float32 input of `layer` that the plan left out (its FP8 cast was all it read) once the
+  // layer reads it, i.e. after it moved to BF16.
+  void keep_input_of(std::string_view layer);
+  // The blocks and ln_f; the LM head is left to the caller.
   void run_forward(const int32_t* tokens, int64_t B, int64_t T);
+  // Rows per LM head chunk for N rows.
+  int64_t head_chunk_rows(int64_t N);
+  // The LM head and the loss over the N rows of ln_f, chunk by chunk: logits of a chunk, its losses and,
+  // when `backward`, its logits' gradient (scaled by dloss), the head's input gradient rows and weight
+  // gradient. `recompute` false: the logits are already in the chunk buffer (a single chunk).
+  void head_and_loss(int64_t N, float dloss, bool backward, bool recompute);
+  float mean_loss(int64_t N);
   Linear& linear(std::string_view name);
+  // LayerNorm and GELU feeding the linear layer `next`: where `next` runs its forward GEMM in FP8, the op
+  // casts its output for it in the same pass, and leaves `out` unwritten when that cast is all `next` reads.
+  void layernorm_into(Linear& next, float* out, float* mean, float* rstd, const float* inp,
+                      const float* weight, const float* bias, int64_t N, int64_t C);
+  void gelu_into(Linear& next, float* out, const float* inp, int64_t N, int64_t C);
 
   Gpt2Config config_;
   Backend& backend_;
@@ -105,15 +137,20 @@ class Gpt2 {
   std::unique_ptr<Buffer> params_;
   std::unique_ptr<Buffer> grads_;
   std::unique_ptr<Buffer> activations_;
-  std::unique_ptr<Buffer> activation_grads_;
+  std::unique_ptr<Buffer> gradient_scratch_;
+  std::vector<std::unique_ptr<Buffer>> late_inputs_;  // keep_input_of
+  std::unique_ptr<Buffer> full_logits_;               // forward_logits only
   std::unique_ptr<Buffer> tokens_;
   std::unique_ptr<Activations> acts_;
+  std::unique_ptr<Gradients> dacts_;
   std::vector<std::unique_ptr<Linear>> linears_;
   GemmCounters counters_;
   bool collect_telemetry_ = true;
   int64_t last_B_ = 0;
   int64_t last_T_ = 0;
-  bool have_targets_ = false;
+  Pending pending_ = Pending::nothing;
+  float head_dloss_ = 0.0f;  // of the head's backward that the last forward ran
+  bool logits_valid_ = false;
 };
 
 }  // namespace octet

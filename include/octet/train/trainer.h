@@ -16,7 +16,8 @@
 namespace octet {
 
 // The parts of an optimizer step, for profiling. Zeroing the gradients counts with the optimizer, as
-// PyTorch's optimizer.zero_grad() does; the non-finite checks and the gradient norm count with it too.
+// PyTorch's optimizer.zero_grad() does; the non-finite checks and the gradient norm count with it too. The
+// LM head's backward counts with the forward, which runs it chunk by chunk right after each chunk's loss.
 enum class StepPhase : uint8_t { optimizer, data, forward, backward, done };
 
 struct TrainSettings {
@@ -77,6 +78,8 @@ class Trainer {
   const TrainSettings& settings() const { return settings_; }
 
  private:
+  // The first parameter tensor, in backward order, with a non-finite gradient ("" when none): only after the
+  // gradients' sum of squares came out non-finite.
   std::string first_non_finite_gradient();
   void write_precision_map();
 

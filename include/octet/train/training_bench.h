@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "octet/backend/backend.h"
 #include "octet/config/run_config.h"
 
 namespace octet {
@@ -43,6 +44,12 @@ struct StepPhaseTimes {
   double backward_ms = 0.0;
   double optimizer_ms = 0.0;  // zeroing gradients, non-finite checks, gradient norm, AdamW, weight copies
   double total_ms() const { return data_ms + forward_ms + backward_ms + optimizer_ms; }
+  // Device milliseconds per step of each kind of op (Backend::take_op_times, events around every op) in the
+  // forward, backward and optimizer phases; empty where the backend does not time its ops.
+  bool has_op_times = false;
+  OpTimes forward_ops{};
+  OpTimes backward_ops{};
+  OpTimes optimizer_ops{};
 };
 
 struct TrainingBenchResult {

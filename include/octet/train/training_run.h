@@ -50,16 +50,21 @@ struct EvaluationResult {
   int64_t tokens = 0;
   int64_t step = 0;  // the checkpoint's step
   MixedPrecision mode = MixedPrecision::fp32;
+  std::string device_line;  // where it ran, as a training run says it at start
 };
 
 // Validation loss of a checkpoint over the first `batches` batches (0: the run's data.eval_batches, so that
 // the result equals the run's own last validation loss) of the validation split of `data_dir`
-// (empty: the data.dir the checkpoint was trained with), in the precision mode it was trained in.
+// (empty: the data.dir the checkpoint was trained with), in the precision mode it was trained in, on the
+// device `device` ("auto", "cpu", "cuda"; empty: the run's train.device). Deterministic on each backend:
+// on the backend the run trained on, it repeats the run's last validation loss exactly.
 EvaluationResult evaluate_checkpoint(const std::filesystem::path& checkpoint,
-                                     const std::filesystem::path& data_dir, int64_t batches);
+                                     const std::filesystem::path& data_dir, int64_t batches,
+                                     const std::string& device = {});
 
-// Continues `prompt` with the checkpoint's model and tokenizer; returns the generated text.
+// Continues `prompt` with the checkpoint's model and tokenizer on `device` (as evaluate_checkpoint); returns
+// the generated text.
 std::string generate_from_checkpoint(const std::filesystem::path& checkpoint, std::string_view prompt,
-                                     const SamplingSettings& settings);
+                                     const SamplingSettings& settings, const std::string& device = {});
 
 }  // namespace octet

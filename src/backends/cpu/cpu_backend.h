@@ -57,6 +57,10 @@ class CpuBackend final : public Backend {
                           const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override;
 
   void gelu_forward(float* out, const float* inp, int64_t n) override;
+  void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer) override;
+  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
+                         LinearExecution& consumer) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
   void residual_forward(float* out, const float* a, const float* b, int64_t n) override;
   void accumulate(float* a, const float* b, int64_t n) override;

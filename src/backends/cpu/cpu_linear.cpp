@@ -144,7 +144,51 @@ void count_other(LinearExecution& exec) {
   if (exec.other_gemms) *exec.other_gemms += 1;
 }
 
+// The forward's FP8 cast of its input x [N, C], kept in exec.saved_input for the GEMMs that read it.
+void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec) {
+  OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
+  auto saved = std::make_unique<SavedInput>();
+  ScalingState frozen = exec.state->activation;
+  saved->fp8 =
+      quantize(std::span<const float>(x, static_cast<size_t>(N * C)), N, C, exec.formats.activation,
+               TensorRole::activation, *exec.recipe, exec.update_scaling ? exec.state->activation : frozen);
+  count_cast(saved->fp8, exec);
+  record_cast(saved->fp8, x, N * C, &Fp8LinearTelemetry::activation, exec);
+  exec.saved_input = std::move(saved);
+}
+
+// Where a producer writes its output before casting it: `out`, or scratch when the output is not kept.
+float* output_or_scratch(float* out, int64_t n) {
+  if (out != nullptr) return out;
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(n)) scratch.resize(static_cast<size_t>(n));
+  return scratch.data();
+}
+
 }  // namespace
+
+void CpuBackend::layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp,
+                                        const float* weight, const float* bias, int64_t N, int64_t C,
+                                        LinearExecution& consumer) {
+  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
+              "the output kept for a consumer that reads it");
+  float* y = output_or_scratch(out, N * C);
+  layernorm_forward(y, mean, rstd, inp, weight, bias, N, C);
+  cast_input(y, N, C, consumer);
+  consumer.input_cast_ready = true;
+}
+
+void CpuBackend::gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
+                                   LinearExecution& consumer) {
+  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
+              "the output kept for a consumer that reads it");
+  float* y = output_or_scratch(out, N * C);
+  gelu_forward(y, inp, N * C);
+  cast_input(y, N, C, consumer);
+  consumer.input_cast_ready = true;
+}
 
 void gemm_abt(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, bool accumulate) {
   sgemm(false, true, M, N, K, a, b, out, accumulate);
@@ -198,16 +242,11 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
     }
     case GemmMode::fp8: {
       OCTET_CHECK(w != nullptr && !w->fp8.data.empty(), "an FP8 weight copy (prepare_weight)");
-      auto saved = std::make_unique<SavedInput>();
-      ScalingState frozen = exec.state->activation;
-      saved->fp8 = quantize(std::span<const float>(inp, static_cast<size_t>(N * C)), N, C,
-                            exec.formats.activation, TensorRole::activation, *exec.recipe,
-                            exec.update_scaling ? exec.state->activation : frozen);
-      count_cast(saved->fp8, exec);
-      record_cast(saved->fp8, inp, N * C, &Fp8LinearTelemetry::activation, exec);
+      if (!exec.input_cast_ready) cast_input(inp, N, C, exec);
+      exec.input_cast_ready = false;
+      const auto* saved = static_cast<const SavedInput*>(exec.saved_input.get());
       const std::vector<float> d = fp8_product(saved->fp8, w->fp8, exec);
       std::copy(d.begin(), d.end(), out);
-      exec.saved_input = std::move(saved);
       break;
     }
   }

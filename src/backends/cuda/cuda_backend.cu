@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "attention.h"
+#include "fused.h"
 #include "octet/backend/cuda_backend.h"
 #include "octet/check.h"
 #include "octet/cuda/cast.h"
@@ -131,8 +132,8 @@ __global__ void prepare_scale_kernel(DeviceLayerState* s, int operand, RecipePar
 }
 
 // ScalingRecipe::update after a cast, and the cast's telemetry.
-__global__ void after_cast_kernel(DeviceLayerState* s, int operand, RecipeParameters r, float fp8_max,
-                                  unsigned long long elements, bool update, bool count) {
+__device__ void apply_scaling_update(DeviceLayerState* s, int operand, RecipeParameters r, float fp8_max,
+                                     unsigned long long elements, bool update, bool count) {
   DeviceTensorScaling& t = s->tensor[operand];
   const CastResults& c = s->results[operand];
   if (count) {
@@ -182,6 +183,34 @@ __global__ void after_cast_kernel(DeviceLayerState* s, int operand, RecipeParame
     default:
       break;
   }
+}
+
+// One cast whose scaling update and telemetry are still to be applied.
+struct ScalingUpdate {
+  DeviceLayerState* state;
+  RecipeParameters recipe;
+  float fp8_max;
+  int operand;
+  unsigned long long elements;
+  bool update;
+  bool count;
+  bool record_copy_scale;  // a delayed-scaling weight cast read the state's scale: keep it as the copy's
+};
+// As many as fit a kernel's parameters (32 KB on Hopper): one launch covers a 1.5B model's every operand.
+constexpr int kMaxScalingUpdates = 640;
+struct ScalingUpdates {
+  int count;
+  ScalingUpdate entry[kMaxScalingUpdates];
+};
+
+// Every pending scaling update at once, one thread each: each entry is a different operand (an operand is
+// never cast twice before its update is applied), so the threads touch disjoint state.
+__global__ void update_scaling_kernel(const ScalingUpdates updates) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= updates.count) return;
+  const ScalingUpdate& u = updates.entry[i];
+  if (u.record_copy_scale) u.state->weight_copy_scale = u.state->tensor[u.operand].scale;
+  apply_scaling_update(u.state, u.operand, u.recipe, u.fp8_max, u.elements, u.update, u.count);
 }
 
 // The cast's signal and quantization-noise energies over its finite inputs (noise = x - code * scale_inv, the
@@ -280,6 +309,7 @@ class DeviceScratch {
 struct DeviceLayer {
   DeviceLayerState* device = nullptr;
   RecipeParameters recipe{};
+  unsigned pending = 0;  // bit per operand: a cast whose scaling update is not applied yet
   DeviceLayer() { OCTET_CUDA_CHECK(cudaMalloc(&device, sizeof(DeviceLayerState))); }
   ~DeviceLayer() { cudaFree(device); }
   DeviceLayer(const DeviceLayer&) = delete;
@@ -323,6 +353,23 @@ GemmType fp8_type(Dtype d) {
 }
 
 class CudaBackend final : public Backend {
+  // Times the ops enqueued while it lives, as one op of `kind`, when timing is on. Scopes nest: the
+  // outermost one counts (prepare_weight is a cast as a whole, its inner cast not separately).
+  class OpScope {
+   public:
+    OpScope(CudaBackend& backend, OpKind kind) : backend_(backend.timing_ ? &backend : nullptr) {
+      if (backend_ != nullptr && backend_->timing_depth_++ == 0) backend_->begin_op(kind);
+    }
+    ~OpScope() {
+      if (backend_ != nullptr && --backend_->timing_depth_ == 0) backend_->end_op();
+    }
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+
+   private:
+    CudaBackend* backend_;
+  };
+
  public:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {
     int count = 0;
@@ -337,12 +384,32 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    for (const TimedOp& op : timed_) {
+      cudaEventDestroy(op.start);
+      cudaEventDestroy(op.stop);
+    }
     layers_.clear();
     gemm_.reset();
     cudaStreamDestroy(stream_);
   }
 
   std::string_view name() const override { return "cuda"; }
+
+  void set_op_timing(bool on) override {
+    timing_ = on;
+    if (!on) timed_used_ = 0;
+  }
+  OpTimes take_op_times() override {
+    OpTimes times{};
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < timed_used_; ++i) {
+      float ms = 0.0f;
+      OCTET_CUDA_CHECK(cudaEventElapsedTime(&ms, timed_[i].start, timed_[i].stop));
+      times[static_cast<size_t>(timed_[i].kind)] += ms;
+    }
+    timed_used_ = 0;
+    return times;
+  }
   void synchronize() override { OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   std::unique_ptr<Buffer> allocate(size_t bytes) override { return std::make_unique<CudaBuffer>(bytes); }
@@ -355,23 +422,30 @@ class CudaBackend final : public Backend {
     // The host memory may be reused as soon as this returns.
     OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  void fill_zero(float* x, int64_t n) override { cuda::fill_zero(x, n, stream_); }
+  void fill_zero(float* x, int64_t n) override {
+    const OpScope scope(*this, OpKind::other);
+    cuda::fill_zero(x, n, stream_);
+  }
 
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                        int64_t T, int64_t C) override {
+    const OpScope scope(*this, OpKind::other);
     cuda::encoder_forward(out, tokens, wte, wpe, B, T, C, stream_);
   }
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                         int64_t T, int64_t C) override {
+    const OpScope scope(*this, OpKind::other);
     cuda::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, workspace_, stream_);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                          const float* bias, int64_t N, int64_t C) override {
+    const OpScope scope(*this, OpKind::norm_activation);
     cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int64_t N,
                           int64_t C) override {
+    const OpScope scope(*this, OpKind::norm_activation);
     cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, workspace_, stream_);
   }
 
@@ -385,40 +459,66 @@ class CudaBackend final : public Backend {
 
   void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
                          int64_t NH) override {
+    const OpScope scope(*this, OpKind::attention);
     cuda::attention_forward(out, lse, qkv, B, T, C, NH, attention_options_, stream_);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {
+    const OpScope scope(*this, OpKind::attention);
     cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, attention_workspace_, attention_options_,
                              stream_);
   }
 
   void gelu_forward(float* out, const float* inp, int64_t n) override {
+    const OpScope scope(*this, OpKind::norm_activation);
     cuda::gelu_forward(out, inp, n, stream_);
   }
+  void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer) override;
+  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
+                         LinearExecution& consumer) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    const OpScope scope(*this, OpKind::norm_activation);
     cuda::gelu_backward(dinp, inp, dout, n, stream_);
   }
   void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
+    const OpScope scope(*this, OpKind::other);
     cuda::residual_forward(out, a, b, n, stream_);
   }
-  void accumulate(float* a, const float* b, int64_t n) override { cuda::accumulate(a, b, n, stream_); }
+  void accumulate(float* a, const float* b, int64_t n) override {
+    const OpScope scope(*this, OpKind::other);
+    cuda::accumulate(a, b, n, stream_);
+  }
   void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
                              int64_t Vp, float dloss) override {
+    const OpScope scope(*this, OpKind::loss);
     cuda::softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss, stream_);
   }
 
   double sum_of_squares(const float* x, int64_t n) override {
+    const OpScope scope(*this, OpKind::optimizer);
     return cuda::sum_of_squares(x, n, workspace_, stream_);
   }
-  bool all_finite(const float* x, int64_t n) override { return cuda::all_finite(x, n, workspace_, stream_); }
-  void scale(float* x, int64_t n, float factor) override { cuda::scale(x, n, factor, stream_); }
+  bool all_finite(const float* x, int64_t n) override {
+    const OpScope scope(*this, OpKind::optimizer);
+    return cuda::all_finite(x, n, workspace_, stream_);
+  }
+  void scale(float* x, int64_t n, float factor) override {
+    const OpScope scope(*this, OpKind::optimizer);
+    cuda::scale(x, n, factor, stream_);
+  }
   void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
                     float beta1, float beta2, float eps, float weight_decay, int64_t step,
                     float grad_scale) override {
+    const OpScope scope(*this, OpKind::optimizer);
     cuda::adamw_update(params, m, v, grads, n, learning_rate, beta1, beta2, eps, weight_decay, step,
                        grad_scale, stream_);
   }
+
+  void adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC, int64_t C,
+                           float learning_rate, float beta1, float beta2, float eps, float weight_decay,
+                           int64_t step, float grad_scale, std::unique_ptr<WeightCopy>& copy,
+                           LinearExecution& exec) override;
 
   void fetch_scaling(Fp8LinearState& state) override;
   void publish_scaling(const Fp8LinearState& state) override;
@@ -426,6 +526,7 @@ class CudaBackend final : public Backend {
 
   // Drops the host-state and telemetry mappings of a layer whose weight copy is going away.
   void forget(const DeviceLayer* layer) {
+    if (layer->pending != 0) apply_scaling_updates();
     std::erase_if(layers_, [layer](const auto& entry) { return entry.second == layer; });
     std::erase_if(telemetry_layers_, [layer](const auto& entry) { return entry.second == layer; });
   }
@@ -435,15 +536,66 @@ class CudaBackend final : public Backend {
   // The device state of an FP8 layer, made with its weight copy (from the host state as it is then).
   Layer& layer_of(LinearExecution& exec, CudaWeightCopy& copy);
   Layer& prepared_layer(LinearExecution& exec, const CudaWeightCopy* copy);
+  // The scale a cast of `operand` uses, in device memory. Applies the pending updates first when this operand
+  // has one. Delayed scaling reads the state's scale itself; current scaling takes x's amax (x [n]) first;
+  // the others write it to `slot`.
+  const float* begin_cast(Layer& layer, int operand, Dtype format, const float* x, int64_t n, float* slot);
+  // Records the cast's scaling update and telemetry, applied with the others by apply_scaling_updates.
+  void end_cast(Layer& layer, int operand, Dtype format, int64_t n, bool update, bool count);
+  // One kernel for every pending scaling update.
+  void apply_scaling_updates();
   // Casts x [rows, cols] as `operand` of the layer, writing codes and their transpose.
   void cast_operand(Layer& layer, int operand, Dtype format, const float* x, int64_t rows, int64_t cols,
                     uint8_t* codes, uint8_t* codes_transposed, float* scale_out, float* scale_inv_out,
                     bool update, const LinearExecution& exec);
+  // The device state of an FP8 layer whose weight copy exists (prepare_weight made it).
+  Layer& mapped_layer(LinearExecution& exec);
+  // The forward's saved input of an FP8 layer, sized for x [N, C].
+  CudaSavedInput& saved_input(LinearExecution& exec, int64_t N, int64_t C);
+  // Casts the forward's input x [N, C] into exec.saved_input.
+  void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec);
+  // Whether a producer may write the layer's input cast in its own pass: the recipe knows the scale before
+  // the cast (delayed, static; current scaling needs the amax first) and no SQNR pass needs the float values.
+  bool producer_casts(const LinearExecution& exec) const;
+  // The input cast written by a producer kernel: prepares the scale, lets `write` run the producer with the
+  // FusedCast it is given, then updates the scaling state and telemetry as cast_operand does.
+  template <typename Write>
+  void producer_cast(int64_t N, int64_t C, LinearExecution& exec, Write write);
   // D [M, N] (=|+=) A [M, K] x B [N, K]^T on FP8 codes with dequantizing scales (device pointers).
   void fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv, const uint8_t* b,
                 Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N, int64_t K, bool accumulate,
                 bool fast_accumulation);
   const void* wide_copy(const float* x, int64_t n, GemmMode mode, int slot);
+  // A BF16, FP16 or FP32 GEMM.
+  void wide_gemm(const GemmProblem& p) {
+    const OpScope scope(*this, OpKind::gemm_wide);
+    gemm_->run(p, stream_);
+  }
+  // The BF16/FP16 copy of a weight, where one of the layer's GEMMs on it runs in that type.
+  void make_wide_weight(CudaWeightCopy& w, const float* weight, int64_t OC, int64_t C,
+                        const LinearExecution& exec);
+
+  struct TimedOp {
+    OpKind kind;
+    cudaEvent_t start;
+    cudaEvent_t stop;
+  };
+  void begin_op(OpKind kind) {
+    if (timed_used_ == timed_.size()) {
+      TimedOp op{kind, nullptr, nullptr};
+      OCTET_CUDA_CHECK(cudaEventCreate(&op.start));
+      OCTET_CUDA_CHECK(cudaEventCreate(&op.stop));
+      timed_.push_back(op);
+    }
+    timed_[timed_used_].kind = kind;
+    OCTET_CUDA_CHECK(cudaEventRecord(timed_[timed_used_].start, stream_));
+  }
+  void end_op() { OCTET_CUDA_CHECK(cudaEventRecord(timed_[timed_used_++].stop, stream_)); }
+
+  bool timing_ = false;
+  int timing_depth_ = 0;
+  std::vector<TimedOp> timed_;  // events reused from take to take
+  size_t timed_used_ = 0;
 
   CudaBackendOptions options_;
   CudaDeviceInfo info_;
@@ -453,9 +605,11 @@ class CudaBackend final : public Backend {
   AttentionOptions attention_options_;
   AttentionWorkspace attention_workspace_;
   bool emulate_fp8_ = false;
+  std::vector<ScalingUpdate> pending_updates_;
+  std::vector<Layer*> pending_layers_;
   std::unordered_map<const Fp8LinearState*, Layer*> layers_;
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
-  DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3];
+  DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_;
 };
 
 void forget_layer(CudaBackend* backend, const DeviceLayer* layer) {
@@ -485,7 +639,99 @@ CudaBackend::Layer& CudaBackend::prepared_layer(LinearExecution& exec, const Cud
   return *copy->layer;
 }
 
+CudaBackend::Layer& CudaBackend::mapped_layer(LinearExecution& exec) {
+  const auto it = layers_.find(exec.state);
+  OCTET_CHECK(it != layers_.end(), "an FP8 layer whose weight copy was prepared");
+  if (exec.telemetry != nullptr) telemetry_layers_[exec.telemetry] = it->second;
+  return *it->second;
+}
+
+CudaSavedInput& CudaBackend::saved_input(LinearExecution& exec, int64_t N, int64_t C) {
+  auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
+  if (saved == nullptr) {
+    exec.saved_input = std::make_unique<CudaSavedInput>();
+    saved = static_cast<CudaSavedInput*>(exec.saved_input.get());
+  }
+  const size_t n = static_cast<size_t>(N * C);
+  saved->format = exec.formats.activation;
+  saved->codes.as<uint8_t>(n, stream_);
+  saved->codes_transposed.as<uint8_t>(n, stream_);
+  saved->scale_inv.as<float>(1, stream_);
+  return *saved;
+}
+
+void CudaBackend::cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec) {
+  Layer& layer = mapped_layer(exec);
+  CudaSavedInput& saved = saved_input(exec, N, C);
+  cast_operand(layer, kActivation, exec.formats.activation, x, N, C,
+               static_cast<uint8_t*>(saved.codes.get(0, stream_)),
+               static_cast<uint8_t*>(saved.codes_transposed.get(0, stream_)),
+               &layer.device->cast_scale[kActivation], static_cast<float*>(saved.scale_inv.get(0, stream_)),
+               exec.update_scaling, exec);
+}
+
+bool CudaBackend::producer_casts(const LinearExecution& exec) const {
+  const RecipeKind kind = exec.recipe->kind();
+  const bool sqnr = exec.telemetry != nullptr && exec.measure_sqnr;
+  return (kind == RecipeKind::delayed || kind == RecipeKind::static_scale) && !sqnr;
+}
+
+template <typename Write>
+void CudaBackend::producer_cast(int64_t N, int64_t C, LinearExecution& exec, Write write) {
+  Layer& layer = mapped_layer(exec);
+  CudaSavedInput& saved = saved_input(exec, N, C);
+  DeviceLayerState* s = layer.device;
+  const Dtype format = exec.formats.activation;
+  FusedCast cast;
+  cast.format = format;
+  cast.scale = begin_cast(layer, kActivation, format, nullptr, N * C, &s->cast_scale[kActivation]);
+  cast.output = static_cast<uint8_t*>(saved.codes.get(0, stream_));
+  cast.output_transposed = static_cast<uint8_t*>(saved.codes_transposed.get(0, stream_));
+  cast.scale_inv = static_cast<float*>(saved.scale_inv.get(0, stream_));
+  cast.results = &s->results[kActivation];
+  write(cast);
+  end_cast(layer, kActivation, format, N * C, exec.update_scaling, exec.telemetry != nullptr);
+  exec.input_cast_ready = true;
+}
+
+void CudaBackend::layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp,
+                                         const float* weight, const float* bias, int64_t N, int64_t C,
+                                         LinearExecution& consumer) {
+  const OpScope scope(*this, OpKind::norm_activation);
+  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
+              "the output kept for a consumer that reads it");
+  if (producer_casts(consumer)) {
+    producer_cast(N, C, consumer, [&](const FusedCast& cast) {
+      cuda::layernorm_forward_cast(out, mean, rstd, inp, weight, bias, N, C, cast, stream_);
+    });
+    return;
+  }
+  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
+  cuda::layernorm_forward(y, mean, rstd, inp, weight, bias, N, C, stream_);
+  cast_input(y, N, C, consumer);
+  consumer.input_cast_ready = true;
+}
+
+void CudaBackend::gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
+                                    LinearExecution& consumer) {
+  const OpScope scope(*this, OpKind::norm_activation);
+  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
+              "the output kept for a consumer that reads it");
+  if (producer_casts(consumer)) {
+    producer_cast(N, C, consumer,
+                  [&](const FusedCast& cast) { cuda::gelu_forward_cast(out, inp, N, C, cast, stream_); });
+    return;
+  }
+  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
+  cuda::gelu_forward(y, inp, N * C, stream_);
+  cast_input(y, N, C, consumer);
+  consumer.input_cast_ready = true;
+}
+
 void CudaBackend::publish_scaling(const Fp8LinearState& state) {
+  apply_scaling_updates();
   auto it = layers_.find(&state);
   if (it == layers_.end()) return;  // made with the layer's weight copy, from the host state as it is then
   DeviceLayerState host{};
@@ -515,6 +761,7 @@ void CudaBackend::publish_scaling(const Fp8LinearState& state) {
 }
 
 void CudaBackend::fetch_scaling(Fp8LinearState& state) {
+  apply_scaling_updates();
   auto it = layers_.find(&state);
   if (it == layers_.end()) return;  // never used on the device: the host copy is the state
   DeviceLayerState host{};
@@ -536,6 +783,7 @@ void CudaBackend::fetch_scaling(Fp8LinearState& state) {
 }
 
 void CudaBackend::fetch_telemetry(Fp8LinearTelemetry& telemetry) {
+  apply_scaling_updates();
   auto it = telemetry_layers_.find(&telemetry);
   if (it == telemetry_layers_.end()) return;
   DeviceCastTelemetry device[3];
@@ -555,31 +803,66 @@ void CudaBackend::fetch_telemetry(Fp8LinearTelemetry& telemetry) {
   }
 }
 
+const float* CudaBackend::begin_cast(Layer& layer, int operand, Dtype format, const float* x, int64_t n,
+                                     float* slot) {
+  if ((layer.pending & (1u << operand)) != 0) apply_scaling_updates();
+  DeviceLayerState* s = layer.device;
+  if (layer.recipe.kind == RecipeKind::delayed) return &s->tensor[operand].scale;
+  if (layer.recipe.kind == RecipeKind::current) amax_only(x, n, &s->results[operand], stream_);
+  prepare_scale_kernel<<<1, 1, 0, stream_>>>(s, operand, layer.recipe, dtype_info(format).max_finite,
+                                             &s->results[operand], slot);
+  OCTET_CUDA_CHECK_LAUNCH("prepare_scale_kernel");
+  return slot;
+}
+
+void CudaBackend::end_cast(Layer& layer, int operand, Dtype format, int64_t n, bool update, bool count) {
+  if (!update && !count) return;
+  ScalingUpdate u{};
+  u.state = layer.device;
+  u.recipe = layer.recipe;
+  u.fp8_max = dtype_info(format).max_finite;
+  u.operand = operand;
+  u.elements = static_cast<unsigned long long>(n);
+  u.update = update;
+  u.count = count;
+  u.record_copy_scale = operand == kWeight && layer.recipe.kind == RecipeKind::delayed;
+  pending_updates_.push_back(u);
+  if (layer.pending == 0) pending_layers_.push_back(&layer);
+  layer.pending |= 1u << operand;
+}
+
+void CudaBackend::apply_scaling_updates() {
+  for (size_t first = 0; first < pending_updates_.size(); first += kMaxScalingUpdates) {
+    ScalingUpdates batch;
+    batch.count = static_cast<int>(std::min<size_t>(kMaxScalingUpdates, pending_updates_.size() - first));
+    std::copy_n(pending_updates_.begin() + static_cast<ptrdiff_t>(first), batch.count, batch.entry);
+    update_scaling_kernel<<<(batch.count + 127) / 128, 128, 0, stream_>>>(batch);
+    OCTET_CUDA_CHECK_LAUNCH("update_scaling_kernel");
+  }
+  pending_updates_.clear();
+  for (Layer* layer : pending_layers_) layer->pending = 0;
+  pending_layers_.clear();
+}
+
 void CudaBackend::cast_operand(Layer& layer, int operand, Dtype format, const float* x, int64_t rows,
                                int64_t cols, uint8_t* codes, uint8_t* codes_transposed, float* scale_out,
                                float* scale_inv_out, bool update, const LinearExecution& exec) {
+  const OpScope scope(*this, OpKind::casts);
   DeviceLayerState* s = layer.device;
-  const float fp8_max = dtype_info(format).max_finite;
-  CastResults* results = &s->results[operand];
-  if (layer.recipe.kind == RecipeKind::current) amax_only(x, rows * cols, results, stream_);
-  prepare_scale_kernel<<<1, 1, 0, stream_>>>(s, operand, layer.recipe, fp8_max, results, scale_out);
-  OCTET_CUDA_CHECK_LAUNCH("prepare_scale_kernel");
   CastAmaxArguments a;
   a.input = x;
   a.rows = rows;
   a.cols = cols;
   a.format = format;
-  a.scale = scale_out;
+  a.scale = begin_cast(layer, operand, format, x, rows * cols, scale_out);
   a.output = codes;
   a.output_transposed = codes_transposed;
   a.scale_inv = scale_inv_out;
-  a.results = results;
+  a.results = &s->results[operand];
   cast_amax(a, stream_);
   // Telemetry counts a cast only where the layer collects it (not while evaluating, not when off).
   const bool count = exec.telemetry != nullptr;
-  after_cast_kernel<<<1, 1, 0, stream_>>>(s, operand, layer.recipe, fp8_max,
-                                          static_cast<unsigned long long>(rows * cols), update, count);
-  OCTET_CUDA_CHECK_LAUNCH("after_cast_kernel");
+  end_cast(layer, operand, format, rows * cols, update, count);
   if (count && exec.measure_sqnr && rows * cols > 0) {
     sqnr_kernel<<<blocks_for(rows * cols), 256, 0, stream_>>>(x, codes, rows * cols, format, scale_inv_out,
                                                               &s->telemetry[operand]);
@@ -590,6 +873,7 @@ void CudaBackend::cast_operand(Layer& layer, int operand, Dtype format, const fl
 void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv,
                            const uint8_t* b, Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N,
                            int64_t K, bool accumulate, bool fast_accumulation) {
+  const OpScope scope(*this, OpKind::gemm_fp8);
   if (!emulate_fp8_) {
     GemmProblem p;
     p.M = M;
@@ -632,6 +916,7 @@ void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const flo
 }
 
 const void* CudaBackend::wide_copy(const float* x, int64_t n, GemmMode mode, int slot) {
+  const OpScope scope(*this, OpKind::casts);
   if (mode == GemmMode::f16) {
     auto* out = wide_[slot].as<__half>(static_cast<size_t>(n), stream_);
     convert_to_f16(out, x, n, stream_);
@@ -642,8 +927,65 @@ const void* CudaBackend::wide_copy(const float* x, int64_t n, GemmMode mode, int
   return out;
 }
 
+void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC,
+                                      int64_t C, float learning_rate, float beta1, float beta2, float eps,
+                                      float weight_decay, int64_t step, float grad_scale,
+                                      std::unique_ptr<WeightCopy>& copy, LinearExecution& exec) {
+  const OpScope scope(*this, OpKind::optimizer);
+  const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
+  const bool sqnr = exec.telemetry != nullptr && exec.measure_sqnr;
+  const bool fuse =
+      any_fp8 && !sqnr && exec.recipe != nullptr &&
+      (exec.recipe->kind() == RecipeKind::delayed || exec.recipe->kind() == RecipeKind::static_scale);
+  if (!fuse) {
+    Backend::adamw_update_weight(params, m, v, grads, OC, C, learning_rate, beta1, beta2, eps, weight_decay,
+                                 step, grad_scale, copy, exec);
+    return;
+  }
+  // prepare_weight's FP8 half, with the cast written by the AdamW kernel from the updated weights.
+  auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
+  if (w == nullptr) {
+    copy = std::make_unique<CudaWeightCopy>();
+    w = static_cast<CudaWeightCopy*>(copy.get());
+  }
+  OCTET_REQUIRE(fp8_shape_supported(OC, C, C) && fp8_shape_supported(C, OC, OC),
+                "an FP8 layer of {} x {} weights: FP8 GEMMs need both dimensions multiples of 16 (the "
+                "precision policy keeps such layers in BF16)",
+                OC, C);
+  const size_t n = static_cast<size_t>(OC * C);
+  Layer& layer = layer_of(exec, *w);
+  DeviceLayerState* s = layer.device;
+  FusedCast cast;
+  cast.format = exec.formats.weight;
+  cast.scale = begin_cast(layer, kWeight, exec.formats.weight, nullptr, OC * C, &s->weight_copy_scale);
+  cast.output = w->fp8.as<uint8_t>(n, stream_);
+  cast.output_transposed = w->fp8_transposed.as<uint8_t>(n, stream_);
+  cast.scale_inv = &s->weight_scale_inv;
+  cast.results = &s->results[kWeight];
+  cuda::adamw_update_cast(params, m, v, grads, OC, C, learning_rate, beta1, beta2, eps, weight_decay, step,
+                          grad_scale, cast, stream_);
+  end_cast(layer, kWeight, exec.formats.weight, OC * C, true, exec.telemetry != nullptr);
+  w->has_fp8 = true;
+  make_wide_weight(*w, params, OC, C, exec);
+}
+
+void CudaBackend::make_wide_weight(CudaWeightCopy& w, const float* weight, int64_t OC, int64_t C,
+                                   const LinearExecution& exec) {
+  const size_t n = static_cast<size_t>(OC * C);
+  const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
+  w.has_wide = wide == GemmMode::bf16 || wide == GemmMode::f16;
+  if (w.has_wide) {
+    if (wide == GemmMode::f16) {
+      convert_to_f16(w.wide.as<__half>(n, stream_), weight, OC * C, stream_);
+    } else {
+      convert_to_bf16(w.wide.as<__nv_bfloat16>(n, stream_), weight, OC * C, stream_);
+    }
+  }
+}
+
 void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC,
                                  int64_t C, LinearExecution& exec) {
+  const OpScope scope(*this, OpKind::casts);
   auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
   if (w == nullptr) {
     copy = std::make_unique<CudaWeightCopy>();
@@ -664,15 +1006,7 @@ void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float*
                  w->fp8_transposed.as<uint8_t>(n, stream_), &s->weight_copy_scale, &s->weight_scale_inv, true,
                  exec);
   }
-  const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
-  w->has_wide = wide == GemmMode::bf16 || wide == GemmMode::f16;
-  if (w->has_wide) {
-    if (wide == GemmMode::f16) {
-      convert_to_f16(w->wide.as<__half>(n, stream_), weight, OC * C, stream_);
-    } else {
-      convert_to_bf16(w->wide.as<__nv_bfloat16>(n, stream_), weight, OC * C, stream_);
-    }
-  }
+  make_wide_weight(*w, weight, OC, C, exec);
 }
 
 void CudaBackend::linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
@@ -688,7 +1022,7 @@ void CudaBackend::linear_forward(float* out, const float* inp, const float* weig
       p.a_type = p.b_type = GemmType::f32;
       p.a = inp;
       p.b = weight;
-      gemm_->run(p, stream_);
+      wide_gemm(p);
       if (exec.other_gemms) *exec.other_gemms += 1;
       break;
     case GemmMode::bf16:
@@ -697,29 +1031,18 @@ void CudaBackend::linear_forward(float* out, const float* inp, const float* weig
       p.a_type = p.b_type = wide_type(exec.forward);
       p.a = wide_copy(inp, N * C, exec.forward, 0);
       p.b = const_cast<CudaWeightCopy*>(w)->wide.get(0, stream_);
-      gemm_->run(p, stream_);
+      wide_gemm(p);
       if (exec.other_gemms) *exec.other_gemms += 1;
       break;
     case GemmMode::fp8: {
       OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
-      OCTET_REQUIRE(exec.weight_gradient != GemmMode::fp8 || fp8_shape_supported(OC, C, N),
-                    "an FP8 weight gradient over {} rows: FP8 GEMMs need a multiple of 16 (the precision "
-                    "policy keeps such layers in BF16)",
-                    N);
       Layer& layer = prepared_layer(exec, w);
-      auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
-      if (saved == nullptr) {
-        exec.saved_input = std::make_unique<CudaSavedInput>();
-        saved = static_cast<CudaSavedInput*>(exec.saved_input.get());
-      }
-      const size_t n = static_cast<size_t>(N * C);
-      saved->format = exec.formats.activation;
-      uint8_t* codes = saved->codes.as<uint8_t>(n, stream_);
-      uint8_t* codes_t = saved->codes_transposed.as<uint8_t>(n, stream_);
-      float* scale_inv = saved->scale_inv.as<float>(1, stream_);
-      cast_operand(layer, kActivation, exec.formats.activation, inp, N, C, codes, codes_t,
-                   &layer.device->cast_scale[kActivation], scale_inv, exec.update_scaling, exec);
-      fp8_gemm(out, codes, exec.formats.activation, scale_inv,
+      if (!exec.input_cast_ready) cast_input(inp, N, C, exec);
+      exec.input_cast_ready = false;
+      auto& saved = static_cast<CudaSavedInput&>(*exec.saved_input);
+      const auto* codes = static_cast<const uint8_t*>(saved.codes.get(0, stream_));
+      const auto* scale_inv = static_cast<const float*>(saved.scale_inv.get(0, stream_));
+      fp8_gemm(out, codes, saved.format, scale_inv,
                static_cast<const uint8_t*>(const_cast<CudaWeightCopy*>(w)->fp8.get(0, stream_)),
                exec.formats.weight, &layer.device->weight_scale_inv, N, OC, C, false,
                exec.fast_accumulation_forward);
@@ -731,14 +1054,20 @@ void CudaBackend::linear_forward(float* out, const float* inp, const float* weig
   const Dtype round_to = exec.forward == GemmMode::f32   ? Dtype::f32
                          : exec.forward == GemmMode::f16 ? Dtype::f16
                                                          : Dtype::bf16;
-  add_bias(out, bias, N, OC, round_to, stream_);
+  {
+    const OpScope scope(*this, OpKind::other);
+    add_bias(out, bias, N, OC, round_to, stream_);
+  }
 }
 
 void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const WeightCopy* copy, int64_t N,
                                   int64_t C, int64_t OC, LinearExecution& exec) {
   auto* w = const_cast<CudaWeightCopy*>(dynamic_cast<const CudaWeightCopy*>(copy));
-  if (dbias != nullptr) bias_backward(dbias, dout, N, OC, workspace_, stream_);
+  if (dbias != nullptr) {
+    const OpScope scope(*this, OpKind::other);
+    bias_backward(dbias, dout, N, OC, workspace_, stream_);
+  }
   const bool fp8 = exec.input_gradient == GemmMode::fp8 || exec.weight_gradient == GemmMode::fp8;
   const size_t ny = static_cast<size_t>(N * OC);
   uint8_t* dy = nullptr;
@@ -765,7 +1094,7 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
       p.b = weight;
       p.b_transposed = true;
       p.d = dinp;
-      gemm_->run(p, stream_);
+      wide_gemm(p);
       if (exec.other_gemms) *exec.other_gemms += 1;
       break;
     }
@@ -781,8 +1110,11 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
       p.b = w->wide.get(0, stream_);
       p.b_transposed = true;
       p.d = dinp;
-      gemm_->run(p, stream_);
-      round_in_place(dinp, N * C, wide_dtype(exec.input_gradient), stream_);
+      wide_gemm(p);
+      {
+        const OpScope scope(*this, OpKind::casts);
+        round_in_place(dinp, N * C, wide_dtype(exec.input_gradient), stream_);
+      }
       if (exec.other_gemms) *exec.other_gemms += 1;
       break;
     }
@@ -791,7 +1123,10 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
       fp8_gemm(dinp, dy, exec.formats.gradient, &layer->device->gradient_scale_inv,
                static_cast<const uint8_t*>(w->fp8_transposed.get(0, stream_)), exec.formats.weight,
                &layer->device->weight_scale_inv, N, C, OC, false, exec.fast_accumulation_backward);
-      round_in_place(dinp, N * C, Dtype::bf16, stream_);
+      {
+        const OpScope scope(*this, OpKind::casts);
+        round_in_place(dinp, N * C, Dtype::bf16, stream_);
+      }
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
   }
@@ -820,13 +1155,18 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
                                                           : wide_copy(dout, N * OC, exec.weight_gradient, 0);
         p.b = wide_copy(inp, N * C, exec.weight_gradient, 1);
       }
-      gemm_->run(p, stream_);
+      wide_gemm(p);
       if (exec.other_gemms) *exec.other_gemms += 1;
       break;
     }
     case GemmMode::fp8: {
       auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
       OCTET_CHECK(saved != nullptr, "the forward's FP8 input, kept for the backward");
+      // Evaluation and generation run any number of rows; only this GEMM has them as K.
+      OCTET_REQUIRE(fp8_shape_supported(OC, C, N),
+                    "an FP8 weight gradient over {} rows: FP8 GEMMs need a multiple of 16 (the precision "
+                    "policy keeps such layers in BF16)",
+                    N);
       fp8_gemm(dweight, dy_t, exec.formats.gradient, &layer->device->gradient_scale_inv,
                static_cast<const uint8_t*>(saved->codes_transposed.get(0, stream_)), saved->format,
                static_cast<const float*>(saved->scale_inv.get(0, stream_)), OC, C, N, true,

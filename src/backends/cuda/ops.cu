@@ -13,15 +13,21 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include "elementwise.cuh"
 #include "octet/check.h"
 #include "octet/cuda/device.h"
 
 namespace octet::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // block size of the flat kernels
-constexpr int kWarp = 32;
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
+using elementwise::kFullMask;
+using elementwise::kWarp;
+using elementwise::load_pack;
+using elementwise::Pack;
+using elementwise::store_pack;
+using elementwise::warp_sum;
+
+constexpr int kThreads = 256;       // block size of the flat kernels
 constexpr size_t kAlignment = 256;  // of each region carved out of a workspace
 constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
@@ -73,39 +79,7 @@ T* at_offset(void* base, size_t offset) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Device helpers
-
-// W consecutive floats, loaded as one float4 when W is 4 (the caller guarantees 16-byte alignment).
-template <int W>
-struct Pack {
-  float v[W];
-};
-
-template <int W>
-__device__ __forceinline__ Pack<W> load_pack(const float* p) {
-  if constexpr (W == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    return {{q.x, q.y, q.z, q.w}};
-  } else {
-    return {{*p}};
-  }
-}
-
-template <int W>
-__device__ __forceinline__ void store_pack(float* p, const Pack<W>& x) {
-  if constexpr (W == 4) {
-    *reinterpret_cast<float4*>(p) = make_float4(x.v[0], x.v[1], x.v[2], x.v[3]);
-  } else {
-    *p = x.v[0];
-  }
-}
-
-// Butterfly sum: every lane ends with the same bits, since each step adds the same two values on both lanes.
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2)
-    v = __dadd_rn(v, __shfl_xor_sync(kFullMask, v, offset));
-  return v;
-}
+// Device helpers (Pack, load_pack, store_pack and warp_sum are elementwise.cuh's)
 
 // Sum over the block, returned to every thread. Every thread of the block must call it.
 __device__ double block_sum(double v) {
@@ -185,21 +159,16 @@ struct RoundF16 {
 };
 
 // ---------------------------------------------------------------------------------------------------------
-// GELU: the reference's expressions, evaluated left to right as C++ groups them.
+// GELU: the reference's expressions, evaluated left to right as C++ groups them. The forward value and
+// tanh's argument are elementwise.cuh's, shared with the fused GELU cast.
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
-constexpr float kGeluCubicSlope = 3.0f * kGeluCubic;  // folded in float, as the host compiler folds it
-
-__device__ __forceinline__ float gelu_argument(float x) {
-  const float cubic = __fmul_rn(__fmul_rn(__fmul_rn(kGeluCubic, x), x), x);
-  return __fmul_rn(kGeluScale, __fadd_rn(x, cubic));
-}
+using elementwise::gelu_argument;
+using elementwise::kGeluScale;
+// Folded in float, as the host compiler folds it.
+constexpr float kGeluCubicSlope = 3.0f * elementwise::kGeluCubic;
 
 struct Gelu {
-  __device__ float operator()(float x) const {
-    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(gelu_argument(x))));
-  }
+  __device__ float operator()(float x) const { return elementwise::gelu(x); }
 };
 
 // gelu'(x) * dout
@@ -377,9 +346,9 @@ void column_sum(const float* x, int64_t ld, int64_t rows, int64_t cols, float* o
 
 // ---------------------------------------------------------------------------------------------------------
 // LayerNorm: one warp per row. The row's statistics are float64 sums, as in the reference; the row is read
-// once per pass and stays in L1 between passes.
+// once per pass and stays in L1 between passes. The forward arithmetic is elementwise.cuh's, shared with the
+// fused LayerNorm cast.
 
-constexpr float kLayernormEps = 1e-5f;
 constexpr int kLayernormForwardWarps = kThreads / kWarp;
 constexpr int kLayernormBackwardWarps = 4;  // per block, each with its own dweight/dbias partials
 constexpr int64_t kLayernormBackwardBlocks = 1024;
@@ -392,37 +361,13 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kLayernormForwardWarps + threadIdx.x / kWarp;
   if (row >= N) return;
   const float* x = inp + row * C;
-  double sum = 0.0;
-  for (int64_t i = lane * W; i < C; i += kWarp * W) {
-    const Pack<W> p = load_pack<W>(x + i);
-#pragma unroll
-    for (int k = 0; k < W; ++k) sum = __dadd_rn(sum, static_cast<double>(p.v[k]));
-  }
-  const float m = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
-  double var = 0.0;
-  for (int64_t i = lane * W; i < C; i += kWarp * W) {
-    const Pack<W> p = load_pack<W>(x + i);
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      const double d = static_cast<double>(__fsub_rn(p.v[k], m));
-      var = __dadd_rn(var, __dmul_rn(d, d));
-    }
-  }
-  const double variance = warp_sum(var) / static_cast<double>(C);
-  const float s = static_cast<float>(1.0 / sqrt(variance + static_cast<double>(kLayernormEps)));
+  const elementwise::RowStatistics r = elementwise::layernorm_statistics<W>(x, C, lane);
   float* o = out + row * C;
-  for (int64_t i = lane * W; i < C; i += kWarp * W) {
-    Pack<W> p = load_pack<W>(x + i);
-    const Pack<W> w = load_pack<W>(weight + i);
-    const Pack<W> b = load_pack<W>(bias + i);
-#pragma unroll
-    for (int k = 0; k < W; ++k)
-      p.v[k] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(p.v[k], m), s), w.v[k]), b.v[k]);
-    store_pack<W>(o + i, p);
-  }
+  for (int64_t i = lane * W; i < C; i += kWarp * W)
+    store_pack<W>(o + i, elementwise::layernorm_normalise<W>(x, weight, bias, i, r));
   if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = s;
+    mean[row] = r.mean;
+    rstd[row] = r.rstd;
   }
 }
 
@@ -655,22 +600,13 @@ struct FindNonFinite {
   }
 };
 
-// The reference's AdamW step, one rounding per operation in its order; the loop-invariant factors are
-// computed on the host exactly as the reference computes them.
+// The reference's AdamW step (elementwise.cuh's, shared with the fused AdamW cast).
 struct AdamW {
   float* params;
   float* m;
   float* v;
   const float* grads;
-  float grad_scale;
-  float decay;  // 1 - learning_rate * weight_decay
-  float beta1;
-  float one_minus_beta1;
-  float beta2;
-  float one_minus_beta2;
-  float bias2_sqrt;
-  float step_size;  // learning_rate / bias1
-  float eps;
+  elementwise::AdamWConstants constants;
   template <int W>
   __device__ void apply(int64_t i) const {
     Pack<W> p = load_pack<W>(params + i);
@@ -678,14 +614,7 @@ struct AdamW {
     Pack<W> vp = load_pack<W>(v + i);
     const Pack<W> gp = load_pack<W>(grads + i);
 #pragma unroll
-    for (int k = 0; k < W; ++k) {
-      const float g = __fmul_rn(gp.v[k], grad_scale);
-      const float decayed = __fmul_rn(p.v[k], decay);
-      mp.v[k] = __fadd_rn(__fmul_rn(beta1, mp.v[k]), __fmul_rn(one_minus_beta1, g));
-      vp.v[k] = __fadd_rn(__fmul_rn(beta2, vp.v[k]), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
-      const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vp.v[k]), bias2_sqrt), eps);
-      p.v[k] = __fsub_rn(decayed, __fdiv_rn(__fmul_rn(step_size, mp.v[k]), denom));
-    }
+    for (int k = 0; k < W; ++k) elementwise::adamw_step(constants, p.v[k], mp.v[k], vp.v[k], gp.v[k]);
     store_pack<W>(params + i, p);
     store_pack<W>(m + i, mp);
     store_pack<W>(v + i, vp);
@@ -1048,23 +977,9 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
                   cudaStream_t stream) {
   check_size(n, "adamw_update");
   if (n == 0) return;
-  // The reference's host expressions, so that every constant has the same bits.
-  const float bias1 = 1.0f - std::pow(beta1, static_cast<float>(step));
-  const float bias2 = 1.0f - std::pow(beta2, static_cast<float>(step));
-  AdamW op{};
-  op.params = params;
-  op.m = m;
-  op.v = v;
-  op.grads = grads;
-  op.grad_scale = grad_scale;
-  op.decay = 1.0f - learning_rate * weight_decay;
-  op.beta1 = beta1;
-  op.one_minus_beta1 = 1.0f - beta1;
-  op.beta2 = beta2;
-  op.one_minus_beta2 = 1.0f - beta2;
-  op.bias2_sqrt = std::sqrt(bias2);
-  op.step_size = learning_rate / bias1;
-  op.eps = eps;
+  const AdamW op{
+      params, m, v, grads,
+      elementwise::adamw_constants(learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale)};
   for_each(op, n, aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads), stream);
   OCTET_CUDA_CHECK_LAUNCH("adamw_update");
 }

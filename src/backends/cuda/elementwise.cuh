@@ -1,0 +1,162 @@
+// Device arithmetic shared by ops.cu (the ops of ops.h) and fused.cu (the same ops fused with an FP8 cast,
+// fused.h): the GELU forward value, the AdamW step (and its host-side constants) and LayerNorm's row
+// statistics and normalisation, with the small helpers they need (Pack, warp_sum). Both files must compute
+// bit-identical values (fused.h promises the unfused op's exact results, and the GPU tests compare both
+// with the CPU reference bit for bit), so this is the one copy: same rounding intrinsics, same order of
+// operations, same float64 reductions as the reference.
+// Internal to the CUDA backend: include only from .cu files.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace octet::cuda::elementwise {
+
+inline constexpr int kWarp = 32;
+inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// W consecutive floats, one float4 when W is 4 (the caller guarantees 16-byte alignment). Plain loads, not
+// __ldg: an op's output may alias its input.
+template <int W>
+struct Pack {
+  float v[W];
+};
+
+template <int W>
+__device__ __forceinline__ Pack<W> load_pack(const float* p) {
+  if constexpr (W == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    return {{q.x, q.y, q.z, q.w}};
+  } else {
+    return {{*p}};
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void store_pack(float* p, const Pack<W>& x) {
+  if constexpr (W == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(x.v[0], x.v[1], x.v[2], x.v[3]);
+  } else {
+    *p = x.v[0];
+  }
+}
+
+// Butterfly sum: every lane ends with the same bits, since each step adds the same two values on both lanes.
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v = __dadd_rn(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// GELU (tanh approximation): the reference's expressions, evaluated left to right as C++ groups them.
+
+inline constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+inline constexpr float kGeluCubic = 0.044715f;
+
+// The argument of tanh: sqrt(2 / pi) * (x + 0.044715 * x^3).
+__device__ __forceinline__ float gelu_argument(float x) {
+  const float cubic = __fmul_rn(__fmul_rn(__fmul_rn(kGeluCubic, x), x), x);
+  return __fmul_rn(kGeluScale, __fadd_rn(x, cubic));
+}
+
+__device__ __forceinline__ float gelu(float x) {
+  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(gelu_argument(x))));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// AdamW: the reference's step, one rounding per operation in its order; the loop-invariant factors are
+// computed on the host exactly as the reference computes them.
+
+struct AdamWConstants {
+  float grad_scale;
+  float decay;  // 1 - learning_rate * weight_decay
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float bias2_sqrt;
+  float step_size;  // learning_rate / bias1
+  float eps;
+};
+
+// The reference's host expressions, so that every constant has the same bits.
+inline AdamWConstants adamw_constants(float learning_rate, float beta1, float beta2, float eps,
+                                      float weight_decay, int64_t step, float grad_scale) {
+  const float bias1 = 1.0f - std::pow(beta1, static_cast<float>(step));
+  const float bias2 = 1.0f - std::pow(beta2, static_cast<float>(step));
+  AdamWConstants c{};
+  c.grad_scale = grad_scale;
+  c.decay = 1.0f - learning_rate * weight_decay;
+  c.beta1 = beta1;
+  c.one_minus_beta1 = 1.0f - beta1;
+  c.beta2 = beta2;
+  c.one_minus_beta2 = 1.0f - beta2;
+  c.bias2_sqrt = std::sqrt(bias2);
+  c.step_size = learning_rate / bias1;
+  c.eps = eps;
+  return c;
+}
+
+// One element: updates param, m and v in place from the unscaled gradient.
+__device__ __forceinline__ void adamw_step(const AdamWConstants& c, float& param, float& m, float& v,
+                                           float grad) {
+  const float g = __fmul_rn(grad, c.grad_scale);
+  const float decayed = __fmul_rn(param, c.decay);
+  m = __fadd_rn(__fmul_rn(c.beta1, m), __fmul_rn(c.one_minus_beta1, g));
+  v = __fadd_rn(__fmul_rn(c.beta2, v), __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bias2_sqrt), c.eps);
+  param = __fsub_rn(decayed, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// LayerNorm forward, one warp per row of C values. Lane `lane` reads elements lane*W, lane*W + 32*W, ...
+// (W = 4: float4 loads), so W fixes the order of the float64 additions: callers that must agree must pick
+// the same W for the same pointers.
+
+inline constexpr float kLayernormEps = 1e-5f;
+
+struct RowStatistics {
+  float mean;
+  float rstd;
+};
+
+// The row's mean and 1 / sqrt(variance + eps), float64 sums as the reference; the same bits on every lane.
+// Every lane of the warp must call it.
+template <int W>
+__device__ __forceinline__ RowStatistics layernorm_statistics(const float* x, int64_t C, int lane) {
+  double sum = 0.0;
+  for (int64_t i = lane * W; i < C; i += kWarp * W) {
+    const Pack<W> p = load_pack<W>(x + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) sum = __dadd_rn(sum, static_cast<double>(p.v[k]));
+  }
+  const float m = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
+  double var = 0.0;
+  for (int64_t i = lane * W; i < C; i += kWarp * W) {
+    const Pack<W> p = load_pack<W>(x + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const double d = static_cast<double>(__fsub_rn(p.v[k], m));
+      var = __dadd_rn(var, __dmul_rn(d, d));
+    }
+  }
+  const double variance = warp_sum(var) / static_cast<double>(C);
+  const float s = static_cast<float>(1.0 / sqrt(variance + static_cast<double>(kLayernormEps)));
+  return {m, s};
+}
+
+// Output elements i .. i+W-1 of the row x: (x - mean) * rstd * weight + bias.
+template <int W>
+__device__ __forceinline__ Pack<W> layernorm_normalise(const float* x, const float* weight, const float* bias,
+                                                       int64_t i, RowStatistics r) {
+  Pack<W> p = load_pack<W>(x + i);
+  const Pack<W> w = load_pack<W>(weight + i);
+  const Pack<W> b = load_pack<W>(bias + i);
+#pragma unroll
+  for (int k = 0; k < W; ++k)
+    p.v[k] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(p.v[k], r.mean), r.rstd), w.v[k]), b.v[k]);
+  return p;
+}
+
+}  // namespace octet::cuda::elementwise

@@ -1,0 +1,484 @@
+// Producer-fused FP8 casts (see fused.h): LayerNorm, GELU and AdamW kernels that also write the FP8 cast of
+// what they produce, in the same pass over the data. The op's arithmetic is elementwise.cuh's, the code that
+// ops.cu's kernels run (the same round-to-nearest intrinsics, the same reduction order), and the cast is
+// cast_element.cuh, the step cast_amax runs, so every byte and count matches the unfused pair.
+//
+// Bytes moved per element (float32 in, FP8 codes out; "out" is the float32 result, optional here):
+//   GELU:      read 4, write 4 (out) + 1 (codes) + 1 (transposed)  = 10, or 6 without out; unfused 14.
+//   LayerNorm: the same as GELU (weight, bias, mean, rstd are per row or per column);         unfused 14.
+//   AdamW:     read 16 (params, m, v, grads), write 12 + 1 + 1    = 30;                      unfused 34.
+#include "fused.h"
+
+#include <type_traits>
+
+#include "cast_element.cuh"
+#include "elementwise.cuh"
+#include "octet/check.h"
+#include "octet/cuda/device.h"
+#include "octet/numerics/format.h"
+
+namespace octet::cuda {
+namespace {
+
+using cast_internal::flush_tally;
+using cast_internal::Tally;
+using cast_internal::write_scale_inv;
+using elementwise::kWarp;
+using elementwise::load_pack;
+using elementwise::Pack;
+using elementwise::store_pack;
+
+constexpr int kThreads = 256;                // flat and element-wise tile kernels
+constexpr int kBlocksPerMultiprocessor = 8;  // 8 x 256 threads fill a Hopper multiprocessor
+
+// The fused casts take no CastOptions: they are cast_amax's defaults.
+constexpr Overflow kOverflow = CastOptions{}.overflow;
+static_assert(CastOptions{}.rounding == Rounding::nearest_even, "the fused casts round to nearest even");
+
+// Transposed tiles: kTileRows rows, so that each column of a tile is one 32-byte segment of the transposed
+// codes (a full sector). Codes are staged in shared memory as rows of `stride` bytes, stride = 4 x odd: the
+// transposed writer reads four rows of one column per thread, and with that stride the eight row groups of
+// a warp land in eight different banks.
+constexpr int kTileRows = 32;
+constexpr int kTileCols = 128;                  // element-wise tiles: a warp reads one row, 32 float4
+constexpr int64_t kTileStride = kTileCols + 4;  // 132 = 4 x 33
+constexpr int kLayernormRowWarps = 8;           // row-major kernel: a row per warp, as layernorm_forward
+constexpr int kLayernormTileWarps = 16;         // transposed kernel: 32 rows, two per warp
+constexpr int kTransposeTile = 32;              // byte-transpose fallback: 32 x 32 tiles,
+constexpr int kTransposeRowsPerPass = 8;        // 32 x 8 threads
+
+// The codes of W values, code k in byte k (little endian: one 32-bit store writes them in order).
+template <Dtype Format, int W>
+__device__ __forceinline__ uint32_t cast_pack(const Pack<W>& x, float scale, Tally& t) {
+  uint32_t word = 0;
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    word |= cast_internal::cast_element<Format, false>(x.v[k], scale, kOverflow, 0, 0, t) << (8 * k);
+  }
+  return word;
+}
+
+// W codes to `to`: one 32-bit store when `as_word` (W == 4 and `to` 4-byte aligned), else byte by byte.
+template <int W>
+__device__ __forceinline__ void store_codes(uint8_t* to, uint32_t word, bool as_word) {
+  if (W == 4 && as_word) {
+    *reinterpret_cast<uint32_t*>(to) = word;
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) to[k] = static_cast<uint8_t>(word >> (8 * k));
+  }
+}
+
+// The transposed codes of one staged tile (rows_in_tile x cols_in_tile codes, row r at staged + r * stride):
+// column c goes to transposed[(col0 + c) * rows + row0 + r]. A thread writes four rows of one column, so a
+// warp writes four whole 32-byte column segments; one 32-bit store each when `as_words` (rows % 4 == 0 and
+// the output 4-byte aligned), else byte by byte.
+__device__ __forceinline__ void write_transposed_tile(const uint8_t* staged, int64_t stride, int rows_in_tile,
+                                                      int cols_in_tile, uint8_t* transposed, int64_t rows,
+                                                      int64_t row0, int64_t col0, bool as_words) {
+  constexpr int kGroups = kTileRows / 4;
+  for (int j = static_cast<int>(threadIdx.x); j < cols_in_tile * kGroups; j += static_cast<int>(blockDim.x)) {
+    const int c = j / kGroups;
+    const int r = 4 * (j % kGroups);
+    if (r >= rows_in_tile) continue;
+    const uint8_t* s = staged + r * stride + c;
+    uint8_t* d = transposed + (col0 + c) * rows + row0 + r;
+    if (as_words) {
+      *reinterpret_cast<uint32_t*>(d) =
+          static_cast<uint32_t>(s[0]) | (static_cast<uint32_t>(s[stride]) << 8) |
+          (static_cast<uint32_t>(s[2 * stride]) << 16) | (static_cast<uint32_t>(s[3 * stride]) << 24);
+    } else {
+      for (int k = 0; k < 4 && r + k < rows_in_tile; ++k) d[k] = s[k * stride];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Element-wise producers: produce<W>(i) computes elements i .. i+W-1, stores the op's own outputs and returns
+// the values to cast.
+
+// ops.cu's Gelu: elementwise::gelu.
+struct GeluProducer {
+  float* out;  // may be null
+  const float* inp;
+  template <int W>
+  __device__ __forceinline__ Pack<W> produce(int64_t i) const {
+    Pack<W> x = load_pack<W>(inp + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) x.v[k] = elementwise::gelu(x.v[k]);
+    if (out != nullptr) store_pack<W>(out + i, x);
+    return x;
+  }
+};
+
+// ops.cu's AdamW: elementwise::adamw_step, with the constants of elementwise::adamw_constants.
+struct AdamWProducer {
+  float* params;
+  float* m;
+  float* v;
+  const float* grads;
+  elementwise::AdamWConstants constants;
+  template <int W>
+  __device__ __forceinline__ Pack<W> produce(int64_t i) const {
+    Pack<W> p = load_pack<W>(params + i);
+    Pack<W> mp = load_pack<W>(m + i);
+    Pack<W> vp = load_pack<W>(v + i);
+    const Pack<W> gp = load_pack<W>(grads + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) elementwise::adamw_step(constants, p.v[k], mp.v[k], vp.v[k], gp.v[k]);
+    store_pack<W>(params + i, p);
+    store_pack<W>(m + i, mp);
+    store_pack<W>(v + i, vp);
+    return p;
+  }
+};
+
+// Row-major codes only: a grid-stride loop over groups of four (float4 loads, one 32-bit store of codes;
+// `groups` = n / 4 when every pointer allows it, else 0), then the rest one by one.
+template <Dtype Format, typename Producer>
+__global__ void __launch_bounds__(kThreads)
+    produce_cast_kernel(const Producer producer, const FusedCast cast, int64_t groups, int64_t n) {
+  const float scale = *cast.scale;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  uint32_t* output4 = reinterpret_cast<uint32_t*>(cast.output);
+  for (int64_t g = first; g < groups; g += stride) {
+    output4[g] = cast_pack<Format>(producer.template produce<4>(g * 4), scale, t);
+  }
+  for (int64_t i = groups * 4 + first; i < n; i += stride) {
+    cast.output[i] = static_cast<uint8_t>(cast_pack<Format>(producer.template produce<1>(i), scale, t));
+  }
+  write_scale_inv(cast.scale_inv, scale);
+  flush_tally(t, cast.results);
+}
+
+// Row-major and transposed codes: a block walks kTileRows x kTileCols tiles (grid-stride). A warp produces
+// one tile row of 128 values (float4 loads when Vector: cols % 4 == 0 and every pointer aligned), writes
+// their codes row-major and stages them; the block then writes the tile's 128 columns as 32-byte segments.
+template <Dtype Format, bool Vector, typename Producer>
+__global__ void __launch_bounds__(kThreads)
+    produce_cast_transpose_kernel(const Producer producer, const FusedCast cast, int64_t rows, int64_t cols,
+                                  bool transposed_words) {
+  __shared__ __align__(16) uint8_t staged[kTileRows * kTileStride];
+  constexpr int kGroupsPerRow = kTileCols / 4;
+  const float scale = *cast.scale;
+  const int64_t tile_cols = (cols + kTileCols - 1) / kTileCols;
+  const int64_t tiles = ((rows + kTileRows - 1) / kTileRows) * tile_cols;
+  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t row0 = (tile / tile_cols) * kTileRows;
+    const int64_t col0 = (tile % tile_cols) * kTileCols;
+    for (int j = static_cast<int>(threadIdx.x); j < kTileRows * kGroupsPerRow; j += kThreads) {
+      const int r = j / kGroupsPerRow;
+      const int c = 4 * (j % kGroupsPerRow);
+      const int64_t row = row0 + r;
+      const int64_t col = col0 + c;
+      if (row >= rows || col >= cols) continue;
+      const int64_t i = row * cols + col;
+      uint8_t* s = staged + r * kTileStride + c;
+      if constexpr (Vector) {
+        const uint32_t word = cast_pack<Format>(producer.template produce<4>(i), scale, t);
+        *reinterpret_cast<uint32_t*>(cast.output + i) = word;
+        *reinterpret_cast<uint32_t*>(s) = word;
+      } else {
+        for (int k = 0; k < 4 && col + k < cols; ++k) {
+          const auto code =
+              static_cast<uint8_t>(cast_pack<Format>(producer.template produce<1>(i + k), scale, t));
+          cast.output[i + k] = code;
+          s[k] = code;
+        }
+      }
+    }
+    __syncthreads();
+    const int rows_in_tile = static_cast<int>(rows - row0 < kTileRows ? rows - row0 : kTileRows);
+    const int cols_in_tile = static_cast<int>(cols - col0 < kTileCols ? cols - col0 : kTileCols);
+    write_transposed_tile(staged, kTileStride, rows_in_tile, cols_in_tile, cast.output_transposed, rows, row0,
+                          col0, transposed_words);
+    __syncthreads();  // the next tile overwrites `staged`
+  }
+  write_scale_inv(cast.scale_inv, scale);
+  flush_tally(t, cast.results);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// LayerNorm. The statistics and the normalisation are ops.cu's (elementwise::layernorm_statistics and
+// layernorm_normalise): one warp per row, lane l summing elements l*W, l*W + 32*W, ... in float64, then a
+// butterfly; W (4 or 1) must therefore be the one layernorm_forward picks for the same pointers, or the
+// float64 sums would be taken in another order.
+//
+// Transposed codes: a block takes 32 rows; each warp normalises whole rows exactly as layernorm_forward does
+// (three passes over one row, the second and third served from L1/L2 while the row is fresh), and stages
+// the row's codes in shared memory, 32 x C bytes; the block then writes the transposed codes as 32-byte
+// column segments. The alternatives lose: writing row-major codes and transposing them in a second kernel
+// moves one more byte in and out per element and costs a launch; tiling the columns (32 rows x 128
+// columns at a time) needs the statistics first and then a third pass over all 32 rows, 32 x 4C bytes that
+// no longer stay in cache between passes. The limit is shared memory: 32 x C bytes must fit a block (C up
+// to about 7200 on Hopper); beyond that the row-major kernel runs and a byte transpose follows.
+
+struct LayernormArguments {
+  float* out;  // may be null
+  float* mean;
+  float* rstd;
+  const float* inp;
+  const float* weight;
+  const float* bias;
+  int64_t N;
+  int64_t C;
+};
+
+// One row by one warp: layernorm_forward_kernel's arithmetic, then the codes of the row to the row-major
+// output and, when `staged` is not null, to shared memory.
+template <int W, Dtype Format>
+__device__ __forceinline__ void layernorm_row(const LayernormArguments& a, const FusedCast& cast, float scale,
+                                              bool code_words, int64_t row, uint8_t* staged, Tally& t) {
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  const int64_t C = a.C;
+  const float* x = a.inp + row * C;
+  const elementwise::RowStatistics r = elementwise::layernorm_statistics<W>(x, C, lane);
+  float* o = a.out == nullptr ? nullptr : a.out + row * C;
+  uint8_t* codes = cast.output + row * C;
+  for (int64_t i = lane * W; i < C; i += kWarp * W) {
+    const Pack<W> p = elementwise::layernorm_normalise<W>(x, a.weight, a.bias, i, r);
+    if (o != nullptr) store_pack<W>(o + i, p);
+    const uint32_t word = cast_pack<Format>(p, scale, t);
+    store_codes<W>(codes + i, word, code_words);
+    if (staged != nullptr) store_codes<W>(staged + i, word, true);  // rows of 4 x odd bytes: aligned
+  }
+  if (lane == 0) {
+    a.mean[row] = r.mean;
+    a.rstd[row] = r.rstd;
+  }
+}
+
+// Row-major codes only: a row per warp.
+template <int W, Dtype Format>
+__global__ void __launch_bounds__(kLayernormRowWarps* kWarp)
+    layernorm_cast_kernel(const LayernormArguments a, const FusedCast cast, bool code_words) {
+  const float scale = *cast.scale;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kLayernormRowWarps + threadIdx.x / kWarp;
+  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  if (row < a.N) layernorm_row<W, Format>(a, cast, scale, code_words, row, nullptr, t);
+  write_scale_inv(cast.scale_inv, scale);
+  flush_tally(t, cast.results);
+}
+
+// Row-major and transposed codes: kTileRows rows per block, staged in dynamic shared memory
+// (kTileRows x stride bytes).
+template <int W, Dtype Format>
+__global__ void __launch_bounds__(kLayernormTileWarps* kWarp, 2)
+    layernorm_cast_transpose_kernel(const LayernormArguments a, const FusedCast cast, bool code_words,
+                                    bool transposed_words, int64_t stride) {
+  extern __shared__ __align__(16) uint8_t staged_rows[];
+  const float scale = *cast.scale;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  for (int r = static_cast<int>(threadIdx.x / kWarp); r < kTileRows; r += kLayernormTileWarps) {
+    if (row0 + r < a.N)
+      layernorm_row<W, Format>(a, cast, scale, code_words, row0 + r, staged_rows + r * stride, t);
+  }
+  __syncthreads();
+  const int rows_in_tile = static_cast<int>(a.N - row0 < kTileRows ? a.N - row0 : kTileRows);
+  write_transposed_tile(staged_rows, stride, rows_in_tile, static_cast<int>(a.C), cast.output_transposed, a.N,
+                        row0, 0, transposed_words);
+  write_scale_inv(cast.scale_inv, scale);
+  flush_tally(t, cast.results);
+}
+
+// codes [rows, cols] -> transposed [cols, rows], 32 x 32 tiles through shared memory (as cast.cu's tiled
+// kernel, on bytes): the fallback for rows too wide to stage.
+__global__ void __launch_bounds__(kTransposeTile* kTransposeRowsPerPass)
+    transpose_codes_kernel(const uint8_t* codes, uint8_t* transposed, int64_t rows, int64_t cols) {
+  __shared__ uint32_t tile[kTransposeTile][kTransposeTile + 1];
+  const int64_t tile_cols = (cols + kTransposeTile - 1) / kTransposeTile;
+  const int64_t tiles = ((rows + kTransposeTile - 1) / kTransposeTile) * tile_cols;
+  for (int64_t index = blockIdx.x; index < tiles; index += gridDim.x) {
+    const int64_t row0 = (index / tile_cols) * kTransposeTile;
+    const int64_t col0 = (index % tile_cols) * kTransposeTile;
+    for (int k = static_cast<int>(threadIdx.y); k < kTransposeTile; k += kTransposeRowsPerPass) {
+      const int64_t r = row0 + k;
+      const int64_t c = col0 + threadIdx.x;
+      if (r < rows && c < cols) tile[k][threadIdx.x] = codes[r * cols + c];
+    }
+    __syncthreads();
+    for (int k = static_cast<int>(threadIdx.y); k < kTransposeTile; k += kTransposeRowsPerPass) {
+      const int64_t c = col0 + k;
+      const int64_t r = row0 + threadIdx.x;
+      if (r < rows && c < cols) transposed[c * rows + r] = static_cast<uint8_t>(tile[threadIdx.x][k]);
+    }
+    __syncthreads();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Launchers
+
+bool aligned(const void* pointer, uintptr_t alignment) {
+  return reinterpret_cast<uintptr_t>(pointer) % alignment == 0;
+}
+
+int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0;
+  int value = 0;
+  OCTET_CUDA_CHECK(cudaGetDevice(&device));
+  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
+}
+
+// Enough blocks to fill the GPU, no more: the kernels stride over the rest. At least one block, which writes
+// scale_inv even for an empty tensor. Results never depend on the grid size.
+unsigned grid_size(int64_t work_items, int64_t items_per_block) {
+  const int64_t wanted = (work_items + items_per_block - 1) / items_per_block;
+  const int64_t most =
+      static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount)) * kBlocksPerMultiprocessor;
+  return static_cast<unsigned>(wanted < 1 ? 1 : (wanted < most ? wanted : most));
+}
+
+// Calls fn with the format as a compile-time constant.
+template <typename Fn>
+void with_format(Dtype format, Fn&& fn) {
+  if (format == Dtype::e4m3) {
+    fn(std::integral_constant<Dtype, Dtype::e4m3>{});
+  } else {
+    fn(std::integral_constant<Dtype, Dtype::e5m2>{});
+  }
+}
+
+void check_cast(const FusedCast& cast, int64_t n, const char* op) {
+  OCTET_REQUIRE(is_fp8(cast.format), "{}: the cast's format must be e4m3 or e5m2, got {}", op,
+                dtype_name(cast.format));
+  OCTET_REQUIRE(cast.scale != nullptr && cast.results != nullptr, "{}: the cast needs scale and results", op);
+  OCTET_REQUIRE(n == 0 || cast.output != nullptr, "{}: the cast of {} values needs an output", op, n);
+}
+
+// The element-wise op `producer` over [rows, cols] with its cast. `vector_inputs`: every float pointer the
+// producer touches is 16-byte aligned.
+template <typename Producer>
+void launch_elementwise(const Producer& producer, bool vector_inputs, int64_t rows, int64_t cols,
+                        const FusedCast& cast, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  OCTET_CUDA_CHECK(cudaMemsetAsync(cast.results, 0, sizeof(CastResults), stream));
+  if (cast.output_transposed != nullptr && n > 0) {
+    const bool vector = vector_inputs && cols % 4 == 0 && aligned(cast.output, 4);
+    const bool transposed_words = rows % 4 == 0 && aligned(cast.output_transposed, 4);
+    const int64_t tiles = ((rows + kTileRows - 1) / kTileRows) * ((cols + kTileCols - 1) / kTileCols);
+    const unsigned grid = grid_size(tiles, 1);
+    with_format(cast.format, [&](auto format) {
+      if (vector) {
+        produce_cast_transpose_kernel<decltype(format)::value, true>
+            <<<grid, kThreads, 0, stream>>>(producer, cast, rows, cols, transposed_words);
+      } else {
+        produce_cast_transpose_kernel<decltype(format)::value, false>
+            <<<grid, kThreads, 0, stream>>>(producer, cast, rows, cols, transposed_words);
+      }
+    });
+  } else {
+    const int64_t groups = vector_inputs && aligned(cast.output, 4) ? n / 4 : 0;
+    const unsigned grid = grid_size(groups + (n - groups * 4), kThreads);
+    with_format(cast.format, [&](auto format) {
+      produce_cast_kernel<decltype(format)::value><<<grid, kThreads, 0, stream>>>(producer, cast, groups, n);
+    });
+  }
+}
+
+// Bytes per staged LayerNorm row: C rounded up to 4 x odd (see kTileStride).
+int64_t staged_stride(int64_t C) {
+  int64_t stride = (C + 3) / 4 * 4;
+  if ((stride / 4) % 2 == 0) stride += 4;
+  return stride;
+}
+
+template <int W, Dtype Format>
+void launch_layernorm(const LayernormArguments& a, const FusedCast& cast, bool code_words,
+                      cudaStream_t stream) {
+  if (cast.output_transposed != nullptr && a.N > 0) {
+    const auto kernel = layernorm_cast_transpose_kernel<W, Format>;
+    const int64_t stride = staged_stride(a.C);
+    const int64_t shared_bytes = kTileRows * stride;
+    cudaFuncAttributes attributes{};
+    OCTET_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    const int64_t shared_limit =
+        static_cast<int64_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) -
+        static_cast<int64_t>(attributes.sharedSizeBytes);
+    if (shared_bytes <= shared_limit) {
+      OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(shared_bytes)));
+      const bool transposed_words = a.N % 4 == 0 && aligned(cast.output_transposed, 4);
+      const auto blocks = static_cast<unsigned>((a.N + kTileRows - 1) / kTileRows);
+      kernel<<<blocks, kLayernormTileWarps * kWarp, static_cast<size_t>(shared_bytes), stream>>>(
+          a, cast, code_words, transposed_words, stride);
+      return;
+    }
+  }
+  const int64_t blocks = (a.N + kLayernormRowWarps - 1) / kLayernormRowWarps;
+  layernorm_cast_kernel<W, Format>
+      <<<static_cast<unsigned>(blocks < 1 ? 1 : blocks), kLayernormRowWarps * kWarp, 0, stream>>>(a, cast,
+                                                                                                  code_words);
+  if (cast.output_transposed != nullptr && a.N > 0) {
+    OCTET_CUDA_CHECK_LAUNCH("layernorm_cast_kernel");
+    const int64_t tiles =
+        ((a.N + kTransposeTile - 1) / kTransposeTile) * ((a.C + kTransposeTile - 1) / kTransposeTile);
+    transpose_codes_kernel<<<grid_size(tiles, 1), dim3(kTransposeTile, kTransposeRowsPerPass), 0, stream>>>(
+        cast.output, cast.output_transposed, a.N, a.C);
+  }
+}
+
+bool aligned16(const void* pointer) {
+  return aligned(pointer, 16);
+}
+
+}  // namespace
+
+void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                            const float* bias, int64_t N, int64_t C, const FusedCast& cast,
+                            cudaStream_t stream) {
+  OCTET_REQUIRE(N >= 0 && C > 0, "layernorm_forward_cast: N >= 0 and C > 0, got N={} C={}", N, C);
+  check_cast(cast, N * C, "layernorm_forward_cast");
+  OCTET_REQUIRE(N == 0 || (mean != nullptr && rstd != nullptr && inp != nullptr && weight != nullptr &&
+                           bias != nullptr),
+                "layernorm_forward_cast: mean, rstd, inp, weight and bias must be given");
+  OCTET_CUDA_CHECK(cudaMemsetAsync(cast.results, 0, sizeof(CastResults), stream));
+  const LayernormArguments a{out, mean, rstd, inp, weight, bias, N, C};
+  // layernorm_forward's choice of W, with a missing out counting as aligned.
+  const bool vector = C % 4 == 0 && (out == nullptr || aligned16(out)) && aligned16(inp) &&
+                      aligned16(weight) && aligned16(bias);
+  const bool code_words = vector && aligned(cast.output, 4);
+  with_format(cast.format, [&](auto format) {
+    if (vector) {
+      launch_layernorm<4, decltype(format)::value>(a, cast, code_words, stream);
+    } else {
+      launch_layernorm<1, decltype(format)::value>(a, cast, code_words, stream);
+    }
+  });
+  OCTET_CUDA_CHECK_LAUNCH("layernorm_forward_cast");
+}
+
+void gelu_forward_cast(float* out, const float* inp, int64_t rows, int64_t cols, const FusedCast& cast,
+                       cudaStream_t stream) {
+  OCTET_REQUIRE(rows >= 0 && cols >= 0, "gelu_forward_cast: the shape must not be negative, got [{}, {}]",
+                rows, cols);
+  check_cast(cast, rows * cols, "gelu_forward_cast");
+  OCTET_REQUIRE(rows * cols == 0 || inp != nullptr, "gelu_forward_cast: inp must be given");
+  const bool vector = aligned16(inp) && (out == nullptr || aligned16(out));
+  launch_elementwise(GeluProducer{out, inp}, vector, rows, cols, cast, stream);
+  OCTET_CUDA_CHECK_LAUNCH("gelu_forward_cast");
+}
+
+void adamw_update_cast(float* params, float* m, float* v, const float* grads, int64_t rows, int64_t cols,
+                       float learning_rate, float beta1, float beta2, float eps, float weight_decay,
+                       int64_t step, float grad_scale, const FusedCast& cast, cudaStream_t stream) {
+  OCTET_REQUIRE(rows >= 0 && cols >= 0, "adamw_update_cast: the shape must not be negative, got [{}, {}]",
+                rows, cols);
+  check_cast(cast, rows * cols, "adamw_update_cast");
+  OCTET_REQUIRE(rows * cols == 0 || (params != nullptr && m != nullptr && v != nullptr && grads != nullptr),
+                "adamw_update_cast: params, m, v and grads must be given");
+  // adamw_update's constants, so that every one has the same bits.
+  const AdamWProducer op{
+      params, m, v, grads,
+      elementwise::adamw_constants(learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale)};
+  const bool vector = aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
+  launch_elementwise(op, vector, rows, cols, cast, stream);
+  OCTET_CUDA_CHECK_LAUNCH("adamw_update_cast");
+}
+
+}  // namespace octet::cuda

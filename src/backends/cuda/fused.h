@@ -1,0 +1,46 @@
+// Producer-fused FP8 casts: the op that produces a tensor also writes its FP8 cast (codes, transposed codes,
+// scale_inv, amax and counts), so that the FP8 GEMM that consumes it needs no separate cast pass. Every
+// result is bit-identical to the unfused pair: the op of ops.h, then cast_amax (octet/cuda/cast.h) with
+// default CastOptions on its output. Device pointers, enqueued on `stream`.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "octet/cuda/cast.h"
+
+namespace octet::cuda {
+
+// Where a producing kernel writes the FP8 cast of its output: the same codes, transposed codes, scale_inv and
+// CastResults that cast_amax writes for the same values and scale (default CastOptions: round to nearest
+// even, saturating).
+struct FusedCast {
+  Dtype format = Dtype::e4m3;            // e4m3 or e5m2
+  const float* scale = nullptr;          // device pointer, one value
+  uint8_t* output = nullptr;             // [rows, cols] codes
+  uint8_t* output_transposed = nullptr;  // [cols, rows] codes; null: not written
+  float* scale_inv = nullptr;      // 1/scale written here (same expression as cast_amax); null: not written
+  CastResults* results = nullptr;  // zeroed on the stream first, then amax and counts as cast_amax
+};
+
+// LayerNorm forward (exactly the values of cuda::layernorm_forward, same mean/rstd), writing the FP8 cast of
+// out [N, C]; out itself is written only when not null. As layernorm_forward, C must be positive; N may be 0
+// (then only results and scale_inv are written). With out null, the values are those layernorm_forward gives
+// for a 16-byte aligned out (its reduction order depends on the alignment of its pointers).
+void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                            const float* bias, int64_t N, int64_t C, const FusedCast& cast,
+                            cudaStream_t stream);
+
+// GELU forward over inp [rows, cols] (exactly the values of cuda::gelu_forward), writing the FP8 cast of the
+// result; out written only when not null (it may alias inp).
+void gelu_forward_cast(float* out, const float* inp, int64_t rows, int64_t cols, const FusedCast& cast,
+                       cudaStream_t stream);
+
+// AdamW (exactly cuda::adamw_update's arithmetic and host-side constants, bit for bit) over one weight matrix
+// params [rows, cols] with its m, v, grads, followed by the FP8 cast of the UPDATED params.
+void adamw_update_cast(float* params, float* m, float* v, const float* grads, int64_t rows, int64_t cols,
+                       float learning_rate, float beta1, float beta2, float eps, float weight_decay,
+                       int64_t step, float grad_scale, const FusedCast& cast, cudaStream_t stream);
+
+}  // namespace octet::cuda

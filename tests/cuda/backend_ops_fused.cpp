@@ -1,0 +1,679 @@
+// The producer-fused FP8 casts (src/backends/cuda/fused.h) against the unfused pair they replace, both on the
+// device: cuda::layernorm_forward / gelu_forward / adamw_update, then cast_amax with the same scale. Codes
+// and transposed codes must be the same bytes; out, mean, rstd, params, m and v the same bits; CastResults
+// and scale_inv the same. Inputs are seeded, with planted values that saturate and underflow, over odd and
+// prime shapes, both formats, a scale that is not a power of two, aligned and unaligned pointers. Every
+// output sits between guard bytes that must survive; an output passed as null must stay untouched; every
+// fused call runs twice and must give the same bits. Every test skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../../src/backends/cuda/fused.h"
+#include "../../src/backends/cuda/ops.h"
+#include "octet/check.h"
+#include "octet/cuda/cast.h"
+#include "octet/cuda/device.h"
+#include "octet/numerics/format.h"
+#include "random.h"
+
+namespace {
+
+using octet::Dtype;
+using octet::cuda::CastResults;
+using octet::cuda::FusedCast;
+
+#define SKIP_WITHOUT_GPU() \
+  if (octet::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU"
+
+constexpr size_t kGuardBytes = 256;  // before and after every buffer; a multiple of 256 keeps alignment
+constexpr uint8_t kSentinel = 0xA5;
+constexpr float kScale = 3.7f;    // not a power of two: the scaled values are rounded before the cast
+constexpr float kHuge = 1.0e6f;   // saturates both formats at kScale
+constexpr float kTiny = 1.0e-9f;  // underflows both formats at kScale
+
+// `count` elements of T in device memory, `offset_bytes` past a guard zone and followed by another. Every
+// byte starts as the sentinel, so that an element left unwritten shows as well as a write out of bounds.
+template <typename T>
+class Guarded {
+ public:
+  explicit Guarded(size_t count, size_t offset_bytes = 0)
+      : count_(count), begin_(kGuardBytes + offset_bytes), bytes_(begin_ + count * sizeof(T) + kGuardBytes) {
+    bytes_.fill_bytes(kSentinel);
+  }
+  T* data() { return reinterpret_cast<T*>(bytes_.data() + begin_); }
+
+  void upload(std::span<const T> values) {
+    ASSERT_EQ(values.size(), count_);
+    if (!values.empty()) {
+      OCTET_CUDA_CHECK(cudaMemcpy(data(), values.data(), values.size_bytes(), cudaMemcpyHostToDevice));
+    }
+  }
+  std::vector<T> read() const {
+    const std::vector<uint8_t> raw = all_bytes();
+    std::vector<T> out(count_);
+    if (count_ > 0) std::memcpy(out.data(), raw.data() + begin_, count_ * sizeof(T));
+    return out;
+  }
+  ::testing::AssertionResult guards_intact(const std::string& name) const {
+    const std::vector<uint8_t> raw = all_bytes();
+    const size_t end = begin_ + count_ * sizeof(T);
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if ((i < begin_ || i >= end) && raw[i] != kSentinel) {
+        return ::testing::AssertionFailure() << name << ": guard byte " << i << " (payload [" << begin_
+                                             << ", " << end << ")) was overwritten with " << int{raw[i]};
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+  ::testing::AssertionResult untouched(const std::string& name) const {
+    const std::vector<uint8_t> raw = all_bytes();
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (raw[i] != kSentinel) {
+        return ::testing::AssertionFailure() << name << " should not have been written, byte " << i << " was";
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+ private:
+  std::vector<uint8_t> all_bytes() const {
+    std::vector<uint8_t> raw(bytes_.size());
+    bytes_.copy_to_host(raw);
+    return raw;
+  }
+  size_t count_;
+  size_t begin_;
+  octet::cuda::DeviceBuffer<uint8_t> bytes_;
+};
+
+uint32_t bits(float x) {
+  uint32_t b = 0;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+// Bit for bit, NaNs included (both sides run the same device arithmetic, so even NaN payloads agree).
+template <typename T>
+::testing::AssertionResult identical(const std::vector<T>& actual, const std::vector<T>& expected,
+                                     const std::string& what) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure()
+           << what << ": " << actual.size() << " elements against " << expected.size();
+  }
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if (std::memcmp(&actual[i], &expected[i], sizeof(T)) != 0) {
+      std::ostringstream detail;
+      if constexpr (std::is_same_v<T, float>) {
+        detail << actual[i] << " (0x" << std::hex << bits(actual[i]) << ") against " << std::dec
+               << expected[i] << " (0x" << std::hex << bits(expected[i]) << ")";
+      } else {
+        detail << int{actual[i]} << " against " << int{expected[i]};
+      }
+      return ::testing::AssertionFailure()
+             << what << ": element " << i << " of " << actual.size() << " differs: " << detail.str();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// What one cast wrote.
+struct CastDownload {
+  std::vector<uint8_t> codes;
+  std::vector<uint8_t> transposed;  // empty when not asked for
+  CastResults results{};
+  float scale_inv = 0.0f;
+};
+
+// The device outputs of one cast (fused or cast_amax), each guarded; results start as sentinel bytes, so the
+// zeroing is tested too.
+class CastSlots {
+ public:
+  CastSlots(size_t n, size_t code_offset_bytes)
+      : codes_(n, code_offset_bytes), transposed_(n, code_offset_bytes) {}
+
+  FusedCast fused(Dtype format, const float* scale, bool transposed) {
+    FusedCast c;
+    c.format = format;
+    c.scale = scale;
+    c.output = codes_.data();
+    c.output_transposed = transposed ? transposed_.data() : nullptr;
+    c.scale_inv = scale_inv_.data();
+    c.results = results_.data();
+    return c;
+  }
+  void cast_amax(const float* input, int64_t rows, int64_t cols, Dtype format, const float* scale,
+                 bool transposed, cudaStream_t stream) {
+    octet::cuda::CastAmaxArguments a;
+    a.input = input;
+    a.rows = rows;
+    a.cols = cols;
+    a.format = format;
+    a.scale = scale;
+    a.output = codes_.data();
+    a.output_transposed = transposed ? transposed_.data() : nullptr;
+    a.scale_inv = scale_inv_.data();
+    a.results = results_.data();
+    octet::cuda::cast_amax(a, stream);
+  }
+  // Also checks the guards, and that the transposed codes were left alone when not asked for.
+  CastDownload read(bool transposed) const {
+    CastDownload d;
+    d.codes = codes_.read();
+    EXPECT_TRUE(codes_.guards_intact("codes"));
+    if (transposed) {
+      d.transposed = transposed_.read();
+      EXPECT_TRUE(transposed_.guards_intact("transposed codes"));
+    } else {
+      EXPECT_TRUE(transposed_.untouched("transposed codes"));
+    }
+    d.results = results_.read()[0];
+    EXPECT_TRUE(results_.guards_intact("results"));
+    d.scale_inv = scale_inv_.read()[0];
+    EXPECT_TRUE(scale_inv_.guards_intact("scale_inv"));
+    return d;
+  }
+
+ private:
+  Guarded<uint8_t> codes_;
+  Guarded<uint8_t> transposed_;
+  Guarded<float> scale_inv_{1};
+  Guarded<CastResults> results_{1};
+};
+
+void expect_same_cast(const CastDownload& actual, const CastDownload& expected) {
+  EXPECT_TRUE(identical(actual.codes, expected.codes, "codes"));
+  EXPECT_TRUE(identical(actual.transposed, expected.transposed, "transposed codes"));
+  EXPECT_EQ(bits(actual.results.amax), bits(expected.results.amax))
+      << "amax " << actual.results.amax << " against " << expected.results.amax;
+  EXPECT_EQ(actual.results.saturated, expected.results.saturated) << "saturated";
+  EXPECT_EQ(actual.results.underflowed, expected.results.underflowed) << "underflowed";
+  EXPECT_EQ(actual.results.nan_inputs, expected.results.nan_inputs) << "nan_inputs";
+  EXPECT_EQ(actual.results.nonzero, expected.results.nonzero) << "nonzero";
+  EXPECT_EQ(bits(actual.scale_inv), bits(expected.scale_inv)) << "scale_inv";
+}
+
+// One scale on the device, shared by the fused and the unfused cast.
+struct DeviceScale {
+  Guarded<float> value{1};
+  DeviceScale() { value.upload(std::span<const float>(&kScale, 1)); }
+  const float* data() { return value.data(); }
+};
+
+// What a case varies besides its shape.
+struct Variant {
+  Dtype format = Dtype::e4m3;
+  bool transposed = true;
+  bool write_out = true;    // LayerNorm and GELU: out given, or null
+  size_t float_offset = 0;  // bytes: 4 makes every float operand unaligned for float4 loads
+  size_t code_offset = 0;   // bytes: 1 makes the fused codes unaligned for 32-bit stores
+  bool plant_nan = false;
+  uint64_t seed = 1;
+};
+
+std::vector<Variant> sweep_variants() {
+  std::vector<Variant> variants;
+  for (const Dtype format : {Dtype::e4m3, Dtype::e5m2}) {
+    for (const bool transposed : {true, false}) {
+      for (const bool write_out : {true, false}) {
+        Variant v;
+        v.format = format;
+        v.transposed = transposed;
+        v.write_out = write_out;
+        variants.push_back(v);
+      }
+    }
+  }
+  return variants;
+}
+
+std::vector<Variant> unaligned_variants() {
+  std::vector<Variant> variants;
+  for (const Dtype format : {Dtype::e4m3, Dtype::e5m2}) {
+    for (const size_t float_offset : {size_t{0}, size_t{4}}) {
+      Variant v;
+      v.format = format;
+      v.float_offset = float_offset;
+      v.code_offset = 1;
+      variants.push_back(v);
+    }
+  }
+  return variants;
+}
+
+std::vector<Variant> nan_variants() {
+  std::vector<Variant> variants;
+  for (const Dtype format : {Dtype::e4m3, Dtype::e5m2}) {
+    for (const bool transposed : {true, false}) {
+      Variant v;
+      v.format = format;
+      v.transposed = transposed;
+      v.plant_nan = true;
+      variants.push_back(v);
+    }
+  }
+  return variants;
+}
+
+std::string describe(const char* op, int64_t rows, int64_t cols, const Variant& v) {
+  std::ostringstream s;
+  s << op << " [" << rows << ", " << cols << "] " << octet::dtype_name(v.format)
+    << (v.transposed ? " +transposed" : "") << (v.write_out ? " +out" : " out=null") << " float_offset "
+    << v.float_offset << " code_offset " << v.code_offset << (v.plant_nan ? " +NaN" : "") << " seed "
+    << v.seed;
+  return s.str();
+}
+
+// With the planted values in place, a big enough cast must have seen both edges.
+void expect_edges_seen(const CastResults& r, size_t n, const Variant& v) {
+  // A tiny tensor may be all zeros (GELU of a large negative input is -0), so only bigger ones must show it.
+  if (n >= 64) EXPECT_GT(r.nonzero, 0u) << "all-zero output";
+  if (n >= 64 && !v.plant_nan) {
+    EXPECT_GT(r.saturated, 0u) << "no planted value saturated";
+    EXPECT_GT(r.underflowed, 0u) << "no planted value underflowed";
+  }
+  if (v.plant_nan) {
+    EXPECT_GT(r.nan_inputs, 0u) << "the NaN did not reach the cast";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// LayerNorm
+
+void check_layernorm(int64_t N, int64_t C, const Variant& v) {
+  SCOPED_TRACE(describe("layernorm", N, C, v));
+  const auto n = static_cast<size_t>(N * C);
+  const auto channels = static_cast<size_t>(C);
+  std::vector<float> inp = octet::testing::random_normal(n, v.seed, 2.0f);
+  std::vector<float> weight = octet::testing::random_normal(channels, v.seed + 1, 1.0f);
+  std::vector<float> bias = octet::testing::random_normal(channels, v.seed + 2, 0.5f);
+  for (size_t i = 0; i < n; i += 5) inp[i] += 3.0f;  // a row mean that is not zero
+  if (C >= 8) {
+    weight[channels / 3] = kHuge;  // normalised values of order 1, times kHuge: saturates
+    weight[channels / 2] = kTiny;  // underflows
+    bias[channels / 2] = kTiny;
+    weight[channels - 1] = 0.0f;  // exact zeros: neither non-zero nor underflowed
+    bias[channels - 1] = 0.0f;
+  }
+  if (v.plant_nan && n > 0) inp[n / 2] = std::numeric_limits<float>::quiet_NaN();  // a whole row of NaN
+
+  octet::cuda::Stream stream;
+  DeviceScale scale;
+  Guarded<float> inp_device(n, v.float_offset);
+  Guarded<float> weight_device(channels, v.float_offset);
+  Guarded<float> bias_device(channels, v.float_offset);
+  inp_device.upload(inp);
+  weight_device.upload(weight);
+  bias_device.upload(bias);
+
+  // The unfused pair.
+  Guarded<float> expected_out(n, v.float_offset);
+  Guarded<float> expected_mean(static_cast<size_t>(N));
+  Guarded<float> expected_rstd(static_cast<size_t>(N));
+  CastSlots expected_cast(n, 0);
+  octet::cuda::layernorm_forward(expected_out.data(), expected_mean.data(), expected_rstd.data(),
+                                 inp_device.data(), weight_device.data(), bias_device.data(), N, C,
+                                 stream.get());
+  expected_cast.cast_amax(expected_out.data(), N, C, v.format, scale.data(), v.transposed, stream.get());
+  stream.synchronize();
+  const CastDownload expected = expected_cast.read(v.transposed);
+
+  // The fused op, twice.
+  Guarded<float> out(n, v.float_offset);
+  Guarded<float> mean(static_cast<size_t>(N));
+  Guarded<float> rstd(static_cast<size_t>(N));
+  CastSlots cast(n, v.code_offset);
+  std::vector<float> first_out;
+  std::vector<float> first_mean;
+  CastDownload first;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run == 0 ? "first run" : "second run");
+    octet::cuda::layernorm_forward_cast(v.write_out ? out.data() : nullptr, mean.data(), rstd.data(),
+                                        inp_device.data(), weight_device.data(), bias_device.data(), N, C,
+                                        cast.fused(v.format, scale.data(), v.transposed), stream.get());
+    stream.synchronize();
+    const CastDownload actual = cast.read(v.transposed);
+    expect_same_cast(actual, expected);
+    if (v.write_out) {
+      EXPECT_TRUE(identical(out.read(), expected_out.read(), "out"));
+      EXPECT_TRUE(out.guards_intact("out"));
+    } else {
+      EXPECT_TRUE(out.untouched("out (passed as null)"));
+    }
+    EXPECT_TRUE(identical(mean.read(), expected_mean.read(), "mean"));
+    EXPECT_TRUE(identical(rstd.read(), expected_rstd.read(), "rstd"));
+    EXPECT_TRUE(mean.guards_intact("mean"));
+    EXPECT_TRUE(rstd.guards_intact("rstd"));
+    EXPECT_TRUE(identical(inp_device.read(), inp, "inp (an input)"));
+    if (n > 0) expect_edges_seen(actual.results, n, v);
+    if (run == 0) {
+      first = actual;
+      first_out = out.read();
+      first_mean = mean.read();
+    } else {
+      expect_same_cast(actual, first);
+      EXPECT_TRUE(identical(out.read(), first_out, "out, second run"));
+      EXPECT_TRUE(identical(mean.read(), first_mean, "mean, second run"));
+    }
+  }
+}
+
+// {37, 7919}: rows too wide to stage 32 of them in shared memory, so the transposed codes take the fallback.
+constexpr octet::testing::Shape2D kLayernormShapes[] = {{1, 1},      {7, 13},    {33, 97}, {64, 768},
+                                                        {130, 3072}, {37, 7919}, {0, 64}};
+
+TEST(FusedLayernormCast, MatchesUnfused) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 100;
+  for (const auto& shape : kLayernormShapes) {
+    for (Variant v : sweep_variants()) {
+      v.seed = ++seed;
+      check_layernorm(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+TEST(FusedLayernormCast, UnalignedPointers) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 200;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 96}, {64, 768}, {7, 13}}) {
+    for (Variant v : unaligned_variants()) {
+      v.seed = ++seed;
+      check_layernorm(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+TEST(FusedLayernormCast, NanInput) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 300;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 97}, {64, 768}}) {
+    for (Variant v : nan_variants()) {
+      v.seed = ++seed;
+      check_layernorm(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// GELU
+
+std::vector<float> gelu_inputs(size_t n, const Variant& v) {
+  std::vector<float> x = octet::testing::random_normal(n, v.seed, 3.0f);
+  for (size_t i = 3; i < n; i += 29) x[i] = kHuge;   // gelu(x) = x: saturates
+  for (size_t i = 5; i < n; i += 31) x[i] = kTiny;   // gelu(x) = x / 2: underflows
+  for (size_t i = 7; i < n; i += 37) x[i] = -12.0f;  // gelu(x) of order -1e-32: underflows
+  if (v.plant_nan && n > 0) x[n / 2] = std::numeric_limits<float>::quiet_NaN();
+  return x;
+}
+
+void check_gelu(int64_t rows, int64_t cols, const Variant& v, bool in_place = false) {
+  SCOPED_TRACE(describe(in_place ? "gelu in place" : "gelu", rows, cols, v));
+  const auto n = static_cast<size_t>(rows * cols);
+  const std::vector<float> x = gelu_inputs(n, v);
+  octet::cuda::Stream stream;
+  DeviceScale scale;
+
+  Guarded<float> expected_inp(n, v.float_offset);
+  Guarded<float> expected_out(n, v.float_offset);
+  CastSlots expected_cast(n, 0);
+  expected_inp.upload(x);
+  float* expected_target = in_place ? expected_inp.data() : expected_out.data();
+  octet::cuda::gelu_forward(expected_target, expected_inp.data(), rows * cols, stream.get());
+  expected_cast.cast_amax(expected_target, rows, cols, v.format, scale.data(), v.transposed, stream.get());
+  stream.synchronize();
+  const CastDownload expected = expected_cast.read(v.transposed);
+  const std::vector<float> expected_values = in_place ? expected_inp.read() : expected_out.read();
+
+  Guarded<float> inp(n, v.float_offset);
+  Guarded<float> out(n, v.float_offset);
+  CastSlots cast(n, v.code_offset);
+  CastDownload first;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run == 0 ? "first run" : "second run");
+    inp.upload(x);
+    float* target = in_place ? inp.data() : (v.write_out ? out.data() : nullptr);
+    octet::cuda::gelu_forward_cast(target, inp.data(), rows, cols,
+                                   cast.fused(v.format, scale.data(), v.transposed), stream.get());
+    stream.synchronize();
+    const CastDownload actual = cast.read(v.transposed);
+    expect_same_cast(actual, expected);
+    if (in_place) {
+      EXPECT_TRUE(identical(inp.read(), expected_values, "out (= inp)"));
+    } else {
+      EXPECT_TRUE(identical(inp.read(), x, "inp (an input)"));
+    }
+    if (v.write_out && !in_place) {
+      EXPECT_TRUE(identical(out.read(), expected_values, "out"));
+      EXPECT_TRUE(out.guards_intact("out"));
+    } else {
+      EXPECT_TRUE(out.untouched("out (not passed)"));
+    }
+    EXPECT_TRUE(inp.guards_intact("inp"));
+    if (n > 0) expect_edges_seen(actual.results, n, v);
+    if (run == 0) {
+      first = actual;
+    } else {
+      expect_same_cast(actual, first);
+    }
+  }
+}
+
+constexpr octet::testing::Shape2D kElementwiseShapes[] = {{1, 1},      {7, 13}, {33, 97}, {64, 768},
+                                                          {130, 3072}, {0, 5},  {5, 0}};
+
+TEST(FusedGeluCast, MatchesUnfused) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 400;
+  for (const auto& shape : kElementwiseShapes) {
+    for (Variant v : sweep_variants()) {
+      v.seed = ++seed;
+      check_gelu(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+TEST(FusedGeluCast, UnalignedPointers) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 500;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 96}, {64, 768}, {7, 13}}) {
+    for (Variant v : unaligned_variants()) {
+      v.seed = ++seed;
+      check_gelu(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+TEST(FusedGeluCast, NanInput) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 600;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 97}, {64, 768}}) {
+    for (Variant v : nan_variants()) {
+      v.seed = ++seed;
+      check_gelu(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+TEST(FusedGeluCast, OutAliasesInput) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 700;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 97}, {64, 768}}) {
+    for (Variant v : sweep_variants()) {
+      if (!v.write_out) continue;
+      v.seed = ++seed;
+      check_gelu(shape.rows, shape.cols, v, /*in_place=*/true);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// AdamW
+
+struct AdamWState {
+  std::vector<float> params;
+  std::vector<float> m;
+  std::vector<float> v;
+  std::vector<float> grads;
+};
+
+AdamWState adamw_inputs(size_t n, const Variant& variant) {
+  AdamWState s;
+  s.params = octet::testing::random_normal(n, variant.seed, 1.0f);
+  s.m = octet::testing::random_normal(n, variant.seed + 1, 0.01f);
+  s.v = octet::testing::random_uniform(n, variant.seed + 2, 0.0f, 1.0e-3f);
+  s.grads = octet::testing::random_normal(n, variant.seed + 3, 0.1f);
+  for (size_t i = 3; i < n; i += 29) s.params[i] = kHuge;  // stays huge: saturates
+  for (size_t i = 5; i < n; i += 31) {                     // no gradient, no momentum: stays tiny, underflows
+    s.params[i] = kTiny;
+    s.m[i] = 0.0f;
+    s.grads[i] = 0.0f;
+  }
+  if (variant.plant_nan && n > 0) s.grads[n / 2] = std::numeric_limits<float>::quiet_NaN();
+  return s;
+}
+
+// adamw_update's hyperparameters for one step.
+struct Hyper {
+  float learning_rate = 3.0e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1.0e-8f;
+  float weight_decay = 0.1f;
+  int64_t step = 7;
+  float grad_scale = 0.37f;
+};
+
+// The optimizer state of one matrix on the device.
+struct DeviceAdamW {
+  Guarded<float> params;
+  Guarded<float> m;
+  Guarded<float> v;
+  Guarded<float> grads;
+  DeviceAdamW(size_t n, size_t offset) : params(n, offset), m(n, offset), v(n, offset), grads(n, offset) {}
+  void upload(const AdamWState& s) {
+    params.upload(s.params);
+    m.upload(s.m);
+    v.upload(s.v);
+    grads.upload(s.grads);
+  }
+};
+
+void check_adamw(int64_t rows, int64_t cols, const Variant& variant) {
+  SCOPED_TRACE(describe("adamw", rows, cols, variant));
+  const auto n = static_cast<size_t>(rows * cols);
+  const AdamWState initial = adamw_inputs(n, variant);
+  const Hyper h;
+  octet::cuda::Stream stream;
+  DeviceScale scale;
+
+  DeviceAdamW expected_state(n, variant.float_offset);
+  CastSlots expected_cast(n, 0);
+  expected_state.upload(initial);
+  octet::cuda::adamw_update(expected_state.params.data(), expected_state.m.data(), expected_state.v.data(),
+                            expected_state.grads.data(), rows * cols, h.learning_rate, h.beta1, h.beta2,
+                            h.eps, h.weight_decay, h.step, h.grad_scale, stream.get());
+  expected_cast.cast_amax(expected_state.params.data(), rows, cols, variant.format, scale.data(),
+                          variant.transposed, stream.get());
+  stream.synchronize();
+  const CastDownload expected = expected_cast.read(variant.transposed);
+
+  DeviceAdamW state(n, variant.float_offset);
+  CastSlots cast(n, variant.code_offset);
+  CastDownload first;
+  for (int run = 0; run < 2; ++run) {  // from the same initial state each time
+    SCOPED_TRACE(run == 0 ? "first run" : "second run");
+    state.upload(initial);
+    octet::cuda::adamw_update_cast(
+        state.params.data(), state.m.data(), state.v.data(), state.grads.data(), rows, cols, h.learning_rate,
+        h.beta1, h.beta2, h.eps, h.weight_decay, h.step, h.grad_scale,
+        cast.fused(variant.format, scale.data(), variant.transposed), stream.get());
+    stream.synchronize();
+    const CastDownload actual = cast.read(variant.transposed);
+    expect_same_cast(actual, expected);
+    EXPECT_TRUE(identical(state.params.read(), expected_state.params.read(), "params"));
+    EXPECT_TRUE(identical(state.m.read(), expected_state.m.read(), "m"));
+    EXPECT_TRUE(identical(state.v.read(), expected_state.v.read(), "v"));
+    EXPECT_TRUE(identical(state.grads.read(), initial.grads, "grads (an input)"));
+    EXPECT_TRUE(state.params.guards_intact("params"));
+    EXPECT_TRUE(state.m.guards_intact("m"));
+    EXPECT_TRUE(state.v.guards_intact("v"));
+    if (n > 0) expect_edges_seen(actual.results, n, variant);
+    if (run == 0) {
+      first = actual;
+    } else {
+      expect_same_cast(actual, first);
+    }
+  }
+}
+
+TEST(FusedAdamWCast, MatchesUnfused) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 800;
+  for (const auto& shape : kElementwiseShapes) {
+    for (Variant v : sweep_variants()) {
+      if (!v.write_out) continue;  // AdamW always writes params
+      v.seed = ++seed;
+      check_adamw(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+TEST(FusedAdamWCast, UnalignedPointers) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 900;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 96}, {64, 768}, {7, 13}}) {
+    for (Variant v : unaligned_variants()) {
+      v.seed = ++seed;
+      check_adamw(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+TEST(FusedAdamWCast, NanGradient) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1000;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 97}, {64, 768}}) {
+    for (Variant v : nan_variants()) {
+      v.seed = ++seed;
+      check_adamw(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+
+TEST(FusedCast, RejectsInvalidArguments) {
+  SKIP_WITHOUT_GPU();
+  DeviceScale scale;
+  CastSlots slots(16, 0);
+  Guarded<float> x(16);
+  Guarded<float> stats(4);
+  const FusedCast good = slots.fused(Dtype::e4m3, scale.data(), true);
+  FusedCast wrong_format = good;
+  wrong_format.format = Dtype::bf16;
+  FusedCast no_results = good;
+  no_results.results = nullptr;
+  FusedCast no_output = good;
+  no_output.output = nullptr;
+  EXPECT_THROW(octet::cuda::layernorm_forward_cast(x.data(), stats.data(), stats.data(), x.data(), x.data(),
+                                                   x.data(), 4, 0, good, nullptr),
+               octet::Error);
+  EXPECT_THROW(octet::cuda::gelu_forward_cast(x.data(), x.data(), 4, 4, wrong_format, nullptr), octet::Error);
+  EXPECT_THROW(octet::cuda::gelu_forward_cast(x.data(), x.data(), -1, 4, good, nullptr), octet::Error);
+  EXPECT_THROW(octet::cuda::gelu_forward_cast(x.data(), x.data(), 4, 4, no_results, nullptr), octet::Error);
+  EXPECT_THROW(octet::cuda::adamw_update_cast(x.data(), x.data(), x.data(), x.data(), 4, 4, 1e-3f, 0.9f,
+                                              0.95f, 1e-8f, 0.0f, 1, 1.0f, no_output, nullptr),
+               octet::Error);
+  OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(x.guards_intact("x"));
+}
+
+}  // namespace
