@@ -333,13 +333,19 @@ void Gpt2::init_weights(uint64_t seed) {
 }
 
 void Gpt2::refresh_weight_copies() {
+  for (const WeightCopySlot& slot : weight_copy_slots()) {
+    backend_.prepare_weight(*slot.copy, params() + slot.offset, slot.rows, slot.cols, *slot.exec);
+  }
+}
+
+std::vector<Gpt2::WeightCopySlot> Gpt2::weight_copy_slots() {
+  std::vector<WeightCopySlot> slots;
   for (auto& l : linears_) {
     const LinearPlan& plan = *l->plan;
     const bool wide = plan.forward != GemmMode::f32 || plan.input_gradient != GemmMode::f32;
-    if (wide)
-      backend_.prepare_weight(l->copy, params() + l->weight_offset, plan.out_features, plan.in_features,
-                              l->exec);
+    if (wide) slots.push_back({l->weight_offset, plan.out_features, plan.in_features, &l->copy, &l->exec});
   }
+  return slots;
 }
 
 void Gpt2::layernorm_into(Linear& next, float* out, float* mean, float* rstd, const float* inp,

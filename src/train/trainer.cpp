@@ -118,8 +118,9 @@ StepResult Trainer::step(const BatchSource& data) {
   const float clip = settings_.grad_clip > 0.0f && r.grad_norm > settings_.grad_clip
                          ? settings_.grad_clip / r.grad_norm
                          : 1.0f;
-  optimizer_.step(model_.params(), model_.grads(), r.learning_rate, clip / r.loss_scale);
-  model_.refresh_weight_copies();
+  // The weight copies for the next step are remade by the update itself.
+  const std::vector<Gpt2::WeightCopySlot> copies = model_.weight_copy_slots();
+  optimizer_.step(model_.params(), model_.grads(), r.learning_rate, clip / r.loss_scale, copies);
   scaler_.update(false);
   consecutive_skips_ = 0;
   ++step_;

@@ -274,7 +274,9 @@ std::string describe(const char* op, int64_t rows, int64_t cols, const Variant& 
 // With the planted values in place, a big enough cast must have seen both edges.
 void expect_edges_seen(const CastResults& r, size_t n, const Variant& v) {
   // A tiny tensor may be all zeros (GELU of a large negative input is -0), so only bigger ones must show it.
-  if (n >= 64) EXPECT_GT(r.nonzero, 0u) << "all-zero output";
+  if (n >= 64) {
+    EXPECT_GT(r.nonzero, 0u) << "all-zero output";
+  }
   if (n >= 64 && !v.plant_nan) {
     EXPECT_GT(r.saturated, 0u) << "no planted value saturated";
     EXPECT_GT(r.underflowed, 0u) << "no planted value underflowed";

@@ -57,6 +57,17 @@ class Gpt2 {
 
   // Remakes the GEMMs' weight copies (BF16/FP16 rounding, FP8 casts); call after every change of params().
   void refresh_weight_copies();
+  // The weights whose copies the GEMMs read, with what remakes them: an optimizer that updates one of these
+  // parameters can remake its copy in the same pass (Backend::adamw_update_weight) instead of calling
+  // refresh_weight_copies afterwards.
+  struct WeightCopySlot {
+    int64_t offset;  // of the weight in params()
+    int64_t rows;    // [out_features, in_features]
+    int64_t cols;
+    std::unique_ptr<WeightCopy>* copy;
+    LinearExecution* exec;
+  };
+  std::vector<WeightCopySlot> weight_copy_slots();
 
   // Rows of logits the LM head computes at a time in forward and backward (kHeadChunkRows, or all B*T rows
   // when the head runs a GEMM in FP8, so that its casts and scaling see the whole micro-batch at once).

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "octet/backend/backend.h"
@@ -22,8 +23,10 @@ class AdamW {
  public:
   AdamW(Backend& backend, const std::vector<ParameterInfo>& parameters, int64_t parameter_count,
         AdamWSettings settings);
-  // One update of params from grads * grad_scale (grad_scale undoes loss scaling and applies clipping).
-  void step(float* params, const float* grads, float learning_rate, float grad_scale);
+  // One update of params from grads * grad_scale (grad_scale undoes loss scaling and applies clipping). The
+  // weights of `copies` have their copies remade in the same pass (Backend::adamw_update_weight).
+  void step(float* params, const float* grads, float learning_rate, float grad_scale,
+            std::span<const Gpt2::WeightCopySlot> copies = {});
   int64_t steps() const { return steps_; }
   // For resuming from a checkpoint: the number of updates already made (the bias correction depends on it).
   void restore_steps(int64_t steps) { steps_ = steps; }
