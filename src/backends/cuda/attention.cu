@@ -13,14 +13,14 @@
 // tiles; dK, dV per key tile looping over query tiles. Each output element is written by one thread after a
 // fixed-order sum, so repeated runs are bit-identical.
 //
-// The BF16 tensor-core path (AttentionOptions::bf16) keeps this structure with 64-row tiles and wmma
-// products; it is described where its kernels begin.
+// The BF16 tensor-core path (AttentionOptions::bf16) keeps this structure with 64-row tiles and mma.sync
+// products whose scores never leave the registers; it is described where its kernels begin.
 #include "attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include "octet/check.h"
 
@@ -106,6 +106,13 @@ struct AttentionParams {
   int64_t NH;
   HeadLayout layout;
   float scale;
+  // Tensor-core path only: the batch, the packed bf16 heads (q, k, v [B * NH][T][hs] one after the other,
+  // and dO in the backward; see attention_pack_kernel), and whether the float32 outputs are 16-byte
+  // aligned, so that rows (whose pitches 3C and C are multiples of 16 there) can be written as float2.
+  int64_t B;
+  const void* packed;
+  const void* packed_dout;
+  bool vector;
 };
 
 // One block per (b, h, query tile); the heaviest tiles (last queries, most keys) are scheduled first.
@@ -491,363 +498,662 @@ void backward_float32(const AttentionParams& p, int64_t B, cudaStream_t stream) 
   }
 }
 
-// BF16 tensor-core path (nvcuda::wmma, 16 x 16 x 16 tiles with float32 accumulators). A block owns
-// kMmaTile rows and walks over tiles of kMmaTile columns; each of its kMmaWarps warps owns 16 rows. Q, K, V
-// and dO are staged in shared memory rounded to bf16; the scores come back through a per-warp float scratch,
-// where two lanes share a row (lane / 2) and each takes half of the tile's columns for the softmax, and the
-// probabilities (dS in the backward) go back to bf16 for the next product. 16-column blocks that lie wholly
-// above the causal diagonal or past T are skipped. Needs hs % 16 == 0 and compute capability 8.0 or newer.
-// Unlike the float32 path, a masked element inside a computed 16 x 16 block is multiplied by a zero
-// probability, so an infinite V or dO in a future position would turn into NaN: this path assumes finite
-// inputs.
-namespace wmma = nvcuda::wmma;
+// BF16 tensor-core path: FlashAttention-2's register-resident scheme on mma.sync.m16n8k16 (bf16 operands,
+// float32 accumulators). A pack kernel first rounds q, k, v (and dO in the backward) to bf16 and lays each
+// head out contiguously, [B * NH][T][hs], in the workspace; the attention kernels then stream tiles of
+// those with cp.async into shared memory, two stages deep, so that the next tile arrives while the current
+// one is multiplied. A block has kRowWarps warps of 16 rows each and walks over tiles of kColumnTile columns
+// (keys, or queries in the dK/dV kernel). Operands reach the tensor cores through ldmatrix; the scores stay
+// in the accumulator registers, where the softmax runs (a row's values are spread over the four lanes of a
+// quad, so row statistics are two shuffles), and are fed back as the A operand of the next product without
+// leaving the registers: the accumulator layout of two adjacent 16 x 8 blocks is the A layout of one
+// 16 x 16 block. The softmax works in base 2 (scores pre-multiplied by log2 e); the log-sum-exp is converted
+// back to natural log on the way out.
+//
+// Forward: per query tile, S = Q K^T, online softmax, O += P V. Backward, deterministic and without atomics
+// as the float32 path: dQ per query tile (S, dP = dO V^T, dS = P (dP - D), dQ += dS K), then dK, dV per key
+// tile (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q). Causality: tiles wholly past a block's
+// last row are never loaded, each warp skips the 8-column blocks wholly above its 16 rows, and inside a
+// computed block a masked element gets a zero probability. Unlike the float32 path, that zero multiplies the
+// element's V (or dO) row, so an infinite value in a future position would turn into NaN: this path assumes
+// finite inputs. Needs hs % 16 == 0 and compute capability 8.0 or newer.
 using Bf16 = __nv_bfloat16;
 
-constexpr int kMmaTile = 64;
-constexpr int kMmaWarps = kMmaTile / 16;
-constexpr int kMmaThreads = kMmaWarps * kWarpSize;
-constexpr int kScoreLd = kMmaTile + 4;             // float scratch rows (wmma wants a multiple of 4 floats)
-constexpr int kProbLd = kMmaTile + 8;              // bf16 probability rows (a multiple of 8 bf16)
-constexpr int kScratchFloats = 16 * 2 * kScoreLd;  // per warp: scores and dP, or one staged output row block
-constexpr int kProbElements = 16 * kProbLd;        // per warp
+constexpr int kRowWarps = 8;
+constexpr int kRowTile = 16 * kRowWarps;  // rows per block
+constexpr int kMmaThreads = kRowWarps * kWarpSize;
+constexpr int kColumnTile = 64;                 // columns per streamed tile
+constexpr int kColumnBlocks = kColumnTile / 8;  // 8-column accumulator blocks across a tile
+constexpr int kStages = 2;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
-static_assert(16 * (kAttentionMaxHeadSize + 4) <= kScratchFloats, "the scratch also stages a 16 x hs output");
-
-using FragmentA = wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major>;
-using FragmentBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::row_major>;
-using FragmentBColumn = wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major>;
-using FragmentAccumulator = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// Every wmma pointer below is 32-byte aligned: tiles and scratch are multiples of 32 bytes long and the
-// fragments start at multiples of 16 rows and 16 columns.
+// bf16 elements between staged rows: 16 bytes of padding put the eight rows an ldmatrix reads in distinct
+// bank groups.
 template <int kHeadSize>
-constexpr int kMmaHeadLd = kHeadSize + 8;  // bf16 rows of the Q, K, V, dO tiles
+constexpr int kStagedLd = kHeadSize + 8;
 
-// Rows [row0, row0 + kMmaTile) of one head, rounded to bf16, zero past T.
-template <int kHeadSize>
-__device__ void load_tile_bf16(Bf16* tile, const float* head, int64_t pitch, int64_t row0, int64_t T) {
-  for (int index = threadIdx.x; index < kMmaTile * kHeadSize; index += kMmaThreads) {
-    const int row = index / kHeadSize;
-    const int d = index - row * kHeadSize;
-    const int64_t t = row0 + row;
-    tile[row * kMmaHeadLd<kHeadSize> + d] = __float2bfloat16(t < T ? head[t * pitch + d] : 0.0f);
-  }
+__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
-// scratch[16][kScoreLd] (columns of `blocks`) = rows[16][hs] . columns[block rows][hs]^T.
-template <int kHeadSize>
-__device__ __forceinline__ void mma_scores(float* scratch, const Bf16* rows, const Bf16* columns,
-                                           int first_block, int end_block) {
-  constexpr int kLd = kMmaHeadLd<kHeadSize>;
-  for (int n = first_block; n < end_block; ++n) {
-    FragmentAccumulator acc;
-    wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-    for (int kk = 0; kk < kHeadSize / 16; ++kk) {
-      FragmentA a;
-      FragmentBColumn b;
-      wmma::load_matrix_sync(a, rows + kk * 16, kLd);
-      wmma::load_matrix_sync(b, columns + n * 16 * kLd + kk * 16, kLd);
-      wmma::mma_sync(acc, a, b, acc);
-    }
-    wmma::store_matrix_sync(scratch + n * 16, acc, kScoreLd, wmma::mem_row_major);
-  }
+// 16 bytes global -> shared without passing through registers; `valid` false writes zeros (src-size 0).
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// acc[nn] += weights[16][blocks] . values[block rows][hs], over the 16-column blocks [first, end).
-template <int kHeadSize>
-__device__ __forceinline__ void mma_accumulate(FragmentAccumulator (&acc)[kHeadSize / 16],
-                                               const Bf16* weights, const Bf16* values, int first_block,
-                                               int end_block) {
-  constexpr int kLd = kMmaHeadLd<kHeadSize>;
-  for (int n = first_block; n < end_block; ++n) {
-    FragmentA a;
-    wmma::load_matrix_sync(a, weights + n * 16, kProbLd);
-#pragma unroll
-    for (int nn = 0; nn < kHeadSize / 16; ++nn) {
-      FragmentBRow b;
-      wmma::load_matrix_sync(b, values + n * 16 * kLd + nn * 16, kLd);
-      wmma::mma_sync(acc[nn], a, b, acc[nn]);
-    }
-  }
+// Four 8 x 8 bf16 matrices; lane i gives the address of row i % 8 of matrix i / 8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const Bf16* address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(address)));
+}
+__device__ __forceinline__ void ldmatrix_x4_transposed(uint32_t (&r)[4], const Bf16* address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(address)));
 }
 
-// Writes the warp's 16 x hs accumulators to dst rows row0 + [0, 16) (pitch floats apart) below T, through
-// the scratch.
-template <int kHeadSize>
-__device__ __forceinline__ void store_rows(float* dst, int64_t pitch, int64_t row0, int64_t T,
-                                           const FragmentAccumulator (&acc)[kHeadSize / 16], float* scratch) {
-  constexpr int kOutLd = kHeadSize + 4;
-  __syncwarp();
-#pragma unroll
-  for (int nn = 0; nn < kHeadSize / 16; ++nn)
-    wmma::store_matrix_sync(scratch + nn * 16, acc[nn], kOutLd, wmma::mem_row_major);
-  __syncwarp();
+// d += a (16 x 16, row) . b (16 x 8, column), float32 accumulation.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to bf16 (round to nearest even), the first in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float low, float high) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// A operand: rows [row0, row0 + 16) x columns [col0, col0 + 16) of a staged tile.
+template <int kLd>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const Bf16* tile, int row0, int col0) {
   const int lane = threadIdx.x % kWarpSize;
-  for (int index = lane; index < 16 * kHeadSize; index += kWarpSize) {
-    const int row = index / kHeadSize;
-    const int d = index - row * kHeadSize;
-    if (row0 + row < T) dst[(row0 + row) * pitch + d] = scratch[row * kOutLd + d];
+  ldmatrix_x4(a, tile + (row0 + lane % 16) * kLd + col0 + (lane / 16) * 8);
+}
+
+// B operands of two 8-column blocks n0 + [0, 8) (b[0], b[1]) and n0 + [8, 16) (b[2], b[3]) over
+// k0 + [0, 16), from a tile stored [n][k]: K^T in S = Q K^T, say.
+template <int kLd>
+__device__ __forceinline__ void load_b_transposed(uint32_t (&b)[4], const Bf16* tile, int n0, int k0) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int matrix = lane / 8;
+  ldmatrix_x4(b, tile + (n0 + (matrix / 2) * 8 + lane % 8) * kLd + k0 + (matrix % 2) * 8);
+}
+
+// The same from a tile stored [k][n]: V in O = P V, say; ldmatrix transposes on the way.
+template <int kLd>
+__device__ __forceinline__ void load_b(uint32_t (&b)[4], const Bf16* tile, int k0, int n0) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int matrix = lane / 8;
+  ldmatrix_x4_transposed(b, tile + (k0 + (matrix % 2) * 8 + lane % 8) * kLd + n0 + (matrix / 2) * 8);
+}
+
+// The A operand of column step kk, i.e. accumulator blocks 2 kk and 2 kk + 1, rounded to bf16.
+__device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float (&s)[kColumnBlocks][4], int kk) {
+  a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// Starts copying rows [row0, row0 + kRows) of a packed head ([T][hs] bf16) into a staged tile; rows past T
+// become zeros.
+template <int kHeadSize, int kRows>
+__device__ __forceinline__ void stage_rows(Bf16* tile, const Bf16* head, int64_t row0, int64_t T) {
+  constexpr int kChunks = kHeadSize / 8;  // 16-byte pieces of a row
+  for (int index = threadIdx.x; index < kRows * kChunks; index += kMmaThreads) {
+    const int row = index / kChunks;
+    const int chunk = index - row * kChunks;
+    const int64_t t = row0 + row;
+    const bool valid = t < T;
+    copy_async_16(tile + row * kStagedLd<kHeadSize> + chunk * 8, head + (valid ? t : 0) * kHeadSize + chunk * 8,
+                  valid);
   }
 }
 
-// Number of 16-column blocks of a tile starting at `first_column` that hold columns below T.
-__device__ __forceinline__ int blocks_below(int64_t T, int64_t first_column) {
-  const int64_t blocks = (T - first_column + 15) / 16;
-  return static_cast<int>(blocks < kMmaTile / 16 ? blocks : kMmaTile / 16);
+// Writes accumulators acc[hs / 8][4] (rows g and g + 8 of the warp's 16, g = lane / 4) times `factor` to
+// rows row[0], row[1] below T: element (t, d) at dst[t * pitch + d].
+template <int kHeadSize>
+__device__ __forceinline__ void store_accumulators(float* dst, int64_t pitch, const int64_t (&row)[2],
+                                                   int64_t T, const float (&acc)[kHeadSize / 8][4],
+                                                   const float (&factor)[2], bool vector) {
+  const int c = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= T) continue;
+    float* line = dst + row[r] * pitch + 2 * c;
+#pragma unroll
+    for (int dj = 0; dj < kHeadSize / 8; ++dj) {
+      const float x = acc[dj][2 * r] * factor[r], y = acc[dj][2 * r + 1] * factor[r];
+      if (vector) {
+        *reinterpret_cast<float2*>(line + dj * 8) = make_float2(x, y);
+      } else {
+        line[dj * 8] = x;
+        line[dj * 8 + 1] = y;
+      }
+    }
+  }
 }
 
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kFullMask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kFullMask, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(kFullMask, x, 1);
+  return x + __shfl_xor_sync(kFullMask, x, 2);
+}
+
+// How many of a column tile's 8-column blocks hold a column <= the last of a warp's 16 rows (rows from
+// first_row, columns from first_column, both multiples of 16): 0 to kColumnBlocks, even.
+__device__ __forceinline__ int blocks_up_to(int64_t first_row, int64_t first_column) {
+  const int64_t blocks = (first_row + 16 - first_column) / 8;
+  return static_cast<int>(blocks < 0 ? 0 : (blocks > kColumnBlocks ? kColumnBlocks : blocks));
+}
+
+// Packed heads of the workspace: q, k, v, dO each [B * NH][T][hs].
+struct PackedHeads {
+  const Bf16* q;
+  const Bf16* k;
+  const Bf16* v;
+  const Bf16* dout;
+};
+
+__device__ __forceinline__ PackedHeads packed_heads(const AttentionParams& p, int64_t b, int64_t h, int hs) {
+  const int64_t head = (b * p.NH + h) * p.T * hs;
+  const int64_t tensor = p.B * p.NH * p.T * hs;
+  const Bf16* packed = static_cast<const Bf16*>(p.packed);
+  return {packed + head, packed + tensor + head, packed + 2 * tensor + head,
+          static_cast<const Bf16*>(p.packed_dout) + head};
+}
+
+// One block per (b, h, query tile); the heaviest tiles (last queries, most keys) are scheduled first.
 template <int kHeadSize>
 __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr int kLd = kMmaHeadLd<kHeadSize>;
-  constexpr int kHalf = kHeadSize / 2;
-  constexpr int kOutLd = kHeadSize + 4;
+  constexpr int kLd = kStagedLd<kHeadSize>;
+  constexpr int kSteps = kHeadSize / 16;
+  constexpr int kHeadBlocks = kHeadSize / 8;
+  constexpr int kTileElements = kColumnTile * kLd;
   extern __shared__ float4 shared_words[];
   Bf16* q_tile = reinterpret_cast<Bf16*>(shared_words);
-  Bf16* k_tile = q_tile + kMmaTile * kLd;
-  Bf16* v_tile = k_tile + kMmaTile * kLd;
-  Bf16* prob_tile = v_tile + kMmaTile * kLd;
-  float* scratch = reinterpret_cast<float*>(prob_tile + kMmaWarps * kProbElements);
+  Bf16* kv_tiles = q_tile + kRowTile * kLd;  // [stage][k, v][kColumnTile][kLd]
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int row = lane / 2;
-  const int half = lane % 2;
+  const int g = lane / 4, c = lane % 4;
   const int64_t query_tile = gridDim.x - 1 - blockIdx.x;
   const int64_t h = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const int64_t q0 = query_tile * kMmaTile;
-  const int64_t pitch = 3 * p.C;
-  const float* q_head = p.qkv + b * p.T * pitch + h * kHeadSize;
-  const int64_t t = q0 + warp * 16 + row;
-  float* warp_scratch = scratch + warp * kScratchFloats;
-  Bf16* warp_prob = prob_tile + warp * kProbElements;
+  const int64_t q0 = query_tile * kRowTile;
+  const int64_t warp_row = q0 + warp * 16;
+  const int64_t row[2] = {warp_row + g, warp_row + g + 8};
+  const float score_scale = p.scale * kLog2e;
+  const PackedHeads heads = packed_heads(p, b, h, kHeadSize);
+  // Key tiles holding a key <= the block's last row below T.
+  const int64_t last_row = min(q0 + kRowTile, p.T) - 1;
+  const int64_t key_tiles = last_row / kColumnTile + 1;
 
-  load_tile_bf16<kHeadSize>(q_tile, q_head, pitch, q0, p.T);
-  float row_max = -INFINITY, row_sum = 0.0f, acc[kHalf];
+  stage_rows<kHeadSize, kRowTile>(q_tile, heads.q, q0, p.T);
+  stage_rows<kHeadSize, kColumnTile>(kv_tiles, heads.k, 0, p.T);
+  stage_rows<kHeadSize, kColumnTile>(kv_tiles + kTileElements, heads.v, 0, p.T);
+  copy_async_commit();
+
+  uint32_t qa[kSteps][4];
+  float o[kHeadBlocks][4];
 #pragma unroll
-  for (int c = 0; c < kHalf; ++c) acc[c] = 0.0f;
+  for (int dj = 0; dj < kHeadBlocks; ++dj) o[dj][0] = o[dj][1] = o[dj][2] = o[dj][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this lane's share; the quad's are added at the end
 
-  for (int64_t key_tile = 0; key_tile <= query_tile; ++key_tile) {
-    const int64_t k0 = key_tile * kMmaTile;
-    __syncthreads();
-    load_tile_bf16<kHeadSize>(k_tile, q_head + p.C, pitch, k0, p.T);
-    load_tile_bf16<kHeadSize>(v_tile, q_head + 2 * p.C, pitch, k0, p.T);
-    __syncthreads();
-    // On the diagonal (k0 == q0) the warp's last row sees keys up to warp * 16 + 15.
-    const int end_block = min(key_tile == query_tile ? warp + 1 : kMmaTile / 16, blocks_below(p.T, k0));
-    mma_scores<kHeadSize>(warp_scratch, q_tile + warp * 16 * kLd, k_tile, 0, end_block);
-    __syncwarp();
-
-    float score[kMmaTile / 2];
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < kMmaTile / 2; ++c) {
-      const int column = half * (kMmaTile / 2) + c;
-      const bool visible = column < end_block * 16 && k0 + column <= t;
-      score[c] = visible ? warp_scratch[row * kScoreLd + column] * p.scale : -INFINITY;
-      tile_max = fmaxf(tile_max, score[c]);
+  for (int64_t key_tile = 0; key_tile < key_tiles; ++key_tile) {
+    if (key_tile + 1 < key_tiles) {
+      Bf16* next = kv_tiles + ((key_tile + 1) % kStages) * 2 * kTileElements;
+      stage_rows<kHeadSize, kColumnTile>(next, heads.k, (key_tile + 1) * kColumnTile, p.T);
+      stage_rows<kHeadSize, kColumnTile>(next + kTileElements, heads.v, (key_tile + 1) * kColumnTile, p.T);
     }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
-    const float new_max = fmaxf(row_max, tile_max);  // finite: key 0 is visible to every row
-    const float rescale = expf(row_max - new_max);
-    float tile_sum = 0.0f;
+    copy_async_commit();
+    copy_async_wait<1>();
+    __syncthreads();
+    if (key_tile == 0) {
 #pragma unroll
-    for (int c = 0; c < kMmaTile / 2; ++c) {
-      const float prob = expf(score[c] - new_max);
-      tile_sum += prob;
-      warp_prob[row * kProbLd + half * (kMmaTile / 2) + c] = __float2bfloat16(prob);
+      for (int kk = 0; kk < kSteps; ++kk) load_a<kLd>(qa[kk], q_tile, warp * 16, kk * 16);
     }
-    tile_sum += __shfl_xor_sync(kFullMask, tile_sum, 1);
-    row_sum = row_sum * rescale + tile_sum;
-    row_max = new_max;
-    __syncwarp();
-
-    FragmentAccumulator pv[kHeadSize / 16];
+    const Bf16* k_tile = kv_tiles + (key_tile % kStages) * 2 * kTileElements;
+    const Bf16* v_tile = k_tile + kTileElements;
+    const int64_t k0 = key_tile * kColumnTile;
+    const int blocks = blocks_up_to(warp_row, k0);
+    if (blocks > 0) {
+      float s[kColumnBlocks][4];
 #pragma unroll
-    for (int nn = 0; nn < kHeadSize / 16; ++nn) wmma::fill_fragment(pv[nn], 0.0f);
-    mma_accumulate<kHeadSize>(pv, warp_prob, v_tile, 0, end_block);
+      for (int j = 0; j < kColumnBlocks; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-    for (int nn = 0; nn < kHeadSize / 16; ++nn)
-      wmma::store_matrix_sync(warp_scratch + nn * 16, pv[nn], kOutLd, wmma::mem_row_major);
-    __syncwarp();
+      for (int j = 0; j < kColumnBlocks; j += 2) {
+        if (j >= blocks) break;
 #pragma unroll
-    for (int c = 0; c < kHalf; ++c) acc[c] = acc[c] * rescale + warp_scratch[row * kOutLd + half * kHalf + c];
+        for (int kk = 0; kk < kSteps; ++kk) {
+          uint32_t kb[4];
+          load_b_transposed<kLd>(kb, k_tile, j * 8, kk * 16);
+          mma_bf16(s[j], qa[kk], kb[0], kb[1]);
+          mma_bf16(s[j + 1], qa[kk], kb[2], kb[3]);
+        }
+      }
+      // Only a tile reaching past the warp's first row needs the causal mask.
+      const bool masked = k0 + kColumnTile - 1 > warp_row;
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < kColumnBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2;
+          const bool visible = j < blocks && (!masked || k0 + j * 8 + 2 * c + e % 2 <= row[r]);
+          s[j][e] = visible ? s[j][e] * score_scale : -INFINITY;
+          tile_max[r] = fmaxf(tile_max[r], s[j][e]);
+        }
+      }
+      float rescale[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        // Finite from the first tile on: key 0 is visible to every row.
+        const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
+        rescale[r] = exp2f(row_max[r] - new_max);
+        row_max[r] = new_max;
+        row_sum[r] *= rescale[r];
+      }
+#pragma unroll
+      for (int j = 0; j < kColumnBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] = exp2f(s[j][e] - row_max[e / 2]);
+          row_sum[e / 2] += s[j][e];
+        }
+      }
+#pragma unroll
+      for (int dj = 0; dj < kHeadBlocks; ++dj) {
+        o[dj][0] *= rescale[0];
+        o[dj][1] *= rescale[0];
+        o[dj][2] *= rescale[1];
+        o[dj][3] *= rescale[1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < kColumnBlocks / 2; ++kk) {
+        if (2 * kk >= blocks) break;
+        uint32_t pa[4];
+        accumulators_as_a(pa, s, kk);
+#pragma unroll
+        for (int dj = 0; dj < kHeadBlocks; dj += 2) {
+          uint32_t vb[4];
+          load_b<kLd>(vb, v_tile, kk * 16, dj * 8);
+          mma_bf16(o[dj], pa, vb[0], vb[1]);
+          mma_bf16(o[dj + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+    __syncthreads();  // this stage is refilled two tiles on
   }
 
-  if (t < p.T) {
-    float* o = p.out + (b * p.T + t) * p.C + h * kHeadSize + half * kHalf;
+  float inverse[2];
 #pragma unroll
-    for (int c = 0; c < kHalf; ++c) o[c] = acc[c] / row_sum;
-    if (half == 0) p.lse_out[(b * p.NH + h) * p.T + t] = row_max + logf(row_sum);
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] = quad_sum(row_sum[r]);
+    inverse[r] = 1.0f / row_sum[r];
+    if (c == 0 && row[r] < p.T) {
+      p.lse_out[(b * p.NH + h) * p.T + row[r]] = (row_max[r] + log2f(row_sum[r])) * kLn2;
+    }
   }
+  store_accumulators<kHeadSize>(p.out + b * p.T * p.C + h * kHeadSize, p.C, row, p.T, o, inverse, p.vector);
 #else
   (void)p;
   __trap();  // the launcher never picks this path below compute capability 8.0
 #endif
 }
 
+// dQ for one (b, h, query tile), heaviest tiles first.
 template <int kHeadSize>
 __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kernel(AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr int kLd = kMmaHeadLd<kHeadSize>;
+  constexpr int kLd = kStagedLd<kHeadSize>;
+  constexpr int kSteps = kHeadSize / 16;
+  constexpr int kHeadBlocks = kHeadSize / 8;
+  constexpr int kTileElements = kColumnTile * kLd;
   extern __shared__ float4 shared_words[];
   Bf16* q_tile = reinterpret_cast<Bf16*>(shared_words);
-  Bf16* do_tile = q_tile + kMmaTile * kLd;
-  Bf16* k_tile = do_tile + kMmaTile * kLd;
-  Bf16* v_tile = k_tile + kMmaTile * kLd;
-  Bf16* ds_tile = v_tile + kMmaTile * kLd;
-  float* scratch = reinterpret_cast<float*>(ds_tile + kMmaWarps * kProbElements);
+  Bf16* do_tile = q_tile + kRowTile * kLd;
+  Bf16* kv_tiles = do_tile + kRowTile * kLd;  // [stage][k, v][kColumnTile][kLd]
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int row = lane / 2;
-  const int half = lane % 2;
+  const int g = lane / 4, c = lane % 4;
   const int64_t query_tile = gridDim.x - 1 - blockIdx.x;
   const int64_t h = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const int64_t q0 = query_tile * kMmaTile;
-  const int64_t pitch = 3 * p.C;
-  const float* q_head = p.qkv + b * p.T * pitch + h * kHeadSize;
-  const int64_t t = q0 + warp * 16 + row;
-  float* warp_scores = scratch + warp * kScratchFloats;
-  float* warp_dprob = warp_scores + 16 * kScoreLd;
-  Bf16* warp_ds = ds_tile + warp * kProbElements;
+  const int64_t q0 = query_tile * kRowTile;
+  const int64_t warp_row = q0 + warp * 16;
+  const int64_t row[2] = {warp_row + g, warp_row + g + 8};
+  const float score_scale = p.scale * kLog2e;
+  const PackedHeads heads = packed_heads(p, b, h, kHeadSize);
+  const int64_t last_row = min(q0 + kRowTile, p.T) - 1;
+  const int64_t key_tiles = last_row / kColumnTile + 1;
 
-  load_tile_bf16<kHeadSize>(q_tile, q_head, pitch, q0, p.T);
-  load_tile_bf16<kHeadSize>(do_tile, p.dout + b * p.T * p.C + h * kHeadSize, p.C, q0, p.T);
-  const int64_t stat = (b * p.NH + h) * p.T + t;
-  const float row_lse = t < p.T ? p.lse[stat] : 0.0f;
-  const float row_dot = t < p.T ? p.row_dot[stat] : 0.0f;
-  FragmentAccumulator dq[kHeadSize / 16];
-#pragma unroll
-  for (int nn = 0; nn < kHeadSize / 16; ++nn) wmma::fill_fragment(dq[nn], 0.0f);
+  stage_rows<kHeadSize, kRowTile>(q_tile, heads.q, q0, p.T);
+  stage_rows<kHeadSize, kRowTile>(do_tile, heads.dout, q0, p.T);
+  stage_rows<kHeadSize, kColumnTile>(kv_tiles, heads.k, 0, p.T);
+  stage_rows<kHeadSize, kColumnTile>(kv_tiles + kTileElements, heads.v, 0, p.T);
+  copy_async_commit();
 
-  for (int64_t key_tile = 0; key_tile <= query_tile; ++key_tile) {
-    const int64_t k0 = key_tile * kMmaTile;
-    __syncthreads();
-    load_tile_bf16<kHeadSize>(k_tile, q_head + p.C, pitch, k0, p.T);
-    load_tile_bf16<kHeadSize>(v_tile, q_head + 2 * p.C, pitch, k0, p.T);
-    __syncthreads();
-    const int end_block = min(key_tile == query_tile ? warp + 1 : kMmaTile / 16, blocks_below(p.T, k0));
-    mma_scores<kHeadSize>(warp_scores, q_tile + warp * 16 * kLd, k_tile, 0, end_block);
-    mma_scores<kHeadSize>(warp_dprob, do_tile + warp * 16 * kLd, v_tile, 0, end_block);
-    __syncwarp();
+  // Rows past T have zero q and dO: their dS is zero whatever these are.
+  float lse[2], dot[2];
 #pragma unroll
-    for (int c = 0; c < kMmaTile / 2; ++c) {
-      const int column = half * (kMmaTile / 2) + c;
-      const bool visible = column < end_block * 16 && k0 + column <= t;
-      const float s = warp_scores[row * kScoreLd + column];
-      const float dprob = warp_dprob[row * kScoreLd + column];
-      const float prob = visible ? expf(s * p.scale - row_lse) : 0.0f;
-      warp_ds[row * kProbLd + column] = __float2bfloat16(visible ? prob * (dprob - row_dot) * p.scale : 0.0f);
-    }
-    __syncwarp();
-    mma_accumulate<kHeadSize>(dq, warp_ds, k_tile, 0, end_block);
+  for (int r = 0; r < 2; ++r) {
+    const int64_t index = (b * p.NH + h) * p.T + row[r];
+    lse[r] = row[r] < p.T ? p.lse[index] * kLog2e : 0.0f;
+    dot[r] = row[r] < p.T ? p.row_dot[index] : 0.0f;
   }
-  store_rows<kHeadSize>(p.out + b * p.T * pitch + h * kHeadSize, pitch, q0 + warp * 16, p.T, dq, warp_scores);
+  uint32_t qa[kSteps][4], da[kSteps][4];
+  float dq[kHeadBlocks][4];
+#pragma unroll
+  for (int dj = 0; dj < kHeadBlocks; ++dj) dq[dj][0] = dq[dj][1] = dq[dj][2] = dq[dj][3] = 0.0f;
+
+  for (int64_t key_tile = 0; key_tile < key_tiles; ++key_tile) {
+    if (key_tile + 1 < key_tiles) {
+      Bf16* next = kv_tiles + ((key_tile + 1) % kStages) * 2 * kTileElements;
+      stage_rows<kHeadSize, kColumnTile>(next, heads.k, (key_tile + 1) * kColumnTile, p.T);
+      stage_rows<kHeadSize, kColumnTile>(next + kTileElements, heads.v, (key_tile + 1) * kColumnTile, p.T);
+    }
+    copy_async_commit();
+    copy_async_wait<1>();
+    __syncthreads();
+    if (key_tile == 0) {
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+        load_a<kLd>(qa[kk], q_tile, warp * 16, kk * 16);
+        load_a<kLd>(da[kk], do_tile, warp * 16, kk * 16);
+      }
+    }
+    const Bf16* k_tile = kv_tiles + (key_tile % kStages) * 2 * kTileElements;
+    const Bf16* v_tile = k_tile + kTileElements;
+    const int64_t k0 = key_tile * kColumnTile;
+    const int blocks = blocks_up_to(warp_row, k0);
+    if (blocks > 0) {
+      float s[kColumnBlocks][4], dp[kColumnBlocks][4];
+#pragma unroll
+      for (int j = 0; j < kColumnBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kColumnBlocks; j += 2) {
+        if (j >= blocks) break;
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+          uint32_t kb[4], vb[4];
+          load_b_transposed<kLd>(kb, k_tile, j * 8, kk * 16);
+          load_b_transposed<kLd>(vb, v_tile, j * 8, kk * 16);
+          mma_bf16(s[j], qa[kk], kb[0], kb[1]);
+          mma_bf16(s[j + 1], qa[kk], kb[2], kb[3]);
+          mma_bf16(dp[j], da[kk], vb[0], vb[1]);
+          mma_bf16(dp[j + 1], da[kk], vb[2], vb[3]);
+        }
+      }
+      // dS = P (dP - D), kept in s.
+      const bool masked = k0 + kColumnTile - 1 > warp_row;
+#pragma unroll
+      for (int j = 0; j < kColumnBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2;
+          const bool visible = j < blocks && (!masked || k0 + j * 8 + 2 * c + e % 2 <= row[r]);
+          const float prob = visible ? exp2f(fmaf(s[j][e], score_scale, -lse[r])) : 0.0f;
+          s[j][e] = prob * (dp[j][e] - dot[r]);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kColumnBlocks / 2; ++kk) {
+        if (2 * kk >= blocks) break;
+        uint32_t dsa[4];
+        accumulators_as_a(dsa, s, kk);
+#pragma unroll
+        for (int dj = 0; dj < kHeadBlocks; dj += 2) {
+          uint32_t kb[4];
+          load_b<kLd>(kb, k_tile, kk * 16, dj * 8);
+          mma_bf16(dq[dj], dsa, kb[0], kb[1]);
+          mma_bf16(dq[dj + 1], dsa, kb[2], kb[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const int64_t pitch = 3 * p.C;
+  const float factor[2] = {p.scale, p.scale};
+  store_accumulators<kHeadSize>(p.out + b * p.T * pitch + h * kHeadSize, pitch, row, p.T, dq, factor, p.vector);
 #else
   (void)p;
   __trap();
 #endif
 }
 
+// dK and dV for one (b, h, key tile); key tile 0 sees every query, so the heaviest come first.
 template <int kHeadSize>
 __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel(AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr int kLd = kMmaHeadLd<kHeadSize>;
+  constexpr int kLd = kStagedLd<kHeadSize>;
+  constexpr int kSteps = kHeadSize / 16;
+  constexpr int kHeadBlocks = kHeadSize / 8;
+  constexpr int kTileElements = kColumnTile * kLd;
+  // Up to hs 64 the warp's K and V operands stay in registers; beyond, they are re-read from shared memory
+  // for each product, so that the accumulators keep their registers.
+  constexpr bool kKeysInRegisters = kHeadSize <= 64;
+  constexpr int kKeptSteps = kKeysInRegisters ? kSteps : 1;
   extern __shared__ float4 shared_words[];
   Bf16* k_tile = reinterpret_cast<Bf16*>(shared_words);
-  Bf16* v_tile = k_tile + kMmaTile * kLd;
-  Bf16* q_tile = v_tile + kMmaTile * kLd;
-  Bf16* do_tile = q_tile + kMmaTile * kLd;
-  Bf16* p_tile = do_tile + kMmaTile * kLd;
-  Bf16* ds_tile = p_tile + kMmaWarps * kProbElements;
-  float* scratch = reinterpret_cast<float*>(ds_tile + kMmaWarps * kProbElements);
-  float* lse_tile = scratch + kMmaWarps * kScratchFloats;  // [kMmaTile]
-  float* dot_tile = lse_tile + kMmaTile;                   // [kMmaTile]
+  Bf16* v_tile = k_tile + kRowTile * kLd;
+  Bf16* qd_tiles = v_tile + kRowTile * kLd;  // [stage][q, dO][kColumnTile][kLd]
+  float* row_stats = reinterpret_cast<float*>(qd_tiles + kStages * 2 * kTileElements);  // [stage][lse, D][64]
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int row = lane / 2;
-  const int half = lane % 2;
-  const int64_t key_tile = blockIdx.x;
+  const int g = lane / 4, c = lane % 4;
   const int64_t h = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const int64_t k0 = key_tile * kMmaTile;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kRowTile;
+  const int64_t warp_key = k0 + warp * 16;
+  const int64_t key[2] = {warp_key + g, warp_key + g + 8};
+  const float score_scale = p.scale * kLog2e;
+  const PackedHeads heads = packed_heads(p, b, h, kHeadSize);
+  const int64_t first_tile = k0 / kColumnTile;
+  const int64_t query_tiles = (p.T + kColumnTile - 1) / kColumnTile;
+
+  // Stages query tile `tile` (q, dO, and per query the lse in base 2 and D) into stage `stage`. A query
+  // past T gets lse +inf, hence probability exp2(-inf) = 0 in every row.
+  const auto stage_queries = [&](int64_t tile, int stage) {
+    Bf16* q_stage = qd_tiles + stage * 2 * kTileElements;
+    stage_rows<kHeadSize, kColumnTile>(q_stage, heads.q, tile * kColumnTile, p.T);
+    stage_rows<kHeadSize, kColumnTile>(q_stage + kTileElements, heads.dout, tile * kColumnTile, p.T);
+    if (threadIdx.x < kColumnTile) {
+      const int64_t t = tile * kColumnTile + threadIdx.x;
+      const int64_t index = (b * p.NH + h) * p.T + t;
+      row_stats[stage * 2 * kColumnTile + threadIdx.x] = t < p.T ? p.lse[index] * kLog2e : INFINITY;
+      row_stats[stage * 2 * kColumnTile + kColumnTile + threadIdx.x] = t < p.T ? p.row_dot[index] : 0.0f;
+    }
+  };
+  stage_rows<kHeadSize, kRowTile>(k_tile, heads.k, k0, p.T);
+  stage_rows<kHeadSize, kRowTile>(v_tile, heads.v, k0, p.T);
+  stage_queries(first_tile, 0);
+  copy_async_commit();
+
+  uint32_t ka[kKeptSteps][4], va[kKeptSteps][4];
+  float dk[kHeadBlocks][4], dv[kHeadBlocks][4];
+#pragma unroll
+  for (int dj = 0; dj < kHeadBlocks; ++dj) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dj][e] = dv[dj][e] = 0.0f;
+  }
+
+  for (int64_t tile = first_tile; tile < query_tiles; ++tile) {
+    const int stage = static_cast<int>((tile - first_tile) % kStages);
+    if (tile + 1 < query_tiles) stage_queries(tile + 1, (stage + 1) % kStages);
+    copy_async_commit();
+    copy_async_wait<1>();
+    __syncthreads();
+    if constexpr (kKeysInRegisters) {
+      if (tile == first_tile) {
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+          load_a<kLd>(ka[kk], k_tile, warp * 16, kk * 16);
+          load_a<kLd>(va[kk], v_tile, warp * 16, kk * 16);
+        }
+      }
+    }
+    const Bf16* q_tile = qd_tiles + stage * 2 * kTileElements;
+    const Bf16* do_tile = q_tile + kTileElements;
+    const float* lse_tile = row_stats + stage * 2 * kColumnTile;
+    const float* dot_tile = lse_tile + kColumnTile;
+    const int64_t q0 = tile * kColumnTile;
+    // Query blocks before the warp's first key see none of its keys: they start at block `first`.
+    const int64_t skipped = (warp_key - q0) / 8;
+    const int first = static_cast<int>(skipped < 0 ? 0 : (skipped > kColumnBlocks ? kColumnBlocks : skipped));
+    if (first < kColumnBlocks) {
+      float s[kColumnBlocks][4], dp[kColumnBlocks][4];  // S^T and dP^T: rows are keys, columns queries
+#pragma unroll
+      for (int j = 0; j < kColumnBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kColumnBlocks; j += 2) {
+        if (j < first) continue;
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+          uint32_t qb[4], db[4];
+          load_b_transposed<kLd>(qb, q_tile, j * 8, kk * 16);
+          load_b_transposed<kLd>(db, do_tile, j * 8, kk * 16);
+          if constexpr (kKeysInRegisters) {
+            mma_bf16(s[j], ka[kk], qb[0], qb[1]);
+            mma_bf16(s[j + 1], ka[kk], qb[2], qb[3]);
+            mma_bf16(dp[j], va[kk], db[0], db[1]);
+            mma_bf16(dp[j + 1], va[kk], db[2], db[3]);
+          } else {
+            load_a<kLd>(ka[0], k_tile, warp * 16, kk * 16);
+            load_a<kLd>(va[0], v_tile, warp * 16, kk * 16);
+            mma_bf16(s[j], ka[0], qb[0], qb[1]);
+            mma_bf16(s[j + 1], ka[0], qb[2], qb[3]);
+            mma_bf16(dp[j], va[0], db[0], db[1]);
+            mma_bf16(dp[j + 1], va[0], db[2], db[3]);
+          }
+        }
+      }
+      // P^T into s, dS^T = P^T (dP^T - D) into dp. Only a tile starting before the warp's last key needs
+      // the causal mask.
+      const bool masked = q0 < warp_key + 15;
+#pragma unroll
+      for (int j = 0; j < kColumnBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int column = j * 8 + 2 * c + e % 2;
+          const bool visible = j >= first && (!masked || q0 + column >= key[e / 2]);
+          const float prob = visible ? exp2f(fmaf(s[j][e], score_scale, -lse_tile[column])) : 0.0f;
+          s[j][e] = prob;
+          dp[j][e] = prob * (dp[j][e] - dot_tile[column]);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kColumnBlocks / 2; ++kk) {
+        if (2 * kk < first) continue;
+        uint32_t pa[4], dsa[4];
+        accumulators_as_a(pa, s, kk);
+        accumulators_as_a(dsa, dp, kk);
+#pragma unroll
+        for (int dj = 0; dj < kHeadBlocks; dj += 2) {
+          uint32_t db[4], qb[4];
+          load_b<kLd>(db, do_tile, kk * 16, dj * 8);
+          load_b<kLd>(qb, q_tile, kk * 16, dj * 8);
+          mma_bf16(dv[dj], pa, db[0], db[1]);
+          mma_bf16(dv[dj + 1], pa, db[2], db[3]);
+          mma_bf16(dk[dj], dsa, qb[0], qb[1]);
+          mma_bf16(dk[dj + 1], dsa, qb[2], qb[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
   const int64_t pitch = 3 * p.C;
-  const float* q_head = p.qkv + b * p.T * pitch + h * kHeadSize;
-  const float* do_head = p.dout + b * p.T * p.C + h * kHeadSize;
-  const int64_t stats = (b * p.NH + h) * p.T;
-  const int64_t j = k0 + warp * 16 + row;  // this lane's key
-  float* warp_scores = scratch + warp * kScratchFloats;
-  float* warp_dprob = warp_scores + 16 * kScoreLd;
-  Bf16* warp_p = p_tile + warp * kProbElements;
-  Bf16* warp_ds = ds_tile + warp * kProbElements;
-
-  load_tile_bf16<kHeadSize>(k_tile, q_head + p.C, pitch, k0, p.T);
-  load_tile_bf16<kHeadSize>(v_tile, q_head + 2 * p.C, pitch, k0, p.T);
-  FragmentAccumulator dk[kHeadSize / 16], dv[kHeadSize / 16];
-#pragma unroll
-  for (int nn = 0; nn < kHeadSize / 16; ++nn) {
-    wmma::fill_fragment(dk[nn], 0.0f);
-    wmma::fill_fragment(dv[nn], 0.0f);
-  }
-
-  const int64_t query_tiles = (p.T + kMmaTile - 1) / kMmaTile;
-  for (int64_t query_tile = key_tile; query_tile < query_tiles; ++query_tile) {
-    const int64_t q0 = query_tile * kMmaTile;
-    __syncthreads();
-    load_tile_bf16<kHeadSize>(q_tile, q_head, pitch, q0, p.T);
-    load_tile_bf16<kHeadSize>(do_tile, do_head, p.C, q0, p.T);
-    if (threadIdx.x < kMmaTile) {
-      const bool inside = q0 + threadIdx.x < p.T;
-      lse_tile[threadIdx.x] = inside ? p.lse[stats + q0 + threadIdx.x] : 0.0f;
-      dot_tile[threadIdx.x] = inside ? p.row_dot[stats + q0 + threadIdx.x] : 0.0f;
-    }
-    __syncthreads();
-    // On the diagonal (q0 == k0) the warp's first key is seen by queries from warp * 16 on.
-    const int first_block = query_tile == key_tile ? warp : 0;
-    const int end_block = blocks_below(p.T, q0);
-    mma_scores<kHeadSize>(warp_scores, k_tile + warp * 16 * kLd, q_tile, first_block, end_block);
-    mma_scores<kHeadSize>(warp_dprob, v_tile + warp * 16 * kLd, do_tile, first_block, end_block);
-    __syncwarp();
-#pragma unroll
-    for (int c = 0; c < kMmaTile / 2; ++c) {
-      const int column = half * (kMmaTile / 2) + c;
-      const int64_t i = q0 + column;  // query
-      const bool visible = column >= first_block * 16 && column < end_block * 16 && i >= j && i < p.T;
-      const float s = warp_scores[row * kScoreLd + column];
-      const float dprob = warp_dprob[row * kScoreLd + column];
-      const float prob = visible ? expf(s * p.scale - lse_tile[column]) : 0.0f;
-      warp_p[row * kProbLd + column] = __float2bfloat16(prob);
-      warp_ds[row * kProbLd + column] =
-          __float2bfloat16(visible ? prob * (dprob - dot_tile[column]) * p.scale : 0.0f);
-    }
-    __syncwarp();
-    mma_accumulate<kHeadSize>(dv, warp_p, do_tile, first_block, end_block);
-    mma_accumulate<kHeadSize>(dk, warp_ds, q_tile, first_block, end_block);
-  }
   float* dk_head = p.out + b * p.T * pitch + p.C + h * kHeadSize;
-  store_rows<kHeadSize>(dk_head, pitch, k0 + warp * 16, p.T, dk, warp_scores);
-  store_rows<kHeadSize>(dk_head + p.C, pitch, k0 + warp * 16, p.T, dv, warp_scores);
+  const float dk_factor[2] = {p.scale, p.scale};
+  const float dv_factor[2] = {1.0f, 1.0f};
+  store_accumulators<kHeadSize>(dk_head, pitch, key, p.T, dk, dk_factor, p.vector);
+  store_accumulators<kHeadSize>(dk_head + p.C, pitch, key, p.T, dv, dv_factor, p.vector);
 #else
   (void)p;
   __trap();
 #endif
 }
 
-// Shared memory of each tensor-core kernel, in bytes.
-size_t mma_shared_bytes(int hs, int head_tiles, int prob_tiles, int extra_floats) {
-  return sizeof(Bf16) * (static_cast<size_t>(head_tiles) * kMmaTile * (hs + 8) +
-                         static_cast<size_t>(prob_tiles) * kMmaWarps * kProbElements) +
-         sizeof(float) * (static_cast<size_t>(kMmaWarps) * kScratchFloats + extra_floats);
+// Rounds `slots` tensors of heads, src [B, T, slots * C] (slot s, head h at columns s * C + h * hs), to bf16
+// and packs them as dst [slots][B * NH][T][hs]. Eight elements per thread and step: one 16-byte store.
+__global__ void attention_pack_kernel(Bf16* dst, const float* src, int64_t B, int64_t T, int64_t NH, int hs,
+                                      int slots, bool vector) {
+  const int64_t C = NH * hs;
+  const int64_t groups = B * T * slots * C / 8;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; group < groups;
+       group += stride) {
+    const int64_t i = group * 8;  // element index in src: ((b * T + t) * slots + s) * C + h * hs + d
+    const int64_t bt = i / (slots * C);
+    const int64_t column = i - bt * slots * C;
+    const int64_t s = column / C;
+    const int64_t h = (column - s * C) / hs;
+    const int64_t d = column - s * C - h * hs;
+    const int64_t b = bt / T;
+    const int64_t t = bt - b * T;
+    float v[8];
+    if (vector) {
+      const float4 lo = __ldg(reinterpret_cast<const float4*>(src + i));
+      const float4 hi = __ldg(reinterpret_cast<const float4*>(src + i + 4));
+      v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = src[i + k];
+    }
+    uint4 packed;
+    packed.x = pack_bf16(v[0], v[1]);
+    packed.y = pack_bf16(v[2], v[3]);
+    packed.z = pack_bf16(v[4], v[5]);
+    packed.w = pack_bf16(v[6], v[7]);
+    *reinterpret_cast<uint4*>(dst + (((s * B + b) * NH + h) * T + t) * hs + d) = packed;
+  }
+}
+
+void pack_heads(Bf16* dst, const float* src, int64_t B, int64_t T, int64_t NH, int hs, int slots,
+                cudaStream_t stream) {
+  const int64_t groups = B * T * slots * NH * hs / 8;
+  const int64_t blocks = std::min<int64_t>((groups + 255) / 256, 65536);
+  const bool vector = reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  attention_pack_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(dst, src, B, T, NH, hs, slots, vector);
+  OCTET_CUDA_CHECK_LAUNCH("attention_pack_kernel");
+}
+
+// Shared memory of each tensor-core kernel, in bytes: staged rows of bf16 and floats.
+size_t mma_shared_bytes(int hs, int rows, int floats) {
+  return sizeof(Bf16) * static_cast<size_t>(rows) * (hs + 8) + sizeof(float) * static_cast<size_t>(floats);
 }
 
 template <int kHeadSize>
 void launch_mma(const AttentionParams& p, int64_t B, bool forward, cudaStream_t stream) {
-  const int64_t tiles = (p.T + kMmaTile - 1) / kMmaTile;
+  const int64_t tiles = (p.T + kRowTile - 1) / kRowTile;
   OCTET_REQUIRE(tiles <= 0x7FFFFFFF && p.NH <= 65535 && B <= 65535,
                 "attention: grid too large, got T={} NH={} B={}", p.T, p.NH, B);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.NH), static_cast<unsigned>(B));
@@ -858,14 +1164,15 @@ void launch_mma(const AttentionParams& p, int64_t B, bool forward, cudaStream_t 
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) detail::throw_cuda_error(status, name, __FILE__, __LINE__);
   };
+  constexpr int kStagedColumns = kStages * 2 * kColumnTile;  // two tensors per stage
   if (forward) {
     launch(attention_forward_mma_kernel<kHeadSize>, "attention_forward_mma_kernel",
-           mma_shared_bytes(kHeadSize, 3, 1, 0));
+           mma_shared_bytes(kHeadSize, kRowTile + kStagedColumns, 0));
   } else {
     launch(attention_backward_query_mma_kernel<kHeadSize>, "attention_backward_query_mma_kernel",
-           mma_shared_bytes(kHeadSize, 4, 1, 0));
+           mma_shared_bytes(kHeadSize, 2 * kRowTile + kStagedColumns, 0));
     launch(attention_backward_key_mma_kernel<kHeadSize>, "attention_backward_key_mma_kernel",
-           mma_shared_bytes(kHeadSize, 4, 2, 2 * kMmaTile));
+           mma_shared_bytes(kHeadSize, 2 * kRowTile + kStagedColumns, kStagedColumns));
   }
 }
 
@@ -900,6 +1207,10 @@ void launch_mma_for_head_size(const AttentionParams& p, int64_t B, bool forward,
   }
 }
 
+bool aligned16(const void* pointer) {
+  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+}
+
 bool current_device_has_bf16_mma() {
   int device = 0;
   int major = 0;
@@ -918,6 +1229,15 @@ bool attention_uses_tensor_cores(int64_t C, int64_t NH, const AttentionOptions& 
   return NH > 0 && C % NH == 0 && use_tensor_cores(C / NH, options);
 }
 
+uint16_t* AttentionWorkspace::reserve_packed(size_t count, cudaStream_t stream) {
+  if (packed.size() < count) {
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+    packed = DeviceBuffer<uint16_t>();
+    packed = DeviceBuffer<uint16_t>(count);
+  }
+  return packed.data();
+}
+
 float* AttentionWorkspace::reserve_row_dot(size_t count, cudaStream_t stream) {
   if (row_dot.size() < count) {
     // Work already queued on the stream may still read the old block.
@@ -929,7 +1249,7 @@ float* AttentionWorkspace::reserve_row_dot(size_t count, cudaStream_t stream) {
 }
 
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
-                       const AttentionOptions& options, cudaStream_t stream) {
+                       AttentionWorkspace& workspace, const AttentionOptions& options, cudaStream_t stream) {
   OCTET_CHECK(B >= 0 && T >= 0, "attention_forward: non-negative B and T, got B={} T={}", B, T);
   AttentionParams p = make_params(T, C, NH);
   if (B == 0 || T == 0) return;
@@ -938,6 +1258,11 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
   p.lse_out = lse;
   p.qkv = qkv;
   if (use_tensor_cores(p.layout.hs, options)) {
+    p.B = B;
+    p.vector = aligned16(out);
+    auto* packed = workspace.reserve_packed(static_cast<size_t>(3 * B * T * C), stream);
+    pack_heads(reinterpret_cast<Bf16*>(packed), qkv, B, T, NH, p.layout.hs, 3, stream);
+    p.packed = packed;
     launch_mma_for_head_size(p, B, true, stream);
   } else {
     forward_float32(p, B, stream);
@@ -966,6 +1291,14 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       row_dot, dout, out, rows, T, C, NH, p.layout.hs);
   OCTET_CUDA_CHECK_LAUNCH("attention_row_dot_kernel");
   if (use_tensor_cores(p.layout.hs, options)) {
+    // The forward's packed heads may belong to another layer by now: pack again, dO after q, k, v.
+    p.B = B;
+    p.vector = aligned16(dqkv);
+    auto* packed = reinterpret_cast<Bf16*>(workspace.reserve_packed(static_cast<size_t>(4 * B * T * C), stream));
+    pack_heads(packed, qkv, B, T, NH, p.layout.hs, 3, stream);
+    pack_heads(packed + 3 * B * T * C, dout, B, T, NH, p.layout.hs, 1, stream);
+    p.packed = packed;
+    p.packed_dout = packed + 3 * B * T * C;
     launch_mma_for_head_size(p, B, false, stream);
   } else {
     backward_float32(p, B, stream);

@@ -34,18 +34,21 @@ struct AttentionOptions {
 // path runs; callers that asked for bf16 can use this to report the fallback.
 bool attention_uses_tensor_cores(int64_t C, int64_t NH, const AttentionOptions& options);
 
-// Scratch of the backward: D = rowsum(dO * O) per (b, h, t). Grows on demand and is reused across calls;
-// the stream of the call that grows it is synchronised before the old block is freed. Move-only.
+// Scratch of the kernels: D = rowsum(dO * O) per (b, h, t) for the backward, and the tensor-core path's
+// bf16 copies of q, k, v (and dO), one head after another. Grows on demand and is reused across calls; the
+// stream of the call that grows it is synchronised before the old block is freed. Move-only.
 struct AttentionWorkspace {
   DeviceBuffer<float> row_dot;
+  DeviceBuffer<uint16_t> packed;  // bf16 bits
 
-  // At least `count` floats, valid for work queued on `stream` after this call.
+  // At least `count` elements, valid for work queued on `stream` after this call.
   float* reserve_row_dot(size_t count, cudaStream_t stream);
+  uint16_t* reserve_packed(size_t count, cudaStream_t stream);
 };
 
 // out [B, T, C], lse [B, NH, T] from qkv [B, T, 3C]. B or T may be zero (nothing is launched).
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
-                       const AttentionOptions& options, cudaStream_t stream);
+                       AttentionWorkspace& workspace, const AttentionOptions& options, cudaStream_t stream);
 
 // dqkv [B, T, 3C] (overwritten) from dout [B, T, C] and the forward's qkv, out and lse. Deterministic: the
 // same inputs give bit-identical dqkv (no atomics; every sum has a fixed order).

@@ -460,7 +460,7 @@ class CudaBackend final : public Backend {
   void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
                          int64_t NH) override {
     const OpScope scope(*this, OpKind::attention);
-    cuda::attention_forward(out, lse, qkv, B, T, C, NH, attention_options_, stream_);
+    cuda::attention_forward(out, lse, qkv, B, T, C, NH, attention_workspace_, attention_options_, stream_);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {

@@ -1,0 +1,191 @@
+// The tensor-core attention kernels (AttentionOptions::bf16) against an independent host reference in double
+// precision that rounds the operands as the kernels do (q, k, v and dO to bf16) and nothing else. What is
+// left between the two is the kernels' float32 accumulation and their bf16 rounding of the probabilities and
+// of dS before the second products: a few bf16 units of the tensor's typical size, so each output is bounded
+// by a fraction of its own root mean square. Every output starts as NaN, so an element a kernel forgets fails
+// the finiteness check; the head sizes cover every kernel instantiation's family (16 to 128) and T runs over
+// partial, single, exact and several tiles. The backward must also be bit-identical when repeated. Skips
+// without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "attention.h"
+#include "octet/backend/cuda_backend.h"
+#include "octet/cuda/device.h"
+#include "octet/numerics/minifloat.h"
+#include "random.h"
+
+namespace {
+
+using octet::round_to_bf16;
+using octet::cuda::AttentionOptions;
+using octet::cuda::AttentionWorkspace;
+using octet::cuda::DeviceBuffer;
+
+struct Shape {
+  int64_t B, T, NH, hs;
+  float stddev;   // of q, k, v: larger values make the softmax peakier
+  int64_t shift;  // floats between each buffer's start and the tensor: 1 takes the unaligned loads and stores
+};
+
+const std::vector<Shape> kShapes = {
+    {1, 1, 1, 16, 1.0f, 0},   {2, 63, 2, 64, 1.0f, 0},  {1, 64, 3, 64, 2.0f, 0},  {2, 65, 2, 32, 1.0f, 0},
+    {1, 200, 2, 128, 1.0f, 0}, {2, 130, 3, 48, 1.0f, 0}, {1, 256, 1, 80, 1.0f, 0}, {1, 129, 2, 96, 1.0f, 0},
+    {1, 77, 1, 112, 1.0f, 0},  {2, 70, 2, 64, 1.0f, 1},
+};
+
+struct Reference {
+  std::vector<double> out, lse, dqkv;
+};
+
+// Causal attention and its backward in double over bf16-rounded q, k, v and dO; D = rowsum(dO * O) from the
+// unrounded dO and the kernels' own float32 O, exactly the D the kernels use.
+Reference reference(const Shape& s, const std::vector<float>& qkv, const std::vector<float>& dout,
+                    const std::vector<float>& gpu_out) {
+  const int64_t C = s.NH * s.hs, pitch = 3 * C;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.hs));
+  Reference r;
+  r.out.assign(static_cast<size_t>(s.B * s.T * C), 0.0);
+  r.lse.assign(static_cast<size_t>(s.B * s.NH * s.T), 0.0);
+  r.dqkv.assign(static_cast<size_t>(s.B * s.T * pitch), 0.0);
+  const auto bf = [](float x) { return static_cast<double>(round_to_bf16(x)); };
+  std::vector<double> p(static_cast<size_t>(s.T)), dp(static_cast<size_t>(s.T));
+  for (int64_t b = 0; b < s.B; ++b) {
+    for (int64_t h = 0; h < s.NH; ++h) {
+      const auto q = [&](int64_t t, int64_t d) { return bf(qkv[static_cast<size_t>((b * s.T + t) * pitch + h * s.hs + d)]); };
+      const auto k = [&](int64_t t, int64_t d) {
+        return bf(qkv[static_cast<size_t>((b * s.T + t) * pitch + C + h * s.hs + d)]);
+      };
+      const auto v = [&](int64_t t, int64_t d) {
+        return bf(qkv[static_cast<size_t>((b * s.T + t) * pitch + 2 * C + h * s.hs + d)]);
+      };
+      const auto at = [&](int64_t t, int64_t d) { return static_cast<size_t>((b * s.T + t) * C + h * s.hs + d); };
+      const auto grad = [&](int64_t t, int64_t slot, int64_t d) {
+        return static_cast<size_t>((b * s.T + t) * pitch + slot * C + h * s.hs + d);
+      };
+      for (int64_t i = 0; i < s.T; ++i) {
+        double m = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < s.hs; ++d) dot += q(i, d) * k(j, d);
+          p[static_cast<size_t>(j)] = dot * scale;
+          m = std::max(m, p[static_cast<size_t>(j)]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(p[static_cast<size_t>(j)] - m);
+        for (int64_t j = 0; j <= i; ++j) p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m) / sum;
+        r.lse[static_cast<size_t>((b * s.NH + h) * s.T + i)] = m + std::log(sum);
+        for (int64_t d = 0; d < s.hs; ++d) {
+          double o = 0.0;
+          for (int64_t j = 0; j <= i; ++j) o += p[static_cast<size_t>(j)] * v(j, d);
+          r.out[at(i, d)] = o;
+        }
+        // Backward of row i: dP_j = dO_i . v_j, dS_j = P_j (dP_j - D_i).
+        double row_dot = 0.0;
+        for (int64_t d = 0; d < s.hs; ++d) {
+          row_dot += static_cast<double>(dout[at(i, d)]) * static_cast<double>(gpu_out[at(i, d)]);
+        }
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < s.hs; ++d) dot += bf(dout[at(i, d)]) * v(j, d);
+          dp[static_cast<size_t>(j)] = p[static_cast<size_t>(j)] * (dot - row_dot);
+          for (int64_t d = 0; d < s.hs; ++d) {
+            r.dqkv[grad(i, 0, d)] += scale * dp[static_cast<size_t>(j)] * k(j, d);
+            r.dqkv[grad(j, 1, d)] += scale * dp[static_cast<size_t>(j)] * q(i, d);
+            r.dqkv[grad(j, 2, d)] += p[static_cast<size_t>(j)] * bf(dout[at(i, d)]);
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// Largest |actual - expected| over the root mean square of expected; every actual value must be finite.
+double relative_error(std::span<const float> actual, const std::vector<double>& expected, const char* what) {
+  EXPECT_EQ(actual.size(), expected.size()) << what;
+  double squares = 0.0, worst = 0.0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(actual[i])) << what << " element " << i << " is " << actual[i];
+    if (!std::isfinite(actual[i])) return INFINITY;
+    squares += expected[i] * expected[i];
+    worst = std::max(worst, std::abs(static_cast<double>(actual[i]) - expected[i]));
+  }
+  const double rms = std::sqrt(squares / static_cast<double>(std::max<size_t>(expected.size(), 1)));
+  return worst / std::max(rms, 1e-30);
+}
+
+TEST(AttentionTensorCores, MatchTheDoubleReferenceOverBf16Operands) {
+  if (octet::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  AttentionOptions options;
+  options.bf16 = true;
+  AttentionWorkspace workspace;
+  for (size_t index = 0; index < kShapes.size(); ++index) {
+    const Shape& s = kShapes[index];
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " NH=" << s.NH << " hs=" << s.hs);
+    const int64_t C = s.NH * s.hs;
+    ASSERT_TRUE(octet::cuda::attention_uses_tensor_cores(C, s.NH, options));
+    const size_t n_qkv = static_cast<size_t>(s.B * s.T * 3 * C), n_out = static_cast<size_t>(s.B * s.T * C);
+    const size_t n_lse = static_cast<size_t>(s.B * s.NH * s.T);
+    const std::vector<float> qkv = octet::testing::random_normal(n_qkv, 1000 + index, s.stddev);
+    const std::vector<float> dout = octet::testing::random_normal(n_out, 2000 + index);
+
+    const size_t k = static_cast<size_t>(s.shift);
+    DeviceBuffer<float> d_qkv(k + n_qkv), d_out(k + n_out), d_lse(n_lse), d_dout(k + n_out), d_dqkv(k + n_qkv);
+    std::vector<float> staged(k + n_qkv, 0.0f);
+    std::copy(qkv.begin(), qkv.end(), staged.begin() + static_cast<std::ptrdiff_t>(k));
+    d_qkv.copy_from_host(staged);
+    staged.assign(k + n_out, 0.0f);
+    std::copy(dout.begin(), dout.end(), staged.begin() + static_cast<std::ptrdiff_t>(k));
+    d_dout.copy_from_host(staged);
+    d_out.fill_bytes(0xFF);  // NaN: every element must be written
+    d_lse.fill_bytes(0xFF);
+    d_dqkv.fill_bytes(0xFF);
+    float* out_at = d_out.data() + k;
+    float* dqkv_at = d_dqkv.data() + k;
+    const float* qkv_at = d_qkv.data() + k;
+    const float* dout_at = d_dout.data() + k;
+    octet::cuda::attention_forward(out_at, d_lse.data(), qkv_at, s.B, s.T, C, s.NH, workspace, options, nullptr);
+    octet::cuda::attention_backward(dqkv_at, dout_at, qkv_at, out_at, d_lse.data(), s.B, s.T, C, s.NH, workspace,
+                                    options, nullptr);
+    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> out(n_out), lse(n_lse), dqkv(n_qkv);
+    OCTET_CUDA_CHECK(cudaMemcpy(out.data(), out_at, n_out * sizeof(float), cudaMemcpyDeviceToHost));
+    d_lse.copy_to_host(lse);
+    OCTET_CUDA_CHECK(cudaMemcpy(dqkv.data(), dqkv_at, n_qkv * sizeof(float), cudaMemcpyDeviceToHost));
+
+    const Reference r = reference(s, qkv, dout, out);
+    // bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.002); a sum of many such terms lands within a
+    // few units of its typical size, far below what a wrong mask, scale or rescaling would give (order 1).
+    const double out_error = relative_error(out, r.out, "out");
+    const double dqkv_error = relative_error(dqkv, r.dqkv, "dqkv");
+    double lse_error = 0.0;
+    for (size_t i = 0; i < n_lse; ++i) {
+      ASSERT_TRUE(std::isfinite(lse[i])) << "lse " << i;
+      lse_error = std::max(lse_error, std::abs(static_cast<double>(lse[i]) - r.lse[i]));
+    }
+    std::printf("[attention hs=%lld T=%lld] out %.3g, dqkv %.3g (of their rms); lse %.3g\n",
+                static_cast<long long>(s.hs), static_cast<long long>(s.T), out_error, dqkv_error, lse_error);
+    EXPECT_LE(out_error, 0.03);
+    EXPECT_LE(dqkv_error, 0.05);
+    EXPECT_LE(lse_error, 0.01);  // lse depends on the scores only, which see no rounded probability
+
+    // Deterministic: no atomics, fixed-order sums.
+    DeviceBuffer<float> d_again(n_qkv);
+    d_again.fill_bytes(0xFF);
+    octet::cuda::attention_backward(d_again.data(), dout_at, qkv_at, out_at, d_lse.data(), s.B, s.T, C, s.NH,
+                                    workspace, options, nullptr);
+    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> again(n_qkv);
+    d_again.copy_to_host(again);
+    EXPECT_EQ(std::memcmp(again.data(), dqkv.data(), n_qkv * sizeof(float)), 0);
+  }
+}
+
+}  // namespace
