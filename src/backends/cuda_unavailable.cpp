@@ -35,6 +35,13 @@ std::vector<GemmBenchRow> bench_gemms(const std::vector<GemmBenchShape>&, const 
   return {};
 }
 
+BandwidthBenchResult bench_memory_bandwidth(const BandwidthBenchSettings&) {
+  OCTET_REQUIRE(false,
+                "GPU benchmarks: this octet was built without CUDA (configure with nvcc available, "
+                "OCTET_CUDA=AUTO|ON)");
+  return {};
+}
+
 DeviceMemoryUse device_memory_in_use(int) {
   OCTET_REQUIRE(false,
                 "device memory: this octet was built without CUDA (configure with nvcc available, "

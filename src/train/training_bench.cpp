@@ -208,6 +208,7 @@ TrainingBenchResult benchmark_training(const RunConfig& config, const TrainingBe
   result.fp8_gemms_per_step = last.fp8_gemms;
   result.other_gemms_per_step = last.other_gemms;
   result.last_loss = last.loss;
+  result.linears = model.policy().layers();
   result.random_tokens = options.random_tokens;
   result.ms_per_step = result.seconds * 1000.0 / static_cast<double>(options.steps);
   result.tokens_per_second =

@@ -1,10 +1,12 @@
 // `octet bench` as a user runs it: bad arguments are refused with exit code 2 and one line, `bench gemm`
-// without a GPU says so and exits 2, and `bench train` on a tiny configuration on the CPU backend reports
-// every field with sane numbers, as text and as JSON.
+// without a GPU says so and exits 2 (with one, it reports the memory bandwidth as text and as JSON), and
+// `bench train` on a tiny configuration on the CPU backend reports every field with sane numbers, as text and
+// as JSON, the precision of every linear layer's GEMMs included.
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,6 +97,35 @@ TEST(BenchCommand, GemmWithoutAGpuSaysSo) {
                                  cuda_backend_built() ? "no CUDA GPU is visible" : "built without CUDA"}));
 }
 
+TEST(BenchCommand, GemmHelpDescribesTheBandwidthMeasurement) {
+  const ProcessResult r = run_octet({"bench", "gemm", "--help"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("memory bandwidth"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("device-to-device copy"), std::string::npos) << r.out;
+}
+
+// On a GPU: the bandwidth after the table, and as `memory_bandwidth` in the JSON, positive and finite.
+TEST(BenchCommand, GemmReportsTheMemoryBandwidth) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const ProcessResult text = run_octet({"bench", "gemm", "--shapes", "64,64,64", "--iterations", "1"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  const double copy_gbs = field(text.out, "memory bandwidth");
+  EXPECT_TRUE(std::isfinite(copy_gbs) && copy_gbs > 0.0) << text.out;
+  EXPECT_NE(text.out.find(" GB/s read "), std::string::npos) << text.out;
+
+  const ProcessResult r = run_octet({"bench", "gemm", "--shapes", "64,64,64", "--iterations", "1", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& bandwidth = j.at("memory_bandwidth");
+  ASSERT_FALSE(bandwidth.contains("skipped")) << bandwidth.dump();
+  for (const char* key : {"copy_gbs", "read_gbs", "copy_median_ms", "read_median_ms"}) {
+    const double v = bandwidth.at(key).get<double>();
+    EXPECT_TRUE(std::isfinite(v) && v > 0.0) << key << " = " << v;
+  }
+  EXPECT_GE(bandwidth.at("bytes").get<double>(), double(1 << 20));
+  EXPECT_EQ(bandwidth.at("repeats"), 10);
+}
+
 TEST_F(BenchTrain, ReportsEveryFieldWithSaneNumbers) {
   const ProcessResult r =
       run_octet({"bench", "train", config_.string(), "--steps", "3", "--warmup", "1", "--phase-steps", "2"});
@@ -135,6 +166,21 @@ TEST_F(BenchTrain, JsonParsesAndHoldsTheMeasurements) {
   EXPECT_TRUE(j.at("mfu_bf16").is_null());
   EXPECT_TRUE(j.at("device_memory_bytes").is_null());
   EXPECT_EQ(j.at("fp8_gemms_per_step"), 0);
+  EXPECT_EQ(j.at("vocab_size"), 256);
+  EXPECT_EQ(j.at("padded_vocab"), 256);
+  EXPECT_TRUE(j.at("fp8").is_null());
+  // One group per kind of linear layer, both blocks in it, every GEMM in BF16.
+  const nlohmann::json& linears = j.at("linear_gemms");
+  ASSERT_EQ(linears.size(), 5u) << linears.dump();
+  EXPECT_EQ(linears[0].at("linear"), "attn.c_attn");
+  EXPECT_EQ(linears[0].at("in_features"), 32);
+  EXPECT_EQ(linears[0].at("out_features"), 96);
+  EXPECT_EQ(linears[4].at("linear"), "lm_head");
+  EXPECT_EQ(linears[4].at("out_features"), 256);
+  for (const nlohmann::json& g : linears) {
+    EXPECT_EQ(g.at("layers"), g.at("linear") == "lm_head" ? 1 : 2) << g.dump();
+    for (const char* gemm : {"forward", "input_gradient", "weight_gradient"}) EXPECT_EQ(g.at(gemm), "bf16");
+  }
   const nlohmann::json& phases = j.at("phases");
   EXPECT_EQ(phases.at("steps"), 1);
   EXPECT_GT(phases.at("forward_ms").get<double>(), 0.0);
@@ -144,6 +190,43 @@ TEST_F(BenchTrain, JsonParsesAndHoldsTheMeasurements) {
   const double sum = phases.at("data_ms").get<double>() + phases.at("forward_ms").get<double>() +
                      phases.at("backward_ms").get<double>() + phases.at("optimizer_ms").get<double>();
   EXPECT_NEAR(phases.at("total_ms").get<double>(), sum, 1e-9 * sum);
+}
+
+TEST_F(BenchTrain, JsonSaysWhichGemmsRunInFp8) {
+  const ProcessResult r =
+      run_octet({"bench", "train", config_.string(), "--steps", "1", "--warmup", "0", "--phase-steps", "0",
+                 "--json", "--set", "fp8.exclude=[\"h.1.mlp.c_proj\"]"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("mode"), "fp8");
+  const nlohmann::json& fp8 = j.at("fp8");
+  EXPECT_EQ(fp8.at("recipe"), "delayed");
+  EXPECT_EQ(fp8.at("formats"), "hybrid");
+  EXPECT_EQ(fp8.at("fast_accumulation_forward"), true);
+  EXPECT_EQ(fp8.at("fast_accumulation_backward"), false);
+  // Every block linear in FP8 but the excluded one, which gets a group of its own; the LM head in BF16.
+  struct Group {
+    const char* linear;
+    int64_t layers;
+    const char* mode;
+  };
+  const Group expected[] = {{"attn.c_attn", 2, "fp8"}, {"attn.c_proj", 2, "fp8"}, {"mlp.c_fc", 2, "fp8"},
+                            {"mlp.c_proj", 1, "fp8"},  {"mlp.c_proj", 1, "bf16"}, {"lm_head", 1, "bf16"}};
+  const nlohmann::json& groups = j.at("linear_gemms");
+  ASSERT_EQ(groups.size(), std::size(expected)) << groups.dump();
+  int64_t fp8_gemms = 0, other_gemms = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const nlohmann::json& g = groups[i];
+    SCOPED_TRACE(g.dump());
+    EXPECT_EQ(g.at("linear"), expected[i].linear);
+    EXPECT_EQ(g.at("layers"), expected[i].layers);
+    for (const char* gemm : {"forward", "input_gradient", "weight_gradient"}) {
+      EXPECT_EQ(g.at(gemm), expected[i].mode);
+      (g.at(gemm) == "fp8" ? fp8_gemms : other_gemms) += g.at("layers").get<int64_t>();
+    }
+  }
+  EXPECT_EQ(fp8_gemms, j.at("fp8_gemms_per_step"));
+  EXPECT_EQ(other_gemms, j.at("other_gemms_per_step"));
 }
 
 TEST_F(BenchTrain, ConfigDataNeedsADataDirectory) {

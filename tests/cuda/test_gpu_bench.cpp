@@ -1,9 +1,11 @@
 // `octet bench gemm`'s measurements on a GPU (octet/backend/gpu_bench.h): a large cube reports TFLOP/s that a
 // tensor core can deliver and no more than the datasheet allows, FP8 beats BF16 there on a GPU with FP8
-// tensor cores, shapes the FP8 products cannot take are skipped with the reason, and the device memory query
-// is consistent. Every test skips without a GPU.
+// tensor cores, shapes the FP8 products cannot take are skipped with the reason, the memory bandwidth is
+// positive, finite and within what any GPU's memory delivers, and the device memory query is consistent.
+// Every test skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -97,6 +99,37 @@ TEST(GpuBench, BadArgumentsAreRefused) {
   octet::GemmBenchSettings settings;
   settings.iterations = 0;
   EXPECT_THROW(octet::bench_gemms({{16, 16, 16, ""}}, settings), octet::Error);
+}
+
+TEST(GpuBench, MemoryBandwidthIsPositiveAndFinite) {
+  SKIP_WITHOUT_GPU();
+  octet::BandwidthBenchSettings settings;
+  settings.bytes = size_t{256} << 20;
+  settings.warmup_iterations = 1;
+  settings.repeats = 3;
+  const octet::BandwidthBenchResult r = octet::bench_memory_bandwidth(settings);
+  ASSERT_TRUE(r.skipped.empty()) << r.skipped;
+  EXPECT_EQ(r.bytes, settings.bytes);
+  for (const double gbs : {r.copy_gbs, r.read_gbs}) {
+    EXPECT_TRUE(std::isfinite(gbs));
+    // Any discrete GPU's memory beats 100 GB/s; none reaches 20 TB/s (H100 SXM: 3.35 TB/s on the datasheet).
+    EXPECT_GT(gbs, 100.0);
+    EXPECT_LT(gbs, 20000.0);
+  }
+  // A copy moves each byte twice (read and write), over its median time.
+  EXPECT_NEAR(r.copy_gbs, 2.0 * static_cast<double>(r.bytes) / (r.copy_median_ms * 1e-3) / 1e9,
+              1e-6 * r.copy_gbs);
+  EXPECT_NEAR(r.read_gbs, static_cast<double>(r.bytes) / (r.read_median_ms * 1e-3) / 1e9, 1e-6 * r.read_gbs);
+}
+
+TEST(GpuBench, BadBandwidthSettingsAreRefused) {
+  SKIP_WITHOUT_GPU();
+  octet::BandwidthBenchSettings settings;
+  settings.repeats = 0;
+  EXPECT_THROW(octet::bench_memory_bandwidth(settings), octet::Error);
+  settings.repeats = 1;
+  settings.bytes = 1024;
+  EXPECT_THROW(octet::bench_memory_bandwidth(settings), octet::Error);
 }
 
 TEST(GpuBench, DeviceMemoryInUseIsWithinTheDevice) {

@@ -15,6 +15,9 @@
 #include "octet/backend/gpu_bench.h"
 #include "octet/check.h"
 #include "octet/config/run_config.h"
+#include "octet/model/gpt2.h"
+#include "octet/model/precision_policy.h"
+#include "octet/numerics/scaling.h"
 #include "octet/train/training_bench.h"
 #include "octet/version.h"
 
@@ -49,7 +52,8 @@ GemmBenchShape parse_shape(const std::string& text) {
 }
 
 // Per linear layer of the model: forward (M = B*T, N = OC, K = C), input gradient (M = B*T, N = C, K = OC)
-// and weight gradient (M = OC, N = C, K = B*T). Products of the same shape share one row.
+// and weight gradient (M = OC, N = C, K = B*T). An LM head without FP8 GEMMs runs them on chunks of
+// Gpt2::kHeadChunkRows rows instead of B*T: those shapes too. Products of the same shape share one row.
 std::vector<GemmBenchShape> shapes_of(const RunConfig& config) {
   const int64_t BT = config.train.batch_size * config.train.seq_len;
   const int64_t C = config.model.channels;
@@ -77,6 +81,13 @@ std::vector<GemmBenchShape> shapes_of(const RunConfig& config) {
     add(BT, l.out, l.in, fmt::format("{} forward", l.name));
     add(BT, l.in, l.out, fmt::format("{} input grad", l.name));
     add(l.out, l.in, BT, fmt::format("{} weight grad", l.name));
+  }
+  const int64_t Vp = config.model.padded_vocab();
+  const int64_t rows = Gpt2::kHeadChunkRows;
+  if (BT > rows && !PrecisionPolicy(config.precision, config.model, BT).layer("lm_head").fp8()) {
+    add(rows, Vp, C, fmt::format("lm_head forward, {}-row chunk", rows));
+    add(rows, C, Vp, fmt::format("lm_head input grad, {}-row chunk", rows));
+    add(Vp, C, rows, fmt::format("lm_head weight grad, {}-row chunk", rows));
   }
   return shapes;
 }
@@ -126,13 +137,65 @@ std::string row_text(const GemmBenchRow& row) {
   return line;
 }
 
+json bandwidth_json(const BandwidthBenchResult& r, const BandwidthBenchSettings& settings) {
+  if (!r.skipped.empty()) return {{"skipped", r.skipped}};
+  return {{"bytes", r.bytes},
+          {"warmup_iterations", settings.warmup_iterations},
+          {"repeats", settings.repeats},
+          {"copy_gbs", r.copy_gbs},
+          {"copy_median_ms", r.copy_median_ms},
+          {"read_gbs", r.read_gbs},
+          {"read_median_ms", r.read_median_ms}};
+}
+
+std::string bandwidth_text(const BandwidthBenchResult& r, const BandwidthBenchSettings& settings) {
+  if (!r.skipped.empty()) return "memory bandwidth: not measured: " + r.skipped;
+  const double gib = static_cast<double>(r.bytes) / static_cast<double>(size_t{1} << 30);
+  return fmt::format(
+      "memory bandwidth: {:.1f} GB/s copy (device to device, {:.2f} GiB, read + write bytes), {:.1f} GB/s "
+      "read (a kernel summing {:.2f} GiB); median of {} repeats after {} warm-up",
+      r.copy_gbs, gib, r.read_gbs, gib, settings.repeats, settings.warmup_iterations);
+}
+
+// The linear layers grouped by kind ("attn.c_attn", the block index dropped) and by the precision of their
+// three GEMMs, in the model's order: what a FLOP count of the step needs to know.
+json linear_gemms_json(const std::vector<LinearPlan>& linears) {
+  json groups = json::array();
+  for (const LinearPlan& plan : linears) {
+    std::string kind = plan.name;
+    if (kind.rfind("h.", 0) == 0) kind = kind.substr(kind.find('.', 2) + 1);
+    const std::string forward(gemm_mode_name(plan.forward)), input(gemm_mode_name(plan.input_gradient)),
+        weight(gemm_mode_name(plan.weight_gradient));
+    bool found = false;
+    for (json& g : groups) {
+      if (g["linear"] == kind && g["in_features"] == plan.in_features &&
+          g["out_features"] == plan.out_features && g["forward"] == forward && g["input_gradient"] == input &&
+          g["weight_gradient"] == weight) {
+        g["layers"] = g["layers"].get<int64_t>() + 1;
+        found = true;
+        break;
+      }
+    }
+    if (!found) {
+      groups.push_back({{"linear", kind},
+                        {"in_features", plan.in_features},
+                        {"out_features", plan.out_features},
+                        {"layers", 1},
+                        {"forward", forward},
+                        {"input_gradient", input},
+                        {"weight_gradient", weight}});
+    }
+  }
+  return groups;
+}
+
 }  // namespace
 
 BenchCommands::BenchCommands(CLI::App& root) {
   bench_ = root.add_subcommand("bench", "Measure GEMM and training throughput on this machine");
 
   gemm_ = bench_->add_subcommand(
-      "gemm", "TFLOP/s of the GEMMs octet runs (FP8, BF16, TF32 through cuBLASLt) on the current GPU");
+      "gemm", "TFLOP/s of the GEMMs octet runs (FP8, BF16, TF32 through cuBLASLt) and memory bandwidth");
   gemm_->add_option("--config", config_file_, "Take the shapes of this configuration's linear layers");
   gemm_->add_option("--set", overrides_, "With --config: override a key, section.key=value (repeatable)");
   gemm_->add_option("--shapes", shapes_, "Shapes M,N,K to time (D[M,N] = A[M,K] x B[N,K]^T), one or more");
@@ -143,7 +206,9 @@ BenchCommands::BenchCommands(CLI::App& root) {
       "the median repeat gives the time per product. Operands are random in [-1, 1); FP8 and BF16 write "
       "BF16,\n"
       "TF32 writes float32. fp8/bf16 is the fastest FP8 column over BF16. Without --config or --shapes a\n"
-      "fixed list of square and transformer shapes is timed.\n"
+      "fixed list of square and transformer shapes is timed. Then the device memory bandwidth: a 1 GiB\n"
+      "device-to-device copy (GB/s of read + write bytes) and a kernel that only reads 1 GiB, each\n"
+      "the median of 10 repeats after 3 warm-up runs.\n"
       "Exit codes: 0 done, 2 invalid arguments, or no CUDA in this build, or no GPU.\n"
       "Examples:\n"
       "  octet bench gemm --config configs/bench/gpt2-124M.toml\n"
@@ -200,8 +265,10 @@ int BenchCommands::run_gemm() const {
   const CudaDeviceInfo device = cuda_device_info(0);
   GemmBenchSettings settings;
   settings.iterations = iterations_;
+  const BandwidthBenchSettings bandwidth_settings;
   if (json_) {
     const std::vector<GemmBenchRow> rows = bench_gemms(shapes, settings);
+    const BandwidthBenchResult bandwidth = bench_memory_bandwidth(bandwidth_settings);
     json kinds = json::array();
     for (GemmBenchKind kind : kGemmBenchKinds) kinds.push_back(std::string(gemm_bench_kind_key(kind)));
     json out_rows = json::array();
@@ -216,7 +283,8 @@ int BenchCommands::run_gemm() const {
         {"iterations", settings.iterations},
         {"repeats", settings.repeats},
         {"kinds", kinds},
-        {"rows", out_rows}};
+        {"rows", out_rows},
+        {"memory_bandwidth", bandwidth_json(bandwidth, bandwidth_settings)}};
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
@@ -244,6 +312,8 @@ int BenchCommands::run_gemm() const {
   });
   if (!reasons.empty()) std::printf("\nnot measured (-):\n");
   for (const std::string& reason : reasons) std::printf("  %s\n", reason.c_str());
+  std::printf("\n%s\n",
+              bandwidth_text(bench_memory_bandwidth(bandwidth_settings), bandwidth_settings).c_str());
   return 0;
 }
 
@@ -286,6 +356,13 @@ int BenchCommands::run_train() const {
       }
     }
     const auto or_null = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
+    const PrecisionSettings& precision = config.precision;
+    const json fp8 = precision.mode != MixedPrecision::fp8
+                         ? json(nullptr)
+                         : json{{"recipe", recipe_name(precision.recipe)},
+                                {"formats", precision.all_e4m3 ? "all_e4m3" : "hybrid"},
+                                {"fast_accumulation_forward", precision.fast_accumulation_forward},
+                                {"fast_accumulation_backward", precision.fast_accumulation_backward}};
     const json out = {
         {"benchmark", "train"},
         {"octet_version", kVersion},
@@ -295,8 +372,11 @@ int BenchCommands::run_train() const {
         {"layers", config.model.layers},
         {"channels", config.model.channels},
         {"heads", config.model.heads},
+        {"vocab_size", config.model.vocab_size},
         {"padded_vocab", config.model.padded_vocab()},
         {"mode", r.mode},
+        {"fp8", fp8},
+        {"linear_gemms", linear_gemms_json(r.linears)},
         {"parameters", r.parameters},
         {"flop_parameters", r.flop_parameters},
         {"batch_size", B},

@@ -1,7 +1,7 @@
 // Measurements on the GPU for `octet bench`: the throughput of the matrix products octet runs, timed through
-// the CUDA backend's own GEMM engine (octet/cuda/gemm.h), and the device memory in use. Declarations only,
-// and no CUDA header, so that CPU-only code (the command-line tool) can call them; in a build without CUDA
-// the functions that need a GPU throw octet::Error (invalid_input) saying so.
+// the CUDA backend's own GEMM engine (octet/cuda/gemm.h), the device memory bandwidth, and the device memory
+// in use. Declarations only, and no CUDA header, so that CPU-only code (the command-line tool) can call them;
+// in a build without CUDA the functions that need a GPU throw octet::Error (invalid_input) saying so.
 #pragma once
 
 #include <array>
@@ -106,6 +106,29 @@ struct GemmBenchRow {
 std::vector<GemmBenchRow> bench_gemms(const std::vector<GemmBenchShape>& shapes,
                                       const GemmBenchSettings& settings,
                                       const std::function<void(const GemmBenchRow&)>& on_row = {});
+
+// Device memory bandwidth, measured two ways on the same buffer of `bytes`: a device-to-device copy
+// (cudaMemcpyAsync, counted as read plus write: 2 * bytes per copy) and a kernel that only reads the buffer
+// (a float32 sum, each block writing one partial). Each is run `warmup_iterations` times untimed, then
+// `repeats` times between pairs of CUDA events; the median repeat is reported, in GB/s (10^9 bytes).
+struct BandwidthBenchSettings {
+  size_t bytes = size_t{1} << 30;  // per buffer; lowered to what fits in the free device memory
+  int64_t warmup_iterations = 3;
+  int64_t repeats = 10;
+};
+
+struct BandwidthBenchResult {
+  std::string skipped;  // empty when measured; otherwise why not (too little free device memory)
+  size_t bytes = 0;     // the buffer size used
+  double copy_median_ms = 0.0;
+  double copy_gbs = 0.0;  // 2 * bytes / copy_median_ms
+  double read_median_ms = 0.0;
+  double read_gbs = 0.0;  // bytes / read_median_ms
+};
+
+// Measures the bandwidth of CUDA device 0. Throws octet::Error (invalid_input) without CUDA in the build or
+// without a GPU, or for settings with no repeat or a buffer under 1 MiB.
+BandwidthBenchResult bench_memory_bandwidth(const BandwidthBenchSettings& settings = {});
 
 // Device memory in use on the whole device (cudaMemGetInfo: total less free, every process and the CUDA
 // context included). Throws octet::Error (invalid_input) without CUDA in the build or without a GPU.

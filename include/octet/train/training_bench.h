@@ -10,9 +10,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "octet/backend/backend.h"
 #include "octet/config/run_config.h"
+#include "octet/model/precision_policy.h"
 
 namespace octet {
 
@@ -68,6 +70,8 @@ struct TrainingBenchResult {
   int64_t other_gemms_per_step = 0;
   float last_loss = 0.0f;
   bool random_tokens = true;
+  // Every linear layer and the precision of its three GEMMs, as the last timed step ran them.
+  std::vector<LinearPlan> linears;
 
   double seconds = 0.0;  // wall time of the timed steps, the backend synchronised at both ends
   double ms_per_step = 0.0;

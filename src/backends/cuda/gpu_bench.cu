@@ -1,5 +1,6 @@
 // `octet bench gemm` on the GPU (see octet/backend/gpu_bench.h): every kind of product octet runs, timed with
-// CUDA events through the backend's own GemmEngine on random operands, and the device memory in use.
+// CUDA events through the backend's own GemmEngine on random operands; the device memory bandwidth of a copy
+// and of a read-only kernel; and the device memory in use.
 #include "octet/backend/gpu_bench.h"
 
 #include <algorithm>
@@ -101,6 +102,57 @@ double gib(size_t bytes) {
   return static_cast<double>(bytes) / static_cast<double>(size_t{1} << 30);
 }
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Milliseconds of each of `repeats` runs of `enqueue` (work on `stream`), each between its own pair of
+// events.
+template <typename Enqueue>
+std::vector<double> time_repeats(int64_t repeats, const cuda::Stream& stream, Enqueue enqueue) {
+  const Event start, stop;
+  std::vector<double> ms_each;
+  for (int64_t r = 0; r < repeats; ++r) {
+    OCTET_CUDA_CHECK(cudaEventRecord(start.get(), stream.get()));
+    enqueue();
+    OCTET_CUDA_CHECK(cudaEventRecord(stop.get(), stream.get()));
+    OCTET_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    float ms = 0.0f;
+    OCTET_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    ms_each.push_back(static_cast<double>(ms));
+  }
+  return ms_each;
+}
+
+// Reads x [n4 float4] once with 16-byte loads, four independent loads in flight per thread, and writes one
+// partial sum per block: the sum keeps the loads from being optimised away, the writes are negligible.
+constexpr int kReadThreads = 256;
+__global__ void read_sum_kernel(const float4* x, int64_t n4, float* partial) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float sum = 0.0f;
+  for (; i + 3 * stride < n4; i += 4 * stride) {
+    const float4 a = x[i], b = x[i + stride], c = x[i + 2 * stride], d = x[i + 3 * stride];
+    sum += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w)) + ((c.x + c.y) + (c.z + c.w)) +
+           ((d.x + d.y) + (d.z + d.w));
+  }
+  for (; i < n4; i += stride) {
+    const float4 a = x[i];
+    sum += (a.x + a.y) + (a.z + a.w);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
+  __shared__ float warp_sums[kReadThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float block_sum = 0.0f;
+    for (int w = 0; w < kReadThreads / 32; ++w) block_sum += warp_sums[w];
+    partial[blockIdx.x] = block_sum;
+  }
+}
+
 // Largest storage of any kind: float32 operands (TF32) and a float32 output.
 size_t bytes_needed(const GemmBenchShape& s) {
   return static_cast<size_t>(s.M * s.K + s.N * s.K + s.M * s.N) * sizeof(float);
@@ -139,21 +191,11 @@ GemmBenchResult time_kind(cuda::GemmEngine& engine, GemmBenchKind kind, const Ge
   fill_random(b.data(), shape.N * shape.K, types.b, 0x5EEDB, stream.get());
   for (int64_t i = 0; i < settings.warmup_iterations; ++i) engine.run(p, stream.get());
 
-  const Event start, stop;
-  std::vector<double> per_product_ms;
-  for (int64_t r = 0; r < settings.repeats; ++r) {
-    OCTET_CUDA_CHECK(cudaEventRecord(start.get(), stream.get()));
+  const auto products = [&]() {
     for (int64_t i = 0; i < settings.iterations; ++i) engine.run(p, stream.get());
-    OCTET_CUDA_CHECK(cudaEventRecord(stop.get(), stream.get()));
-    OCTET_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-    float ms = 0.0f;
-    OCTET_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    per_product_ms.push_back(static_cast<double>(ms) / static_cast<double>(settings.iterations));
-  }
-  std::sort(per_product_ms.begin(), per_product_ms.end());
-  const size_t n = per_product_ms.size();
+  };
   result.median_ms =
-      n % 2 == 1 ? per_product_ms[n / 2] : 0.5 * (per_product_ms[n / 2 - 1] + per_product_ms[n / 2]);
+      median(time_repeats(settings.repeats, stream, products)) / static_cast<double>(settings.iterations);
   const double flops =
       2.0 * static_cast<double>(shape.M) * static_cast<double>(shape.N) * static_cast<double>(shape.K);
   result.tflops = result.median_ms > 0.0 ? flops / (result.median_ms * 1e-3) / 1e12 : 0.0;
@@ -213,6 +255,58 @@ std::vector<GemmBenchRow> bench_gemms(const std::vector<GemmBenchShape>& shapes,
     rows.push_back(std::move(row));
   }
   return rows;
+}
+
+BandwidthBenchResult bench_memory_bandwidth(const BandwidthBenchSettings& settings) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  OCTET_REQUIRE(settings.repeats >= 1 && settings.warmup_iterations >= 0 && settings.bytes >= kMiB,
+                "bandwidth benchmark settings: repeats at least 1, warm-up at least 0, buffers of at least "
+                "1 MiB; got {}, {}, {} bytes",
+                settings.repeats, settings.warmup_iterations, settings.bytes);
+  require_gpu();
+  OCTET_CUDA_CHECK(cudaSetDevice(0));
+  BandwidthBenchResult result;
+  size_t free_bytes = 0, total_bytes = 0;
+  OCTET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // Two buffers, with room left for the allocator's rounding; whole MiB, so that float4 loads cover them.
+  const size_t room = free_bytes > (size_t{256} << 20) ? free_bytes - (size_t{256} << 20) : 0;
+  const size_t bytes = std::min(settings.bytes, room / 2) / kMiB * kMiB;
+  if (bytes < kMiB) {
+    result.skipped = fmt::format(
+        "two buffers of at least 1 MiB need more than {:.2f} GiB of free device memory", gib(free_bytes));
+    return result;
+  }
+  result.bytes = bytes;
+  const cuda::Stream stream;
+  const int64_t floats = static_cast<int64_t>(bytes / sizeof(float));
+  cuda::DeviceBuffer<float> source(static_cast<size_t>(floats)), destination(static_cast<size_t>(floats));
+  // Every page touched before timing; values in [-1, 1) so that the sum stays finite.
+  fill_random(source.data(), floats, GemmType::f32, 0x5EEDC, stream.get());
+  OCTET_CUDA_CHECK(cudaMemsetAsync(destination.data(), 0, bytes, stream.get()));
+
+  const auto copy = [&]() {
+    OCTET_CUDA_CHECK(
+        cudaMemcpyAsync(destination.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, stream.get()));
+  };
+  const cuda::DeviceInfo info = cuda::device_info(0);
+  // Enough resident blocks to fill every multiprocessor (2048 threads each on recent GPUs).
+  const int blocks = std::max(1, info.multiprocessors) * (2048 / kReadThreads);
+  cuda::DeviceBuffer<float> partial(static_cast<size_t>(blocks));
+  const auto read = [&]() {
+    read_sum_kernel<<<static_cast<unsigned>(blocks), kReadThreads, 0, stream.get()>>>(
+        reinterpret_cast<const float4*>(source.data()), floats / 4, partial.data());
+    OCTET_CUDA_CHECK_LAUNCH("read_sum_kernel");
+  };
+  for (int64_t i = 0; i < settings.warmup_iterations; ++i) {
+    copy();
+    read();
+  }
+  const double bytes_d = static_cast<double>(bytes);
+  result.copy_median_ms = median(time_repeats(settings.repeats, stream, copy));
+  result.read_median_ms = median(time_repeats(settings.repeats, stream, read));
+  result.copy_gbs = result.copy_median_ms > 0.0 ? 2.0 * bytes_d / (result.copy_median_ms * 1e-3) / 1e9 : 0.0;
+  result.read_gbs = result.read_median_ms > 0.0 ? bytes_d / (result.read_median_ms * 1e-3) / 1e9 : 0.0;
+  return result;
 }
 
 DeviceMemoryUse device_memory_in_use(int device) {

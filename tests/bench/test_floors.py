@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""bench/floors.py against numbers worked out by hand. Inputs: the H100 results kept in docs/bench/
+(`octet bench train --json` of GPT-2 124M and 350M, the table of `octet bench gemm` for 124M) and a result of
+the built `octet bench train` on a tiny configuration on the CPU. Exit 0 pass, 1 fail.
+
+  test_floors.py FLOORS_SCRIPT INPUTS_DIR OCTET_BINARY WORK_DIR
+
+Hand counts for GPT-2 124M (L = 12, C = 768, NH = 12, hs = 64, V = 50257, Vp = 50304, B = 32, T = 1024,
+N = B*T = 32768, P = 124475904 parameters):
+  parameters in matrices: 12 L C^2 + Vp C = 84934656 + 38633472 = 123568128
+  GEMM FLOPs per step: 6 x 123568128 x 32768 = 24294.48 GFLOP
+    block linears forward 24 N C^2 L = 5566.28 GFLOP; LM head forward 2 N C Vp = 2531.88 GFLOP
+  attention forward 2 B NH T^2 hs L = 618.48 GFLOP, backward 2.5x = 1546.19 GFLOP
+  total 24294.48 + 618.48 + 1546.19 = 26459.15 GFLOP
+  attention forward bytes 4 (3NC + NC + B NH T) L = 4850712576
+  cross-entropy bytes 4 (N V + N + N Vp + N) = 13180993536
+  optimizer bytes (fp8): 32 P + 2 x 84934656 (FP8 copies) + 6 x 38633472 (BF16 copy of the head) = 4384899072
+GPT-2 350M (L = 24, C = 1024, NH = 16, B = 16): GEMMs 34750.58 GFLOP, total with attention 37636.80 GFLOP.
+"""
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import unittest
+
+FLOORS, INPUTS, OCTET, WORK = sys.argv[1:5]
+
+
+def load_floors():
+    spec = importlib.util.spec_from_file_location("floors", FLOORS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+floors = load_floors()
+
+
+def run(*args):
+    """floors.main in this process: (exit code, standard output, standard error)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = floors.main(list(args))
+        except SystemExit as e:  # argparse
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def result_of(*args):
+    code, out, err = run(*args, "--json")
+    assert code == 0, err
+    return json.loads(out)["results"]
+
+
+def row(result, kind, phase):
+    for r in result["rows"]:
+        if r["kind"] == kind and r["phase"] == phase:
+            return r
+    raise AssertionError(f"no row {kind} / {phase}")
+
+
+def gflop(result, kind):
+    return sum(r["gflop"] for r in result["rows"] if r["kind"] == kind)
+
+
+def gb(result, kind):
+    return sum(r["gb"] for r in result["rows"] if r["kind"] == kind)
+
+
+def inputs(name):
+    return os.path.join(INPUTS, name)
+
+
+# Rates that make every GEMM and attention compute-bound: the floors are then FLOPs over the rate.
+FAST_MEMORY = ["--fp8-tflops", "1000", "--bf16-tflops", "500", "--bandwidth-gbs", "1000000"]
+
+
+class Gpt2Small(unittest.TestCase):
+    def setUp(self):
+        self.fp8, self.bf16 = result_of(inputs("gpt2-124M-octet-fp8.json"), inputs("gpt2-124M-octet-bf16.json"),
+                                        *FAST_MEMORY)
+
+    def test_flops_match_the_hand_count(self):
+        for r in (self.fp8, self.bf16):
+            self.assertAlmostEqual(r["total"]["gflop"], 26459.146, places=2)
+            self.assertAlmostEqual(gflop(r, "FP8 GEMMs") + gflop(r, "BF16/FP16/FP32 GEMMs"), 24294.483, places=2)
+            self.assertAlmostEqual(row(r, "attention", "forward")["gflop"], 618.475, places=2)
+            self.assertAlmostEqual(row(r, "attention", "backward")["gflop"], 1546.188, places=2)
+        # fp8: the block linears in FP8, the LM head in BF16, its backward inside the forward phase.
+        self.assertAlmostEqual(row(self.fp8, "FP8 GEMMs", "forward")["gflop"], 5566.278, places=2)
+        self.assertAlmostEqual(row(self.fp8, "FP8 GEMMs", "backward")["gflop"], 2 * 5566.278, places=2)
+        self.assertAlmostEqual(row(self.fp8, "BF16/FP16/FP32 GEMMs", "forward")["gflop"], 3 * 2531.883, places=2)
+        self.assertEqual(gflop(self.bf16, "FP8 GEMMs"), 0.0)
+        self.assertAlmostEqual(row(self.bf16, "BF16/FP16/FP32 GEMMs", "backward")["gflop"], 2 * 5566.278, places=2)
+
+    def test_bytes_match_the_hand_count(self):
+        for r in (self.fp8, self.bf16):
+            self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 4.850712576, places=9)
+            self.assertAlmostEqual(gb(r, "cross-entropy"), 13.180993536, places=9)
+        self.assertAlmostEqual(gb(self.fp8, "optimizer (fused weight casts included)"), 4.384899072, places=9)
+
+    def test_compute_bound_floors_are_flops_over_the_rate(self):
+        self.assertAlmostEqual(row(self.fp8, "FP8 GEMMs", "forward")["floor_ms"], 5566.278 / 1000, places=3)
+        self.assertAlmostEqual(row(self.fp8, "attention", "backward")["floor_ms"], 1546.188 / 500, places=3)
+        self.assertEqual(row(self.fp8, "attention", "backward")["bound"], "compute")
+
+    def test_measured_times_and_ratios_come_from_the_result(self):
+        with open(inputs("gpt2-124M-octet-fp8.json")) as f:
+            train = json.load(f)
+        kinds = {k["kind"]: k for k in train["phases"]["device_ms_by_kind"]}
+        r = row(self.fp8, "FP8 GEMMs", "forward")
+        self.assertEqual(r["measured_ms"], kinds["FP8 GEMMs"]["forward_ms"])
+        self.assertAlmostEqual(r["measured_over_floor"], r["measured_ms"] / r["floor_ms"])
+        total = sum(k["forward_ms"] + k["backward_ms"] + k["optimizer_ms"] for k in kinds.values())
+        self.assertAlmostEqual(self.fp8["total"]["measured_ms"], total)
+        self.assertAlmostEqual(self.fp8["total"]["floor_ms"], sum(r["floor_ms"] for r in self.fp8["rows"]))
+
+    def test_an_older_result_says_what_was_assumed(self):
+        notes = " ".join(self.fp8["notes"])
+        self.assertIn("GEMM precision per layer not in the result", notes)
+        self.assertIn("delayed recipe", notes)
+        self.assertIn("rates given", notes)
+
+    def test_memory_floors_are_bytes_over_the_bandwidth(self):
+        [r] = result_of(inputs("gpt2-124M-octet-fp8.json"), "--fp8-tflops", "1000", "--bf16-tflops", "500",
+                        "--bandwidth-gbs", "2000")
+        ce = row(r, "cross-entropy", "forward")
+        self.assertAlmostEqual(ce["floor_ms"], 13.180993536 / 2000 * 1e3, places=6)
+        self.assertEqual(ce["bound"], "memory")
+        # attn.c_proj's forward GEMM (N x C x C, FP8) moves more bytes than it computes at these rates: its
+        # floor is its bytes, 32768 x 768 (codes) + 768 x 768 (weight codes) + 4 x 32768 x 768 (float32 out).
+        ops = {(o["phase"], o["op"]): o for o in r["ops"]}
+        proj = ops[("forward", "attn.c_proj forward GEMM")]
+        self.assertAlmostEqual(proj["gb"], 12 * (32768 * 768 + 768 * 768 + 4 * 32768 * 768) / 1e9, places=9)
+        self.assertAlmostEqual(proj["floor_ms"], proj["gb"] / 2000 * 1e3, places=9)
+
+
+class Gpt2Medium(unittest.TestCase):
+    def test_flops_match_the_hand_count(self):
+        [r] = result_of(inputs("gpt2-350M-octet-fp8.json"), *FAST_MEMORY)
+        self.assertAlmostEqual(r["total"]["gflop"], 37636.798, places=2)
+        self.assertAlmostEqual(gflop(r, "FP8 GEMMs") + gflop(r, "BF16/FP16/FP32 GEMMs"), 34750.580, places=2)
+
+
+class GemmRates(unittest.TestCase):
+    def test_the_table_of_octet_bench_gemm_gives_each_shape_its_rate(self):
+        [r] = result_of(inputs("gpt2-124M-octet-fp8.json"), "--gemm", inputs("bench-gemm-gpt2-124M-h100.md"),
+                        "--bandwidth-gbs", "3000")
+        ops = {(o["phase"], o["op"]): o for o in r["ops"]}
+        # Rows of docs/bench/bench-gemm-gpt2-124M-h100.md: the forward with fast accumulation (e4m3 fast),
+        # the backward E5M2 gradients without (e4m3xe5m2).
+        self.assertEqual(ops[("forward", "attn.c_attn forward GEMM")]["tflops"], 1126.2)
+        self.assertEqual(ops[("backward", "attn.c_attn input-gradient GEMM")]["tflops"], 1239.7)
+        self.assertEqual(ops[("backward", "mlp.c_proj weight-gradient GEMM")]["tflops"], 1425.5)
+        # The BF16 head runs 4096-row chunks, which that table does not have: the highest bf16 rate stands in.
+        self.assertEqual(ops[("forward", "lm_head forward GEMM")]["tflops"], 763.4)
+        self.assertEqual(ops[("forward", "attention forward")]["tflops"], 763.4)
+        self.assertIn("bf16: shapes not measured take the highest bf16 rate measured (763.4 TFLOP/s)", r["notes"])
+
+    def test_the_json_of_octet_bench_gemm_gives_rates_and_bandwidth(self):
+        os.makedirs(WORK, exist_ok=True)
+        path = os.path.join(WORK, "gemm.json")
+        rates = {k: {"tflops": 400.0, "median_ms": 1.0} for k in floors.GEMM_KIND_KEYS}
+        shape = dict(rates, e4m3_fast_accum={"tflops": 900.0, "median_ms": 1.0})
+        with open(path, "w") as f:
+            json.dump({"benchmark": "gemm", "device": {"name": "test"},
+                       "rows": [{"M": 32768, "N": 2304, "K": 768, "results": shape},
+                                {"M": 8, "N": 8, "K": 8, "results": dict(rates, tf32={"skipped": "no"})}],
+                       "memory_bandwidth": {"copy_gbs": 2500.0, "read_gbs": 2800.0}}, f)
+        [r] = result_of(inputs("gpt2-124M-octet-fp8.json"), "--gemm", path)
+        self.assertEqual(r["bandwidth_gbs"], 2500.0)
+        ops = {(o["phase"], o["op"]): o for o in r["ops"]}
+        self.assertEqual(ops[("forward", "attn.c_attn forward GEMM")]["tflops"], 900.0)
+        self.assertEqual(ops[("forward", "mlp.c_fc forward GEMM")]["tflops"], 900.0)  # the best e4m3 fast
+        self.assertEqual(ops[("backward", "mlp.c_fc input-gradient GEMM")]["tflops"], 400.0)
+        # An override wins over the measured rates.
+        [r] = result_of(inputs("gpt2-124M-octet-fp8.json"), "--gemm", path, "--fp8-tflops", "1234")
+        ops = {(o["phase"], o["op"]): o for o in r["ops"]}
+        self.assertEqual(ops[("forward", "attn.c_attn forward GEMM")]["tflops"], 1234.0)
+
+
+class Outputs(unittest.TestCase):
+    def test_markdown_has_one_table_per_result_and_a_total(self):
+        code, out, err = run(inputs("gpt2-124M-octet-fp8.json"), inputs("gpt2-124M-octet-bf16.json"),
+                             *FAST_MEMORY, "--markdown")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.count("| kind of op | phase | GFLOP | GB | floor ms | measured ms | measured/floor |"), 2)
+        self.assertEqual(out.count("\n| total |"), 2)
+        self.assertIn("| FP8 GEMMs | forward | 5566.3 |", out)
+
+    def test_text_is_the_default(self):
+        code, out, err = run(inputs("gpt2-124M-octet-fp8.json"), *FAST_MEMORY)
+        self.assertEqual(code, 0, err)
+        self.assertIn("kind of op", out)
+        self.assertNotIn("|", out)
+
+    def test_bad_inputs_fail_with_one_line(self):
+        cases = [[inputs("gpt2-124M-peer.json"), *FAST_MEMORY],  # not octet's result
+                 [inputs("gpt2-124M-octet-fp8.json"), "--fp8-tflops", "1000"],  # no bandwidth
+                 [inputs("gpt2-124M-octet-fp8.json"), "--bandwidth-gbs", "1000"],  # no GEMM rates
+                 [os.path.join(INPUTS, "missing.json"), *FAST_MEMORY]]
+        for args in cases:
+            code, out, err = run(*args)
+            self.assertEqual(code, 2, args)
+            self.assertEqual(out, "")
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+            self.assertTrue(err.startswith("floors.py: error: "), err)
+        code, _, err = run(inputs("gpt2-124M-octet-fp8.json"), *FAST_MEMORY[:-1], "-5")
+        self.assertEqual(code, 2)
+        self.assertIn("--bandwidth-gbs", err)
+
+
+class CurrentOctetResult(unittest.TestCase):
+    """A result of this build's `octet bench train`: the precision of every layer's GEMMs comes from it."""
+
+    def test_an_excluded_layer_counts_as_bf16(self):
+        if not os.path.exists(OCTET):
+            self.skipTest(f"no octet binary at {OCTET}")
+        os.makedirs(WORK, exist_ok=True)
+        config = os.path.join(WORK, "tiny.toml")
+        with open(config, "w") as f:
+            f.write('[model]\nvocab_size = 256\nmax_seq_len = 16\nlayers = 2\nheads = 2\nchannels = 32\n'
+                    '[train]\nmixed_precision = "fp8"\ndevice = "cpu"\nbatch_size = 2\nseq_len = 16\n'
+                    'steps = 10\n')
+        p = subprocess.run([OCTET, "bench", "train", config, "--steps", "1", "--warmup", "0", "--json", "--set",
+                            'fp8.exclude=["h.1.mlp.c_proj"]'], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        train = os.path.join(WORK, "tiny.json")
+        with open(train, "w") as f:
+            f.write(p.stdout)
+        [r] = result_of(train, *FAST_MEMORY)
+        self.assertFalse([n for n in r["notes"] if "not in the result" in n or "model line" in n], r["notes"])
+        N, C, L, Vp = 32, 32, 2, 256
+        # FP8: every block linear but one mlp.c_proj; BF16: that one and the LM head (forward and backward in
+        # the forward phase).
+        fp8_forward = 2 * N * C * (3 * C + C + 4 * C) * L + 2 * N * 4 * C * C
+        self.assertAlmostEqual(row(r, "FP8 GEMMs", "forward")["gflop"], fp8_forward / 1e9, places=12)
+        self.assertAlmostEqual(row(r, "FP8 GEMMs", "backward")["gflop"], 2 * fp8_forward / 1e9, places=12)
+        self.assertAlmostEqual(row(r, "BF16/FP16/FP32 GEMMs", "forward")["gflop"],
+                               (2 * N * 4 * C * C + 3 * 2 * N * C * Vp) / 1e9, places=12)
+        self.assertAlmostEqual(row(r, "BF16/FP16/FP32 GEMMs", "backward")["gflop"], 2 * 2 * N * 4 * C * C / 1e9,
+                               places=12)
+        # No device times on the CPU: nothing measured.
+        self.assertIsNone(r["total"]["measured_ms"])
+
+
+if __name__ == "__main__":
+    shutil.rmtree(WORK, ignore_errors=True)
+    result = unittest.main(argv=[sys.argv[0], "-v"], exit=False).result
+    sys.exit(0 if result.wasSuccessful() else 1)
