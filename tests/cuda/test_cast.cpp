@@ -118,8 +118,9 @@ struct CastCase {
   float scale = 1.0f;
   CastOptions options;
   bool transposed = false;
-  size_t input_offset = 0;   // elements: a non-zero offset makes the input unaligned for float4 loads
-  size_t output_offset = 0;  // bytes
+  size_t input_offset = 0;       // elements: a non-zero offset makes the input unaligned for float4 loads
+  size_t output_offset = 0;      // bytes
+  size_t transposed_offset = 0;  // bytes: a non-zero offset defeats 4-byte stores of transposed codes
 };
 
 // Runs the kernel on guarded buffers and compares everything with the CPU reference, which it returns.
@@ -133,7 +134,7 @@ QuantizedTensor expect_cast_matches_cpu(const CastCase& c) {
   scale.upload(std::span<const float>(&c.scale, 1));
   Guarded<float> scale_inv(1);
   Guarded<uint8_t> output(n, c.output_offset);
-  Guarded<uint8_t> output_transposed(n);
+  Guarded<uint8_t> output_transposed(n, c.transposed_offset);
   Guarded<CastResults> results(1);
 
   octet::cuda::CastAmaxArguments a;
@@ -325,6 +326,50 @@ TEST(CudaCast, LargeTensorStridesOverTheGrid) {
     c.options = {Overflow::saturate, transposed ? Rounding::stochastic : Rounding::nearest_even, 5};
     c.transposed = transposed;
     expect_cast_matches_cpu(c);
+  }
+}
+
+TEST(CudaCast, TransposedTilesMatchCpuReference) {
+  SKIP_WITHOUT_GPU();
+  // The tiled kernel's paths: float4 loads and word stores of row-major codes (cols % 4 == 0, aligned), word
+  // stores of transposed codes (rows % 4 == 0, aligned), and the element-by-element fallbacks, on shapes
+  // around the 64 x 64 tile edge (whole tiles, tiles cut by rows, by columns, by both), with offsets that
+  // turn each word path off in turn. The last shape has more tiles than the grid has blocks.
+  const std::vector<octet::testing::Shape2D> shapes = {{64, 64}, {128, 192}, {100, 132}, {68, 4},
+                                                       {4, 68},  {65, 64},   {64, 65},   {3, 1000},
+                                                       {1, 64},  {64, 1},    {61, 124},  {1028, 4100}};
+  struct Offsets {
+    size_t input;
+    size_t output;
+    size_t transposed;
+  };
+  const std::vector<Offsets> offsets = {{0, 0, 0}, {4, 4, 4}, {1, 0, 0}, {0, 1, 0}, {0, 0, 2}};
+  uint64_t seed = 3000;
+  for (const Config& config : all_configs()) {
+    for (const octet::testing::Shape2D& shape : shapes) {
+      for (const Offsets& o : offsets) {
+        ++seed;
+        const size_t n = static_cast<size_t>(shape.rows * shape.cols);
+        if (n > 100000 && (o.input != 0 || o.output != 0 || o.transposed != 0)) continue;
+        const std::vector<float> x = cast_inputs(n, seed, true);
+        SCOPED_TRACE(describe(config, shape.rows, shape.cols, true, seed) + ", offsets " +
+                     std::to_string(o.input) + " " + std::to_string(o.output) + " " +
+                     std::to_string(o.transposed));
+        CastCase c;
+        c.x = x;
+        c.rows = shape.rows;
+        c.cols = shape.cols;
+        c.format = config.format;
+        c.scale = kScaleForSpecials;
+        c.options = {config.overflow, config.rounding, seed * 7919u};
+        c.transposed = true;
+        c.input_offset = o.input;
+        c.output_offset = o.output;
+        c.transposed_offset = o.transposed;
+        expect_cast_matches_cpu(c);
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
   }
 }
 

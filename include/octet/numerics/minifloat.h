@@ -82,6 +82,35 @@ OCTET_HOST_DEVICE constexpr uint32_t max_finite_code(const MinifloatSpec& s) {
   return 0;
 }
 
+// The code, sign bit clear, that a value beyond the largest finite one becomes: the largest finite value when
+// saturating; otherwise Inf, or NaN in formats without infinities (S.1111.111 in E4M3), as CUDA's __NV_NOSAT
+// conversion and PyTorch's float8_e4m3fn cast write it.
+OCTET_HOST_DEVICE constexpr uint32_t overflow_code(const MinifloatSpec& s, Overflow overflow) {
+  if (overflow == Overflow::saturate) return max_finite_code(s);
+  return s.specials == SpecialEncoding::ieee ? ((1u << s.exponent_bits) - 1u) << s.mantissa_bits
+                                             : canonical_nan(s);
+}
+
+// The least float32 magnitude, as bits, that overflows format `s` when rounding to nearest, ties to even.
+// Rounding acts as if the exponent range went on, so the edge is the midpoint between the largest finite
+// value and the step beyond it: the midpoint itself overflows when the largest finite value's mantissa is odd
+// (the tie goes to the even step beyond, E5M2's 61440), and only the float32 above it when that mantissa is
+// even (the tie stays on the largest finite value, E4M3's 464). For the signed formats narrower than
+// float32: E4M3, E5M2, BF16, FP16.
+OCTET_HOST_DEVICE constexpr uint32_t nearest_overflow_threshold(const MinifloatSpec& s) {
+  const uint32_t largest = max_finite_code(s);
+  const uint32_t mantissa = largest & ((1u << s.mantissa_bits) - 1u);
+  const int exponent = static_cast<int>(largest >> s.mantissa_bits) - s.exponent_bias;  // a normal value
+  // The midpoint is 1.m1 x 2^exponent, m the largest value's mantissa: one more bit below it.
+  const uint32_t midpoint =
+      (static_cast<uint32_t>(exponent + 127) << 23) | (((mantissa << 1) | 1u) << (22 - s.mantissa_bits));
+  return (mantissa & 1u) != 0u ? midpoint : midpoint + 1u;
+}
+static_assert(nearest_overflow_threshold(minifloat_spec(Dtype::e4m3)) == 0x43E80001u,
+              "E4M3: 464 = 0x43E80000 rounds to 448 (ties to even); the float32 above it overflows");
+static_assert(nearest_overflow_threshold(minifloat_spec(Dtype::e5m2)) == 0x47700000u,
+              "E5M2: 61440 = 0x47700000 rounds past 57344 (ties to even) and overflows");
+
 namespace detail {
 
 OCTET_HOST_DEVICE inline uint32_t float_bits(float x) {
@@ -204,14 +233,8 @@ OCTET_HOST_DEVICE inline EncodeResult encode_checked(const MinifloatSpec& s, flo
   const bool is_unsigned = s.specials == SpecialEncoding::unsigned_power_of_two;
   const uint32_t sign = (bits >> 31) && !is_unsigned ? 1u << (s.exponent_bits + s.mantissa_bits) : 0u;
   const uint32_t nan = canonical_nan(s);
-  const uint32_t largest = max_finite_code(s);
-  // Overflow without saturation: +-Inf, or in formats without infinities the NaN code with the input's sign
-  // (S.1111.111 in E4M3), as CUDA's __NV_NOSAT conversion and PyTorch's float8_e4m3fn cast write it.
-  const uint32_t overflowed =
-      overflow == Overflow::saturate
-          ? (sign | largest)
-          : (sign |
-             (s.specials == SpecialEncoding::ieee ? ((1u << s.exponent_bits) - 1u) << s.mantissa_bits : nan));
+  // Overflow keeps the input's sign: without saturation that is +-Inf, or in E4M3 the NaN code S.1111.111.
+  const uint32_t overflowed = sign | overflow_code(s, overflow);
 
   if (abs_bits > 0x7F800000u) return {nan, false};
   if (is_unsigned) {
@@ -229,6 +252,24 @@ OCTET_HOST_DEVICE inline EncodeResult encode_checked(const MinifloatSpec& s, flo
 OCTET_HOST_DEVICE inline uint32_t encode(const MinifloatSpec& s, float x, Overflow overflow,
                                          const uint32_t* random_bits = nullptr) {
   return encode_checked(s, x, overflow, random_bits).code;
+}
+
+// encode_checked(s, x, overflow) rounding to nearest, given the code that the saturating cast writes for x:
+// overflow is one comparison with nearest_overflow_threshold (Inf overflows, NaN does not), and without
+// saturation an overflowed value takes overflow_code instead; every other code is the same in both modes.
+// For code paths that take the saturating code from NVIDIA's conversion instruction, which writes exactly
+// encode(s, x, Overflow::saturate) for E4M3 and E5M2 (tests/cuda, every float32). Formats as
+// nearest_overflow_threshold.
+OCTET_HOST_DEVICE inline EncodeResult encode_from_saturated(const MinifloatSpec& s, float x,
+                                                            Overflow overflow, uint32_t saturated_code) {
+  const uint32_t bits = detail::float_bits(x);
+  const uint32_t abs_bits = bits & 0x7FFFFFFFu;
+  const bool overflowed = abs_bits >= nearest_overflow_threshold(s) && abs_bits <= 0x7F800000u;
+  if (overflowed && overflow == Overflow::non_saturating) {
+    const uint32_t sign = (bits >> 31) << (s.exponent_bits + s.mantissa_bits);
+    return {sign | overflow_code(s, Overflow::non_saturating), true};
+  }
+  return {saturated_code, overflowed};
 }
 
 // Decodes a code of format `s` to float32 (exact: every value of these formats is a float32).

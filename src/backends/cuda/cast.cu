@@ -1,8 +1,9 @@
 // The fused FP8 cast kernels (see octet/cuda/cast.h) and their launcher. Two kernels share one per-element
-// step: a flat grid-stride kernel with float4 loads for the row-major codes alone, and a tiled kernel that
-// also writes the transposed codes through shared memory. The per-element step (cast_element.cuh, shared
-// with the producer-fused casts of fused.cu) is the CPU reference's cast_one (src/numerics/quantize.cpp) line
-// for line, so the bytes, amax and counts agree exactly.
+// step: a flat grid-stride kernel with float4 loads for the row-major codes alone, and a tiled kernel (float4
+// loads and 32-bit code stores too) that also writes the transposed codes through shared memory. The
+// per-element step (cast_element.cuh, shared with the producer-fused casts of fused.cu) is the CPU
+// reference's cast_one (src/numerics/quantize.cpp) line for line, so the bytes, amax and counts agree
+// exactly.
 #include "octet/cuda/cast.h"
 
 #include "cast_element.cuh"
@@ -14,14 +15,22 @@ namespace octet::cuda {
 namespace {
 
 using cast_internal::cast_element;
+using cast_internal::cast_elements;
 using cast_internal::flush_tally;
 using cast_internal::Tally;
 
-constexpr int kThreads = 256;        // flat kernel block size
-constexpr int kTile = 32;            // transpose tile edge: one warp spans a tile row
-constexpr int kTileRowsPerPass = 8;  // transpose block is kTile x kTileRowsPerPass threads
-constexpr int kTransposeThreads = kTile * kTileRowsPerPass;
+constexpr int kThreads = 256;  // flat kernel block size
+// Transposed casts: kTile x kTile tiles, 16 elements of each for every thread (as Tally assumes).
+constexpr int kTile = 64;
+constexpr int kTileGroups = kTile / 4;  // groups of four rows or columns in a tile edge
+constexpr int kTransposeThreads = kTileGroups * kTileGroups;
+constexpr int kTileWords = kTileGroups + 1;  // staged tile row, in 32-bit words: one word of padding
 constexpr int kBlocksPerMultiprocessor = 8;
+// The grid is kBlocksPerMultiprocessor blocks per multiprocessor, so they must all be resident at once (32
+// registers a thread), or the last of them run as a second, mostly idle wave. Rounding to nearest fits; the
+// stochastic encoder would spill, and is left to take what it needs.
+template <bool Stochastic>
+inline constexpr int kMinBlocks = Stochastic ? 1 : kBlocksPerMultiprocessor;
 
 struct KernelParameters {
   const float* input;
@@ -35,27 +44,27 @@ struct KernelParameters {
   Overflow overflow;
   uint64_t seed;
   int64_t vector_groups;  // flat kernel: groups of 4 elements read as float4 (0 when unaligned)
+  bool vector_rows;       // tiled kernel: cols % 4 == 0, input 16-byte and output 4-byte aligned
+  bool transposed_words;  // tiled kernel: rows % 4 == 0 and output_transposed 4-byte aligned
 };
 
 // Row-major codes only. Groups of four elements: one float4 load and one 32-bit store of four codes (little
 // endian, so code i lands at byte i); then the n % 4 elements (or all of them when unaligned) one by one.
 template <Dtype Format, bool Stochastic>
-__global__ void __launch_bounds__(kThreads) cast_amax_kernel(const KernelParameters p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks<Stochastic>)
+    cast_amax_kernel(const KernelParameters p) {
   const float scale = *p.scale;
   const int64_t n = p.rows * p.cols;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  Tally t{};
   const float4* input4 = reinterpret_cast<const float4*>(p.input);
   uint32_t* output4 = reinterpret_cast<uint32_t*>(p.output);
   for (int64_t g = first; g < p.vector_groups; g += stride) {
     const float4 v = __ldg(input4 + g);
-    const uint64_t i = static_cast<uint64_t>(g) * 4u;
-    const uint32_t c0 = cast_element<Format, Stochastic>(v.x, scale, p.overflow, p.seed, i, t);
-    const uint32_t c1 = cast_element<Format, Stochastic>(v.y, scale, p.overflow, p.seed, i + 1, t);
-    const uint32_t c2 = cast_element<Format, Stochastic>(v.z, scale, p.overflow, p.seed, i + 2, t);
-    const uint32_t c3 = cast_element<Format, Stochastic>(v.w, scale, p.overflow, p.seed, i + 3, t);
-    output4[g] = c0 | (c1 << 8) | (c2 << 16) | (c3 << 24);
+    const float x[4] = {v.x, v.y, v.z, v.w};
+    output4[g] =
+        cast_elements<Format, Stochastic, 4>(x, scale, p.overflow, p.seed, static_cast<uint64_t>(g) * 4u, t);
   }
   for (int64_t i = p.vector_groups * 4 + first; i < n; i += stride) {
     p.output[i] = static_cast<uint8_t>(cast_element<Format, Stochastic>(__ldg(p.input + i), scale, p.overflow,
@@ -65,41 +74,85 @@ __global__ void __launch_bounds__(kThreads) cast_amax_kernel(const KernelParamet
   flush_tally(t, p.results);
 }
 
-// Row-major and transposed codes. A block walks kTile x kTile tiles (grid-stride over tiles): it reads a
-// tile row by row (a warp reads 32 consecutive floats), writes the row-major codes, keeps them in shared
-// memory, and writes the tile's transpose row by row. The tile is 32-bit words with one column of padding,
-// so that both the row-wise writes and the column-wise reads hit 32 different banks.
+// Row-major and transposed codes. A block walks kTile x kTile tiles (grid-stride over tiles). Thread 16a + b
+// first reads four-column group b of tile rows a, a + 16, a + 32 and a + 48 (a warp reads two 256-byte row
+// segments per float4 load), writes their codes row-major as 32-bit words and stages them in shared memory;
+// then it takes the 4 x 4 codes of row group b and column group a, transposes them in registers and writes
+// four 32-bit words of the transposed output (a warp writes two 64-byte segments of each of four transposed
+// rows per store). Groups that the tile edge cuts, or that the pointers' alignment or the shape does not
+// allow as words, go element by element through the same staging, so every shape gives the bytes that one
+// cast_element per element would.
 template <Dtype Format, bool Stochastic>
-__global__ void __launch_bounds__(kTransposeThreads) cast_transpose_amax_kernel(const KernelParameters p) {
-  __shared__ uint32_t tile[kTile][kTile + 1];
+__global__ void __launch_bounds__(kTransposeThreads, kMinBlocks<Stochastic>)
+    cast_transpose_amax_kernel(const KernelParameters p) {
+  // A staged row is 16 words and a padding word. Without it, the 16 row groups that half a warp reads in the
+  // transposing step would all fall in one bank (16-way conflicts); with it, in 8 (2-way).
+  __shared__ uint32_t staged[kTile][kTileWords];
   const float scale = *p.scale;
   const int64_t tile_rows = (p.rows + kTile - 1) / kTile;
   const int64_t tile_cols = (p.cols + kTile - 1) / kTile;
   const int64_t tiles = tile_rows * tile_cols;
-  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  const int a = static_cast<int>(threadIdx.x) / kTileGroups;
+  const int b = static_cast<int>(threadIdx.x) % kTileGroups;
+  Tally t{};
   for (int64_t tile_index = blockIdx.x; tile_index < tiles; tile_index += gridDim.x) {
     const int64_t row0 = (tile_index / tile_cols) * kTile;
     const int64_t col0 = (tile_index % tile_cols) * kTile;
-    for (int k = static_cast<int>(threadIdx.y); k < kTile; k += kTileRowsPerPass) {
-      const int64_t r = row0 + k;
-      const int64_t c = col0 + threadIdx.x;
-      if (r < p.rows && c < p.cols) {
-        const int64_t i = r * p.cols + c;
-        const uint32_t code = cast_element<Format, Stochastic>(__ldg(p.input + i), scale, p.overflow, p.seed,
-                                                               static_cast<uint64_t>(i), t);
-        p.output[i] = static_cast<uint8_t>(code);
-        tile[k][threadIdx.x] = code;
+    // Row-major: rows a + 16 k, columns 4b .. 4b + 3 of the tile.
+    const int64_t c = col0 + 4 * b;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int tile_row = a + kTileGroups * k;
+      const int64_t r = row0 + tile_row;
+      if (r >= p.rows || c >= p.cols) continue;
+      const int64_t i = r * p.cols + c;
+      uint32_t word = 0;
+      if (p.vector_rows) {  // cols % 4 == 0: the whole group is inside the matrix
+        const float4 v = __ldg(reinterpret_cast<const float4*>(p.input + i));
+        const float x[4] = {v.x, v.y, v.z, v.w};
+        word =
+            cast_elements<Format, Stochastic, 4>(x, scale, p.overflow, p.seed, static_cast<uint64_t>(i), t);
+        *reinterpret_cast<uint32_t*>(p.output + i) = word;
+      } else {
+        for (int j = 0; j < 4 && c + j < p.cols; ++j) {
+          const uint32_t code = cast_element<Format, Stochastic>(__ldg(p.input + i + j), scale, p.overflow,
+                                                                 p.seed, static_cast<uint64_t>(i + j), t);
+          p.output[i + j] = static_cast<uint8_t>(code);
+          word |= code << (8 * j);
+        }
       }
+      staged[tile_row][b] = word;
     }
     __syncthreads();
-    for (int k = static_cast<int>(threadIdx.y); k < kTile; k += kTileRowsPerPass) {
-      const int64_t c = col0 + k;  // row of the transposed output
-      const int64_t r = row0 + threadIdx.x;
-      if (r < p.rows && c < p.cols) {
-        p.output_transposed[c * p.rows + r] = static_cast<uint8_t>(tile[threadIdx.x][k]);
+    // Transposed: tile rows 4b .. 4b + 3 of tile columns 4a .. 4a + 3 become, column by column, a word of
+    // transposed row col0 + 4a + j at column row0 + 4b. Staged bytes beyond the matrix are never written out.
+    const int64_t r = row0 + 4 * b;
+    const int64_t c_t = col0 + 4 * a;
+    if (r < p.rows && c_t < p.cols) {
+      const uint32_t w0 = staged[4 * b][a];
+      const uint32_t w1 = staged[4 * b + 1][a];
+      const uint32_t w2 = staged[4 * b + 2][a];
+      const uint32_t w3 = staged[4 * b + 3][a];
+      // Byte j of each of w0..w3, in that order, for j = 0..3 (__byte_perm selects bytes 0-3 of its first
+      // operand and 4-7 of its second).
+      const uint32_t low01 = __byte_perm(w0, w1, 0x5140);   // w0.0 w1.0 w0.1 w1.1
+      const uint32_t high01 = __byte_perm(w0, w1, 0x7362);  // w0.2 w1.2 w0.3 w1.3
+      const uint32_t low23 = __byte_perm(w2, w3, 0x5140);
+      const uint32_t high23 = __byte_perm(w2, w3, 0x7362);
+      const uint32_t columns[4] = {__byte_perm(low01, low23, 0x5410), __byte_perm(low01, low23, 0x7632),
+                                   __byte_perm(high01, high23, 0x5410), __byte_perm(high01, high23, 0x7632)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (c_t + j >= p.cols) break;
+        uint8_t* d = p.output_transposed + (c_t + j) * p.rows + r;
+        if (p.transposed_words) {  // rows % 4 == 0: the whole group is inside the matrix
+          *reinterpret_cast<uint32_t*>(d) = columns[j];
+        } else {
+          for (int k = 0; k < 4 && r + k < p.rows; ++k) d[k] = static_cast<uint8_t>(columns[j] >> (8 * k));
+        }
       }
     }
-    __syncthreads();  // the next tile overwrites `tile`
+    __syncthreads();  // the next tile overwrites `staged`
   }
   cast_internal::write_scale_inv(p.scale_inv, scale);
   flush_tally(t, p.results);
@@ -109,7 +162,7 @@ __global__ void __launch_bounds__(kTransposeThreads) cast_transpose_amax_kernel(
 // winning as in cast_element.
 __global__ void __launch_bounds__(kThreads) amax_kernel(const float* input, int64_t n, CastResults* results) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  Tally t{};
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const uint32_t abs_bits = cast_internal::float_bits(__ldg(input + i)) & cast_internal::kAbsMask;
     const uint32_t candidate = abs_bits > cast_internal::kInfBits ? cast_internal::kQuietNanBits : abs_bits;
@@ -127,20 +180,21 @@ int multiprocessor_count() {
 }
 
 // Enough blocks to fill the GPU, no more: the kernels stride over the rest. Always at least one block, which
-// writes scale_inv even for an empty tensor.
+// writes scale_inv even for an empty tensor, and never so few that a block strides more than
+// kMaxBlockStrides times (see Tally). Results never depend on the grid size.
 unsigned grid_size(int64_t work_items, int64_t items_per_block) {
   const int64_t wanted = (work_items + items_per_block - 1) / items_per_block;
   const int64_t most = static_cast<int64_t>(multiprocessor_count()) * kBlocksPerMultiprocessor;
   const int64_t blocks = wanted < 1 ? 1 : (wanted < most ? wanted : most);
-  return static_cast<unsigned>(blocks);
+  const int64_t least = (wanted + cast_internal::kMaxBlockStrides - 1) / cast_internal::kMaxBlockStrides;
+  return static_cast<unsigned>(blocks > least ? blocks : least);
 }
 
 template <Dtype Format, bool Stochastic>
 void launch(const KernelParameters& p, cudaStream_t stream) {
   if (p.output_transposed != nullptr) {
     const int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
-    const dim3 block(kTile, kTileRowsPerPass);
-    cast_transpose_amax_kernel<Format, Stochastic><<<grid_size(tiles, 1), block, 0, stream>>>(p);
+    cast_transpose_amax_kernel<Format, Stochastic><<<grid_size(tiles, 1), kTransposeThreads, 0, stream>>>(p);
     OCTET_CUDA_CHECK_LAUNCH("cast_transpose_amax_kernel");
   } else {
     const int64_t n = p.rows * p.cols;
@@ -178,6 +232,8 @@ void cast_amax(const CastAmaxArguments& a, cudaStream_t stream) {
   p.overflow = a.options.overflow;
   p.seed = a.options.seed;
   p.vector_groups = (aligned(a.input, 16) && aligned(a.output, 4)) ? n / 4 : 0;
+  p.vector_rows = a.cols % 4 == 0 && aligned(a.input, 16) && aligned(a.output, 4);
+  p.transposed_words = a.rows % 4 == 0 && aligned(a.output_transposed, 4);
 
   // The kernels accumulate into results with atomics: start from zero amax (+0.0f bits) and zero counts.
   OCTET_CUDA_CHECK(cudaMemsetAsync(a.results, 0, sizeof(CastResults), stream));

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include <cuda_fp8.h>
+
 #include "octet/cuda/cast.h"
 #include "octet/numerics/minifloat.h"
 #include "octet/numerics/random.h"
@@ -20,8 +22,121 @@ inline constexpr uint32_t kQuietNanBits = 0x7FC00000u;
 // the values (+0 lowest, +Inf highest), so an unsigned max is a float max. A NaN input
 // contributes a quiet NaN's bits, which exceed +Inf's, so the maximum is NaN exactly when some input was NaN
 // (octet::compute_amax's rule) and no separate flag is needed: nan_inputs counts them anyway.
+// The counts are 32-bit (a 64-bit add is two instructions, on every element) and cannot wrap: a thread takes
+// at most 16 elements per grid stride (a float4 group, or its share of a tile), and the launchers keep every
+// block to kMaxBlockStrides strides (one more for a flat kernel's leftover elements), so a thread counts
+// fewer than 16 x (2^24 + 1) elements. The LayerNorm kernels do not stride: a lane counts at most two rows'
+// share, 2 x (C / 32 + 4) elements, which would take rows of 2^36 floats (256 GiB) to reach 2^32.
+// flush_tally adds across threads in 64 bits.
 // A plain aggregate (no member initialisers) so that it may live in __shared__ memory.
 struct Tally {
+  uint32_t amax_bits;
+  uint32_t saturated;
+  uint32_t underflowed;
+  uint32_t nan_inputs;
+  uint32_t nonzero;
+};
+
+// The most grid strides a block of a counting kernel may take: grid sizes are at least
+// ceil(block strides wanted / kMaxBlockStrides), which only matters beyond 2^24 strides per block (on
+// Hopper, some 10^13 elements), and keeps the 32-bit counts of Tally exact.
+inline constexpr int64_t kMaxBlockStrides = int64_t{1} << 24;
+
+__device__ __forceinline__ uint32_t float_bits(float x) {
+  return __float_as_uint(x);
+}
+
+// The saturating codes of W values, code k in byte k: NVIDIA's conversion, two values per cvt instruction.
+// It writes exactly encode(spec, x, Overflow::saturate) for every float32 (tests/cuda, HardwareConversions).
+// Compute capability 8.9 and later only.
+template <Dtype Format, int W>
+__device__ __forceinline__ uint32_t saturating_codes(const float (&x)[W]) {
+  constexpr __nv_fp8_interpretation_t kind = Format == Dtype::e4m3 ? __NV_E4M3 : __NV_E5M2;
+  uint32_t codes = 0;
+#pragma unroll
+  for (int k = 0; k + 1 < W; k += 2) {
+    const __nv_fp8x2_storage_t pair =
+        __nv_cvt_float2_to_fp8x2(make_float2(x[k], x[k + 1]), __NV_SATFINITE, kind);
+    codes |= static_cast<uint32_t>(pair) << (8 * k);
+  }
+  if constexpr (W % 2 == 1) {
+    codes |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(x[W - 1], __NV_SATFINITE, kind)) << (8 * (W - 1));
+  }
+  return codes;
+}
+
+// cast_one of src/numerics/quantize.cpp for W consecutive elements (element k has index `index + k`): scale
+// in float32, encode, count. Returns the codes, code k in byte k (little endian: one 32-bit store writes them
+// in order). Format and rounding are template parameters so that the generic encoder folds to this format's
+// constants. Rounding to nearest on a GPU with FP8 conversions, the codes come from the cvt instruction and
+// the overflow flag from one comparison (encode_from_saturated), a few instructions instead of the generic
+// encoder's dozens; the results are the same bits.
+template <Dtype Format, bool Stochastic, int W>
+__device__ __forceinline__ uint32_t cast_elements(const float (&x)[W], float scale, Overflow overflow,
+                                                  uint64_t seed, uint64_t index, Tally& tally) {
+  static_assert(W >= 1 && W <= 4, "the codes of at most four elements fit a 32-bit word");
+  constexpr MinifloatSpec spec = minifloat_spec(Format);
+  constexpr uint32_t sign_bit = 1u << (spec.exponent_bits + spec.mantissa_bits);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  constexpr bool kHardwareConversion = !Stochastic && (Format == Dtype::e4m3 || Format == Dtype::e5m2);
+#else
+  constexpr bool kHardwareConversion = false;
+#endif
+  if constexpr (!Stochastic) {
+    (void)seed;
+    (void)index;
+  }
+  float scaled[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    // __fmul_rn: round-to-nearest and never contracted into an FMA, as the host's x * scale.
+    scaled[k] = __fmul_rn(x[k], scale);
+  }
+  EncodeResult r[W];
+  if constexpr (kHardwareConversion) {
+    const uint32_t saturated = saturating_codes<Format, W>(scaled);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      r[k] = encode_from_saturated(spec, scaled[k], overflow, (saturated >> (8 * k)) & 0xFFu);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      uint32_t random_bits = 0;
+      const uint32_t* random = nullptr;
+      if constexpr (Stochastic) {
+        random_bits = CounterRng(seed).bits(index + static_cast<uint64_t>(k));
+        random = &random_bits;
+      }
+      r[k] = encode_checked(spec, scaled[k], overflow, random);
+    }
+  }
+  uint32_t codes = 0;
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    const uint32_t abs_bits = float_bits(x[k]) & kAbsMask;
+    const bool nan = abs_bits > kInfBits;
+    tally.nan_inputs += nan ? 1u : 0u;
+    tally.nonzero += (abs_bits != 0u && abs_bits < kInfBits) ? 1u : 0u;
+    tally.saturated += r[k].overflow ? 1u : 0u;
+    tally.underflowed += (abs_bits != 0u && !nan && (r[k].code & ~sign_bit) == 0u) ? 1u : 0u;
+    const uint32_t amax_candidate = nan ? kQuietNanBits : abs_bits;
+    tally.amax_bits = amax_candidate > tally.amax_bits ? amax_candidate : tally.amax_bits;
+    codes |= r[k].code << (8 * k);
+  }
+  return codes;
+}
+
+// One element: its code.
+template <Dtype Format, bool Stochastic>
+__device__ __forceinline__ uint32_t cast_element(float x, float scale, Overflow overflow, uint64_t seed,
+                                                 uint64_t index, Tally& tally) {
+  const float one[1] = {x};
+  return cast_elements<Format, Stochastic, 1>(one, scale, overflow, seed, index, tally);
+}
+
+// A block's or a warp's sum of Tally: 64-bit counts.
+struct TallyTotals {
   uint32_t amax_bits;
   unsigned long long saturated;
   unsigned long long underflowed;
@@ -29,41 +144,7 @@ struct Tally {
   unsigned long long nonzero;
 };
 
-__device__ __forceinline__ uint32_t float_bits(float x) {
-  return __float_as_uint(x);
-}
-
-// cast_one of src/numerics/quantize.cpp: scale in float32, encode, count. Format and rounding are template
-// parameters so that the generic encoder folds to this format's constants.
-template <Dtype Format, bool Stochastic>
-__device__ __forceinline__ uint32_t cast_element(float x, float scale, Overflow overflow, uint64_t seed,
-                                                 uint64_t index, Tally& tally) {
-  constexpr MinifloatSpec spec = minifloat_spec(Format);
-  constexpr uint32_t sign_bit = 1u << (spec.exponent_bits + spec.mantissa_bits);
-  // __fmul_rn: round-to-nearest and never contracted into an FMA, as the host's x * scale.
-  const float scaled = __fmul_rn(x, scale);
-  uint32_t random_bits = 0;
-  const uint32_t* random = nullptr;
-  if constexpr (Stochastic) {
-    random_bits = CounterRng(seed).bits(index);
-    random = &random_bits;
-  } else {
-    (void)seed;
-    (void)index;
-  }
-  const EncodeResult r = encode_checked(spec, scaled, overflow, random);
-  const uint32_t abs_bits = float_bits(x) & kAbsMask;
-  const bool nan = abs_bits > kInfBits;
-  tally.nan_inputs += nan ? 1u : 0u;
-  tally.nonzero += (abs_bits != 0u && abs_bits < kInfBits) ? 1u : 0u;
-  tally.saturated += r.overflow ? 1u : 0u;
-  tally.underflowed += (abs_bits != 0u && !nan && (r.code & ~sign_bit) == 0u) ? 1u : 0u;
-  const uint32_t amax_candidate = nan ? kQuietNanBits : abs_bits;
-  tally.amax_bits = amax_candidate > tally.amax_bits ? amax_candidate : tally.amax_bits;
-  return r.code;
-}
-
-__device__ __forceinline__ void warp_reduce(Tally& t) {
+__device__ __forceinline__ void warp_reduce(TallyTotals& t) {
   for (int offset = 16; offset > 0; offset /= 2) {
     const uint32_t other_amax = __shfl_xor_sync(0xFFFFFFFFu, t.amax_bits, offset);
     t.amax_bits = other_amax > t.amax_bits ? other_amax : t.amax_bits;
@@ -77,17 +158,19 @@ __device__ __forceinline__ void warp_reduce(Tally& t) {
 // Block reduction, then one atomic per quantity and block. Every thread of the block must call it; the block
 // size is a multiple of 32 and at most 1024. The atomics are an unsigned max and integer additions, so the
 // totals do not depend on the order in which blocks arrive.
-__device__ inline void flush_tally(Tally t, CastResults* results) {
-  __shared__ Tally warp_tallies[32];
+__device__ inline void flush_tally(const Tally& thread_tally, CastResults* results) {
+  __shared__ TallyTotals warp_totals[32];
   const unsigned thread = threadIdx.y * blockDim.x + threadIdx.x;
   const unsigned lane = thread % 32u;
   const unsigned warp = thread / 32u;
   const unsigned warps = (blockDim.x * blockDim.y) / 32u;
+  TallyTotals t{thread_tally.amax_bits, thread_tally.saturated, thread_tally.underflowed,
+                thread_tally.nan_inputs, thread_tally.nonzero};
   warp_reduce(t);
-  if (lane == 0) warp_tallies[warp] = t;
+  if (lane == 0) warp_totals[warp] = t;
   __syncthreads();
   if (warp != 0) return;
-  Tally w = lane < warps ? warp_tallies[lane] : Tally{0u, 0ull, 0ull, 0ull, 0ull};
+  TallyTotals w = lane < warps ? warp_totals[lane] : TallyTotals{0u, 0ull, 0ull, 0ull, 0ull};
   warp_reduce(w);
   if (lane != 0) return;
   if (w.amax_bits != 0u) atomicMax(reinterpret_cast<unsigned int*>(&results->amax), w.amax_bits);

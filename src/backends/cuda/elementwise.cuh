@@ -1,9 +1,9 @@
 // Device arithmetic shared by ops.cu (the ops of ops.h) and fused.cu (the same ops fused with an FP8 cast,
-// fused.h): the GELU forward value, the AdamW step (and its host-side constants) and LayerNorm's row
-// statistics and normalisation, with the small helpers they need (Pack, warp_sum). Both files must compute
-// bit-identical values (fused.h promises the unfused op's exact results, and the GPU tests compare both
-// with the CPU reference bit for bit), so this is the one copy: same rounding intrinsics, same order of
-// operations, same float64 reductions as the reference.
+// fused.h): the GELU forward value, the AdamW step (per element and per pack, and its host-side constants)
+// and LayerNorm's row statistics and normalisation, with the small helpers they need (Pack, warp_sum). Both
+// files must compute bit-identical values (fused.h promises the unfused op's exact results, and the GPU
+// tests compare both with the CPU reference bit for bit), so this is the one copy: same rounding
+// intrinsics, same order of operations, same float64 reductions as the reference.
 // Internal to the CUDA backend: include only from .cu files.
 #pragma once
 
@@ -107,6 +107,23 @@ __device__ __forceinline__ void adamw_step(const AdamWConstants& c, float& param
   v = __fadd_rn(__fmul_rn(c.beta2, v), __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
   const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bias2_sqrt), c.eps);
   param = __fsub_rn(decayed, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
+}
+
+// Elements i .. i+W-1 of the four tensors: adamw_step on each, the new params, m and v stored in place. The
+// new params are returned too, for the fused cast of the updated weights.
+template <int W>
+__device__ __forceinline__ Pack<W> adamw_pack(const AdamWConstants& c, float* params, float* m, float* v,
+                                              const float* grads, int64_t i) {
+  Pack<W> p = load_pack<W>(params + i);
+  Pack<W> mp = load_pack<W>(m + i);
+  Pack<W> vp = load_pack<W>(v + i);
+  const Pack<W> gp = load_pack<W>(grads + i);
+#pragma unroll
+  for (int k = 0; k < W; ++k) adamw_step(c, p.v[k], mp.v[k], vp.v[k], gp.v[k]);
+  store_pack<W>(params + i, p);
+  store_pack<W>(m + i, mp);
+  store_pack<W>(v + i, vp);
+  return p;
 }
 
 // ---------------------------------------------------------------------------------------------------------

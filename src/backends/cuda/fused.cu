@@ -50,12 +50,7 @@ constexpr int kTransposeRowsPerPass = 8;        // 32 x 8 threads
 // The codes of W values, code k in byte k (little endian: one 32-bit store writes them in order).
 template <Dtype Format, int W>
 __device__ __forceinline__ uint32_t cast_pack(const Pack<W>& x, float scale, Tally& t) {
-  uint32_t word = 0;
-#pragma unroll
-  for (int k = 0; k < W; ++k) {
-    word |= cast_internal::cast_element<Format, false>(x.v[k], scale, kOverflow, 0, 0, t) << (8 * k);
-  }
-  return word;
+  return cast_internal::cast_elements<Format, false, W>(x.v, scale, kOverflow, 0, 0, t);
 }
 
 // W codes to `to`: one 32-bit store when `as_word` (W == 4 and `to` 4-byte aligned), else byte by byte.
@@ -111,7 +106,7 @@ struct GeluProducer {
   }
 };
 
-// ops.cu's AdamW: elementwise::adamw_step, with the constants of elementwise::adamw_constants.
+// ops.cu's AdamW: elementwise::adamw_pack, with the constants of elementwise::adamw_constants.
 struct AdamWProducer {
   float* params;
   float* m;
@@ -120,16 +115,7 @@ struct AdamWProducer {
   elementwise::AdamWConstants constants;
   template <int W>
   __device__ __forceinline__ Pack<W> produce(int64_t i) const {
-    Pack<W> p = load_pack<W>(params + i);
-    Pack<W> mp = load_pack<W>(m + i);
-    Pack<W> vp = load_pack<W>(v + i);
-    const Pack<W> gp = load_pack<W>(grads + i);
-#pragma unroll
-    for (int k = 0; k < W; ++k) elementwise::adamw_step(constants, p.v[k], mp.v[k], vp.v[k], gp.v[k]);
-    store_pack<W>(params + i, p);
-    store_pack<W>(m + i, mp);
-    store_pack<W>(v + i, vp);
-    return p;
+    return elementwise::adamw_pack<W>(constants, params, m, v, grads, i);
   }
 };
 
@@ -141,7 +127,7 @@ __global__ void __launch_bounds__(kThreads)
   const float scale = *cast.scale;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  Tally t{};
   uint32_t* output4 = reinterpret_cast<uint32_t*>(cast.output);
   for (int64_t g = first; g < groups; g += stride) {
     output4[g] = cast_pack<Format>(producer.template produce<4>(g * 4), scale, t);
@@ -165,7 +151,7 @@ __global__ void __launch_bounds__(kThreads)
   const float scale = *cast.scale;
   const int64_t tile_cols = (cols + kTileCols - 1) / kTileCols;
   const int64_t tiles = ((rows + kTileRows - 1) / kTileRows) * tile_cols;
-  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  Tally t{};
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t row0 = (tile / tile_cols) * kTileRows;
     const int64_t col0 = (tile % tile_cols) * kTileCols;
@@ -257,7 +243,7 @@ __global__ void __launch_bounds__(kLayernormRowWarps* kWarp)
     layernorm_cast_kernel(const LayernormArguments a, const FusedCast cast, bool code_words) {
   const float scale = *cast.scale;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kLayernormRowWarps + threadIdx.x / kWarp;
-  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  Tally t{};
   if (row < a.N) layernorm_row<W, Format>(a, cast, scale, code_words, row, nullptr, t);
   write_scale_inv(cast.scale_inv, scale);
   flush_tally(t, cast.results);
@@ -272,7 +258,7 @@ __global__ void __launch_bounds__(kLayernormTileWarps* kWarp, 2)
   extern __shared__ __align__(16) uint8_t staged_rows[];
   const float scale = *cast.scale;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
-  Tally t{0u, 0ull, 0ull, 0ull, 0ull};
+  Tally t{};
   for (int r = static_cast<int>(threadIdx.x / kWarp); r < kTileRows; r += kLayernormTileWarps) {
     if (row0 + r < a.N)
       layernorm_row<W, Format>(a, cast, scale, code_words, row0 + r, staged_rows + r * stride, t);
@@ -326,12 +312,15 @@ int device_attribute(cudaDeviceAttr attribute) {
 }
 
 // Enough blocks to fill the GPU, no more: the kernels stride over the rest. At least one block, which writes
-// scale_inv even for an empty tensor. Results never depend on the grid size.
+// scale_inv even for an empty tensor, and never so few that a block strides more than kMaxBlockStrides times
+// (see Tally). Results never depend on the grid size.
 unsigned grid_size(int64_t work_items, int64_t items_per_block) {
   const int64_t wanted = (work_items + items_per_block - 1) / items_per_block;
   const int64_t most =
       static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount)) * kBlocksPerMultiprocessor;
-  return static_cast<unsigned>(wanted < 1 ? 1 : (wanted < most ? wanted : most));
+  const int64_t blocks = wanted < 1 ? 1 : (wanted < most ? wanted : most);
+  const int64_t least = (wanted + cast_internal::kMaxBlockStrides - 1) / cast_internal::kMaxBlockStrides;
+  return static_cast<unsigned>(blocks > least ? blocks : least);
 }
 
 // Calls fn with the format as a compile-time constant.

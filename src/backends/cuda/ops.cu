@@ -609,15 +609,7 @@ struct AdamW {
   elementwise::AdamWConstants constants;
   template <int W>
   __device__ void apply(int64_t i) const {
-    Pack<W> p = load_pack<W>(params + i);
-    Pack<W> mp = load_pack<W>(m + i);
-    Pack<W> vp = load_pack<W>(v + i);
-    const Pack<W> gp = load_pack<W>(grads + i);
-#pragma unroll
-    for (int k = 0; k < W; ++k) elementwise::adamw_step(constants, p.v[k], mp.v[k], vp.v[k], gp.v[k]);
-    store_pack<W>(params + i, p);
-    store_pack<W>(m + i, mp);
-    store_pack<W>(v + i, vp);
+    elementwise::adamw_pack<W>(constants, params, m, v, grads, i);
   }
 };
 
