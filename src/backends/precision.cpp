@@ -69,4 +69,14 @@ bool input_cast_suffices(const LinearExecution& exec) {
          exec.recipe->granularity(TensorRole::activation) == ScaleGranularity::per_tensor;
 }
 
+bool casts_gradient(const LinearExecution& exec) {
+  return exec.input_gradient == GemmMode::fp8 || exec.weight_gradient == GemmMode::fp8;
+}
+
+bool gradient_cast_suffices(const LinearExecution& exec) {
+  return exec.input_gradient == GemmMode::fp8 && exec.weight_gradient == GemmMode::fp8 &&
+         exec.recipe != nullptr &&
+         exec.recipe->granularity(TensorRole::gradient) == ScaleGranularity::per_tensor;
+}
+
 }  // namespace octet

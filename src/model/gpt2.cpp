@@ -52,7 +52,8 @@ struct Gpt2::Activations {
 // which attn.c_proj reads; ln_1's backward adds into it, making it d(residual3) of layer l-1 (d(encoded)
 // after layer 0). The others hold one gradient each between its producer and its consumer:
 //   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU), then d(qkv) (attention -> attn.c_attn)
-//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention)
+//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc; not written while its FP8 cast is all mlp.c_fc reads,
+//                   gradient_cast_suffices), then d(atty) (attn.c_proj -> attention)
 //   ln     [N, C]:  d(lnf) (lm_head -> ln_f), d(ln2) (mlp.c_fc -> ln_2), d(ln1) (attn.c_attn -> ln_1)
 struct Gpt2::Gradients {
   float* residual = nullptr;
@@ -368,6 +369,27 @@ void Gpt2::gelu_into(Linear& next, float* out, const float* inp, int64_t N, int6
   backend_.gelu_forward_cast(input_cast_suffices(next.exec) ? nullptr : out, inp, N, C, next.exec);
 }
 
+void Gpt2::gelu_backward_into(Linear& next, float* dinp, const float* inp, const float* dout, int64_t N,
+                              int64_t C, float* next_dinp, const float* next_inp) {
+  const int64_t OC = next.plan->out_features, IC = next.plan->in_features;
+  OCTET_CHECK(C == OC, "GELU's width {} is {}'s output width {}", C, next.plan->name, OC);
+  float* p = params();
+  float* g = grads();
+  float* dbias = next.bias_offset >= 0 ? g + next.bias_offset : nullptr;
+  if (!casts_gradient(next.exec)) {
+    backend_.gelu_backward(dinp, inp, dout, N * C);
+    backend_.linear_backward(next_dinp, g + next.weight_offset, dbias, dinp, next_inp, p + next.weight_offset,
+                             next.copy.get(), N, IC, OC, next.exec);
+    return;
+  }
+  // The bias gradient is summed by the GELU backward; the float32 gradient is written only where next reads
+  // it.
+  float* kept = gradient_cast_suffices(next.exec) ? nullptr : dinp;
+  backend_.gelu_backward_cast(kept, inp, dout, N, C, dbias, next.exec);
+  backend_.linear_backward(next_dinp, g + next.weight_offset, nullptr, kept, next_inp, p + next.weight_offset,
+                           next.copy.get(), N, IC, OC, next.exec);
+}
+
 void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
   OCTET_REQUIRE(B >= 1 && B <= max_batch_,
                 "batch size {} is outside 1..{} (the size the model was planned for)", B, max_batch_);
@@ -465,8 +487,14 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
     const int64_t n = std::min(rows, N - r);
     // Null (FP8 head, single chunk) when the cast is all the head reads of ln_f.
     const float* lnf = a.lnf != nullptr ? a.lnf + r * C : nullptr;
-    if (recompute)
-      backend_.linear_forward(a.logits_chunk, lnf, w, head.copy.get(), nullptr, n, C, Vp, head.exec);
+    if (recompute) {
+      // GEMM, loss and the head's backward in one call, so that a backend may keep the logits in the GEMM's
+      // output type throughout.
+      backend_.lm_head_chunk(a.losses + r, a.logits_chunk, targets + r, backward ? dacts_->ln + r * C : nullptr,
+                             dw, lnf, w, head.copy.get(), n, C, V, Vp, backward ? dloss : 0.0f, head.exec);
+      head.exec.other_gemms = nullptr;
+      continue;
+    }
     backend_.softmax_cross_entropy(a.losses + r, a.logits_chunk, targets + r, n, V, Vp,
                                    backward ? dloss : 0.0f);
     if (backward) {
@@ -532,9 +560,7 @@ void Gpt2::backward(float dloss_scale) {
     backend_.linear_backward(dfch_gelu, g + fc_proj.weight_offset, g + fc_proj.bias_offset, d.residual,
                              x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(), N, 4 * C, C,
                              fc_proj.exec);
-    backend_.gelu_backward(dfch, x.fch, dfch_gelu, N * 4 * C);
-    backend_.linear_backward(d.ln, g + fc.weight_offset, g + fc.bias_offset, dfch, x.ln2,
-                             p + fc.weight_offset, fc.copy.get(), N, C, 4 * C, fc.exec);
+    gelu_backward_into(fc, dfch, x.fch, dfch_gelu, N, 4 * C, d.ln, x.ln2);
     backend_.layernorm_backward(d.residual, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d.ln, x.residual2,
                                 P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.

@@ -1,10 +1,12 @@
-// The producer-fused FP8 casts (src/backends/cuda/fused.h) against the unfused pair they replace, both on the
-// device: cuda::layernorm_forward / gelu_forward / adamw_update, then cast_amax with the same scale. Codes
-// and transposed codes must be the same bytes; out, mean, rstd, params, m and v the same bits; CastResults
-// and scale_inv the same. Inputs are seeded, with planted values that saturate and underflow, over odd and
-// prime shapes, both formats, a scale that is not a power of two, aligned and unaligned pointers. Every
-// output sits between guard bytes that must survive; an output passed as null must stay untouched; every
-// fused call runs twice and must give the same bits. Every test skips without a GPU.
+// The producer-fused FP8 casts (src/backends/cuda/fused.h) against the unfused ops they replace, all on the
+// device: cuda::layernorm_forward / gelu_forward / gelu_backward / adamw_update, then cast_amax with the same
+// scale (and, for the GELU backward, bias_backward of its result). Codes and transposed codes must be the
+// same bytes; out, mean, rstd, dinp, params, m and v the same bits; CastResults and scale_inv the same; the
+// GELU backward's bias gradient, summed in another order, within the float32 tolerance of a float64 sum.
+// Inputs are seeded, with planted values that saturate and underflow, over odd and prime shapes, both
+// formats, a scale that is not a power of two, aligned and unaligned pointers. Every output sits between
+// guard bytes that must survive; an output passed as null must stay untouched; every fused call runs twice
+// and must give the same bits. Every test skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +20,7 @@
 
 #include "../../src/backends/cuda/fused.h"
 #include "../../src/backends/cuda/ops.h"
+#include "compare.h"
 #include "octet/check.h"
 #include "octet/cuda/cast.h"
 #include "octet/cuda/device.h"
@@ -651,6 +654,212 @@ TEST(FusedAdamWCast, NanGradient) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// GELU backward, with the bias gradient of the layer whose output gradient it produces
+
+// The pre-activations and the incoming gradient. gelu'(4) is about 1, so there the gradient passes through:
+// planted huge and tiny values saturate and underflow. gelu'(-12) is 0: exact zeros.
+struct GeluBackwardInputs {
+  std::vector<float> inp;
+  std::vector<float> dout;
+  std::vector<float> dbias;
+};
+
+GeluBackwardInputs gelu_backward_inputs(int64_t rows, int64_t cols, const Variant& v) {
+  const auto n = static_cast<size_t>(rows * cols);
+  GeluBackwardInputs in{octet::testing::random_normal(n, v.seed, 3.0f),
+                        octet::testing::random_normal(n, v.seed + 1, 0.1f),
+                        octet::testing::random_normal(static_cast<size_t>(cols), v.seed + 2, 1.0f)};
+  for (size_t i = 3; i < n; i += 29) {
+    in.inp[i] = 4.0f;
+    in.dout[i] = kHuge;
+  }
+  for (size_t i = 5; i < n; i += 31) {
+    in.inp[i] = 4.0f;
+    in.dout[i] = kTiny;
+  }
+  for (size_t i = 7; i < n; i += 37) in.inp[i] = -12.0f;
+  if (v.plant_nan && n > 0) in.dout[n / 2] = std::numeric_limits<float>::quiet_NaN();
+  return in;
+}
+
+// dbias + the column sums of dinp [rows, cols] in float64, and the magnitude that bounds a float32 sum's
+// error in any order: |dbias| + sum |dinp|.
+struct ColumnSumReference {
+  std::vector<float> sums;
+  std::vector<float> magnitude;
+};
+
+ColumnSumReference column_sum_reference(const std::vector<float>& dinp, const std::vector<float>& dbias,
+                                        int64_t rows, int64_t cols) {
+  std::vector<double> sums(dbias.begin(), dbias.end());
+  std::vector<double> magnitude(dbias.size());
+  for (size_t c = 0; c < dbias.size(); ++c) magnitude[c] = std::fabs(static_cast<double>(dbias[c]));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const double x = dinp[static_cast<size_t>(r * cols + c)];
+      sums[static_cast<size_t>(c)] += x;
+      magnitude[static_cast<size_t>(c)] += std::fabs(x);
+    }
+  }
+  return {std::vector<float>(sums.begin(), sums.end()),
+          std::vector<float>(magnitude.begin(), magnitude.end())};
+}
+
+::testing::AssertionResult close_to_column_sums(const std::vector<float>& actual,
+                                                const ColumnSumReference& reference, int64_t rows) {
+  octet::testing::CompareOptions options;
+  options.dtype = Dtype::f32;
+  options.reduction_length = rows + 1;  // rows terms and the old value, added in any order
+  options.magnitude = reference.magnitude;
+  return octet::testing::all_close(actual, reference.sums, options);
+}
+
+// `alias`: dinp is dout's memory (the gradient overwritten in place).
+void check_gelu_backward(int64_t rows, int64_t cols, const Variant& v, bool bias, bool alias = false) {
+  SCOPED_TRACE(describe(alias ? "gelu backward in place" : "gelu backward", rows, cols, v) +
+               (bias ? " +dbias" : " dbias=null"));
+  const auto n = static_cast<size_t>(rows * cols);
+  const auto channels = static_cast<size_t>(cols);
+  const GeluBackwardInputs in = gelu_backward_inputs(rows, cols, v);
+  octet::cuda::Stream stream;
+  octet::cuda::Workspace workspace;
+  DeviceScale scale;
+
+  // The unfused ops.
+  Guarded<float> expected_inp(n, v.float_offset);
+  Guarded<float> expected_dout(n, v.float_offset);
+  Guarded<float> expected_dinp(n, v.float_offset);
+  Guarded<float> expected_dbias(channels);
+  CastSlots expected_cast(n, 0);
+  expected_inp.upload(in.inp);
+  expected_dout.upload(in.dout);
+  expected_dbias.upload(in.dbias);
+  octet::cuda::gelu_backward(expected_dinp.data(), expected_inp.data(), expected_dout.data(), rows * cols,
+                             stream.get());
+  expected_cast.cast_amax(expected_dinp.data(), rows, cols, v.format, scale.data(), v.transposed,
+                          stream.get());
+  octet::cuda::bias_backward(expected_dbias.data(), expected_dinp.data(), rows, cols, workspace,
+                             stream.get());
+  stream.synchronize();
+  const CastDownload expected = expected_cast.read(v.transposed);
+  const std::vector<float> expected_values = expected_dinp.read();
+  const ColumnSumReference sums = column_sum_reference(expected_values, in.dbias, rows, cols);
+  // The unfused bias gradient meets the same bound: the bound is not the fused kernel's own order.
+  if (bias) {
+    EXPECT_TRUE(close_to_column_sums(expected_dbias.read(), sums, rows)) << "bias_backward";
+  }
+
+  Guarded<float> inp(n, v.float_offset);
+  Guarded<float> dout(n, v.float_offset);
+  Guarded<float> dinp(n, v.float_offset);
+  Guarded<float> dbias(channels);
+  Guarded<float> partials(static_cast<size_t>(octet::cuda::gelu_backward_cast_partial_rows(rows) * cols));
+  CastSlots cast(n, v.code_offset);
+  CastDownload first;
+  std::vector<float> first_dbias;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run == 0 ? "first run" : "second run");
+    inp.upload(in.inp);
+    dout.upload(in.dout);
+    dbias.upload(in.dbias);
+    float* target = alias ? dout.data() : (v.write_out ? dinp.data() : nullptr);
+    octet::cuda::gelu_backward_cast(
+        target, inp.data(), dout.data(), rows, cols, cast.fused(v.format, scale.data(), v.transposed),
+        bias ? dbias.data() : nullptr, bias ? partials.data() : nullptr, workspace, stream.get());
+    stream.synchronize();
+    const CastDownload actual = cast.read(v.transposed);
+    expect_same_cast(actual, expected);
+    EXPECT_TRUE(identical(inp.read(), in.inp, "inp (an input)"));
+    if (alias) {
+      EXPECT_TRUE(identical(dout.read(), expected_values, "dinp (= dout)"));
+    } else {
+      EXPECT_TRUE(identical(dout.read(), in.dout, "dout (an input)"));
+    }
+    if (v.write_out && !alias) {
+      EXPECT_TRUE(identical(dinp.read(), expected_values, "dinp"));
+      EXPECT_TRUE(dinp.guards_intact("dinp"));
+    } else {
+      EXPECT_TRUE(dinp.untouched("dinp (not passed)"));
+    }
+    EXPECT_TRUE(inp.guards_intact("inp"));
+    EXPECT_TRUE(dout.guards_intact("dout"));
+    EXPECT_TRUE(partials.guards_intact("column partials"));
+    const std::vector<float> bias_values = dbias.read();
+    EXPECT_TRUE(dbias.guards_intact("dbias"));
+    if (bias) {
+      EXPECT_TRUE(close_to_column_sums(bias_values, sums, rows)) << "dbias";
+      // Where the exact sums move some float32 bias, the kernel must have added them (a single row's
+      // gradient can be zero, or too small to move its bias).
+      if (sums.sums != in.dbias) {
+        EXPECT_FALSE(identical(bias_values, in.dbias, "dbias")) << "dbias unchanged";
+      }
+    } else {
+      EXPECT_TRUE(identical(bias_values, in.dbias, "dbias (not passed)"));
+      EXPECT_TRUE(partials.untouched("column partials (no dbias)"));
+    }
+    if (n > 0) expect_edges_seen(actual.results, n, v);
+    if (run == 0) {
+      first = actual;
+      first_dbias = bias_values;
+    } else {
+      expect_same_cast(actual, first);
+      EXPECT_TRUE(identical(bias_values, first_dbias, "dbias, second run"));
+    }
+  }
+}
+
+// Odd and prime shapes, a partial last tile of rows and of columns, a single column and a single row.
+constexpr octet::testing::Shape2D kGeluBackwardShapes[] = {
+    {1, 1}, {7, 13}, {33, 97}, {64, 768}, {130, 3072}, {2333, 1}, {1, 3221}, {0, 5}, {5, 0}};
+
+TEST(FusedGeluBackwardCast, MatchesUnfused) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1100;
+  for (const auto& shape : kGeluBackwardShapes) {
+    for (Variant v : sweep_variants()) {
+      for (const bool bias : {true, false}) {
+        v.seed = ++seed;
+        check_gelu_backward(shape.rows, shape.cols, v, bias);
+      }
+    }
+  }
+}
+
+TEST(FusedGeluBackwardCast, UnalignedPointers) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1200;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 96}, {64, 768}, {7, 13}}) {
+    for (Variant v : unaligned_variants()) {
+      v.seed = ++seed;
+      check_gelu_backward(shape.rows, shape.cols, v, true);
+    }
+  }
+}
+
+TEST(FusedGeluBackwardCast, NanGradient) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1300;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 97}, {64, 768}}) {
+    for (Variant v : nan_variants()) {
+      v.seed = ++seed;
+      check_gelu_backward(shape.rows, shape.cols, v, true);
+    }
+  }
+}
+
+TEST(FusedGeluBackwardCast, GradientOverwritesItsInput) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1400;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 97}, {64, 768}}) {
+    for (Variant v : sweep_variants()) {
+      if (!v.write_out) continue;
+      v.seed = ++seed;
+      check_gelu_backward(shape.rows, shape.cols, v, true, /*alias=*/true);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
 
 TEST(FusedCast, RejectsInvalidArguments) {
   SKIP_WITHOUT_GPU();
@@ -673,6 +882,21 @@ TEST(FusedCast, RejectsInvalidArguments) {
   EXPECT_THROW(octet::cuda::gelu_forward_cast(x.data(), x.data(), 4, 4, no_results, nullptr), octet::Error);
   EXPECT_THROW(octet::cuda::adamw_update_cast(x.data(), x.data(), x.data(), x.data(), 4, 4, 1e-3f, 0.9f,
                                               0.95f, 1e-8f, 0.0f, 1, 1.0f, no_output, nullptr),
+               octet::Error);
+  octet::cuda::Workspace workspace;
+  EXPECT_THROW(octet::cuda::gelu_backward_cast(x.data(), x.data(), nullptr, 4, 4, good, nullptr, nullptr,
+                                               workspace, nullptr),
+               octet::Error)
+      << "no dout";
+  EXPECT_THROW(octet::cuda::gelu_backward_cast(x.data(), x.data(), x.data(), 4, 4, good, stats.data(),
+                                               nullptr, workspace, nullptr),
+               octet::Error)
+      << "a bias gradient without column partials";
+  EXPECT_THROW(octet::cuda::gelu_backward_cast(x.data(), x.data(), x.data(), 4, -4, good, nullptr, nullptr,
+                                               workspace, nullptr),
+               octet::Error);
+  EXPECT_THROW(octet::cuda::gelu_backward_cast(x.data(), x.data(), x.data(), 4, 4, wrong_format, nullptr,
+                                               nullptr, workspace, nullptr),
                octet::Error);
   OCTET_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_TRUE(x.guards_intact("x"));

@@ -2,8 +2,14 @@
 // quantized independently here, and the layer's scaling state evolves exactly as the recipe defines.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "compare.h"
 #include "octet/backend/cpu_backend.h"
+#include "octet/check.h"
 #include "octet/numerics/fp8_gemm.h"
 #include "random.h"
 
@@ -130,6 +136,124 @@ TEST_P(Fp8Linear, EveryGemmEqualsTheEmulatedFp8Gemm) {
   }
 }
 
+std::unique_ptr<ScalingRecipe> make_recipe(RecipeKind kind) {
+  switch (kind) {
+    case RecipeKind::delayed:
+      return std::make_unique<DelayedScaling>(4);
+    case RecipeKind::current:
+      return std::make_unique<CurrentScaling>();
+    case RecipeKind::static_scale:
+      return std::make_unique<StaticScaling>(64.0f);
+    default:
+      return std::make_unique<BlockScaling>();
+  }
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void expect_same_telemetry(const CastTelemetry& a, const CastTelemetry& e, const char* what) {
+  EXPECT_EQ(a.casts, e.casts) << what;
+  EXPECT_EQ(a.elements, e.elements) << what;
+  EXPECT_EQ(a.nonzero, e.nonzero) << what;
+  EXPECT_EQ(a.saturated, e.saturated) << what;
+  EXPECT_EQ(a.underflowed, e.underflowed) << what;
+  EXPECT_EQ(a.signal_energy, e.signal_energy) << what;
+  EXPECT_EQ(a.noise_energy, e.noise_energy) << what;
+}
+
+// GELU's backward fused with the gradient cast and bias gradient of the layer it feeds (gelu_backward_cast,
+// then linear_backward taking the cast, with a null dbias and, where the cast is all it reads, a null dout)
+// gives the very bits of the unfused ops (gelu_backward, then linear_backward casting and summing itself):
+// gradients, bias gradient, scaling states, counts and telemetry.
+TEST_P(Fp8Linear, GeluBackwardCastEqualsTheUnfusedOps) {
+  const int64_t N = 32, C = 48, OC = 64;
+  const std::unique_ptr<ScalingRecipe> recipe = make_recipe(GetParam());
+  auto backend = make_cpu_backend();
+  const std::vector<float> weight = testing::random_normal(OC * C, 1, 0.05f);
+  const std::vector<float> bias = testing::random_normal(OC, 2, 0.1f);
+  // All three GEMMs in FP8, and the float32 gradient read by a BF16 GEMM too.
+  for (const GemmMode weight_gradient : {GemmMode::fp8, GemmMode::bf16}) {
+    SCOPED_TRACE(std::string("weight gradient ") + std::string(gemm_mode_name(weight_gradient)));
+    struct Side {
+      Fp8LinearState state;
+      Fp8LinearTelemetry telemetry;
+      LinearExecution exec;
+      std::unique_ptr<WeightCopy> copy;
+      int64_t fp8_gemms = 0, other_gemms = 0, saturated = 0, underflowed = 0;
+      std::vector<float> dx, dw, db, dpre;
+    };
+    Side unfused, fused;
+    for (Side* side : {&unfused, &fused}) {
+      side->state = {recipe->initial_state(), recipe->initial_state(), recipe->initial_state()};
+      LinearExecution& e = side->exec;
+      e.forward = e.input_gradient = GemmMode::fp8;
+      e.weight_gradient = weight_gradient;
+      e.recipe = recipe.get();
+      e.state = &side->state;
+      e.telemetry = &side->telemetry;
+      e.measure_sqnr = true;
+      e.fp8_gemms = &side->fp8_gemms;
+      e.other_gemms = &side->other_gemms;
+      e.saturated = &side->saturated;
+      e.underflowed = &side->underflowed;
+      side->dw.assign(static_cast<size_t>(OC * C), 0.0f);
+      side->db.assign(static_cast<size_t>(OC), 0.0f);
+      backend->prepare_weight(side->copy, weight.data(), OC, C, e);
+    }
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> x = testing::random_normal(N * C, 10 + step, 1.0f);
+      const std::vector<float> pre = testing::random_normal(N * OC, 30 + step, 3.0f);
+      std::vector<float> dy = testing::random_normal(N * OC, 20 + step, 1e-3f / static_cast<float>(1 + step));
+      for (size_t i = 5; i < dy.size(); i += 13) dy[i] *= 1e-9f;  // underflows
+      std::vector<float> out(N * OC);
+      for (Side* side : {&unfused, &fused}) {
+        side->dx.assign(static_cast<size_t>(N * C), 0.0f);
+        side->dpre.assign(static_cast<size_t>(N * OC), -1.0f);
+        backend->linear_forward(out.data(), x.data(), weight.data(), side->copy.get(), bias.data(), N, C, OC,
+                                side->exec);
+      }
+      backend->gelu_backward(unfused.dpre.data(), pre.data(), dy.data(), N * OC);
+      backend->linear_backward(unfused.dx.data(), unfused.dw.data(), unfused.db.data(), unfused.dpre.data(),
+                               x.data(), weight.data(), unfused.copy.get(), N, C, OC, unfused.exec);
+      const bool suffices = gradient_cast_suffices(fused.exec);
+      EXPECT_EQ(suffices, weight_gradient == GemmMode::fp8 && GetParam() != RecipeKind::block);
+      float* kept = suffices ? nullptr : fused.dpre.data();
+      backend->gelu_backward_cast(kept, pre.data(), dy.data(), N, OC, fused.db.data(), fused.exec);
+      EXPECT_TRUE(fused.exec.gradient_cast_ready);
+      backend->linear_backward(fused.dx.data(), fused.dw.data(), nullptr, kept, x.data(), weight.data(),
+                               fused.copy.get(), N, C, OC, fused.exec);
+      EXPECT_FALSE(fused.exec.gradient_cast_ready);
+
+      ASSERT_TRUE(testing::has_nonzero(unfused.dx));
+      ASSERT_TRUE(testing::has_nonzero(unfused.db));
+      EXPECT_TRUE(same_bits(fused.dx, unfused.dx)) << "input gradient, step " << step;
+      EXPECT_TRUE(same_bits(fused.dw, unfused.dw)) << "weight gradient, step " << step;
+      EXPECT_TRUE(same_bits(fused.db, unfused.db)) << "bias gradient, step " << step;
+      if (suffices) {
+        EXPECT_EQ(fused.dpre, std::vector<float>(static_cast<size_t>(N * OC), -1.0f)) << "dpre not written";
+      } else {
+        EXPECT_TRUE(same_bits(fused.dpre, unfused.dpre)) << "dpre, step " << step;
+      }
+      expect_same_state(fused.state.activation, unfused.state.activation, "activation");
+      expect_same_state(fused.state.weight, unfused.state.weight, "weight");
+      expect_same_state(fused.state.gradient, unfused.state.gradient, "gradient");
+      EXPECT_EQ(fused.state.gradient.degenerate_amax, unfused.state.gradient.degenerate_amax);
+      EXPECT_EQ(fused.state.gradient.last_amax, unfused.state.gradient.last_amax);
+      expect_same_telemetry(fused.telemetry.gradient, unfused.telemetry.gradient, "gradient telemetry");
+      expect_same_telemetry(fused.telemetry.activation, unfused.telemetry.activation, "activation telemetry");
+      EXPECT_EQ(fused.fp8_gemms, unfused.fp8_gemms);
+      EXPECT_EQ(fused.other_gemms, unfused.other_gemms);
+      EXPECT_EQ(fused.saturated, unfused.saturated);
+      EXPECT_EQ(fused.underflowed, unfused.underflowed);
+    }
+    EXPECT_EQ(fused.telemetry.gradient.casts, 3);
+    EXPECT_GT(fused.telemetry.gradient.underflowed, 0);
+    EXPECT_GT(fused.telemetry.gradient.noise_energy, 0.0);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Linear,
                          ::testing::Values(RecipeKind::delayed, RecipeKind::current, RecipeKind::static_scale,
                                            RecipeKind::block),
@@ -155,6 +279,53 @@ TEST(Fp8Linear, FrozenScalingLeavesTheStateAlone) {
   exec.update_scaling = true;
   backend->linear_forward(out.data(), x.data(), weight.data(), copy.get(), nullptr, N, C, OC, exec);
   EXPECT_EQ(state.activation.updates, 1);
+}
+
+// A producer's gradient cast serves the next linear_backward of the layer it was made for, nothing else.
+TEST(Fp8Linear, AProducersGradientCastServesOnlyItsLayer) {
+  const int64_t N = 16, C = 16, OC = 32;
+  DelayedScaling recipe(4);
+  auto backend = make_cpu_backend();
+  const std::vector<float> weight = testing::random_normal(OC * C, 3, 0.05f);
+  const std::vector<float> x = testing::random_normal(N * C, 4);
+  const std::vector<float> pre = testing::random_normal(N * OC, 5);
+  const std::vector<float> dy = testing::random_normal(N * OC, 6, 1e-2f);
+  Fp8LinearState state_a{recipe.initial_state(), recipe.initial_state(), recipe.initial_state()};
+  Fp8LinearState state_b = state_a;
+  LinearExecution a, b;
+  for (auto [exec, state] : {std::pair{&a, &state_a}, std::pair{&b, &state_b}}) {
+    exec->forward = exec->input_gradient = exec->weight_gradient = GemmMode::fp8;
+    exec->recipe = &recipe;
+    exec->state = state;
+  }
+  std::unique_ptr<WeightCopy> copy_a, copy_b;
+  std::vector<float> out(N * OC), dpre(N * OC), dx(N * C), dw(OC * C, 0.0f), db(OC, 0.0f);
+  for (auto [exec, copy] : {std::pair{&a, &copy_a}, std::pair{&b, &copy_b}}) {
+    backend->prepare_weight(*copy, weight.data(), OC, C, *exec);
+    backend->linear_forward(out.data(), x.data(), weight.data(), copy->get(), nullptr, N, C, OC, *exec);
+  }
+  backend->gelu_backward_cast(nullptr, pre.data(), dy.data(), N, OC, db.data(), a);
+  // b's flag is not set: it casts its own gradient, and a's cast is gone.
+  backend->gelu_backward(dpre.data(), pre.data(), dy.data(), N * OC);
+  backend->linear_backward(dx.data(), dw.data(), db.data(), dpre.data(), x.data(), weight.data(),
+                           copy_b.get(), N, C, OC, b);
+  EXPECT_THROW(backend->linear_backward(dx.data(), dw.data(), nullptr, nullptr, x.data(), weight.data(),
+                                        copy_a.get(), N, C, OC, a),
+               Error);
+  // Without a producer's cast, the float32 gradient is needed; with one, a second bias sum is refused.
+  EXPECT_THROW(backend->linear_backward(dx.data(), dw.data(), nullptr, nullptr, x.data(), weight.data(),
+                                        copy_a.get(), N, C, OC, a),
+               Error);
+  backend->gelu_backward_cast(dpre.data(), pre.data(), dy.data(), N, OC, nullptr, a);
+  EXPECT_THROW(backend->linear_backward(dx.data(), dw.data(), db.data(), dpre.data(), x.data(), weight.data(),
+                                        copy_a.get(), N, C, OC, a),
+               Error);
+  // A consumer whose backward GEMMs are not FP8 casts nothing: there is nothing to fuse.
+  LinearExecution wide;
+  wide.forward = wide.input_gradient = wide.weight_gradient = GemmMode::bf16;
+  EXPECT_FALSE(casts_gradient(wide));
+  EXPECT_FALSE(gradient_cast_suffices(wide));
+  EXPECT_THROW(backend->gelu_backward_cast(dpre.data(), pre.data(), dy.data(), N, OC, nullptr, wide), Error);
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ enum class OpKind : uint8_t {
   gemm_wide,  // BF16, FP16 and FP32 GEMMs
   attention,  // fused attention, forward and backward
   casts,      // FP8 casts (with their scaling updates) and BF16/FP16 conversions not fused into a producer
-  norm_activation,  // LayerNorm and GELU, with the FP8 casts fused into them
+  norm_activation,  // LayerNorm and GELU, with the FP8 casts (and the bias gradient) fused into them
   loss,             // softmax cross-entropy
   optimizer,        // AdamW (with the weight casts fused into it), gradient norm, finiteness checks
   other,            // embeddings, residual adds, biases, zeroing
@@ -99,7 +99,10 @@ class Backend {
   // out [N, OC] = inp [N, C] x W^T + bias (bias may be null).
   virtual void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                               const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) = 0;
-  // dinp [N, C] = dout x W (overwritten); dweight [OC, C] += dout^T x inp; dbias [OC] += column sums of dout.
+  // dinp [N, C] = dout x W (overwritten); dweight [OC, C] += dout^T x inp; dbias [OC] += column sums of dout
+  // (dbias may be null). With exec.gradient_cast_ready, dout's FP8 cast comes from its producer
+  // (gelu_backward_cast), which also added the bias gradient: dbias is then null, and so is dout where
+  // gradient_cast_suffices(exec).
   virtual void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                                LinearExecution& exec) = 0;
@@ -129,6 +132,17 @@ class Backend {
                                  LinearExecution& consumer) = 0;
   // dinp = dout * gelu'(inp), overwritten.
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  // The same for the backward: the producer of an FP8 linear layer's output gradient casting it for that
+  // layer. gelu_backward_cast does what gelu_backward does over [N, C] and also casts dinp for the backward
+  // GEMMs of `consumer` (casts_gradient(consumer)), exactly as its linear_backward would cast its dout (same
+  // scale, same scaling-state update, same counts and telemetry), and adds the column sums of dinp to dbias
+  // [C] (when not null) as that linear_backward would. The backend keeps the one cast (a GPU backend writes
+  // it in the same pass as dinp) and sets consumer.gradient_cast_ready; the next linear_backward on
+  // `consumer` must come before any other gradient cast, and takes it with a null dbias. `dinp` may be
+  // null when nothing else reads the gradient (gradient_cast_suffices(consumer)); then the float32 gradient
+  // is not written at all and linear_backward gets a null dout.
+  virtual void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
+                                  float* dbias, LinearExecution& consumer) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;
   // a += b
   virtual void accumulate(float* a, const float* b, int64_t n) = 0;
@@ -137,6 +151,20 @@ class Backend {
   // dloss != 0, logits are overwritten with d(dloss * sum(losses))/dlogits (zero in the padded columns).
   virtual void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N,
                                      int64_t V, int64_t Vp, float dloss) = 0;
+
+  // One chunk of the LM head in training: logits [n, Vp] = inp [n, C] x weight [Vp, C]^T (the head's forward
+  // GEMM, no bias), losses [n] from softmax_cross_entropy, and, when dloss != 0, the head's backward from
+  // the logits' gradient: dinp [n, C] overwritten, dweight accumulated, as linear_backward. `logits` is
+  // scratch of [n, Vp] floats. The default runs exactly those three ops; a backend may keep the logits and
+  // their gradient in the head GEMM's output type (BF16) instead of float32: the values are the same, since
+  // the GEMM's output is rounded to that type and its backward rounds the gradient to it.
+  virtual void lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp, float* dweight,
+                             const float* inp, const float* weight, const WeightCopy* copy, int64_t n,
+                             int64_t C, int64_t V, int64_t Vp, float dloss, LinearExecution& exec) {
+    linear_forward(logits, inp, weight, copy, nullptr, n, C, Vp, exec);
+    softmax_cross_entropy(losses, logits, targets, n, V, Vp, dloss);
+    if (dloss != 0.0f) linear_backward(dinp, dweight, nullptr, logits, inp, weight, copy, n, C, Vp, exec);
+  }
 
   // Optimizer and gradient utilities.
   virtual double sum_of_squares(const float* x, int64_t n) = 0;

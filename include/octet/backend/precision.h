@@ -90,6 +90,11 @@ struct LinearExecution {
   // (Backend::layernorm_forward_cast, gelu_forward_cast): saved_input already holds this forward's cast.
   // linear_forward takes it and clears the flag.
   bool input_cast_ready = false;
+  // Set by the op that produced the output gradient when it also cast it for this layer
+  // (Backend::gelu_backward_cast): the backend holds this backward's FP8 cast of dout, made exactly as
+  // linear_backward would make it (scaling-state update, counts and telemetry done), and the producer has
+  // added the bias gradient. linear_backward takes the cast instead of casting dout and clears the flag.
+  bool gradient_cast_ready = false;
   // Counters the backend increments: GEMMs that ran in FP8, and the others.
   int64_t* fp8_gemms = nullptr;
   int64_t* other_gemms = nullptr;
@@ -106,5 +111,15 @@ struct LinearExecution {
 // gradient run in FP8 with a per-tensor scaled activation (whose transposed codes are the forward's codes
 // transposed). The producer of such an input need not keep its float32 values.
 bool input_cast_suffices(const LinearExecution& exec);
+
+// Whether linear_backward casts the layer's output gradient to FP8: one of its two backward GEMMs runs in
+// FP8. The producer of such a gradient may cast it for the layer (Backend::gelu_backward_cast).
+bool casts_gradient(const LinearExecution& exec);
+
+// Whether the FP8 cast of a layer's output gradient is all its backward reads of that gradient once the
+// producer has also summed the bias gradient: both backward GEMMs run in FP8 with a per-tensor scaled
+// gradient (whose transposed codes are the codes transposed; block scales would be taken afresh from the
+// float32 values). The producer of such a gradient need not write its float32 values.
+bool gradient_cast_suffices(const LinearExecution& exec);
 
 }  // namespace octet

@@ -137,6 +137,12 @@ class Gpt2 {
   void layernorm_into(Linear& next, float* out, float* mean, float* rstd, const float* inp,
                       const float* weight, const float* bias, int64_t N, int64_t C);
   void gelu_into(Linear& next, float* out, const float* inp, int64_t N, int64_t C);
+  // GELU's backward dinp = dout * gelu'(inp), the output gradient of the linear layer `next`, then next's
+  // backward (its input gradient into next_dinp; next_inp is its forward input). Where next casts that
+  // gradient to FP8, GELU's backward casts it for next and adds next's bias gradient in the same pass, and
+  // leaves dinp unwritten when that cast is all next reads.
+  void gelu_backward_into(Linear& next, float* dinp, const float* inp, const float* dout, int64_t N,
+                          int64_t C, float* next_dinp, const float* next_inp);
 
   Gpt2Config config_;
   Backend& backend_;

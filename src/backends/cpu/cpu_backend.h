@@ -62,6 +62,8 @@ class CpuBackend final : public Backend {
   void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
                          LinearExecution& consumer) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
+                          float* dbias, LinearExecution& consumer) override;
   void residual_forward(float* out, const float* a, const float* b, int64_t n) override;
   void accumulate(float* a, const float* b, int64_t n) override;
   void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
@@ -73,6 +75,11 @@ class CpuBackend final : public Backend {
   void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
                     float beta1, float beta2, float eps, float weight_decay, int64_t step,
                     float grad_scale) override;
+
+ private:
+  // The gradient cast gelu_backward_cast made for the linear_backward of `ready_gradient_for_`.
+  QuantizedTensor ready_gradient_;
+  const LinearExecution* ready_gradient_for_ = nullptr;
 };
 
 // out [M, N] = a [M, K] x b [N, K]^T (+= when accumulate), float32 accumulation; BLAS when present.

@@ -157,6 +157,25 @@ void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec) {
   exec.saved_input = std::move(saved);
 }
 
+// The backward's FP8 cast of the output gradient dout [N, OC]: the gradient's scaling state moves on with
+// every cast (the backward never runs with frozen scaling).
+QuantizedTensor cast_gradient(const float* dout, int64_t N, int64_t OC, LinearExecution& exec) {
+  OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
+  QuantizedTensor dy =
+      quantize(std::span<const float>(dout, static_cast<size_t>(N * OC)), N, OC, exec.formats.gradient,
+               TensorRole::gradient, *exec.recipe, exec.state->gradient);
+  count_cast(dy, exec);
+  record_cast(dy, dout, N * OC, &Fp8LinearTelemetry::gradient, exec);
+  return dy;
+}
+
+// dbias [OC] += column sums of dout [N, OC], each column summed in row order.
+void add_column_sums(float* dbias, const float* dout, int64_t N, int64_t OC) {
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t o = 0; o < OC; ++o) dbias[o] += dout[n * OC + o];
+  }
+}
+
 // Where a producer writes its output before casting it: `out`, or scratch when the output is not kept.
 float* output_or_scratch(float* out, int64_t n) {
   if (out != nullptr) return out;
@@ -188,6 +207,21 @@ void CpuBackend::gelu_forward_cast(float* out, const float* inp, int64_t N, int6
   gelu_forward(y, inp, N * C);
   cast_input(y, N, C, consumer);
   consumer.input_cast_ready = true;
+}
+
+// gelu_backward, then linear_backward's bias sum and gradient cast, in that order: the same bits as the two
+// ops in turn.
+void CpuBackend::gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
+                                    float* dbias, LinearExecution& consumer) {
+  OCTET_CHECK(casts_gradient(consumer), "a consumer with an FP8 backward GEMM");
+  OCTET_CHECK(dinp != nullptr || gradient_cast_suffices(consumer),
+              "the gradient kept for a consumer that reads it");
+  float* d = output_or_scratch(dinp, N * C);
+  gelu_backward(d, inp, dout, N * C);
+  if (dbias != nullptr) add_column_sums(dbias, d, N, C);
+  ready_gradient_ = cast_gradient(d, N, C, consumer);
+  ready_gradient_for_ = &consumer;
+  consumer.gradient_cast_ready = true;
 }
 
 void gemm_abt(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, bool accumulate) {
@@ -265,18 +299,24 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
                                  const float* inp, const float* weight, const WeightCopy* copy, int64_t N,
                                  int64_t C, int64_t OC, LinearExecution& exec) {
   const auto* w = dynamic_cast<const CpuWeightCopy*>(copy);
-  if (dbias != nullptr) {
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t o = 0; o < OC; ++o) dbias[o] += dout[n * OC + o];
-    }
-  }
-  const bool fp8 = exec.input_gradient == GemmMode::fp8 || exec.weight_gradient == GemmMode::fp8;
+  const bool fp8 = casts_gradient(exec);
+  const bool ready = exec.gradient_cast_ready;
+  exec.gradient_cast_ready = false;
+  OCTET_CHECK(!ready || (fp8 && dbias == nullptr),
+              "a producer's gradient cast for a layer with an FP8 backward GEMM, and no second bias sum");
+  OCTET_CHECK(dout != nullptr || (ready && gradient_cast_suffices(exec)), "the float32 output gradient");
+  if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
   QuantizedTensor dy;
-  if (fp8) {
-    dy = quantize(std::span<const float>(dout, static_cast<size_t>(N * OC)), N, OC, exec.formats.gradient,
-                  TensorRole::gradient, *exec.recipe, exec.state->gradient);
-    count_cast(dy, exec);
-    record_cast(dy, dout, N * OC, &Fp8LinearTelemetry::gradient, exec);
+  if (ready) {
+    OCTET_CHECK(ready_gradient_for_ == &exec && ready_gradient_.rows == N && ready_gradient_.cols == OC,
+                "the gradient cast its producer made for this layer, [{}, {}]", N, OC);
+    dy = std::move(ready_gradient_);
+    ready_gradient_ = {};
+    ready_gradient_for_ = nullptr;
+  } else if (fp8) {
+    dy = cast_gradient(dout, N, OC, exec);
+    // As on a GPU, where the casts share one buffer: a producer's cast serves only the gradient cast next.
+    ready_gradient_for_ = nullptr;
   }
 
   // Input gradient: dinp [N, C] = dout [N, OC] x W [OC, C].

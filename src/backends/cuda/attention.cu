@@ -1137,6 +1137,59 @@ __global__ void attention_pack_kernel(Bf16* dst, const float* src, int64_t B, in
   }
 }
 
+// The backward's dO: packed as attention_pack_kernel packs it, and D = rowsum(dO * O) per (b, h, t) from the
+// same read. Eight elements per thread; the hs / 8 threads of a row (a power of two dividing 32, so that a row's
+// threads sit in one aligned segment of a warp) add their partial dot products with shuffles.
+__global__ void attention_pack_dout_kernel(Bf16* dst, float* row_dot, const float* dout, const float* out,
+                                           int64_t B, int64_t T, int64_t NH, int hs, bool vector) {
+  const int groups_per_row = hs / 8;
+  const int64_t C = NH * hs;
+  const int64_t groups = B * T * C / 8;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // Whole warps run every iteration (the shuffles need all lanes); lanes past the end only add zeros.
+  const int64_t warp_first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x - threadIdx.x % kWarpSize;
+  for (int64_t base = warp_first; base < groups; base += stride) {
+    const int64_t group = base + threadIdx.x % kWarpSize;
+    const bool active = group < groups;
+    float dot = 0.0f;
+    int64_t i = 0;
+    if (active) {
+      i = group * 8;  // element index in dout: (b * T + t) * C + h * hs + d
+      float v[8], o[8];
+      if (vector) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(dout + i));
+        const float4 b = __ldg(reinterpret_cast<const float4*>(dout + i + 4));
+        const float4 c = __ldg(reinterpret_cast<const float4*>(out + i));
+        const float4 d = __ldg(reinterpret_cast<const float4*>(out + i + 4));
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        o[0] = c.x, o[1] = c.y, o[2] = c.z, o[3] = c.w, o[4] = d.x, o[5] = d.y, o[6] = d.z, o[7] = d.w;
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          v[k] = dout[i + k];
+          o[k] = out[i + k];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) dot = fmaf(v[k], o[k], dot);
+      const int64_t bt = i / C;
+      const int64_t h = (i - bt * C) / hs;
+      const int64_t d = i - bt * C - h * hs;
+      const int64_t b = bt / T;
+      const int64_t t = bt - b * T;
+      uint4 packed;
+      packed.x = pack_bf16(v[0], v[1]);
+      packed.y = pack_bf16(v[2], v[3]);
+      packed.z = pack_bf16(v[4], v[5]);
+      packed.w = pack_bf16(v[6], v[7]);
+      *reinterpret_cast<uint4*>(dst + ((b * NH + h) * T + t) * hs + d) = packed;
+      i = (b * NH + h) * T + t;  // the row's index in row_dot
+    }
+    for (int offset = groups_per_row / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(kFullMask, dot, offset);
+    if (active && group % groups_per_row == 0) row_dot[i] = dot;
+  }
+}
+
 void pack_heads(Bf16* dst, const float* src, int64_t B, int64_t T, int64_t NH, int hs, int slots,
                 cudaStream_t stream) {
   const int64_t groups = B * T * slots * NH * hs / 8;
@@ -1285,18 +1338,32 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   p.lse = lse;
   p.row_dot = row_dot;
 
-  const int64_t row_blocks = (rows + kWarps - 1) / kWarps;
-  OCTET_REQUIRE(row_blocks <= 0x7FFFFFFF, "attention_backward: too many rows ({})", rows);
-  attention_row_dot_kernel<<<static_cast<unsigned>(row_blocks), kThreads, 0, stream>>>(
-      row_dot, dout, out, rows, T, C, NH, p.layout.hs);
-  OCTET_CUDA_CHECK_LAUNCH("attention_row_dot_kernel");
-  if (use_tensor_cores(p.layout.hs, options)) {
+  const int hs = p.layout.hs;
+  const bool tensor_cores = use_tensor_cores(hs, options);
+  // D comes with the packing of dO where a row's eight-element groups divide a warp evenly.
+  const bool packed_row_dot = tensor_cores && 32 % (hs / 8) == 0;
+  if (!packed_row_dot) {
+    const int64_t row_blocks = (rows + kWarps - 1) / kWarps;
+    OCTET_REQUIRE(row_blocks <= 0x7FFFFFFF, "attention_backward: too many rows ({})", rows);
+    attention_row_dot_kernel<<<static_cast<unsigned>(row_blocks), kThreads, 0, stream>>>(row_dot, dout, out,
+                                                                                          rows, T, C, NH, hs);
+    OCTET_CUDA_CHECK_LAUNCH("attention_row_dot_kernel");
+  }
+  if (tensor_cores) {
     // The forward's packed heads may belong to another layer by now: pack again, dO after q, k, v.
     p.B = B;
     p.vector = aligned16(dqkv);
     auto* packed = reinterpret_cast<Bf16*>(workspace.reserve_packed(static_cast<size_t>(4 * B * T * C), stream));
-    pack_heads(packed, qkv, B, T, NH, p.layout.hs, 3, stream);
-    pack_heads(packed + 3 * B * T * C, dout, B, T, NH, p.layout.hs, 1, stream);
+    pack_heads(packed, qkv, B, T, NH, hs, 3, stream);
+    if (packed_row_dot) {
+      const int64_t groups = B * T * C / 8;
+      const int64_t blocks = std::min<int64_t>((groups + 255) / 256, 65536);
+      attention_pack_dout_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+          packed + 3 * B * T * C, row_dot, dout, out, B, T, NH, hs, aligned16(dout) && aligned16(out));
+      OCTET_CUDA_CHECK_LAUNCH("attention_pack_dout_kernel");
+    } else {
+      pack_heads(packed + 3 * B * T * C, dout, B, T, NH, hs, 1, stream);
+    }
     p.packed = packed;
     p.packed_dout = packed + 3 * B * T * C;
     launch_mma_for_head_size(p, B, false, stream);

@@ -481,6 +481,8 @@ class CudaBackend final : public Backend {
     const OpScope scope(*this, OpKind::norm_activation);
     cuda::gelu_backward(dinp, inp, dout, n, stream_);
   }
+  void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
+                          float* dbias, LinearExecution& consumer) override;
   void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
     const OpScope scope(*this, OpKind::other);
     cuda::residual_forward(out, a, b, n, stream_);
@@ -494,6 +496,9 @@ class CudaBackend final : public Backend {
     const OpScope scope(*this, OpKind::loss);
     cuda::softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss, stream_);
   }
+  void lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp, float* dweight,
+                     const float* inp, const float* weight, const WeightCopy* copy, int64_t n, int64_t C,
+                     int64_t V, int64_t Vp, float dloss, LinearExecution& exec) override;
 
   double sum_of_squares(const float* x, int64_t n) override {
     const OpScope scope(*this, OpKind::optimizer);
@@ -561,6 +566,9 @@ class CudaBackend final : public Backend {
   // FusedCast it is given, then updates the scaling state and telemetry as cast_operand does.
   template <typename Write>
   void producer_cast(int64_t N, int64_t C, LinearExecution& exec, Write write);
+  // Casts the backward's output gradient dout [N, OC] as the layer's gradient operand into dy_codes_ and
+  // dy_codes_transposed_ (linear_backward's cast; gelu_backward_cast's where it cannot fuse).
+  void cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC, const LinearExecution& exec);
   // D [M, N] (=|+=) A [M, K] x B [N, K]^T on FP8 codes with dequantizing scales (device pointers).
   void fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv, const uint8_t* b,
                 Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N, int64_t K, bool accumulate,
@@ -609,7 +617,15 @@ class CudaBackend final : public Backend {
   std::vector<Layer*> pending_layers_;
   std::unordered_map<const Fp8LinearState*, Layer*> layers_;
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
-  DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_;
+  DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_, column_partials_;
+  // The gradient cast that dy_codes_ holds when gelu_backward_cast made it: for whose linear_backward, of
+  // what shape. The consumer is null once a linear_backward has cast into dy_codes_ itself.
+  struct ReadyGradient {
+    const LinearExecution* consumer = nullptr;
+    int64_t rows = 0;
+    int64_t cols = 0;
+  };
+  ReadyGradient ready_gradient_;
 };
 
 void forget_layer(CudaBackend* backend, const DeviceLayer* layer) {
@@ -728,6 +744,53 @@ void CudaBackend::gelu_forward_cast(float* out, const float* inp, int64_t N, int
   cuda::gelu_forward(y, inp, N * C, stream_);
   cast_input(y, N, C, consumer);
   consumer.input_cast_ready = true;
+}
+
+void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC,
+                                const LinearExecution& exec) {
+  const size_t n = static_cast<size_t>(N * OC);
+  // The backward never runs with frozen scaling: the gradient's state moves on with every cast, as on the
+  // CPU.
+  cast_operand(layer, kGradient, exec.formats.gradient, dout, N, OC, dy_codes_.as<uint8_t>(n, stream_),
+               dy_codes_transposed_.as<uint8_t>(n, stream_), &layer.device->cast_scale[kGradient],
+               &layer.device->gradient_scale_inv, true, exec);
+  ready_gradient_ = {};
+}
+
+void CudaBackend::gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
+                                     float* dbias, LinearExecution& consumer) {
+  const OpScope scope(*this, OpKind::norm_activation);
+  OCTET_CHECK(casts_gradient(consumer), "a consumer with an FP8 backward GEMM");
+  OCTET_CHECK(dinp != nullptr || gradient_cast_suffices(consumer),
+              "the gradient kept for a consumer that reads it");
+  Layer& layer = mapped_layer(consumer);
+  const size_t n = static_cast<size_t>(N * C);
+  if (producer_casts(consumer)) {
+    // linear_backward's cast_operand, with the codes written by the GELU backward kernel.
+    DeviceLayerState* s = layer.device;
+    const Dtype format = consumer.formats.gradient;
+    FusedCast cast;
+    cast.format = format;
+    cast.scale = begin_cast(layer, kGradient, format, nullptr, N * C, &s->cast_scale[kGradient]);
+    cast.output = dy_codes_.as<uint8_t>(n, stream_);
+    cast.output_transposed = dy_codes_transposed_.as<uint8_t>(n, stream_);
+    cast.scale_inv = &s->gradient_scale_inv;
+    cast.results = &s->results[kGradient];
+    float* partials = dbias == nullptr
+                          ? nullptr
+                          : column_partials_.as<float>(
+                                static_cast<size_t>(gelu_backward_cast_partial_rows(N) * C), stream_);
+    cuda::gelu_backward_cast(dinp, inp, dout, N, C, cast, dbias, partials, workspace_, stream_);
+    end_cast(layer, kGradient, format, N * C, true, consumer.telemetry != nullptr);
+  } else {
+    // The unfused ops, in linear_backward's order: the bias gradient, then the cast.
+    float* d = dinp != nullptr ? dinp : producer_output_.as<float>(n, stream_);
+    cuda::gelu_backward(d, inp, dout, N * C, stream_);
+    if (dbias != nullptr) bias_backward(dbias, d, N, C, workspace_, stream_);
+    cast_gradient(layer, d, N, C, consumer);
+  }
+  ready_gradient_ = {&consumer, N, C};
+  consumer.gradient_cast_ready = true;
 }
 
 void CudaBackend::publish_scaling(const Fp8LinearState& state) {
@@ -1064,21 +1127,32 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
                                   const float* inp, const float* weight, const WeightCopy* copy, int64_t N,
                                   int64_t C, int64_t OC, LinearExecution& exec) {
   auto* w = const_cast<CudaWeightCopy*>(dynamic_cast<const CudaWeightCopy*>(copy));
+  const bool fp8 = casts_gradient(exec);
+  const bool ready = exec.gradient_cast_ready;
+  exec.gradient_cast_ready = false;
+  OCTET_CHECK(!ready || (fp8 && dbias == nullptr),
+              "a producer's gradient cast for a layer with an FP8 backward GEMM, and no second bias sum");
+  OCTET_CHECK(dout != nullptr || (ready && gradient_cast_suffices(exec)), "the float32 output gradient");
   if (dbias != nullptr) {
     const OpScope scope(*this, OpKind::other);
     bias_backward(dbias, dout, N, OC, workspace_, stream_);
   }
-  const bool fp8 = exec.input_gradient == GemmMode::fp8 || exec.weight_gradient == GemmMode::fp8;
   const size_t ny = static_cast<size_t>(N * OC);
   uint8_t* dy = nullptr;
   uint8_t* dy_t = nullptr;
   Layer* layer = nullptr;
   if (fp8) {
     layer = &prepared_layer(exec, w);
-    dy = dy_codes_.as<uint8_t>(ny, stream_);
-    dy_t = dy_codes_transposed_.as<uint8_t>(ny, stream_);
-    cast_operand(*layer, kGradient, exec.formats.gradient, dout, N, OC, dy, dy_t,
-                 &layer->device->cast_scale[kGradient], &layer->device->gradient_scale_inv, true, exec);
+    if (ready) {
+      OCTET_CHECK(
+          ready_gradient_.consumer == &exec && ready_gradient_.rows == N && ready_gradient_.cols == OC,
+          "the gradient cast its producer made for this layer, [{}, {}]", N, OC);
+      ready_gradient_ = {};
+    } else {
+      cast_gradient(*layer, dout, N, OC, exec);
+    }
+    dy = static_cast<uint8_t*>(dy_codes_.get(ny, stream_));
+    dy_t = static_cast<uint8_t*>(dy_codes_transposed_.get(ny, stream_));
   }
 
   const void* dout_wide = nullptr;  // dout rounded to BF16/FP16 (slot 0), once for both GEMMs
@@ -1175,6 +1249,74 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
       break;
     }
   }
+}
+
+// A BF16 head (the precision policy's default, in fp8 and bf16 modes alike) keeps its logits in BF16 from
+// the GEMM on: the GEMM writes them in BF16 (the same values its float32 output would take once rounded, as
+// linear_forward does), the cross-entropy reads them and writes the gradient back in BF16 over them (what
+// linear_backward would make of the float32 gradient before its BF16 GEMMs), and the backward GEMMs read that
+// directly. Against the three ops this saves the rounding pass over the logits, half of the loss's traffic
+// and the gradient's conversion pass. Any other head runs the three ops.
+void CudaBackend::lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp,
+                                float* dweight, const float* inp, const float* weight, const WeightCopy* copy,
+                                int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss, LinearExecution& exec) {
+  const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
+  const bool bf16 = exec.forward == GemmMode::bf16 && exec.input_gradient == GemmMode::bf16 &&
+                    exec.weight_gradient == GemmMode::bf16 && w != nullptr && w->has_wide && inp != nullptr;
+  if (!bf16) {
+    Backend::lm_head_chunk(losses, logits, targets, dinp, dweight, inp, weight, copy, n, C, V, Vp, dloss, exec);
+    return;
+  }
+  // The float32 chunk has room for the BF16 logits twice over.
+  auto* logits_bf16 = reinterpret_cast<__nv_bfloat16*>(logits);
+  const void* wide_weight = const_cast<CudaWeightCopy*>(w)->wide.get(0, stream_);
+  const void* inp_bf16 = wide_copy(inp, n * C, GemmMode::bf16, 1);
+  GemmProblem p;
+  p.M = n;
+  p.N = Vp;
+  p.K = C;
+  p.a_type = p.b_type = GemmType::bf16;
+  p.a = inp_bf16;
+  p.b = wide_weight;
+  p.d_bf16 = logits_bf16;
+  wide_gemm(p);
+  if (exec.other_gemms) *exec.other_gemms += 1;
+  {
+    const OpScope scope(*this, OpKind::loss);
+    cuda::softmax_cross_entropy(losses, logits_bf16, targets, n, V, Vp, dloss, stream_);
+  }
+  if (dloss == 0.0f) return;
+
+  // dinp [n, C] = dlogits [n, Vp] x W [Vp, C], rounded to BF16 as linear_backward stores it.
+  GemmProblem dx;
+  dx.M = n;
+  dx.N = C;
+  dx.K = Vp;
+  dx.a_type = dx.b_type = GemmType::bf16;
+  dx.a = logits_bf16;
+  dx.b = wide_weight;
+  dx.b_transposed = true;
+  dx.d = dinp;
+  wide_gemm(dx);
+  {
+    const OpScope scope(*this, OpKind::casts);
+    round_in_place(dinp, n * C, Dtype::bf16, stream_);
+  }
+  if (exec.other_gemms) *exec.other_gemms += 1;
+  // dweight [Vp, C] += dlogits^T [Vp, n] x inp [n, C].
+  GemmProblem dw;
+  dw.M = Vp;
+  dw.N = C;
+  dw.K = n;
+  dw.a_type = dw.b_type = GemmType::bf16;
+  dw.a = logits_bf16;
+  dw.a_transposed = true;
+  dw.b = inp_bf16;
+  dw.b_transposed = true;
+  dw.d = dweight;
+  dw.accumulate = true;
+  wide_gemm(dw);
+  if (exec.other_gemms) *exec.other_gemms += 1;
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Device arithmetic shared by ops.cu (the ops of ops.h) and fused.cu (the same ops fused with an FP8 cast,
-// fused.h): the GELU forward value, the AdamW step (per element and per pack, and its host-side constants)
-// and LayerNorm's row statistics and normalisation, with the small helpers they need (Pack, warp_sum). Both
-// files must compute bit-identical values (fused.h promises the unfused op's exact results, and the GPU
-// tests compare both with the CPU reference bit for bit), so this is the one copy: same rounding
+// fused.h): the GELU forward value and gradient, the AdamW step (per element and per pack, and its host-side
+// constants) and LayerNorm's row statistics and normalisation, with the small helpers they need (Pack,
+// warp_sum). Both files must compute bit-identical values (fused.h promises the unfused op's exact results,
+// and the GPU tests compare both with the CPU reference bit for bit), so this is the one copy: same rounding
 // intrinsics, same order of operations, same float64 reductions as the reference.
 // Internal to the CUDA backend: include only from .cu files.
 #pragma once
@@ -62,6 +62,19 @@ __device__ __forceinline__ float gelu_argument(float x) {
 
 __device__ __forceinline__ float gelu(float x) {
   return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(gelu_argument(x))));
+}
+
+// 3 * 0.044715, folded in float, as the host compiler folds it.
+inline constexpr float kGeluCubicSlope = 3.0f * kGeluCubic;
+
+// The GELU backward: gelu'(x) * dout.
+__device__ __forceinline__ float gelu_gradient(float x, float dout) {
+  const float th = tanhf(gelu_argument(x));
+  const float sech2 = __fsub_rn(1.0f, __fmul_rn(th, th));
+  const float left = __fmul_rn(0.5f, __fadd_rn(1.0f, th));
+  const float slope = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(kGeluCubicSlope, x), x));
+  const float right = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), sech2), kGeluScale), slope);
+  return __fmul_rn(__fadd_rn(left, right), dout);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
-// Producer-fused FP8 casts (see fused.h): LayerNorm, GELU and AdamW kernels that also write the FP8 cast of
-// what they produce, in the same pass over the data. The op's arithmetic is elementwise.cuh's, the code that
-// ops.cu's kernels run (the same round-to-nearest intrinsics, the same reduction order), and the cast is
-// cast_element.cuh, the step cast_amax runs, so every byte and count matches the unfused pair.
+// Producer-fused FP8 casts (see fused.h): LayerNorm, GELU (forward and backward) and AdamW kernels that also
+// write the FP8 cast of what they produce, in the same pass over the data. The op's arithmetic is
+// elementwise.cuh's, the code that ops.cu's kernels run (the same round-to-nearest intrinsics, the same
+// reduction order), and the cast is cast_element.cuh, the step cast_amax runs, so every byte and count
+// matches the unfused pair.
 //
 // Bytes moved per element (float32 in, FP8 codes out; "out" is the float32 result, optional here):
 //   GELU:      read 4, write 4 (out) + 1 (codes) + 1 (transposed)  = 10, or 6 without out; unfused 14.
 //   LayerNorm: the same as GELU (weight, bias, mean, rstd are per row or per column);         unfused 14.
+//   GELU backward, with the consumer's bias gradient: read 8 (inp, dout), write 4 (dinp) + 1 + 1 = 14, or 10
+//              without dinp (plus 1/8 out and in for the column partial sums); unfused 26 (gelu_backward
+//              12, bias_backward 4, cast 6).
 //   AdamW:     read 16 (params, m, v, grads), write 12 + 1 + 1    = 30;                      unfused 34.
 #include "fused.h"
 
@@ -106,6 +110,23 @@ struct GeluProducer {
   }
 };
 
+// ops.cu's GeluGradient: elementwise::gelu_gradient. Each element is read and written by one thread, so dinp
+// may alias inp or dout.
+struct GeluBackwardProducer {
+  float* dinp;  // may be null
+  const float* inp;
+  const float* dout;
+  template <int W>
+  __device__ __forceinline__ Pack<W> produce(int64_t i) const {
+    Pack<W> x = load_pack<W>(inp + i);
+    const Pack<W> g = load_pack<W>(dout + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) x.v[k] = elementwise::gelu_gradient(x.v[k], g.v[k]);
+    if (dinp != nullptr) store_pack<W>(dinp + i, x);
+    return x;
+  }
+};
+
 // ops.cu's AdamW: elementwise::adamw_pack, with the constants of elementwise::adamw_constants.
 struct AdamWProducer {
   float* params;
@@ -141,13 +162,23 @@ __global__ void __launch_bounds__(kThreads)
 
 // Row-major and transposed codes: a block walks kTileRows x kTileCols tiles (grid-stride). A warp produces
 // one tile row of 128 values (float4 loads when Vector: cols % 4 == 0 and every pointer aligned), writes
-// their codes row-major and stages them; the block then writes the tile's 128 columns as 32-byte segments.
-template <Dtype Format, bool Vector, typename Producer>
+// their codes row-major and stages them; the block then writes the tile's 128 columns as 32-byte segments
+// (when cast.output_transposed is not null).
+//
+// With ColumnSums, the block also writes the sum of each column of the produced values over the tile's rows
+// to column_partials[tile row, column] ([ceil(rows / kTileRows), cols]), in a fixed order: a thread always
+// takes the same four columns (kThreads is a multiple of the groups per row), in rows r, r + 8, r + 16,
+// r + 24 of the tile, adding them in that order; the eight row groups' sums are then added in order.
+template <Dtype Format, bool Vector, bool ColumnSums, typename Producer>
 __global__ void __launch_bounds__(kThreads)
     produce_cast_transpose_kernel(const Producer producer, const FusedCast cast, int64_t rows, int64_t cols,
-                                  bool transposed_words) {
-  __shared__ __align__(16) uint8_t staged[kTileRows * kTileStride];
+                                  bool transposed_words, float* column_partials) {
   constexpr int kGroupsPerRow = kTileCols / 4;
+  constexpr int kRowGroups = kThreads / kGroupsPerRow;
+  static_assert(kThreads % kGroupsPerRow == 0 && kTileRows % kRowGroups == 0,
+                "each thread keeps to four columns of a tile");
+  __shared__ __align__(16) uint8_t staged[kTileRows * kTileStride];
+  __shared__ __align__(16) float group_sums[ColumnSums ? kRowGroups : 1][ColumnSums ? kTileCols : 4];
   const float scale = *cast.scale;
   const int64_t tile_cols = (cols + kTileCols - 1) / kTileCols;
   const int64_t tiles = ((rows + kTileRows - 1) / kTileRows) * tile_cols;
@@ -155,6 +186,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t row0 = (tile / tile_cols) * kTileRows;
     const int64_t col0 = (tile % tile_cols) * kTileCols;
+    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // ColumnSums: columns c .. c+3 of this thread's rows
     for (int j = static_cast<int>(threadIdx.x); j < kTileRows * kGroupsPerRow; j += kThreads) {
       const int r = j / kGroupsPerRow;
       const int c = 4 * (j % kGroupsPerRow);
@@ -164,24 +196,46 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t i = row * cols + col;
       uint8_t* s = staged + r * kTileStride + c;
       if constexpr (Vector) {
-        const uint32_t word = cast_pack<Format>(producer.template produce<4>(i), scale, t);
+        const Pack<4> p = producer.template produce<4>(i);
+        const uint32_t word = cast_pack<Format>(p, scale, t);
         *reinterpret_cast<uint32_t*>(cast.output + i) = word;
         *reinterpret_cast<uint32_t*>(s) = word;
+        if constexpr (ColumnSums) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) sums[k] = __fadd_rn(sums[k], p.v[k]);
+        }
       } else {
         for (int k = 0; k < 4 && col + k < cols; ++k) {
-          const auto code =
-              static_cast<uint8_t>(cast_pack<Format>(producer.template produce<1>(i + k), scale, t));
+          const Pack<1> p = producer.template produce<1>(i + k);
+          const auto code = static_cast<uint8_t>(cast_pack<Format>(p, scale, t));
           cast.output[i + k] = code;
           s[k] = code;
+          if constexpr (ColumnSums) sums[k] = __fadd_rn(sums[k], p.v[0]);
         }
       }
+    }
+    if constexpr (ColumnSums) {
+      // One 16-byte store per thread: a warp writes 512 consecutive bytes.
+      const int group = static_cast<int>(threadIdx.x) / kGroupsPerRow;
+      const int c = 4 * (static_cast<int>(threadIdx.x) % kGroupsPerRow);
+      *reinterpret_cast<float4*>(&group_sums[group][c]) = make_float4(sums[0], sums[1], sums[2], sums[3]);
     }
     __syncthreads();
     const int rows_in_tile = static_cast<int>(rows - row0 < kTileRows ? rows - row0 : kTileRows);
     const int cols_in_tile = static_cast<int>(cols - col0 < kTileCols ? cols - col0 : kTileCols);
-    write_transposed_tile(staged, kTileStride, rows_in_tile, cols_in_tile, cast.output_transposed, rows, row0,
-                          col0, transposed_words);
-    __syncthreads();  // the next tile overwrites `staged`
+    if (cast.output_transposed != nullptr) {
+      write_transposed_tile(staged, kTileStride, rows_in_tile, cols_in_tile, cast.output_transposed, rows,
+                            row0, col0, transposed_words);
+    }
+    if constexpr (ColumnSums) {
+      for (int c = static_cast<int>(threadIdx.x); c < cols_in_tile; c += kThreads) {
+        float total = group_sums[0][c];
+#pragma unroll
+        for (int g = 1; g < kRowGroups; ++g) total = __fadd_rn(total, group_sums[g][c]);
+        column_partials[(row0 / kTileRows) * cols + col0 + c] = total;
+      }
+    }
+    __syncthreads();  // the next tile overwrites `staged` and `group_sums`
   }
   write_scale_inv(cast.scale_inv, scale);
   flush_tally(t, cast.results);
@@ -341,24 +395,26 @@ void check_cast(const FusedCast& cast, int64_t n, const char* op) {
 }
 
 // The element-wise op `producer` over [rows, cols] with its cast. `vector_inputs`: every float pointer the
-// producer touches is 16-byte aligned.
-template <typename Producer>
+// producer touches is 16-byte aligned. With ColumnSums, the tiles' column sums of the produced values go to
+// column_partials (see produce_cast_transpose_kernel), which makes the tiled kernel run even without
+// transposed codes.
+template <bool ColumnSums = false, typename Producer>
 void launch_elementwise(const Producer& producer, bool vector_inputs, int64_t rows, int64_t cols,
-                        const FusedCast& cast, cudaStream_t stream) {
+                        const FusedCast& cast, cudaStream_t stream, float* column_partials = nullptr) {
   const int64_t n = rows * cols;
   OCTET_CUDA_CHECK(cudaMemsetAsync(cast.results, 0, sizeof(CastResults), stream));
-  if (cast.output_transposed != nullptr && n > 0) {
+  if ((cast.output_transposed != nullptr || ColumnSums) && n > 0) {
     const bool vector = vector_inputs && cols % 4 == 0 && aligned(cast.output, 4);
     const bool transposed_words = rows % 4 == 0 && aligned(cast.output_transposed, 4);
     const int64_t tiles = ((rows + kTileRows - 1) / kTileRows) * ((cols + kTileCols - 1) / kTileCols);
     const unsigned grid = grid_size(tiles, 1);
     with_format(cast.format, [&](auto format) {
       if (vector) {
-        produce_cast_transpose_kernel<decltype(format)::value, true>
-            <<<grid, kThreads, 0, stream>>>(producer, cast, rows, cols, transposed_words);
+        produce_cast_transpose_kernel<decltype(format)::value, true, ColumnSums>
+            <<<grid, kThreads, 0, stream>>>(producer, cast, rows, cols, transposed_words, column_partials);
       } else {
-        produce_cast_transpose_kernel<decltype(format)::value, false>
-            <<<grid, kThreads, 0, stream>>>(producer, cast, rows, cols, transposed_words);
+        produce_cast_transpose_kernel<decltype(format)::value, false, ColumnSums>
+            <<<grid, kThreads, 0, stream>>>(producer, cast, rows, cols, transposed_words, column_partials);
       }
     });
   } else {
@@ -451,6 +507,32 @@ void gelu_forward_cast(float* out, const float* inp, int64_t rows, int64_t cols,
   const bool vector = aligned16(inp) && (out == nullptr || aligned16(out));
   launch_elementwise(GeluProducer{out, inp}, vector, rows, cols, cast, stream);
   OCTET_CUDA_CHECK_LAUNCH("gelu_forward_cast");
+}
+
+void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t rows, int64_t cols,
+                        const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
+                        cudaStream_t stream) {
+  OCTET_REQUIRE(rows >= 0 && cols >= 0, "gelu_backward_cast: the shape must not be negative, got [{}, {}]",
+                rows, cols);
+  check_cast(cast, rows * cols, "gelu_backward_cast");
+  OCTET_REQUIRE(rows * cols == 0 || (inp != nullptr && dout != nullptr),
+                "gelu_backward_cast: inp and dout must be given");
+  OCTET_REQUIRE(dbias == nullptr || rows * cols == 0 || column_partials != nullptr,
+                "gelu_backward_cast: the bias gradient needs column_partials");
+  const GeluBackwardProducer op{dinp, inp, dout};
+  const bool vector = aligned16(inp) && aligned16(dout) && (dinp == nullptr || aligned16(dinp));
+  if (dbias == nullptr) {
+    launch_elementwise(op, vector, rows, cols, cast, stream);
+    OCTET_CUDA_CHECK_LAUNCH("gelu_backward_cast");
+    return;
+  }
+  launch_elementwise<true>(op, vector, rows, cols, cast, stream, column_partials);
+  OCTET_CUDA_CHECK_LAUNCH("gelu_backward_cast");
+  bias_backward(dbias, column_partials, gelu_backward_cast_partial_rows(rows), cols, workspace, stream);
+}
+
+int64_t gelu_backward_cast_partial_rows(int64_t rows) {
+  return (rows + kTileRows - 1) / kTileRows;
 }
 
 void adamw_update_cast(float* params, float* m, float* v, const float* grads, int64_t rows, int64_t cols,

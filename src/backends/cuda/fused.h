@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "octet/cuda/cast.h"
+#include "ops.h"
 
 namespace octet::cuda {
 
@@ -36,6 +37,18 @@ void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* i
 // result; out written only when not null (it may alias inp).
 void gelu_forward_cast(float* out, const float* inp, int64_t rows, int64_t cols, const FusedCast& cast,
                        cudaStream_t stream);
+
+// GELU backward over [rows, cols]: dinp = dout * gelu'(inp) (exactly the values of cuda::gelu_backward),
+// writing the FP8 cast of dinp; dinp written only when not null (it may alias inp or dout). When dbias is not
+// null, also dbias [cols] += column sums of dinp, as bias_backward would add them up to the order of the
+// float32 additions: the kernel writes one partial sum per column and tile of 32 rows to column_partials
+// (gelu_backward_cast_partial_rows(rows) x cols floats of scratch, not aliasing workspace memory), and
+// bias_backward adds those in its fixed order. Deterministic: the order depends on the shape alone.
+void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t rows, int64_t cols,
+                        const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
+                        cudaStream_t stream);
+// Rows of column_partials that gelu_backward_cast needs for `rows` rows.
+int64_t gelu_backward_cast_partial_rows(int64_t rows);
 
 // AdamW (exactly cuda::adamw_update's arithmetic and host-side constants, bit for bit) over one weight matrix
 // params [rows, cols] with its m, v, grads, followed by the FP8 cast of the UPDATED params.

@@ -159,13 +159,8 @@ struct RoundF16 {
 };
 
 // ---------------------------------------------------------------------------------------------------------
-// GELU: the reference's expressions, evaluated left to right as C++ groups them. The forward value and
-// tanh's argument are elementwise.cuh's, shared with the fused GELU cast.
-
-using elementwise::gelu_argument;
-using elementwise::kGeluScale;
-// Folded in float, as the host compiler folds it.
-constexpr float kGeluCubicSlope = 3.0f * elementwise::kGeluCubic;
+// GELU: the reference's expressions, evaluated left to right as C++ groups them. The forward value and the
+// gradient are elementwise.cuh's, shared with the fused GELU casts.
 
 struct Gelu {
   __device__ float operator()(float x) const { return elementwise::gelu(x); }
@@ -173,14 +168,7 @@ struct Gelu {
 
 // gelu'(x) * dout
 struct GeluGradient {
-  __device__ float operator()(float x, float dout) const {
-    const float th = tanhf(gelu_argument(x));
-    const float sech2 = __fsub_rn(1.0f, __fmul_rn(th, th));
-    const float left = __fmul_rn(0.5f, __fadd_rn(1.0f, th));
-    const float slope = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(kGeluCubicSlope, x), x));
-    const float right = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), sech2), kGeluScale), slope);
-    return __fmul_rn(__fadd_rn(left, right), dout);
-  }
+  __device__ float operator()(float x, float dout) const { return elementwise::gelu_gradient(x, dout); }
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -497,26 +485,63 @@ __device__ MaxSum block_max_sum(MaxSum r) {
   return r;
 }
 
-template <int W, bool Cached>
+// Logits stored as float32 or as BF16 (the head GEMM's own output type, holding the same values): W of them
+// at a time, as float32. BF16 loads are exact; BF16 stores round to nearest even.
+template <int W>
+__device__ __forceinline__ Pack<W> load_logits(const float* p) {
+  return load_pack<W>(p);
+}
+template <int W>
+__device__ __forceinline__ Pack<W> load_logits(const __nv_bfloat16* p) {
+  if constexpr (W == 4) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+    return {{lo.x, lo.y, hi.x, hi.y}};
+  } else {
+    return {{__bfloat162float(*p)}};
+  }
+}
+template <int W>
+__device__ __forceinline__ void store_logits(float* p, const Pack<W>& x) {
+  store_pack<W>(p, x);
+}
+template <int W>
+__device__ __forceinline__ void store_logits(__nv_bfloat16* p, const Pack<W>& x) {
+  if constexpr (W == 4) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x.v[0], x.v[1]);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(x.v[2], x.v[3]);
+    uint2 q;
+    q.x = *reinterpret_cast<const uint32_t*>(&lo);
+    q.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(p) = q;
+  } else {
+    *p = __float2bfloat16_rn(x.v[0]);
+  }
+}
+
+// One block per row. The reductions and the arithmetic do not depend on the logits' storage type, so a BF16
+// row gives the same loss, and the same gradient rounded to BF16, as the float32 row of the same values.
+template <typename Logit, int W, bool Cached>
 __global__ void __launch_bounds__(kSoftmaxThreads)
-    softmax_cross_entropy_kernel(float* losses, float* logits, const int32_t* targets, int64_t V, int64_t Vp,
+    softmax_cross_entropy_kernel(float* losses, Logit* logits, const int32_t* targets, int64_t V, int64_t Vp,
                                  float dloss) {
   extern __shared__ float cached_row[];  // [V] when Cached
   const int64_t n = blockIdx.x;
-  float* row = logits + n * Vp;
+  Logit* row = logits + n * Vp;
   const int64_t target = targets[n];
   // Read before the block reduction's barriers, so before any thread overwrites the row.
-  const float target_logit = threadIdx.x == 0 ? row[target] : 0.0f;
+  const float target_logit = threadIdx.x == 0 ? load_logits<1>(row + target).v[0] : 0.0f;
   const int64_t groups = V / W;
   MaxSum r{-INFINITY, 0.0};
   for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
-    const Pack<W> p = load_pack<W>(row + g * W);
+    const Pack<W> p = load_logits<W>(row + g * W);
     if constexpr (Cached) store_pack<W>(cached_row + g * W, p);
 #pragma unroll
     for (int k = 0; k < W; ++k) add_logit(r, p.v[k]);
   }
   for (int64_t v = groups * W + threadIdx.x; v < V; v += kSoftmaxThreads) {
-    const float x = row[v];
+    const float x = load_logits<1>(row + v).v[0];
     if constexpr (Cached) cached_row[v] = x;
     add_logit(r, x);
   }
@@ -529,20 +554,21 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   if (dloss == 0.0f) return;
   const float inverse_sum = static_cast<float>(1.0 / r.sum);
   for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
-    Pack<W> p = load_pack<W>((Cached ? cached_row : row) + g * W);
+    Pack<W> p = Cached ? load_pack<W>(cached_row + g * W) : load_logits<W>(row + g * W);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       p.v[k] = __fmul_rn(__fmul_rn(expf(__fsub_rn(p.v[k], max)), inverse_sum), dloss);
       if (g * W + k == target) p.v[k] = __fsub_rn(p.v[k], dloss);
     }
-    store_pack<W>(row + g * W, p);
+    store_logits<W>(row + g * W, p);
   }
   for (int64_t v = groups * W + threadIdx.x; v < V; v += kSoftmaxThreads) {
-    float p = __fmul_rn(__fmul_rn(expf(__fsub_rn(Cached ? cached_row[v] : row[v], max)), inverse_sum), dloss);
-    if (v == target) p = __fsub_rn(p, dloss);
-    row[v] = p;
+    Pack<1> p{{Cached ? cached_row[v] : load_logits<1>(row + v).v[0]}};
+    p.v[0] = __fmul_rn(__fmul_rn(expf(__fsub_rn(p.v[0], max)), inverse_sum), dloss);
+    if (v == target) p.v[0] = __fsub_rn(p.v[0], dloss);
+    store_logits<1>(row + v, p);
   }
-  for (int64_t v = V + threadIdx.x; v < Vp; v += kSoftmaxThreads) row[v] = 0.0f;
+  for (int64_t v = V + threadIdx.x; v < Vp; v += kSoftmaxThreads) store_logits<1>(row + v, Pack<1>{{0.0f}});
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -891,8 +917,11 @@ void fill_zero(float* x, int64_t n, cudaStream_t stream) {
   OCTET_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n) * sizeof(float), stream));
 }
 
-void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
-                           int64_t Vp, float dloss, cudaStream_t stream) {
+namespace {
+
+template <typename Logit>
+void launch_softmax_cross_entropy(float* losses, Logit* logits, const int32_t* targets, int64_t N, int64_t V,
+                                  int64_t Vp, float dloss, cudaStream_t stream) {
   OCTET_CHECK(N >= 0 && V > 0 && Vp >= V, "softmax_cross_entropy: N >= 0, 0 < V <= Vp, got N={} V={} Vp={}",
               N, V, Vp);
   if (N == 0) return;
@@ -910,21 +939,34 @@ void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets,
     }
     kernel<<<blocks, kSoftmaxThreads, shared_bytes, stream>>>(losses, logits, targets, V, Vp, dloss);
   };
-  const bool vectorize = Vp % 4 == 0 && aligned16(logits);
+  // Four logits per load: 16 bytes of float32 or 8 of BF16.
+  const bool vectorize = Vp % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % (4 * sizeof(Logit)) == 0;
   if (cached) {
     if (vectorize) {
-      launch(softmax_cross_entropy_kernel<4, true>, cache_bytes);
+      launch(softmax_cross_entropy_kernel<Logit, 4, true>, cache_bytes);
     } else {
-      launch(softmax_cross_entropy_kernel<1, true>, cache_bytes);
+      launch(softmax_cross_entropy_kernel<Logit, 1, true>, cache_bytes);
     }
   } else {
     if (vectorize) {
-      launch(softmax_cross_entropy_kernel<4, false>, 0);
+      launch(softmax_cross_entropy_kernel<Logit, 4, false>, 0);
     } else {
-      launch(softmax_cross_entropy_kernel<1, false>, 0);
+      launch(softmax_cross_entropy_kernel<Logit, 1, false>, 0);
     }
   }
   OCTET_CUDA_CHECK_LAUNCH("softmax_cross_entropy_kernel");
+}
+
+}  // namespace
+
+void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                           int64_t Vp, float dloss, cudaStream_t stream) {
+  launch_softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss, stream);
+}
+
+void softmax_cross_entropy(float* losses, __nv_bfloat16* logits, const int32_t* targets, int64_t N, int64_t V,
+                           int64_t Vp, float dloss, cudaStream_t stream) {
+  launch_softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss, stream);
 }
 
 double sum_of_squares(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream) {

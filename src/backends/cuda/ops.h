@@ -75,6 +75,10 @@ void fill_zero(float* x, int64_t n, cudaStream_t stream);
 // logits are overwritten with dloss * (softmax - onehot(target)), zero in the padded columns.
 void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
                            int64_t Vp, float dloss, cudaStream_t stream);
+// The same over BF16 logits (a BF16 GEMM's output), the gradient written back in BF16: the same losses, and
+// the float32 path's gradient rounded to nearest even.
+void softmax_cross_entropy(float* losses, __nv_bfloat16* logits, const int32_t* targets, int64_t N, int64_t V,
+                           int64_t Vp, float dloss, cudaStream_t stream);
 
 // Sum of x^2 in float64, in an order fixed by n; waits for the stream.
 double sum_of_squares(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream);

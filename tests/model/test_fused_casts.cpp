@@ -1,0 +1,256 @@
+// GPT-2 trained with the producer-fused FP8 casts (LayerNorm and GELU casting the input of the FP8 layer they
+// feed, GELU's backward casting the output gradient of mlp.c_fc and summing its bias gradient) against the
+// same model with every fusion undone by a wrapper around the CPU backend: the plain op writes its float32
+// result, and the consumer's own linear_forward or linear_backward casts it (and sums the bias gradient), as
+// a model without the fused ops would. The CPU backend is the reference, so the two must train to the very
+// same bits: losses, weights, scaling states and cast telemetry, under every recipe, with a layer moved to
+// BF16 mid-run.
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model_fixture.h"
+
+namespace octet {
+namespace {
+
+using testing::mode;
+using testing::tiny_config;
+
+// The CPU backend with the producers' casts taken back to the consumers. Every other op passes through.
+class UnfusedCasts final : public Backend {
+ public:
+  explicit UnfusedCasts(Backend& inner) : inner_(inner) {}
+  std::string_view name() const override { return "cpu, unfused casts"; }
+
+  void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer) override {
+    inner_.layernorm_forward(hold_input(consumer, out, N * C), mean, rstd, inp, weight, bias, N, C);
+  }
+  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
+                         LinearExecution& consumer) override {
+    inner_.gelu_forward(hold_input(consumer, out, N * C), inp, N * C);
+  }
+  void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
+                      const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override {
+    EXPECT_FALSE(exec.input_cast_ready);
+    if (const auto it = inputs_.find(&exec); it != inputs_.end()) {
+      inp = it->second;
+      inputs_.erase(it);
+    }
+    inner_.linear_forward(out, inp, weight, copy, bias, N, C, OC, exec);
+  }
+  void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
+                          float* dbias, LinearExecution& consumer) override {
+    EXPECT_TRUE(casts_gradient(consumer));
+    std::vector<float>& held = held_[&consumer];
+    if (dinp == nullptr) {
+      held.resize(static_cast<size_t>(N * C));
+      dinp = held.data();
+    }
+    inner_.gelu_backward(dinp, inp, dout, N * C);
+    gradients_[&consumer] = {dinp, dbias};
+    ++fused_backward_;
+  }
+  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                       LinearExecution& exec) override {
+    EXPECT_FALSE(exec.gradient_cast_ready);
+    if (const auto it = gradients_.find(&exec); it != gradients_.end()) {
+      EXPECT_EQ(dbias, nullptr) << "the producer summed the bias gradient";
+      dout = it->second.dout;
+      dbias = it->second.dbias;
+      gradients_.erase(it);
+    }
+    inner_.linear_backward(dinp, dweight, dbias, dout, inp, weight, copy, N, C, OC, exec);
+  }
+  // How many GELU backwards the model fused with a gradient cast.
+  int64_t fused_backward() const { return fused_backward_; }
+
+  std::unique_ptr<Buffer> allocate(size_t bytes) override { return inner_.allocate(bytes); }
+  void copy_to_host(void* host, const void* source, size_t bytes) override {
+    inner_.copy_to_host(host, source, bytes);
+  }
+  void copy_from_host(void* destination, const void* host, size_t bytes) override {
+    inner_.copy_from_host(destination, host, bytes);
+  }
+  void fill_zero(float* x, int64_t n) override { inner_.fill_zero(x, n); }
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                       int64_t T, int64_t C) override {
+    inner_.encoder_forward(out, tokens, wte, wpe, B, T, C);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                        int64_t T, int64_t C) override {
+    inner_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                         const float* bias, int64_t N, int64_t C) override {
+    inner_.layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, const float* mean, const float* rstd, int64_t N,
+                          int64_t C) override {
+    inner_.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
+                      LinearExecution& exec) override {
+    inner_.prepare_weight(copy, weight, OC, C, exec);
+  }
+  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                         int64_t NH) override {
+    inner_.attention_forward(out, lse, qkv, B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {
+    inner_.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+  }
+  void gelu_forward(float* out, const float* inp, int64_t n) override { inner_.gelu_forward(out, inp, n); }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    inner_.gelu_backward(dinp, inp, dout, n);
+  }
+  void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
+    inner_.residual_forward(out, a, b, n);
+  }
+  void accumulate(float* a, const float* b, int64_t n) override { inner_.accumulate(a, b, n); }
+  void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                             int64_t Vp, float dloss) override {
+    inner_.softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss);
+  }
+  double sum_of_squares(const float* x, int64_t n) override { return inner_.sum_of_squares(x, n); }
+  bool all_finite(const float* x, int64_t n) override { return inner_.all_finite(x, n); }
+  void scale(float* x, int64_t n, float factor) override { inner_.scale(x, n, factor); }
+  void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
+                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                    float grad_scale) override {
+    inner_.adamw_update(params, m, v, grads, n, learning_rate, beta1, beta2, eps, weight_decay, step,
+                        grad_scale);
+  }
+
+ private:
+  // Where a producer's float32 output goes: `out`, or a buffer held for the consumer when the model keeps
+  // none. The consumer's next linear_forward reads it.
+  float* hold_input(LinearExecution& consumer, float* out, int64_t n) {
+    EXPECT_EQ(consumer.forward, GemmMode::fp8);
+    if (out == nullptr) {
+      std::vector<float>& held = held_[&consumer];
+      held.resize(static_cast<size_t>(n));
+      out = held.data();
+    }
+    inputs_[&consumer] = out;
+    return out;
+  }
+
+  struct Gradient {
+    const float* dout;
+    float* dbias;
+  };
+  Backend& inner_;
+  std::unordered_map<const LinearExecution*, std::vector<float>> held_;
+  std::unordered_map<const LinearExecution*, const float*> inputs_;
+  std::unordered_map<const LinearExecution*, Gradient> gradients_;
+  int64_t fused_backward_ = 0;
+};
+
+struct TrainingRecord {
+  std::vector<float> losses;
+  std::vector<float> params;
+  std::vector<Fp8LinearState> states;
+  std::vector<Fp8LinearTelemetry> telemetry;
+  float eval_loss = 0.0f;
+};
+
+// Four steps, h.1.mlp.c_fc moved to BF16 after the second (the fused path stops for it mid-run), then an
+// evaluation.
+TrainingRecord train(Backend& backend, const PrecisionSettings& precision) {
+  const Gpt2Config c = tiny_config();
+  Gpt2 model(c, backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  model.init_weights(21);
+  model.set_telemetry(true, true);
+  TrainSettings s;
+  s.batch_size = 2;
+  s.seq_len = 16;
+  Trainer trainer(model, s);
+  const BatchSource data = testing::pattern_stream(8, 2, 16, c.vocab_size);
+  TrainingRecord run;
+  for (int step = 0; step < 4; ++step) {
+    if (step == 2) model.move_layer_to_bf16("h.1.mlp.c_fc", "BF16 by test");
+    run.losses.push_back(trainer.step(data).loss);
+  }
+  run.eval_loss = trainer.evaluate(data, 1);
+  run.params.assign(model.params(), model.params() + model.parameter_count());
+  for (const LinearPlan& plan : model.policy().layers()) {
+    if (Fp8LinearState* state = model.fp8_state(plan.name)) run.states.push_back(*state);
+    if (Fp8LinearTelemetry* telemetry = model.telemetry(plan.name)) run.telemetry.push_back(*telemetry);
+  }
+  return run;
+}
+
+void expect_same_state(const ScalingState& a, const ScalingState& e, const std::string& what) {
+  EXPECT_EQ(std::memcmp(&a.scale, &e.scale, sizeof(float)), 0) << what << " scale";
+  EXPECT_EQ(std::memcmp(&a.scale_inv, &e.scale_inv, sizeof(float)), 0) << what << " scale_inv";
+  EXPECT_EQ(a.amax_history, e.amax_history) << what;
+  EXPECT_EQ(a.updates, e.updates) << what;
+  EXPECT_EQ(a.degenerate_amax, e.degenerate_amax) << what;
+}
+
+void expect_same_telemetry(const CastTelemetry& a, const CastTelemetry& e, const std::string& what) {
+  EXPECT_EQ(a.casts, e.casts) << what;
+  EXPECT_EQ(a.elements, e.elements) << what;
+  EXPECT_EQ(a.nonzero, e.nonzero) << what;
+  EXPECT_EQ(a.saturated, e.saturated) << what;
+  EXPECT_EQ(a.underflowed, e.underflowed) << what;
+  EXPECT_EQ(a.signal_energy, e.signal_energy) << what;
+  EXPECT_EQ(a.noise_energy, e.noise_energy) << what;
+}
+
+class FusedCasts : public ::testing::TestWithParam<RecipeKind> {};
+
+TEST_P(FusedCasts, TrainBitForBitAsTheUnfusedOps) {
+  PrecisionSettings precision = mode(MixedPrecision::fp8);
+  precision.recipe = GetParam();
+  precision.amax_history = 4;
+  precision.static_scale = 64.0f;
+  auto fused_backend = make_cpu_backend();
+  auto inner = make_cpu_backend();
+  UnfusedCasts unfused_backend(*inner);
+  const TrainingRecord fused = train(*fused_backend, precision);
+  const TrainingRecord unfused = train(unfused_backend, precision);
+  // mlp.c_fc of both blocks for two steps, then of block 0 only.
+  EXPECT_EQ(unfused_backend.fused_backward(), 2 * 2 + 2 * 1);
+
+  ASSERT_EQ(fused.losses.size(), unfused.losses.size());
+  for (size_t s = 0; s < fused.losses.size(); ++s)
+    EXPECT_EQ(fused.losses[s], unfused.losses[s]) << "step " << s;
+  EXPECT_EQ(fused.eval_loss, unfused.eval_loss);
+  EXPECT_TRUE(fused.params == unfused.params) << "the weights after training";
+  ASSERT_EQ(fused.states.size(), unfused.states.size());
+  for (size_t i = 0; i < fused.states.size(); ++i) {
+    const std::string layer = "FP8 layer " + std::to_string(i);
+    expect_same_state(fused.states[i].activation, unfused.states[i].activation, layer + " activation");
+    expect_same_state(fused.states[i].weight, unfused.states[i].weight, layer + " weight");
+    expect_same_state(fused.states[i].gradient, unfused.states[i].gradient, layer + " gradient");
+    if (GetParam() != RecipeKind::block) {  // block scales keep no state
+      EXPECT_GT(fused.states[i].gradient.updates, 0) << layer;
+    }
+  }
+  ASSERT_EQ(fused.telemetry.size(), unfused.telemetry.size());
+  for (size_t i = 0; i < fused.telemetry.size(); ++i) {
+    const std::string layer = "FP8 layer " + std::to_string(i);
+    expect_same_telemetry(fused.telemetry[i].activation, unfused.telemetry[i].activation,
+                          layer + " activation");
+    expect_same_telemetry(fused.telemetry[i].gradient, unfused.telemetry[i].gradient, layer + " gradient");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, FusedCasts,
+                         ::testing::Values(RecipeKind::delayed, RecipeKind::current, RecipeKind::static_scale,
+                                           RecipeKind::block),
+                         [](const auto& p) { return std::string(recipe_name(p.param)); });
+
+}  // namespace
+}  // namespace octet
