@@ -59,7 +59,14 @@ accumulation read and written. Per op:
   - LM head and cross-entropy, in the forward phase (octet runs the head's backward inside the forward),
     chunk by chunk (4096 rows when the head is BF16, all N when FP8): the head's GEMMs per chunk (the weight
     read per chunk, the weight gradient read and written per chunk), add_bias on the logits [rows, Vp],
-    cross-entropy reading V logits a row and writing the Vp-wide gradient and the loss.
+    cross-entropy reading V logits a row and writing the Vp-wide gradient and the loss. A BF16 head on the
+    GPU (results with the precision plan, `linear_gemms`) keeps the chunk in BF16: the GEMM writes 2 bytes a
+    logit, no rounding pass, the loss reads and writes 2 bytes a logit, the backward GEMMs read the gradient
+    as it is, and ln_f is converted to BF16 once for both GEMMs.
+  - GELU's backward under the delayed and static recipes (same results): it also writes mlp.c_fc's gradient
+    as FP8 codes and transposed codes and the layer's bias gradient (column sums), and writes the float32
+    gradient only where one of the layer's backward GEMMs is not FP8; that layer's backward then neither casts
+    nor sums its bias.
   - optimizer phase, once a step whatever grad_accum_steps: zeroing the gradients (4P), the gradient norm
     (reads 4P), AdamW (reads param, grad, m, v, writes param, m, v: 28P), and the weight copies: FP8 codes
     and transpose written in the AdamW pass (2 bytes an element; "current" recipe: a separate cast reading the
@@ -134,9 +141,15 @@ def model_of(train, source):
                       f"backend runs (delayed, current, static)")
     m["fp8"] = fp8
     linears = train.get("linear_gemms")
+    # Results that carry the precision plan come from the octet that also keeps a BF16 head's logits in
+    # BF16 on the GPU (Backend::lm_head_chunk) and fuses mlp.c_fc's gradient cast and bias gradient into
+    # GELU's backward; older results ran the unfused ops, and are counted as such.
+    m["fused_backward"] = linears is not None and (train.get("device") or {}).get("backend") == "cuda"
     if linears is None:
         linears = infer_linears(train, m, source)
         notes.append("GEMM precision per layer not in the result: taken from the mode and the GEMM counts")
+        notes.append("a result without the precision plan predates the BF16 LM head chunk and the fused GELU "
+                     "backward cast: the unfused ops are counted")
     m["linears"] = linears
     m["notes"] = notes
     return m
@@ -229,11 +242,12 @@ def linear_forward(s, g, rows, phase, count, label):
               count)
 
 
-def linear_backward(s, g, rows, phase, count, label):
+def linear_backward(s, g, rows, phase, count, label, fused=False):
+    """`fused`: the producer of the gradient cast it and summed the bias gradient (GELU's backward for mlp.c_fc)."""
     inn, out, ig, wg = g["in_features"], g["out_features"], g["input_gradient"], g["weight_gradient"]
-    if g["linear"] != "lm_head":
+    if g["linear"] != "lm_head" and not fused:
         s.add("other", phase, f"{label} bias gradient", F32 * rows * out + 2 * F32 * out, count)
-    if "fp8" in (ig, wg):
+    if "fp8" in (ig, wg) and not fused:
         s.add("casts", phase, f"{label} gradient cast", (F32 + s.amax_read + 2) * rows * out, count)
     wide_dout = None
     if ig in ("bf16", "f16"):
@@ -300,22 +314,48 @@ def step_ops(m):
     rows = N if head["forward"] == "fp8" or head["input_gradient"] == "fp8" or head["weight_gradient"] == "fp8" \
         else min(N, HEAD_CHUNK_ROWS)
     chunks = [rows] * (N // rows) + ([N % rows] if N % rows else [])
+    bf16_head = m["fused_backward"] and all(head[k] == "bf16" for k in ("forward", "input_gradient",
+                                                                          "weight_gradient"))
     for size in sorted(set(chunks)):
         count = chunks.count(size)
-        linear_forward(s, head, size, "forward", count, "lm_head")
-        s.add("loss", "forward", "cross-entropy", F32 * (size * V + size + size * Vp + size), count)
-        linear_backward(s, head, size, "forward", count, "lm_head")
+        if bf16_head:
+            # Logits and their gradient stay BF16: no rounding pass, no conversion of the gradient, ln_f
+            # converted once for both GEMMs that read it.
+            s.add("casts", "forward", "lm_head input to bf16", (F32 + 2) * size * C, count)
+            s.gemm("forward", "lm_head forward GEMM", "bf16", "forward", size, Vp, C, 2 * size * C, 2 * Vp * C,
+                   2 * size * Vp, count)
+            s.add("loss", "forward", "cross-entropy", 2 * size * V + F32 * size + 2 * size * Vp + F32 * size,
+                  count)
+            s.gemm("forward", "lm_head input-gradient GEMM", "bf16", "input_gradient", size, C, Vp,
+                   2 * size * Vp, 2 * Vp * C, F32 * size * C, count)
+            s.add("casts", "forward", "lm_head input gradient rounded to bf16", 2 * F32 * size * C, count)
+            s.gemm("forward", "lm_head weight-gradient GEMM", "bf16", "weight_gradient", Vp, C, size,
+                   2 * size * Vp, 2 * size * C, 2 * F32 * Vp * C, count)
+        else:
+            linear_forward(s, head, size, "forward", count, "lm_head")
+            s.add("loss", "forward", "cross-entropy", F32 * (size * V + size + size * Vp + size), count)
+            linear_backward(s, head, size, "forward", count, "lm_head")
 
     # Backward.
     s.add("other", "backward", "zero the residual gradient", F32 * N * C)
     layernorm_backward = F32 * (N * C + N * C + 2 * N + C + 2 * N * C + 4 * C)
     s.add("norm_activation", "backward", "layernorm backward", layernorm_backward, 2 * L + 1)
-    s.add("norm_activation", "backward", "gelu backward", 3 * F32 * N * 4 * C, L)
+    fc = next(g for g in blocks if g["linear"] == "mlp.c_fc")
+    fused_gelu = m["fused_backward"] and s.producer_fused and "fp8" in (fc["input_gradient"], fc["weight_gradient"])
+    if fused_gelu:
+        # GELU's backward writes mlp.c_fc's gradient as FP8 codes and transposed codes, and its bias gradient
+        # as column sums; the float32 gradient only where a backward GEMM of the layer is not FP8.
+        both_fp8 = fc["input_gradient"] == "fp8" and fc["weight_gradient"] == "fp8"
+        gelu_bytes = (2 * F32 + 2 + (0 if both_fp8 else F32)) * N * 4 * C + 2 * F32 * 4 * C
+        s.add("norm_activation", "backward", "gelu backward with mlp.c_fc's gradient cast and bias gradient",
+              gelu_bytes, L)
+    else:
+        s.add("norm_activation", "backward", "gelu backward", 3 * F32 * N * 4 * C, L)
     s.add("attention", "backward", "attention backward",
           F32 * (3 * N * C + N * C + N * C + B * NH * T + 3 * N * C), L, 2.5 * attention_forward_flops,
           attention_rate)
     for g in blocks:
-        linear_backward(s, g, N, "backward", g["layers"], g["linear"])
+        linear_backward(s, g, N, "backward", g["layers"], g["linear"], fused=fused_gelu and g is fc)
     s.add("other", "backward", "encoder backward", F32 * (N * C + N + 2 * N * C + 2 * T * C))
 
     # Optimizer, once a step.

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""bench/floors.py against numbers worked out by hand. Inputs: the H100 results kept in docs/bench/
-(`octet bench train --json` of GPT-2 124M and 350M, the table of `octet bench gemm` for 124M) and a result of
-the built `octet bench train` on a tiny configuration on the CPU. Exit 0 pass, 1 fail.
+"""bench/floors.py against numbers worked out by hand. Inputs: H100 results kept in tests/bench/data/
+(`octet bench train --json` of GPT-2 124M and 350M, the table of `octet bench gemm` for 124M; the
+"-fused" result comes from the octet that keeps a BF16 LM head's chunk in BF16 and fuses mlp.c_fc's gradient
+cast into GELU's backward, the others from before) and a result of the built `octet bench train` on a tiny
+configuration on the CPU. Exit 0 pass, 1 fail.
 
   test_floors.py FLOORS_SCRIPT INPUTS_DIR OCTET_BINARY WORK_DIR
 
@@ -15,6 +17,9 @@ N = B*T = 32768, P = 124475904 parameters):
   attention forward bytes 4 (3NC + NC + B NH T) L = 4850712576
   cross-entropy bytes 4 (N V + N + N Vp + N) = 13180993536
   optimizer bytes (fp8): 32 P + 2 x 84934656 (FP8 copies) + 6 x 38633472 (BF16 copy of the head) = 4384899072
+  with the BF16 head chunk: cross-entropy bytes (2 V + 4 + 2 Vp + 4) N = 201130 x 32768 = 6590627840;
+  GELU backward fused with mlp.c_fc's gradient cast (both its backward GEMMs FP8, so no float32 gradient):
+  ((4 + 4 + 2) N 4C + 8 x 4C) L = (1006632960 + 24576) x 12 = 12079890432
 GPT-2 350M (L = 24, C = 1024, NH = 16, B = 16): GEMMs 34750.58 GFLOP, total with attention 37636.80 GFLOP.
 """
 import contextlib
@@ -138,6 +143,29 @@ class Gpt2Small(unittest.TestCase):
         proj = ops[("forward", "attn.c_proj forward GEMM")]
         self.assertAlmostEqual(proj["gb"], 12 * (32768 * 768 + 768 * 768 + 4 * 32768 * 768) / 1e9, places=9)
         self.assertAlmostEqual(proj["floor_ms"], proj["gb"] / 2000 * 1e3, places=9)
+
+
+class Gpt2SmallFused(unittest.TestCase):
+    def setUp(self):
+        [self.fp8] = result_of(inputs("gpt2-124M-octet-fp8-fused.json"), *FAST_MEMORY)
+
+    def test_flops_do_not_depend_on_the_fusion(self):
+        self.assertAlmostEqual(self.fp8["total"]["gflop"], 26459.146, places=2)
+
+    def test_the_bf16_head_chunk_moves_bf16_logits(self):
+        self.assertAlmostEqual(gb(self.fp8, "cross-entropy"), 6.59062784, places=9)
+        names = [o["op"] for o in self.fp8["ops"]]
+        self.assertNotIn("lm_head bias and rounding", names)
+        self.assertNotIn("lm_head gradient to bf16", names)
+
+    def test_gelu_backward_carries_the_fc_gradient_cast(self):
+        names = [o["op"] for o in self.fp8["ops"]]
+        self.assertNotIn("mlp.c_fc gradient cast", names)
+        self.assertNotIn("mlp.c_fc bias gradient", names)
+        self.assertIn("attn.c_attn gradient cast", names)
+        gelu = [o for o in self.fp8["ops"] if o["op"].startswith("gelu backward")]
+        self.assertEqual(len(gelu), 1)
+        self.assertAlmostEqual(gelu[0]["gb"], 12.079890432, places=9)
 
 
 class Gpt2Medium(unittest.TestCase):
