@@ -579,6 +579,13 @@ class CudaBackend final : public Backend {
     const OpScope scope(*this, OpKind::gemm_wide);
     gemm_->run(p, stream_);
   }
+  // dinp [N, C] = dout [N, OC] x W [OC, C] with dout and the weight copy already in `mode`'s type (BF16 or
+  // FP16), dinp rounded to that type as the layer stores it.
+  void wide_input_gradient(float* dinp, const void* dout_wide, const void* weight_wide, int64_t N, int64_t C,
+                           int64_t OC, GemmMode mode, LinearExecution& exec);
+  // dweight [OC, C] += dout^T [OC, N] x inp [N, C], both operands of `type`; accumulated in float32.
+  void weight_gradient_gemm(float* dweight, GemmType type, const void* dout, const void* inp, int64_t N,
+                            int64_t C, int64_t OC, LinearExecution& exec);
   // The BF16/FP16 copy of a weight, where one of the layer's GEMMs on it runs in that type.
   void make_wide_weight(CudaWeightCopy& w, const float* weight, int64_t OC, int64_t C,
                         const LinearExecution& exec);
@@ -1175,21 +1182,8 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
     case GemmMode::bf16:
     case GemmMode::f16: {
       OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
-      GemmProblem p;
-      p.M = N;
-      p.N = C;
-      p.K = OC;
-      p.a_type = p.b_type = wide_type(exec.input_gradient);
-      p.a = dout_wide = wide_copy(dout, N * OC, exec.input_gradient, 0);
-      p.b = w->wide.get(0, stream_);
-      p.b_transposed = true;
-      p.d = dinp;
-      wide_gemm(p);
-      {
-        const OpScope scope(*this, OpKind::casts);
-        round_in_place(dinp, N * C, wide_dtype(exec.input_gradient), stream_);
-      }
-      if (exec.other_gemms) *exec.other_gemms += 1;
+      dout_wide = wide_copy(dout, N * OC, exec.input_gradient, 0);
+      wide_input_gradient(dinp, dout_wide, w->wide.get(0, stream_), N, C, OC, exec.input_gradient, exec);
       break;
     }
     case GemmMode::fp8:
@@ -1210,27 +1204,16 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
     case GemmMode::f32:
     case GemmMode::bf16:
     case GemmMode::f16: {
-      GemmProblem p;
-      p.M = OC;
-      p.N = C;
-      p.K = N;
-      p.a_transposed = true;
-      p.b_transposed = true;
-      p.d = dweight;
-      p.accumulate = true;
       if (exec.weight_gradient == GemmMode::f32) {
-        p.a_type = p.b_type = GemmType::f32;
-        p.a = dout;
-        p.b = inp;
+        weight_gradient_gemm(dweight, GemmType::f32, dout, inp, N, C, OC, exec);
       } else {
-        p.a_type = p.b_type = wide_type(exec.weight_gradient);
         // The input gradient's rounded copy of dout, when it made one of the same type.
-        p.a = exec.input_gradient == exec.weight_gradient ? dout_wide
-                                                          : wide_copy(dout, N * OC, exec.weight_gradient, 0);
-        p.b = wide_copy(inp, N * C, exec.weight_gradient, 1);
+        const void* a = exec.input_gradient == exec.weight_gradient
+                            ? dout_wide
+                            : wide_copy(dout, N * OC, exec.weight_gradient, 0);
+        weight_gradient_gemm(dweight, wide_type(exec.weight_gradient), a,
+                             wide_copy(inp, N * C, exec.weight_gradient, 1), N, C, OC, exec);
       }
-      wide_gemm(p);
-      if (exec.other_gemms) *exec.other_gemms += 1;
       break;
     }
     case GemmMode::fp8: {
@@ -1287,35 +1270,44 @@ void CudaBackend::lm_head_chunk(float* losses, float* logits, const int32_t* tar
   }
   if (dloss == 0.0f) return;
 
-  // dinp [n, C] = dlogits [n, Vp] x W [Vp, C], rounded to BF16 as linear_backward stores it.
-  GemmProblem dx;
-  dx.M = n;
-  dx.N = C;
-  dx.K = Vp;
-  dx.a_type = dx.b_type = GemmType::bf16;
-  dx.a = logits_bf16;
-  dx.b = wide_weight;
-  dx.b_transposed = true;
-  dx.d = dinp;
-  wide_gemm(dx);
+  // The backward as linear_backward runs it, from the BF16 gradient as it is.
+  wide_input_gradient(dinp, logits_bf16, wide_weight, n, C, Vp, GemmMode::bf16, exec);
+  weight_gradient_gemm(dweight, GemmType::bf16, logits_bf16, inp_bf16, n, C, Vp, exec);
+}
+
+void CudaBackend::wide_input_gradient(float* dinp, const void* dout_wide, const void* weight_wide, int64_t N,
+                                      int64_t C, int64_t OC, GemmMode mode, LinearExecution& exec) {
+  GemmProblem p;
+  p.M = N;
+  p.N = C;
+  p.K = OC;
+  p.a_type = p.b_type = wide_type(mode);
+  p.a = dout_wide;
+  p.b = weight_wide;
+  p.b_transposed = true;
+  p.d = dinp;
+  wide_gemm(p);
   {
     const OpScope scope(*this, OpKind::casts);
-    round_in_place(dinp, n * C, Dtype::bf16, stream_);
+    round_in_place(dinp, N * C, wide_dtype(mode), stream_);
   }
   if (exec.other_gemms) *exec.other_gemms += 1;
-  // dweight [Vp, C] += dlogits^T [Vp, n] x inp [n, C].
-  GemmProblem dw;
-  dw.M = Vp;
-  dw.N = C;
-  dw.K = n;
-  dw.a_type = dw.b_type = GemmType::bf16;
-  dw.a = logits_bf16;
-  dw.a_transposed = true;
-  dw.b = inp_bf16;
-  dw.b_transposed = true;
-  dw.d = dweight;
-  dw.accumulate = true;
-  wide_gemm(dw);
+}
+
+void CudaBackend::weight_gradient_gemm(float* dweight, GemmType type, const void* dout, const void* inp,
+                                       int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
+  GemmProblem p;
+  p.M = OC;
+  p.N = C;
+  p.K = N;
+  p.a_type = p.b_type = type;
+  p.a = dout;
+  p.a_transposed = true;
+  p.b = inp;
+  p.b_transposed = true;
+  p.d = dweight;
+  p.accumulate = true;
+  wide_gemm(p);
   if (exec.other_gemms) *exec.other_gemms += 1;
 }
 
