@@ -490,8 +490,9 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
     if (recompute) {
       // GEMM, loss and the head's backward in one call, so that a backend may keep the logits in the GEMM's
       // output type throughout.
-      backend_.lm_head_chunk(a.losses + r, a.logits_chunk, targets + r, backward ? dacts_->ln + r * C : nullptr,
-                             dw, lnf, w, head.copy.get(), n, C, V, Vp, backward ? dloss : 0.0f, head.exec);
+      backend_.lm_head_chunk(a.losses + r, a.logits_chunk, targets + r,
+                             backward ? dacts_->ln + r * C : nullptr, dw, lnf, w, head.copy.get(), n, C, V,
+                             Vp, backward ? dloss : 0.0f, head.exec);
       head.exec.other_gemms = nullptr;
       continue;
     }

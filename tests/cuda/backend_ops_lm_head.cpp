@@ -4,8 +4,8 @@
 // GEMM's output is rounded to BF16 either way, and the backward rounds the gradient to BF16 either way), so
 // what remains is the GEMMs' accumulation order: a logit may land one BF16 step away, which moves a loss by
 // a few thousandths and the gradients by a small fraction of their size. Odd shapes, a padded vocabulary,
-// forward only (dloss 0) and with the backward. Outputs start as NaN, so an element never written fails. Skips
-// without a GPU.
+// forward only (dloss 0) and with the backward. Outputs start as NaN, so an element never written fails.
+// Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,15 +23,16 @@ namespace {
 
 using octet::Backend;
 using octet::GemmMode;
+using octet::LinearExecution;
 using octet::testing::backend_ops::make_reference_backend;
 using octet::testing::backend_ops::make_tested_backend;
-using octet::LinearExecution;
 
 struct HeadShape {
   int64_t n, C, V, Vp;
 };
 
-const std::vector<HeadShape> kShapes = {{1, 8, 5, 8}, {37, 24, 50, 64}, {64, 48, 1000, 1024}, {130, 64, 997, 1008}};
+const std::vector<HeadShape> kShapes = {
+    {1, 8, 5, 8}, {37, 24, 50, 64}, {64, 48, 1000, 1024}, {130, 64, 997, 1008}};
 
 struct HeadResult {
   std::vector<float> losses, dinp, dweight;
@@ -41,9 +42,11 @@ struct HeadResult {
 // Runs one chunk on `backend`; `fused` false calls the base class's three-op default explicitly.
 HeadResult run_head(Backend& backend, const HeadShape& s, float dloss, bool fused) {
   const uint64_t seed = 7000 + static_cast<uint64_t>(s.n * 31 + s.Vp);
-  const std::vector<float> weight = octet::testing::random_normal(static_cast<size_t>(s.Vp * s.C), seed, 0.3f);
+  const std::vector<float> weight =
+      octet::testing::random_normal(static_cast<size_t>(s.Vp * s.C), seed, 0.3f);
   const std::vector<float> inp = octet::testing::random_normal(static_cast<size_t>(s.n * s.C), seed + 1);
-  const std::vector<float> dweight0 = octet::testing::random_normal(static_cast<size_t>(s.Vp * s.C), seed + 2, 0.01f);
+  const std::vector<float> dweight0 =
+      octet::testing::random_normal(static_cast<size_t>(s.Vp * s.C), seed + 2, 0.01f);
   std::vector<int32_t> targets(static_cast<size_t>(s.n));
   for (int64_t i = 0; i < s.n; ++i) targets[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % s.V);
 
@@ -69,12 +72,13 @@ HeadResult run_head(Backend& backend, const HeadShape& s, float dloss, bool fuse
   backend.prepare_weight(copy, d_weight->floats(), s.Vp, s.C, exec);
   float* dinp = dloss != 0.0f ? d_dinp->floats() : nullptr;
   if (fused) {
-    backend.lm_head_chunk(d_losses->floats(), d_logits->floats(), d_targets->ints(), dinp, d_dweight->floats(),
-                          d_inp->floats(), d_weight->floats(), copy.get(), s.n, s.C, s.V, s.Vp, dloss, exec);
+    backend.lm_head_chunk(d_losses->floats(), d_logits->floats(), d_targets->ints(), dinp,
+                          d_dweight->floats(), d_inp->floats(), d_weight->floats(), copy.get(), s.n, s.C, s.V,
+                          s.Vp, dloss, exec);
   } else {
     backend.Backend::lm_head_chunk(d_losses->floats(), d_logits->floats(), d_targets->ints(), dinp,
-                                   d_dweight->floats(), d_inp->floats(), d_weight->floats(), copy.get(), s.n, s.C,
-                                   s.V, s.Vp, dloss, exec);
+                                   d_dweight->floats(), d_inp->floats(), d_weight->floats(), copy.get(), s.n,
+                                   s.C, s.V, s.Vp, dloss, exec);
   }
   backend.synchronize();
   r.losses.resize(static_cast<size_t>(s.n));
@@ -122,8 +126,8 @@ TEST(BackendOpsLmHead, Bf16ChunkMatchesTheThreeOps) {
   const auto tested = make_tested_backend();
   for (const HeadShape& s : kShapes) {
     for (const float dloss : {0.0f, 1.0f / static_cast<float>(s.n)}) {
-      SCOPED_TRACE(::testing::Message() << "n=" << s.n << " C=" << s.C << " V=" << s.V << " Vp=" << s.Vp
-                                        << " dloss=" << dloss);
+      SCOPED_TRACE(::testing::Message()
+                   << "n=" << s.n << " C=" << s.C << " V=" << s.V << " Vp=" << s.Vp << " dloss=" << dloss);
       const HeadResult fused = run_head(*tested, s, dloss, true);
       expect_close(fused, run_head(*reference, s, dloss, true), "the CPU reference");
       expect_close(fused, run_head(*tested, s, dloss, false), "the CUDA backend's three ops");

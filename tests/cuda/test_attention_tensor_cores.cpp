@@ -35,7 +35,7 @@ struct Shape {
 };
 
 const std::vector<Shape> kShapes = {
-    {1, 1, 1, 16, 1.0f, 0},   {2, 63, 2, 64, 1.0f, 0},  {1, 64, 3, 64, 2.0f, 0},  {2, 65, 2, 32, 1.0f, 0},
+    {1, 1, 1, 16, 1.0f, 0},    {2, 63, 2, 64, 1.0f, 0},  {1, 64, 3, 64, 2.0f, 0},  {2, 65, 2, 32, 1.0f, 0},
     {1, 200, 2, 128, 1.0f, 0}, {2, 130, 3, 48, 1.0f, 0}, {1, 256, 1, 80, 1.0f, 0}, {1, 129, 2, 96, 1.0f, 0},
     {1, 77, 1, 112, 1.0f, 0},  {2, 70, 2, 64, 1.0f, 1},
 };
@@ -58,14 +58,18 @@ Reference reference(const Shape& s, const std::vector<float>& qkv, const std::ve
   std::vector<double> p(static_cast<size_t>(s.T)), dp(static_cast<size_t>(s.T));
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t h = 0; h < s.NH; ++h) {
-      const auto q = [&](int64_t t, int64_t d) { return bf(qkv[static_cast<size_t>((b * s.T + t) * pitch + h * s.hs + d)]); };
+      const auto q = [&](int64_t t, int64_t d) {
+        return bf(qkv[static_cast<size_t>((b * s.T + t) * pitch + h * s.hs + d)]);
+      };
       const auto k = [&](int64_t t, int64_t d) {
         return bf(qkv[static_cast<size_t>((b * s.T + t) * pitch + C + h * s.hs + d)]);
       };
       const auto v = [&](int64_t t, int64_t d) {
         return bf(qkv[static_cast<size_t>((b * s.T + t) * pitch + 2 * C + h * s.hs + d)]);
       };
-      const auto at = [&](int64_t t, int64_t d) { return static_cast<size_t>((b * s.T + t) * C + h * s.hs + d); };
+      const auto at = [&](int64_t t, int64_t d) {
+        return static_cast<size_t>((b * s.T + t) * C + h * s.hs + d);
+      };
       const auto grad = [&](int64_t t, int64_t slot, int64_t d) {
         return static_cast<size_t>((b * s.T + t) * pitch + slot * C + h * s.hs + d);
       };
@@ -79,7 +83,8 @@ Reference reference(const Shape& s, const std::vector<float>& qkv, const std::ve
         }
         double sum = 0.0;
         for (int64_t j = 0; j <= i; ++j) sum += std::exp(p[static_cast<size_t>(j)] - m);
-        for (int64_t j = 0; j <= i; ++j) p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m) / sum;
+        for (int64_t j = 0; j <= i; ++j)
+          p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m) / sum;
         r.lse[static_cast<size_t>((b * s.NH + h) * s.T + i)] = m + std::log(sum);
         for (int64_t d = 0; d < s.hs; ++d) {
           double o = 0.0;
@@ -137,7 +142,8 @@ TEST(AttentionTensorCores, MatchTheDoubleReferenceOverBf16Operands) {
     const std::vector<float> dout = octet::testing::random_normal(n_out, 2000 + index);
 
     const size_t k = static_cast<size_t>(s.shift);
-    DeviceBuffer<float> d_qkv(k + n_qkv), d_out(k + n_out), d_lse(n_lse), d_dout(k + n_out), d_dqkv(k + n_qkv);
+    DeviceBuffer<float> d_qkv(k + n_qkv), d_out(k + n_out), d_lse(n_lse), d_dout(k + n_out),
+        d_dqkv(k + n_qkv);
     std::vector<float> staged(k + n_qkv, 0.0f);
     std::copy(qkv.begin(), qkv.end(), staged.begin() + static_cast<std::ptrdiff_t>(k));
     d_qkv.copy_from_host(staged);
@@ -151,9 +157,10 @@ TEST(AttentionTensorCores, MatchTheDoubleReferenceOverBf16Operands) {
     float* dqkv_at = d_dqkv.data() + k;
     const float* qkv_at = d_qkv.data() + k;
     const float* dout_at = d_dout.data() + k;
-    octet::cuda::attention_forward(out_at, d_lse.data(), qkv_at, s.B, s.T, C, s.NH, workspace, options, nullptr);
-    octet::cuda::attention_backward(dqkv_at, dout_at, qkv_at, out_at, d_lse.data(), s.B, s.T, C, s.NH, workspace,
-                                    options, nullptr);
+    octet::cuda::attention_forward(out_at, d_lse.data(), qkv_at, s.B, s.T, C, s.NH, workspace, options,
+                                   nullptr);
+    octet::cuda::attention_backward(dqkv_at, dout_at, qkv_at, out_at, d_lse.data(), s.B, s.T, C, s.NH,
+                                    workspace, options, nullptr);
     OCTET_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> out(n_out), lse(n_lse), dqkv(n_qkv);
     OCTET_CUDA_CHECK(cudaMemcpy(out.data(), out_at, n_out * sizeof(float), cudaMemcpyDeviceToHost));

@@ -158,9 +158,10 @@ class Backend {
   // scratch of [n, Vp] floats. The default runs exactly those three ops; a backend may keep the logits and
   // their gradient in the head GEMM's output type (BF16) instead of float32: the values are the same, since
   // the GEMM's output is rounded to that type and its backward rounds the gradient to it.
-  virtual void lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp, float* dweight,
-                             const float* inp, const float* weight, const WeightCopy* copy, int64_t n,
-                             int64_t C, int64_t V, int64_t Vp, float dloss, LinearExecution& exec) {
+  virtual void lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp,
+                             float* dweight, const float* inp, const float* weight, const WeightCopy* copy,
+                             int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss,
+                             LinearExecution& exec) {
     linear_forward(logits, inp, weight, copy, nullptr, n, C, Vp, exec);
     softmax_cross_entropy(losses, logits, targets, n, V, Vp, dloss);
     if (dloss != 0.0f) linear_backward(dinp, dweight, nullptr, logits, inp, weight, copy, n, C, Vp, exec);

@@ -603,7 +603,8 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[4], const Bf16* tile, int k
 }
 
 // The A operand of column step kk, i.e. accumulator blocks 2 kk and 2 kk + 1, rounded to bf16.
-__device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float (&s)[kColumnBlocks][4], int kk) {
+__device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float (&s)[kColumnBlocks][4],
+                                                  int kk) {
   a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
   a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
   a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -620,8 +621,8 @@ __device__ __forceinline__ void stage_rows(Bf16* tile, const Bf16* head, int64_t
     const int chunk = index - row * kChunks;
     const int64_t t = row0 + row;
     const bool valid = t < T;
-    copy_async_16(tile + row * kStagedLd<kHeadSize> + chunk * 8, head + (valid ? t : 0) * kHeadSize + chunk * 8,
-                  valid);
+    copy_async_16(tile + row * kStagedLd<kHeadSize> + chunk * 8,
+                  head + (valid ? t : 0) * kHeadSize + chunk * 8, valid);
   }
 }
 
@@ -939,7 +940,8 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
   }
   const int64_t pitch = 3 * p.C;
   const float factor[2] = {p.scale, p.scale};
-  store_accumulators<kHeadSize>(p.out + b * p.T * pitch + h * kHeadSize, pitch, row, p.T, dq, factor, p.vector);
+  store_accumulators<kHeadSize>(p.out + b * p.T * pitch + h * kHeadSize, pitch, row, p.T, dq, factor,
+                                p.vector);
 #else
   (void)p;
   __trap();
@@ -1138,8 +1140,8 @@ __global__ void attention_pack_kernel(Bf16* dst, const float* src, int64_t B, in
 }
 
 // The backward's dO: packed as attention_pack_kernel packs it, and D = rowsum(dO * O) per (b, h, t) from the
-// same read. Eight elements per thread; the hs / 8 threads of a row (a power of two dividing 32, so that a row's
-// threads sit in one aligned segment of a warp) add their partial dot products with shuffles.
+// same read. Eight elements per thread; the hs / 8 threads of a row (a power of two dividing 32, so that a
+// row's threads sit in one aligned segment of a warp) add their partial dot products with shuffles.
 __global__ void attention_pack_dout_kernel(Bf16* dst, float* row_dot, const float* dout, const float* out,
                                            int64_t B, int64_t T, int64_t NH, int hs, bool vector) {
   const int groups_per_row = hs / 8;
@@ -1147,7 +1149,8 @@ __global__ void attention_pack_dout_kernel(Bf16* dst, float* row_dot, const floa
   const int64_t groups = B * T * C / 8;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   // Whole warps run every iteration (the shuffles need all lanes); lanes past the end only add zeros.
-  const int64_t warp_first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x - threadIdx.x % kWarpSize;
+  const int64_t warp_first =
+      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x - threadIdx.x % kWarpSize;
   for (int64_t base = warp_first; base < groups; base += stride) {
     const int64_t group = base + threadIdx.x % kWarpSize;
     const bool active = group < groups;
@@ -1185,7 +1188,8 @@ __global__ void attention_pack_dout_kernel(Bf16* dst, float* row_dot, const floa
       *reinterpret_cast<uint4*>(dst + ((b * NH + h) * T + t) * hs + d) = packed;
       i = (b * NH + h) * T + t;  // the row's index in row_dot
     }
-    for (int offset = groups_per_row / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(kFullMask, dot, offset);
+    for (int offset = groups_per_row / 2; offset > 0; offset /= 2)
+      dot += __shfl_xor_sync(kFullMask, dot, offset);
     if (active && group % groups_per_row == 0) row_dot[i] = dot;
   }
 }
@@ -1195,7 +1199,8 @@ void pack_heads(Bf16* dst, const float* src, int64_t B, int64_t T, int64_t NH, i
   const int64_t groups = B * T * slots * NH * hs / 8;
   const int64_t blocks = std::min<int64_t>((groups + 255) / 256, 65536);
   const bool vector = reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  attention_pack_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(dst, src, B, T, NH, hs, slots, vector);
+  attention_pack_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(dst, src, B, T, NH, hs, slots,
+                                                                           vector);
   OCTET_CUDA_CHECK_LAUNCH("attention_pack_kernel");
 }
 
@@ -1346,14 +1351,15 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     const int64_t row_blocks = (rows + kWarps - 1) / kWarps;
     OCTET_REQUIRE(row_blocks <= 0x7FFFFFFF, "attention_backward: too many rows ({})", rows);
     attention_row_dot_kernel<<<static_cast<unsigned>(row_blocks), kThreads, 0, stream>>>(row_dot, dout, out,
-                                                                                          rows, T, C, NH, hs);
+                                                                                         rows, T, C, NH, hs);
     OCTET_CUDA_CHECK_LAUNCH("attention_row_dot_kernel");
   }
   if (tensor_cores) {
     // The forward's packed heads may belong to another layer by now: pack again, dO after q, k, v.
     p.B = B;
     p.vector = aligned16(dqkv);
-    auto* packed = reinterpret_cast<Bf16*>(workspace.reserve_packed(static_cast<size_t>(4 * B * T * C), stream));
+    auto* packed =
+        reinterpret_cast<Bf16*>(workspace.reserve_packed(static_cast<size_t>(4 * B * T * C), stream));
     pack_heads(packed, qkv, B, T, NH, hs, 3, stream);
     if (packed_row_dot) {
       const int64_t groups = B * T * C / 8;

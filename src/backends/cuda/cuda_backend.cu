@@ -1242,12 +1242,14 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
 // and the gradient's conversion pass. Any other head runs the three ops.
 void CudaBackend::lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp,
                                 float* dweight, const float* inp, const float* weight, const WeightCopy* copy,
-                                int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss, LinearExecution& exec) {
+                                int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss,
+                                LinearExecution& exec) {
   const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
   const bool bf16 = exec.forward == GemmMode::bf16 && exec.input_gradient == GemmMode::bf16 &&
                     exec.weight_gradient == GemmMode::bf16 && w != nullptr && w->has_wide && inp != nullptr;
   if (!bf16) {
-    Backend::lm_head_chunk(losses, logits, targets, dinp, dweight, inp, weight, copy, n, C, V, Vp, dloss, exec);
+    Backend::lm_head_chunk(losses, logits, targets, dinp, dweight, inp, weight, copy, n, C, V, Vp, dloss,
+                           exec);
     return;
   }
   // The float32 chunk has room for the BF16 logits twice over.
