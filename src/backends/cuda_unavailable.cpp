@@ -20,6 +20,10 @@ CudaDeviceInfo cuda_device_info(int) {
   return {};
 }
 
+bool cuda_attention_on_tensor_cores(int64_t, int64_t) {
+  return false;
+}
+
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) {
   OCTET_REQUIRE(false,
                 "train.device = \"cuda\": this octet was built without CUDA (configure with nvcc available, "

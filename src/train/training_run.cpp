@@ -90,6 +90,17 @@ DeviceChoice choose_device(const RunConfig& config) {
                        : d.emulate_fp8 ? "; WARNING: no FP8 tensor cores, FP8 GEMMs run as BF16 GEMMs on "
                                          "the FP8 values (FP8 numerics, no FP8 speed)"
                                        : "; FP8 GEMMs on FP8 tensor cores (cuBLASLt)");
+  // Every mode but fp32 asks for attention on BF16 tensor cores (make_backend); say where it really runs.
+  if (config.precision.mode != MixedPrecision::fp32) {
+    const int64_t C = config.model.channels, NH = config.model.heads;
+    d.line += cuda_attention_on_tensor_cores(C, NH)
+                  ? "; attention on BF16 tensor cores"
+                  : fmt::format(
+                        "; WARNING: attention in float32, not on BF16 tensor cores (head size {} is not "
+                        "a multiple of 16 up to 128, or the GPU predates compute capability 8.0): "
+                        "correct but much slower",
+                        NH > 0 ? C / NH : 0);
+  }
   return d;
 }
 

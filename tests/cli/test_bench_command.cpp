@@ -229,6 +229,27 @@ TEST_F(BenchTrain, JsonSaysWhichGemmsRunInFp8) {
   EXPECT_EQ(other_gemms, j.at("other_gemms_per_step"));
 }
 
+// Every mode but fp32 asks for attention on BF16 tensor cores; the device line says whether it got them.
+TEST_F(BenchTrain, SaysWhereAttentionRunsOnTheGpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "bench",         "train", config_.string(), "--steps",          "1", "--warmup", "0",
+        "--phase-steps", "0",     "--set",          "train.device=cuda"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const ProcessResult r = run_octet(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out + r.err;
+  };
+  const std::string tensor_cores = run({});  // head size 16
+  EXPECT_NE(tensor_cores.find("attention on BF16 tensor cores"), std::string::npos) << tensor_cores;
+  const std::string float32 = run({"--set", "model.heads=4"});  // head size 8
+  EXPECT_NE(float32.find("WARNING: attention in float32"), std::string::npos) << float32;
+  EXPECT_NE(float32.find("head size 8"), std::string::npos) << float32;
+  const std::string fp32 = run({"--set", "train.mixed_precision=fp32"});
+  EXPECT_EQ(fp32.find("attention"), std::string::npos) << fp32;
+}
+
 TEST_F(BenchTrain, ConfigDataNeedsADataDirectory) {
   EXPECT_TRUE(is_usage_error(run_octet({"bench", "train", config_.string(), "--data"}), {"data.dir"}));
   EXPECT_TRUE(is_usage_error(run_octet({"bench", "train", config_.string(), "--steps", "0"}), {"--steps"}));

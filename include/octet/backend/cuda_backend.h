@@ -40,5 +40,9 @@ struct CudaBackendOptions {
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
 // The device behind a backend made by make_cuda_backend.
 CudaDeviceInfo cuda_device_info(int device);
+// Whether a backend made with bf16_attention runs attention over C channels in NH heads on BF16 tensor cores
+// on the current device: head sizes that are multiples of 16 up to 128, compute capability 8.0 or above.
+// Otherwise that attention runs in float32 (correct, much slower), and whoever asked for BF16 says so.
+bool cuda_attention_on_tensor_cores(int64_t C, int64_t NH);
 
 }  // namespace octet

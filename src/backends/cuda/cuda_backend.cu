@@ -1336,6 +1336,12 @@ CudaDeviceInfo cuda_device_info(int device) {
   return info;
 }
 
+bool cuda_attention_on_tensor_cores(int64_t C, int64_t NH) {
+  cuda::AttentionOptions options;
+  options.bf16 = true;
+  return cuda::attention_uses_tensor_cores(C, NH, options);
+}
+
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
   OCTET_REQUIRE(cuda_device_count() > 0, "train.device = \"cuda\": no CUDA GPU is visible to this process");
   return std::make_unique<cuda::CudaBackend>(options);
