@@ -12,9 +12,12 @@
 #include "octet/check.h"
 #include "octet/numerics/fp8_gemm.h"
 #include "random.h"
+#include "telemetry_compare.h"
 
 namespace octet {
 namespace {
+
+using testing::expect_same_telemetry;
 
 QuantizedTensor transpose_codes(const QuantizedTensor& q) {
   QuantizedTensor t = q;
@@ -151,16 +154,6 @@ std::unique_ptr<ScalingRecipe> make_recipe(RecipeKind kind) {
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-void expect_same_telemetry(const CastTelemetry& a, const CastTelemetry& e, const char* what) {
-  EXPECT_EQ(a.casts, e.casts) << what;
-  EXPECT_EQ(a.elements, e.elements) << what;
-  EXPECT_EQ(a.nonzero, e.nonzero) << what;
-  EXPECT_EQ(a.saturated, e.saturated) << what;
-  EXPECT_EQ(a.underflowed, e.underflowed) << what;
-  EXPECT_EQ(a.signal_energy, e.signal_energy) << what;
-  EXPECT_EQ(a.noise_energy, e.noise_energy) << what;
 }
 
 // GELU's backward fused with the gradient cast and bias gradient of the layer it feeds (gelu_backward_cast,

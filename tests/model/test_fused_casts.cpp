@@ -15,10 +15,12 @@
 #include <gtest/gtest.h>
 
 #include "model_fixture.h"
+#include "telemetry_compare.h"
 
 namespace octet {
 namespace {
 
+using testing::expect_same_telemetry;
 using testing::mode;
 using testing::tiny_config;
 
@@ -196,16 +198,6 @@ void expect_same_state(const ScalingState& a, const ScalingState& e, const std::
   EXPECT_EQ(a.amax_history, e.amax_history) << what;
   EXPECT_EQ(a.updates, e.updates) << what;
   EXPECT_EQ(a.degenerate_amax, e.degenerate_amax) << what;
-}
-
-void expect_same_telemetry(const CastTelemetry& a, const CastTelemetry& e, const std::string& what) {
-  EXPECT_EQ(a.casts, e.casts) << what;
-  EXPECT_EQ(a.elements, e.elements) << what;
-  EXPECT_EQ(a.nonzero, e.nonzero) << what;
-  EXPECT_EQ(a.saturated, e.saturated) << what;
-  EXPECT_EQ(a.underflowed, e.underflowed) << what;
-  EXPECT_EQ(a.signal_energy, e.signal_energy) << what;
-  EXPECT_EQ(a.noise_energy, e.noise_energy) << what;
 }
 
 class FusedCasts : public ::testing::TestWithParam<RecipeKind> {};
