@@ -527,8 +527,10 @@ void Gpt2::backward(float dloss_scale) {
                   "backward's loss gradient scale ({}) differs from the one the forward's LM head used ({})",
                   dloss_scale, head_dloss_);
   } else {
-    // A single chunk's logits are still there; more chunks' are made again.
-    head_and_loss(N, dloss_scale, true, head_chunk_rows(N) < N);
+    // A single chunk's float32 logits are still there; more chunks', or logits a backend kept in BF16 (see
+    // Backend::lm_head_chunk), are made again.
+    const bool recompute = head_chunk_rows(N) < N || logits_in_bf16(linear("lm_head").exec);
+    head_and_loss(N, dloss_scale, true, recompute);
   }
   pending_ = Pending::nothing;
   float* p = params();

@@ -1,8 +1,9 @@
 // The producer-fused FP8 casts (src/backends/cuda/fused.h) against the unfused ops they replace, all on the
 // device: cuda::layernorm_forward / gelu_forward / gelu_backward / adamw_update, then cast_amax with the same
-// scale (and, for the GELU backward, bias_backward of its result). Codes and transposed codes must be the
+// scale (and, for the GELU backward, bias_backward of its result); and the gradient cast that sums the bias
+// gradient (bias_backward_cast) against bias_backward then cast_amax. Codes and transposed codes must be the
 // same bytes; out, mean, rstd, dinp, params, m and v the same bits; CastResults and scale_inv the same; the
-// GELU backward's bias gradient, summed in another order, within the float32 tolerance of a float64 sum.
+// bias gradients, summed in another order, within the float32 tolerance of a float64 sum.
 // Inputs are seeded, with planted values that saturate and underflow, over odd and prime shapes, both
 // formats, a scale that is not a power of two, aligned and unaligned pointers. Every output sits between
 // guard bytes that must survive; an output passed as null must stay untouched; every fused call runs twice
@@ -860,6 +861,119 @@ TEST(FusedGeluBackwardCast, GradientOverwritesItsInput) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// The gradient cast with the bias gradient of the same tensor (linear_backward's), against bias_backward
+// then cast_amax
+
+// An output gradient with planted values that saturate and underflow, and exact zeros.
+std::vector<float> output_gradient(int64_t rows, int64_t cols, const Variant& v) {
+  const auto n = static_cast<size_t>(rows * cols);
+  std::vector<float> dout = octet::testing::random_normal(n, v.seed, 0.1f);
+  for (size_t i = 3; i < n; i += 29) dout[i] = i % 2 == 0 ? kHuge : -kHuge;
+  for (size_t i = 5; i < n; i += 31) dout[i] = kTiny;
+  for (size_t i = 7; i < n; i += 37) dout[i] = 0.0f;
+  if (v.plant_nan && n > 0) dout[n / 2] = std::numeric_limits<float>::quiet_NaN();
+  return dout;
+}
+
+void check_bias_backward_cast(int64_t rows, int64_t cols, const Variant& v) {
+  SCOPED_TRACE(describe("bias backward cast", rows, cols, v));
+  const auto n = static_cast<size_t>(rows * cols);
+  const auto channels = static_cast<size_t>(cols);
+  const std::vector<float> values = output_gradient(rows, cols, v);
+  const std::vector<float> dbias0 = octet::testing::random_normal(channels, v.seed + 2, 1.0f);
+  octet::cuda::Stream stream;
+  octet::cuda::Workspace workspace;
+  DeviceScale scale;
+
+  // The unfused ops, in linear_backward's order.
+  Guarded<float> expected_dout(n, v.float_offset);
+  Guarded<float> expected_dbias(channels);
+  CastSlots expected_cast(n, 0);
+  expected_dout.upload(values);
+  expected_dbias.upload(dbias0);
+  octet::cuda::bias_backward(expected_dbias.data(), expected_dout.data(), rows, cols, workspace,
+                             stream.get());
+  expected_cast.cast_amax(expected_dout.data(), rows, cols, v.format, scale.data(), v.transposed,
+                          stream.get());
+  stream.synchronize();
+  const CastDownload expected = expected_cast.read(v.transposed);
+  const ColumnSumReference sums = column_sum_reference(values, dbias0, rows, cols);
+  EXPECT_TRUE(close_to_column_sums(expected_dbias.read(), sums, rows)) << "bias_backward";
+
+  Guarded<float> dout(n, v.float_offset);
+  Guarded<float> dbias(channels);
+  const auto partial_count = static_cast<size_t>(octet::cuda::bias_backward_cast_partial_rows(rows) * cols);
+  Guarded<float> partials(partial_count);
+  CastSlots cast(n, v.code_offset);
+  CastDownload first;
+  std::vector<float> first_dbias;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run == 0 ? "first run" : "second run");
+    dout.upload(values);
+    dbias.upload(dbias0);
+    // NaN: a partial sum the cast left unwritten would turn its column of dbias into NaN.
+    partials.upload(std::vector<float>(partial_count, std::numeric_limits<float>::quiet_NaN()));
+    octet::cuda::bias_backward_cast(dbias.data(), dout.data(), rows, cols,
+                                    cast.fused(v.format, scale.data(), v.transposed), partials.data(),
+                                    workspace, stream.get());
+    stream.synchronize();
+    const CastDownload actual = cast.read(v.transposed);
+    expect_same_cast(actual, expected);
+    EXPECT_TRUE(identical(dout.read(), values, "dout (an input)"));
+    EXPECT_TRUE(dout.guards_intact("dout"));
+    EXPECT_TRUE(partials.guards_intact("column partials"));
+    const std::vector<float> bias_values = dbias.read();
+    EXPECT_TRUE(dbias.guards_intact("dbias"));
+    EXPECT_TRUE(close_to_column_sums(bias_values, sums, rows)) << "dbias";
+    if (sums.sums != dbias0) {
+      EXPECT_FALSE(identical(bias_values, dbias0, "dbias")) << "dbias unchanged";
+    }
+    if (n > 0) expect_edges_seen(actual.results, n, v);
+    if (run == 0) {
+      first = actual;
+      first_dbias = bias_values;
+    } else {
+      expect_same_cast(actual, first);
+      EXPECT_TRUE(identical(bias_values, first_dbias, "dbias, second run"));
+    }
+  }
+}
+
+TEST(FusedBiasBackwardCast, MatchesUnfused) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1500;
+  for (const auto& shape : kGeluBackwardShapes) {
+    for (Variant v : sweep_variants()) {
+      if (!v.write_out) continue;  // there is no float32 output to leave out
+      v.seed = ++seed;
+      check_bias_backward_cast(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+TEST(FusedBiasBackwardCast, UnalignedPointers) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1600;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 96}, {64, 768}, {7, 13}}) {
+    for (Variant v : unaligned_variants()) {
+      v.seed = ++seed;
+      check_bias_backward_cast(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+TEST(FusedBiasBackwardCast, NanGradient) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1700;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 97}, {64, 768}}) {
+    for (Variant v : nan_variants()) {
+      v.seed = ++seed;
+      check_bias_backward_cast(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
 
 TEST(FusedCast, RejectsInvalidArguments) {
   SKIP_WITHOUT_GPU();
@@ -898,6 +1012,21 @@ TEST(FusedCast, RejectsInvalidArguments) {
   EXPECT_THROW(octet::cuda::gelu_backward_cast(x.data(), x.data(), x.data(), 4, 4, wrong_format, nullptr,
                                                nullptr, workspace, nullptr),
                octet::Error);
+  EXPECT_THROW(
+      octet::cuda::bias_backward_cast(nullptr, x.data(), 4, 4, good, stats.data(), workspace, nullptr),
+      octet::Error)
+      << "no dbias";
+  EXPECT_THROW(
+      octet::cuda::bias_backward_cast(stats.data(), x.data(), 4, 4, good, nullptr, workspace, nullptr),
+      octet::Error)
+      << "a bias gradient without column partials";
+  EXPECT_THROW(
+      octet::cuda::bias_backward_cast(stats.data(), nullptr, 4, 4, good, stats.data(), workspace, nullptr),
+      octet::Error)
+      << "no dout";
+  EXPECT_THROW(
+      octet::cuda::bias_backward_cast(stats.data(), x.data(), -4, 4, good, stats.data(), workspace, nullptr),
+      octet::Error);
   OCTET_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_TRUE(x.guards_intact("x"));
 }

@@ -6,7 +6,14 @@
 // recipe's history rolls over), every recipe the GPU runs, HYBRID and all-E4M3, and layers whose backward
 // GEMMs are only partly FP8: the input and weight gradients and the kept float32 gradient must be the same
 // bits, the scaling states and counts the same, the cast telemetry the same; the bias gradient, summed in
-// another order, within float32 tolerance. Every test skips without a GPU.
+// another order, within float32 tolerance.
+//
+// And linear_backward's own gradient cast, which sums the bias gradient in the same pass over dout where the
+// recipe lets the cast be fused (delayed and static scaling, no SQNR): a layer given dbias against one given
+// none (whose cast is the plain cast_amax), over the same configurations and a shape whose rows and columns
+// end in partial tiles: the input and weight gradients the same bits, the scaling states, counts and
+// telemetry the same, the bias gradient within float32 tolerance of the float64 column sums, and the same
+// bits again from a third layer (determinism). Every test skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -33,7 +40,14 @@ using octet::ScalingRecipe;
 using octet::ScalingState;
 
 // The consumer layer: input [N, C], output [N, OC], the GELU over its output gradient [N, OC].
-constexpr int64_t kN = 64, kC = 32, kOC = 96;
+struct Shape {
+  int64_t N, C, OC;
+  std::string label() const {
+    return "[" + std::to_string(N) + ", " + std::to_string(C) + "] -> " + std::to_string(OC);
+  }
+};
+constexpr Shape kShape{64, 32, 96};
+constexpr int64_t kN = kShape.N, kC = kShape.C, kOC = kShape.OC;
 constexpr int kSteps = 6;
 
 struct Config {
@@ -51,20 +65,22 @@ struct StepInputs {
   std::vector<float> weight, bias, inp, pre, dout;
 };
 
-StepInputs step_inputs(size_t step) {
+StepInputs step_inputs(size_t step, const Shape& shape = kShape) {
   const float dout_std[] = {1e-2f, 1e-3f, 5e-2f, 2e-3f, 1e-2f, 3e-2f};
   const uint64_t seed = seed_of("gradient cast", "step " + std::to_string(step));
-  StepInputs in{octet::testing::random_normal(kOC * kC, seed, 0.5f),
-                octet::testing::random_normal(kOC, seed + 1, 0.1f),
-                octet::testing::random_normal(kN * kC, seed + 2, 1.0f),
-                octet::testing::random_normal(kN * kOC, seed + 3, 3.0f),
-                octet::testing::random_normal(kN * kOC, seed + 4, dout_std[step % 6])};
+  const auto [N, C, OC] = shape;
+  StepInputs in{octet::testing::random_normal(OC * C, seed, 0.5f),
+                octet::testing::random_normal(OC, seed + 1, 0.1f),
+                octet::testing::random_normal(N * C, seed + 2, 1.0f),
+                octet::testing::random_normal(N * OC, seed + 3, 3.0f),
+                octet::testing::random_normal(N * OC, seed + 4, dout_std[step % 6])};
   for (size_t i = 6; i < in.dout.size(); i += 13) in.dout[i] *= 1e-11f;
   return in;
 }
 
 // One layer with its state, counters and buffers on the backend.
 struct Layer {
+  Shape shape;
   octet::Fp8LinearState state;
   octet::Fp8LinearTelemetry telemetry;
   LinearExecution exec;
@@ -72,12 +88,13 @@ struct Layer {
   int64_t fp8_gemms = 0, other_gemms = 0, saturated = 0, underflowed = 0;
   GuardedBuffer out, dpre, dinp, dweight, dbias;
 
-  Layer(Backend& backend, const Config& config)
-      : out(backend, as_bytes(nan_filled(kN * kOC))),
-        dpre(backend, as_bytes(nan_filled(kN * kOC))),
-        dinp(backend, as_bytes(nan_filled(kN * kC))),
-        dweight(backend, as_bytes(std::vector<float>(kOC * kC, 0.0f))),
-        dbias(backend, as_bytes(std::vector<float>(kOC, 0.0f))) {
+  Layer(Backend& backend, const Config& config, const Shape& s = kShape)
+      : shape(s),
+        out(backend, as_bytes(nan_filled(s.N * s.OC))),
+        dpre(backend, as_bytes(nan_filled(s.N * s.OC))),
+        dinp(backend, as_bytes(nan_filled(s.N * s.C))),
+        dweight(backend, as_bytes(std::vector<float>(s.OC * s.C, 0.0f))),
+        dbias(backend, as_bytes(std::vector<float>(s.OC, 0.0f))) {
     exec.forward = GemmMode::fp8;
     exec.input_gradient = config.input_gradient;
     exec.weight_gradient = config.weight_gradient;
@@ -106,25 +123,28 @@ struct Inputs {
 };
 
 void forward(Backend& backend, Layer& layer, Inputs& in) {
-  backend.prepare_weight(layer.copy, in.weight.floats(), kOC, kC, layer.exec);
+  const auto [N, C, OC] = layer.shape;
+  backend.prepare_weight(layer.copy, in.weight.floats(), OC, C, layer.exec);
   backend.linear_forward(layer.out.floats(), in.inp.floats(), in.weight.floats(), layer.copy.get(),
-                         in.bias.floats(), kN, kC, kOC, layer.exec);
+                         in.bias.floats(), N, C, OC, layer.exec);
 }
 
 void unfused_backward(Backend& backend, Layer& layer, Inputs& in) {
-  backend.gelu_backward(layer.dpre.floats(), in.pre.floats(), in.dout.floats(), kN * kOC);
+  const auto [N, C, OC] = layer.shape;
+  backend.gelu_backward(layer.dpre.floats(), in.pre.floats(), in.dout.floats(), N * OC);
   backend.linear_backward(layer.dinp.floats(), layer.dweight.floats(), layer.dbias.floats(),
-                          layer.dpre.floats(), in.inp.floats(), in.weight.floats(), layer.copy.get(), kN, kC,
-                          kOC, layer.exec);
+                          layer.dpre.floats(), in.inp.floats(), in.weight.floats(), layer.copy.get(), N, C,
+                          OC, layer.exec);
 }
 
 void fused_backward(Backend& backend, Layer& layer, Inputs& in) {
+  const auto [N, C, OC] = layer.shape;
   float* kept = octet::gradient_cast_suffices(layer.exec) ? nullptr : layer.dpre.floats();
-  backend.gelu_backward_cast(kept, in.pre.floats(), in.dout.floats(), kN, kOC, layer.dbias.floats(),
+  backend.gelu_backward_cast(kept, in.pre.floats(), in.dout.floats(), N, OC, layer.dbias.floats(),
                              layer.exec);
   EXPECT_TRUE(layer.exec.gradient_cast_ready);
   backend.linear_backward(layer.dinp.floats(), layer.dweight.floats(), nullptr, kept, in.inp.floats(),
-                          in.weight.floats(), layer.copy.get(), kN, kC, kOC, layer.exec);
+                          in.weight.floats(), layer.copy.get(), N, C, OC, layer.exec);
   EXPECT_FALSE(layer.exec.gradient_cast_ready) << "linear_backward took the cast";
 }
 
@@ -223,6 +243,90 @@ void run_config(Backend& backend, const Config& config) {
   EXPECT_GT(fused.telemetry.gradient.casts, 0);
 }
 
+// linear_backward's gradient cast with and without a bias gradient: `with_bias` and `again` sum it (in the
+// cast's pass where the recipe allows), `without_bias` gets a null dbias and casts with cast_amax.
+void run_bias_config(Backend& backend, const Config& config, const Shape& shape) {
+  const std::string name = config.name + " " + shape.label();
+  SCOPED_TRACE(name);
+  std::printf("[ op ] linear_backward with dbias %s\n", name.c_str());
+  const auto [N, C, OC] = shape;
+  Layer with_bias(backend, config, shape);
+  Layer again(backend, config, shape);
+  Layer without_bias(backend, config, shape);
+  const auto backward = [&](Layer& layer, Inputs& in, bool bias) {
+    backend.linear_backward(layer.dinp.floats(), layer.dweight.floats(),
+                            bias ? layer.dbias.floats() : nullptr, in.dout.floats(), in.inp.floats(),
+                            in.weight.floats(), layer.copy.get(), N, C, OC, layer.exec);
+    EXPECT_FALSE(layer.exec.gradient_cast_ready);
+  };
+  for (size_t step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const StepInputs host = step_inputs(step, shape);
+    Inputs in(backend, host);
+    // Each step's bias gradient is one sum, from zero.
+    with_bias.dbias.upload(as_bytes(std::vector<float>(OC, 0.0f)));
+    again.dbias.upload(as_bytes(std::vector<float>(OC, 0.0f)));
+    for (Layer* layer : {&with_bias, &again, &without_bias}) forward(backend, *layer, in);
+    backward(with_bias, in, true);
+    backward(without_bias, in, false);
+    backward(again, in, true);
+    backend.synchronize();
+
+    const std::vector<float> dinp = read(with_bias.dinp, "dinp");
+    const std::vector<float> dweight = read(with_bias.dweight, "dweight");
+    EXPECT_TRUE(octet::testing::has_nonzero(dinp));
+    EXPECT_TRUE(exact_with_report(name + " dinp", dinp, read(without_bias.dinp, "dinp")));
+    EXPECT_TRUE(exact_with_report(name + " dweight", dweight, read(without_bias.dweight, "dweight")));
+    EXPECT_TRUE(bytes_identical(as_bytes(read(again.dinp, "dinp")), as_bytes(dinp), "dinp, again"));
+    EXPECT_TRUE(
+        bytes_identical(as_bytes(read(again.dweight, "dweight")), as_bytes(dweight), "dweight, again"));
+    EXPECT_TRUE(bytes_identical(as_bytes(read(without_bias.dbias, "dbias")),
+                                as_bytes(std::vector<float>(OC, 0.0f)), "dbias (not passed)"));
+
+    // The column sums of dout in float64, and sum |dout| per column, which bounds a float32 sum's error in
+    // any order.
+    std::vector<double> sums(static_cast<size_t>(OC), 0.0), magnitude(static_cast<size_t>(OC), 0.0);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t o = 0; o < OC; ++o) {
+        const double x = host.dout[static_cast<size_t>(n * OC + o)];
+        sums[static_cast<size_t>(o)] += x;
+        magnitude[static_cast<size_t>(o)] += std::fabs(x);
+      }
+    }
+    const std::vector<float> expected(sums.begin(), sums.end());
+    const std::vector<float> bound(magnitude.begin(), magnitude.end());
+    octet::testing::CompareOptions bias_options;
+    bias_options.reduction_length = N + 1;  // N terms added to the zero it starts from, in any order
+    bias_options.magnitude = bound;
+    const std::vector<float> dbias = read(with_bias.dbias, "dbias");
+    EXPECT_TRUE(octet::testing::has_nonzero(dbias));
+    EXPECT_TRUE(close_with_report(name + " dbias", dbias, expected, bias_options));
+    EXPECT_TRUE(bytes_identical(as_bytes(read(again.dbias, "dbias")), as_bytes(dbias), "dbias, again"));
+
+    backend.fetch_scaling(with_bias.state);
+    backend.fetch_scaling(without_bias.state);
+    backend.fetch_scaling(again.state);
+    EXPECT_TRUE(same_scaling(with_bias.state.activation, without_bias.state.activation, "activation"));
+    EXPECT_TRUE(same_scaling(with_bias.state.weight, without_bias.state.weight, "weight"));
+    EXPECT_TRUE(same_scaling(with_bias.state.gradient, without_bias.state.gradient, "gradient"));
+    EXPECT_TRUE(same_scaling(again.state.gradient, with_bias.state.gradient, "gradient, again"));
+    EXPECT_EQ(with_bias.state.gradient.updates, static_cast<int64_t>(step + 1))
+        << "one gradient cast per step";
+    backend.fetch_telemetry(with_bias.telemetry);
+    backend.fetch_telemetry(without_bias.telemetry);
+    backend.fetch_telemetry(again.telemetry);
+    expect_same_telemetry(with_bias.telemetry.gradient, without_bias.telemetry.gradient, "gradient");
+    expect_same_telemetry(with_bias.telemetry.activation, without_bias.telemetry.activation, "activation");
+    EXPECT_EQ(with_bias.fp8_gemms, without_bias.fp8_gemms);
+    EXPECT_EQ(with_bias.other_gemms, without_bias.other_gemms);
+    EXPECT_EQ(with_bias.saturated, without_bias.saturated);
+    EXPECT_EQ(with_bias.underflowed, without_bias.underflowed);
+  }
+  // The casts had something to count.
+  EXPECT_GT(with_bias.telemetry.gradient.underflowed, 0);
+  EXPECT_GT(with_bias.telemetry.gradient.casts, 0);
+}
+
 std::vector<Config> configs() {
   auto delayed = std::make_shared<octet::DelayedScaling>(16, octet::AmaxAlgorithm::max, 0);
   auto delayed_short = std::make_shared<octet::DelayedScaling>(4, octet::AmaxAlgorithm::most_recent, 1);
@@ -247,6 +351,15 @@ TEST(BackendOpsGeluBackwardCast, TrainsAsTheUnfusedOps) {
   SKIP_WITHOUT_TESTED_BACKEND();
   const auto backend = make_tested_backend();
   for (const Config& config : configs()) run_config(*backend, config);
+}
+
+// Rows that end in half a tile of the fused cast (32 rows), columns in a partial tile (128 columns).
+TEST(BackendOpsLinearBackwardBiasCast, SameCastsAsWithoutTheBias) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  const auto backend = make_tested_backend();
+  for (const Shape& shape : {kShape, Shape{48, 32, 144}}) {
+    for (const Config& config : configs()) run_bias_config(*backend, config, shape);
+  }
 }
 
 // The cast a producer made serves the layer it was made for, and only the linear_backward that follows.

@@ -13,7 +13,6 @@
 
 #include "octet/backend/cpu_backend.h"
 #include "octet/backend/cuda_backend.h"
-#include "octet/numerics/minifloat.h"
 #include "random.h"
 
 namespace octet::testing::backend_ops {
@@ -173,15 +172,12 @@ Margins margins(std::span<const float> actual, std::span<const float> expected,
   return result;
 }
 
-int64_t gemm_reduction_length(int64_t K, int accumulator_bits, Dtype output) {
+int64_t gemm_reduction_length(int64_t K, int accumulator_bits) {
   // all_close charges reduction_length * 2^-24 per unit of magnitude. The K accumulations and up to four
   // float32 roundings of the same terms (the scales, the bias, adding into an existing output, one spare)
-  // each cost 2^-accumulator_bits; a narrower output type may be rounded once more before the bias is added
-  // (half an ulp of it, 2^-(mantissa+1)).
+  // each cost 2^-accumulator_bits.
   constexpr int64_t kExtraRoundings = 4;
-  int64_t length = (K + kExtraRoundings) << (24 - accumulator_bits);
-  if (output != Dtype::f32) length += int64_t{1} << (23 - minifloat_spec(output).mantissa_bits);
-  return length;
+  return (K + kExtraRoundings) << (24 - accumulator_bits);
 }
 
 // --- op cases ---

@@ -73,11 +73,11 @@ std::vector<float> nan_filled(size_t n);
 ::testing::AssertionResult exact_with_report(const std::string& label, std::span<const float> actual,
                                              std::span<const float> expected);
 
-// A GEMM output's reduction length for all_close (which charges reduction_length * 2^-24 per unit of
+// A float32 GEMM output's reduction length for all_close (which charges reduction_length * 2^-24 per unit of
 // magnitude, the magnitude being sum |a_k b_k| of the rounded operands): K accumulations and a few more
 // float32 roundings (scales, bias, adding into an existing output) in an accumulator that keeps
-// `accumulator_bits` mantissa bits, plus one intermediate rounding to `output` when it is narrower than f32.
-int64_t gemm_reduction_length(int64_t K, int accumulator_bits, Dtype output);
+// `accumulator_bits` mantissa bits.
+int64_t gemm_reduction_length(int64_t K, int accumulator_bits);
 
 // --- the table-driven op cases ---
 

@@ -1,11 +1,11 @@
 // Backend::lm_head_chunk on the CUDA backend, whose BF16 head keeps the logits and their gradient in BF16,
-// against the CPU reference (the default: linear_forward, softmax_cross_entropy, linear_backward over float32
-// logits) and against the CUDA backend's own default path. The values are the same by construction (the
-// GEMM's output is rounded to BF16 either way, and the backward rounds the gradient to BF16 either way), so
-// what remains is the GEMMs' accumulation order: a logit may land one BF16 step away, which moves a loss by
-// a few thousandths and the gradients by a small fraction of their size. Odd shapes, a padded vocabulary,
-// forward only (dloss 0) and with the backward. Outputs start as NaN, so an element never written fails.
-// Skips without a GPU.
+// against the CPU reference (the default: linear_forward, round_in_place of the logits to BF16,
+// softmax_cross_entropy, linear_backward) and against the CUDA backend's own default path. The values are the
+// same by construction (a BF16 head's logits are rounded to BF16 either way, and the backward rounds the
+// gradient to BF16 either way), so what remains is the GEMMs' accumulation order: a logit may land one BF16
+// step away, which moves a loss by a few thousandths and the gradients by a small fraction of their size. Odd
+// shapes, a padded vocabulary, forward only (dloss 0) and with the backward. Outputs start as NaN, so an
+// element never written fails. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -293,6 +293,36 @@ std::vector<OpCase> elementwise_cases() {
   return cases;
 }
 
+// --- rounding to BF16 and FP16 (the logits of a BF16 LM head) ---
+
+std::vector<OpCase> round_in_place_cases() {
+  std::vector<OpCase> cases;
+  for (const octet::Dtype dtype : {octet::Dtype::bf16, octet::Dtype::f16}) {
+    const std::string name = std::string("round_in_place ") + std::string(octet::dtype_name(dtype));
+    for (const int64_t n : kCounts) {
+      const std::string label = shape_label({{"n", n}});
+      std::vector<float> x = random_normal(n, seed_of(name, label), 3.0f);
+      // First: ties of both formats (to even), FP16's overflow and subnormals, and the special values.
+      const float bf16_tie = 1.0f + std::ldexp(1.0f, -8), f16_tie = 1.0f + std::ldexp(1.0f, -11);
+      const std::vector<float> specials = {bf16_tie,  3.0f * bf16_tie - 2.0f,
+                                           f16_tie,   65520.0f,
+                                           -70000.0f, 3e-6f,
+                                           1e-40f,    -0.0f,
+                                           kNaN,      kInf,
+                                           -kInf,     3.4e38f};
+      for (size_t i = 0; i < specials.size() && i < x.size(); ++i) x[i] = specials[i];
+      OpCase c{name, label, {in_out("x", x)}, {}, {}};
+      c.run = [=](Backend& b, const std::vector<void*>& p) {
+        b.round_in_place(floats_at(p, 0), n, dtype);
+        return none();
+      };
+      c.checks = {exact("x", "one rounding to nearest even per element, octet's shared minifloat code")};
+      cases.push_back(std::move(c));
+    }
+  }
+  return cases;
+}
+
 // --- loss ---
 
 // Softmax cross-entropy on rows of Vp logits (the first V real); `logits` may hold planted NaN or -Inf.
@@ -334,8 +364,16 @@ std::vector<OpCase> softmax_cross_entropy_cases() {
   struct LossShape {
     int64_t N, V, Vp;
   };
-  for (const auto& [N, V, Vp] :
-       std::vector<LossShape>{{1, 1, 1}, {13, 97, 128}, {37, 61, 64}, {4, 1000, 1024}, {3, 50257, 50304}}) {
+  // Rows the CUDA backend stages in shared memory (whole 16-byte copies), rows of Vp % 4 != 0 (one logit per
+  // load), and float32 rows just inside and just past what shared memory holds.
+  for (const auto& [N, V, Vp] : std::vector<LossShape>{{1, 1, 1},
+                                                       {13, 97, 128},
+                                                       {37, 61, 64},
+                                                       {5, 61, 63},
+                                                       {4, 1000, 1024},
+                                                       {3, 50257, 50304},
+                                                       {2, 56999, 57000},
+                                                       {2, 60000, 60000}}) {
     for (const float dloss : {0.0f, 1.0f / static_cast<float>(N), 1024.0f / static_cast<float>(N)}) {
       const std::string label =
           shape_label({{"N", N}, {"V", V}, {"Vp", Vp}}) + " dloss=" + std::to_string(dloss);
@@ -474,6 +512,11 @@ TEST(BackendOps, LayerNormBackward) {
 TEST(BackendOps, ElementwiseGeluResidualAccumulateScaleFillZero) {
   SKIP_WITHOUT_TESTED_BACKEND();
   run_all(elementwise_cases());
+}
+
+TEST(BackendOps, RoundInPlace) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(round_in_place_cases());
 }
 
 TEST(BackendOps, SoftmaxCrossEntropy) {

@@ -1,8 +1,9 @@
 // The cuBLASLt products of octet/cuda/gemm.h against a float64 host reference computed from the exact operand
 // values (FP8 codes decoded by octet's codec, BF16/FP16 values decoded exactly), over odd shapes where the
-// types allow them, every stored layout, both output types, accumulation and scales. Small-integer FP8
-// operands with power-of-two scales must match exactly. Operand padding holds NaN codes and the output is
-// surrounded by sentinel bytes, so a read or write out of bounds shows. Every test skips without a GPU.
+// types allow them, every stored layout, both output types, accumulation, scales and the bias epilogue.
+// Small-integer operands (and biases) with power-of-two scales must match exactly. Operand padding holds NaN
+// codes and the output is surrounded by sentinel bytes, so a read or write out of bounds shows. Every test
+// skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -156,12 +157,12 @@ class DeviceBytes {
 
 struct Reference {
   std::vector<float> expected;   // as float32 for the comparator; the float64 value rounded once
-  std::vector<float> magnitude;  // per element: |alpha scales| sum |a b| + |D before|
+  std::vector<float> magnitude;  // per element: |alpha scales| sum |a b| + |bias| + |D before|
 };
 
-// D = alpha * scale * A B^T (+ D_before), in float64 from the exact values.
+// D = alpha * scale * A B^T (+ bias [N] on every row) (+ D_before), in float64 from the exact values.
 Reference reference_product(const HostOperand& a, const HostOperand& b, double alpha_scale,
-                            std::span<const float> d_before) {
+                            std::span<const float> d_before, std::span<const float> bias = {}) {
   const int64_t M = a.rows, N = b.rows, K = a.cols;
   Reference ref;
   ref.expected.resize(static_cast<size_t>(M * N));
@@ -178,6 +179,10 @@ Reference reference_product(const HostOperand& a, const HostOperand& b, double a
       const size_t o = static_cast<size_t>(i * N + j);
       double value = alpha_scale * sum;
       magnitude *= std::fabs(alpha_scale);
+      if (!bias.empty()) {
+        value += bias[static_cast<size_t>(j)];
+        magnitude += std::fabs(bias[static_cast<size_t>(j)]);
+      }
       if (!d_before.empty()) {
         value += d_before[o];
         magnitude += std::fabs(d_before[o]);
@@ -203,6 +208,8 @@ struct Case {
   float alpha = 1.0f;
   float a_scale_inv = 1.0f;  // FP8: the scales the engine reads from device memory; 1: pointer left null
   float b_scale_inv = 1.0f;
+  std::vector<float> bias;  // [N], exact in bias_type; empty: no bias
+  GemmType bias_type = GemmType::bf16;
 };
 
 struct Outcome {
@@ -228,6 +235,14 @@ Outcome run_case(GemmEngine& engine, const Case& c, const HostOperand& a, const 
   const float scales[8] = {c.a_scale_inv, 0.0f, 0.0f, 0.0f, c.b_scale_inv, 0.0f, 0.0f, 0.0f};
   DeviceBuffer<float> scalars(8);
   scalars.copy_from_host(scales);
+  // The bias in its stored type, in an allocation of its own (256-byte aligned).
+  std::vector<uint8_t> bias_host(c.bias.size() * element_bytes(c.bias_type));
+  for (size_t j = 0; j < c.bias.size(); ++j) {
+    const uint32_t code = c.bias_type == GemmType::f32 ? std::bit_cast<uint32_t>(c.bias[j])
+                                                       : octet::encode(storage_dtype(c.bias_type), c.bias[j]);
+    std::memcpy(&bias_host[j * element_bytes(c.bias_type)], &code, element_bytes(c.bias_type));
+  }
+  DeviceBytes bias_device(bias_host);
 
   GemmProblem p;
   p.M = c.M;
@@ -252,6 +267,10 @@ Outcome run_case(GemmEngine& engine, const Case& c, const HostOperand& a, const 
   if (c.a_scale_inv != 1.0f) p.a_scale_inv = scalars.data();
   if (c.b_scale_inv != 1.0f) p.b_scale_inv = scalars.data() + 4;
   p.fast_accumulation = c.fast_accumulation;
+  if (!c.bias.empty()) {
+    p.bias = bias_device.data();
+    p.bias_type = c.bias_type;
+  }
 
   octet::cuda::Stream stream;
   engine.run(p, stream.get());
@@ -475,6 +494,79 @@ TEST(Fp8GemmExact, FastAccumulationTakesEffect) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// The bias epilogue: D = alpha * scales * A B^T + bias [N] in float32, with the bias in the types the linear
+// layers give it (BF16 for FP8 and BF16 products, FP16 for FP16, float32 for float32; BF16 operands also take
+// a float32 one). Small-integer operands, half-integer biases, a power-of-two alpha and power-of-two scales
+// keep every value exact (sums below 2^13, even in the FP8 accumulator), so D must equal the reference bit
+// for bit. The bias must come after alpha and the scales, not be scaled by them.
+
+// Halves of small integers, |b| <= 7.5: exact in BF16, FP16 and float32.
+std::vector<float> half_integer_bias(int64_t N, uint64_t seed) {
+  std::vector<float> bias = octet::testing::random_small_integers(static_cast<size_t>(N), seed, 15);
+  for (float& b : bias) b *= 0.5f;
+  return bias;
+}
+
+TEST(GemmBias, EpilogueAddsTheBiasExactly) {
+  SKIP_WITHOUT_GPU();
+  GemmEngine engine;
+  const int64_t M = 48, N = 32, K = 64;  // |sum| <= 64 * 49 = 3136
+  const std::vector<float> x_a = octet::testing::random_small_integers(static_cast<size_t>(M * K), 21, 7);
+  const std::vector<float> x_b = octet::testing::random_small_integers(static_cast<size_t>(N * K), 22, 7);
+  std::vector<std::pair<GemmType, GemmType>> types = {
+      {GemmType::bf16, GemmType::f32}, {GemmType::f16, GemmType::f32}, {GemmType::f32, GemmType::f32}};
+  if (octet::cuda::has_fp8_tensor_cores(octet::cuda::device_info(0))) {
+    types.emplace_back(GemmType::e4m3, GemmType::bf16);
+  }
+  uint64_t seed = 700;
+  int64_t biased_runs = 0;
+  for (const auto& [operand_type, bias_type] : types) {
+    for (const bool fast : {false, true}) {
+      if (fast && !octet::cuda::is_fp8(operand_type)) continue;
+      SCOPED_TRACE(::testing::Message() << octet::cuda::gemm_type_name(operand_type) << " operands, "
+                                        << octet::cuda::gemm_type_name(bias_type) << " bias"
+                                        << (fast ? ", fast accumulation" : ""));
+      const HostOperand a = make_operand(operand_type, M, K, false, 0, x_a);
+      const HostOperand b = make_operand(operand_type, N, K, false, 0, x_b);
+      Case c;
+      c.a_type = c.b_type = operand_type;
+      c.M = M;
+      c.N = N;
+      c.K = K;
+      c.fast_accumulation = fast;
+      if (octet::cuda::is_fp8(operand_type)) {
+        c.a_scale_inv = 2.0f;
+        c.b_scale_inv = 0.25f;
+      } else {
+        c.alpha = 0.5f;
+      }
+      const double alpha_scale = static_cast<double>(c.alpha) * c.a_scale_inv * c.b_scale_inv;
+      // The same shape without the bias first: a cached plan shared by the two would show in one of them.
+      const Reference plain = reference_product(a, b, alpha_scale, {});
+      const Outcome unbiased = run_case(engine, c, a, b, {});
+      ASSERT_EQ(unbiased.d, plain.expected) << "without a bias";
+
+      c.bias = half_integer_bias(N, seed++);
+      c.bias_type = bias_type;
+      GemmProblem described;
+      described.bias = c.bias.data();
+      described.bias_type = bias_type;
+      EXPECT_NE(octet::cuda::describe(described).find("bias"), std::string::npos);
+      const Reference ref = reference_product(a, b, alpha_scale, {}, c.bias);
+      const size_t plans_before = engine.cached_plans();
+      const Outcome biased = run_case(engine, c, a, b, {});
+      ++biased_runs;
+      EXPECT_EQ(engine.cached_plans(), plans_before + 1) << "a biased product has a plan of its own";
+      ASSERT_EQ(biased.d, ref.expected) << "with a bias";
+      EXPECT_NE(ref.expected, plain.expected) << "a bias that changes nothing proves nothing";
+      EXPECT_TRUE(octet::testing::has_nonzero(biased.d));
+      EXPECT_TRUE(biased.guards_intact) << "bytes outside D's [M, N] block were written";
+    }
+  }
+  EXPECT_EQ(engine.counters().bias_epilogues, biased_runs);
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // BF16, FP16, float32 and TF32: every stored layout, odd shapes, accumulation.
 
 using HighPrecisionCase = std::tuple<GemmType, bool, bool>;  // type, a_transposed, b_transposed
@@ -651,6 +743,45 @@ TEST(GemmEngineTest, UnsupportedCombinationsAreInvalidInput) {
     misaligned_scale.a_scale_inv = buffer.data() + 12288 + 1;
     expect_invalid(misaligned_scale, "scale pointers");
   }
+  // The bias epilogue: never with accumulate, 16-byte aligned, and only of the types cuBLASLt takes.
+  const void* bias = buffer.data() + 12288;
+  GemmProblem accumulated_bias = problem(GemmType::bf16, GemmType::bf16, 8, 8, 8);
+  accumulated_bias.bias = bias;
+  accumulated_bias.accumulate = true;
+  expect_invalid(accumulated_bias, "accumulates");
+  GemmProblem misaligned_bias = problem(GemmType::bf16, GemmType::bf16, 8, 8, 8);
+  misaligned_bias.bias = buffer.data() + 12288 + 2;
+  expect_invalid(misaligned_bias, "bias pointer");
+  GemmProblem f32_with_bf16_bias = problem(GemmType::f32, GemmType::f32, 8, 8, 8);
+  f32_with_bf16_bias.bias = bias;
+  f32_with_bf16_bias.bias_type = GemmType::bf16;
+  expect_invalid(f32_with_bf16_bias, "float32 bias");
+  GemmProblem bf16_output_f32_bias = problem(GemmType::bf16, GemmType::bf16, 8, 8, 8);
+  bf16_output_f32_bias.d = nullptr;
+  bf16_output_f32_bias.d_bf16 = reinterpret_cast<__nv_bfloat16*>(buffer.data() + 8192);
+  bf16_output_f32_bias.bias = bias;
+  bf16_output_f32_bias.bias_type = GemmType::f32;
+  expect_invalid(bf16_output_f32_bias, "BF16 bias");
+  if (fp8) {
+    GemmProblem fp8_f32_bias = problem(GemmType::e4m3, GemmType::e4m3, 32, 32, 32);
+    fp8_f32_bias.bias = bias;
+    fp8_f32_bias.bias_type = GemmType::f32;
+    expect_invalid(fp8_f32_bias, "BF16 bias");
+    GemmProblem fp8_accumulated_bias = problem(GemmType::e4m3, GemmType::e4m3, 32, 32, 32);
+    fp8_accumulated_bias.bias = bias;
+    fp8_accumulated_bias.accumulate = true;
+    expect_invalid(fp8_accumulated_bias, "accumulates");
+    GemmProblem fp8_bf16_bias = problem(GemmType::e4m3, GemmType::e4m3, 32, 32, 32);
+    fp8_bf16_bias.bias = bias;
+    EXPECT_EQ(engine.can_implement(fp8_bf16_bias), "") << "the FP8 forward's product";
+  }
+  GemmProblem bf16_bias = problem(GemmType::bf16, GemmType::bf16, 8, 8, 8);
+  bf16_bias.bias = bias;
+  expect_invalid(bf16_bias, "float32 bias");
+  GemmProblem f32_bias = problem(GemmType::bf16, GemmType::bf16, 8, 8, 8);
+  f32_bias.bias = bias;
+  f32_bias.bias_type = GemmType::f32;
+  EXPECT_EQ(engine.can_implement(f32_bias), "") << "the BF16 forward's product";
   expect_invalid(problem(GemmType::f32, GemmType::f32, 8, 8, 0), "K positive");
   if (fp8) {
     expect_invalid(problem(GemmType::e4m3, GemmType::e4m3, 37, 48, 40), "multiples of 16");

@@ -119,6 +119,7 @@ class UnfusedCasts final : public Backend {
     inner_.residual_forward(out, a, b, n);
   }
   void accumulate(float* a, const float* b, int64_t n) override { inner_.accumulate(a, b, n); }
+  void round_in_place(float* x, int64_t n, Dtype dtype) override { inner_.round_in_place(x, n, dtype); }
   void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
                              int64_t Vp, float dloss) override {
     inner_.softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss);

@@ -48,6 +48,12 @@ class WeightCopy {
   virtual ~WeightCopy() = default;
 };
 
+// Whether lm_head_chunk keeps the logits in BF16: when the head's three GEMMs are BF16.
+inline bool logits_in_bf16(const LinearExecution& exec) {
+  return exec.forward == GemmMode::bf16 && exec.input_gradient == GemmMode::bf16 &&
+         exec.weight_gradient == GemmMode::bf16;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -96,13 +102,16 @@ class Backend {
   // Makes (or refreshes) the copy of weight [OC, C] that the layer's GEMMs use, as `exec` says.
   virtual void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                               LinearExecution& exec) = 0;
-  // out [N, OC] = inp [N, C] x W^T + bias (bias may be null).
+  // out [N, OC] = inp [N, C] x W^T + bias (bias may be null), in float32: the GEMM's float32 result (after
+  // its operands were rounded or cast as exec says) plus the bias, not rounded afterwards. For BF16, FP16 and
+  // FP8 GEMMs the bias is first rounded to the GEMM's 16-bit type (BF16 for FP8), as PyTorch autocast rounds
+  // it and as cuBLASLt's FP8 epilogue takes it; a float32 GEMM adds it as it is.
   virtual void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                               const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) = 0;
-  // dinp [N, C] = dout x W (overwritten); dweight [OC, C] += dout^T x inp; dbias [OC] += column sums of dout
-  // (dbias may be null). With exec.gradient_cast_ready, dout's FP8 cast comes from its producer
-  // (gelu_backward_cast), which also added the bias gradient: dbias is then null, and so is dout where
-  // gradient_cast_suffices(exec).
+  // dinp [N, C] = dout x W (overwritten, the GEMM's float32 result, not rounded); dweight [OC, C] += dout^T x
+  // inp; dbias [OC] += column sums of dout (dbias may be null). With exec.gradient_cast_ready, dout's FP8
+  // cast comes from its producer (gelu_backward_cast), which also added the bias gradient: dbias is then
+  // null, and so is dout where gradient_cast_suffices(exec).
   virtual void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                                LinearExecution& exec) = 0;
@@ -146,6 +155,8 @@ class Backend {
   virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;
   // a += b
   virtual void accumulate(float* a, const float* b, int64_t n) = 0;
+  // x [n] rounded in place to `dtype`, Dtype::bf16 or Dtype::f16 (to nearest, ties to even), kept as float32.
+  virtual void round_in_place(float* x, int64_t n, Dtype dtype) = 0;
 
   // Softmax cross-entropy over the first V of Vp logits per row: losses [N] = -log p[target]. When
   // dloss != 0, logits are overwritten with d(dloss * sum(losses))/dlogits (zero in the padded columns).
@@ -155,14 +166,17 @@ class Backend {
   // One chunk of the LM head in training: logits [n, Vp] = inp [n, C] x weight [Vp, C]^T (the head's forward
   // GEMM, no bias), losses [n] from softmax_cross_entropy, and, when dloss != 0, the head's backward from
   // the logits' gradient: dinp [n, C] overwritten, dweight accumulated, as linear_backward. `logits` is
-  // scratch of [n, Vp] floats. The default runs exactly those three ops; a backend may keep the logits and
-  // their gradient in the head GEMM's output type (BF16) instead of float32: the values are the same, since
-  // the GEMM's output is rounded to that type and its backward rounds the gradient to it.
+  // scratch of [n, Vp] floats. A head whose three GEMMs are BF16 (logits_in_bf16) rounds its logits to BF16
+  // before the loss, unlike linear_forward, so that a backend may keep the logits and their gradient in BF16
+  // throughout (its GEMM writes BF16 logits, and its backward GEMMs read the gradient in BF16, which
+  // linear_backward would round it to anyway) and still compute the same values. The default runs those
+  // ops: linear_forward, round_in_place where the logits are BF16, softmax_cross_entropy, linear_backward.
   virtual void lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp,
                              float* dweight, const float* inp, const float* weight, const WeightCopy* copy,
                              int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss,
                              LinearExecution& exec) {
     linear_forward(logits, inp, weight, copy, nullptr, n, C, Vp, exec);
+    if (logits_in_bf16(exec)) round_in_place(logits, n * Vp, Dtype::bf16);
     softmax_cross_entropy(losses, logits, targets, n, V, Vp, dloss);
     if (dloss != 0.0f) linear_backward(dinp, dweight, nullptr, logits, inp, weight, copy, n, C, Vp, exec);
   }

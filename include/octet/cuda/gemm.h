@@ -5,7 +5,7 @@
 // costs no heuristic query. Host code only.
 //
 // Every product is written in row-major terms, the layout of octet's tensors:
-//   D [M, N] = alpha * op(A) x op(B)^T  (+ D when accumulate)
+//   D [M, N] = alpha * op(A) x op(B)^T  (+ bias [N] on every row)  (+ D when accumulate)
 // where op(A) is [M, K] and op(B) is [N, K]. Untransposed, A is stored [M, K] and B [N, K], both with K
 // contiguous ("K-major"), the only layout Hopper's FP8 tensor cores accept. The transposed flags describe the
 // other storage, for the non-FP8 types only: a_transposed means A is stored [K, M], b_transposed that B is
@@ -58,6 +58,15 @@ struct GemmProblem {
   bool accumulate = false;          // D = alpha A B^T + D (beta = 1), in D's own type; else D is overwritten
   float alpha = 1.0f;
 
+  // A bias [N] added to every row of D in the GEMM's epilogue (CUBLASLT_EPILOGUE_BIAS): to the float32
+  // product (scales and alpha applied) before D is written, so that a linear layer makes no second pass over
+  // D. Null: none. Its type: bf16 for FP8 products and for BF16 outputs, f32 for every other product with a
+  // float32 output (cuBLASLt 13 on H100 finds no FP8 algorithm for a float32 bias, and refuses a BF16 or
+  // FP16 bias with BF16 or FP16 operands and a float32 output: a rounded bias goes in as float32 values).
+  // Not with accumulate; 16-byte aligned.
+  const void* bias = nullptr;
+  GemmType bias_type = GemmType::bf16;
+
   // FP8 only, one float each, read by the GEMM on the device: the dequantizing scales, so that
   // D = alpha * a_scale_inv * b_scale_inv * sum(qa * qb). Null: 1. Each must be 16-byte aligned (cuBLASLt
   // 13.1 on H100 answers CUBLAS_STATUS_NOT_SUPPORTED for a scale at a 4- or 8-byte offset).
@@ -88,6 +97,7 @@ struct GemmCounters {
   int64_t f32 = 0;
   int64_t tf32 = 0;
   int64_t bf16_outputs = 0;       // products of any type written as BF16
+  int64_t bias_epilogues = 0;     // products that added a bias in their epilogue
   int64_t heuristic_queries = 0;  // plan cache misses: shapes seen for the first time
   double flops = 0.0;             // 2 M N K summed over every product
 

@@ -66,6 +66,7 @@ class CpuBackend final : public Backend {
                           float* dbias, LinearExecution& consumer) override;
   void residual_forward(float* out, const float* a, const float* b, int64_t n) override;
   void accumulate(float* a, const float* b, int64_t n) override;
+  void round_in_place(float* x, int64_t n, Dtype dtype) override;
   void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
                              int64_t Vp, float dloss) override;
 

@@ -1,6 +1,8 @@
 // Linear layers on the CPU in every GEMM mode: float32; BF16 or FP16 operands with float32 accumulation (the
-// operands and the output rounded as the GPU stores them); FP8 operands cast by the layer's scaling recipe
-// and multiplied by the numerics core's emulated FP8 GEMM, with BF16 output.
+// operands rounded as the GPU stores them); FP8 operands cast by the layer's scaling recipe and multiplied by
+// the numerics core's emulated FP8 GEMM. Every GEMM's output is its float32 result: the forward adds the bias
+// to it, rounded to the GEMM's 16-bit type first in BF16, FP16 and FP8 modes (BF16 for FP8), as the GPU's
+// GEMM epilogue adds it, and nothing is rounded afterwards.
 #include <cmath>
 #include <vector>
 
@@ -60,10 +62,6 @@ const float* rounded(const float* x, int64_t n, Dtype d, int slot = 0) {
   if (buffer.size() < static_cast<size_t>(n)) buffer.resize(static_cast<size_t>(n));
   round_into(x, buffer.data(), n, d);
   return buffer.data();
-}
-
-void round_in_place(float* x, int64_t n, Dtype d) {
-  round_into(x, x, n, d);
 }
 
 std::vector<float> transpose(const float* x, int64_t rows, int64_t cols) {
@@ -224,6 +222,12 @@ void CpuBackend::gelu_backward_cast(float* dinp, const float* inp, const float* 
   consumer.gradient_cast_ready = true;
 }
 
+void CpuBackend::round_in_place(float* x, int64_t n, Dtype dtype) {
+  OCTET_CHECK(dtype == Dtype::bf16 || dtype == Dtype::f16, "round_in_place: bf16 or f16, got {}",
+              dtype_name(dtype));
+  round_into(x, x, n, dtype);
+}
+
 void gemm_abt(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, bool accumulate) {
   sgemm(false, true, M, N, K, a, b, out, accumulate);
 }
@@ -285,13 +289,11 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
     }
   }
   if (bias != nullptr) {
+    // The bias in the GEMM's 16-bit type (BF16 for FP8 GEMMs), added to the float32 product.
+    const float* b = exec.forward == GemmMode::f32 ? bias : rounded(bias, OC, storage_of(exec.forward));
     for (int64_t n = 0; n < N; ++n) {
-      for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += bias[o];
+      for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += b[o];
     }
-  }
-  // The output is stored in the GEMM's output type: BF16 for FP8 GEMMs.
-  if (exec.forward != GemmMode::f32) {
-    round_in_place(out, N * OC, exec.forward == GemmMode::f16 ? Dtype::f16 : Dtype::bf16);
   }
 }
 
@@ -329,7 +331,6 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
     case GemmMode::f16: {
       const Dtype d = storage_of(exec.input_gradient);
       sgemm(false, false, N, C, OC, rounded(dout, N * OC, d), w->rounded.data(), dinp, false);
-      round_in_place(dinp, N * C, d);
       count_other(exec);
       break;
     }
@@ -337,7 +338,6 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
       // K-major operands: A = dy [N, OC], B = W^T [C, OC].
       const std::vector<float> d = fp8_product(dy, w->fp8_transposed, exec);
       std::copy(d.begin(), d.end(), dinp);
-      round_in_place(dinp, N * C, Dtype::bf16);
       break;
     }
   }

@@ -519,7 +519,7 @@ void backward_float32(const AttentionParams& p, int64_t B, cudaStream_t stream) 
 // finite inputs. Needs hs % 16 == 0 and compute capability 8.0 or newer.
 using Bf16 = __nv_bfloat16;
 
-constexpr int kRowWarps = 8;
+constexpr int kRowWarps = 4;
 constexpr int kRowTile = 16 * kRowWarps;  // rows per block
 constexpr int kMmaThreads = kRowWarps * kWarpSize;
 constexpr int kColumnTile = 64;                 // columns per streamed tile
@@ -629,8 +629,8 @@ __device__ __forceinline__ void stage_rows(Bf16* tile, const Bf16* head, int64_t
 // Writes accumulators acc[hs / 8][4] (rows g and g + 8 of the warp's 16, g = lane / 4) times `factor` to
 // rows row[0], row[1] below T: element (t, d) at dst[t * pitch + d].
 template <int kHeadSize>
-__device__ __forceinline__ void store_accumulators(float* dst, int64_t pitch, const int64_t (&row)[2],
-                                                   int64_t T, const float (&acc)[kHeadSize / 8][4],
+__device__ __forceinline__ void store_accumulators(float* dst, int64_t pitch, const int (&row)[2], int64_t T,
+                                                   const float (&acc)[kHeadSize / 8][4],
                                                    const float (&factor)[2], bool vector) {
   const int c = threadIdx.x % 4;
 #pragma unroll
@@ -650,6 +650,14 @@ __device__ __forceinline__ void store_accumulators(float* dst, int64_t pitch, co
   }
 }
 
+// 2^x on the special-function unit (ex2.approx.ftz: relative error below 2^-22, results below 2^-126
+// flushed to zero): the probabilities it makes are rounded to bf16 before they are multiplied.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(kFullMask, x, 1));
   return fmaxf(x, __shfl_xor_sync(kFullMask, x, 2));
@@ -661,9 +669,9 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // How many of a column tile's 8-column blocks hold a column <= the last of a warp's 16 rows (rows from
 // first_row, columns from first_column, both multiples of 16): 0 to kColumnBlocks, even.
-__device__ __forceinline__ int blocks_up_to(int64_t first_row, int64_t first_column) {
-  const int64_t blocks = (first_row + 16 - first_column) / 8;
-  return static_cast<int>(blocks < 0 ? 0 : (blocks > kColumnBlocks ? kColumnBlocks : blocks));
+__device__ __forceinline__ int blocks_up_to(int first_row, int first_column) {
+  const int blocks = (first_row + 16 - first_column) / 8;
+  return blocks < 0 ? 0 : (blocks > kColumnBlocks ? kColumnBlocks : blocks);
 }
 
 // Packed heads of the workspace: q, k, v, dO each [B * NH][T][hs].
@@ -700,14 +708,14 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(Atte
   const int64_t query_tile = gridDim.x - 1 - blockIdx.x;
   const int64_t h = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const int64_t q0 = query_tile * kRowTile;
-  const int64_t warp_row = q0 + warp * 16;
-  const int64_t row[2] = {warp_row + g, warp_row + g + 8};
+  const int q0 = static_cast<int>(query_tile) * kRowTile;
+  const int warp_row = q0 + warp * 16;
+  const int row[2] = {warp_row + g, warp_row + g + 8};
   const float score_scale = p.scale * kLog2e;
   const PackedHeads heads = packed_heads(p, b, h, kHeadSize);
   // Key tiles holding a key <= the block's last row below T.
-  const int64_t last_row = min(q0 + kRowTile, p.T) - 1;
-  const int64_t key_tiles = last_row / kColumnTile + 1;
+  const int last_row = min(q0 + kRowTile, static_cast<int>(p.T)) - 1;
+  const int key_tiles = last_row / kColumnTile + 1;
 
   stage_rows<kHeadSize, kRowTile>(q_tile, heads.q, q0, p.T);
   stage_rows<kHeadSize, kColumnTile>(kv_tiles, heads.k, 0, p.T);
@@ -721,7 +729,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(Atte
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};  // this lane's share; the quad's are added at the end
 
-  for (int64_t key_tile = 0; key_tile < key_tiles; ++key_tile) {
+  for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
     if (key_tile + 1 < key_tiles) {
       Bf16* next = kv_tiles + ((key_tile + 1) % kStages) * 2 * kTileElements;
       stage_rows<kHeadSize, kColumnTile>(next, heads.k, (key_tile + 1) * kColumnTile, p.T);
@@ -736,7 +744,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(Atte
     }
     const Bf16* k_tile = kv_tiles + (key_tile % kStages) * 2 * kTileElements;
     const Bf16* v_tile = k_tile + kTileElements;
-    const int64_t k0 = key_tile * kColumnTile;
+    const int k0 = key_tile * kColumnTile;
     const int blocks = blocks_up_to(warp_row, k0);
     if (blocks > 0) {
       float s[kColumnBlocks][4];
@@ -771,7 +779,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(Atte
       for (int r = 0; r < 2; ++r) {
         // Finite from the first tile on: key 0 is visible to every row.
         const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
-        rescale[r] = exp2f(row_max[r] - new_max);
+        rescale[r] = fast_exp2(row_max[r] - new_max);
         row_max[r] = new_max;
         row_sum[r] *= rescale[r];
       }
@@ -779,7 +787,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(Atte
       for (int j = 0; j < kColumnBlocks; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[j][e] = exp2f(s[j][e] - row_max[e / 2]);
+          s[j][e] = fast_exp2(s[j][e] - row_max[e / 2]);
           row_sum[e / 2] += s[j][e];
         }
       }
@@ -842,13 +850,13 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
   const int64_t query_tile = gridDim.x - 1 - blockIdx.x;
   const int64_t h = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const int64_t q0 = query_tile * kRowTile;
-  const int64_t warp_row = q0 + warp * 16;
-  const int64_t row[2] = {warp_row + g, warp_row + g + 8};
+  const int q0 = static_cast<int>(query_tile) * kRowTile;
+  const int warp_row = q0 + warp * 16;
+  const int row[2] = {warp_row + g, warp_row + g + 8};
   const float score_scale = p.scale * kLog2e;
   const PackedHeads heads = packed_heads(p, b, h, kHeadSize);
-  const int64_t last_row = min(q0 + kRowTile, p.T) - 1;
-  const int64_t key_tiles = last_row / kColumnTile + 1;
+  const int last_row = min(q0 + kRowTile, static_cast<int>(p.T)) - 1;
+  const int key_tiles = last_row / kColumnTile + 1;
 
   stage_rows<kHeadSize, kRowTile>(q_tile, heads.q, q0, p.T);
   stage_rows<kHeadSize, kRowTile>(do_tile, heads.dout, q0, p.T);
@@ -869,7 +877,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
 #pragma unroll
   for (int dj = 0; dj < kHeadBlocks; ++dj) dq[dj][0] = dq[dj][1] = dq[dj][2] = dq[dj][3] = 0.0f;
 
-  for (int64_t key_tile = 0; key_tile < key_tiles; ++key_tile) {
+  for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
     if (key_tile + 1 < key_tiles) {
       Bf16* next = kv_tiles + ((key_tile + 1) % kStages) * 2 * kTileElements;
       stage_rows<kHeadSize, kColumnTile>(next, heads.k, (key_tile + 1) * kColumnTile, p.T);
@@ -887,7 +895,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
     }
     const Bf16* k_tile = kv_tiles + (key_tile % kStages) * 2 * kTileElements;
     const Bf16* v_tile = k_tile + kTileElements;
-    const int64_t k0 = key_tile * kColumnTile;
+    const int k0 = key_tile * kColumnTile;
     const int blocks = blocks_up_to(warp_row, k0);
     if (blocks > 0) {
       float s[kColumnBlocks][4], dp[kColumnBlocks][4];
@@ -918,7 +926,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2;
           const bool visible = j < blocks && (!masked || k0 + j * 8 + 2 * c + e % 2 <= row[r]);
-          const float prob = visible ? exp2f(fmaf(s[j][e], score_scale, -lse[r])) : 0.0f;
+          const float prob = visible ? fast_exp2(fmaf(s[j][e], score_scale, -lse[r])) : 0.0f;
           s[j][e] = prob * (dp[j][e] - dot[r]);
         }
       }
@@ -971,22 +979,22 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
   const int g = lane / 4, c = lane % 4;
   const int64_t h = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kRowTile;
-  const int64_t warp_key = k0 + warp * 16;
-  const int64_t key[2] = {warp_key + g, warp_key + g + 8};
+  const int k0 = static_cast<int>(blockIdx.x) * kRowTile;
+  const int warp_key = k0 + warp * 16;
+  const int key[2] = {warp_key + g, warp_key + g + 8};
   const float score_scale = p.scale * kLog2e;
   const PackedHeads heads = packed_heads(p, b, h, kHeadSize);
-  const int64_t first_tile = k0 / kColumnTile;
-  const int64_t query_tiles = (p.T + kColumnTile - 1) / kColumnTile;
+  const int first_tile = k0 / kColumnTile;
+  const int query_tiles = (static_cast<int>(p.T) + kColumnTile - 1) / kColumnTile;
 
   // Stages query tile `tile` (q, dO, and per query the lse in base 2 and D) into stage `stage`. A query
   // past T gets lse +inf, hence probability exp2(-inf) = 0 in every row.
-  const auto stage_queries = [&](int64_t tile, int stage) {
+  const auto stage_queries = [&](int tile, int stage) {
     Bf16* q_stage = qd_tiles + stage * 2 * kTileElements;
     stage_rows<kHeadSize, kColumnTile>(q_stage, heads.q, tile * kColumnTile, p.T);
     stage_rows<kHeadSize, kColumnTile>(q_stage + kTileElements, heads.dout, tile * kColumnTile, p.T);
     if (threadIdx.x < kColumnTile) {
-      const int64_t t = tile * kColumnTile + threadIdx.x;
+      const int t = tile * kColumnTile + static_cast<int>(threadIdx.x);
       const int64_t index = (b * p.NH + h) * p.T + t;
       row_stats[stage * 2 * kColumnTile + threadIdx.x] = t < p.T ? p.lse[index] * kLog2e : INFINITY;
       row_stats[stage * 2 * kColumnTile + kColumnTile + threadIdx.x] = t < p.T ? p.row_dot[index] : 0.0f;
@@ -1005,8 +1013,8 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
     for (int e = 0; e < 4; ++e) dk[dj][e] = dv[dj][e] = 0.0f;
   }
 
-  for (int64_t tile = first_tile; tile < query_tiles; ++tile) {
-    const int stage = static_cast<int>((tile - first_tile) % kStages);
+  for (int tile = first_tile; tile < query_tiles; ++tile) {
+    const int stage = (tile - first_tile) % kStages;
     if (tile + 1 < query_tiles) stage_queries(tile + 1, (stage + 1) % kStages);
     copy_async_commit();
     copy_async_wait<1>();
@@ -1024,10 +1032,10 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
     const Bf16* do_tile = q_tile + kTileElements;
     const float* lse_tile = row_stats + stage * 2 * kColumnTile;
     const float* dot_tile = lse_tile + kColumnTile;
-    const int64_t q0 = tile * kColumnTile;
+    const int q0 = tile * kColumnTile;
     // Query blocks before the warp's first key see none of its keys: they start at block `first`.
-    const int64_t skipped = (warp_key - q0) / 8;
-    const int first = static_cast<int>(skipped < 0 ? 0 : (skipped > kColumnBlocks ? kColumnBlocks : skipped));
+    const int skipped = (warp_key - q0) / 8;
+    const int first = skipped < 0 ? 0 : (skipped > kColumnBlocks ? kColumnBlocks : skipped);
     if (first < kColumnBlocks) {
       float s[kColumnBlocks][4], dp[kColumnBlocks][4];  // S^T and dP^T: rows are keys, columns queries
 #pragma unroll
@@ -1067,7 +1075,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
         for (int e = 0; e < 4; ++e) {
           const int column = j * 8 + 2 * c + e % 2;
           const bool visible = j >= first && (!masked || q0 + column >= key[e / 2]);
-          const float prob = visible ? exp2f(fmaf(s[j][e], score_scale, -lse_tile[column])) : 0.0f;
+          const float prob = visible ? fast_exp2(fmaf(s[j][e], score_scale, -lse_tile[column])) : 0.0f;
           s[j][e] = prob;
           dp[j][e] = prob * (dp[j][e] - dot_tile[column]);
         }
@@ -1212,7 +1220,8 @@ size_t mma_shared_bytes(int hs, int rows, int floats) {
 template <int kHeadSize>
 void launch_mma(const AttentionParams& p, int64_t B, bool forward, cudaStream_t stream) {
   const int64_t tiles = (p.T + kRowTile - 1) / kRowTile;
-  OCTET_REQUIRE(tiles <= 0x7FFFFFFF && p.NH <= 65535 && B <= 65535,
+  // Positions inside a head are 32-bit in the kernels.
+  OCTET_REQUIRE(p.T <= (int64_t{1} << 30) && p.NH <= 65535 && B <= 65535,
                 "attention: grid too large, got T={} NH={} B={}", p.T, p.NH, B);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.NH), static_cast<unsigned>(B));
   auto launch = [&](auto kernel, const char* name, size_t shared_bytes) {

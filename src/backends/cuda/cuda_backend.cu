@@ -239,14 +239,15 @@ __global__ void sqnr_kernel(const float* x, const uint8_t* codes, int64_t n, Dty
   }
 }
 
-// D = D_tmp * sa * sb (or D += ...): the FP8 GEMM's dequantization where the GEMM ran in BF16 on the codes'
-// values (GPUs without FP8 tensor cores).
-__global__ void dequantize_product_kernel(float* d, const float* tmp, int64_t n, const float* sa,
-                                          const float* sb, bool accumulate) {
+// D [M, N] = D_tmp * sa * sb (+ bias [N]) (or D += ...): the FP8 GEMM's dequantization and epilogue where
+// the GEMM ran in BF16 on the codes' values (GPUs without FP8 tensor cores).
+__global__ void dequantize_product_kernel(float* d, const float* tmp, int64_t M, int64_t N, const float* sa,
+                                          const float* sb, const __nv_bfloat16* bias, bool accumulate) {
   const float s = __fmul_rn(*sa, *sb);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = __fmul_rn(tmp[i], s);
+    float v = __fmul_rn(tmp[i], s);
+    if (bias != nullptr) v = __fadd_rn(v, __bfloat162float(bias[i % N]));
     d[i] = accumulate ? d[i] + v : v;
   }
 }
@@ -344,9 +345,6 @@ struct CudaSavedInput final : public WeightCopy {
 
 GemmType wide_type(GemmMode m) {
   return m == GemmMode::f16 ? GemmType::f16 : GemmType::bf16;
-}
-Dtype wide_dtype(GemmMode m) {
-  return m == GemmMode::f16 ? Dtype::f16 : Dtype::bf16;
 }
 GemmType fp8_type(Dtype d) {
   return d == Dtype::e5m2 ? GemmType::e5m2 : GemmType::e4m3;
@@ -491,6 +489,10 @@ class CudaBackend final : public Backend {
     const OpScope scope(*this, OpKind::other);
     cuda::accumulate(a, b, n, stream_);
   }
+  void round_in_place(float* x, int64_t n, Dtype dtype) override {
+    const OpScope scope(*this, OpKind::casts);
+    cuda::round_in_place(x, n, dtype, stream_);
+  }
   void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
                              int64_t Vp, float dloss) override {
     const OpScope scope(*this, OpKind::loss);
@@ -567,12 +569,20 @@ class CudaBackend final : public Backend {
   template <typename Write>
   void producer_cast(int64_t N, int64_t C, LinearExecution& exec, Write write);
   // Casts the backward's output gradient dout [N, OC] as the layer's gradient operand into dy_codes_ and
-  // dy_codes_transposed_ (linear_backward's cast; gelu_backward_cast's where it cannot fuse).
-  void cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC, const LinearExecution& exec);
-  // D [M, N] (=|+=) A [M, K] x B [N, K]^T on FP8 codes with dequantizing scales (device pointers).
+  // dy_codes_transposed_ (linear_backward's cast; gelu_backward_cast's where it cannot fuse), and adds the
+  // column sums of dout to dbias when given: in the cast's own pass where producer_casts(exec), else by
+  // bias_backward before the cast.
+  void cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC, const LinearExecution& exec,
+                     float* dbias = nullptr);
+  // D [M, N] (=|+=) A [M, K] x B [N, K]^T on FP8 codes with dequantizing scales (device pointers), plus
+  // a BF16 bias [N] when not null (never with accumulate).
   void fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv, const uint8_t* b,
                 Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N, int64_t K, bool accumulate,
-                bool fast_accumulation);
+                bool fast_accumulation, const __nv_bfloat16* bias = nullptr);
+  // The bias [OC] of a forward GEMM in `mode` as its epilogue adds it (GemmProblem::bias): rounded to BF16
+  // (FP8 and BF16 GEMMs) or FP16, or float32 for float32 GEMMs; in 16-byte aligned scratch where it is
+  // converted or misaligned. Null for a null bias.
+  const void* epilogue_bias(const float* bias, int64_t OC, GemmMode mode);
   const void* wide_copy(const float* x, int64_t n, GemmMode mode, int slot);
   // A BF16, FP16 or FP32 GEMM.
   void wide_gemm(const GemmProblem& p) {
@@ -580,7 +590,7 @@ class CudaBackend final : public Backend {
     gemm_->run(p, stream_);
   }
   // dinp [N, C] = dout [N, OC] x W [OC, C] with dout and the weight copy already in `mode`'s type (BF16 or
-  // FP16), dinp rounded to that type as the layer stores it.
+  // FP16); dinp is the GEMM's float32 result.
   void wide_input_gradient(float* dinp, const void* dout_wide, const void* weight_wide, int64_t N, int64_t C,
                            int64_t OC, GemmMode mode, LinearExecution& exec);
   // dweight [OC, C] += dout^T [OC, N] x inp [N, C], both operands of `type`; accumulated in float32.
@@ -625,6 +635,7 @@ class CudaBackend final : public Backend {
   std::unordered_map<const Fp8LinearState*, Layer*> layers_;
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
   DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_, column_partials_;
+  DeviceScratch bias_;  // a forward GEMM's bias as its epilogue reads it
   // The gradient cast that dy_codes_ holds when gelu_backward_cast made it: for whose linear_backward, of
   // what shape. The consumer is null once a linear_backward has cast into dy_codes_ itself.
   struct ReadyGradient {
@@ -754,13 +765,37 @@ void CudaBackend::gelu_forward_cast(float* out, const float* inp, int64_t N, int
 }
 
 void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC,
-                                const LinearExecution& exec) {
+                                const LinearExecution& exec, float* dbias) {
   const size_t n = static_cast<size_t>(N * OC);
   // The backward never runs with frozen scaling: the gradient's state moves on with every cast, as on the
   // CPU.
-  cast_operand(layer, kGradient, exec.formats.gradient, dout, N, OC, dy_codes_.as<uint8_t>(n, stream_),
-               dy_codes_transposed_.as<uint8_t>(n, stream_), &layer.device->cast_scale[kGradient],
-               &layer.device->gradient_scale_inv, true, exec);
+  if (dbias != nullptr && producer_casts(exec)) {
+    // cast_operand's cast (the same codes, scale, scaling update, counts and telemetry), with the bias
+    // gradient summed in the same pass over dout: per-tile column sums, then those added up, so its float32
+    // additions come in another order than bias_backward's. The whole pass counts as a cast.
+    const OpScope scope(*this, OpKind::casts);
+    DeviceLayerState* s = layer.device;
+    const Dtype format = exec.formats.gradient;
+    FusedCast cast;
+    cast.format = format;
+    cast.scale = begin_cast(layer, kGradient, format, nullptr, N * OC, &s->cast_scale[kGradient]);
+    cast.output = dy_codes_.as<uint8_t>(n, stream_);
+    cast.output_transposed = dy_codes_transposed_.as<uint8_t>(n, stream_);
+    cast.scale_inv = &s->gradient_scale_inv;
+    cast.results = &s->results[kGradient];
+    float* partials =
+        column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
+    cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_);
+    end_cast(layer, kGradient, format, N * OC, true, exec.telemetry != nullptr);
+  } else {
+    if (dbias != nullptr) {
+      const OpScope scope(*this, OpKind::other);
+      bias_backward(dbias, dout, N, OC, workspace_, stream_);
+    }
+    cast_operand(layer, kGradient, exec.formats.gradient, dout, N, OC, dy_codes_.as<uint8_t>(n, stream_),
+                 dy_codes_transposed_.as<uint8_t>(n, stream_), &layer.device->cast_scale[kGradient],
+                 &layer.device->gradient_scale_inv, true, exec);
+  }
   ready_gradient_ = {};
 }
 
@@ -942,7 +977,7 @@ void CudaBackend::cast_operand(Layer& layer, int operand, Dtype format, const fl
 
 void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv,
                            const uint8_t* b, Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N,
-                           int64_t K, bool accumulate, bool fast_accumulation) {
+                           int64_t K, bool accumulate, bool fast_accumulation, const __nv_bfloat16* bias) {
   const OpScope scope(*this, OpKind::gemm_fp8);
   if (!emulate_fp8_) {
     GemmProblem p;
@@ -958,6 +993,8 @@ void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const flo
     p.a_scale_inv = a_scale_inv;
     p.b_scale_inv = b_scale_inv;
     p.fast_accumulation = fast_accumulation;
+    p.bias = bias;
+    p.bias_type = GemmType::bf16;
     gemm_->run(p, stream_);
     return;
   }
@@ -980,8 +1017,8 @@ void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const flo
   p.d = tmp;
   p.accumulate = false;
   gemm_->run(p, stream_);
-  dequantize_product_kernel<<<blocks_for(M * N), 256, 0, stream_>>>(d, tmp, M * N, a_scale_inv, b_scale_inv,
-                                                                    accumulate);
+  dequantize_product_kernel<<<blocks_for(M * N), 256, 0, stream_>>>(d, tmp, M, N, a_scale_inv, b_scale_inv,
+                                                                    bias, accumulate);
   OCTET_CUDA_CHECK_LAUNCH("dequantize_product_kernel");
 }
 
@@ -994,6 +1031,34 @@ const void* CudaBackend::wide_copy(const float* x, int64_t n, GemmMode mode, int
   }
   auto* out = wide_[slot].as<__nv_bfloat16>(static_cast<size_t>(n), stream_);
   convert_to_bf16(out, x, n, stream_);
+  return out;
+}
+
+const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode mode) {
+  const bool aligned = reinterpret_cast<uintptr_t>(bias) % 16 == 0;
+  if (bias == nullptr || (mode == GemmMode::f32 && aligned)) return bias;
+  const OpScope scope(*this, OpKind::other);
+  switch (mode) {
+    case GemmMode::f32: {
+      auto* out = bias_.as<float>(static_cast<size_t>(OC), stream_);
+      const size_t bytes = static_cast<size_t>(OC) * sizeof(float);
+      OCTET_CUDA_CHECK(cudaMemcpyAsync(out, bias, bytes, cudaMemcpyDeviceToDevice, stream_));
+      return out;
+    }
+    case GemmMode::bf16:
+    case GemmMode::f16: {
+      // Rounded to the operands' type, handed over as float32 (what cuBLASLt takes with a float32 output).
+      auto* out = bias_.as<float>(static_cast<size_t>(OC), stream_);
+      const size_t bytes = static_cast<size_t>(OC) * sizeof(float);
+      OCTET_CUDA_CHECK(cudaMemcpyAsync(out, bias, bytes, cudaMemcpyDeviceToDevice, stream_));
+      cuda::round_in_place(out, OC, mode == GemmMode::f16 ? Dtype::f16 : Dtype::bf16, stream_);
+      return out;
+    }
+    case GemmMode::fp8:
+      break;
+  }
+  auto* out = bias_.as<__nv_bfloat16>(static_cast<size_t>(OC), stream_);
+  convert_to_bf16(out, bias, OC, stream_);
   return out;
 }
 
@@ -1082,13 +1147,17 @@ void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float*
 void CudaBackend::linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                                  const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
   const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
+  // The bias goes into the GEMM's epilogue: the float32 output is written once, in the GEMM.
+  const void* gemm_bias = epilogue_bias(bias, OC, exec.forward);
   GemmProblem p;
   p.M = N;
   p.N = OC;
   p.K = C;
   p.d = out;
+  p.bias = gemm_bias;
   switch (exec.forward) {
     case GemmMode::f32:
+      p.bias_type = GemmType::f32;
       p.a_type = p.b_type = GemmType::f32;
       p.a = inp;
       p.b = weight;
@@ -1099,6 +1168,7 @@ void CudaBackend::linear_forward(float* out, const float* inp, const float* weig
     case GemmMode::f16:
       OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
       p.a_type = p.b_type = wide_type(exec.forward);
+      p.bias_type = GemmType::f32;
       p.a = wide_copy(inp, N * C, exec.forward, 0);
       p.b = const_cast<CudaWeightCopy*>(w)->wide.get(0, stream_);
       wide_gemm(p);
@@ -1115,18 +1185,10 @@ void CudaBackend::linear_forward(float* out, const float* inp, const float* weig
       fp8_gemm(out, codes, saved.format, scale_inv,
                static_cast<const uint8_t*>(const_cast<CudaWeightCopy*>(w)->fp8.get(0, stream_)),
                exec.formats.weight, &layer.device->weight_scale_inv, N, OC, C, false,
-               exec.fast_accumulation_forward);
+               exec.fast_accumulation_forward, static_cast<const __nv_bfloat16*>(gemm_bias));
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
     }
-  }
-  // Bias, then the GEMM's output type: BF16 for FP8 GEMMs (as the CPU reference stores it).
-  const Dtype round_to = exec.forward == GemmMode::f32   ? Dtype::f32
-                         : exec.forward == GemmMode::f16 ? Dtype::f16
-                                                         : Dtype::bf16;
-  {
-    const OpScope scope(*this, OpKind::other);
-    add_bias(out, bias, N, OC, round_to, stream_);
   }
 }
 
@@ -1140,7 +1202,9 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
   OCTET_CHECK(!ready || (fp8 && dbias == nullptr),
               "a producer's gradient cast for a layer with an FP8 backward GEMM, and no second bias sum");
   OCTET_CHECK(dout != nullptr || (ready && gradient_cast_suffices(exec)), "the float32 output gradient");
-  if (dbias != nullptr) {
+  // An FP8 backward sums the bias gradient with its gradient cast (cast_gradient), in one pass over dout
+  // where it can.
+  if (dbias != nullptr && !fp8) {
     const OpScope scope(*this, OpKind::other);
     bias_backward(dbias, dout, N, OC, workspace_, stream_);
   }
@@ -1156,7 +1220,7 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
           "the gradient cast its producer made for this layer, [{}, {}]", N, OC);
       ready_gradient_ = {};
     } else {
-      cast_gradient(*layer, dout, N, OC, exec);
+      cast_gradient(*layer, dout, N, OC, exec, dbias);
     }
     dy = static_cast<uint8_t*>(dy_codes_.get(ny, stream_));
     dy_t = static_cast<uint8_t*>(dy_codes_transposed_.get(ny, stream_));
@@ -1191,10 +1255,6 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
       fp8_gemm(dinp, dy, exec.formats.gradient, &layer->device->gradient_scale_inv,
                static_cast<const uint8_t*>(w->fp8_transposed.get(0, stream_)), exec.formats.weight,
                &layer->device->weight_scale_inv, N, C, OC, false, exec.fast_accumulation_backward);
-      {
-        const OpScope scope(*this, OpKind::casts);
-        round_in_place(dinp, N * C, Dtype::bf16, stream_);
-      }
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
   }
@@ -1235,18 +1295,18 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
 }
 
 // A BF16 head (the precision policy's default, in fp8 and bf16 modes alike) keeps its logits in BF16 from
-// the GEMM on: the GEMM writes them in BF16 (the same values its float32 output would take once rounded, as
-// linear_forward does), the cross-entropy reads them and writes the gradient back in BF16 over them (what
-// linear_backward would make of the float32 gradient before its BF16 GEMMs), and the backward GEMMs read that
-// directly. Against the three ops this saves the rounding pass over the logits, half of the loss's traffic
-// and the gradient's conversion pass. Any other head runs the three ops.
+// the GEMM on (Backend::lm_head_chunk: such a head's logits are rounded to BF16): the GEMM writes them in
+// BF16 (the values the default's round_in_place makes of the float32 output), the cross-entropy reads them
+// and writes the gradient back in BF16 over them (what linear_backward would make of the float32 gradient
+// before its BF16 GEMMs), and the backward GEMMs read that directly. Against the default's ops this saves
+// the rounding pass over the logits, half of the loss's traffic and the gradient's conversion pass. Any
+// other head runs the default.
 void CudaBackend::lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp,
                                 float* dweight, const float* inp, const float* weight, const WeightCopy* copy,
                                 int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss,
                                 LinearExecution& exec) {
   const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
-  const bool bf16 = exec.forward == GemmMode::bf16 && exec.input_gradient == GemmMode::bf16 &&
-                    exec.weight_gradient == GemmMode::bf16 && w != nullptr && w->has_wide && inp != nullptr;
+  const bool bf16 = logits_in_bf16(exec) && w != nullptr && w->has_wide && inp != nullptr;
   if (!bf16) {
     Backend::lm_head_chunk(losses, logits, targets, dinp, dweight, inp, weight, copy, n, C, V, Vp, dloss,
                            exec);
@@ -1289,10 +1349,6 @@ void CudaBackend::wide_input_gradient(float* dinp, const void* dout_wide, const 
   p.b_transposed = true;
   p.d = dinp;
   wide_gemm(p);
-  {
-    const OpScope scope(*this, OpKind::casts);
-    round_in_place(dinp, N * C, wide_dtype(mode), stream_);
-  }
   if (exec.other_gemms) *exec.other_gemms += 1;
 }
 

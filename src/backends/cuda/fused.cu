@@ -1,8 +1,8 @@
 // Producer-fused FP8 casts (see fused.h): LayerNorm, GELU (forward and backward) and AdamW kernels that also
-// write the FP8 cast of what they produce, in the same pass over the data. The op's arithmetic is
-// elementwise.cuh's, the code that ops.cu's kernels run (the same round-to-nearest intrinsics, the same
-// reduction order), and the cast is cast_element.cuh, the step cast_amax runs, so every byte and count
-// matches the unfused pair.
+// write the FP8 cast of what they produce, in the same pass over the data; and the gradient cast that also
+// sums the bias gradient of what it reads. The op's arithmetic is elementwise.cuh's, the code that ops.cu's
+// kernels run (the same round-to-nearest intrinsics, the same reduction order), and the cast is
+// cast_element.cuh, the step cast_amax runs, so every byte and count matches the unfused pair.
 //
 // Bytes moved per element (float32 in, FP8 codes out; "out" is the float32 result, optional here):
 //   GELU:      read 4, write 4 (out) + 1 (codes) + 1 (transposed)  = 10, or 6 without out; unfused 14.
@@ -11,6 +11,8 @@
 //              without dinp (plus 1/8 out and in for the column partial sums); unfused 26 (gelu_backward
 //              12, bias_backward 4, cast 6).
 //   AdamW:     read 16 (params, m, v, grads), write 12 + 1 + 1    = 30;                      unfused 34.
+//   Bias gradient with the gradient cast: read 4 (dout), write 1 + 1 = 6 (plus 1/8 out and in for the
+//              column partial sums); unfused 10 (bias_backward 4, cast 6).
 #include "fused.h"
 
 #include <type_traits>
@@ -124,6 +126,15 @@ struct GeluBackwardProducer {
     for (int k = 0; k < W; ++k) x.v[k] = elementwise::gelu_gradient(x.v[k], g.v[k]);
     if (dinp != nullptr) store_pack<W>(dinp + i, x);
     return x;
+  }
+};
+
+// The values as they are: a cast that reads its input only (the bias gradient is all that it adds).
+struct IdentityProducer {
+  const float* x;
+  template <int W>
+  __device__ __forceinline__ Pack<W> produce(int64_t i) const {
+    return load_pack<W>(x + i);
   }
 };
 
@@ -532,6 +543,25 @@ void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_
 }
 
 int64_t gelu_backward_cast_partial_rows(int64_t rows) {
+  return (rows + kTileRows - 1) / kTileRows;
+}
+
+void bias_backward_cast(float* dbias, const float* dout, int64_t rows, int64_t cols, const FusedCast& cast,
+                        float* column_partials, Workspace& workspace, cudaStream_t stream) {
+  OCTET_REQUIRE(rows >= 0 && cols >= 0, "bias_backward_cast: the shape must not be negative, got [{}, {}]",
+                rows, cols);
+  check_cast(cast, rows * cols, "bias_backward_cast");
+  OCTET_REQUIRE(dbias != nullptr, "bias_backward_cast: dbias must be given (without it, cast_amax casts)");
+  OCTET_REQUIRE(rows * cols == 0 || (dout != nullptr && column_partials != nullptr),
+                "bias_backward_cast: dout and column_partials must be given");
+  // Always the tiled kernel (ColumnSums), which writes the transposed codes only where asked for.
+  launch_elementwise<true>(IdentityProducer{dout}, aligned16(dout), rows, cols, cast, stream,
+                           column_partials);
+  OCTET_CUDA_CHECK_LAUNCH("bias_backward_cast");
+  bias_backward(dbias, column_partials, bias_backward_cast_partial_rows(rows), cols, workspace, stream);
+}
+
+int64_t bias_backward_cast_partial_rows(int64_t rows) {
   return (rows + kTileRows - 1) / kTileRows;
 }
 

@@ -1,5 +1,6 @@
 // Producer-fused FP8 casts: the op that produces a tensor also writes its FP8 cast (codes, transposed codes,
-// scale_inv, amax and counts), so that the FP8 GEMM that consumes it needs no separate cast pass. Every
+// scale_inv, amax and counts), so that the FP8 GEMM that consumes it needs no separate cast pass; and a cast
+// that also sums a bias gradient over the tensor it reads, which another op would read again. Every
 // result is bit-identical to the unfused pair: the op of ops.h, then cast_amax (octet/cuda/cast.h) with
 // default CastOptions on its output. Device pointers, enqueued on `stream`.
 #pragma once
@@ -49,6 +50,18 @@ void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_
                         cudaStream_t stream);
 // Rows of column_partials that gelu_backward_cast needs for `rows` rows.
 int64_t gelu_backward_cast_partial_rows(int64_t rows);
+
+// A linear layer's bias gradient and the FP8 cast of its output gradient in one pass over dout [rows, cols]
+// (bias_backward, then cast_amax, would read it twice): the codes, transposed codes, scale_inv and
+// CastResults exactly as cast_amax writes them, and dbias [cols] += column sums of dout as bias_backward
+// would add them up to the order of the float32 additions (per-tile partial sums in column_partials, then
+// bias_backward over those, as gelu_backward_cast). dbias must be given; column_partials holds
+// bias_backward_cast_partial_rows(rows) x cols floats of scratch, not aliasing workspace memory.
+// Deterministic: the order of additions depends on the shape alone.
+void bias_backward_cast(float* dbias, const float* dout, int64_t rows, int64_t cols, const FusedCast& cast,
+                        float* column_partials, Workspace& workspace, cudaStream_t stream);
+// Rows of column_partials that bias_backward_cast needs for `rows` rows.
+int64_t bias_backward_cast_partial_rows(int64_t rows);
 
 // AdamW (exactly cuda::adamw_update's arithmetic and host-side constants, bit for bit) over one weight matrix
 // params [rows, cols] with its m, v, grads, followed by the FP8 cast of the UPDATED params.

@@ -5,7 +5,8 @@
 // the column-major D^T [N, M] = B_k A_k^T: cuBLASLt's first operand is octet's B and its second octet's A,
 // with m = N, n = M. Octet's K-major B, seen column-major, is [K, N] and takes transa = T; octet's K-major A
 // is [K, M] and takes transb = N: the "TN" form Hopper's FP8 kernels require. The scales follow the operands:
-// cuBLASLt's A_SCALE_POINTER is octet's b_scale_inv.
+// cuBLASLt's A_SCALE_POINTER is octet's b_scale_inv. Octet's bias [N] runs along the column-major D^T's m
+// dimension, the one CUBLASLT_EPILOGUE_BIAS broadcasts along.
 #include "octet/cuda/gemm.h"
 
 #include <cublasLt.h>
@@ -108,7 +109,9 @@ struct PlanKey {
   GemmType a_type, b_type;
   bool a_transposed, b_transposed, bf16_output, accumulate, fast_accumulation;
   bool a_scaled, b_scaled;
-  uint32_t a_alignment, b_alignment, d_alignment;
+  bool biased;
+  GemmType bias_type;  // when biased
+  uint32_t a_alignment, b_alignment, d_alignment, bias_alignment;
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -156,6 +159,7 @@ void set_operation(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t att
 void set_pointers(cublasLtMatmulDesc_t desc, const GemmProblem& p) {
   if (p.b_scale_inv != nullptr) set_operation(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.b_scale_inv, p);
   if (p.a_scale_inv != nullptr) set_operation(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.a_scale_inv, p);
+  if (p.bias != nullptr) set_operation(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias, p);
 }
 
 }  // namespace
@@ -191,6 +195,7 @@ std::string describe(const GemmProblem& p) {
   if (p.alpha != 1.0f) s += fmt::format(", alpha={}", p.alpha);
   if (p.fast_accumulation) s += ", fast accumulation";
   if (p.a_scale_inv != nullptr || p.b_scale_inv != nullptr) s += ", scaled";
+  if (p.bias != nullptr) s += fmt::format(", {} bias", gemm_type_name(p.bias_type));
   return s;
 }
 
@@ -236,11 +241,27 @@ int GemmEngine::device() const {
 
 namespace {
 
+// Why the bias of `p` (when it has one) cannot be added in the epilogue, or null.
+const char* bias_rejection(const GemmProblem& p) {
+  if (p.bias == nullptr) return nullptr;
+  if (p.accumulate) return "a bias cannot be added to a product that accumulates into D";
+  if (pointer_alignment(p.bias) < 16) return "the bias pointer must be 16-byte aligned";
+  if (is_fp8(p.a_type) || is_fp8(p.b_type) || p.d_bf16 != nullptr) {
+    if (p.bias_type != GemmType::bf16) return "FP8 products and BF16 outputs take only a BF16 bias";
+    return nullptr;
+  }
+  // cuBLASLt 13 on H100 answers CUBLAS_STATUS_INVALID_VALUE for a BF16 or FP16 bias with a float32 output
+  // (FP8 products excepted, which take nothing else): a 16-bit bias goes in as float32 values.
+  if (p.bias_type != GemmType::f32) return "products with a float32 output take only a float32 bias";
+  return nullptr;
+}
+
 // Why `p` cannot run, or null. A fixed string, so that run() formats nothing when the problem is fine.
 const char* rejection(const GemmProblem& p, bool fp8_tensor_cores) {
   if (p.M < 0 || p.N < 0 || p.K <= 0) return "M and N must be non-negative and K positive";
   if (p.a == nullptr || p.b == nullptr) return "A and B must be device pointers";
   if ((p.d == nullptr) == (p.d_bf16 == nullptr)) return "exactly one of d (float32) and d_bf16 must be set";
+  if (const char* why = bias_rejection(p); why != nullptr) return why;
   const Stored a = stored_a(p);
   const Stored b = stored_b(p);
   if (a.ld < a.cols || b.ld < b.cols || stored_ldd(p) < p.N) {
@@ -310,6 +331,12 @@ const Plan& GemmEngine::State::plan_for(const PlanKey& key, const GemmProblem& p
     const int8_t fast = p.fast_accumulation ? 1 : 0;
     set_operation(plan->operation, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast, p);
   }
+  if (p.bias != nullptr) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    set_operation(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, p);
+    const cudaDataType_t bias_type = data_type(p.bias_type);
+    set_operation(plan->operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, p);
+  }
 
   // Column-major shapes: a stored row-major [rows, cols] matrix is [cols, rows] with leading dimension ld.
   const Stored a = stored_a(p);
@@ -327,7 +354,7 @@ const Plan& GemmEngine::State::plan_for(const PlanKey& key, const GemmProblem& p
                                                 static_cast<uint64_t>(p.M), stored_ldd(p)),
                      what);
 
-  // The scale pointers are part of what the heuristic must support (their values change per call).
+  // The scale and bias pointers are part of what the heuristic must support (their values change per call).
   set_pointers(plan->operation, p);
 
   Preference preference;
@@ -395,9 +422,12 @@ void GemmEngine::run(const GemmProblem& p, cudaStream_t stream) {
   key.fast_accumulation = p.fast_accumulation;
   key.a_scaled = p.a_scale_inv != nullptr;
   key.b_scaled = p.b_scale_inv != nullptr;
+  key.biased = p.bias != nullptr;
+  key.bias_type = key.biased ? p.bias_type : GemmType::f32;
   key.a_alignment = pointer_alignment(p.a);
   key.b_alignment = pointer_alignment(p.b);
   key.d_alignment = pointer_alignment(d);
+  key.bias_alignment = key.biased ? pointer_alignment(p.bias) : 0;
 
   const Plan& plan = state_->plan_for(key, p);
   set_pointers(plan.operation, p);
@@ -433,6 +463,7 @@ void GemmEngine::run(const GemmProblem& p, cudaStream_t stream) {
   }
   if (fp8 && p.fast_accumulation) ++c.fp8_fast_accumulation;
   if (p.d_bf16 != nullptr) ++c.bf16_outputs;
+  if (p.bias != nullptr) ++c.bias_epilogues;
   c.flops += 2.0 * static_cast<double>(p.M) * static_cast<double>(p.N) * static_cast<double>(p.K);
 }
 

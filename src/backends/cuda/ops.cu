@@ -434,7 +434,9 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
 // exp(x - maximum), rescaled when the maximum grows, so the row is read once for the loss. When the row fits
 // in shared memory (Cached), that read also keeps it there for the gradient pass, so the logits cross DRAM
 // once each way: rows of a GPT-2 vocabulary, hundreds of them in flight, do not stay in L2 between passes.
-// Each thread reads back only what it stored itself, so the cache needs no barrier of its own.
+// Each thread reads back only what it stored itself, so the cache needs no barrier of its own. Rows that fit
+// in shared memory in their own type, in whole 16-byte copies, take the staged kernel further down instead,
+// which gives the same bits.
 
 constexpr int kSoftmaxThreads = 1024;
 
@@ -493,7 +495,18 @@ __device__ __forceinline__ Pack<W> load_logits(const float* p) {
 }
 template <int W>
 __device__ __forceinline__ Pack<W> load_logits(const __nv_bfloat16* p) {
-  if constexpr (W == 4) {
+  if constexpr (W == 8) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+    Pack<8> x;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 pair = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[k]));
+      x.v[2 * k] = pair.x;
+      x.v[2 * k + 1] = pair.y;
+    }
+    return x;
+  } else if constexpr (W == 4) {
     const uint2 q = *reinterpret_cast<const uint2*>(p);
     const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
     const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
@@ -508,7 +521,15 @@ __device__ __forceinline__ void store_logits(float* p, const Pack<W>& x) {
 }
 template <int W>
 __device__ __forceinline__ void store_logits(__nv_bfloat16* p, const Pack<W>& x) {
-  if constexpr (W == 4) {
+  if constexpr (W == 8) {
+    uint32_t words[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(x.v[2 * k], x.v[2 * k + 1]);
+      words[k] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+  } else if constexpr (W == 4) {
     const __nv_bfloat162 lo = __floats2bfloat162_rn(x.v[0], x.v[1]);
     const __nv_bfloat162 hi = __floats2bfloat162_rn(x.v[2], x.v[3]);
     uint2 q;
@@ -518,6 +539,19 @@ __device__ __forceinline__ void store_logits(__nv_bfloat16* p, const Pack<W>& x)
   } else {
     *p = __float2bfloat16_rn(x.v[0]);
   }
+}
+
+// The loss of a row from its reduction and its target's logit.
+__device__ __forceinline__ float row_loss(const MaxSum& r, float target_logit) {
+  const float log_sum = static_cast<float>(log(r.sum));
+  return __fsub_rn(log_sum, __fsub_rn(target_logit, r.max));
+}
+
+// dloss * (softmax - onehot(target)) of one logit x, from the row's maximum and 1 / sum.
+__device__ __forceinline__ float logit_gradient(float x, float max, float inverse_sum, float dloss,
+                                                bool is_target) {
+  const float g = __fmul_rn(__fmul_rn(expf(__fsub_rn(x, max)), inverse_sum), dloss);
+  return is_target ? __fsub_rn(g, dloss) : g;
 }
 
 // One block per row. The reductions and the arithmetic do not depend on the logits' storage type, so a BF16
@@ -547,28 +581,80 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   }
   r = block_max_sum(r);
   const float max = r.max;
-  if (threadIdx.x == 0) {
-    const float log_sum = static_cast<float>(log(r.sum));
-    losses[n] = __fsub_rn(log_sum, __fsub_rn(target_logit, max));
-  }
+  if (threadIdx.x == 0) losses[n] = row_loss(r, target_logit);
   if (dloss == 0.0f) return;
   const float inverse_sum = static_cast<float>(1.0 / r.sum);
   for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
     Pack<W> p = Cached ? load_pack<W>(cached_row + g * W) : load_logits<W>(row + g * W);
 #pragma unroll
-    for (int k = 0; k < W; ++k) {
-      p.v[k] = __fmul_rn(__fmul_rn(expf(__fsub_rn(p.v[k], max)), inverse_sum), dloss);
-      if (g * W + k == target) p.v[k] = __fsub_rn(p.v[k], dloss);
-    }
+    for (int k = 0; k < W; ++k) p.v[k] = logit_gradient(p.v[k], max, inverse_sum, dloss, g * W + k == target);
     store_logits<W>(row + g * W, p);
   }
   for (int64_t v = groups * W + threadIdx.x; v < V; v += kSoftmaxThreads) {
-    Pack<1> p{{Cached ? cached_row[v] : load_logits<1>(row + v).v[0]}};
-    p.v[0] = __fmul_rn(__fmul_rn(expf(__fsub_rn(p.v[0], max)), inverse_sum), dloss);
-    if (v == target) p.v[0] = __fsub_rn(p.v[0], dloss);
-    store_logits<1>(row + v, p);
+    const float x = Cached ? cached_row[v] : load_logits<1>(row + v).v[0];
+    store_logits<1>(row + v, Pack<1>{{logit_gradient(x, max, inverse_sum, dloss, v == target)}});
   }
   for (int64_t v = V + threadIdx.x; v < Vp; v += kSoftmaxThreads) store_logits<1>(row + v, Pack<1>{{0.0f}});
+}
+
+// The same row staged whole in shared memory in its own type, for rows of a multiple of 16 bytes starting
+// 16-byte aligned: a BF16 row of GPT-2's padded vocabulary takes 98 KiB, so two blocks share a multiprocessor
+// and one block's arithmetic hides the other's memory traffic. The row arrives by 16-byte cp.async copies,
+// all of them in flight at once (the kernel above loads as it reduces, a few loads per thread at a time);
+// the gradient leaves in 16-byte stores, padded columns included. The reduction takes the same elements in
+// the same order on the same threads as softmax_cross_entropy_kernel<Logit, 4, ...> (which the launcher would
+// pick for these rows), and the arithmetic is the same, so the losses and gradients are its bits exactly.
+constexpr int kCopyBytes = 16;
+
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(shared))),
+               "l"(global));
+}
+
+template <typename Logit>
+__global__ void __launch_bounds__(kSoftmaxThreads, 2)
+    softmax_cross_entropy_staged_kernel(float* losses, Logit* logits, const int32_t* targets, int64_t V,
+                                        int64_t Vp, float dloss) {
+  constexpr int kPerCopy = kCopyBytes / static_cast<int>(sizeof(Logit));  // 4 float32, 8 BF16
+  constexpr int W = 4;                                                    // the reduction's groups
+  extern __shared__ __align__(16) unsigned char staged_bytes[];
+  Logit* staged = reinterpret_cast<Logit*>(staged_bytes);  // [Vp]
+  const int64_t n = blockIdx.x;
+  Logit* row = logits + n * Vp;
+  const int64_t copies = Vp / kPerCopy;
+  for (int64_t j = threadIdx.x; j < copies; j += kSoftmaxThreads) {
+    copy_async_16(staged + j * kPerCopy, row + j * kPerCopy);
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+  const int64_t target = targets[n];
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  __syncthreads();
+  // Every read of the row from here on is from shared memory, so the gradient may overwrite it in place.
+  const int64_t groups = V / W;
+  MaxSum r{-INFINITY, 0.0};
+  for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
+    const Pack<W> p = load_logits<W>(staged + g * W);
+#pragma unroll
+    for (int k = 0; k < W; ++k) add_logit(r, p.v[k]);
+  }
+  for (int64_t v = groups * W + threadIdx.x; v < V; v += kSoftmaxThreads) {
+    add_logit(r, load_logits<1>(staged + v).v[0]);
+  }
+  r = block_max_sum(r);
+  const float max = r.max;
+  if (threadIdx.x == 0) losses[n] = row_loss(r, load_logits<1>(staged + target).v[0]);
+  if (dloss == 0.0f) return;
+  const float inverse_sum = static_cast<float>(1.0 / r.sum);
+  for (int64_t j = threadIdx.x; j < copies; j += kSoftmaxThreads) {
+    const int64_t v0 = j * kPerCopy;
+    Pack<kPerCopy> p = load_logits<kPerCopy>(staged + v0);
+#pragma unroll
+    for (int k = 0; k < kPerCopy; ++k) {
+      p.v[k] = v0 + k < V ? logit_gradient(p.v[k], max, inverse_sum, dloss, v0 + k == target) : 0.0f;
+    }
+    store_logits<kPerCopy>(row + v0, p);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -673,30 +759,6 @@ struct Convert {
     } else {
       out[i] = codes[0];
     }
-  }
-};
-
-// out += bias (when given), then rounded to Round (bf16, f16, or f32 for none). With W = 4, OC is a multiple
-// of 4, so a group's columns are consecutive.
-template <Dtype Round>
-struct AddBias {
-  float* out;
-  const float* bias;
-  int64_t OC;
-  template <int W>
-  __device__ void apply(int64_t i) const {
-    Pack<W> p = load_pack<W>(out + i);
-    if (bias != nullptr) {
-      const Pack<W> b = load_pack<W>(bias + i % OC);
-#pragma unroll
-      for (int k = 0; k < W; ++k) p.v[k] = __fadd_rn(p.v[k], b.v[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      if constexpr (Round == Dtype::bf16) p.v[k] = round_to_bf16(p.v[k]);
-      if constexpr (Round == Dtype::f16) p.v[k] = round_to_f16(p.v[k]);
-    }
-    store_pack<W>(out + i, p);
   }
 };
 
@@ -927,9 +989,27 @@ void launch_softmax_cross_entropy(float* losses, Logit* logits, const int32_t* t
   if (N == 0) return;
   OCTET_CHECK(N <= INT32_MAX, "softmax_cross_entropy: at most 2^31 - 1 rows, got {}", N);
   const auto blocks = static_cast<unsigned>(N);
+  const size_t shared_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  // Rows of whole 16-byte copies that fit in shared memory (every row of a GPT-2 vocabulary padded to a
+  // multiple of 64) are staged there in their own type.
+  const size_t row_bytes = static_cast<size_t>(Vp) * sizeof(Logit);
+  if (row_bytes % kCopyBytes == 0 && reinterpret_cast<uintptr_t>(logits) % kCopyBytes == 0) {
+    const auto kernel = softmax_cross_entropy_staged_kernel<Logit>;
+    cudaFuncAttributes attributes{};
+    OCTET_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    if (row_bytes + attributes.sharedSizeBytes <= shared_limit) {
+      OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(row_bytes)));
+      // As much shared memory as the multiprocessor has: a second block of BF16 rows needs it.
+      OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            cudaSharedmemCarveoutMaxShared));
+      kernel<<<blocks, kSoftmaxThreads, row_bytes, stream>>>(losses, logits, targets, V, Vp, dloss);
+      OCTET_CUDA_CHECK_LAUNCH("softmax_cross_entropy_staged_kernel");
+      return;
+    }
+  }
   // The row cache is only worth its shared memory when the gradient pass reads the row again.
   const size_t cache_bytes = static_cast<size_t>(V) * sizeof(float);
-  const size_t shared_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
   const bool cached =
       dloss != 0.0f && cache_bytes + 1024 <= shared_limit;  // 1 KiB for the reduction's arrays
   auto launch = [&](auto kernel, size_t shared_bytes) {
@@ -1045,27 +1125,6 @@ void round_in_place(float* x, int64_t n, Dtype dtype, cudaStream_t stream) {
     for_each(Map1<RoundF16>{x, x, RoundF16{}}, n, aligned16(x), stream);
   }
   OCTET_CUDA_CHECK_LAUNCH("round_in_place");
-}
-
-void add_bias(float* out, const float* bias, int64_t N, int64_t OC, Dtype round_to, cudaStream_t stream) {
-  OCTET_CHECK(N >= 0 && OC >= 0, "add_bias: non-negative N and OC, got {} {}", N, OC);
-  OCTET_CHECK(round_to == Dtype::f32 || round_to == Dtype::bf16 || round_to == Dtype::f16,
-              "add_bias: f32, bf16 or f16, got dtype {}", static_cast<int>(round_to));
-  const int64_t n = N * OC;
-  if (n == 0 || (bias == nullptr && round_to == Dtype::f32)) return;
-  const bool vectorize = aligned16(out) && (bias == nullptr || (OC % 4 == 0 && aligned16(bias)));
-  switch (round_to) {
-    case Dtype::bf16:
-      for_each(AddBias<Dtype::bf16>{out, bias, OC}, n, vectorize, stream);
-      break;
-    case Dtype::f16:
-      for_each(AddBias<Dtype::f16>{out, bias, OC}, n, vectorize, stream);
-      break;
-    default:
-      for_each(AddBias<Dtype::f32>{out, bias, OC}, n, vectorize, stream);
-      break;
-  }
-  OCTET_CUDA_CHECK_LAUNCH("add_bias");
 }
 
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Workspace& workspace,

@@ -96,9 +96,6 @@ void convert_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_
 void convert_to_f16(__half* out, const float* in, int64_t n, cudaStream_t stream);
 // x = round_to_bf16(x) or round_to_f16(x); `dtype` is Dtype::bf16 or Dtype::f16.
 void round_in_place(float* x, int64_t n, Dtype dtype, cudaStream_t stream);
-// out [N, OC] += bias (bias may be null), then, unless round_to is Dtype::f32, out is rounded to round_to
-// (bf16 or f16): the CPU linear layer's bias-then-round.
-void add_bias(float* out, const float* bias, int64_t N, int64_t OC, Dtype round_to, cudaStream_t stream);
 // dbias [OC] += column sums of dout [N, OC].
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Workspace& workspace,
                    cudaStream_t stream);
