@@ -19,7 +19,11 @@ run on BF16 tensor cores in every mode but fp32, where the TF32 rate stands in).
 and --tf32-tflops replace every rate of that precision, --bandwidth-gbs the bandwidth (the copy figure of
 `octet bench gemm`, read + write bytes).
 
-The work is octet's, as the CUDA backend runs it (src/model/gpt2.cpp, src/backends/cuda/cuda_backend.cu).
+The work is octet's, as the CUDA backend of this octet runs it (src/model/gpt2.cpp,
+src/backends/cuda/cuda_backend.cu, fused.cu, gemm.cu): the floors describe the op sequence of the octet this
+script ships with, whatever octet produced the result. A result of an older octet, which ran other ops (a
+rounding pass after every GEMM, say), gets the floors of this octet's ops next to the times of its own; the
+result's `octet_version` names the release, not the build, so the script cannot tell the two apart.
 N = B*T rows, C channels, L layers, NH heads of hs = C/NH, V vocabulary, Vp padded vocabulary, P parameters.
 Activations and gradients are float32 (4 bytes an element), FP8 codes 1 byte, BF16/FP16 copies 2 bytes.
 
@@ -35,20 +39,29 @@ FLOPs per byte: they are bandwidth-bound):
 
 Bytes, the least each op octet runs must move: every input read once, every output written once, an
 accumulation read and written. Per op:
-  - GEMM: A, B in their storage type, D float32 (octet's GEMMs write float32); an accumulated weight
-    gradient is read and written.
-  - add_bias after every forward GEMM (kind embeddings/residuals/biases): reads and writes y (it adds the bias
-    and rounds to BF16 in place), also for the LM head (no bias, still rounded); bias_backward reads dy.
+  - GEMM: A, B in their storage type, D float32 (octet's GEMMs write float32, and nothing rounds it
+    afterwards); an accumulated weight gradient is read and written. A forward GEMM adds its layer's bias in
+    its epilogue (every linear layer but the LM head, which has none) and reads it: BF16 (2 bytes an element)
+    for an FP8 GEMM, float32 (4) for the others. No pass over y follows the GEMM.
+  - the bias as the epilogue reads it (kind embeddings/residuals/biases), once per forward GEMM: an FP8
+    layer's converted to BF16 (read 4, write 2 bytes an element), a BF16/FP16 layer's copied and rounded in
+    place (16 bytes), a float32 layer's read where it lies (nothing).
+  - bias gradient (column sums of dy, added into the bias's gradient: read and write 8 bytes a column):
+    bias_backward reads dy (kind embeddings/residuals/biases) for a layer without an FP8 backward GEMM, and
+    under the "current" recipe; under the delayed and static recipes an FP8 layer's gradient cast sums it in
+    its own pass over dy (kind casts; mlp.c_fc's in GELU's backward, below), which then reads dy once for
+    both. The column partial sums those fused passes write and read again (32-row tiles: 1/8 byte an element
+    each way) are scratch of the kernel, not counted.
   - FP8 cast of an operand (casts, or fused into its producer): reads float32, writes the codes and their
     transpose (2 bytes an element; both are always written); the "current" recipe reads the tensor once more
     for its amax. The forward input of attn.c_proj is cast on its own (casts); the inputs of attn.c_attn,
     mlp.c_fc, mlp.c_proj (and an FP8 lm_head) are written as codes by LayerNorm and GELU (kind LayerNorm/GELU)
     under the delayed and static recipes, and their float32 output is then not written at all when the FP8
     cast is all that the layer reads (forward and weight gradient in FP8). Gradient casts (casts): dy of every
-    FP8 layer, codes and transpose.
+    layer with an FP8 backward GEMM, codes and transpose (with the bias gradient, as above).
   - BF16/FP16 GEMMs (casts): the float32 operand is converted first (read 4, write 2 bytes); dy once for both
-    backward GEMMs when they run in the same type; the input again for the weight gradient. Every input
-    gradient from a BF16 or FP8 GEMM is rounded to BF16 in place (read and write 4 bytes an element).
+    backward GEMMs when they run in the same type; the input again for the weight gradient. An input
+    gradient is the GEMM's float32 output as it is, whatever the GEMM's type: no rounding pass.
   - LayerNorm forward: reads x, writes mean and rstd and its output as above; backward reads dout, x, mean,
     rstd and adds into dx (read and write). GELU forward reads x; backward reads x and dout, writes dx.
   - attention: forward reads q, k, v [N, 3C], writes out [N, C] and lse [B, NH, T]; backward reads q, k, v,
@@ -57,16 +70,20 @@ accumulation read and written. Per op:
     backward reads dout and reads and writes one row of dwte per token and dwpe; the backward zeroes the
     residual gradient [N, C] first.
   - LM head and cross-entropy, in the forward phase (octet runs the head's backward inside the forward),
-    chunk by chunk (4096 rows when the head is BF16, all N when FP8): the head's GEMMs per chunk (the weight
-    read per chunk, the weight gradient read and written per chunk), add_bias on the logits [rows, Vp],
-    cross-entropy reading V logits a row and writing the Vp-wide gradient and the loss. A BF16 head on the
-    GPU (results with the precision plan, `linear_gemms`) keeps the chunk in BF16: the GEMM writes 2 bytes a
-    logit, no rounding pass, the loss reads and writes 2 bytes a logit, the backward GEMMs read the gradient
-    as it is, and ln_f is converted to BF16 once for both GEMMs.
-  - GELU's backward under the delayed and static recipes (same results): it also writes mlp.c_fc's gradient
-    as FP8 codes and transposed codes and the layer's bias gradient (column sums), and writes the float32
-    gradient only where one of the layer's backward GEMMs is not FP8; that layer's backward then neither casts
-    nor sums its bias.
+    chunk by chunk (4096 rows unless one of the head's GEMMs is FP8, all N then): the head's GEMMs per chunk
+    (the weight read per chunk, the weight gradient read and written per chunk), cross-entropy reading V
+    logits and the target a row and writing the Vp-wide gradient over the logits and the loss. A head whose
+    three GEMMs are BF16 (the default in the fp8 and bf16 modes; CudaBackend::lm_head_chunk) keeps the chunk
+    in BF16: its GEMM writes the logits in BF16 (2 bytes a logit; no rounding pass), the loss reads and
+    writes 2 bytes a logit, the backward GEMMs read that gradient as it is, and ln_f is converted to BF16
+    once per chunk for both GEMMs that read it. Any other head writes float32 logits, and its backward runs
+    as a block layer's (without a bias).
+  - GELU's backward when mlp.c_fc has an FP8 backward GEMM (norm_activation, one op: gelu_backward_cast).
+    Under the delayed and static recipes it also writes the gradient as FP8 codes and transposed codes and
+    sums the layer's bias gradient in the same pass, and writes the float32 gradient only where one of the
+    layer's backward GEMMs is not FP8. Under the "current" recipe the same op runs GELU's backward (the
+    float32 gradient always written), bias_backward and the cast with its amax read one after another. That
+    layer's backward then neither casts nor sums its bias.
   - optimizer phase, once a step whatever grad_accum_steps: zeroing the gradients (4P), the gradient norm
     (reads 4P), AdamW (reads param, grad, m, v, writes param, m, v: 28P), and the weight copies: FP8 codes
     and transpose written in the AdamW pass (2 bytes an element; "current" recipe: a separate cast reading the
@@ -76,7 +93,7 @@ Forward and backward work repeats grad_accum_steps times a step.
 Results of older octet builds lack `linear_gemms`, `fp8` and `vocab_size`: the script then takes the mode's
 defaults (fp8: every block linear in FP8 when fp8_gemms_per_step says so, the LM head in BF16, the delayed
 recipe, hybrid formats, fast accumulation in the forward only) and the vocabulary from the `model` line, and
-says so in the notes.
+says so in the notes, as it says that such a result's ops were not the ones counted.
 """
 import argparse
 import json
@@ -141,15 +158,14 @@ def model_of(train, source):
                       f"backend runs (delayed, current, static)")
     m["fp8"] = fp8
     linears = train.get("linear_gemms")
-    # Results that carry the precision plan come from the octet that also keeps a BF16 head's logits in
-    # BF16 on the GPU (Backend::lm_head_chunk) and fuses mlp.c_fc's gradient cast and bias gradient into
-    # GELU's backward; older results ran the unfused ops, and are counted as such.
-    m["fused_backward"] = linears is not None and (train.get("device") or {}).get("backend") == "cuda"
     if linears is None:
         linears = infer_linears(train, m, source)
         notes.append("GEMM precision per layer not in the result: taken from the mode and the GEMM counts")
-        notes.append("a result without the precision plan predates the BF16 LM head chunk and the fused GELU "
-                     "backward cast: the unfused ops are counted")
+        notes.append("a result without the precision plan comes from an older octet, which ran other ops: the "
+                     "floors are those of the ops this octet runs")
+    backend = (train.get("device") or {}).get("backend")
+    if backend is not None and backend != "cuda":
+        notes.append(f"the result ran on the {backend} backend: the floors are those of the CUDA backend's ops")
     m["linears"] = linears
     m["notes"] = notes
     return m
@@ -215,9 +231,9 @@ class Step:
             key = "tf32" if mode == "f32" else "bf16"
         return ("gemm", key, M, N, K)
 
-    def gemm(self, phase, name, mode, role, M, N, K, a_bytes, b_bytes, d_bytes, count):
+    def gemm(self, phase, name, mode, role, M, N, K, a_bytes, b_bytes, d_bytes, count, bias_bytes=0):
         kind = "gemm_fp8" if mode == "fp8" else "gemm_wide"
-        self.add(kind, phase, name, a_bytes + b_bytes + d_bytes, count, 2.0 * M * N * K,
+        self.add(kind, phase, name, a_bytes + b_bytes + d_bytes + bias_bytes, count, 2.0 * M * N * K,
                  self.gemm_rate(mode, role, M, N, K))
 
 
@@ -233,22 +249,34 @@ def linear_forward(s, g, rows, phase, count, label):
         s.add("casts", phase, f"{label} input cast", (F32 + s.amax_read + 2) * rows * inn, count)
     elif f in ("bf16", "f16"):
         s.add("casts", phase, f"{label} input to {f}", (F32 + 2) * rows * inn, count)
+    # The bias goes into the GEMM's epilogue (CudaBackend::epilogue_bias): BF16 for an FP8 GEMM (converted
+    # first), float32 for the others (a BF16/FP16 layer's copied and rounded in place, a float32 layer's read
+    # where it lies). Nothing runs over y after the GEMM.
+    bias_bytes = 0
+    if g["linear"] != "lm_head":
+        bias_bytes = (2 if f == "fp8" else F32) * out
+        conversion = {"fp8": F32 + 2, "bf16": 4 * F32, "f16": 4 * F32, "f32": 0}[f] * out
+        if conversion:
+            s.add("other", phase, f"{label} bias for the epilogue", conversion, count)
     e = STORAGE_BYTES[f]
     s.gemm(phase, f"{label} forward GEMM", f, "forward", rows, out, inn, rows * inn * e, out * inn * e,
-           rows * out * F32, count)
-    has_bias = g["linear"] != "lm_head"
-    if has_bias or f != "f32":
-        s.add("other", phase, f"{label} bias and rounding", 2 * F32 * rows * out + (F32 * out if has_bias else 0),
-              count)
+           rows * out * F32, count, bias_bytes)
 
 
 def linear_backward(s, g, rows, phase, count, label, fused=False):
     """`fused`: the producer of the gradient cast it and summed the bias gradient (GELU's backward for mlp.c_fc)."""
     inn, out, ig, wg = g["in_features"], g["out_features"], g["input_gradient"], g["weight_gradient"]
-    if g["linear"] != "lm_head" and not fused:
-        s.add("other", phase, f"{label} bias gradient", F32 * rows * out + 2 * F32 * out, count)
-    if "fp8" in (ig, wg) and not fused:
-        s.add("casts", phase, f"{label} gradient cast", (F32 + s.amax_read + 2) * rows * out, count)
+    has_bias = g["linear"] != "lm_head"
+    if not fused:
+        if "fp8" in (ig, wg) and has_bias and s.producer_fused:
+            # CudaBackend::cast_gradient with a bias: bias_backward_cast sums it in the cast's pass over dy.
+            s.add("casts", phase, f"{label} gradient cast and bias gradient",
+                  (F32 + 2) * rows * out + 2 * F32 * out, count)
+        else:
+            if has_bias:
+                s.add("other", phase, f"{label} bias gradient", F32 * rows * out + 2 * F32 * out, count)
+            if "fp8" in (ig, wg):
+                s.add("casts", phase, f"{label} gradient cast", (F32 + s.amax_read + 2) * rows * out, count)
     wide_dout = None
     if ig in ("bf16", "f16"):
         s.add("casts", phase, f"{label} gradient to {ig}", (F32 + 2) * rows * out, count)
@@ -256,9 +284,6 @@ def linear_backward(s, g, rows, phase, count, label, fused=False):
     e = STORAGE_BYTES[ig]
     s.gemm(phase, f"{label} input-gradient GEMM", ig, "input_gradient", rows, inn, out, rows * out * e,
            out * inn * e, rows * inn * F32, count)
-    if ig != "f32":
-        rounded = "f16" if ig == "f16" else "bf16"
-        s.add("casts", phase, f"{label} input gradient rounded to {rounded}", 2 * F32 * rows * inn, count)
     if wg in ("bf16", "f16"):
         if wide_dout != wg:
             s.add("casts", phase, f"{label} gradient to {wg}", (F32 + 2) * rows * out, count)
@@ -314,12 +339,11 @@ def step_ops(m):
     rows = N if head["forward"] == "fp8" or head["input_gradient"] == "fp8" or head["weight_gradient"] == "fp8" \
         else min(N, HEAD_CHUNK_ROWS)
     chunks = [rows] * (N // rows) + ([N % rows] if N % rows else [])
-    bf16_head = m["fused_backward"] and all(head[k] == "bf16" for k in ("forward", "input_gradient",
-                                                                          "weight_gradient"))
+    bf16_head = all(head[k] == "bf16" for k in ("forward", "input_gradient", "weight_gradient"))
     for size in sorted(set(chunks)):
         count = chunks.count(size)
         if bf16_head:
-            # Logits and their gradient stay BF16: no rounding pass, no conversion of the gradient, ln_f
+            # Logits and their gradient stay BF16: the GEMM writes them so, no conversion of the gradient, ln_f
             # converted once for both GEMMs that read it.
             s.add("casts", "forward", "lm_head input to bf16", (F32 + 2) * size * C, count)
             s.gemm("forward", "lm_head forward GEMM", "bf16", "forward", size, Vp, C, 2 * size * C, 2 * Vp * C,
@@ -328,10 +352,10 @@ def step_ops(m):
                   count)
             s.gemm("forward", "lm_head input-gradient GEMM", "bf16", "input_gradient", size, C, Vp,
                    2 * size * Vp, 2 * Vp * C, F32 * size * C, count)
-            s.add("casts", "forward", "lm_head input gradient rounded to bf16", 2 * F32 * size * C, count)
             s.gemm("forward", "lm_head weight-gradient GEMM", "bf16", "weight_gradient", Vp, C, size,
                    2 * size * Vp, 2 * size * C, 2 * F32 * Vp * C, count)
         else:
+            # Float32 logits, no bias, nothing run over them before the loss.
             linear_forward(s, head, size, "forward", count, "lm_head")
             s.add("loss", "forward", "cross-entropy", F32 * (size * V + size + size * Vp + size), count)
             linear_backward(s, head, size, "forward", count, "lm_head")
@@ -341,13 +365,21 @@ def step_ops(m):
     layernorm_backward = F32 * (N * C + N * C + 2 * N + C + 2 * N * C + 4 * C)
     s.add("norm_activation", "backward", "layernorm backward", layernorm_backward, 2 * L + 1)
     fc = next(g for g in blocks if g["linear"] == "mlp.c_fc")
-    fused_gelu = m["fused_backward"] and s.producer_fused and "fp8" in (fc["input_gradient"], fc["weight_gradient"])
-    if fused_gelu:
-        # GELU's backward writes mlp.c_fc's gradient as FP8 codes and transposed codes, and its bias gradient
-        # as column sums; the float32 gradient only where a backward GEMM of the layer is not FP8.
+    # Gpt2::gelu_backward_into: when mlp.c_fc has an FP8 backward GEMM, GELU's backward (one op) also makes
+    # its gradient cast and bias gradient.
+    fused_gelu = "fp8" in (fc["input_gradient"], fc["weight_gradient"])
+    if fused_gelu and s.producer_fused:
+        # One pass: the FP8 codes and transposed codes, the bias gradient as column sums; the float32
+        # gradient only where a backward GEMM of the layer is not FP8.
         both_fp8 = fc["input_gradient"] == "fp8" and fc["weight_gradient"] == "fp8"
         gelu_bytes = (2 * F32 + 2 + (0 if both_fp8 else F32)) * N * 4 * C + 2 * F32 * 4 * C
         s.add("norm_activation", "backward", "gelu backward with mlp.c_fc's gradient cast and bias gradient",
+              gelu_bytes, L)
+    elif fused_gelu:
+        # The "current" recipe: GELU's backward (the float32 gradient written, into scratch where the cast
+        # suffices), bias_backward over it, then the cast with its amax read, inside the one op.
+        gelu_bytes = (3 * F32 + F32 + s.amax_read + F32 + 2) * N * 4 * C + 2 * F32 * 4 * C
+        s.add("norm_activation", "backward", "gelu backward, then mlp.c_fc's bias gradient and gradient cast",
               gelu_bytes, L)
     else:
         s.add("norm_activation", "backward", "gelu backward", 3 * F32 * N * 4 * C, L)

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "octet/check.h"
+#include "octet/numerics/format.h"
 #include "octet/numerics/random.h"
 
 namespace octet {
@@ -24,7 +25,7 @@ struct Gpt2::Activations {
     float* ln1 = nullptr;       // [N, C]
     float* ln1_mean = nullptr;  // [N]
     float* ln1_rstd = nullptr;  // [N]
-    float* qkv = nullptr;       // [N, 3C]
+    void* qkv = nullptr;        // [N, 3C] in qkv_type_ (Backend::attention_input_type)
     float* atty = nullptr;      // [N, C]
     float* att_lse = nullptr;   // [N, NH]
     float* residual2 = nullptr;
@@ -82,13 +83,23 @@ class Planner {
     slots_.emplace_back(&slot, next_);
     next_ += (count + 15) / 16 * 16;  // 64-byte aligned slices
   }
+  // `count` elements of a 32- or 16-bit type.
+  void take(void*& slot, Dtype type, int64_t count) {
+    OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "activations in f32 or bf16, got {}",
+                dtype_name(type));
+    untyped_slots_.emplace_back(&slot, next_);
+    const int64_t floats = type == Dtype::f32 ? count : (count + 1) / 2;
+    next_ += (floats + 15) / 16 * 16;
+  }
   int64_t size() const { return next_; }
   void bind(float* base) const {
     for (const auto& [slot, at] : slots_) *slot = base + at;
+    for (const auto& [slot, at] : untyped_slots_) *slot = base + at;
   }
 
  private:
   std::vector<std::pair<float**, int64_t>> slots_;
+  std::vector<std::pair<void**, int64_t>> untyped_slots_;
   int64_t next_ = 0;
 };
 
@@ -196,6 +207,8 @@ void Gpt2::plan_activations() {
   const int64_t Vp = config_.padded_vocab();
   // The float32 input of a linear layer, unless its FP8 cast is all that the layer reads.
   auto read = [&](std::string_view consumer) { return !input_cast_suffices(linear(consumer).exec); };
+  // q, k, v in bf16 where the backend's attention rounds them to bf16 anyway.
+  qkv_type_ = backend_.attention_input_type(C, NH);
   acts_ = std::make_unique<Activations>();
   Activations& a = *acts_;
   a.layers.resize(static_cast<size_t>(config_.layers));
@@ -207,7 +220,7 @@ void Gpt2::plan_activations() {
     if (read(h + "attn.c_attn")) p.take(x.ln1, N * C);
     p.take(x.ln1_mean, N);
     p.take(x.ln1_rstd, N);
-    p.take(x.qkv, N * 3 * C);
+    p.take(x.qkv, qkv_type_, N * 3 * C);
     p.take(x.atty, N * C);
     p.take(x.att_lse, N * NH);
     p.take(x.residual2, N * C);
@@ -415,9 +428,9 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     Linear& fc_proj = linear(h + "mlp.c_proj");
     layernorm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(h + "ln_1.weight"), P(h + "ln_1.bias"), N,
                    C);
-    backend_.linear_forward(x.qkv, x.ln1, p + qkv.weight_offset, qkv.copy.get(), p + qkv.bias_offset, N, C,
-                            3 * C, qkv.exec);
-    backend_.attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH);
+    backend_.linear_forward_as(x.qkv, qkv_type_, x.ln1, p + qkv.weight_offset, qkv.copy.get(),
+                               p + qkv.bias_offset, N, C, 3 * C, qkv.exec);
+    backend_.attention_forward(x.atty, x.att_lse, x.qkv, qkv_type_, B, T, C, NH);
     backend_.linear_forward(a.branch, x.atty, p + proj.weight_offset, proj.copy.get(), p + proj.bias_offset,
                             N, C, C, proj.exec);
     backend_.residual_forward(x.residual2, residual, a.branch, N * C);
@@ -569,7 +582,7 @@ void Gpt2::backward(float dloss_scale) {
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
     backend_.linear_backward(datty, g + proj.weight_offset, g + proj.bias_offset, d.residual, x.atty,
                              p + proj.weight_offset, proj.copy.get(), N, C, C, proj.exec);
-    backend_.attention_backward(dqkv, datty, x.qkv, x.atty, x.att_lse, B, T, C, NH);
+    backend_.attention_backward(dqkv, datty, x.qkv, qkv_type_, x.atty, x.att_lse, B, T, C, NH);
     backend_.linear_backward(d.ln, g + qkv.weight_offset, g + qkv.bias_offset, dqkv, x.ln1,
                              p + qkv.weight_offset, qkv.copy.get(), N, C, 3 * C, qkv.exec);
     backend_.layernorm_backward(d.residual, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d.ln, residual,

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """bench/floors.py against numbers worked out by hand. Inputs: H100 results kept in tests/bench/data/
 (`octet bench train --json` of GPT-2 124M and 350M, the table of `octet bench gemm` for 124M; the
-"-fused" result comes from the octet that keeps a BF16 LM head's chunk in BF16 and fuses mlp.c_fc's gradient
-cast into GELU's backward, the others from before) and a result of the built `octet bench train` on a tiny
-configuration on the CPU. Exit 0 pass, 1 fail.
+"-fused" result carries the precision plan, the others come from an octet that did not write it) and a result
+of the built `octet bench train` on a tiny configuration on the CPU. Exit 0 pass, 1 fail. Every result, old
+or new, gets the floors of the ops this octet runs: the forward GEMM adds the bias in its epilogue (no pass
+over its output), no input gradient is rounded, a BF16 LM head keeps its chunk in BF16, and under the delayed
+recipe every FP8 layer's gradient cast sums its bias gradient (mlp.c_fc's in GELU's backward).
 
   test_floors.py FLOORS_SCRIPT INPUTS_DIR OCTET_BINARY WORK_DIR
 
@@ -15,12 +17,31 @@ N = B*T = 32768, P = 124475904 parameters):
   attention forward 2 B NH T^2 hs L = 618.48 GFLOP, backward 2.5x = 1546.19 GFLOP
   total 24294.48 + 618.48 + 1546.19 = 26459.15 GFLOP
   attention forward bytes 4 (3NC + NC + B NH T) L = 4850712576
-  cross-entropy bytes 4 (N V + N + N Vp + N) = 13180993536
   optimizer bytes (fp8): 32 P + 2 x 84934656 (FP8 copies) + 6 x 38633472 (BF16 copy of the head) = 4384899072
-  with the BF16 head chunk: cross-entropy bytes (2 V + 4 + 2 Vp + 4) N = 201130 x 32768 = 6590627840;
+  cross-entropy bytes, the BF16 head chunk (fp8 and bf16 alike): (2 V + 4 + 2 Vp + 4) N = 201130 x 32768
+  = 6590627840
   GELU backward fused with mlp.c_fc's gradient cast (both its backward GEMMs FP8, so no float32 gradient):
   ((4 + 4 + 2) N 4C + 8 x 4C) L = (1006632960 + 24576) x 12 = 12079890432
-GPT-2 350M (L = 24, C = 1024, NH = 16, B = 16): GEMMs 34750.58 GFLOP, total with attention 37636.80 GFLOP.
+  the block linears' outputs and biases: sum of out = 3C + C + 4C + C = 9C = 6912, of in = 7C = 5376
+  embeddings, residuals, biases, zeroing, forward: encoder 4 (N + 2 N C + T C) = 4 x 51150848 = 204603392,
+    residual adds 12 N C x 2L = 12 x 25165824 x 24 = 7247757312, the biases for the GEMM epilogues: fp8
+    converted to BF16, 6 x 9C x L = 497664 (total 7452858368); bf16 copied and rounded, 16 x 9C x L =
+    1327104 (total 7453687808). No pass over a GEMM's output.
+  embeddings, residuals, biases, zeroing, backward: zeroing the residual gradient 4 N C = 100663296, encoder
+    backward 4 (N C + N + 2 N C + 2 T C) = 4 x 77103104 = 308412416; fp8: no bias gradient of its own (total
+    409075712); bf16: bias gradients (4 N + 8) x 9C x L = 131080 x 82944 = 10872299520 (total 11281375232)
+  casts, fp8: forward attn.c_proj's input cast 6 N C L = 1811939328 and ln_f to BF16 for the head 6 N C =
+    150994944 (total 1962934272); backward the gradient casts of attn.c_attn, attn.c_proj and mlp.c_proj with
+    their bias gradients, (6 N + 8) x 5C x L = 196616 x 46080 = 9060065280; no input gradient rounded
+  casts, bf16, backward: dy and the input to BF16, 6 N (9C + 7C) L = 6 x 32768 x 12288 x 12 = 28991029248
+  under the current recipe (fp8): GELU's backward, bias_backward and the cast with its amax read in one op,
+    ((12 + 4 + 4 + 4 + 2) N 4C + 8 x 4C) L = (2617245696 + 24576) x 12 = 31407243264; the other three
+    layers' casts (4 + 4 + 2) N 5C L = 15099494400 and bias gradients (4 N + 8) 5C L = 6040166400 (other,
+    backward: 409075712 + 6040166400 = 6449242112)
+GPT-2 350M (L = 24, C = 1024, NH = 16, B = 16, N = 16384): GEMMs 34750.58 GFLOP, total with attention
+  37636.80 GFLOP. fp8 bytes: embeddings, residuals, biases, zeroing forward 4 (N + 2 N C + T C) + 12 N C x 2L
+  + 6 x 9C x L = 138477568 + 9663676416 + 1327104 = 9803481088, backward 4 N C + 4 (3 N C + N + 2 T C)
+  = 67108864 + 209780736 = 276889600; casts backward (6 N + 8) x 5C x L = 98312 x 122880 = 12080578560.
 """
 import contextlib
 import importlib.util
@@ -106,8 +127,23 @@ class Gpt2Small(unittest.TestCase):
     def test_bytes_match_the_hand_count(self):
         for r in (self.fp8, self.bf16):
             self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 4.850712576, places=9)
-            self.assertAlmostEqual(gb(r, "cross-entropy"), 13.180993536, places=9)
+            self.assertAlmostEqual(gb(r, "cross-entropy"), 6.59062784, places=9)
         self.assertAlmostEqual(gb(self.fp8, "optimizer (fused weight casts included)"), 4.384899072, places=9)
+
+    def test_biases_cost_no_pass_over_the_gemm_outputs(self):
+        other = "embeddings, residuals, biases, zeroing"
+        self.assertAlmostEqual(row(self.fp8, other, "forward")["gb"], 7.452858368, places=9)
+        self.assertAlmostEqual(row(self.bf16, other, "forward")["gb"], 7.453687808, places=9)
+        self.assertAlmostEqual(row(self.fp8, other, "backward")["gb"], 0.409075712, places=9)
+        self.assertAlmostEqual(row(self.bf16, other, "backward")["gb"], 11.281375232, places=9)
+        names = [o["op"] for o in self.fp8["ops"] + self.bf16["ops"]]
+        self.assertFalse([n for n in names if "rounded" in n or "rounding" in n], names)
+
+    def test_fp8_gradient_casts_carry_the_bias_gradients(self):
+        casts = "casts and conversions"
+        self.assertAlmostEqual(row(self.fp8, casts, "forward")["gb"], 1.962934272, places=9)
+        self.assertAlmostEqual(row(self.fp8, casts, "backward")["gb"], 9.06006528, places=9)
+        self.assertAlmostEqual(row(self.bf16, casts, "backward")["gb"], 28.991029248, places=9)
 
     def test_compute_bound_floors_are_flops_over_the_rate(self):
         self.assertAlmostEqual(row(self.fp8, "FP8 GEMMs", "forward")["floor_ms"], 5566.278 / 1000, places=3)
@@ -129,19 +165,22 @@ class Gpt2Small(unittest.TestCase):
         notes = " ".join(self.fp8["notes"])
         self.assertIn("GEMM precision per layer not in the result", notes)
         self.assertIn("delayed recipe", notes)
+        self.assertIn("the floors are those of the ops this octet runs", notes)
         self.assertIn("rates given", notes)
 
     def test_memory_floors_are_bytes_over_the_bandwidth(self):
         [r] = result_of(inputs("gpt2-124M-octet-fp8.json"), "--fp8-tflops", "1000", "--bf16-tflops", "500",
                         "--bandwidth-gbs", "2000")
         ce = row(r, "cross-entropy", "forward")
-        self.assertAlmostEqual(ce["floor_ms"], 13.180993536 / 2000 * 1e3, places=6)
+        self.assertAlmostEqual(ce["floor_ms"], 6.59062784 / 2000 * 1e3, places=6)
         self.assertEqual(ce["bound"], "memory")
         # attn.c_proj's forward GEMM (N x C x C, FP8) moves more bytes than it computes at these rates: its
-        # floor is its bytes, 32768 x 768 (codes) + 768 x 768 (weight codes) + 4 x 32768 x 768 (float32 out).
+        # floor is its bytes, 32768 x 768 (codes) + 768 x 768 (weight codes) + 4 x 32768 x 768 (float32 out)
+        # + 2 x 768 (the BF16 bias its epilogue adds).
         ops = {(o["phase"], o["op"]): o for o in r["ops"]}
         proj = ops[("forward", "attn.c_proj forward GEMM")]
-        self.assertAlmostEqual(proj["gb"], 12 * (32768 * 768 + 768 * 768 + 4 * 32768 * 768) / 1e9, places=9)
+        self.assertAlmostEqual(proj["gb"], 12 * (32768 * 768 + 768 * 768 + 4 * 32768 * 768 + 2 * 768) / 1e9,
+                               places=9)
         self.assertAlmostEqual(proj["floor_ms"], proj["gb"] / 2000 * 1e3, places=9)
 
 
@@ -160,19 +199,45 @@ class Gpt2SmallFused(unittest.TestCase):
 
     def test_gelu_backward_carries_the_fc_gradient_cast(self):
         names = [o["op"] for o in self.fp8["ops"]]
-        self.assertNotIn("mlp.c_fc gradient cast", names)
-        self.assertNotIn("mlp.c_fc bias gradient", names)
-        self.assertIn("attn.c_attn gradient cast", names)
+        self.assertFalse([n for n in names if n.startswith("mlp.c_fc gradient cast")], names)
+        self.assertFalse([n for n in names if n.endswith("bias gradient") and "cast" not in n], names)
+        self.assertIn("attn.c_attn gradient cast and bias gradient", names)
         gelu = [o for o in self.fp8["ops"] if o["op"].startswith("gelu backward")]
         self.assertEqual(len(gelu), 1)
         self.assertAlmostEqual(gelu[0]["gb"], 12.079890432, places=9)
 
+    def test_the_current_recipe_sums_the_bias_gradients_apart(self):
+        with open(inputs("gpt2-124M-octet-fp8-fused.json")) as f:
+            train = json.load(f)
+        train["fp8"]["recipe"] = "current"
+        os.makedirs(WORK, exist_ok=True)
+        path = os.path.join(WORK, "gpt2-124M-current.json")
+        with open(path, "w") as f:
+            json.dump(train, f)
+        [r] = result_of(path, *FAST_MEMORY)
+        gelu = [o for o in r["ops"] if o["op"].startswith("gelu backward")]
+        self.assertEqual(len(gelu), 1)
+        self.assertEqual(gelu[0]["kind"], "LayerNorm and GELU (fused casts included)")
+        self.assertAlmostEqual(gelu[0]["gb"], 31.407243264, places=9)
+        self.assertAlmostEqual(row(r, "casts and conversions", "backward")["gb"], 15.0994944, places=9)
+        self.assertAlmostEqual(row(r, "embeddings, residuals, biases, zeroing", "backward")["gb"], 6.449242112,
+                               places=9)
+
 
 class Gpt2Medium(unittest.TestCase):
+    def setUp(self):
+        [self.fp8] = result_of(inputs("gpt2-350M-octet-fp8.json"), *FAST_MEMORY)
+
     def test_flops_match_the_hand_count(self):
-        [r] = result_of(inputs("gpt2-350M-octet-fp8.json"), *FAST_MEMORY)
-        self.assertAlmostEqual(r["total"]["gflop"], 37636.798, places=2)
-        self.assertAlmostEqual(gflop(r, "FP8 GEMMs") + gflop(r, "BF16/FP16/FP32 GEMMs"), 34750.580, places=2)
+        self.assertAlmostEqual(self.fp8["total"]["gflop"], 37636.798, places=2)
+        self.assertAlmostEqual(gflop(self.fp8, "FP8 GEMMs") + gflop(self.fp8, "BF16/FP16/FP32 GEMMs"), 34750.580,
+                               places=2)
+
+    def test_bytes_match_the_hand_count(self):
+        other = "embeddings, residuals, biases, zeroing"
+        self.assertAlmostEqual(row(self.fp8, other, "forward")["gb"], 9.803481088, places=9)
+        self.assertAlmostEqual(row(self.fp8, other, "backward")["gb"], 0.2768896, places=9)
+        self.assertAlmostEqual(row(self.fp8, "casts and conversions", "backward")["gb"], 12.08057856, places=9)
 
 
 class GemmRates(unittest.TestCase):

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +18,7 @@
 
 #include "attention.h"
 #include "octet/backend/cuda_backend.h"
+#include "octet/check.h"
 #include "octet/cuda/device.h"
 #include "octet/numerics/minifloat.h"
 #include "random.h"
@@ -192,6 +194,71 @@ TEST(AttentionTensorCores, MatchTheDoubleReferenceOverBf16Operands) {
     std::vector<float> again(n_qkv);
     d_again.copy_to_host(again);
     EXPECT_EQ(std::memcmp(again.data(), dqkv.data(), n_qkv * sizeof(float)), 0);
+  }
+}
+
+// q, k, v stored as bf16 (as the CUDA backend stores them for this path) give exactly the results of the
+// float32 values they round from: the kernels round q, k, v to bf16 first either way. A bf16 tensor at an
+// address that is not 16-byte aligned is copied first, with the same results. The float32 path takes
+// float32 only.
+TEST(AttentionTensorCores, Bf16QkvGivesTheResultsOfItsFloat32Values) {
+  if (octet::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  AttentionOptions options;
+  options.bf16 = true;
+  AttentionWorkspace workspace;
+  for (const Shape& s : {Shape{2, 130, 3, 64, 1.0f, 0}, Shape{1, 77, 2, 48, 1.0f, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << s.T << " hs=" << s.hs);
+    const int64_t C = s.NH * s.hs;
+    const size_t n_qkv = static_cast<size_t>(s.B * s.T * 3 * C), n_out = static_cast<size_t>(s.B * s.T * C);
+    const size_t n_lse = static_cast<size_t>(s.B * s.NH * s.T);
+    const std::vector<float> qkv = octet::testing::random_normal(n_qkv, 31, s.stddev);
+    const std::vector<float> dout = octet::testing::random_normal(n_out, 32);
+    // The bf16 codes at a 16-byte aligned address (a fresh allocation) and 2 bytes past one.
+    std::vector<uint16_t> codes(n_qkv), shifted(n_qkv + 1, 0);
+    for (size_t i = 0; i < n_qkv; ++i) {
+      codes[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(round_to_bf16(qkv[i])) >> 16);
+      shifted[i + 1] = codes[i];
+    }
+    DeviceBuffer<float> d_qkv(n_qkv), d_dout(n_out);
+    DeviceBuffer<uint16_t> d_codes(n_qkv), d_shifted(n_qkv + 1);
+    d_qkv.copy_from_host(qkv);
+    d_dout.copy_from_host(dout);
+    d_codes.copy_from_host(codes);
+    d_shifted.copy_from_host(shifted);
+
+    // Results of one storage: out, lse and dqkv.
+    const auto run = [&](const void* stored, octet::Dtype type) {
+      DeviceBuffer<float> d_out(n_out), d_lse(n_lse), d_dqkv(n_qkv);
+      d_out.fill_bytes(0xFF);
+      d_lse.fill_bytes(0xFF);
+      d_dqkv.fill_bytes(0xFF);
+      octet::cuda::attention_forward(d_out.data(), d_lse.data(), stored, type, s.B, s.T, C, s.NH, workspace,
+                                     options, nullptr);
+      octet::cuda::attention_backward(d_dqkv.data(), d_dout.data(), stored, type, d_out.data(), d_lse.data(),
+                                      s.B, s.T, C, s.NH, workspace, options, nullptr);
+      OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<float> all(n_out + n_lse + n_qkv);
+      OCTET_CUDA_CHECK(cudaMemcpy(all.data(), d_out.data(), n_out * sizeof(float), cudaMemcpyDeviceToHost));
+      OCTET_CUDA_CHECK(
+          cudaMemcpy(all.data() + n_out, d_lse.data(), n_lse * sizeof(float), cudaMemcpyDeviceToHost));
+      OCTET_CUDA_CHECK(cudaMemcpy(all.data() + n_out + n_lse, d_dqkv.data(), n_qkv * sizeof(float),
+                                  cudaMemcpyDeviceToHost));
+      return all;
+    };
+    const std::vector<float> from_f32 = run(d_qkv.data(), octet::Dtype::f32);
+    for (const float x : from_f32) ASSERT_TRUE(std::isfinite(x));
+    const std::vector<float> from_aligned = run(d_codes.data(), octet::Dtype::bf16);
+    const std::vector<float> from_misaligned = run(d_shifted.data() + 1, octet::Dtype::bf16);
+    EXPECT_EQ(std::memcmp(from_aligned.data(), from_f32.data(), from_f32.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(from_misaligned.data(), from_f32.data(), from_f32.size() * sizeof(float)), 0);
+
+    AttentionOptions float32_path;
+    float32_path.bf16 = false;
+    DeviceBuffer<float> d_out(n_out), d_lse(n_lse);
+    EXPECT_THROW(
+        octet::cuda::attention_forward(d_out.data(), d_lse.data(), d_codes.data(), octet::Dtype::bf16, s.B,
+                                       s.T, C, s.NH, workspace, float32_path, nullptr),
+        octet::Error);
   }
 }
 

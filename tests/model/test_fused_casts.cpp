@@ -103,13 +103,13 @@ class UnfusedCasts final : public Backend {
                       LinearExecution& exec) override {
     inner_.prepare_weight(copy, weight, OC, C, exec);
   }
-  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
-                         int64_t NH) override {
-    inner_.attention_forward(out, lse, qkv, B, T, C, NH);
+  void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
+                         int64_t C, int64_t NH) override {
+    inner_.attention_forward(out, lse, qkv, qkv_type, B, T, C, NH);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
                           const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {
-    inner_.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    inner_.attention_backward(dqkv, dout, qkv, qkv_type, out, lse, B, T, C, NH);
   }
   void gelu_forward(float* out, const float* inp, int64_t n) override { inner_.gelu_forward(out, inp, n); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {

@@ -116,13 +116,25 @@ class Backend {
                                const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                                LinearExecution& exec) = 0;
 
-  // Causal multi-head self-attention over qkv [B, T, 3C] (q, k, v each [C], NH heads of C/NH), writing out
-  // [B, T, C] and the softmax log-sum-exp per row, lse [B, NH, T]; no T x T matrix is kept.
-  virtual void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
-                                 int64_t NH) = 0;
-  // dqkv [B, T, 3C] is overwritten.
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                                  const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
+  // The type attention's input qkv is stored in: Dtype::bf16 where this backend's attention multiplies q, k
+  // and v rounded to bf16 anyway (the CUDA backend's tensor-core attention), so that storing them rounded
+  // changes no result and halves their bytes; Dtype::f32 otherwise (the default).
+  virtual Dtype attention_input_type(int64_t /*C*/, int64_t /*NH*/) const { return Dtype::f32; }
+  // linear_forward with its output stored as `out_type`: Dtype::f32 is linear_forward itself; Dtype::bf16
+  // (only where attention_input_type says so) is its float32 result, bias included, rounded to bf16 once.
+  virtual void linear_forward_as(void* out, Dtype out_type, const float* inp, const float* weight,
+                                 const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                                 LinearExecution& exec);
+
+  // Causal multi-head self-attention over qkv [B, T, 3C] (q, k, v each [C], NH heads of C/NH) stored as
+  // qkv_type (attention_input_type, or f32), writing out [B, T, C] and the softmax log-sum-exp per row, lse
+  // [B, NH, T]; no T x T matrix is kept.
+  virtual void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B,
+                                 int64_t T, int64_t C, int64_t NH) = 0;
+  // dqkv [B, T, 3C] (float32) is overwritten.
+  virtual void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type,
+                                  const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                                  int64_t NH) = 0;
 
   // GELU, tanh approximation.
   virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;

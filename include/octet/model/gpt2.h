@@ -159,6 +159,7 @@ class Gpt2 {
   std::unique_ptr<Buffer> full_logits_;               // forward_logits only
   std::unique_ptr<Buffer> tokens_;
   std::unique_ptr<Activations> acts_;
+  Dtype qkv_type_ = Dtype::f32;  // how acts_ stores attention's input (Backend::attention_input_type)
   std::unique_ptr<Gradients> dacts_;
   std::vector<std::unique_ptr<Linear>> linears_;
   GemmCounters counters_;

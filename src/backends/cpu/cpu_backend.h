@@ -51,9 +51,9 @@ class CpuBackend final : public Backend {
                        const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                        LinearExecution& exec) override;
 
-  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
-                         int64_t NH) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
+                         int64_t C, int64_t NH) override;
+  void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
                           const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override;
 
   void gelu_forward(float* out, const float* inp, int64_t n) override;

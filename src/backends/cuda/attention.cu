@@ -23,6 +23,8 @@
 #include <cuda_bf16.h>
 
 #include "octet/check.h"
+#include "octet/numerics/format.h"
+#include "ops.h"
 
 namespace octet::cuda {
 namespace {
@@ -95,9 +97,9 @@ __device__ __forceinline__ void row_column_dots(float (&acc)[kRowsPerWarp], cons
 
 // The pointers and sizes every kernel needs; b and h come from blockIdx.z and blockIdx.y.
 struct AttentionParams {
-  float* out;      // forward: out; backward: dqkv
-  float* lse_out;  // forward only
-  const float* qkv;
+  float* out;            // forward: out; backward: dqkv
+  float* lse_out;        // forward only
+  const float* qkv;      // float32 path only
   const float* dout;     // backward only
   const float* lse;      // backward only
   const float* row_dot;  // backward only: D
@@ -106,11 +108,12 @@ struct AttentionParams {
   int64_t NH;
   HeadLayout layout;
   float scale;
-  // Tensor-core path only: the batch, the packed bf16 heads (q, k, v [B * NH][T][hs] one after the other,
-  // and dO in the backward; see attention_pack_kernel), and whether the float32 outputs are 16-byte
-  // aligned, so that rows (whose pitches 3C and C are multiples of 16 there) can be written as float2.
+  // Tensor-core path only: the batch, q, k, v as bf16 [B, T, 3C] (16-byte aligned), dO packed as bf16
+  // [B * NH][T][hs] in the backward (see attention_pack_kernel), and whether the float32 outputs are
+  // 16-byte aligned, so that rows (whose pitches 3C and C are multiples of 16 there) can be written as
+  // float2.
   int64_t B;
-  const void* packed;
+  const void* qkv_bf16;
   const void* packed_dout;
   bool vector;
 };
@@ -611,18 +614,19 @@ __device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float 
   a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
-// Starts copying rows [row0, row0 + kRows) of a packed head ([T][hs] bf16) into a staged tile; rows past T
-// become zeros.
+// Starts copying rows [row0, row0 + kRows) of a head (row t at head + t * pitch, hs bf16 each, 16-byte
+// aligned) into a staged tile; rows past T become zeros.
 template <int kHeadSize, int kRows>
-__device__ __forceinline__ void stage_rows(Bf16* tile, const Bf16* head, int64_t row0, int64_t T) {
+__device__ __forceinline__ void stage_rows(Bf16* tile, const Bf16* head, int64_t pitch, int64_t row0,
+                                           int64_t T) {
   constexpr int kChunks = kHeadSize / 8;  // 16-byte pieces of a row
   for (int index = threadIdx.x; index < kRows * kChunks; index += kMmaThreads) {
     const int row = index / kChunks;
     const int chunk = index - row * kChunks;
     const int64_t t = row0 + row;
     const bool valid = t < T;
-    copy_async_16(tile + row * kStagedLd<kHeadSize> + chunk * 8,
-                  head + (valid ? t : 0) * kHeadSize + chunk * 8, valid);
+    copy_async_16(tile + row * kStagedLd<kHeadSize> + chunk * 8, head + (valid ? t : 0) * pitch + chunk * 8,
+                  valid);
   }
 }
 
@@ -674,20 +678,22 @@ __device__ __forceinline__ int blocks_up_to(int first_row, int first_column) {
   return blocks < 0 ? 0 : (blocks > kColumnBlocks ? kColumnBlocks : blocks);
 }
 
-// Packed heads of the workspace: q, k, v, dO each [B * NH][T][hs].
-struct PackedHeads {
+// One head's rows: q, k, v from the bf16 qkv [B, T, 3C] (rows 3C apart), dO from the packed workspace
+// ([B * NH][T][hs], rows hs apart).
+struct HeadRows {
   const Bf16* q;
   const Bf16* k;
   const Bf16* v;
   const Bf16* dout;
+  int64_t pitch;  // of q, k, v
 };
 
-__device__ __forceinline__ PackedHeads packed_heads(const AttentionParams& p, int64_t b, int64_t h, int hs) {
-  const int64_t head = (b * p.NH + h) * p.T * hs;
-  const int64_t tensor = p.B * p.NH * p.T * hs;
-  const Bf16* packed = static_cast<const Bf16*>(p.packed);
-  return {packed + head, packed + tensor + head, packed + 2 * tensor + head,
-          static_cast<const Bf16*>(p.packed_dout) + head};
+__device__ __forceinline__ HeadRows head_rows(const AttentionParams& p, int64_t b, int64_t h, int hs) {
+  const Bf16* qkv = static_cast<const Bf16*>(p.qkv_bf16) + b * p.T * 3 * p.C + h * hs;
+  const Bf16* dout = p.packed_dout == nullptr
+                         ? nullptr
+                         : static_cast<const Bf16*>(p.packed_dout) + (b * p.NH + h) * p.T * hs;
+  return {qkv, qkv + p.C, qkv + 2 * p.C, dout, 3 * p.C};
 }
 
 // One block per (b, h, query tile); the heaviest tiles (last queries, most keys) are scheduled first.
@@ -712,14 +718,14 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(Atte
   const int warp_row = q0 + warp * 16;
   const int row[2] = {warp_row + g, warp_row + g + 8};
   const float score_scale = p.scale * kLog2e;
-  const PackedHeads heads = packed_heads(p, b, h, kHeadSize);
+  const HeadRows heads = head_rows(p, b, h, kHeadSize);
   // Key tiles holding a key <= the block's last row below T.
   const int last_row = min(q0 + kRowTile, static_cast<int>(p.T)) - 1;
   const int key_tiles = last_row / kColumnTile + 1;
 
-  stage_rows<kHeadSize, kRowTile>(q_tile, heads.q, q0, p.T);
-  stage_rows<kHeadSize, kColumnTile>(kv_tiles, heads.k, 0, p.T);
-  stage_rows<kHeadSize, kColumnTile>(kv_tiles + kTileElements, heads.v, 0, p.T);
+  stage_rows<kHeadSize, kRowTile>(q_tile, heads.q, heads.pitch, q0, p.T);
+  stage_rows<kHeadSize, kColumnTile>(kv_tiles, heads.k, heads.pitch, 0, p.T);
+  stage_rows<kHeadSize, kColumnTile>(kv_tiles + kTileElements, heads.v, heads.pitch, 0, p.T);
   copy_async_commit();
 
   uint32_t qa[kSteps][4];
@@ -732,8 +738,9 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(Atte
   for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
     if (key_tile + 1 < key_tiles) {
       Bf16* next = kv_tiles + ((key_tile + 1) % kStages) * 2 * kTileElements;
-      stage_rows<kHeadSize, kColumnTile>(next, heads.k, (key_tile + 1) * kColumnTile, p.T);
-      stage_rows<kHeadSize, kColumnTile>(next + kTileElements, heads.v, (key_tile + 1) * kColumnTile, p.T);
+      stage_rows<kHeadSize, kColumnTile>(next, heads.k, heads.pitch, (key_tile + 1) * kColumnTile, p.T);
+      stage_rows<kHeadSize, kColumnTile>(next + kTileElements, heads.v, heads.pitch,
+                                         (key_tile + 1) * kColumnTile, p.T);
     }
     copy_async_commit();
     copy_async_wait<1>();
@@ -751,10 +758,9 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(Atte
 #pragma unroll
       for (int j = 0; j < kColumnBlocks; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kColumnBlocks; j += 2) {
-        if (j >= blocks) break;
+      for (int kk = 0; kk < kSteps; ++kk) {
 #pragma unroll
-        for (int kk = 0; kk < kSteps; ++kk) {
+        for (int j = 0; j < kColumnBlocks; j += 2) {
           uint32_t kb[4];
           load_b_transposed<kLd>(kb, k_tile, j * 8, kk * 16);
           mma_bf16(s[j], qa[kk], kb[0], kb[1]);
@@ -854,14 +860,14 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
   const int warp_row = q0 + warp * 16;
   const int row[2] = {warp_row + g, warp_row + g + 8};
   const float score_scale = p.scale * kLog2e;
-  const PackedHeads heads = packed_heads(p, b, h, kHeadSize);
+  const HeadRows heads = head_rows(p, b, h, kHeadSize);
   const int last_row = min(q0 + kRowTile, static_cast<int>(p.T)) - 1;
   const int key_tiles = last_row / kColumnTile + 1;
 
-  stage_rows<kHeadSize, kRowTile>(q_tile, heads.q, q0, p.T);
-  stage_rows<kHeadSize, kRowTile>(do_tile, heads.dout, q0, p.T);
-  stage_rows<kHeadSize, kColumnTile>(kv_tiles, heads.k, 0, p.T);
-  stage_rows<kHeadSize, kColumnTile>(kv_tiles + kTileElements, heads.v, 0, p.T);
+  stage_rows<kHeadSize, kRowTile>(q_tile, heads.q, heads.pitch, q0, p.T);
+  stage_rows<kHeadSize, kRowTile>(do_tile, heads.dout, kHeadSize, q0, p.T);
+  stage_rows<kHeadSize, kColumnTile>(kv_tiles, heads.k, heads.pitch, 0, p.T);
+  stage_rows<kHeadSize, kColumnTile>(kv_tiles + kTileElements, heads.v, heads.pitch, 0, p.T);
   copy_async_commit();
 
   // Rows past T have zero q and dO: their dS is zero whatever these are.
@@ -880,8 +886,9 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
   for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
     if (key_tile + 1 < key_tiles) {
       Bf16* next = kv_tiles + ((key_tile + 1) % kStages) * 2 * kTileElements;
-      stage_rows<kHeadSize, kColumnTile>(next, heads.k, (key_tile + 1) * kColumnTile, p.T);
-      stage_rows<kHeadSize, kColumnTile>(next + kTileElements, heads.v, (key_tile + 1) * kColumnTile, p.T);
+      stage_rows<kHeadSize, kColumnTile>(next, heads.k, heads.pitch, (key_tile + 1) * kColumnTile, p.T);
+      stage_rows<kHeadSize, kColumnTile>(next + kTileElements, heads.v, heads.pitch,
+                                         (key_tile + 1) * kColumnTile, p.T);
     }
     copy_async_commit();
     copy_async_wait<1>();
@@ -905,10 +912,9 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
         for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
       }
 #pragma unroll
-      for (int j = 0; j < kColumnBlocks; j += 2) {
-        if (j >= blocks) break;
+      for (int kk = 0; kk < kSteps; ++kk) {
 #pragma unroll
-        for (int kk = 0; kk < kSteps; ++kk) {
+        for (int j = 0; j < kColumnBlocks; j += 2) {
           uint32_t kb[4], vb[4];
           load_b_transposed<kLd>(kb, k_tile, j * 8, kk * 16);
           load_b_transposed<kLd>(vb, v_tile, j * 8, kk * 16);
@@ -932,7 +938,6 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
       }
 #pragma unroll
       for (int kk = 0; kk < kColumnBlocks / 2; ++kk) {
-        if (2 * kk >= blocks) break;
         uint32_t dsa[4];
         accumulators_as_a(dsa, s, kk);
 #pragma unroll
@@ -958,16 +963,13 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
 
 // dK and dV for one (b, h, key tile); key tile 0 sees every query, so the heaviest come first.
 template <int kHeadSize>
-__global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel(AttentionParams p) {
+__global__ void __launch_bounds__(kMmaThreads, kHeadSize <= 64 ? 3 : 1)
+    attention_backward_key_mma_kernel(AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kLd = kStagedLd<kHeadSize>;
   constexpr int kSteps = kHeadSize / 16;
   constexpr int kHeadBlocks = kHeadSize / 8;
   constexpr int kTileElements = kColumnTile * kLd;
-  // Up to hs 64 the warp's K and V operands stay in registers; beyond, they are re-read from shared memory
-  // for each product, so that the accumulators keep their registers.
-  constexpr bool kKeysInRegisters = kHeadSize <= 64;
-  constexpr int kKeptSteps = kKeysInRegisters ? kSteps : 1;
   extern __shared__ float4 shared_words[];
   Bf16* k_tile = reinterpret_cast<Bf16*>(shared_words);
   Bf16* v_tile = k_tile + kRowTile * kLd;
@@ -983,7 +985,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
   const int warp_key = k0 + warp * 16;
   const int key[2] = {warp_key + g, warp_key + g + 8};
   const float score_scale = p.scale * kLog2e;
-  const PackedHeads heads = packed_heads(p, b, h, kHeadSize);
+  const HeadRows heads = head_rows(p, b, h, kHeadSize);
   const int first_tile = k0 / kColumnTile;
   const int query_tiles = (static_cast<int>(p.T) + kColumnTile - 1) / kColumnTile;
 
@@ -991,8 +993,9 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
   // past T gets lse +inf, hence probability exp2(-inf) = 0 in every row.
   const auto stage_queries = [&](int tile, int stage) {
     Bf16* q_stage = qd_tiles + stage * 2 * kTileElements;
-    stage_rows<kHeadSize, kColumnTile>(q_stage, heads.q, tile * kColumnTile, p.T);
-    stage_rows<kHeadSize, kColumnTile>(q_stage + kTileElements, heads.dout, tile * kColumnTile, p.T);
+    stage_rows<kHeadSize, kColumnTile>(q_stage, heads.q, heads.pitch, tile * kColumnTile, p.T);
+    stage_rows<kHeadSize, kColumnTile>(q_stage + kTileElements, heads.dout, kHeadSize, tile * kColumnTile,
+                                       p.T);
     if (threadIdx.x < kColumnTile) {
       const int t = tile * kColumnTile + static_cast<int>(threadIdx.x);
       const int64_t index = (b * p.NH + h) * p.T + t;
@@ -1000,12 +1003,11 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
       row_stats[stage * 2 * kColumnTile + kColumnTile + threadIdx.x] = t < p.T ? p.row_dot[index] : 0.0f;
     }
   };
-  stage_rows<kHeadSize, kRowTile>(k_tile, heads.k, k0, p.T);
-  stage_rows<kHeadSize, kRowTile>(v_tile, heads.v, k0, p.T);
+  stage_rows<kHeadSize, kRowTile>(k_tile, heads.k, heads.pitch, k0, p.T);
+  stage_rows<kHeadSize, kRowTile>(v_tile, heads.v, heads.pitch, k0, p.T);
   stage_queries(first_tile, 0);
   copy_async_commit();
 
-  uint32_t ka[kKeptSteps][4], va[kKeptSteps][4];
   float dk[kHeadBlocks][4], dv[kHeadBlocks][4];
 #pragma unroll
   for (int dj = 0; dj < kHeadBlocks; ++dj) {
@@ -1019,15 +1021,6 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
     copy_async_commit();
     copy_async_wait<1>();
     __syncthreads();
-    if constexpr (kKeysInRegisters) {
-      if (tile == first_tile) {
-#pragma unroll
-        for (int kk = 0; kk < kSteps; ++kk) {
-          load_a<kLd>(ka[kk], k_tile, warp * 16, kk * 16);
-          load_a<kLd>(va[kk], v_tile, warp * 16, kk * 16);
-        }
-      }
-    }
     const Bf16* q_tile = qd_tiles + stage * 2 * kTileElements;
     const Bf16* do_tile = q_tile + kTileElements;
     const float* lse_tile = row_stats + stage * 2 * kColumnTile;
@@ -1043,27 +1036,22 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
       }
+      // K and V operands come from shared memory for each column step rather than living in registers
+      // through the loop: the registers saved let three blocks share a multiprocessor.
 #pragma unroll
-      for (int j = 0; j < kColumnBlocks; j += 2) {
-        if (j < first) continue;
+      for (int kk = 0; kk < kSteps; ++kk) {
+        uint32_t ka[4], va[4];
+        load_a<kLd>(ka, k_tile, warp * 16, kk * 16);
+        load_a<kLd>(va, v_tile, warp * 16, kk * 16);
 #pragma unroll
-        for (int kk = 0; kk < kSteps; ++kk) {
+        for (int j = 0; j < kColumnBlocks; j += 2) {
           uint32_t qb[4], db[4];
           load_b_transposed<kLd>(qb, q_tile, j * 8, kk * 16);
           load_b_transposed<kLd>(db, do_tile, j * 8, kk * 16);
-          if constexpr (kKeysInRegisters) {
-            mma_bf16(s[j], ka[kk], qb[0], qb[1]);
-            mma_bf16(s[j + 1], ka[kk], qb[2], qb[3]);
-            mma_bf16(dp[j], va[kk], db[0], db[1]);
-            mma_bf16(dp[j + 1], va[kk], db[2], db[3]);
-          } else {
-            load_a<kLd>(ka[0], k_tile, warp * 16, kk * 16);
-            load_a<kLd>(va[0], v_tile, warp * 16, kk * 16);
-            mma_bf16(s[j], ka[0], qb[0], qb[1]);
-            mma_bf16(s[j + 1], ka[0], qb[2], qb[3]);
-            mma_bf16(dp[j], va[0], db[0], db[1]);
-            mma_bf16(dp[j + 1], va[0], db[2], db[3]);
-          }
+          mma_bf16(s[j], ka, qb[0], qb[1]);
+          mma_bf16(s[j + 1], ka, qb[2], qb[3]);
+          mma_bf16(dp[j], va, db[0], db[1]);
+          mma_bf16(dp[j + 1], va, db[2], db[3]);
         }
       }
       // P^T into s, dS^T = P^T (dP^T - D) into dp. Only a tile starting before the warp's last key needs
@@ -1082,7 +1070,6 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
       }
 #pragma unroll
       for (int kk = 0; kk < kColumnBlocks / 2; ++kk) {
-        if (2 * kk < first) continue;
         uint32_t pa[4], dsa[4];
         accumulators_as_a(pa, s, kk);
         accumulators_as_a(dsa, dp, kk);
@@ -1112,21 +1099,19 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_key_mma_kernel
 #endif
 }
 
-// Rounds `slots` tensors of heads, src [B, T, slots * C] (slot s, head h at columns s * C + h * hs), to bf16
-// and packs them as dst [slots][B * NH][T][hs]. Eight elements per thread and step: one 16-byte store.
+// Rounds the heads of src [B, T, C] (head h at columns h * hs) to bf16 and packs them as dst [B * NH][T][hs].
+// Eight elements per thread and step: one 16-byte store.
 __global__ void attention_pack_kernel(Bf16* dst, const float* src, int64_t B, int64_t T, int64_t NH, int hs,
-                                      int slots, bool vector) {
+                                      bool vector) {
   const int64_t C = NH * hs;
-  const int64_t groups = B * T * slots * C / 8;
+  const int64_t groups = B * T * C / 8;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; group < groups;
        group += stride) {
-    const int64_t i = group * 8;  // element index in src: ((b * T + t) * slots + s) * C + h * hs + d
-    const int64_t bt = i / (slots * C);
-    const int64_t column = i - bt * slots * C;
-    const int64_t s = column / C;
-    const int64_t h = (column - s * C) / hs;
-    const int64_t d = column - s * C - h * hs;
+    const int64_t i = group * 8;  // element index in src: (b * T + t) * C + h * hs + d
+    const int64_t bt = i / C;
+    const int64_t h = (i - bt * C) / hs;
+    const int64_t d = i - bt * C - h * hs;
     const int64_t b = bt / T;
     const int64_t t = bt - b * T;
     float v[8];
@@ -1143,7 +1128,7 @@ __global__ void attention_pack_kernel(Bf16* dst, const float* src, int64_t B, in
     packed.y = pack_bf16(v[2], v[3]);
     packed.z = pack_bf16(v[4], v[5]);
     packed.w = pack_bf16(v[6], v[7]);
-    *reinterpret_cast<uint4*>(dst + (((s * B + b) * NH + h) * T + t) * hs + d) = packed;
+    *reinterpret_cast<uint4*>(dst + ((b * NH + h) * T + t) * hs + d) = packed;
   }
 }
 
@@ -1202,13 +1187,11 @@ __global__ void attention_pack_dout_kernel(Bf16* dst, float* row_dot, const floa
   }
 }
 
-void pack_heads(Bf16* dst, const float* src, int64_t B, int64_t T, int64_t NH, int hs, int slots,
-                cudaStream_t stream) {
-  const int64_t groups = B * T * slots * NH * hs / 8;
+void pack_heads(Bf16* dst, const float* src, int64_t B, int64_t T, int64_t NH, int hs, cudaStream_t stream) {
+  const int64_t groups = B * T * NH * hs / 8;
   const int64_t blocks = std::min<int64_t>((groups + 255) / 256, 65536);
   const bool vector = reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  attention_pack_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(dst, src, B, T, NH, hs, slots,
-                                                                           vector);
+  attention_pack_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(dst, src, B, T, NH, hs, vector);
   OCTET_CUDA_CHECK_LAUNCH("attention_pack_kernel");
 }
 
@@ -1315,45 +1298,82 @@ float* AttentionWorkspace::reserve_row_dot(size_t count, cudaStream_t stream) {
   return row_dot.data();
 }
 
-void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
-                       AttentionWorkspace& workspace, const AttentionOptions& options, cudaStream_t stream) {
+namespace {
+
+// q, k, v as the kernels read them, bf16 [B, T, 3C] at a 16-byte aligned address: qkv itself where it is
+// such already, otherwise converted (float32) or copied into the front of the workspace's packed block,
+// which then holds `extra` more elements behind them. Returns the copy and, in *used, the elements it took.
+const Bf16* bf16_qkv(const void* qkv, Dtype type, int64_t n, size_t extra, AttentionWorkspace& workspace,
+                     size_t* used, cudaStream_t stream) {
+  OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "attention: q, k, v in float32 or bf16, got {}",
+              dtype_name(type));
+  if (type == Dtype::bf16 && aligned16(qkv)) {
+    *used = 0;
+    workspace.reserve_packed(extra, stream);
+    return static_cast<const Bf16*>(qkv);
+  }
+  *used = static_cast<size_t>(n);
+  auto* copy = reinterpret_cast<Bf16*>(workspace.reserve_packed(static_cast<size_t>(n) + extra, stream));
+  if (type == Dtype::f32) {
+    convert_to_bf16(copy, static_cast<const float*>(qkv), n, stream);
+  } else {
+    OCTET_CUDA_CHECK(
+        cudaMemcpyAsync(copy, qkv, sizeof(Bf16) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream));
+  }
+  return copy;
+}
+
+void check_qkv_type(Dtype type, bool tensor_cores, const char* op) {
+  OCTET_CHECK(type == Dtype::f32 || (type == Dtype::bf16 && tensor_cores),
+              "{}: q, k, v in bf16 need the tensor-core path (AttentionOptions::bf16, hs a multiple of 16 up "
+              "to {}, compute capability 8.0 or newer); got {}",
+              op, kAttentionMaxHeadSize, dtype_name(type));
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
+                       int64_t C, int64_t NH, AttentionWorkspace& workspace, const AttentionOptions& options,
+                       cudaStream_t stream) {
   OCTET_CHECK(B >= 0 && T >= 0, "attention_forward: non-negative B and T, got B={} T={}", B, T);
   AttentionParams p = make_params(T, C, NH);
   if (B == 0 || T == 0) return;
   OCTET_CHECK(out != nullptr && lse != nullptr && qkv != nullptr, "attention_forward: non-null pointers");
+  const bool tensor_cores = use_tensor_cores(p.layout.hs, options);
+  check_qkv_type(qkv_type, tensor_cores, "attention_forward");
   p.out = out;
   p.lse_out = lse;
-  p.qkv = qkv;
-  if (use_tensor_cores(p.layout.hs, options)) {
+  if (tensor_cores) {
     p.B = B;
     p.vector = aligned16(out);
-    auto* packed = workspace.reserve_packed(static_cast<size_t>(3 * B * T * C), stream);
-    pack_heads(reinterpret_cast<Bf16*>(packed), qkv, B, T, NH, p.layout.hs, 3, stream);
-    p.packed = packed;
+    size_t used = 0;
+    p.qkv_bf16 = bf16_qkv(qkv, qkv_type, 3 * B * T * C, 0, workspace, &used, stream);
+    p.packed_dout = nullptr;
     launch_mma_for_head_size(p, B, true, stream);
   } else {
+    p.qkv = static_cast<const float*>(qkv);
     forward_float32(p, B, stream);
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        int64_t B, int64_t T, int64_t C, int64_t NH, AttentionWorkspace& workspace,
-                        const AttentionOptions& options, cudaStream_t stream) {
+void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
+                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                        AttentionWorkspace& workspace, const AttentionOptions& options, cudaStream_t stream) {
   OCTET_CHECK(B >= 0 && T >= 0, "attention_backward: non-negative B and T, got B={} T={}", B, T);
   AttentionParams p = make_params(T, C, NH);
   if (B == 0 || T == 0) return;
   OCTET_CHECK(dqkv != nullptr && dout != nullptr && qkv != nullptr && out != nullptr && lse != nullptr,
               "attention_backward: non-null pointers");
+  const int hs = p.layout.hs;
+  const bool tensor_cores = use_tensor_cores(hs, options);
+  check_qkv_type(qkv_type, tensor_cores, "attention_backward");
   const int64_t rows = B * NH * T;
   float* row_dot = workspace.reserve_row_dot(static_cast<size_t>(rows), stream);
   p.out = dqkv;
-  p.qkv = qkv;
   p.dout = dout;
   p.lse = lse;
   p.row_dot = row_dot;
 
-  const int hs = p.layout.hs;
-  const bool tensor_cores = use_tensor_cores(hs, options);
   // D comes with the packing of dO where a row's eight-element groups divide a warp evenly.
   const bool packed_row_dot = tensor_cores && 32 % (hs / 8) == 0;
   if (!packed_row_dot) {
@@ -1364,25 +1384,26 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     OCTET_CUDA_CHECK_LAUNCH("attention_row_dot_kernel");
   }
   if (tensor_cores) {
-    // The forward's packed heads may belong to another layer by now: pack again, dO after q, k, v.
     p.B = B;
     p.vector = aligned16(dqkv);
-    auto* packed =
-        reinterpret_cast<Bf16*>(workspace.reserve_packed(static_cast<size_t>(4 * B * T * C), stream));
-    pack_heads(packed, qkv, B, T, NH, hs, 3, stream);
+    // The workspace: q, k, v where they need converting, then dO packed per head.
+    size_t used = 0;
+    p.qkv_bf16 =
+        bf16_qkv(qkv, qkv_type, 3 * B * T * C, static_cast<size_t>(B * T * C), workspace, &used, stream);
+    Bf16* packed_dout = reinterpret_cast<Bf16*>(workspace.packed.data()) + used;
     if (packed_row_dot) {
       const int64_t groups = B * T * C / 8;
       const int64_t blocks = std::min<int64_t>((groups + 255) / 256, 65536);
       attention_pack_dout_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-          packed + 3 * B * T * C, row_dot, dout, out, B, T, NH, hs, aligned16(dout) && aligned16(out));
+          packed_dout, row_dot, dout, out, B, T, NH, hs, aligned16(dout) && aligned16(out));
       OCTET_CUDA_CHECK_LAUNCH("attention_pack_dout_kernel");
     } else {
-      pack_heads(packed + 3 * B * T * C, dout, B, T, NH, hs, 1, stream);
+      pack_heads(packed_dout, dout, B, T, NH, hs, stream);
     }
-    p.packed = packed;
-    p.packed_dout = packed + 3 * B * T * C;
+    p.packed_dout = packed_dout;
     launch_mma_for_head_size(p, B, false, stream);
   } else {
+    p.qkv = static_cast<const float*>(qkv);
     backward_float32(p, B, stream);
   }
 }

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "octet/cuda/device.h"
+#include "octet/numerics/minifloat.h"
 
 namespace octet::cuda {
 
@@ -35,7 +36,8 @@ struct AttentionOptions {
 bool attention_uses_tensor_cores(int64_t C, int64_t NH, const AttentionOptions& options);
 
 // Scratch of the kernels: D = rowsum(dO * O) per (b, h, t) for the backward, and the tensor-core path's
-// bf16 copies of q, k, v (and dO), one head after another. Grows on demand and is reused across calls; the
+// bf16 copies: q, k, v [B, T, 3C] where they come in float32 (or misaligned), then dO packed head by head
+// ([B * NH][T][hs]) in the backward. Grows on demand and is reused across calls; the
 // stream of the call that grows it is synchronised before the old block is freed. Move-only.
 struct AttentionWorkspace {
   DeviceBuffer<float> row_dot;
@@ -46,14 +48,28 @@ struct AttentionWorkspace {
   uint16_t* reserve_packed(size_t count, cudaStream_t stream);
 };
 
-// out [B, T, C], lse [B, NH, T] from qkv [B, T, 3C]. B or T may be zero (nothing is launched).
-void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
-                       AttentionWorkspace& workspace, const AttentionOptions& options, cudaStream_t stream);
+// out [B, T, C], lse [B, NH, T] from qkv [B, T, 3C] stored as qkv_type: float32, or bf16 where the
+// tensor-core path runs (attention_uses_tensor_cores), which rounds q, k, v to bf16 anyway, so a bf16 qkv
+// loses nothing and is read as it is. B or T may be zero (nothing is launched).
+void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
+                       int64_t C, int64_t NH, AttentionWorkspace& workspace, const AttentionOptions& options,
+                       cudaStream_t stream);
+inline void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                              int64_t NH, AttentionWorkspace& workspace, const AttentionOptions& options,
+                              cudaStream_t stream) {
+  attention_forward(out, lse, qkv, Dtype::f32, B, T, C, NH, workspace, options, stream);
+}
 
-// dqkv [B, T, 3C] (overwritten) from dout [B, T, C] and the forward's qkv, out and lse. Deterministic: the
-// same inputs give bit-identical dqkv (no atomics; every sum has a fixed order).
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        int64_t B, int64_t T, int64_t C, int64_t NH, AttentionWorkspace& workspace,
-                        const AttentionOptions& options, cudaStream_t stream);
+// dqkv [B, T, 3C] (overwritten) from dout [B, T, C] and the forward's qkv (same type rules), out and lse.
+// Deterministic: the same inputs give bit-identical dqkv (no atomics; every sum has a fixed order).
+void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
+                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                        AttentionWorkspace& workspace, const AttentionOptions& options, cudaStream_t stream);
+inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                               AttentionWorkspace& workspace, const AttentionOptions& options,
+                               cudaStream_t stream) {
+  attention_backward(dqkv, dout, qkv, Dtype::f32, out, lse, B, T, C, NH, workspace, options, stream);
+}
 
 }  // namespace octet::cuda

@@ -455,16 +455,23 @@ class CudaBackend final : public Backend {
                        const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                        LinearExecution& exec) override;
 
-  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
-                         int64_t NH) override {
-    const OpScope scope(*this, OpKind::attention);
-    cuda::attention_forward(out, lse, qkv, B, T, C, NH, attention_workspace_, attention_options_, stream_);
+  Dtype attention_input_type(int64_t C, int64_t NH) const override {
+    return cuda::attention_uses_tensor_cores(C, NH, attention_options_) ? Dtype::bf16 : Dtype::f32;
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  void linear_forward_as(void* out, Dtype out_type, const float* inp, const float* weight,
+                         const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                         LinearExecution& exec) override;
+  void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
+                         int64_t C, int64_t NH) override {
+    const OpScope scope(*this, OpKind::attention);
+    cuda::attention_forward(out, lse, qkv, qkv_type, B, T, C, NH, attention_workspace_, attention_options_,
+                            stream_);
+  }
+  void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
                           const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {
     const OpScope scope(*this, OpKind::attention);
-    cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, attention_workspace_, attention_options_,
-                             stream_);
+    cuda::attention_backward(dqkv, dout, qkv, qkv_type, out, lse, B, T, C, NH, attention_workspace_,
+                             attention_options_, stream_);
   }
 
   void gelu_forward(float* out, const float* inp, int64_t n) override {
@@ -574,16 +581,28 @@ class CudaBackend final : public Backend {
   // bias_backward before the cast.
   void cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC, const LinearExecution& exec,
                      float* dbias = nullptr);
+  // The FusedCast of a gradient dout [N, C] as the layer's gradient operand in `format`, for a kernel that
+  // writes the cast in its own pass (bias_backward_cast, gelu_backward_cast): the scale from begin_cast, the
+  // codes into dy_codes_ and dy_codes_transposed_, scale_inv and results in the layer's state. The caller
+  // runs the kernel and then end_cast.
+  FusedCast gradient_fused_cast(Layer& layer, Dtype format, int64_t N, int64_t C);
   // D [M, N] (=|+=) A [M, K] x B [N, K]^T on FP8 codes with dequantizing scales (device pointers), plus
   // a BF16 bias [N] when not null (never with accumulate).
+  // With d_bf16 (FP8 tensor cores only; d null, no accumulate) the result is written as bf16 there instead.
   void fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv, const uint8_t* b,
                 Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N, int64_t K, bool accumulate,
-                bool fast_accumulation, const __nv_bfloat16* bias = nullptr);
+                bool fast_accumulation, const __nv_bfloat16* bias = nullptr, __nv_bfloat16* d_bf16 = nullptr);
   // The bias [OC] of a forward GEMM in `mode` as its epilogue adds it (GemmProblem::bias): rounded to BF16
   // (FP8 and BF16 GEMMs) or FP16, or float32 for float32 GEMMs; in 16-byte aligned scratch where it is
-  // converted or misaligned. Null for a null bias.
-  const void* epilogue_bias(const float* bias, int64_t OC, GemmMode mode);
+  // converted or misaligned. Null for a null bias. A GEMM writing bf16 takes a bf16 bias in every mode
+  // (bf16_output).
+  const void* epilogue_bias(const float* bias, int64_t OC, GemmMode mode, bool bf16_output = false);
   const void* wide_copy(const float* x, int64_t n, GemmMode mode, int slot);
+  // linear_forward's GEMM, writing float32 to out or, with out_bf16 instead (BF16 GEMMs, and FP8 ones on FP8
+  // tensor cores), bf16 there.
+  void forward_gemm(float* out, __nv_bfloat16* out_bf16, const float* inp, const float* weight,
+                    const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                    LinearExecution& exec);
   // A BF16, FP16 or FP32 GEMM.
   void wide_gemm(const GemmProblem& p) {
     const OpScope scope(*this, OpKind::gemm_wide);
@@ -764,6 +783,19 @@ void CudaBackend::gelu_forward_cast(float* out, const float* inp, int64_t N, int
   consumer.input_cast_ready = true;
 }
 
+FusedCast CudaBackend::gradient_fused_cast(Layer& layer, Dtype format, int64_t N, int64_t C) {
+  const size_t n = static_cast<size_t>(N * C);
+  DeviceLayerState* s = layer.device;
+  FusedCast cast;
+  cast.format = format;
+  cast.scale = begin_cast(layer, kGradient, format, nullptr, N * C, &s->cast_scale[kGradient]);
+  cast.output = dy_codes_.as<uint8_t>(n, stream_);
+  cast.output_transposed = dy_codes_transposed_.as<uint8_t>(n, stream_);
+  cast.scale_inv = &s->gradient_scale_inv;
+  cast.results = &s->results[kGradient];
+  return cast;
+}
+
 void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC,
                                 const LinearExecution& exec, float* dbias) {
   const size_t n = static_cast<size_t>(N * OC);
@@ -774,15 +806,8 @@ void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int6
     // gradient summed in the same pass over dout: per-tile column sums, then those added up, so its float32
     // additions come in another order than bias_backward's. The whole pass counts as a cast.
     const OpScope scope(*this, OpKind::casts);
-    DeviceLayerState* s = layer.device;
     const Dtype format = exec.formats.gradient;
-    FusedCast cast;
-    cast.format = format;
-    cast.scale = begin_cast(layer, kGradient, format, nullptr, N * OC, &s->cast_scale[kGradient]);
-    cast.output = dy_codes_.as<uint8_t>(n, stream_);
-    cast.output_transposed = dy_codes_transposed_.as<uint8_t>(n, stream_);
-    cast.scale_inv = &s->gradient_scale_inv;
-    cast.results = &s->results[kGradient];
+    const FusedCast cast = gradient_fused_cast(layer, format, N, OC);
     float* partials =
         column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
     cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_);
@@ -809,15 +834,8 @@ void CudaBackend::gelu_backward_cast(float* dinp, const float* inp, const float*
   const size_t n = static_cast<size_t>(N * C);
   if (producer_casts(consumer)) {
     // linear_backward's cast_operand, with the codes written by the GELU backward kernel.
-    DeviceLayerState* s = layer.device;
     const Dtype format = consumer.formats.gradient;
-    FusedCast cast;
-    cast.format = format;
-    cast.scale = begin_cast(layer, kGradient, format, nullptr, N * C, &s->cast_scale[kGradient]);
-    cast.output = dy_codes_.as<uint8_t>(n, stream_);
-    cast.output_transposed = dy_codes_transposed_.as<uint8_t>(n, stream_);
-    cast.scale_inv = &s->gradient_scale_inv;
-    cast.results = &s->results[kGradient];
+    const FusedCast cast = gradient_fused_cast(layer, format, N, C);
     float* partials = dbias == nullptr
                           ? nullptr
                           : column_partials_.as<float>(
@@ -977,8 +995,11 @@ void CudaBackend::cast_operand(Layer& layer, int operand, Dtype format, const fl
 
 void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv,
                            const uint8_t* b, Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N,
-                           int64_t K, bool accumulate, bool fast_accumulation, const __nv_bfloat16* bias) {
+                           int64_t K, bool accumulate, bool fast_accumulation, const __nv_bfloat16* bias,
+                           __nv_bfloat16* d_bf16) {
   const OpScope scope(*this, OpKind::gemm_fp8);
+  OCTET_CHECK(d_bf16 == nullptr || (!emulate_fp8_ && d == nullptr && !accumulate),
+              "a bf16 FP8 GEMM output needs FP8 tensor cores, no float32 output and no accumulation");
   if (!emulate_fp8_) {
     GemmProblem p;
     p.M = M;
@@ -989,6 +1010,7 @@ void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const flo
     p.a = a;
     p.b = b;
     p.d = d;
+    p.d_bf16 = d_bf16;
     p.accumulate = accumulate;
     p.a_scale_inv = a_scale_inv;
     p.b_scale_inv = b_scale_inv;
@@ -1034,11 +1056,11 @@ const void* CudaBackend::wide_copy(const float* x, int64_t n, GemmMode mode, int
   return out;
 }
 
-const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode mode) {
+const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode mode, bool bf16_output) {
   const bool aligned = reinterpret_cast<uintptr_t>(bias) % 16 == 0;
-  if (bias == nullptr || (mode == GemmMode::f32 && aligned)) return bias;
+  if (bias == nullptr || (mode == GemmMode::f32 && aligned && !bf16_output)) return bias;
   const OpScope scope(*this, OpKind::other);
-  switch (mode) {
+  switch (bf16_output ? GemmMode::fp8 : mode) {
     case GemmMode::f32: {
       auto* out = bias_.as<float>(static_cast<size_t>(OC), stream_);
       const size_t bytes = static_cast<size_t>(OC) * sizeof(float);
@@ -1146,14 +1168,46 @@ void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float*
 
 void CudaBackend::linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                                  const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
+  forward_gemm(out, nullptr, inp, weight, copy, bias, N, C, OC, exec);
+}
+
+void CudaBackend::linear_forward_as(void* out, Dtype out_type, const float* inp, const float* weight,
+                                    const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
+                                    int64_t OC, LinearExecution& exec) {
+  OCTET_CHECK(out_type == Dtype::f32 || out_type == Dtype::bf16, "linear outputs in f32 or bf16, got {}",
+              dtype_name(out_type));
+  if (out_type == Dtype::f32) {
+    forward_gemm(static_cast<float*>(out), nullptr, inp, weight, copy, bias, N, C, OC, exec);
+    return;
+  }
+  auto* out_bf16 = static_cast<__nv_bfloat16*>(out);
+  const bool direct = reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                      (exec.forward == GemmMode::bf16 || (exec.forward == GemmMode::fp8 && !emulate_fp8_));
+  if (direct) {
+    forward_gemm(nullptr, out_bf16, inp, weight, copy, bias, N, C, OC, exec);
+    return;
+  }
+  // Modes whose GEMMs cannot write bf16 (float32, FP16, FP8 without FP8 tensor cores): the float32 result,
+  // then rounded to bf16 (to nearest even), as the epilogue's bf16 output rounds it.
+  auto* y = producer_output_.as<float>(static_cast<size_t>(N * OC), stream_);
+  forward_gemm(y, nullptr, inp, weight, copy, bias, N, C, OC, exec);
+  const OpScope scope(*this, OpKind::casts);
+  convert_to_bf16(out_bf16, y, N * OC, stream_);
+}
+
+void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, const float* inp, const float* weight,
+                               const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                               LinearExecution& exec) {
   const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
-  // The bias goes into the GEMM's epilogue: the float32 output is written once, in the GEMM.
-  const void* gemm_bias = epilogue_bias(bias, OC, exec.forward);
+  const bool bf16_output = out_bf16 != nullptr;
+  // The bias goes into the GEMM's epilogue: the output is written once, in the GEMM.
+  const void* gemm_bias = epilogue_bias(bias, OC, exec.forward, bf16_output);
   GemmProblem p;
   p.M = N;
   p.N = OC;
   p.K = C;
   p.d = out;
+  p.d_bf16 = out_bf16;
   p.bias = gemm_bias;
   switch (exec.forward) {
     case GemmMode::f32:
@@ -1168,7 +1222,7 @@ void CudaBackend::linear_forward(float* out, const float* inp, const float* weig
     case GemmMode::f16:
       OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
       p.a_type = p.b_type = wide_type(exec.forward);
-      p.bias_type = GemmType::f32;
+      p.bias_type = bf16_output ? GemmType::bf16 : GemmType::f32;
       p.a = wide_copy(inp, N * C, exec.forward, 0);
       p.b = const_cast<CudaWeightCopy*>(w)->wide.get(0, stream_);
       wide_gemm(p);
@@ -1185,7 +1239,7 @@ void CudaBackend::linear_forward(float* out, const float* inp, const float* weig
       fp8_gemm(out, codes, saved.format, scale_inv,
                static_cast<const uint8_t*>(const_cast<CudaWeightCopy*>(w)->fp8.get(0, stream_)),
                exec.formats.weight, &layer.device->weight_scale_inv, N, OC, C, false,
-               exec.fast_accumulation_forward, static_cast<const __nv_bfloat16*>(gemm_bias));
+               exec.fast_accumulation_forward, static_cast<const __nv_bfloat16*>(gemm_bias), out_bf16);
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
     }
