@@ -14,8 +14,8 @@ TRAIN.json: `octet bench train CONFIG --json` (the shape, the mode, the precisio
 and `phases.device_ms_by_kind`, the measured column). GEMM.json: `octet bench gemm --config CONFIG --json`
 (TFLOP/s per shape and kind, and `memory_bandwidth.copy_gbs`); the Markdown table `octet bench gemm` prints
 is read too. A GEMM takes the rate measured for its own shape (M, N, K) and kind, or else the highest rate of
-that kind over every shape given (stated in the notes); attention takes the highest BF16 rate (its products
-run on BF16 tensor cores in every mode but fp32, where the TF32 rate stands in). --fp8-tflops, --bf16-tflops
+that kind over every shape given (stated in the notes); attention takes the highest BF16 rate where its
+products run on BF16 tensor cores, the TF32 rate where they do not (below). --fp8-tflops, --bf16-tflops
 and --tf32-tflops replace every rate of that precision, --bandwidth-gbs the bandwidth (the copy figure of
 `octet bench gemm`, read + write bytes).
 
@@ -25,7 +25,16 @@ script ships with, whatever octet produced the result. A result of an older octe
 rounding pass after every GEMM, say), gets the floors of this octet's ops next to the times of its own; the
 result's `octet_version` names the release, not the build, so the script cannot tell the two apart.
 N = B*T rows, C channels, L layers, NH heads of hs = C/NH, V vocabulary, Vp padded vocabulary, P parameters.
-Activations and gradients are float32 (4 bytes an element), FP8 codes 1 byte, BF16/FP16 copies 2 bytes.
+Activations and gradients are float32 (4 bytes an element), FP8 codes 1 byte, BF16/FP16 copies 2 bytes, and
+attention's input qkv [N, 3C] is bf16 where attention runs on BF16 tensor cores.
+
+Where attention runs: on BF16 tensor cores in every mode but fp32 (the driver asks for them,
+CudaBackendOptions::bf16_attention) when hs is a multiple of 16 up to 128 (attention_uses_tensor_cores; every
+GPT-2 size), in float32 otherwise. A result's device line says which ("attention on BF16 tensor cores", or a
+warning that it ran in float32); where it does not (older results, the CPU backend's), the script takes it
+from the mode and hs as above, which assumes a GPU of compute capability 8.0 or newer. The same line says
+when FP8 GEMMs were emulated on a GPU without FP8 tensor cores ("no FP8 tensor cores"); otherwise they are
+taken to run on FP8 tensor cores.
 
 FLOPs, counted for the GEMMs and attention only (element-wise ops, normalisation, softmax and AdamW do a few
 FLOPs per byte: they are bandwidth-bound):
@@ -40,12 +49,17 @@ FLOPs per byte: they are bandwidth-bound):
 Bytes, the least each op octet runs must move: every input read once, every output written once, an
 accumulation read and written. Per op:
   - GEMM: A, B in their storage type, D float32 (octet's GEMMs write float32, and nothing rounds it
-    afterwards); an accumulated weight gradient is read and written. A forward GEMM adds its layer's bias in
-    its epilogue (every linear layer but the LM head, which has none) and reads it: BF16 (2 bytes an element)
-    for an FP8 GEMM, float32 (4) for the others. No pass over y follows the GEMM.
-  - the bias as the epilogue reads it (kind embeddings/residuals/biases), once per forward GEMM: an FP8
-    layer's converted to BF16 (read 4, write 2 bytes an element), a BF16/FP16 layer's copied and rounded in
-    place (16 bytes), a float32 layer's read where it lies (nothing).
+    afterwards), or bf16 where attn.c_attn writes qkv for attention (below); an accumulated weight gradient
+    is read and written. A forward GEMM adds its layer's bias in its epilogue (every linear layer but the LM
+    head, which has none) and reads it: BF16 (2 bytes an element) for an FP8 GEMM and for a GEMM writing
+    bf16, float32 (4) for the others. No pass over y follows the GEMM.
+  - the bias as the epilogue reads it (kind embeddings/residuals/biases), once per forward GEMM: converted to
+    BF16 (read 4, write 2 bytes an element) for an FP8 layer or a GEMM writing bf16, a BF16/FP16 layer's
+    otherwise copied and rounded in place (16 bytes), a float32 layer's read where it lies (nothing).
+  - attn.c_attn's output qkv where attention runs on BF16 tensor cores (CudaBackend::linear_forward_as):
+    written as bf16 by the GEMM's epilogue (2 bytes an element) when the GEMM can (BF16, and FP8 on FP8
+    tensor cores), its bias converted to BF16 as above; otherwise (FP16, FP8 emulated, float32) the GEMM
+    writes float32 into scratch and a conversion (casts) reads it and writes bf16 (read 4, write 2 bytes).
   - bias gradient (column sums of dy, added into the bias's gradient: read and write 8 bytes a column):
     bias_backward reads dy (kind embeddings/residuals/biases) for a layer without an FP8 backward GEMM, and
     under the "current" recipe; under the delayed and static recipes an FP8 layer's gradient cast sums it in
@@ -64,8 +78,11 @@ accumulation read and written. Per op:
     gradient is the GEMM's float32 output as it is, whatever the GEMM's type: no rounding pass.
   - LayerNorm forward: reads x, writes mean and rstd and its output as above; backward reads dout, x, mean,
     rstd and adds into dx (read and write). GELU forward reads x; backward reads x and dout, writes dx.
-  - attention: forward reads q, k, v [N, 3C], writes out [N, C] and lse [B, NH, T]; backward reads q, k, v,
-    out, dout and lse and writes dqkv [N, 3C].
+  - attention: forward reads q, k, v [N, 3C] (bf16 on tensor cores, read as they lie; float32 otherwise),
+    writes out [N, C] and lse [B, NH, T]; backward reads q, k, v (the same), out, dout and lse and writes
+    dqkv [N, 3C] (float32). The backward's scratch on tensor cores, dO packed per head in bf16 and
+    D = rowsum(dO * O) that a first kernel writes from its read of dout and out and the products read again
+    (2 bytes an element of dout and 4 a row, each way), is not counted, as the partial sums above.
   - residual adds: read two [N, C], write one; the encoder reads N rows of wte and T of wpe, writes [N, C]; its
     backward reads dout and reads and writes one row of dwte per token and dwpe; the backward zeroes the
     residual gradient [N, C] first.
@@ -166,9 +183,28 @@ def model_of(train, source):
     backend = (train.get("device") or {}).get("backend")
     if backend is not None and backend != "cuda":
         notes.append(f"the result ran on the {backend} backend: the floors are those of the CUDA backend's ops")
+    line = (train.get("device") or {}).get("line") or ""
+    m["fp8_tensor_cores"] = "no FP8 tensor cores" not in line
+    m["attention_tensor_cores"] = attention_on_tensor_cores(m, line, notes)
     m["linears"] = linears
     m["notes"] = notes
     return m
+
+
+def attention_on_tensor_cores(m, line, notes):
+    """Whether attention ran on BF16 tensor cores, with q, k, v stored in bf16: as the device line says, or
+    else as the CUDA backend decides from the mode and the head size (attention_uses_tensor_cores)."""
+    if m["mode"] == "fp32":
+        return False  # no bf16_attention: the float32 path
+    if "attention on BF16 tensor cores" in line:
+        return True
+    if "attention in float32" in line:
+        return False
+    hs = m["channels"] // m["heads"]
+    tensor_cores = m["channels"] % m["heads"] == 0 and hs % 16 == 0 and hs <= 128
+    notes.append(f"where attention ran is not on the device line: taken from the mode and the head size {hs} "
+                 f"({'BF16 tensor cores, q, k, v in bf16' if tensor_cores else 'float32'})")
+    return tensor_cores
 
 
 def infer_linears(train, m, source):
@@ -242,25 +278,32 @@ def keeps_float_input(g):
     return not (g["forward"] == "fp8" and g["weight_gradient"] == "fp8")
 
 
-def linear_forward(s, g, rows, phase, count, label):
+def linear_forward(s, g, rows, phase, count, label, bf16_output=False):
+    """`bf16_output`: y is stored as bf16 (attn.c_attn's qkv where attention runs on BF16 tensor cores)."""
     inn, out, f = g["in_features"], g["out_features"], g["forward"]
     producer = PRODUCER[g["linear"]]
     if f == "fp8" and producer == "attention":
         s.add("casts", phase, f"{label} input cast", (F32 + s.amax_read + 2) * rows * inn, count)
     elif f in ("bf16", "f16"):
         s.add("casts", phase, f"{label} input to {f}", (F32 + 2) * rows * inn, count)
-    # The bias goes into the GEMM's epilogue (CudaBackend::epilogue_bias): BF16 for an FP8 GEMM (converted
-    # first), float32 for the others (a BF16/FP16 layer's copied and rounded in place, a float32 layer's read
-    # where it lies). Nothing runs over y after the GEMM.
+    # CudaBackend::linear_forward_as: BF16 GEMMs, and FP8 ones on FP8 tensor cores, write bf16 from their
+    # epilogue; the others write float32 into scratch, converted to bf16 after the GEMM.
+    direct_bf16 = bf16_output and (f == "bf16" or (f == "fp8" and s.m["fp8_tensor_cores"]))
+    # The bias goes into the GEMM's epilogue (CudaBackend::epilogue_bias): BF16 for an FP8 GEMM or a GEMM
+    # writing bf16 (converted first), float32 for the others (a BF16/FP16 layer's copied and rounded in place,
+    # a float32 layer's read where it lies). Nothing runs over y after the GEMM but that conversion.
     bias_bytes = 0
     if g["linear"] != "lm_head":
-        bias_bytes = (2 if f == "fp8" else F32) * out
-        conversion = {"fp8": F32 + 2, "bf16": 4 * F32, "f16": 4 * F32, "f32": 0}[f] * out
+        bf16_bias = f == "fp8" or direct_bf16
+        bias_bytes = (2 if bf16_bias else F32) * out
+        conversion = (F32 + 2 if bf16_bias else {"bf16": 4 * F32, "f16": 4 * F32, "f32": 0}[f]) * out
         if conversion:
             s.add("other", phase, f"{label} bias for the epilogue", conversion, count)
     e = STORAGE_BYTES[f]
     s.gemm(phase, f"{label} forward GEMM", f, "forward", rows, out, inn, rows * inn * e, out * inn * e,
-           rows * out * F32, count, bias_bytes)
+           rows * out * (2 if direct_bf16 else F32), count, bias_bytes)
+    if bf16_output and not direct_bf16:
+        s.add("casts", phase, f"{label} output to bf16", (F32 + 2) * rows * out, count)
 
 
 def linear_backward(s, g, rows, phase, count, label, fused=False):
@@ -311,7 +354,9 @@ def step_ops(m):
     V, Vp, P = m["vocab_size"], m["padded_vocab"], m["parameters"]
     N = B * T
     hs = C // NH
-    attention_rate = ("attention", m["mode"] != "fp32" and hs % 16 == 0)
+    attention_bf16 = m["attention_tensor_cores"]
+    attention_rate = ("attention", attention_bf16)
+    qkv_bytes = 2 if attention_bf16 else F32  # Backend::attention_input_type
     blocks = [g for g in m["linears"] if g["linear"] != "lm_head"]
     heads = [g for g in m["linears"] if g["linear"] == "lm_head"]
     if len(heads) != 1:
@@ -328,9 +373,9 @@ def step_ops(m):
                   F32 * N * C + 2 * F32 * C + 2 * F32 * N + producer_output_bytes(s, g, N), n)
         elif producer == "gelu":
             s.add("norm_activation", "forward", "gelu forward", F32 * N * 4 * C + producer_output_bytes(s, g, N), n)
-        linear_forward(s, g, N, "forward", n, label)
+        linear_forward(s, g, N, "forward", n, label, bf16_output=attention_bf16 and label == "attn.c_attn")
     attention_forward_flops = 4.0 * B * NH * T * T * hs / 2
-    s.add("attention", "forward", "attention forward", F32 * (3 * N * C + N * C + B * NH * T), L,
+    s.add("attention", "forward", "attention forward", qkv_bytes * 3 * N * C + F32 * (N * C + B * NH * T), L,
           attention_forward_flops, attention_rate)
     s.add("other", "forward", "residual adds", 3 * F32 * N * C, 2 * L)
     s.add("norm_activation", "forward", "ln_f forward",
@@ -384,7 +429,7 @@ def step_ops(m):
     else:
         s.add("norm_activation", "backward", "gelu backward", 3 * F32 * N * 4 * C, L)
     s.add("attention", "backward", "attention backward",
-          F32 * (3 * N * C + N * C + N * C + B * NH * T + 3 * N * C), L, 2.5 * attention_forward_flops,
+          qkv_bytes * 3 * N * C + F32 * (N * C + N * C + B * NH * T + 3 * N * C), L, 2.5 * attention_forward_flops,
           attention_rate)
     for g in blocks:
         linear_backward(s, g, N, "backward", g["layers"], g["linear"], fused=fused_gelu and g is fc)

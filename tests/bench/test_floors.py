@@ -4,8 +4,11 @@
 "-fused" result carries the precision plan, the others come from an octet that did not write it) and a result
 of the built `octet bench train` on a tiny configuration on the CPU. Exit 0 pass, 1 fail. Every result, old
 or new, gets the floors of the ops this octet runs: the forward GEMM adds the bias in its epilogue (no pass
-over its output), no input gradient is rounded, a BF16 LM head keeps its chunk in BF16, and under the delayed
-recipe every FP8 layer's gradient cast sums its bias gradient (mlp.c_fc's in GELU's backward).
+over its output), no input gradient is rounded, a BF16 LM head keeps its chunk in BF16, under the delayed
+recipe every FP8 layer's gradient cast sums its bias gradient (mlp.c_fc's in GELU's backward), and where
+attention runs on BF16 tensor cores (every mode but fp32; none of these results' device lines say so; GPT-2's
+hs = 64 qualifies) q, k, v are stored in bf16, written so by attn.c_attn's GEMM where it can (FP8 on FP8
+tensor cores, BF16) and converted from its float32 output where it cannot (FP16, FP8 emulated).
 
   test_floors.py FLOORS_SCRIPT INPUTS_DIR OCTET_BINARY WORK_DIR
 
@@ -16,7 +19,14 @@ N = B*T = 32768, P = 124475904 parameters):
     block linears forward 24 N C^2 L = 5566.28 GFLOP; LM head forward 2 N C Vp = 2531.88 GFLOP
   attention forward 2 B NH T^2 hs L = 618.48 GFLOP, backward 2.5x = 1546.19 GFLOP
   total 24294.48 + 618.48 + 1546.19 = 26459.15 GFLOP
-  attention forward bytes 4 (3NC + NC + B NH T) L = 4850712576
+  attention bytes, q, k, v in bf16 (fp8, bf16, fp16): forward (2 x 3NC + 4 (NC + B NH T)) L
+    = (150994944 + 4 x 25559040) x 12 = 3038773248, backward (2 x 3NC + 4 (NC + NC + B NH T + 3NC)) L
+    = (150994944 + 4 x 126222336) x 12 = 7870611456; q, k, v in float32 (fp32, or attention in float32):
+    forward 4 (3NC + NC + B NH T) L = 4850712576, backward 4 (8NC + B NH T) L = 9682550784
+  attn.c_attn forward GEMM, its output qkv in bf16 from the epilogue with a BF16 bias (2 x 3C x N and 2 x 3C):
+    fp8 (N C + 3C C + 2 x 3C N + 2 x 3C) L = 177934848 x 12 = 2135218176; bf16 (2 N C + 2 x 3C C + 2 x 3C N
+    + 2 x 3C) L = 204870144 x 12 = 2458441728. Where the GEMM cannot write bf16 (fp16, fp8 emulated), it
+    writes float32 (4 x 3C N) and a conversion reads it and writes bf16: 6 x 3C N L = 5435817984 (casts)
   optimizer bytes (fp8): 32 P + 2 x 84934656 (FP8 copies) + 6 x 38633472 (BF16 copy of the head) = 4384899072
   cross-entropy bytes, the BF16 head chunk (fp8 and bf16 alike): (2 V + 4 + 2 Vp + 4) N = 201130 x 32768
   = 6590627840
@@ -25,8 +35,9 @@ N = B*T = 32768, P = 124475904 parameters):
   the block linears' outputs and biases: sum of out = 3C + C + 4C + C = 9C = 6912, of in = 7C = 5376
   embeddings, residuals, biases, zeroing, forward: encoder 4 (N + 2 N C + T C) = 4 x 51150848 = 204603392,
     residual adds 12 N C x 2L = 12 x 25165824 x 24 = 7247757312, the biases for the GEMM epilogues: fp8
-    converted to BF16, 6 x 9C x L = 497664 (total 7452858368); bf16 copied and rounded, 16 x 9C x L =
-    1327104 (total 7453687808). No pass over a GEMM's output.
+    converted to BF16, 6 x 9C x L = 497664 (total 7452858368); bf16: attn.c_attn's converted to BF16 for its
+    bf16 output, 6 x 3C x L = 165888, the others copied and rounded, 16 x 6C x L = 884736 (total 7453411328).
+    No pass over a GEMM's output.
   embeddings, residuals, biases, zeroing, backward: zeroing the residual gradient 4 N C = 100663296, encoder
     backward 4 (N C + N + 2 N C + 2 T C) = 4 x 77103104 = 308412416; fp8: no bias gradient of its own (total
     409075712); bf16: bias gradients (4 N + 8) x 9C x L = 131080 x 82944 = 10872299520 (total 11281375232)
@@ -98,8 +109,26 @@ def gb(result, kind):
     return sum(r["gb"] for r in result["rows"] if r["kind"] == kind)
 
 
+def ops_by_name(result):
+    return {(o["phase"], o["op"]): o for o in result["ops"]}
+
+
 def inputs(name):
     return os.path.join(INPUTS, name)
+
+
+def variant(name, source, **changes):
+    """A copy of the result `source` in WORK with top-level keys changed (device_line: the device's line)."""
+    with open(inputs(source)) as f:
+        train = json.load(f)
+    if "device_line" in changes:
+        train["device"]["line"] = changes.pop("device_line")
+    train.update(changes)
+    os.makedirs(WORK, exist_ok=True)
+    path = os.path.join(WORK, name)
+    with open(path, "w") as f:
+        json.dump(train, f)
+    return path
 
 
 # Rates that make every GEMM and attention compute-bound: the floors are then FLOPs over the rate.
@@ -126,18 +155,44 @@ class Gpt2Small(unittest.TestCase):
 
     def test_bytes_match_the_hand_count(self):
         for r in (self.fp8, self.bf16):
-            self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 4.850712576, places=9)
+            self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 3.038773248, places=9)
+            self.assertAlmostEqual(row(r, "attention", "backward")["gb"], 7.870611456, places=9)
             self.assertAlmostEqual(gb(r, "cross-entropy"), 6.59062784, places=9)
         self.assertAlmostEqual(gb(self.fp8, "optimizer (fused weight casts included)"), 4.384899072, places=9)
 
     def test_biases_cost_no_pass_over_the_gemm_outputs(self):
         other = "embeddings, residuals, biases, zeroing"
         self.assertAlmostEqual(row(self.fp8, other, "forward")["gb"], 7.452858368, places=9)
-        self.assertAlmostEqual(row(self.bf16, other, "forward")["gb"], 7.453687808, places=9)
+        self.assertAlmostEqual(row(self.bf16, other, "forward")["gb"], 7.453411328, places=9)
         self.assertAlmostEqual(row(self.fp8, other, "backward")["gb"], 0.409075712, places=9)
         self.assertAlmostEqual(row(self.bf16, other, "backward")["gb"], 11.281375232, places=9)
         names = [o["op"] for o in self.fp8["ops"] + self.bf16["ops"]]
         self.assertFalse([n for n in names if "rounded" in n or "rounding" in n], names)
+
+    def test_the_qkv_gemm_writes_bf16_for_attention(self):
+        N, C, L = 32768, 768, 12
+        fp8 = ops_by_name(self.fp8)
+        bf16 = ops_by_name(self.bf16)
+        # FP8 on FP8 tensor cores: the input codes, the weight codes, qkv in bf16 and the BF16 bias.
+        self.assertAlmostEqual(fp8[("forward", "attn.c_attn forward GEMM")]["gb"],
+                               L * (N * C + 3 * C * C + 2 * N * 3 * C + 2 * 3 * C) / 1e9, places=9)
+        self.assertAlmostEqual(fp8[("forward", "attn.c_attn forward GEMM")]["gb"], 2.135218176, places=9)
+        # BF16: input and weight in BF16, qkv in bf16, the bias converted to BF16 (read 4, write 2 bytes)
+        # rather than copied and rounded as the other layers' (16 bytes).
+        self.assertAlmostEqual(bf16[("forward", "attn.c_attn forward GEMM")]["gb"],
+                               L * (2 * N * C + 2 * 3 * C * C + 2 * N * 3 * C + 2 * 3 * C) / 1e9, places=9)
+        self.assertAlmostEqual(bf16[("forward", "attn.c_attn forward GEMM")]["gb"], 2.458441728, places=9)
+        self.assertAlmostEqual(bf16[("forward", "attn.c_attn bias for the epilogue")]["gb"], L * 6 * 3 * C / 1e9,
+                               places=12)
+        self.assertAlmostEqual(bf16[("forward", "mlp.c_fc bias for the epilogue")]["gb"], L * 16 * 4 * C / 1e9,
+                               places=12)
+        # The GEMM writes bf16 itself: no conversion after it, nor of q, k, v in attention.
+        names = [o["op"] for o in self.fp8["ops"] + self.bf16["ops"]]
+        self.assertNotIn("attn.c_attn output to bf16", names)
+        # Where attention ran is inferred and said so.
+        for r in (self.fp8, self.bf16):
+            self.assertIn("where attention ran is not on the device line: taken from the mode and the head size 64 "
+                          "(BF16 tensor cores, q, k, v in bf16)", r["notes"])
 
     def test_fp8_gradient_casts_carry_the_bias_gradients(self):
         casts = "casts and conversions"
@@ -222,6 +277,77 @@ class Gpt2SmallFused(unittest.TestCase):
         self.assertAlmostEqual(row(r, "casts and conversions", "backward")["gb"], 15.0994944, places=9)
         self.assertAlmostEqual(row(r, "embeddings, residuals, biases, zeroing", "backward")["gb"], 6.449242112,
                                places=9)
+
+
+class AttentionInput(unittest.TestCase):
+    """Where q, k, v are stored, and who converts them, by mode and by what the device line says (124M)."""
+    N, C, L = 32768, 768, 12
+    H100 = "training on NVIDIA H100 80GB HBM3 (CUDA device 0, compute capability 9.0)"
+
+    def floors_of(self, path):
+        [r] = result_of(path, *FAST_MEMORY, "--tf32-tflops", "250")
+        return r, ops_by_name(r)
+
+    def test_fp32_keeps_float32_qkv(self):
+        r, ops = self.floors_of(variant("fp32.json", "gpt2-124M-octet-bf16.json", mode="fp32"))
+        N, C, L = self.N, self.C, self.L
+        self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 4.850712576, places=9)
+        self.assertAlmostEqual(row(r, "attention", "backward")["gb"], 9.682550784, places=9)
+        # TF32 GEMM: float32 input, weight and qkv, the float32 bias read where it lies.
+        self.assertAlmostEqual(ops[("forward", "attn.c_attn forward GEMM")]["gb"],
+                               L * 4 * (N * C + 3 * C * C + N * 3 * C + 3 * C) / 1e9, places=9)
+        self.assertNotIn(("forward", "attn.c_attn output to bf16"), ops)
+        self.assertNotIn(("forward", "attn.c_attn bias for the epilogue"), ops)
+        self.assertEqual(ops[("forward", "attention forward")]["tflops"], 250.0)
+        self.assertFalse([n for n in r["notes"] if "where attention ran" in n], r["notes"])
+
+    def test_fp16_converts_the_float32_qkv(self):
+        r, ops = self.floors_of(variant("fp16.json", "gpt2-124M-octet-bf16.json", mode="fp16"))
+        N, C, L = self.N, self.C, self.L
+        self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 3.038773248, places=9)
+        self.assertAlmostEqual(row(r, "attention", "backward")["gb"], 7.870611456, places=9)
+        # The FP16 GEMM writes float32 (and reads its bias, copied and rounded to FP16, in float32); then
+        # read 4, write 2 bytes an element of qkv: 6 x 3C N L = 5435817984.
+        self.assertAlmostEqual(ops[("forward", "attn.c_attn forward GEMM")]["gb"],
+                               L * (2 * N * C + 2 * 3 * C * C + 4 * N * 3 * C + 4 * 3 * C) / 1e9, places=9)
+        self.assertAlmostEqual(ops[("forward", "attn.c_attn bias for the epilogue")]["gb"], L * 16 * 3 * C / 1e9,
+                               places=12)
+        convert = ops[("forward", "attn.c_attn output to bf16")]
+        self.assertEqual(convert["kind"], "casts and conversions")
+        self.assertAlmostEqual(convert["gb"], 5.435817984, places=9)
+
+    def test_emulated_fp8_converts_the_float32_qkv(self):
+        path = variant("fp8-emulated.json", "gpt2-124M-octet-fp8.json",
+                       device_line="training on NVIDIA A100-SXM4-80GB (CUDA device 0, compute capability 8.0); "
+                                   "WARNING: no FP8 tensor cores, FP8 GEMMs run as BF16 GEMMs on the FP8 values "
+                                   "(FP8 numerics, no FP8 speed)")
+        r, ops = self.floors_of(path)
+        N, C, L = self.N, self.C, self.L
+        # Codes in, float32 out, the BF16 bias; then the conversion, 6 x 3C N L.
+        self.assertAlmostEqual(ops[("forward", "attn.c_attn forward GEMM")]["gb"],
+                               L * (N * C + 3 * C * C + 4 * N * 3 * C + 2 * 3 * C) / 1e9, places=9)
+        self.assertAlmostEqual(ops[("forward", "attn.c_attn output to bf16")]["gb"], 5.435817984, places=9)
+        self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 3.038773248, places=9)
+
+    def test_the_device_line_says_where_attention_ran(self):
+        r, ops = self.floors_of(variant("bf16-float32-attention.json", "gpt2-124M-octet-bf16.json",
+                                        device_line=self.H100 + "; WARNING: attention in float32, not on BF16 "
+                                        "tensor cores (head size 64 is not a multiple of 16 up to 128, or the "
+                                        "GPU predates compute capability 8.0): correct but much slower"))
+        N, C, L = self.N, self.C, self.L
+        self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 4.850712576, places=9)
+        self.assertEqual(ops[("forward", "attention forward")]["tflops"], 250.0)
+        # A BF16 GEMM writing float32 qkv, its bias copied and rounded (16 bytes) and read in float32.
+        self.assertAlmostEqual(ops[("forward", "attn.c_attn forward GEMM")]["gb"],
+                               L * (2 * N * C + 2 * 3 * C * C + 4 * N * 3 * C + 4 * 3 * C) / 1e9, places=9)
+        self.assertAlmostEqual(ops[("forward", "attn.c_attn bias for the epilogue")]["gb"], L * 16 * 3 * C / 1e9,
+                               places=12)
+        self.assertNotIn(("forward", "attn.c_attn output to bf16"), ops)
+        self.assertFalse([n for n in r["notes"] if "where attention ran" in n], r["notes"])
+        r, _ = self.floors_of(variant("bf16-tensor-core-attention.json", "gpt2-124M-octet-bf16.json",
+                                      device_line=self.H100 + "; attention on BF16 tensor cores"))
+        self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 3.038773248, places=9)
+        self.assertFalse([n for n in r["notes"] if "where attention ran" in n], r["notes"])
 
 
 class Gpt2Medium(unittest.TestCase):

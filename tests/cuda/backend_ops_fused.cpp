@@ -58,6 +58,9 @@ class Guarded {
     ASSERT_EQ(values.size(), count_);
     if (!values.empty()) {
       OCTET_CUDA_CHECK(cudaMemcpy(data(), values.data(), values.size_bytes(), cudaMemcpyHostToDevice));
+      // From pageable memory cudaMemcpy may return before the copy lands, and the kernels under test run on
+      // a non-blocking stream that does not wait for it: wait here.
+      OCTET_CUDA_CHECK(cudaDeviceSynchronize());
     }
   }
   std::vector<T> read() const {

@@ -98,7 +98,12 @@ class DeviceBuffer {
   // Synchronous copies for setup and tests; the first min(size, host.size()) elements.
   void copy_from_host(std::span<const T> host) {
     const size_t n = host.size() < count_ ? host.size() : count_;
-    if (n > 0) OCTET_CUDA_CHECK(cudaMemcpy(data_, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    if (n > 0) {
+      OCTET_CUDA_CHECK(cudaMemcpy(data_, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+      // cudaMemcpy from pageable memory may return before the copy lands; work on a non-blocking stream
+      // would not wait for it.
+      OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    }
   }
   void copy_to_host(std::span<T> host) const {
     const size_t n = host.size() < count_ ? host.size() : count_;

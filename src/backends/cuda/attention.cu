@@ -502,24 +502,29 @@ void backward_float32(const AttentionParams& p, int64_t B, cudaStream_t stream) 
 }
 
 // BF16 tensor-core path: FlashAttention-2's register-resident scheme on mma.sync.m16n8k16 (bf16 operands,
-// float32 accumulators). A pack kernel first rounds q, k, v (and dO in the backward) to bf16 and lays each
-// head out contiguously, [B * NH][T][hs], in the workspace; the attention kernels then stream tiles of
-// those with cp.async into shared memory, two stages deep, so that the next tile arrives while the current
-// one is multiplied. A block has kRowWarps warps of 16 rows each and walks over tiles of kColumnTile columns
-// (keys, or queries in the dK/dV kernel). Operands reach the tensor cores through ldmatrix; the scores stay
-// in the accumulator registers, where the softmax runs (a row's values are spread over the four lanes of a
-// quad, so row statistics are two shuffles), and are fed back as the A operand of the next product without
-// leaving the registers: the accumulator layout of two adjacent 16 x 8 blocks is the A layout of one
-// 16 x 16 block. The softmax works in base 2 (scores pre-multiplied by log2 e); the log-sum-exp is converted
-// back to natural log on the way out.
+// float32 accumulators). The kernels read q, k, v from a bf16 [B, T, 3C] tensor (the CUDA backend stores
+// qkv so; a float32 qkv is converted into the workspace first) and, in the backward, dO packed per head
+// ([B * NH][T][hs]) by a pack kernel that also computes D; they stream tiles of rows with cp.async into
+// shared memory, two stages deep, so that the next tile arrives while the current one is multiplied. A
+// block has warps of 16-row tiles (two tiles a warp in the forward up to hs 96, so that each K and V operand
+// loaded feeds two products) and walks over tiles of kColumnTile columns (keys, or queries in the dK/dV
+// kernel). Operands reach the tensor cores through ldmatrix; the scores stay in the accumulator registers,
+// where the softmax runs (a row's values are spread over the four lanes of a quad, so row statistics are two
+// shuffles), and are fed back as the A operand of the next product without leaving the registers: the
+// accumulator layout of two adjacent 16 x 8 blocks is the A layout of one 16 x 16 block. The softmax works
+// in base 2 (scores pre-multiplied by log2 e); the log-sum-exp is converted back to natural log on the way
+// out. The products' loops run over the column step outermost, so that a warp has eight or more independent
+// accumulator chains in flight.
 //
 // Forward: per query tile, S = Q K^T, online softmax, O += P V. Backward, deterministic and without atomics
 // as the float32 path: dQ per query tile (S, dP = dO V^T, dS = P (dP - D), dQ += dS K), then dK, dV per key
-// tile (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q). Causality: tiles wholly past a block's
-// last row are never loaded, each warp skips the 8-column blocks wholly above its 16 rows, and inside a
-// computed block a masked element gets a zero probability. Unlike the float32 path, that zero multiplies the
-// element's V (or dO) row, so an infinite value in a future position would turn into NaN: this path assumes
-// finite inputs. Needs hs % 16 == 0 and compute capability 8.0 or newer.
+// tile (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q); the dK/dV kernel re-reads its K and V
+// operands from shared memory at each step, which saves the registers for a third block per multiprocessor.
+// Causality: tiles wholly past a block's last row are never loaded; on the diagonal tile the first products
+// cover every 8-column block (independent chains cost less than the skipped work saves) and a masked
+// element gets a zero probability. Unlike the float32 path, that zero multiplies the element's V (or dO)
+// row, so an infinite value in a future position would turn into NaN: this path assumes finite inputs.
+// Needs hs % 16 == 0 and compute capability 8.0 or newer.
 using Bf16 = __nv_bfloat16;
 
 constexpr int kRowWarps = 4;
@@ -616,11 +621,11 @@ __device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float 
 
 // Starts copying rows [row0, row0 + kRows) of a head (row t at head + t * pitch, hs bf16 each, 16-byte
 // aligned) into a staged tile; rows past T become zeros.
-template <int kHeadSize, int kRows>
+template <int kHeadSize, int kRows, int kBlockThreads = kMmaThreads>
 __device__ __forceinline__ void stage_rows(Bf16* tile, const Bf16* head, int64_t pitch, int64_t row0,
                                            int64_t T) {
   constexpr int kChunks = kHeadSize / 8;  // 16-byte pieces of a row
-  for (int index = threadIdx.x; index < kRows * kChunks; index += kMmaThreads) {
+  for (int index = threadIdx.x; index < kRows * kChunks; index += kBlockThreads) {
     const int row = index / kChunks;
     const int chunk = index - row * kChunks;
     const int64_t t = row0 + row;
@@ -696,17 +701,28 @@ __device__ __forceinline__ HeadRows head_rows(const AttentionParams& p, int64_t 
   return {qkv, qkv + p.C, qkv + 2 * p.C, dout, 3 * p.C};
 }
 
+// The forward's blocks: four warps of kForwardRowTiles 16-row tiles each, so that every K and V operand a
+// warp loads from shared memory feeds kForwardRowTiles products. Two row tiles up to hs 96 (timed alone on
+// an H100, 16% faster than one at GPT-2's hs 64); beyond, their accumulators would not fit the registers.
+constexpr int kForwardThreads = kMmaThreads;
+template <int kHeadSize>
+constexpr int kForwardRowTiles = kHeadSize <= 96 ? 2 : 1;
+template <int kHeadSize>
+constexpr int kForwardRows = kRowTile* kForwardRowTiles<kHeadSize>;
+
 // One block per (b, h, query tile); the heaviest tiles (last queries, most keys) are scheduled first.
 template <int kHeadSize>
-__global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(AttentionParams p) {
+__global__ void __launch_bounds__(kForwardThreads) attention_forward_mma_kernel(AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kLd = kStagedLd<kHeadSize>;
   constexpr int kSteps = kHeadSize / 16;
   constexpr int kHeadBlocks = kHeadSize / 8;
   constexpr int kTileElements = kColumnTile * kLd;
+  constexpr int kM = kForwardRowTiles<kHeadSize>;
+  constexpr int kRows = kForwardRows<kHeadSize>;
   extern __shared__ float4 shared_words[];
   Bf16* q_tile = reinterpret_cast<Bf16*>(shared_words);
-  Bf16* kv_tiles = q_tile + kRowTile * kLd;  // [stage][k, v][kColumnTile][kLd]
+  Bf16* kv_tiles = q_tile + kRows * kLd;  // [stage][k, v][kColumnTile][kLd]
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -714,123 +730,155 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(Atte
   const int64_t query_tile = gridDim.x - 1 - blockIdx.x;
   const int64_t h = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const int q0 = static_cast<int>(query_tile) * kRowTile;
-  const int warp_row = q0 + warp * 16;
-  const int row[2] = {warp_row + g, warp_row + g + 8};
+  const int q0 = static_cast<int>(query_tile) * kRows;
+  // The warp's row tiles: m covers rows warp_row[m] + [0, 16), rows g and g + 8 of it in this lane.
+  int warp_row[kM];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) warp_row[m] = q0 + (warp * kM + m) * 16;
   const float score_scale = p.scale * kLog2e;
   const HeadRows heads = head_rows(p, b, h, kHeadSize);
   // Key tiles holding a key <= the block's last row below T.
-  const int last_row = min(q0 + kRowTile, static_cast<int>(p.T)) - 1;
+  const int last_row = min(q0 + kRows, static_cast<int>(p.T)) - 1;
   const int key_tiles = last_row / kColumnTile + 1;
 
-  stage_rows<kHeadSize, kRowTile>(q_tile, heads.q, heads.pitch, q0, p.T);
-  stage_rows<kHeadSize, kColumnTile>(kv_tiles, heads.k, heads.pitch, 0, p.T);
-  stage_rows<kHeadSize, kColumnTile>(kv_tiles + kTileElements, heads.v, heads.pitch, 0, p.T);
+  stage_rows<kHeadSize, kRows, kForwardThreads>(q_tile, heads.q, heads.pitch, q0, p.T);
+  stage_rows<kHeadSize, kColumnTile, kForwardThreads>(kv_tiles, heads.k, heads.pitch, 0, p.T);
+  stage_rows<kHeadSize, kColumnTile, kForwardThreads>(kv_tiles + kTileElements, heads.v, heads.pitch, 0, p.T);
   copy_async_commit();
 
-  uint32_t qa[kSteps][4];
-  float o[kHeadBlocks][4];
+  uint32_t qa[kM][kSteps][4];
+  float o[kM][kHeadBlocks][4];
+  float row_max[kM][2], row_sum[kM][2];  // row_sum: this lane's share; the quad's are added at the end
 #pragma unroll
-  for (int dj = 0; dj < kHeadBlocks; ++dj) o[dj][0] = o[dj][1] = o[dj][2] = o[dj][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};  // this lane's share; the quad's are added at the end
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int dj = 0; dj < kHeadBlocks; ++dj) o[m][dj][0] = o[m][dj][1] = o[m][dj][2] = o[m][dj][3] = 0.0f;
+    row_max[m][0] = row_max[m][1] = -INFINITY;
+    row_sum[m][0] = row_sum[m][1] = 0.0f;
+  }
 
   for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
     if (key_tile + 1 < key_tiles) {
       Bf16* next = kv_tiles + ((key_tile + 1) % kStages) * 2 * kTileElements;
-      stage_rows<kHeadSize, kColumnTile>(next, heads.k, heads.pitch, (key_tile + 1) * kColumnTile, p.T);
-      stage_rows<kHeadSize, kColumnTile>(next + kTileElements, heads.v, heads.pitch,
-                                         (key_tile + 1) * kColumnTile, p.T);
+      stage_rows<kHeadSize, kColumnTile, kForwardThreads>(next, heads.k, heads.pitch,
+                                                          (key_tile + 1) * kColumnTile, p.T);
+      stage_rows<kHeadSize, kColumnTile, kForwardThreads>(next + kTileElements, heads.v, heads.pitch,
+                                                          (key_tile + 1) * kColumnTile, p.T);
     }
     copy_async_commit();
     copy_async_wait<1>();
     __syncthreads();
     if (key_tile == 0) {
 #pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) load_a<kLd>(qa[kk], q_tile, warp * 16, kk * 16);
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) load_a<kLd>(qa[m][kk], q_tile, (warp * kM + m) * 16, kk * 16);
+      }
     }
     const Bf16* k_tile = kv_tiles + (key_tile % kStages) * 2 * kTileElements;
     const Bf16* v_tile = k_tile + kTileElements;
     const int k0 = key_tile * kColumnTile;
-    const int blocks = blocks_up_to(warp_row, k0);
+    // The warp's last row tile sees the most keys of this tile.
+    const int blocks = blocks_up_to(warp_row[kM - 1], k0);
     if (blocks > 0) {
-      float s[kColumnBlocks][4];
+      // S for every 8-column block of the tile (the causal mask below zeroes what lies above the diagonal),
+      // the column step outermost so that the accumulator chains are independent.
+      float s[kM][kColumnBlocks][4];
 #pragma unroll
-      for (int j = 0; j < kColumnBlocks; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int j = 0; j < kColumnBlocks; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
+      }
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
 #pragma unroll
         for (int j = 0; j < kColumnBlocks; j += 2) {
           uint32_t kb[4];
           load_b_transposed<kLd>(kb, k_tile, j * 8, kk * 16);
-          mma_bf16(s[j], qa[kk], kb[0], kb[1]);
-          mma_bf16(s[j + 1], qa[kk], kb[2], kb[3]);
-        }
-      }
-      // Only a tile reaching past the warp's first row needs the causal mask.
-      const bool masked = k0 + kColumnTile - 1 > warp_row;
-      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < kColumnBlocks; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e / 2;
-          const bool visible = j < blocks && (!masked || k0 + j * 8 + 2 * c + e % 2 <= row[r]);
-          s[j][e] = visible ? s[j][e] * score_scale : -INFINITY;
-          tile_max[r] = fmaxf(tile_max[r], s[j][e]);
-        }
-      }
-      float rescale[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        // Finite from the first tile on: key 0 is visible to every row.
-        const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
-        rescale[r] = fast_exp2(row_max[r] - new_max);
-        row_max[r] = new_max;
-        row_sum[r] *= rescale[r];
-      }
-#pragma unroll
-      for (int j = 0; j < kColumnBlocks; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[j][e] = fast_exp2(s[j][e] - row_max[e / 2]);
-          row_sum[e / 2] += s[j][e];
+          for (int m = 0; m < kM; ++m) {
+            mma_bf16(s[m][j], qa[m][kk], kb[0], kb[1]);
+            mma_bf16(s[m][j + 1], qa[m][kk], kb[2], kb[3]);
+          }
         }
       }
 #pragma unroll
-      for (int dj = 0; dj < kHeadBlocks; ++dj) {
-        o[dj][0] *= rescale[0];
-        o[dj][1] *= rescale[0];
-        o[dj][2] *= rescale[1];
-        o[dj][3] *= rescale[1];
+      for (int m = 0; m < kM; ++m) {
+        // Only a tile reaching past the row tile's first row needs the causal mask.
+        const bool masked = k0 + kColumnTile - 1 > warp_row[m];
+        const int row[2] = {warp_row[m] + g, warp_row[m] + g + 8};
+        float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < kColumnBlocks; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e / 2;
+            const bool visible = !masked || k0 + j * 8 + 2 * c + e % 2 <= row[r];
+            s[m][j][e] = visible ? s[m][j][e] * score_scale : -INFINITY;
+            tile_max[r] = fmaxf(tile_max[r], s[m][j][e]);
+          }
+        }
+        float rescale[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          // Finite from the first tile on: key 0 is visible to every row.
+          const float new_max = fmaxf(row_max[m][r], quad_max(tile_max[r]));
+          rescale[r] = fast_exp2(row_max[m][r] - new_max);
+          row_max[m][r] = new_max;
+          row_sum[m][r] *= rescale[r];
+        }
+#pragma unroll
+        for (int j = 0; j < kColumnBlocks; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[m][j][e] = fast_exp2(s[m][j][e] - row_max[m][e / 2]);
+            row_sum[m][e / 2] += s[m][j][e];
+          }
+        }
+#pragma unroll
+        for (int dj = 0; dj < kHeadBlocks; ++dj) {
+          o[m][dj][0] *= rescale[0];
+          o[m][dj][1] *= rescale[0];
+          o[m][dj][2] *= rescale[1];
+          o[m][dj][3] *= rescale[1];
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < kColumnBlocks / 2; ++kk) {
         if (2 * kk >= blocks) break;
-        uint32_t pa[4];
-        accumulators_as_a(pa, s, kk);
+        uint32_t pa[kM][4];
+#pragma unroll
+        for (int m = 0; m < kM; ++m) accumulators_as_a(pa[m], s[m], kk);
 #pragma unroll
         for (int dj = 0; dj < kHeadBlocks; dj += 2) {
           uint32_t vb[4];
           load_b<kLd>(vb, v_tile, kk * 16, dj * 8);
-          mma_bf16(o[dj], pa, vb[0], vb[1]);
-          mma_bf16(o[dj + 1], pa, vb[2], vb[3]);
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            mma_bf16(o[m][dj], pa[m], vb[0], vb[1]);
+            mma_bf16(o[m][dj + 1], pa[m], vb[2], vb[3]);
+          }
         }
       }
     }
     __syncthreads();  // this stage is refilled two tiles on
   }
 
-  float inverse[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_sum[r] = quad_sum(row_sum[r]);
-    inverse[r] = 1.0f / row_sum[r];
-    if (c == 0 && row[r] < p.T) {
-      p.lse_out[(b * p.NH + h) * p.T + row[r]] = (row_max[r] + log2f(row_sum[r])) * kLn2;
+  for (int m = 0; m < kM; ++m) {
+    const int row[2] = {warp_row[m] + g, warp_row[m] + g + 8};
+    float inverse[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_sum[m][r] = quad_sum(row_sum[m][r]);
+      inverse[r] = 1.0f / row_sum[m][r];
+      if (c == 0 && row[r] < p.T) {
+        p.lse_out[(b * p.NH + h) * p.T + row[r]] = (row_max[m][r] + log2f(row_sum[m][r])) * kLn2;
+      }
     }
+    store_accumulators<kHeadSize>(p.out + b * p.T * p.C + h * kHeadSize, p.C, row, p.T, o[m], inverse,
+                                  p.vector);
   }
-  store_accumulators<kHeadSize>(p.out + b * p.T * p.C + h * kHeadSize, p.C, row, p.T, o, inverse, p.vector);
 #else
   (void)p;
   __trap();  // the launcher never picks this path below compute capability 8.0
@@ -1202,27 +1250,27 @@ size_t mma_shared_bytes(int hs, int rows, int floats) {
 
 template <int kHeadSize>
 void launch_mma(const AttentionParams& p, int64_t B, bool forward, cudaStream_t stream) {
-  const int64_t tiles = (p.T + kRowTile - 1) / kRowTile;
   // Positions inside a head are 32-bit in the kernels.
   OCTET_REQUIRE(p.T <= (int64_t{1} << 30) && p.NH <= 65535 && B <= 65535,
                 "attention: grid too large, got T={} NH={} B={}", p.T, p.NH, B);
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.NH), static_cast<unsigned>(B));
-  auto launch = [&](auto kernel, const char* name, size_t shared_bytes) {
+  auto launch = [&](auto kernel, const char* name, int rows, int threads, size_t shared_bytes) {
+    const dim3 grid(static_cast<unsigned>((p.T + rows - 1) / rows), static_cast<unsigned>(p.NH),
+                    static_cast<unsigned>(B));
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(shared_bytes)));
-    kernel<<<grid, kMmaThreads, shared_bytes, stream>>>(p);
+    kernel<<<grid, threads, shared_bytes, stream>>>(p);
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) detail::throw_cuda_error(status, name, __FILE__, __LINE__);
   };
   constexpr int kStagedColumns = kStages * 2 * kColumnTile;  // two tensors per stage
   if (forward) {
-    launch(attention_forward_mma_kernel<kHeadSize>, "attention_forward_mma_kernel",
-           mma_shared_bytes(kHeadSize, kRowTile + kStagedColumns, 0));
+    launch(attention_forward_mma_kernel<kHeadSize>, "attention_forward_mma_kernel", kForwardRows<kHeadSize>,
+           kForwardThreads, mma_shared_bytes(kHeadSize, kForwardRows<kHeadSize> + kStagedColumns, 0));
   } else {
-    launch(attention_backward_query_mma_kernel<kHeadSize>, "attention_backward_query_mma_kernel",
-           mma_shared_bytes(kHeadSize, 2 * kRowTile + kStagedColumns, 0));
-    launch(attention_backward_key_mma_kernel<kHeadSize>, "attention_backward_key_mma_kernel",
-           mma_shared_bytes(kHeadSize, 2 * kRowTile + kStagedColumns, kStagedColumns));
+    launch(attention_backward_query_mma_kernel<kHeadSize>, "attention_backward_query_mma_kernel", kRowTile,
+           kMmaThreads, mma_shared_bytes(kHeadSize, 2 * kRowTile + kStagedColumns, 0));
+    launch(attention_backward_key_mma_kernel<kHeadSize>, "attention_backward_key_mma_kernel", kRowTile,
+           kMmaThreads, mma_shared_bytes(kHeadSize, 2 * kRowTile + kStagedColumns, kStagedColumns));
   }
 }
 
