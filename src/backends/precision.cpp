@@ -1,6 +1,7 @@
 // Names of the training modes and GEMM modes.
 #include "octet/backend/precision.h"
 #include "octet/backend/backend.h"
+#include "octet/check.h"
 
 namespace octet {
 
@@ -77,6 +78,15 @@ bool gradient_cast_suffices(const LinearExecution& exec) {
   return exec.input_gradient == GemmMode::fp8 && exec.weight_gradient == GemmMode::fp8 &&
          exec.recipe != nullptr &&
          exec.recipe->granularity(TensorRole::gradient) == ScaleGranularity::per_tensor;
+}
+
+bool take_gradient_cast(LinearExecution& exec, const float* dout, const float* dbias) {
+  const bool ready = exec.gradient_cast_ready;
+  exec.gradient_cast_ready = false;
+  OCTET_CHECK(!ready || (casts_gradient(exec) && dbias == nullptr),
+              "a producer's gradient cast for a layer with an FP8 backward GEMM, and no second bias sum");
+  OCTET_CHECK(dout != nullptr || (ready && gradient_cast_suffices(exec)), "the float32 output gradient");
+  return ready;
 }
 
 }  // namespace octet

@@ -122,4 +122,10 @@ bool casts_gradient(const LinearExecution& exec);
 // float32 values). The producer of such a gradient need not write its float32 values.
 bool gradient_cast_suffices(const LinearExecution& exec);
 
+// linear_backward's start, the same in every backend: takes the producer's hand-over
+// (exec.gradient_cast_ready, cleared here) and checks it against what the call was given: a producer's cast
+// only for a layer with an FP8 backward GEMM and never with a second bias sum (dbias), and dout null only
+// where that cast is all the layer reads. Returns whether the producer cast the gradient.
+bool take_gradient_cast(LinearExecution& exec, const float* dout, const float* dbias);
+
 }  // namespace octet

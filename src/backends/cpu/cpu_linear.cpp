@@ -302,11 +302,7 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
                                  int64_t C, int64_t OC, LinearExecution& exec) {
   const auto* w = dynamic_cast<const CpuWeightCopy*>(copy);
   const bool fp8 = casts_gradient(exec);
-  const bool ready = exec.gradient_cast_ready;
-  exec.gradient_cast_ready = false;
-  OCTET_CHECK(!ready || (fp8 && dbias == nullptr),
-              "a producer's gradient cast for a layer with an FP8 backward GEMM, and no second bias sum");
-  OCTET_CHECK(dout != nullptr || (ready && gradient_cast_suffices(exec)), "the float32 output gradient");
+  const bool ready = take_gradient_cast(exec, dout, dbias);
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
   QuantizedTensor dy;
   if (ready) {

@@ -1251,11 +1251,7 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
                                   int64_t C, int64_t OC, LinearExecution& exec) {
   auto* w = const_cast<CudaWeightCopy*>(dynamic_cast<const CudaWeightCopy*>(copy));
   const bool fp8 = casts_gradient(exec);
-  const bool ready = exec.gradient_cast_ready;
-  exec.gradient_cast_ready = false;
-  OCTET_CHECK(!ready || (fp8 && dbias == nullptr),
-              "a producer's gradient cast for a layer with an FP8 backward GEMM, and no second bias sum");
-  OCTET_CHECK(dout != nullptr || (ready && gradient_cast_suffices(exec)), "the float32 output gradient");
+  const bool ready = take_gradient_cast(exec, dout, dbias);
   // An FP8 backward sums the bias gradient with its gradient cast (cast_gradient), in one pass over dout
   // where it can.
   if (dbias != nullptr && !fp8) {
