@@ -10,7 +10,8 @@
 # makes (octet, compare.sh, configs/bench/, peers/ side by side). Environment: OCTET (the octet binary), PEER
 # (the peer script), PYTHON (default python3, with PyTorch), STEPS (timed steps, default 20), WARMUP (default
 # 10: torch.compile compiles during the peer's first steps), OUT (raw results and logs, default
-# compare-out). Exit status 0 when every run succeeded; a failed run (out of memory, say) shows as "-".
+# compare-out), RECOMPUTE (default 1: also octet in FP8 with fp8.recompute_mlp, a second table; 0 skips it).
+# Exit status 0 when every run succeeded; a failed run (out of memory, say) shows as "-".
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 python="${PYTHON:-python3}"
@@ -70,12 +71,17 @@ for config in "${configs[@]}"; do
     END { print layers, heads, channels, batch, seq, vocab, padded }' "$out/$name-config.toml")
   if [[ "$padded" == "0" ]]; then padded=$(( (vocab + 63) / 64 * 64 )); fi
 
-  for mode in fp8 bf16; do
-    echo "$name: octet $mode ..."
-    "$octet" bench train "$config" --set train.device=cuda --set "train.mixed_precision=$mode" \
-      --steps "$steps" --warmup "$warmup" --json > "$out/$name-octet-$mode.json" 2> "$out/$name-octet-$mode.log"
+  runs=(fp8 bf16)
+  if [[ "${RECOMPUTE:-1}" != 0 ]]; then runs+=(fp8-recompute); fi
+  for run in "${runs[@]}"; do
+    echo "$name: octet $run ..."
+    extra=()
+    if [[ "$run" == fp8-recompute ]]; then extra=(--set fp8.recompute_mlp=true); fi
+    "$octet" bench train "$config" --set train.device=cuda --set "train.mixed_precision=${run%-recompute}" \
+      "${extra[@]}" --steps "$steps" --warmup "$warmup" --json > "$out/$name-octet-$run.json" \
+      2> "$out/$name-octet-$run.log"
     rc=$?
-    if [[ $rc -ne 0 ]]; then echo "  failed (exit $rc): $(tail -1 "$out/$name-octet-$mode.log")"; status=1; fi
+    if [[ $rc -ne 0 ]]; then echo "  failed (exit $rc): $(tail -1 "$out/$name-octet-$run.log")"; status=1; fi
   done
   echo "$name: PyTorch peer (L=$layers C=$channels NH=$heads B=$batch T=$seq Vp=$padded) ..."
   "$python" "$peer" --layers "$layers" --width "$channels" --heads "$heads" --batch "$batch" --seq "$seq" \
@@ -133,6 +139,22 @@ for name in names:
     print(f"| {name} | {number(fp8_tps)} | {number(bf16_tps)} | {number(peer_tps)} | {ratio(fp8_tps, peer_tps)} "
           f"| {ratio(bf16_tps, peer_tps)} | {number(fp8_mem, 1)} | {number(bf16_mem, 1)} | {number(peer_mem, 1)} "
           f"| {ratio(fp8_mem, bf16_mem)} | {'-' if mfu is None else f'{mfu * 100:.1f}%'} |")
+recomputed = [(name, octet_result(name, "fp8-recompute")) for name in names]
+if any(r for _, r in recomputed):
+    print()
+    print("octet fp8 with fp8.recompute_mlp = true: each mlp.c_fc keeps its FP8 input codes instead of its")
+    print("float32 output and runs its forward GEMM again in the backward (less memory, one more FP8 GEMM a block).")
+    print()
+    print("| model | tok/s | / peer | / octet fp8 | GiB | / octet bf16 memory | / PyTorch memory |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in recomputed:
+        fp8, bf16, peer = octet_result(name, "fp8"), octet_result(name, "bf16"), peer_result(name)
+        tps = r["tokens_per_second"] if r else None
+        mem = r["device_memory_gib"] if r else None
+        print(f"| {name} | {number(tps)} | {ratio(tps, peer['tokens_per_s'] if peer else None)} "
+              f"| {ratio(tps, fp8['tokens_per_second'] if fp8 else None)} | {number(mem, 1)} "
+              f"| {ratio(mem, bf16['device_memory_gib'] if bf16 else None)} "
+              f"| {ratio(mem, peer['peak_mem_GiB'] if peer else None)} |")
 print()
 print("octet memory: device memory in use (cudaMemGetInfo) at its largest over the run, less what was in use")
 print("before the backend was made (CUDA context excluded; cuBLASLt workspace included). PyTorch memory:")

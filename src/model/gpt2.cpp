@@ -32,7 +32,7 @@ struct Gpt2::Activations {
     float* ln2 = nullptr;
     float* ln2_mean = nullptr;
     float* ln2_rstd = nullptr;
-    float* fch = nullptr;       // [N, 4C]
+    float* fch = nullptr;       // [N, 4C]; null where the backward recomputes it (recomputes_fc)
     float* fch_gelu = nullptr;  // [N, 4C]
     float* residual3 = nullptr;
   };
@@ -41,6 +41,9 @@ struct Gpt2::Activations {
   // The output of attn.c_proj and of mlp.c_proj [N, C], read only by the residual add that follows: one
   // buffer for every layer.
   float* branch = nullptr;
+  // [N, 4C]: the mlp.c_fc output of a layer that does not keep it (recomputes_fc), from its GEMM to the GELU
+  // that reads it, in the forward and again in the backward. One buffer for every such layer.
+  float* fch_scratch = nullptr;
   float* lnf = nullptr;
   float* lnf_mean = nullptr;
   float* lnf_rstd = nullptr;
@@ -53,8 +56,8 @@ struct Gpt2::Activations {
 // which attn.c_proj reads; ln_1's backward adds into it, making it d(residual3) of layer l-1 (d(encoded)
 // after layer 0). The others hold one gradient each between its producer and its consumer:
 //   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU), then d(qkv) (attention -> attn.c_attn)
-//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc; not written while its FP8 cast is all mlp.c_fc reads,
-//                   gradient_cast_suffices), then d(atty) (attn.c_proj -> attention)
+//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention); [N, C] while d(fch)
+//                   is not written, its FP8 cast being all that every mlp.c_fc reads (gradient_cast_suffices)
 //   ln     [N, C]:  d(lnf) (lm_head -> ln_f), d(ln2) (mlp.c_fc -> ln_2), d(ln1) (attn.c_attn -> ln_1)
 struct Gpt2::Gradients {
   float* residual = nullptr;
@@ -194,6 +197,9 @@ void Gpt2::build_parameters() {
       e.state = &linear->state;
       e.telemetry = &linear->telemetry;
     }
+    // fp8.recompute_mlp: the backward runs this forward GEMM again on its kept input codes.
+    e.keep_input_codes =
+        policy_.settings().recompute_mlp && ends_with(plan.name, ".mlp.c_fc") && input_cast_suffices(e);
     e.fp8_gemms = &counters_.fp8_gemms;
     e.other_gemms = &counters_.other_gemms;
     e.saturated = &counters_.saturated;
@@ -227,11 +233,14 @@ void Gpt2::plan_activations() {
     if (read(h + "mlp.c_fc")) p.take(x.ln2, N * C);
     p.take(x.ln2_mean, N);
     p.take(x.ln2_rstd, N);
-    p.take(x.fch, N * 4 * C);
+    if (!recomputes_fc(l)) p.take(x.fch, N * 4 * C);
     if (read(h + "mlp.c_proj")) p.take(x.fch_gelu, N * 4 * C);
     p.take(x.residual3, N * C);
   }
   p.take(a.branch, N * C);
+  bool any_recomputed = false;
+  for (int64_t l = 0; l < config_.layers; ++l) any_recomputed |= recomputes_fc(l);
+  if (any_recomputed) p.take(a.fch_scratch, N * 4 * C);
   if (read("lm_head")) p.take(a.lnf, N * C);
   p.take(a.lnf_mean, N);
   p.take(a.lnf_rstd, N);
@@ -240,14 +249,27 @@ void Gpt2::plan_activations() {
   activations_ = backend_.allocate(static_cast<size_t>(p.size()) * sizeof(float));
   p.bind(activations_->floats());
 
+  plan_gradients();
+}
+
+void Gpt2::plan_gradients() {
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+  bool dfch_written = false;
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    dfch_written |= !gradient_cast_suffices(linear(fmt::format("h.{}.mlp.c_fc", l)).exec);
+  }
+  const int64_t wide_b = dfch_written ? 4 * C : C;
+  if (gradient_scratch_ != nullptr && wide_b == gradient_wide_b_) return;
+  gradient_scratch_.reset();  // freed before the new plan is allocated
   dacts_ = std::make_unique<Gradients>();
   Planner q;
   q.take(dacts_->residual, N * C);
   q.take(dacts_->ln, N * C);
   q.take(dacts_->wide_a, N * 4 * C);
-  q.take(dacts_->wide_b, N * 4 * C);
+  q.take(dacts_->wide_b, N * wide_b);
   gradient_scratch_ = backend_.allocate(static_cast<size_t>(q.size()) * sizeof(float));
   q.bind(gradient_scratch_->floats());
+  gradient_wide_b_ = wide_b;
 }
 
 void Gpt2::keep_input_of(std::string_view layer) {
@@ -265,6 +287,38 @@ void Gpt2::keep_input_of(std::string_view layer) {
     if (layer == h + "mlp.c_fc") return keep(x.ln2, C);
     if (layer == h + "mlp.c_proj") return keep(x.fch_gelu, 4 * C);
   }
+}
+
+bool Gpt2::recomputes_fc(int64_t layer) {
+  return linear(fmt::format("h.{}.mlp.c_fc", layer)).exec.keep_input_codes;
+}
+
+void Gpt2::keep_output_of(std::string_view layer) {
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    Activations::Layer& x = acts_->layers[static_cast<size_t>(l)];
+    if (layer != fmt::format("h.{}.mlp.c_fc", l) || x.fch != nullptr) continue;
+    late_inputs_.push_back(backend_.allocate(static_cast<size_t>(N * 4 * C) * sizeof(float)));
+    x.fch = late_inputs_.back()->floats();
+  }
+}
+
+std::string Gpt2::memory_line() {
+  if (!policy_.settings().recompute_mlp) return {};
+  int64_t recomputed = 0;
+  for (int64_t l = 0; l < config_.layers; ++l) recomputed += recomputes_fc(l) ? 1 : 0;
+  // Per layer: the float32 output [N, 4C] not kept, the codes of the input [N, C] kept; one [N, 4C] float32
+  // buffer shared by the layers that recompute.
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+  const double saved = static_cast<double>(recomputed * N * 15 * C - (recomputed > 0 ? N * 16 * C : 0));
+  return fmt::format(
+      "fp8.recompute_mlp: {} of {} mlp.c_fc layers keep their FP8 input codes instead of their float32 "
+      "output "
+      "and run their forward GEMM again in the backward ({:.0f} MiB fewer activations){}",
+      recomputed, config_.layers, saved / (1024.0 * 1024.0),
+      recomputed == config_.layers ? ""
+                                   : "; the others keep their output (recomputing needs the forward and the "
+                                     "weight gradient in FP8 with per-tensor scaling)");
 }
 
 int64_t Gpt2::head_chunk_rows(int64_t N) {
@@ -314,15 +368,21 @@ void Gpt2::set_telemetry(bool collect, bool measure_sqnr) {
 }
 
 void Gpt2::move_layer_to_bf16(std::string_view layer, std::string reason) {
+  OCTET_REQUIRE(pending_ != Pending::head_backward_done,
+                "a layer moves to BF16 between steps, not between a forward and its backward");
   Linear& l = linear(layer);
   policy_.move_layer_to_bf16(layer, std::move(reason));
   l.exec.forward = l.exec.input_gradient = l.exec.weight_gradient = GemmMode::bf16;
+  if (l.exec.keep_input_codes)
+    keep_output_of(layer);  // the GELU's backward reads it: no FP8 forward to rerun
+  l.exec.keep_input_codes = false;
   l.exec.telemetry = nullptr;
   l.exec.saved_input.reset();
   l.copy.reset();  // an FP8 copy holds no rounded weight: make a fresh one
   backend_.prepare_weight(l.copy, params() + l.weight_offset, l.plan->out_features, l.plan->in_features,
                           l.exec);
   keep_input_of(layer);  // the BF16 GEMMs read the float32 input
+  plan_gradients();      // and their float32 output gradient
 }
 
 void Gpt2::init_weights(uint64_t seed) {
@@ -436,9 +496,10 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     backend_.residual_forward(x.residual2, residual, a.branch, N * C);
     layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"),
                    N, C);
-    backend_.linear_forward(x.fch, x.ln2, p + fc.weight_offset, fc.copy.get(), p + fc.bias_offset, N, C,
-                            4 * C, fc.exec);
-    gelu_into(fc_proj, x.fch_gelu, x.fch, N, 4 * C);
+    float* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
+    backend_.linear_forward(fch, x.ln2, p + fc.weight_offset, fc.copy.get(), p + fc.bias_offset, N, C, 4 * C,
+                            fc.exec);
+    gelu_into(fc_proj, x.fch_gelu, fch, N, 4 * C);
     backend_.linear_forward(a.branch, x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(),
                             p + fc_proj.bias_offset, N, 4 * C, C, fc_proj.exec);
     backend_.residual_forward(x.residual3, x.residual2, a.branch, N * C);
@@ -576,7 +637,13 @@ void Gpt2::backward(float dloss_scale) {
     backend_.linear_backward(dfch_gelu, g + fc_proj.weight_offset, g + fc_proj.bias_offset, d.residual,
                              x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(), N, 4 * C, C,
                              fc_proj.exec);
-    gelu_backward_into(fc, dfch, x.fch, dfch_gelu, N, 4 * C, d.ln, x.ln2);
+    const float* fch = x.fch;
+    if (fch == nullptr) {  // not kept (recomputes_fc): the forward's GEMM again, from its kept input codes
+      backend_.linear_recompute(a.fch_scratch, p + fc.weight_offset, fc.copy.get(), p + fc.bias_offset, N, C,
+                                4 * C, fc.exec);
+      fch = a.fch_scratch;
+    }
+    gelu_backward_into(fc, dfch, fch, dfch_gelu, N, 4 * C, d.ln, x.ln2);
     backend_.layernorm_backward(d.residual, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d.ln, x.residual2,
                                 P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.

@@ -25,8 +25,9 @@ Trainer::Trainer(Gpt2& model, TrainSettings settings)
                 settings.grad_clip);
   OCTET_REQUIRE(settings.max_consecutive_skips >= 1, "train.max_consecutive_skips must be at least 1, got {}",
                 settings.max_consecutive_skips);
-  const std::string line = model.policy().startup_line();
-  if (!line.empty() && settings_.log) settings_.log(line);
+  for (const std::string& line : {model.policy().startup_line(), model.memory_line()}) {
+    if (!line.empty() && settings_.log) settings_.log(line);
+  }
   if (!settings_.run_directory.empty()) write_precision_map();
 }
 

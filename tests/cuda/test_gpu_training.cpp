@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -205,6 +206,37 @@ TEST(GpuTrainingDeterminism, RepeatsBitForBit) {
   const TrainingRun a = train(*gpu, precision(MixedPrecision::fp8));
   const TrainingRun b = train(*gpu, precision(MixedPrecision::fp8));
   for (size_t s = 0; s < a.losses.size(); ++s) ASSERT_EQ(a.losses[s], b.losses[s]) << "step " << s;
+}
+
+// fp8.recompute_mlp on the GPU: the backward's rerun of each mlp.c_fc forward GEMM gives the very output the
+// forward gave (the same codes, scales, weight copy, bias and GEMM), so training is the same, bit for bit, as
+// keeping that output: with FP8 tensor cores and emulated, delayed and current scaling.
+TEST(GpuTrainingRecompute, TrainsBitForBitAsKeepingTheMlpOutput) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const bool emulate : {false, true}) {
+    for (const RecipeKind recipe : {RecipeKind::delayed, RecipeKind::current}) {
+      CudaBackendOptions options;
+      options.emulate_fp8 = emulate;
+      options.bf16_attention = true;
+      auto gpu = make_cuda_backend(options);
+      PrecisionSettings p = precision(MixedPrecision::fp8, recipe);
+      const TrainingRun kept = train(*gpu, p);
+      p.recompute_mlp = true;
+      const TrainingRun recomputed = train(*gpu, p);
+      const std::string what = std::string(recipe_name(recipe)) + (emulate ? ", emulated" : "");
+      for (size_t s = 0; s < kept.losses.size(); ++s) {
+        ASSERT_EQ(std::memcmp(&kept.losses[s], &recomputed.losses[s], sizeof(float)), 0)
+            << what << ", step " << s << ": " << kept.losses[s] << " kept, " << recomputed.losses[s];
+        EXPECT_EQ(kept.fp8_gemms[s], recomputed.fp8_gemms[s]) << what << ": reruns are not counted";
+      }
+      ASSERT_EQ(kept.states.size(), recomputed.states.size());
+      for (size_t i = 0; i < kept.states.size(); ++i) {
+        EXPECT_EQ(kept.states[i].gradient.amax_history, recomputed.states[i].gradient.amax_history)
+            << what << ", " << kept.layers[i];
+      }
+      EXPECT_LT(recomputed.losses.back(), recomputed.losses.front() * 0.8) << what;
+    }
+  }
 }
 
 }  // namespace

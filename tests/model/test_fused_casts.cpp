@@ -47,6 +47,11 @@ class UnfusedCasts final : public Backend {
     }
     inner_.linear_forward(out, inp, weight, copy, bias, N, C, OC, exec);
   }
+  void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
+                        int64_t C, int64_t OC, LinearExecution& exec) override {
+    inner_.linear_recompute(out, weight, copy, bias, N, C, OC, exec);
+    ++recomputed_;
+  }
   void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
                           float* dbias, LinearExecution& consumer) override {
     EXPECT_TRUE(casts_gradient(consumer));
@@ -73,6 +78,8 @@ class UnfusedCasts final : public Backend {
   }
   // How many GELU backwards the model fused with a gradient cast.
   int64_t fused_backward() const { return fused_backward_; }
+  // How many forward GEMMs the backward ran again (fp8.recompute_mlp).
+  int64_t recomputed() const { return recomputed_; }
 
   std::unique_ptr<Buffer> allocate(size_t bytes) override { return inner_.allocate(bytes); }
   void copy_to_host(void* host, const void* source, size_t bytes) override {
@@ -157,6 +164,7 @@ class UnfusedCasts final : public Backend {
   std::unordered_map<const LinearExecution*, const float*> inputs_;
   std::unordered_map<const LinearExecution*, Gradient> gradients_;
   int64_t fused_backward_ = 0;
+  int64_t recomputed_ = 0;
 };
 
 struct TrainingRecord {
@@ -201,6 +209,30 @@ void expect_same_state(const ScalingState& a, const ScalingState& e, const std::
   EXPECT_EQ(a.degenerate_amax, e.degenerate_amax) << what;
 }
 
+// Two runs that must have trained bit for bit alike: losses, weights, scaling states and telemetry.
+void expect_same_training(const TrainingRecord& a, const TrainingRecord& b, RecipeKind recipe) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t s = 0; s < a.losses.size(); ++s) EXPECT_EQ(a.losses[s], b.losses[s]) << "step " << s;
+  EXPECT_EQ(a.eval_loss, b.eval_loss);
+  EXPECT_TRUE(a.params == b.params) << "the weights after training";
+  ASSERT_EQ(a.states.size(), b.states.size());
+  for (size_t i = 0; i < a.states.size(); ++i) {
+    const std::string layer = "FP8 layer " + std::to_string(i);
+    expect_same_state(a.states[i].activation, b.states[i].activation, layer + " activation");
+    expect_same_state(a.states[i].weight, b.states[i].weight, layer + " weight");
+    expect_same_state(a.states[i].gradient, b.states[i].gradient, layer + " gradient");
+    if (recipe != RecipeKind::block) {  // block scales keep no state
+      EXPECT_GT(a.states[i].gradient.updates, 0) << layer;
+    }
+  }
+  ASSERT_EQ(a.telemetry.size(), b.telemetry.size());
+  for (size_t i = 0; i < a.telemetry.size(); ++i) {
+    const std::string layer = "FP8 layer " + std::to_string(i);
+    expect_same_telemetry(a.telemetry[i].activation, b.telemetry[i].activation, layer + " activation");
+    expect_same_telemetry(a.telemetry[i].gradient, b.telemetry[i].gradient, layer + " gradient");
+  }
+}
+
 class FusedCasts : public ::testing::TestWithParam<RecipeKind> {};
 
 TEST_P(FusedCasts, TrainBitForBitAsTheUnfusedOps) {
@@ -216,34 +248,57 @@ TEST_P(FusedCasts, TrainBitForBitAsTheUnfusedOps) {
   // mlp.c_fc of both blocks for two steps, then of block 0 only.
   EXPECT_EQ(unfused_backend.fused_backward(), 2 * 2 + 2 * 1);
 
-  ASSERT_EQ(fused.losses.size(), unfused.losses.size());
-  for (size_t s = 0; s < fused.losses.size(); ++s)
-    EXPECT_EQ(fused.losses[s], unfused.losses[s]) << "step " << s;
-  EXPECT_EQ(fused.eval_loss, unfused.eval_loss);
-  EXPECT_TRUE(fused.params == unfused.params) << "the weights after training";
-  ASSERT_EQ(fused.states.size(), unfused.states.size());
-  for (size_t i = 0; i < fused.states.size(); ++i) {
-    const std::string layer = "FP8 layer " + std::to_string(i);
-    expect_same_state(fused.states[i].activation, unfused.states[i].activation, layer + " activation");
-    expect_same_state(fused.states[i].weight, unfused.states[i].weight, layer + " weight");
-    expect_same_state(fused.states[i].gradient, unfused.states[i].gradient, layer + " gradient");
-    if (GetParam() != RecipeKind::block) {  // block scales keep no state
-      EXPECT_GT(fused.states[i].gradient.updates, 0) << layer;
-    }
-  }
-  ASSERT_EQ(fused.telemetry.size(), unfused.telemetry.size());
-  for (size_t i = 0; i < fused.telemetry.size(); ++i) {
-    const std::string layer = "FP8 layer " + std::to_string(i);
-    expect_same_telemetry(fused.telemetry[i].activation, unfused.telemetry[i].activation,
-                          layer + " activation");
-    expect_same_telemetry(fused.telemetry[i].gradient, unfused.telemetry[i].gradient, layer + " gradient");
-  }
+  expect_same_training(fused, unfused, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, FusedCasts,
                          ::testing::Values(RecipeKind::delayed, RecipeKind::current, RecipeKind::static_scale,
                                            RecipeKind::block),
                          [](const auto& p) { return std::string(recipe_name(p.param)); });
+
+// fp8.recompute_mlp: each mlp.c_fc keeps its FP8 input codes instead of its output, and the backward runs
+// its forward GEMM again. Training is the same, bit for bit, fused casts or not, and the GEMM runs again
+// exactly where the layer qualifies.
+class RecomputeMlp : public ::testing::TestWithParam<RecipeKind> {};
+
+TEST_P(RecomputeMlp, TrainsBitForBitAsKeepingTheOutput) {
+  PrecisionSettings precision = mode(MixedPrecision::fp8);
+  precision.recipe = GetParam();
+  precision.amax_history = 4;
+  precision.static_scale = 64.0f;
+  auto keeping_backend = make_cpu_backend();
+  const TrainingRecord kept = train(*keeping_backend, precision);
+  precision.recompute_mlp = true;
+  auto recomputing_backend = make_cpu_backend();
+  const TrainingRecord recomputed = train(*recomputing_backend, precision);
+  auto inner = make_cpu_backend();
+  UnfusedCasts unfused_backend(*inner);
+  const TrainingRecord recomputed_unfused = train(unfused_backend, precision);
+  // Both blocks for two steps, then block 0 only, whose h.1.mlp.c_fc moved to BF16 and keeps its output;
+  // block scales are not per tensor, so no layer qualifies.
+  EXPECT_EQ(unfused_backend.recomputed(), GetParam() == RecipeKind::block ? 0 : 2 * 2 + 2 * 1);
+  expect_same_training(recomputed, kept, GetParam());
+  expect_same_training(recomputed_unfused, kept, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, RecomputeMlp,
+                         ::testing::Values(RecipeKind::delayed, RecipeKind::current, RecipeKind::block),
+                         [](const auto& p) { return std::string(recipe_name(p.param)); });
+
+TEST(RecomputeMlp, SaysWhichLayersRecompute) {
+  const Gpt2Config c = tiny_config();
+  auto backend = make_cpu_backend();
+  PrecisionSettings precision = mode(MixedPrecision::fp8);
+  EXPECT_EQ(Gpt2(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16).memory_line(), "");
+  precision.recompute_mlp = true;
+  precision.exclude = {"h.1.mlp.c_fc"};
+  Gpt2 model(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  const std::string line = model.memory_line();
+  EXPECT_NE(line.find("1 of 2 mlp.c_fc layers keep their FP8 input codes"), std::string::npos) << line;
+  EXPECT_NE(line.find("the others keep their output"), std::string::npos) << line;
+  model.move_layer_to_bf16("h.0.mlp.c_fc", "BF16 by test");
+  EXPECT_NE(model.memory_line().find("0 of 2"), std::string::npos) << model.memory_line();
+}
 
 }  // namespace
 }  // namespace octet

@@ -108,6 +108,12 @@ class Backend {
   // it and as cuBLASLt's FP8 epilogue takes it; a float32 GEMM adds it as it is.
   virtual void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                               const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) = 0;
+  // The last linear_forward of an FP8 layer again, for a backward that needs its output but did not keep it:
+  // the same out, bit for bit, from the input cast that forward kept (exec.keep_input_codes: the codes of
+  // x [N, C] besides the transposed ones), the same weight copy and the same bias. Casts nothing, changes
+  // no scaling state and counts no GEMM.
+  virtual void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias,
+                                int64_t N, int64_t C, int64_t OC, LinearExecution& exec) = 0;
   // dinp [N, C] = dout x W (overwritten, the GEMM's float32 result, not rounded); dweight [OC, C] += dout^T x
   // inp; dbias [OC] += column sums of dout (dbias may be null). With exec.gradient_cast_ready, dout's FP8
   // cast comes from its producer (gelu_backward_cast), which also added the bias gradient: dbias is then

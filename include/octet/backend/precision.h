@@ -86,6 +86,9 @@ struct LinearExecution {
   // What the forward kept for the backward: the FP8 cast of the input (so the backward uses the very codes
   // and scale the forward used, and FP8 rather than wider activations are kept).
   std::unique_ptr<WeightCopy> saved_input;
+  // The backward runs the forward GEMM again (Backend::linear_recompute): saved_input keeps the codes of the
+  // input x [N, C] too, not only those of x^T that the weight gradient reads.
+  bool keep_input_codes = false;
   // Set by the op that produced the input when it also cast it for this layer
   // (Backend::layernorm_forward_cast, gelu_forward_cast): saved_input already holds this forward's cast.
   // linear_forward takes it and clears the flag.

@@ -110,6 +110,9 @@ class Gpt2 {
   // Runs all three GEMMs of `layer` in BF16 from the next forward on, remakes its weight copy to match, and
   // records `reason` in the precision policy (and so in its map).
   void move_layer_to_bf16(std::string_view layer, std::string reason);
+  // One line on what fp8.recompute_mlp does in this model (which layers recompute, the memory it saves);
+  // empty when it is off.
+  std::string memory_line();
 
  private:
   struct Activations;
@@ -122,6 +125,13 @@ class Gpt2 {
   // Allocates the float32 input of `layer` that the plan left out (its FP8 cast was all it read) once the
   // layer reads it, i.e. after it moved to BF16.
   void keep_input_of(std::string_view layer);
+  // Whether block `layer`'s mlp.c_fc output is recomputed in the backward (fp8.recompute_mlp) rather than
+  // kept; keep_output_of allocates it once that layer moves to BF16.
+  bool recomputes_fc(int64_t layer);
+  void keep_output_of(std::string_view layer);
+  // (Re)allocates the gradient buffers (Gradients) for the gradients that the layers' precision modes
+  // write; run again when a layer moves to BF16.
+  void plan_gradients();
   // The blocks and ln_f; the LM head is left to the caller.
   void run_forward(const int32_t* tokens, int64_t B, int64_t T);
   // Rows per LM head chunk for N rows.
@@ -155,6 +165,7 @@ class Gpt2 {
   std::unique_ptr<Buffer> grads_;
   std::unique_ptr<Buffer> activations_;
   std::unique_ptr<Buffer> gradient_scratch_;
+  int64_t gradient_wide_b_ = 0;                       // the width of Gradients::wide_b in gradient_scratch_
   std::vector<std::unique_ptr<Buffer>> late_inputs_;  // keep_input_of
   std::unique_ptr<Buffer> full_logits_;               // forward_logits only
   std::unique_ptr<Buffer> tokens_;

@@ -37,6 +37,10 @@ struct PrecisionSettings {
   bool fast_accumulation_backward = false;
   bool lm_head = false;                 // convert the LM head too
   bool first_last_blocks_bf16 = false;  // keep blocks 0 and L-1 in BF16
+  // Keep the FP8 codes of each FP8 mlp.c_fc's input (C bytes a token) instead of its float32 output (the
+  // GELU's input, 16C bytes a token), and run that forward GEMM again in the backward
+  // (Backend::linear_recompute). Only where the input cast is all the layer reads (input_cast_suffices).
+  bool recompute_mlp = false;
 };
 
 // True when `name` matches the glob `pattern` ('*' any run of characters, '?' one character).

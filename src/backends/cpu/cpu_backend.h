@@ -47,6 +47,8 @@ class CpuBackend final : public Backend {
                       LinearExecution& exec) override;
   void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                       const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override;
+  void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
+                        int64_t C, int64_t OC, LinearExecution& exec) override;
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                        LinearExecution& exec) override;

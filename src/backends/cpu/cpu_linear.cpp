@@ -4,6 +4,7 @@
 // to it, rounded to the GEMM's 16-bit type first in BF16, FP16 and FP8 modes (BF16 for FP8), as the GPU's
 // GEMM epilogue adds it, and nothing is rounded afterwards.
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "cpu_backend.h"
@@ -174,6 +175,16 @@ void add_column_sums(float* dbias, const float* dout, int64_t N, int64_t OC) {
   }
 }
 
+// out [N, OC] += bias (when not null) as linear_forward adds it: in the 16-bit type of `mode`'s GEMM (BF16
+// for FP8 GEMMs), a float32 GEMM's as it is.
+void add_forward_bias(float* out, const float* bias, int64_t N, int64_t OC, GemmMode mode) {
+  if (bias == nullptr) return;
+  const float* b = mode == GemmMode::f32 ? bias : rounded(bias, OC, storage_of(mode));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += b[o];
+  }
+}
+
 // Where a producer writes its output before casting it: `out`, or scratch when the output is not kept.
 float* output_or_scratch(float* out, int64_t n) {
   if (out != nullptr) return out;
@@ -288,13 +299,22 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
       break;
     }
   }
-  if (bias != nullptr) {
-    // The bias in the GEMM's 16-bit type (BF16 for FP8 GEMMs), added to the float32 product.
-    const float* b = exec.forward == GemmMode::f32 ? bias : rounded(bias, OC, storage_of(exec.forward));
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += b[o];
-    }
-  }
+  add_forward_bias(out, bias, N, OC, exec.forward);
+}
+
+void CpuBackend::linear_recompute(float* out, const float* /*weight*/, const WeightCopy* copy,
+                                  const float* bias, int64_t N, int64_t C, int64_t OC,
+                                  LinearExecution& exec) {
+  const auto* w = dynamic_cast<const CpuWeightCopy*>(copy);
+  const auto* saved = dynamic_cast<const SavedInput*>(exec.saved_input.get());
+  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes && w != nullptr && saved != nullptr &&
+                  saved->fp8.rows == N && saved->fp8.cols == C && w->fp8.rows == OC,
+              "an FP8 forward of [{}, {}] x [{}, {}]^T whose input codes were kept", N, C, OC, C);
+  int64_t* const counted = std::exchange(exec.fp8_gemms, nullptr);
+  const std::vector<float> d = fp8_product(saved->fp8, w->fp8, exec);
+  exec.fp8_gemms = counted;
+  std::copy(d.begin(), d.end(), out);
+  add_forward_bias(out, bias, N, OC, exec.forward);
 }
 
 void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,

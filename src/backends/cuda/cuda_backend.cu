@@ -336,9 +336,12 @@ struct CudaWeightCopy final : public WeightCopy {
 };
 
 // The forward's FP8 input, kept for the weight-gradient GEMM: the codes of x^T [C, N] and their scale_inv.
+// The codes of x [N, C], which only the forward GEMM reads, live in the backend's input_codes_ until then,
+// unless the layer's backward recomputes its forward (LinearExecution::keep_input_codes): then here.
 struct CudaSavedInput final : public WeightCopy {
-  DeviceScratch codes;             // x [N, C]
+  DeviceScratch codes;             // x [N, C] where kept
   DeviceScratch codes_transposed;  // x^T [C, N]
+  uint8_t* row_codes = nullptr;    // where the last cast wrote x [N, C]: codes or the backend's input_codes_
   DeviceScratch scale_inv;         // one float
   Dtype format = Dtype::e4m3;
 };
@@ -451,6 +454,8 @@ class CudaBackend final : public Backend {
                       LinearExecution& exec) override;
   void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                       const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override;
+  void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
+                        int64_t C, int64_t OC, LinearExecution& exec) override;
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                        LinearExecution& exec) override;
@@ -599,10 +604,10 @@ class CudaBackend final : public Backend {
   const void* epilogue_bias(const float* bias, int64_t OC, GemmMode mode, bool bf16_output = false);
   const void* wide_copy(const float* x, int64_t n, GemmMode mode, int slot);
   // linear_forward's GEMM, writing float32 to out or, with out_bf16 instead (BF16 GEMMs, and FP8 ones on FP8
-  // tensor cores), bf16 there.
+  // tensor cores), bf16 there. With `recompute` (FP8 only): linear_recompute's, on the kept codes, uncounted.
   void forward_gemm(float* out, __nv_bfloat16* out_bf16, const float* inp, const float* weight,
                     const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                    LinearExecution& exec);
+                    LinearExecution& exec, bool recompute = false);
   // A BF16, FP16 or FP32 GEMM.
   void wide_gemm(const GemmProblem& p) {
     const OpScope scope(*this, OpKind::gemm_wide);
@@ -655,6 +660,11 @@ class CudaBackend final : public Backend {
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
   DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_, column_partials_;
   DeviceScratch bias_;  // a forward GEMM's bias as its epilogue reads it
+  // The row-major codes of the last input cast (cast_input, producer_cast), x [N, C], for its forward GEMM,
+  // and whose they are: one buffer for every layer, as each forward GEMM follows its input's cast and only
+  // the transposed codes are kept for the backward.
+  DeviceScratch input_codes_;
+  const LinearExecution* input_codes_for_ = nullptr;
   // The gradient cast that dy_codes_ holds when gelu_backward_cast made it: for whose linear_backward, of
   // what shape. The consumer is null once a linear_backward has cast into dy_codes_ itself.
   struct ReadyGradient {
@@ -707,17 +717,18 @@ CudaSavedInput& CudaBackend::saved_input(LinearExecution& exec, int64_t N, int64
   }
   const size_t n = static_cast<size_t>(N * C);
   saved->format = exec.formats.activation;
-  saved->codes.as<uint8_t>(n, stream_);
   saved->codes_transposed.as<uint8_t>(n, stream_);
   saved->scale_inv.as<float>(1, stream_);
+  saved->row_codes =
+      exec.keep_input_codes ? saved->codes.as<uint8_t>(n, stream_) : input_codes_.as<uint8_t>(n, stream_);
+  input_codes_for_ = &exec;
   return *saved;
 }
 
 void CudaBackend::cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec) {
   Layer& layer = mapped_layer(exec);
   CudaSavedInput& saved = saved_input(exec, N, C);
-  cast_operand(layer, kActivation, exec.formats.activation, x, N, C,
-               static_cast<uint8_t*>(saved.codes.get(0, stream_)),
+  cast_operand(layer, kActivation, exec.formats.activation, x, N, C, saved.row_codes,
                static_cast<uint8_t*>(saved.codes_transposed.get(0, stream_)),
                &layer.device->cast_scale[kActivation], static_cast<float*>(saved.scale_inv.get(0, stream_)),
                exec.update_scaling, exec);
@@ -738,7 +749,7 @@ void CudaBackend::producer_cast(int64_t N, int64_t C, LinearExecution& exec, Wri
   FusedCast cast;
   cast.format = format;
   cast.scale = begin_cast(layer, kActivation, format, nullptr, N * C, &s->cast_scale[kActivation]);
-  cast.output = static_cast<uint8_t*>(saved.codes.get(0, stream_));
+  cast.output = saved.row_codes;
   cast.output_transposed = static_cast<uint8_t*>(saved.codes_transposed.get(0, stream_));
   cast.scale_inv = static_cast<float*>(saved.scale_inv.get(0, stream_));
   cast.results = &s->results[kActivation];
@@ -1171,6 +1182,13 @@ void CudaBackend::linear_forward(float* out, const float* inp, const float* weig
   forward_gemm(out, nullptr, inp, weight, copy, bias, N, C, OC, exec);
 }
 
+void CudaBackend::linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias,
+                                   int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
+  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
+              "an FP8 forward whose input codes were kept (keep_input_codes)");
+  forward_gemm(out, nullptr, nullptr, weight, copy, bias, N, C, OC, exec, true);
+}
+
 void CudaBackend::linear_forward_as(void* out, Dtype out_type, const float* inp, const float* weight,
                                     const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
                                     int64_t OC, LinearExecution& exec) {
@@ -1197,7 +1215,7 @@ void CudaBackend::linear_forward_as(void* out, Dtype out_type, const float* inp,
 
 void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, const float* inp, const float* weight,
                                const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                               LinearExecution& exec) {
+                               LinearExecution& exec, bool recompute) {
   const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
   const bool bf16_output = out_bf16 != nullptr;
   // The bias goes into the GEMM's epilogue: the output is written once, in the GEMM.
@@ -1231,16 +1249,21 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, const float*
     case GemmMode::fp8: {
       OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
       Layer& layer = prepared_layer(exec, w);
-      if (!exec.input_cast_ready) cast_input(inp, N, C, exec);
-      exec.input_cast_ready = false;
-      auto& saved = static_cast<CudaSavedInput&>(*exec.saved_input);
-      const auto* codes = static_cast<const uint8_t*>(saved.codes.get(0, stream_));
-      const auto* scale_inv = static_cast<const float*>(saved.scale_inv.get(0, stream_));
-      fp8_gemm(out, codes, saved.format, scale_inv,
+      if (!recompute) {
+        if (!exec.input_cast_ready) cast_input(inp, N, C, exec);
+        exec.input_cast_ready = false;
+      }
+      auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
+      OCTET_CHECK(saved != nullptr && saved->row_codes != nullptr, "the forward's FP8 input cast");
+      // Shared codes are the last cast's: this layer's own, right before its forward GEMM.
+      OCTET_CHECK(exec.keep_input_codes || (!recompute && input_codes_for_ == &exec),
+                  "input codes that this layer's own cast wrote");
+      const auto* scale_inv = static_cast<const float*>(saved->scale_inv.get(0, stream_));
+      fp8_gemm(out, saved->row_codes, saved->format, scale_inv,
                static_cast<const uint8_t*>(const_cast<CudaWeightCopy*>(w)->fp8.get(0, stream_)),
                exec.formats.weight, &layer.device->weight_scale_inv, N, OC, C, false,
                exec.fast_accumulation_forward, static_cast<const __nv_bfloat16*>(gemm_bias), out_bf16);
-      if (exec.fp8_gemms) *exec.fp8_gemms += 1;
+      if (exec.fp8_gemms && !recompute) *exec.fp8_gemms += 1;
       break;
     }
   }

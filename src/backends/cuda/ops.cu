@@ -310,6 +310,8 @@ __global__ void column_finish_kernel(const float* split_sums, int64_t splits, in
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float total = split_sums[c];
+  // Unrolled so that the loads are in flight together; the additions stay in split order.
+#pragma unroll 8
   for (int64_t s = 1; s < splits; ++s) total = __fadd_rn(total, split_sums[s * cols + c]);
   out[c] = __fadd_rn(out[c], total);
 }
