@@ -233,13 +233,19 @@ void expect_same_training(const TrainingRecord& a, const TrainingRecord& b, Reci
   }
 }
 
+// FP8 mode with `recipe`, a short amax history and a static scale that suits the tiny model.
+PrecisionSettings fp8_with(RecipeKind recipe) {
+  PrecisionSettings precision = mode(MixedPrecision::fp8);
+  precision.recipe = recipe;
+  precision.amax_history = 4;
+  precision.static_scale = 64.0f;
+  return precision;
+}
+
 class FusedCasts : public ::testing::TestWithParam<RecipeKind> {};
 
 TEST_P(FusedCasts, TrainBitForBitAsTheUnfusedOps) {
-  PrecisionSettings precision = mode(MixedPrecision::fp8);
-  precision.recipe = GetParam();
-  precision.amax_history = 4;
-  precision.static_scale = 64.0f;
+  PrecisionSettings precision = fp8_with(GetParam());
   auto fused_backend = make_cpu_backend();
   auto inner = make_cpu_backend();
   UnfusedCasts unfused_backend(*inner);
@@ -262,10 +268,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, FusedCasts,
 class RecomputeMlp : public ::testing::TestWithParam<RecipeKind> {};
 
 TEST_P(RecomputeMlp, TrainsBitForBitAsKeepingTheOutput) {
-  PrecisionSettings precision = mode(MixedPrecision::fp8);
-  precision.recipe = GetParam();
-  precision.amax_history = 4;
-  precision.static_scale = 64.0f;
+  PrecisionSettings precision = fp8_with(GetParam());
   auto keeping_backend = make_cpu_backend();
   const TrainingRecord kept = train(*keeping_backend, precision);
   precision.recompute_mlp = true;
