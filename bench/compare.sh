@@ -18,6 +18,10 @@ python="${PYTHON:-python3}"
 steps="${STEPS:-20}"
 warmup="${WARMUP:-10}"
 out="$(mkdir -p "${OUT:-compare-out}" && cd "${OUT:-compare-out}" && pwd)"
+# octet loads cuDNN at run time for attention (train.attention = "auto"); PyTorch's wheel ships a copy.
+cudnn_lib="$("$python" -c 'import os, nvidia.cudnn as m; print(os.path.join(list(m.__path__)[0], "lib"))' \
+  2>/dev/null || true)"
+if [[ -n "$cudnn_lib" && -d "$cudnn_lib" ]]; then export LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 
 octet="${OCTET:-}"
 if [[ -z "$octet" ]]; then

@@ -40,6 +40,10 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="$(mkdir -p "${1:-.}" && cd "${1:-.}" && pwd)"
 config="${2:-$here/quickstart.toml}"
 cd "$here"
+# octet loads cuDNN at run time for attention (train.attention = "auto"); PyTorch's wheel ships a copy.
+cudnn_lib="$(python3 -c 'import os, nvidia.cudnn as m; print(os.path.join(list(m.__path__)[0], "lib"))' \
+  2>/dev/null || true)"
+if [[ -n "$cudnn_lib" && -d "$cudnn_lib" ]]; then export LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 if ldd ./test_cuda ./octet | grep "not found"; then echo "missing shared libraries" >&2; exit 1; fi
 ./test_cuda > "$out/test_cuda.log" 2>&1; status=$?

@@ -24,6 +24,10 @@ bool cuda_attention_on_tensor_cores(int64_t, int64_t) {
   return false;
 }
 
+std::string cuda_attention_kernels(int64_t, int64_t, int64_t, int64_t, CudaBackendOptions::AttentionKernels) {
+  return "octet's float32 attention (built without CUDA)";
+}
+
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) {
   OCTET_REQUIRE(false,
                 "train.device = \"cuda\": this octet was built without CUDA (configure with nvcc available, "

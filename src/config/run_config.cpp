@@ -233,6 +233,11 @@ const std::vector<Key>& keys() {
         "train.device", [](RunConfig& c) -> std::string& { return c.device; },
         {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}},
         "Where to train; auto picks a GPU when the build has CUDA and one is present."));
+    k.push_back(choice<std::string>(
+        "train.attention", [](RunConfig& c) -> std::string& { return c.attention; },
+        {{"auto", "auto"}, {"cudnn", "cudnn"}, {"octet", "octet"}},
+        "Attention kernels on the GPU: cudnn (cuDNN's fused flash attention, loaded at run time), octet (its "
+        "own kernels), or auto (cuDNN where it loads and supports the shape; the log says which)."));
     k.push_back(integer<int64_t>(
         "train.max_consecutive_skips", [](RunConfig& c) -> int64_t& { return c.train.max_consecutive_skips; },
         1, big, "Skipped (non-finite) steps in a row after which the run stops (exit code 3)."));

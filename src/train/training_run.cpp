@@ -46,6 +46,13 @@ struct DeviceChoice {
   std::string line;          // what the run says about it at start
 };
 
+CudaBackendOptions::AttentionKernels attention_kernels(const RunConfig& config) {
+  using Kernels = CudaBackendOptions::AttentionKernels;
+  return config.attention == "cudnn"   ? Kernels::cudnn
+         : config.attention == "octet" ? Kernels::octet
+                                       : Kernels::automatic;
+}
+
 DeviceChoice choose_device(const RunConfig& config) {
   DeviceChoice d;
   const bool fp8 = config.precision.mode == MixedPrecision::fp8;
@@ -60,6 +67,14 @@ DeviceChoice choose_device(const RunConfig& config) {
                   "\"cpu\" or \"auto\"");
   }
   d.cuda = config.device == "cuda" || (config.device == "auto" && gpus > 0);
+  OCTET_REQUIRE(
+      config.attention != "cudnn" || d.cuda,
+      "train.attention = \"cudnn\" runs on the GPU only, and this run trains on the CPU backend; use "
+      "\"auto\" or \"octet\"");
+  OCTET_REQUIRE(
+      config.attention != "cudnn" || config.precision.mode != MixedPrecision::fp32,
+      "train.attention = \"cudnn\" runs attention on BF16 tensor cores, and train.mixed_precision = "
+      "\"fp32\" keeps it in float32; use \"auto\" or \"octet\", or another mixed_precision");
   if (!d.cuda) {
     d.line = config.device == "auto"
                  ? fmt::format("train.device = \"auto\": training on the CPU backend ({}){}",
@@ -94,7 +109,9 @@ DeviceChoice choose_device(const RunConfig& config) {
   if (config.precision.mode != MixedPrecision::fp32) {
     const int64_t C = config.model.channels, NH = config.model.heads;
     d.line += cuda_attention_on_tensor_cores(C, NH)
-                  ? "; attention on BF16 tensor cores"
+                  ? fmt::format("; attention on BF16 tensor cores: {}",
+                                cuda_attention_kernels(config.train.batch_size, config.train.seq_len, C, NH,
+                                                       attention_kernels(config)))
                   : fmt::format(
                         "; WARNING: attention in float32, not on BF16 tensor cores (head size {} is not "
                         "a multiple of 16 up to 128, or the GPU predates compute capability 8.0): "
@@ -109,6 +126,7 @@ std::unique_ptr<Backend> make_backend(const DeviceChoice& device, const RunConfi
   CudaBackendOptions cuda_options;
   cuda_options.emulate_fp8 = device.emulate_fp8;
   cuda_options.bf16_attention = config.precision.mode != MixedPrecision::fp32;
+  cuda_options.attention = attention_kernels(config);
   return make_cuda_backend(cuda_options);
 }
 

@@ -95,6 +95,8 @@ TEST_F(TrainCommand, BadConfigurationOrDataWritesNothing) {
       {{"train.batchsize=2"}, "did you mean train.batch_size?"},
       {{"train.seq_len=32"}, "train.seq_len (32) is longer than model.max_seq_len (16)"},
       {{"data.dir=" + (root_ / "nowhere").string()}, "nowhere"},
+      {{"train.attention=flash"}, "expected one of \"auto\", \"cudnn\", \"octet\""},
+      {{"train.device=cpu", "train.attention=cudnn"}, "train.attention = \"cudnn\" runs on the GPU only"},
       // Refused on every machine: without a GPU (no CUDA GPU is visible, or built without CUDA) and with
       // one (block scaling is not on the CUDA backend yet).
       {{"train.device=cuda", "train.mixed_precision=fp8", "fp8.recipe=block"}, "CUDA"},

@@ -13,10 +13,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "attention.h"
+#include "cudnn_attention.h"
 #include "octet/backend/cuda_backend.h"
 #include "octet/check.h"
 #include "octet/cuda/device.h"
@@ -259,6 +263,148 @@ TEST(AttentionTensorCores, Bf16QkvGivesTheResultsOfItsFloat32Values) {
         octet::cuda::attention_forward(d_out.data(), d_lse.data(), d_codes.data(), octet::Dtype::bf16, s.B,
                                        s.T, C, s.NH, workspace, float32_path, nullptr),
         octet::Error);
+  }
+}
+
+// Float32 values of bf16 bits, and bf16 bits of float32 values (round to nearest even).
+std::vector<float> floats_of_bf16(const std::vector<uint16_t>& bits) {
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i)
+    out[i] = std::bit_cast<float>(static_cast<uint32_t>(bits[i]) << 16);
+  return out;
+}
+std::vector<uint16_t> bf16_of_floats(const std::vector<float>& values) {
+  std::vector<uint16_t> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    out[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(round_to_bf16(values[i])) >> 16);
+  }
+  return out;
+}
+
+// cuDNN's fused attention, where the library can be loaded (it is optional), against the same double
+// reference. Its outputs are bf16 and it rounds more of its intermediates (dQ, dK and dV are rounded from
+// their float32 sums, and an output element several times the rms carries a rounding error of 2^-8 of
+// itself), so the bounds are those above widened by that much: 0.05 and 0.08 of the rms, still an order of
+// magnitude below a wrong mask, scale or softmax. lse must agree with octet's own kernels' (the two are
+// interchangeable). The backward must be bit-identical when repeated: octet keeps only engines without
+// cuDNN's non-deterministic note.
+TEST(CudnnAttention, MatchesTheDoubleReferenceAndRepeatsBitForBit) {
+  if (octet::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  std::string why_not;
+  std::unique_ptr<octet::cuda::CudnnAttention> cudnn = octet::cuda::CudnnAttention::load(&why_not);
+  if (!cudnn) GTEST_SKIP() << "cuDNN not loadable: " << why_not;
+  AttentionOptions options;
+  options.bf16 = true;
+  AttentionWorkspace workspace;
+  const std::vector<Shape> shapes = {{2, 63, 2, 64, 1.0f, 0},  {1, 64, 3, 64, 2.0f, 0},
+                                     {2, 130, 3, 64, 1.0f, 0}, {1, 200, 2, 128, 1.0f, 0},
+                                     {2, 65, 2, 32, 1.0f, 0},  {4, 256, 2, 64, 1.0f, 0}};
+  for (size_t index = 0; index < shapes.size(); ++index) {
+    const Shape& s = shapes[index];
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " NH=" << s.NH << " hs=" << s.hs);
+    const int64_t C = s.NH * s.hs;
+    ASSERT_TRUE(cudnn->supports(s.B, s.T, C, s.NH, &why_not)) << why_not;
+    std::printf("[cudnn %s hs=%lld T=%lld] %s\n", cudnn->version().c_str(), static_cast<long long>(s.hs),
+                static_cast<long long>(s.T), cudnn->engines(s.B, s.T, C, s.NH).c_str());
+    const size_t n_qkv = static_cast<size_t>(s.B * s.T * 3 * C), n_out = static_cast<size_t>(s.B * s.T * C);
+    const size_t n_lse = static_cast<size_t>(s.B * s.NH * s.T);
+    const std::vector<uint16_t> qkv_bits =
+        bf16_of_floats(octet::testing::random_normal(n_qkv, 3000 + index, s.stddev));
+    const std::vector<uint16_t> dout_bits =
+        bf16_of_floats(octet::testing::random_normal(n_out, 4000 + index));
+    DeviceBuffer<uint16_t> d_qkv(n_qkv), d_out(n_out), d_dout(n_out), d_dqkv(n_qkv), d_again(n_qkv);
+    DeviceBuffer<float> d_lse(n_lse), d_own_out(n_out), d_own_lse(n_lse);
+    d_qkv.copy_from_host(qkv_bits);
+    d_dout.copy_from_host(dout_bits);
+    d_out.fill_bytes(0xFF);
+    d_lse.fill_bytes(0xFF);
+    d_dqkv.fill_bytes(0xFF);
+    d_again.fill_bytes(0xFF);
+    cudnn->forward(d_out.data(), d_lse.data(), d_qkv.data(), s.B, s.T, C, s.NH, nullptr);
+    cudnn->backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_lse.data(), s.B, s.T, C, s.NH,
+                    nullptr);
+    cudnn->backward(d_again.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_lse.data(), s.B, s.T, C,
+                    s.NH, nullptr);
+    octet::cuda::attention_forward(d_own_out.data(), d_own_lse.data(), d_qkv.data(), octet::Dtype::bf16, s.B,
+                                   s.T, C, s.NH, workspace, options, nullptr);
+    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> out_bits(n_out), dqkv_bits(n_qkv), again_bits(n_qkv);
+    std::vector<float> lse(n_lse), own_lse(n_lse);
+    d_out.copy_to_host(out_bits);
+    d_dqkv.copy_to_host(dqkv_bits);
+    d_again.copy_to_host(again_bits);
+    d_lse.copy_to_host(lse);
+    d_own_lse.copy_to_host(own_lse);
+
+    const std::vector<float> out = floats_of_bf16(out_bits), dqkv = floats_of_bf16(dqkv_bits);
+    const Reference r = reference(s, floats_of_bf16(qkv_bits), floats_of_bf16(dout_bits), out);
+    const double out_error = relative_error(out, r.out, "out");
+    const double dqkv_error = relative_error(dqkv, r.dqkv, "dqkv");
+    double lse_error = 0.0, lse_gap = 0.0;
+    for (size_t i = 0; i < n_lse; ++i) {
+      ASSERT_TRUE(std::isfinite(lse[i])) << "lse " << i;
+      lse_error = std::max(lse_error, std::abs(static_cast<double>(lse[i]) - r.lse[i]));
+      lse_gap = std::max(lse_gap, std::abs(static_cast<double>(lse[i]) - static_cast<double>(own_lse[i])));
+    }
+    std::printf("[cudnn hs=%lld T=%lld] out %.3g, dqkv %.3g (of their rms); lse %.3g, from octet's %.3g\n",
+                static_cast<long long>(s.hs), static_cast<long long>(s.T), out_error, dqkv_error, lse_error,
+                lse_gap);
+    EXPECT_LE(out_error, 0.05);
+    EXPECT_LE(dqkv_error, 0.08);
+    EXPECT_LE(lse_error, 0.01);
+    EXPECT_LE(lse_gap, 0.01);
+    EXPECT_EQ(std::memcmp(again_bits.data(), dqkv_bits.data(), n_qkv * sizeof(uint16_t)), 0);
+  }
+}
+
+// Device time of one forward and one backward at GPT-2 124M's attention shape, cuDNN against octet's kernels
+// (a measurement, not a check: run with --gtest_also_run_disabled_tests).
+TEST(CudnnAttention, DISABLED_TimesAgainstOctetKernels) {
+  if (octet::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  std::string why_not;
+  std::unique_ptr<octet::cuda::CudnnAttention> cudnn = octet::cuda::CudnnAttention::load(&why_not);
+  if (!cudnn) GTEST_SKIP() << "cuDNN not loadable: " << why_not;
+  AttentionOptions options;
+  options.bf16 = true;
+  AttentionWorkspace workspace;
+  for (const auto& [B, NH] : {std::pair<int64_t, int64_t>{32, 12}, {16, 16}, {8, 25}}) {
+    const int64_t T = 1024, C = NH * 64;
+    ASSERT_TRUE(cudnn->supports(B, T, C, NH, &why_not)) << why_not;
+    const size_t n_qkv = static_cast<size_t>(B * T * 3 * C), n_out = static_cast<size_t>(B * T * C);
+    DeviceBuffer<uint16_t> qkv(n_qkv), out(n_out), dout(n_out), dqkv(n_qkv);
+    DeviceBuffer<float> lse(static_cast<size_t>(B * NH * T)), fout(n_out), fdout(n_out), fdqkv(n_qkv);
+    qkv.copy_from_host(bf16_of_floats(octet::testing::random_normal(n_qkv, 7)));
+    dout.copy_from_host(bf16_of_floats(octet::testing::random_normal(n_out, 8)));
+    fdout.copy_from_host(octet::testing::random_normal(n_out, 8));
+    cudaEvent_t start, stop;
+    OCTET_CUDA_CHECK(cudaEventCreate(&start));
+    OCTET_CUDA_CHECK(cudaEventCreate(&stop));
+    const auto time = [&](auto&& f) {
+      for (int i = 0; i < 3; ++i) f();
+      OCTET_CUDA_CHECK(cudaEventRecord(start));
+      for (int i = 0; i < 20; ++i) f();
+      OCTET_CUDA_CHECK(cudaEventRecord(stop));
+      OCTET_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      OCTET_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      return ms / 20.0f;
+    };
+    const float cf = time([&] { cudnn->forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, nullptr); });
+    const float cb = time([&] {
+      cudnn->backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, nullptr);
+    });
+    const float of = time([&] {
+      octet::cuda::attention_forward(fout.data(), lse.data(), qkv.data(), octet::Dtype::bf16, B, T, C, NH,
+                                     workspace, options, nullptr);
+    });
+    const float ob = time([&] {
+      octet::cuda::attention_backward(fdqkv.data(), fdout.data(), qkv.data(), octet::Dtype::bf16, fout.data(),
+                                      lse.data(), B, T, C, NH, workspace, options, nullptr);
+    });
+    std::printf(
+        "[attention B=%lld NH=%lld] cudnn fwd %.3f ms bwd %.3f ms (%s); octet fwd %.3f ms bwd %.3f ms\n",
+        static_cast<long long>(B), static_cast<long long>(NH), cf, cb, cudnn->engines(B, T, C, NH).c_str(),
+        of, ob);
   }
 }
 

@@ -34,6 +34,12 @@ struct CudaBackendOptions {
   // Attention's products on BF16 tensor cores (float32 accumulation and softmax), as production flash
   // attention does; false: float32 throughout, as the CPU reference.
   bool bf16_attention = false;
+  // Which kernels run BF16 attention (bf16_attention): cuDNN's fused flash attention (loaded at run time,
+  // libcudnn.so.9), octet's own, or cuDNN where it loads and has an engine for the shape and octet's
+  // otherwise (with a warning on stderr for a shape cuDNN refuses). cudnn throws octet::Error (invalid_input)
+  // at construction where cuDNN cannot be loaded.
+  enum class AttentionKernels { automatic, cudnn, octet };
+  AttentionKernels attention = AttentionKernels::automatic;
 };
 
 // Throws octet::Error (invalid_input) when octet was built without CUDA or the device does not exist.
@@ -44,5 +50,10 @@ CudaDeviceInfo cuda_device_info(int device);
 // on the current device: head sizes that are multiples of 16 up to 128, compute capability 8.0 or above.
 // Otherwise that attention runs in float32 (correct, much slower), and whoever asked for BF16 says so.
 bool cuda_attention_on_tensor_cores(int64_t C, int64_t NH);
+// Which kernels a backend made with bf16_attention and `kernels` runs attention with, for B x T tokens over C
+// channels in NH heads: "cuDNN 9.19.0 fused flash attention" or "octet's flash-attention kernels
+// (...why...)". Throws octet::Error (invalid_input) where kernels is cudnn and cuDNN cannot run it.
+std::string cuda_attention_kernels(int64_t B, int64_t T, int64_t C, int64_t NH,
+                                   CudaBackendOptions::AttentionKernels kernels);
 
 }  // namespace octet

@@ -5,15 +5,20 @@
 // is brought up to date only when asked (fetch_scaling: checkpoints, telemetry, tests).
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <set>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include "attention.h"
+#include "cudnn_attention.h"
 #include "fused.h"
 #include "octet/backend/cuda_backend.h"
 #include "octet/check.h"
@@ -382,6 +387,12 @@ class CudaBackend final : public Backend {
     gemm_ = std::make_unique<GemmEngine>();
     emulate_fp8_ = !info_.fp8_tensor_cores || options.emulate_fp8;
     attention_options_.bf16 = options.bf16_attention;
+    using Kernels = CudaBackendOptions::AttentionKernels;
+    if (options.bf16_attention && options.attention != Kernels::octet) {
+      cudnn_ = cuda::CudnnAttention::load(&cudnn_why_not_);
+      OCTET_REQUIRE(cudnn_ != nullptr || options.attention != Kernels::cudnn,
+                    "train.attention = \"cudnn\": {}; or use \"auto\" or \"octet\"", cudnn_why_not_);
+    }
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
@@ -469,12 +480,36 @@ class CudaBackend final : public Backend {
   void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
                          int64_t C, int64_t NH) override {
     const OpScope scope(*this, OpKind::attention);
+    if (use_cudnn(qkv, qkv_type, B, T, C, NH)) {
+      // cuDNN writes bf16; the model keeps float32 (exact: every bf16 is a float32).
+      const size_t n = static_cast<size_t>(B * T * C);
+      auto* out_bf16 = attention_bf16_[0].as<uint16_t>(n, stream_);
+      cudnn_->forward(out_bf16, lse, static_cast<const uint16_t*>(qkv), B, T, C, NH, stream_);
+      cuda::convert_from_bf16(out, out_bf16, static_cast<int64_t>(n), stream_);
+      return;
+    }
     cuda::attention_forward(out, lse, qkv, qkv_type, B, T, C, NH, attention_workspace_, attention_options_,
                             stream_);
   }
   void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
                           const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {
     const OpScope scope(*this, OpKind::attention);
+    if (use_cudnn(qkv, qkv_type, B, T, C, NH)) {
+      // out holds bf16 values (the forward's, widened), so its bf16 copy is exact; dout is rounded to bf16,
+      // as octet's kernels round it for their products.
+      const size_t n = static_cast<size_t>(B * T * C);
+      auto* out_bf16 = attention_bf16_[0].as<uint16_t>(n, stream_);
+      auto* dout_bf16 = attention_bf16_[1].as<uint16_t>(n, stream_);
+      auto* dqkv_bf16 = attention_bf16_[2].as<uint16_t>(3 * n, stream_);
+      cuda::convert_to_bf16(reinterpret_cast<__nv_bfloat16*>(out_bf16), out, static_cast<int64_t>(n),
+                            stream_);
+      cuda::convert_to_bf16(reinterpret_cast<__nv_bfloat16*>(dout_bf16), dout, static_cast<int64_t>(n),
+                            stream_);
+      cudnn_->backward(dqkv_bf16, dout_bf16, static_cast<const uint16_t*>(qkv), out_bf16, lse, B, T, C, NH,
+                       stream_);
+      cuda::convert_from_bf16(dqkv, dqkv_bf16, static_cast<int64_t>(3 * n), stream_);
+      return;
+    }
     cuda::attention_backward(dqkv, dout, qkv, qkv_type, out, lse, B, T, C, NH, attention_workspace_,
                              attention_options_, stream_);
   }
@@ -653,6 +688,32 @@ class CudaBackend final : public Backend {
   Workspace workspace_;
   AttentionOptions attention_options_;
   AttentionWorkspace attention_workspace_;
+  // cuDNN's fused attention where it was loaded (CudaBackendOptions::attention), the reason where not, the
+  // shapes it refused (each warned about once), and the bf16 staging of out, dout and dqkv.
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  std::string cudnn_why_not_;
+  std::set<std::tuple<int64_t, int64_t, int64_t, int64_t>> cudnn_refused_;
+  DeviceScratch attention_bf16_[3];
+
+  // Whether this attention call runs on cuDNN: loaded, bf16 q, k, v at 16-byte aligned addresses, and an
+  // engine for the shape (a refused shape runs octet's kernels, with one warning per shape on stderr).
+  bool use_cudnn(const void* qkv, Dtype qkv_type, int64_t B, int64_t T, int64_t C, int64_t NH) {
+    if (cudnn_ == nullptr || qkv_type != Dtype::bf16 || reinterpret_cast<uintptr_t>(qkv) % 16 != 0) {
+      return false;
+    }
+    const auto key = std::make_tuple(B, T, C, NH);
+    if (cudnn_refused_.count(key) > 0) return false;
+    std::string why_not;
+    if (cudnn_->supports(B, T, C, NH, &why_not)) return true;
+    cudnn_refused_.insert(key);
+    std::fprintf(
+        stderr,
+        "WARNING: cuDNN attention refused B=%lld T=%lld C=%lld NH=%lld (%s); octet's attention kernels "
+        "run it\n",
+        static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(C),
+        static_cast<long long>(NH), why_not.c_str());
+    return false;
+  }
   bool emulate_fp8_ = false;
   std::vector<ScalingUpdate> pending_updates_;
   std::vector<Layer*> pending_layers_;
@@ -1469,6 +1530,22 @@ bool cuda_attention_on_tensor_cores(int64_t C, int64_t NH) {
   cuda::AttentionOptions options;
   options.bf16 = true;
   return cuda::attention_uses_tensor_cores(C, NH, options);
+}
+
+std::string cuda_attention_kernels(int64_t B, int64_t T, int64_t C, int64_t NH,
+                                   CudaBackendOptions::AttentionKernels kernels) {
+  using Kernels = CudaBackendOptions::AttentionKernels;
+  const std::string own = "octet's flash-attention kernels";
+  if (!cuda_attention_on_tensor_cores(C, NH)) return own + " in float32";
+  if (kernels == Kernels::octet) return own + " (train.attention = \"octet\")";
+  std::string why_not;
+  const std::unique_ptr<cuda::CudnnAttention> cudnn = cuda::CudnnAttention::load(&why_not);
+  if (cudnn != nullptr && cudnn->supports(B, T, C, NH, &why_not)) {
+    return fmt::format("cuDNN {} fused flash attention ({})", cudnn->version(), cudnn->engines(B, T, C, NH));
+  }
+  OCTET_REQUIRE(kernels != Kernels::cudnn, "train.attention = \"cudnn\": {}; or use \"auto\" or \"octet\"",
+                why_not);
+  return fmt::format("{} (cuDNN not used: {})", own, why_not);
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {

@@ -1108,6 +1108,49 @@ void convert_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_
   OCTET_CUDA_CHECK_LAUNCH("convert_to_bf16");
 }
 
+namespace {
+
+// Eight bf16 values per thread where both sides allow 16-byte accesses, one otherwise.
+__global__ void convert_from_bf16_kernel(float* out, const uint16_t* in, int64_t n, bool vectorised) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (vectorised) {
+    for (; i * 8 + 7 < n; i += stride) {
+      const uint4 packed = reinterpret_cast<const uint4*>(in)[i];
+      const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+      float4 lo, hi;
+      lo.x = __uint_as_float(words[0] << 16);
+      lo.y = __uint_as_float(words[0] & 0xFFFF0000u);
+      lo.z = __uint_as_float(words[1] << 16);
+      lo.w = __uint_as_float(words[1] & 0xFFFF0000u);
+      hi.x = __uint_as_float(words[2] << 16);
+      hi.y = __uint_as_float(words[2] & 0xFFFF0000u);
+      hi.z = __uint_as_float(words[3] << 16);
+      hi.w = __uint_as_float(words[3] & 0xFFFF0000u);
+      reinterpret_cast<float4*>(out)[2 * i] = lo;
+      reinterpret_cast<float4*>(out)[2 * i + 1] = hi;
+    }
+    // The tail past the last whole group of eight.
+    const int64_t done = n / 8 * 8;
+    const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t < n - done) out[done + t] = __uint_as_float(static_cast<uint32_t>(in[done + t]) << 16);
+    return;
+  }
+  for (; i < n; i += stride) out[i] = __uint_as_float(static_cast<uint32_t>(in[i]) << 16);
+}
+
+}  // namespace
+
+void convert_from_bf16(float* out, const uint16_t* in, int64_t n, cudaStream_t stream) {
+  check_size(n, "convert_from_bf16");
+  if (n == 0) return;
+  const bool vectorised = aligned16(out) && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const int64_t work = vectorised ? std::max<int64_t>(n / 8, 1) : n;
+  const int64_t blocks = std::clamp<int64_t>((work + 255) / 256, 1, 132 * 16);
+  convert_from_bf16_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(out, in, n, vectorised);
+  OCTET_CUDA_CHECK_LAUNCH("convert_from_bf16_kernel");
+}
+
 void convert_to_f16(__half* out, const float* in, int64_t n, cudaStream_t stream) {
   check_size(n, "convert_to_f16");
   if (n == 0) return;

@@ -1,0 +1,74 @@
+// Causal self-attention through cuDNN's fused flash-attention engines (its graph API, the same engines
+// PyTorch's scaled_dot_product_attention picks on Hopper). The library is loaded at run time (dlopen of
+// libcudnn.so.9), so octet neither links against cuDNN nor needs it installed: where it cannot be loaded, or
+// has no engine for a shape, the caller learns why and runs octet's own kernels (attention.h) instead.
+//
+// Same layouts as attention.h, with bf16 activations:
+//   qkv   [B, T, 3C] bf16, q, k, v each C wide, NH heads of hs = C / NH
+//   out   [B, T, C]  bf16
+//   lse   [B, NH, T] float32, natural log of the row's softmax denominator, max included (the same quantity
+//                    as attention.h's lse, so either implementation's forward can feed the other's backward)
+//   dout  [B, T, C]  bf16
+//   dqkv  [B, T, 3C] bf16 (overwritten)
+// The products run on BF16 tensor cores with float32 accumulation; softmax and its statistics are float32.
+// The backward uses only engines without cuDNN's "non-deterministic" note, so repeated runs give
+// bit-identical gradients. Internal to the CUDA backend.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include <cuda_runtime_api.h>
+
+#include "octet/cuda/device.h"
+
+namespace octet::cuda {
+
+struct CudnnApi;   // the entry points taken from the loaded library
+struct CudnnPlan;  // one finalised execution plan and everything it refers to
+
+class CudnnAttention {
+ public:
+  // nullptr where libcudnn.so.9 cannot be loaded, lacks an entry point, is older than 9.0, or cannot create a
+  // handle; *why_not then says which (with what the user can do about it).
+  static std::unique_ptr<CudnnAttention> load(std::string* why_not);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // "9.19.0"
+  const std::string& version() const { return version_; }
+
+  // Whether cuDNN has deterministic engines for the forward and the backward of this shape. Builds and keeps
+  // both plans (the first call per shape costs milliseconds to seconds; later calls are a map lookup). On
+  // false, *why_not says what cuDNN answered.
+  bool supports(int64_t B, int64_t T, int64_t C, int64_t NH, std::string* why_not);
+
+  // The engines chosen for this shape, e.g. "forward engine 2, backward engine 6" (after supports()).
+  std::string engines(int64_t B, int64_t T, int64_t C, int64_t NH);
+
+  // Both require supports(B, T, C, NH) to have returned true. Pointers must be 16-byte aligned and C * 2
+  // bytes a multiple of 16.
+  void forward(uint16_t* out, float* lse, const uint16_t* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
+               cudaStream_t stream);
+  void backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, cudaStream_t stream);
+
+ private:
+  CudnnAttention() = default;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t>;
+  struct Plans;
+  Plans& plans_for(int64_t B, int64_t T, int64_t C, int64_t NH);
+  void* reserve_workspace(size_t bytes, cudaStream_t stream);
+
+  std::unique_ptr<CudnnApi> api_;
+  void* handle_ = nullptr;  // cudnnHandle_t
+  std::string version_;
+  std::map<Key, std::unique_ptr<Plans>> plans_;
+  DeviceBuffer<uint8_t> workspace_;
+};
+
+}  // namespace octet::cuda
