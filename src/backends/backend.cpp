@@ -6,12 +6,47 @@
 
 namespace octet {
 
-void Backend::linear_forward_as(void* out, Dtype out_type, const float* inp, const float* weight,
-                                const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                                LinearExecution& exec) {
-  OCTET_CHECK(out_type == Dtype::f32, "backend {}: linear outputs are stored in f32 only, asked for {}",
-              name(), dtype_name(out_type));
-  linear_forward(static_cast<float*>(out), inp, weight, copy, bias, N, C, OC, exec);
+namespace {
+
+void require_f32(const Backend& backend, std::string_view what, Dtype type) {
+  OCTET_CHECK(type == Dtype::f32, "backend {}: {} is stored in f32 only, asked for {}", backend.name(), what,
+              dtype_name(type));
+}
+
+}  // namespace
+
+void Backend::linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type,
+                                const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
+                                int64_t C, int64_t OC, LinearExecution& exec) {
+  require_f32(*this, "a linear layer's output", out_type);
+  require_f32(*this, "a linear layer's input", inp_type);
+  linear_forward(static_cast<float*>(out), static_cast<const float*>(inp), weight, copy, bias, N, C, OC,
+                 exec);
+}
+
+void Backend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,
+                                 Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
+                                 const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                                 LinearExecution& exec) {
+  require_f32(*this, "a linear layer's input gradient", dinp_type);
+  require_f32(*this, "a linear layer's output gradient", dout_type);
+  require_f32(*this, "a linear layer's input", inp_type);
+  linear_backward(static_cast<float*>(dinp), dweight, dbias, static_cast<const float*>(dout),
+                  static_cast<const float*>(inp), weight, copy, N, C, OC, exec);
+}
+
+void Backend::attention_forward_as(void* out, Dtype out_type, float* lse, const void* qkv, Dtype qkv_type,
+                                   int64_t B, int64_t T, int64_t C, int64_t NH) {
+  require_f32(*this, "attention's output", out_type);
+  attention_forward(static_cast<float*>(out), lse, qkv, qkv_type, B, T, C, NH);
+}
+
+void Backend::attention_backward_as(void* dqkv, const void* dout, const void* qkv, Dtype qkv_type,
+                                    const void* out, Dtype out_type, const float* lse, int64_t B, int64_t T,
+                                    int64_t C, int64_t NH) {
+  require_f32(*this, "attention's output and gradients", out_type);
+  attention_backward(static_cast<float*>(dqkv), static_cast<const float*>(dout), qkv, qkv_type,
+                     static_cast<const float*>(out), lse, B, T, C, NH);
 }
 
 }  // namespace octet

@@ -80,7 +80,7 @@ bool gradient_cast_suffices(const LinearExecution& exec) {
          exec.recipe->granularity(TensorRole::gradient) == ScaleGranularity::per_tensor;
 }
 
-bool take_gradient_cast(LinearExecution& exec, const float* dout, const float* dbias) {
+bool take_gradient_cast(LinearExecution& exec, const void* dout, const float* dbias) {
   const bool ready = exec.gradient_cast_ready;
   exec.gradient_cast_ready = false;
   OCTET_CHECK(!ready || (casts_gradient(exec) && dbias == nullptr),

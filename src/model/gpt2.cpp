@@ -26,7 +26,7 @@ struct Gpt2::Activations {
     float* ln1_mean = nullptr;  // [N]
     float* ln1_rstd = nullptr;  // [N]
     void* qkv = nullptr;        // [N, 3C] in qkv_type_ (Backend::attention_input_type)
-    float* atty = nullptr;      // [N, C]
+    void* atty = nullptr;       // [N, C] in atty_type_ (Backend::attention_output_type)
     float* att_lse = nullptr;   // [N, NH]
     float* residual2 = nullptr;
     float* ln2 = nullptr;
@@ -55,8 +55,9 @@ struct Gpt2::Activations {
 // residual holds d(residual3), which mlp.c_proj reads; ln_2's backward adds into it, making it d(residual2),
 // which attn.c_proj reads; ln_1's backward adds into it, making it d(residual3) of layer l-1 (d(encoded)
 // after layer 0). The others hold one gradient each between its producer and its consumer:
-//   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU), then d(qkv) (attention -> attn.c_attn)
-//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention); [N, C] while d(fch)
+//   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU), then d(qkv) (attention -> attn.c_attn, in atty_type_)
+//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention, in atty_type_); [N, C]
+//                   while d(fch)
 //                   is not written, its FP8 cast being all that every mlp.c_fc reads (gradient_cast_suffices)
 //   ln     [N, C]:  d(lnf) (lm_head -> ln_f), d(ln2) (mlp.c_fc -> ln_2), d(ln1) (attn.c_attn -> ln_1)
 struct Gpt2::Gradients {
@@ -215,6 +216,9 @@ void Gpt2::plan_activations() {
   auto read = [&](std::string_view consumer) { return !input_cast_suffices(linear(consumer).exec); };
   // q, k, v in bf16 where the backend's attention rounds them to bf16 anyway.
   qkv_type_ = backend_.attention_input_type(C, NH);
+  // Its output, and the gradients on either side of it, in bf16 where the backend's attention reads and
+  // writes them in bf16 anyway.
+  atty_type_ = backend_.attention_output_type(C, NH);
   acts_ = std::make_unique<Activations>();
   Activations& a = *acts_;
   a.layers.resize(static_cast<size_t>(config_.layers));
@@ -227,7 +231,7 @@ void Gpt2::plan_activations() {
     p.take(x.ln1_mean, N);
     p.take(x.ln1_rstd, N);
     p.take(x.qkv, qkv_type_, N * 3 * C);
-    p.take(x.atty, N * C);
+    p.take(x.atty, atty_type_, N * C);
     p.take(x.att_lse, N * NH);
     p.take(x.residual2, N * C);
     if (read(h + "mlp.c_fc")) p.take(x.ln2, N * C);
@@ -488,11 +492,11 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     Linear& fc_proj = linear(h + "mlp.c_proj");
     layernorm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(h + "ln_1.weight"), P(h + "ln_1.bias"), N,
                    C);
-    backend_.linear_forward_as(x.qkv, qkv_type_, x.ln1, p + qkv.weight_offset, qkv.copy.get(),
+    backend_.linear_forward_as(x.qkv, qkv_type_, x.ln1, Dtype::f32, p + qkv.weight_offset, qkv.copy.get(),
                                p + qkv.bias_offset, N, C, 3 * C, qkv.exec);
-    backend_.attention_forward(x.atty, x.att_lse, x.qkv, qkv_type_, B, T, C, NH);
-    backend_.linear_forward(a.branch, x.atty, p + proj.weight_offset, proj.copy.get(), p + proj.bias_offset,
-                            N, C, C, proj.exec);
+    backend_.attention_forward_as(x.atty, atty_type_, x.att_lse, x.qkv, qkv_type_, B, T, C, NH);
+    backend_.linear_forward_as(a.branch, Dtype::f32, x.atty, atty_type_, p + proj.weight_offset,
+                               proj.copy.get(), p + proj.bias_offset, N, C, C, proj.exec);
     backend_.residual_forward(x.residual2, residual, a.branch, N * C);
     layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"),
                    N, C);
@@ -647,11 +651,13 @@ void Gpt2::backward(float dloss_scale) {
     backend_.layernorm_backward(d.residual, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d.ln, x.residual2,
                                 P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
-    backend_.linear_backward(datty, g + proj.weight_offset, g + proj.bias_offset, d.residual, x.atty,
-                             p + proj.weight_offset, proj.copy.get(), N, C, C, proj.exec);
-    backend_.attention_backward(dqkv, datty, x.qkv, qkv_type_, x.atty, x.att_lse, B, T, C, NH);
-    backend_.linear_backward(d.ln, g + qkv.weight_offset, g + qkv.bias_offset, dqkv, x.ln1,
-                             p + qkv.weight_offset, qkv.copy.get(), N, C, 3 * C, qkv.exec);
+    backend_.linear_backward_as(datty, atty_type_, g + proj.weight_offset, g + proj.bias_offset, d.residual,
+                                Dtype::f32, x.atty, atty_type_, p + proj.weight_offset, proj.copy.get(), N, C,
+                                C, proj.exec);
+    backend_.attention_backward_as(dqkv, datty, x.qkv, qkv_type_, x.atty, atty_type_, x.att_lse, B, T, C, NH);
+    backend_.linear_backward_as(d.ln, Dtype::f32, g + qkv.weight_offset, g + qkv.bias_offset, dqkv,
+                                atty_type_, x.ln1, Dtype::f32, p + qkv.weight_offset, qkv.copy.get(), N, C,
+                                3 * C, qkv.exec);
     backend_.layernorm_backward(d.residual, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d.ln, residual,
                                 P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd, N, C);
   }

@@ -1023,9 +1023,9 @@ TEST(FusedCast, RejectsInvalidArguments) {
       octet::cuda::bias_backward_cast(stats.data(), x.data(), 4, 4, good, nullptr, workspace, nullptr),
       octet::Error)
       << "a bias gradient without column partials";
-  EXPECT_THROW(
-      octet::cuda::bias_backward_cast(stats.data(), nullptr, 4, 4, good, stats.data(), workspace, nullptr),
-      octet::Error)
+  EXPECT_THROW(octet::cuda::bias_backward_cast(stats.data(), static_cast<const float*>(nullptr), 4, 4, good,
+                                               stats.data(), workspace, nullptr),
+               octet::Error)
       << "no dout";
   EXPECT_THROW(
       octet::cuda::bias_backward_cast(stats.data(), x.data(), -4, 4, good, stats.data(), workspace, nullptr),

@@ -239,5 +239,65 @@ TEST(GpuTrainingRecompute, TrainsBitForBitAsKeepingTheMlpOutput) {
   }
 }
 
+// Where cuDNN runs attention, attention's output and the gradients on either side of it are stored in bf16
+// (CudaBackendOptions::attention_outputs_in_bf16), which cuDNN reads and writes anyway: the GEMMs and casts
+// around it then read and write bf16 themselves instead of float32 copies converted to and from bf16. The
+// values are the same, so training is the same, bit for bit, as with float32 storage: in bf16 mode (BF16
+// GEMMs read and write the bf16 tensors), in fp8 mode with delayed scaling (fused casts read them), with
+// current scaling (the bf16 values widened for the amax pass) and with emulated FP8 GEMMs (which write
+// float32, rounded to bf16 after).
+TEST(GpuTrainingAttentionStorage, Bf16OutputsTrainBitForBitAsFloat32) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const Gpt2Config config = small_config();
+  const std::string kernels = cuda_attention_kernels(kB, kT, config.channels, config.heads,
+                                                     CudaBackendOptions::AttentionKernels::automatic);
+  if (kernels.rfind("cuDNN", 0) != 0) GTEST_SKIP() << "attention runs on " << kernels;
+  struct Case {
+    const char* name;
+    MixedPrecision mode;
+    RecipeKind recipe;
+    bool emulate;
+  };
+  for (const Case& c : {Case{"bf16", MixedPrecision::bf16, RecipeKind::delayed, false},
+                        Case{"fp8 delayed", MixedPrecision::fp8, RecipeKind::delayed, false},
+                        Case{"fp8 current", MixedPrecision::fp8, RecipeKind::current, false},
+                        Case{"fp8 delayed, emulated", MixedPrecision::fp8, RecipeKind::delayed, true}}) {
+    TrainingRun runs[2];
+    for (const bool bf16_storage : {true, false}) {
+      CudaBackendOptions options;
+      options.emulate_fp8 = c.emulate;
+      options.bf16_attention = true;
+      options.attention_outputs_in_bf16 = bf16_storage;
+      auto gpu = make_cuda_backend(options);
+      ASSERT_EQ(gpu->attention_output_type(config.channels, config.heads),
+                bf16_storage ? Dtype::bf16 : Dtype::f32)
+          << c.name;
+      runs[bf16_storage ? 0 : 1] = train(*gpu, precision(c.mode, c.recipe));
+    }
+    const TrainingRun& bf16 = runs[0];
+    const TrainingRun& f32 = runs[1];
+    ASSERT_EQ(bf16.losses.size(), f32.losses.size());
+    for (size_t s = 0; s < bf16.losses.size(); ++s) {
+      ASSERT_FALSE(std::isnan(bf16.losses[s])) << c.name << ", step " << s;
+      ASSERT_EQ(std::memcmp(&bf16.losses[s], &f32.losses[s], sizeof(float)), 0)
+          << c.name << ", step " << s << ": " << bf16.losses[s] << " with bf16 storage, " << f32.losses[s]
+          << " with float32";
+      EXPECT_EQ(bf16.fp8_gemms[s], f32.fp8_gemms[s]) << c.name;
+      EXPECT_EQ(bf16.other_gemms[s], f32.other_gemms[s]) << c.name;
+    }
+    ASSERT_EQ(bf16.states.size(), f32.states.size());
+    for (size_t i = 0; i < bf16.states.size(); ++i) {
+      EXPECT_EQ(bf16.states[i].activation.amax_history, f32.states[i].activation.amax_history)
+          << c.name << ", " << bf16.layers[i];
+      EXPECT_EQ(bf16.states[i].gradient.amax_history, f32.states[i].gradient.amax_history)
+          << c.name << ", " << bf16.layers[i];
+    }
+    if (c.mode == MixedPrecision::fp8) {
+      EXPECT_FALSE(bf16.states.empty()) << c.name;
+    }
+    EXPECT_LT(bf16.losses.back(), bf16.losses.front() * 0.8) << c.name;
+  }
+}
+
 }  // namespace
 }  // namespace octet

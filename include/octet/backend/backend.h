@@ -126,11 +126,25 @@ class Backend {
   // and v rounded to bf16 anyway (the CUDA backend's tensor-core attention), so that storing them rounded
   // changes no result and halves their bytes; Dtype::f32 otherwise (the default).
   virtual Dtype attention_input_type(int64_t /*C*/, int64_t /*NH*/) const { return Dtype::f32; }
-  // linear_forward with its output stored as `out_type`: Dtype::f32 is linear_forward itself; Dtype::bf16
-  // (only where attention_input_type says so) is its float32 result, bias included, rounded to bf16 once.
-  virtual void linear_forward_as(void* out, Dtype out_type, const float* inp, const float* weight,
-                                 const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                                 LinearExecution& exec);
+  // The type attention's output `out` and the gradients on either side of it (its dout, and its dqkv, which
+  // attn.c_attn's backward reads) are stored in: Dtype::bf16 where this backend's attention reads and writes
+  // them in bf16 anyway (the CUDA backend on cuDNN), so that storing them so changes no result and saves
+  // their conversions; Dtype::f32 otherwise (the default). Only where attention_input_type is bf16.
+  virtual Dtype attention_output_type(int64_t /*C*/, int64_t /*NH*/) const { return Dtype::f32; }
+
+  // linear_forward with its input stored as `inp_type` and its output as `out_type`. Dtype::f32 for both is
+  // linear_forward itself. A bf16 input (attention's output, where attention_output_type says so) gives the
+  // results of its float32 values. A bf16 output (attention's input, where attention_input_type says so) is
+  // the float32 result, bias included, rounded to bf16 once. The default takes f32 only.
+  virtual void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type,
+                                 const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
+                                 int64_t C, int64_t OC, LinearExecution& exec);
+  // linear_backward with dinp, dout and inp stored as the given types: bf16 values are read as their float32
+  // values, and a bf16 dinp is the float32 result rounded to bf16 once. The default takes f32 only.
+  virtual void linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,
+                                  Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
+                                  const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                                  LinearExecution& exec);
 
   // Causal multi-head self-attention over qkv [B, T, 3C] (q, k, v each [C], NH heads of C/NH) stored as
   // qkv_type (attention_input_type, or f32), writing out [B, T, C] and the softmax log-sum-exp per row, lse
@@ -141,6 +155,13 @@ class Backend {
   virtual void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type,
                                   const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                                   int64_t NH) = 0;
+  // The same with out (and, in the backward, dout and dqkv) stored as out_type (attention_output_type, or
+  // f32). The defaults take f32 only.
+  virtual void attention_forward_as(void* out, Dtype out_type, float* lse, const void* qkv, Dtype qkv_type,
+                                    int64_t B, int64_t T, int64_t C, int64_t NH);
+  virtual void attention_backward_as(void* dqkv, const void* dout, const void* qkv, Dtype qkv_type,
+                                     const void* out, Dtype out_type, const float* lse, int64_t B, int64_t T,
+                                     int64_t C, int64_t NH);
 
   // GELU, tanh approximation.
   virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;

@@ -40,6 +40,11 @@ struct CudaBackendOptions {
   // at construction where cuDNN cannot be loaded.
   enum class AttentionKernels { automatic, cudnn, octet };
   AttentionKernels attention = AttentionKernels::automatic;
+  // Where attention runs on cuDNN, which reads and writes bf16: attention's output and the gradients on
+  // either side of it (dout, dqkv) stored in bf16 (Backend::attention_output_type), which changes no result
+  // and saves converting them around every cuDNN call; false keeps them in float32 and converts (tests
+  // compare the two).
+  bool attention_outputs_in_bf16 = true;
 };
 
 // Throws octet::Error (invalid_input) when octet was built without CUDA or the device does not exist.

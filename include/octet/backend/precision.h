@@ -129,6 +129,6 @@ bool gradient_cast_suffices(const LinearExecution& exec);
 // (exec.gradient_cast_ready, cleared here) and checks it against what the call was given: a producer's cast
 // only for a layer with an FP8 backward GEMM and never with a second bias sum (dbias), and dout null only
 // where that cast is all the layer reads. Returns whether the producer cast the gradient.
-bool take_gradient_cast(LinearExecution& exec, const float* dout, const float* dbias);
+bool take_gradient_cast(LinearExecution& exec, const void* dout, const float* dbias);
 
 }  // namespace octet

@@ -171,6 +171,9 @@ class Gpt2 {
   std::unique_ptr<Buffer> tokens_;
   std::unique_ptr<Activations> acts_;
   Dtype qkv_type_ = Dtype::f32;  // how acts_ stores attention's input (Backend::attention_input_type)
+  // How acts_ stores attention's output, and the gradients store d(atty) and d(qkv)
+  // (Backend::attention_output_type).
+  Dtype atty_type_ = Dtype::f32;
   std::unique_ptr<Gradients> dacts_;
   std::vector<std::unique_ptr<Linear>> linears_;
   GemmCounters counters_;

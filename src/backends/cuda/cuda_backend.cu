@@ -474,45 +474,30 @@ class CudaBackend final : public Backend {
   Dtype attention_input_type(int64_t C, int64_t NH) const override {
     return cuda::attention_uses_tensor_cores(C, NH, attention_options_) ? Dtype::bf16 : Dtype::f32;
   }
-  void linear_forward_as(void* out, Dtype out_type, const float* inp, const float* weight,
+  Dtype attention_output_type(int64_t C, int64_t NH) const override {
+    const bool cudnn = cudnn_ != nullptr && options_.attention_outputs_in_bf16;
+    return cudnn && attention_input_type(C, NH) == Dtype::bf16 ? Dtype::bf16 : Dtype::f32;
+  }
+  void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type, const float* weight,
                          const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                          LinearExecution& exec) override;
+  void linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,
+                          Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
+                          const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                          LinearExecution& exec) override;
   void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
                          int64_t C, int64_t NH) override {
-    const OpScope scope(*this, OpKind::attention);
-    if (use_cudnn(qkv, qkv_type, B, T, C, NH)) {
-      // cuDNN writes bf16; the model keeps float32 (exact: every bf16 is a float32).
-      const size_t n = static_cast<size_t>(B * T * C);
-      auto* out_bf16 = attention_bf16_[0].as<uint16_t>(n, stream_);
-      cudnn_->forward(out_bf16, lse, static_cast<const uint16_t*>(qkv), B, T, C, NH, stream_);
-      cuda::convert_from_bf16(out, out_bf16, static_cast<int64_t>(n), stream_);
-      return;
-    }
-    cuda::attention_forward(out, lse, qkv, qkv_type, B, T, C, NH, attention_workspace_, attention_options_,
-                            stream_);
+    attention_forward_as(out, Dtype::f32, lse, qkv, qkv_type, B, T, C, NH);
   }
   void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
                           const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {
-    const OpScope scope(*this, OpKind::attention);
-    if (use_cudnn(qkv, qkv_type, B, T, C, NH)) {
-      // out holds bf16 values (the forward's, widened), so its bf16 copy is exact; dout is rounded to bf16,
-      // as octet's kernels round it for their products.
-      const size_t n = static_cast<size_t>(B * T * C);
-      auto* out_bf16 = attention_bf16_[0].as<uint16_t>(n, stream_);
-      auto* dout_bf16 = attention_bf16_[1].as<uint16_t>(n, stream_);
-      auto* dqkv_bf16 = attention_bf16_[2].as<uint16_t>(3 * n, stream_);
-      cuda::convert_to_bf16(reinterpret_cast<__nv_bfloat16*>(out_bf16), out, static_cast<int64_t>(n),
-                            stream_);
-      cuda::convert_to_bf16(reinterpret_cast<__nv_bfloat16*>(dout_bf16), dout, static_cast<int64_t>(n),
-                            stream_);
-      cudnn_->backward(dqkv_bf16, dout_bf16, static_cast<const uint16_t*>(qkv), out_bf16, lse, B, T, C, NH,
-                       stream_);
-      cuda::convert_from_bf16(dqkv, dqkv_bf16, static_cast<int64_t>(3 * n), stream_);
-      return;
-    }
-    cuda::attention_backward(dqkv, dout, qkv, qkv_type, out, lse, B, T, C, NH, attention_workspace_,
-                             attention_options_, stream_);
+    attention_backward_as(dqkv, dout, qkv, qkv_type, out, Dtype::f32, lse, B, T, C, NH);
   }
+  void attention_forward_as(void* out, Dtype out_type, float* lse, const void* qkv, Dtype qkv_type, int64_t B,
+                            int64_t T, int64_t C, int64_t NH) override;
+  void attention_backward_as(void* dqkv, const void* dout, const void* qkv, Dtype qkv_type, const void* out,
+                             Dtype out_type, const float* lse, int64_t B, int64_t T, int64_t C,
+                             int64_t NH) override;
 
   void gelu_forward(float* out, const float* inp, int64_t n) override {
     const OpScope scope(*this, OpKind::norm_activation);
@@ -608,6 +593,19 @@ class CudaBackend final : public Backend {
   CudaSavedInput& saved_input(LinearExecution& exec, int64_t N, int64_t C);
   // Casts the forward's input x [N, C] into exec.saved_input.
   void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec);
+  // The same for a bf16 input (its bits): in one pass that reads the bf16 values where producer_casts(exec),
+  // else cast_input of their float32 values.
+  void cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec);
+  // A tensor stored as float32 or as bf16 (attention's output and the gradients on either side of it).
+  struct Stored {
+    const void* data;
+    Dtype type;
+  };
+  // x [n] as float32: itself, or its bf16 values widened into widened_[slot].
+  const float* as_f32(Stored x, int64_t n, int slot);
+  // x [n] as a GEMM in `mode` (BF16 or FP16) reads it: a 16-byte aligned bf16 x itself in BF16 mode, else
+  // its wide_copy (in wide_[slot]).
+  const void* as_wide(Stored x, int64_t n, GemmMode mode, int slot);
   // Whether a producer may write the layer's input cast in its own pass: the recipe knows the scale before
   // the cast (delayed, static; current scaling needs the amax first) and no SQNR pass needs the float values.
   bool producer_casts(const LinearExecution& exec) const;
@@ -621,6 +619,10 @@ class CudaBackend final : public Backend {
   // bias_backward before the cast.
   void cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC, const LinearExecution& exec,
                      float* dbias = nullptr);
+  // The same for a bf16 dout (its bits): in one pass that reads the bf16 values where producer_casts(exec),
+  // else cast_gradient of their float32 values.
+  void cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t N, int64_t OC,
+                          const LinearExecution& exec, float* dbias);
   // The FusedCast of a gradient dout [N, C] as the layer's gradient operand in `format`, for a kernel that
   // writes the cast in its own pass (bias_backward_cast, gelu_backward_cast): the scale from begin_cast, the
   // codes into dy_codes_ and dy_codes_transposed_, scale_inv and results in the layer's state. The caller
@@ -640,7 +642,7 @@ class CudaBackend final : public Backend {
   const void* wide_copy(const float* x, int64_t n, GemmMode mode, int slot);
   // linear_forward's GEMM, writing float32 to out or, with out_bf16 instead (BF16 GEMMs, and FP8 ones on FP8
   // tensor cores), bf16 there. With `recompute` (FP8 only): linear_recompute's, on the kept codes, uncounted.
-  void forward_gemm(float* out, __nv_bfloat16* out_bf16, const float* inp, const float* weight,
+  void forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
                     const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                     LinearExecution& exec, bool recompute = false);
   // A BF16, FP16 or FP32 GEMM.
@@ -649,9 +651,10 @@ class CudaBackend final : public Backend {
     gemm_->run(p, stream_);
   }
   // dinp [N, C] = dout [N, OC] x W [OC, C] with dout and the weight copy already in `mode`'s type (BF16 or
-  // FP16); dinp is the GEMM's float32 result.
+  // FP16); dinp is the GEMM's float32 result, or, with dinp_bf16 instead (BF16 mode), that rounded to bf16.
   void wide_input_gradient(float* dinp, const void* dout_wide, const void* weight_wide, int64_t N, int64_t C,
-                           int64_t OC, GemmMode mode, LinearExecution& exec);
+                           int64_t OC, GemmMode mode, LinearExecution& exec,
+                           __nv_bfloat16* dinp_bf16 = nullptr);
   // dweight [OC, C] += dout^T [OC, N] x inp [N, C], both operands of `type`; accumulated in float32.
   void weight_gradient_gemm(float* dweight, GemmType type, const void* dout, const void* inp, int64_t N,
                             int64_t C, int64_t OC, LinearExecution& exec);
@@ -694,6 +697,9 @@ class CudaBackend final : public Backend {
   std::string cudnn_why_not_;
   std::set<std::tuple<int64_t, int64_t, int64_t, int64_t>> cudnn_refused_;
   DeviceScratch attention_bf16_[3];
+  // Where octet's kernels run attention whose output and gradients are stored in bf16: float32 staging of
+  // out, dout and dqkv.
+  DeviceScratch attention_f32_[3];
 
   // Whether this attention call runs on cuDNN: loaded, bf16 q, k, v at 16-byte aligned addresses, and an
   // engine for the shape (a refused shape runs octet's kernels, with one warning per shape on stderr).
@@ -721,6 +727,10 @@ class CudaBackend final : public Backend {
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
   DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_, column_partials_;
   DeviceScratch bias_;  // a forward GEMM's bias as its epilogue reads it
+  // bf16 operands of a linear layer widened to float32 where a GEMM or cast cannot read them as they are
+  // (as_f32): slot 0 for dout (or the forward's input), 1 for the backward's input; slot 2 stages a float32
+  // input gradient that is stored in bf16.
+  DeviceScratch widened_[3];
   // The row-major codes of the last input cast (cast_input, producer_cast), x [N, C], for its forward GEMM,
   // and whose they are: one buffer for every layer, as each forward GEMM follows its input's cast and only
   // the transposed codes are kept for the backward.
@@ -1238,43 +1248,174 @@ void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float*
   make_wide_weight(*w, weight, OC, C, exec);
 }
 
+// cuDNN reads and writes out, dout and dqkv in bf16, octet's kernels in float32: each is used where it is
+// stored so and converted (into attention_bf16_ or attention_f32_) where not. On cuDNN with bf16 storage
+// (attention_output_type), nothing is converted.
+void CudaBackend::attention_forward_as(void* out, Dtype out_type, float* lse, const void* qkv, Dtype qkv_type,
+                                       int64_t B, int64_t T, int64_t C, int64_t NH) {
+  OCTET_CHECK(out_type == Dtype::f32 || out_type == Dtype::bf16, "attention's output in f32 or bf16, got {}",
+              dtype_name(out_type));
+  const OpScope scope(*this, OpKind::attention);
+  const auto n = static_cast<size_t>(B * T * C);
+  const bool bf16_out = out_type == Dtype::bf16 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (use_cudnn(qkv, qkv_type, B, T, C, NH)) {
+    auto* o = bf16_out ? static_cast<uint16_t*>(out) : attention_bf16_[0].as<uint16_t>(n, stream_);
+    cudnn_->forward(o, lse, static_cast<const uint16_t*>(qkv), B, T, C, NH, stream_);
+    if (out_type == Dtype::f32) {
+      cuda::convert_from_bf16(static_cast<float*>(out), o, static_cast<int64_t>(n), stream_);
+    } else if (!bf16_out) {
+      OCTET_CUDA_CHECK(cudaMemcpyAsync(out, o, n * 2, cudaMemcpyDeviceToDevice, stream_));
+    }
+    return;
+  }
+  float* o = out_type == Dtype::f32 ? static_cast<float*>(out) : attention_f32_[0].as<float>(n, stream_);
+  cuda::attention_forward(o, lse, qkv, qkv_type, B, T, C, NH, attention_workspace_, attention_options_,
+                          stream_);
+  if (out_type == Dtype::bf16) {
+    convert_to_bf16(static_cast<__nv_bfloat16*>(out), o, static_cast<int64_t>(n), stream_);
+  }
+}
+
+void CudaBackend::attention_backward_as(void* dqkv, const void* dout, const void* qkv, Dtype qkv_type,
+                                        const void* out, Dtype out_type, const float* lse, int64_t B,
+                                        int64_t T, int64_t C, int64_t NH) {
+  OCTET_CHECK(out_type == Dtype::f32 || out_type == Dtype::bf16,
+              "attention's output and gradients in f32 or bf16, got {}", dtype_name(out_type));
+  const OpScope scope(*this, OpKind::attention);
+  const auto n = static_cast<size_t>(B * T * C);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (use_cudnn(qkv, qkv_type, B, T, C, NH)) {
+    if (out_type == Dtype::bf16 && aligned(dqkv) && aligned(dout) && aligned(out)) {
+      cudnn_->backward(static_cast<uint16_t*>(dqkv), static_cast<const uint16_t*>(dout),
+                       static_cast<const uint16_t*>(qkv), static_cast<const uint16_t*>(out), lse, B, T, C, NH,
+                       stream_);
+      return;
+    }
+    // Staged in bf16. A float32 out holds bf16 values (the forward's, widened), so its bf16 copy is exact; a
+    // float32 dout is rounded to bf16, as octet's kernels round it for their products.
+    auto* out_bf16 = attention_bf16_[0].as<uint16_t>(n, stream_);
+    auto* dout_bf16 = attention_bf16_[1].as<uint16_t>(n, stream_);
+    auto* dqkv_bf16 = attention_bf16_[2].as<uint16_t>(3 * n, stream_);
+    if (out_type == Dtype::f32) {
+      cuda::convert_to_bf16(reinterpret_cast<__nv_bfloat16*>(out_bf16), static_cast<const float*>(out),
+                            static_cast<int64_t>(n), stream_);
+      cuda::convert_to_bf16(reinterpret_cast<__nv_bfloat16*>(dout_bf16), static_cast<const float*>(dout),
+                            static_cast<int64_t>(n), stream_);
+    } else {
+      OCTET_CUDA_CHECK(cudaMemcpyAsync(out_bf16, out, n * 2, cudaMemcpyDeviceToDevice, stream_));
+      OCTET_CUDA_CHECK(cudaMemcpyAsync(dout_bf16, dout, n * 2, cudaMemcpyDeviceToDevice, stream_));
+    }
+    cudnn_->backward(dqkv_bf16, dout_bf16, static_cast<const uint16_t*>(qkv), out_bf16, lse, B, T, C, NH,
+                     stream_);
+    if (out_type == Dtype::f32) {
+      cuda::convert_from_bf16(static_cast<float*>(dqkv), dqkv_bf16, static_cast<int64_t>(3 * n), stream_);
+    } else {
+      OCTET_CUDA_CHECK(cudaMemcpyAsync(dqkv, dqkv_bf16, 3 * n * 2, cudaMemcpyDeviceToDevice, stream_));
+    }
+    return;
+  }
+  if (out_type == Dtype::f32) {
+    cuda::attention_backward(static_cast<float*>(dqkv), static_cast<const float*>(dout), qkv, qkv_type,
+                             static_cast<const float*>(out), lse, B, T, C, NH, attention_workspace_,
+                             attention_options_, stream_);
+    return;
+  }
+  // bf16 storage on octet's kernels (a shape cuDNN refused): float32 staging around them.
+  auto* out_f32 = attention_f32_[0].as<float>(n, stream_);
+  auto* dout_f32 = attention_f32_[1].as<float>(n, stream_);
+  auto* dqkv_f32 = attention_f32_[2].as<float>(3 * n, stream_);
+  cuda::convert_from_bf16(out_f32, static_cast<const uint16_t*>(out), static_cast<int64_t>(n), stream_);
+  cuda::convert_from_bf16(dout_f32, static_cast<const uint16_t*>(dout), static_cast<int64_t>(n), stream_);
+  cuda::attention_backward(dqkv_f32, dout_f32, qkv, qkv_type, out_f32, lse, B, T, C, NH, attention_workspace_,
+                           attention_options_, stream_);
+  convert_to_bf16(static_cast<__nv_bfloat16*>(dqkv), dqkv_f32, static_cast<int64_t>(3 * n), stream_);
+}
+
 void CudaBackend::linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                                  const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
-  forward_gemm(out, nullptr, inp, weight, copy, bias, N, C, OC, exec);
+  forward_gemm(out, nullptr, {inp, Dtype::f32}, weight, copy, bias, N, C, OC, exec);
 }
 
 void CudaBackend::linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias,
                                    int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
   OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
               "an FP8 forward whose input codes were kept (keep_input_codes)");
-  forward_gemm(out, nullptr, nullptr, weight, copy, bias, N, C, OC, exec, true);
+  forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true);
 }
 
-void CudaBackend::linear_forward_as(void* out, Dtype out_type, const float* inp, const float* weight,
-                                    const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
-                                    int64_t OC, LinearExecution& exec) {
+void CudaBackend::linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type,
+                                    const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
+                                    int64_t C, int64_t OC, LinearExecution& exec) {
   OCTET_CHECK(out_type == Dtype::f32 || out_type == Dtype::bf16, "linear outputs in f32 or bf16, got {}",
               dtype_name(out_type));
+  OCTET_CHECK(inp_type == Dtype::f32 || inp_type == Dtype::bf16, "linear inputs in f32 or bf16, got {}",
+              dtype_name(inp_type));
+  const Stored x{inp, inp_type};
   if (out_type == Dtype::f32) {
-    forward_gemm(static_cast<float*>(out), nullptr, inp, weight, copy, bias, N, C, OC, exec);
+    forward_gemm(static_cast<float*>(out), nullptr, x, weight, copy, bias, N, C, OC, exec);
     return;
   }
   auto* out_bf16 = static_cast<__nv_bfloat16*>(out);
   const bool direct = reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
                       (exec.forward == GemmMode::bf16 || (exec.forward == GemmMode::fp8 && !emulate_fp8_));
   if (direct) {
-    forward_gemm(nullptr, out_bf16, inp, weight, copy, bias, N, C, OC, exec);
+    forward_gemm(nullptr, out_bf16, x, weight, copy, bias, N, C, OC, exec);
     return;
   }
   // Modes whose GEMMs cannot write bf16 (float32, FP16, FP8 without FP8 tensor cores): the float32 result,
   // then rounded to bf16 (to nearest even), as the epilogue's bf16 output rounds it.
   auto* y = producer_output_.as<float>(static_cast<size_t>(N * OC), stream_);
-  forward_gemm(y, nullptr, inp, weight, copy, bias, N, C, OC, exec);
+  forward_gemm(y, nullptr, x, weight, copy, bias, N, C, OC, exec);
   const OpScope scope(*this, OpKind::casts);
   convert_to_bf16(out_bf16, y, N * OC, stream_);
 }
 
-void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, const float* inp, const float* weight,
+const float* CudaBackend::as_f32(Stored x, int64_t n, int slot) {
+  if (x.type == Dtype::f32 || x.data == nullptr) return static_cast<const float*>(x.data);
+  const OpScope scope(*this, OpKind::casts);
+  auto* out = widened_[slot].as<float>(static_cast<size_t>(n), stream_);
+  cuda::convert_from_bf16(out, static_cast<const uint16_t*>(x.data), n, stream_);
+  return out;
+}
+
+const void* CudaBackend::as_wide(Stored x, int64_t n, GemmMode mode, int slot) {
+  if (x.type == Dtype::bf16 && mode == GemmMode::bf16 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
+    return x.data;
+  }
+  return wide_copy(as_f32(x, n, slot), n, mode, slot);
+}
+
+void CudaBackend::cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec) {
+  if (!producer_casts(exec)) {
+    cast_input(as_f32({x, Dtype::bf16}, N * C, 0), N, C, exec);
+    return;
+  }
+  const OpScope scope(*this, OpKind::casts);
+  producer_cast(N, C, exec, [&](const FusedCast& cast) { cuda::cast_bf16(x, N, C, cast, stream_); });
+}
+
+void CudaBackend::cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t N, int64_t OC,
+                                     const LinearExecution& exec, float* dbias) {
+  if (!producer_casts(exec)) {
+    cast_gradient(layer, as_f32({dout, Dtype::bf16}, N * OC, 0), N, OC, exec, dbias);
+    return;
+  }
+  // cast_gradient's fused cast (and bias gradient), reading the bf16 values.
+  const OpScope scope(*this, OpKind::casts);
+  const Dtype format = exec.formats.gradient;
+  const FusedCast cast = gradient_fused_cast(layer, format, N, OC);
+  if (dbias != nullptr) {
+    float* partials =
+        column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
+    cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_);
+  } else {
+    cuda::cast_bf16(dout, N, OC, cast, stream_);
+  }
+  end_cast(layer, kGradient, format, N * OC, true, exec.telemetry != nullptr);
+  ready_gradient_ = {};
+}
+
+void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
                                const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                                LinearExecution& exec, bool recompute) {
   const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
@@ -1292,7 +1433,7 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, const float*
     case GemmMode::f32:
       p.bias_type = GemmType::f32;
       p.a_type = p.b_type = GemmType::f32;
-      p.a = inp;
+      p.a = as_f32(inp, N * C, 0);
       p.b = weight;
       wide_gemm(p);
       if (exec.other_gemms) *exec.other_gemms += 1;
@@ -1302,7 +1443,7 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, const float*
       OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
       p.a_type = p.b_type = wide_type(exec.forward);
       p.bias_type = bf16_output ? GemmType::bf16 : GemmType::f32;
-      p.a = wide_copy(inp, N * C, exec.forward, 0);
+      p.a = as_wide(inp, N * C, exec.forward, 0);
       p.b = const_cast<CudaWeightCopy*>(w)->wide.get(0, stream_);
       wide_gemm(p);
       if (exec.other_gemms) *exec.other_gemms += 1;
@@ -1311,7 +1452,13 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, const float*
       OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
       Layer& layer = prepared_layer(exec, w);
       if (!recompute) {
-        if (!exec.input_cast_ready) cast_input(inp, N, C, exec);
+        if (!exec.input_cast_ready) {
+          if (inp.type == Dtype::bf16) {
+            cast_input_bf16(static_cast<const uint16_t*>(inp.data), N, C, exec);
+          } else {
+            cast_input(static_cast<const float*>(inp.data), N, C, exec);
+          }
+        }
         exec.input_cast_ready = false;
       }
       auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
@@ -1333,14 +1480,34 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, const float*
 void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const WeightCopy* copy, int64_t N,
                                   int64_t C, int64_t OC, LinearExecution& exec) {
+  linear_backward_as(dinp, Dtype::f32, dweight, dbias, dout, Dtype::f32, inp, Dtype::f32, weight, copy, N, C,
+                     OC, exec);
+}
+
+void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias,
+                                     const void* dout_data, Dtype dout_type, const void* inp_data,
+                                     Dtype inp_type, const float* weight, const WeightCopy* copy, int64_t N,
+                                     int64_t C, int64_t OC, LinearExecution& exec) {
+  for (const Dtype type : {dinp_type, dout_type, inp_type}) {
+    OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16,
+                "linear gradients and inputs in f32 or bf16, got {}", dtype_name(type));
+  }
   auto* w = const_cast<CudaWeightCopy*>(dynamic_cast<const CudaWeightCopy*>(copy));
+  const Stored dout{dout_data, dout_type};
+  const Stored inp{inp_data, inp_type};
+  const auto* dout_bf16 = dout_type == Dtype::bf16 ? static_cast<const uint16_t*>(dout_data) : nullptr;
+  const auto* dout_f32 = dout_type == Dtype::f32 ? static_cast<const float*>(dout_data) : nullptr;
   const bool fp8 = casts_gradient(exec);
-  const bool ready = take_gradient_cast(exec, dout, dbias);
+  const bool ready = take_gradient_cast(exec, dout_data, dbias);
   // An FP8 backward sums the bias gradient with its gradient cast (cast_gradient), in one pass over dout
   // where it can.
   if (dbias != nullptr && !fp8) {
     const OpScope scope(*this, OpKind::other);
-    bias_backward(dbias, dout, N, OC, workspace_, stream_);
+    if (dout_bf16 != nullptr) {
+      bias_backward(dbias, dout_bf16, N, OC, workspace_, stream_);
+    } else {
+      bias_backward(dbias, dout_f32, N, OC, workspace_, stream_);
+    }
   }
   const size_t ny = static_cast<size_t>(N * OC);
   uint8_t* dy = nullptr;
@@ -1353,12 +1520,26 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
           ready_gradient_.consumer == &exec && ready_gradient_.rows == N && ready_gradient_.cols == OC,
           "the gradient cast its producer made for this layer, [{}, {}]", N, OC);
       ready_gradient_ = {};
+    } else if (dout_bf16 != nullptr) {
+      cast_gradient_bf16(*layer, dout_bf16, N, OC, exec, dbias);
     } else {
-      cast_gradient(*layer, dout, N, OC, exec, dbias);
+      cast_gradient(*layer, dout_f32, N, OC, exec, dbias);
     }
     dy = static_cast<uint8_t*>(dy_codes_.get(ny, stream_));
     dy_t = static_cast<uint8_t*>(dy_codes_transposed_.get(ny, stream_));
   }
+
+  // dinp: float32, or bf16, which BF16 GEMMs and FP8 ones on FP8 tensor cores write themselves (rounding
+  // their float32 result once); the others write float32 to widened_[2], rounded to bf16 afterwards.
+  auto* dinp_f32 = dinp_type == Dtype::f32 ? static_cast<float*>(dinp) : nullptr;
+  auto* dinp_bf16 = dinp_type == Dtype::bf16 ? static_cast<__nv_bfloat16*>(dinp) : nullptr;
+  const bool bf16_direct =
+      dinp_bf16 != nullptr && reinterpret_cast<uintptr_t>(dinp) % 16 == 0 &&
+      (exec.input_gradient == GemmMode::bf16 || (exec.input_gradient == GemmMode::fp8 && !emulate_fp8_));
+  if (dinp_bf16 != nullptr && !bf16_direct) {
+    dinp_f32 = widened_[2].as<float>(static_cast<size_t>(N * C), stream_);
+  }
+  __nv_bfloat16* gemm_bf16 = bf16_direct ? dinp_bf16 : nullptr;
 
   const void* dout_wide = nullptr;  // dout rounded to BF16/FP16 (slot 0), once for both GEMMs
   // Input gradient: dinp [N, C] = dout [N, OC] x W [OC, C], i.e. A = dout (K = OC), B = W^T.
@@ -1369,10 +1550,10 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
       p.N = C;
       p.K = OC;
       p.a_type = p.b_type = GemmType::f32;
-      p.a = dout;
+      p.a = as_f32(dout, N * OC, 0);
       p.b = weight;
       p.b_transposed = true;
-      p.d = dinp;
+      p.d = dinp_f32;
       wide_gemm(p);
       if (exec.other_gemms) *exec.other_gemms += 1;
       break;
@@ -1380,17 +1561,24 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
     case GemmMode::bf16:
     case GemmMode::f16: {
       OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
-      dout_wide = wide_copy(dout, N * OC, exec.input_gradient, 0);
-      wide_input_gradient(dinp, dout_wide, w->wide.get(0, stream_), N, C, OC, exec.input_gradient, exec);
+      dout_wide = as_wide(dout, N * OC, exec.input_gradient, 0);
+      wide_input_gradient(gemm_bf16 != nullptr ? nullptr : dinp_f32, dout_wide, w->wide.get(0, stream_), N, C,
+                          OC, exec.input_gradient, exec, gemm_bf16);
       break;
     }
     case GemmMode::fp8:
       OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
-      fp8_gemm(dinp, dy, exec.formats.gradient, &layer->device->gradient_scale_inv,
+      fp8_gemm(gemm_bf16 != nullptr ? nullptr : dinp_f32, dy, exec.formats.gradient,
+               &layer->device->gradient_scale_inv,
                static_cast<const uint8_t*>(w->fp8_transposed.get(0, stream_)), exec.formats.weight,
-               &layer->device->weight_scale_inv, N, C, OC, false, exec.fast_accumulation_backward);
+               &layer->device->weight_scale_inv, N, C, OC, false, exec.fast_accumulation_backward, nullptr,
+               gemm_bf16);
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
+  }
+  if (dinp_bf16 != nullptr && !bf16_direct) {
+    const OpScope scope(*this, OpKind::casts);
+    convert_to_bf16(dinp_bf16, dinp_f32, N * C, stream_);
   }
 
   // Weight gradient, accumulated in float32: dweight [OC, C] += dout^T [OC, N] x inp [N, C] (K = N).
@@ -1399,14 +1587,15 @@ void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, con
     case GemmMode::bf16:
     case GemmMode::f16: {
       if (exec.weight_gradient == GemmMode::f32) {
-        weight_gradient_gemm(dweight, GemmType::f32, dout, inp, N, C, OC, exec);
+        weight_gradient_gemm(dweight, GemmType::f32, as_f32(dout, N * OC, 0), as_f32(inp, N * C, 1), N, C, OC,
+                             exec);
       } else {
         // The input gradient's rounded copy of dout, when it made one of the same type.
         const void* a = exec.input_gradient == exec.weight_gradient
                             ? dout_wide
-                            : wide_copy(dout, N * OC, exec.weight_gradient, 0);
+                            : as_wide(dout, N * OC, exec.weight_gradient, 0);
         weight_gradient_gemm(dweight, wide_type(exec.weight_gradient), a,
-                             wide_copy(inp, N * C, exec.weight_gradient, 1), N, C, OC, exec);
+                             as_wide(inp, N * C, exec.weight_gradient, 1), N, C, OC, exec);
       }
       break;
     }
@@ -1472,7 +1661,8 @@ void CudaBackend::lm_head_chunk(float* losses, float* logits, const int32_t* tar
 }
 
 void CudaBackend::wide_input_gradient(float* dinp, const void* dout_wide, const void* weight_wide, int64_t N,
-                                      int64_t C, int64_t OC, GemmMode mode, LinearExecution& exec) {
+                                      int64_t C, int64_t OC, GemmMode mode, LinearExecution& exec,
+                                      __nv_bfloat16* dinp_bf16) {
   GemmProblem p;
   p.M = N;
   p.N = C;
@@ -1482,6 +1672,7 @@ void CudaBackend::wide_input_gradient(float* dinp, const void* dout_wide, const 
   p.b = weight_wide;
   p.b_transposed = true;
   p.d = dinp;
+  p.d_bf16 = dinp_bf16;
   wide_gemm(p);
   if (exec.other_gemms) *exec.other_gemms += 1;
 }

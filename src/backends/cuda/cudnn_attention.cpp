@@ -47,8 +47,8 @@ struct CudnnApi {
     if (status == CUDNN_STATUS_SUCCESS) return;
     std::array<char, 1024> detail{};
     if (get_last_error_string != nullptr) get_last_error_string(detail.data(), detail.size());
-    throw Error(ErrorKind::internal, fmt::format("cuDNN: {} failed: {} {}", what, get_error_string(status),
-                                                 detail.data()));
+    throw Error(ErrorKind::internal,
+                fmt::format("cuDNN: {} failed: {} {}", what, get_error_string(status), detail.data()));
   }
 };
 
@@ -142,7 +142,8 @@ class GraphBuilder {
     return t.get();
   }
   // A float32 (or `type`) intermediate that never reaches memory.
-  cudnnBackendDescriptor_t virt(const Dims& dims, const Dims& strides, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
+  cudnnBackendDescriptor_t virt(const Dims& dims, const Dims& strides,
+                                cudnnDataType_t type = CUDNN_DATA_FLOAT) {
     return tensor(next_virtual_++, type, dims, strides, true);
   }
   cudnnBackendDescriptor_t scalar(int64_t uid) {
@@ -264,8 +265,8 @@ class GraphBuilder {
         reasons += fmt::format(" engine {}: {};", index, api_.get_error_string(status));
         continue;
       }
-      api_.check(api_.get_attribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                    &got, &plan_.workspace_bytes),
+      api_.check(api_.get_attribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
+                                    1, &got, &plan_.workspace_bytes),
                  "execution plan workspace size");
       plan_.plan = std::move(plan);
       plan_.engine = index;
@@ -427,7 +428,9 @@ bool load_symbol(void* library, const char* name, F*& out, std::string* missing)
   return out != nullptr;
 }
 
-size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+size_t align_up(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
 
 }  // namespace
 
@@ -545,8 +548,13 @@ void CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, int
   float neg_inf = -std::numeric_limits<float>::infinity();
   void* workspace = reserve_workspace(static_cast<size_t>(plan.workspace_bytes), stream);
   const int64_t uids[] = {kQ, kKt, kV, kO, kStats, kScale, kNegInf};
-  void* pointers[] = {const_cast<uint16_t*>(qkv),     const_cast<uint16_t*>(qkv + C),
-                      const_cast<uint16_t*>(qkv + 2 * C), out, lse, &scale, &neg_inf};
+  void* pointers[] = {const_cast<uint16_t*>(qkv),
+                      const_cast<uint16_t*>(qkv + C),
+                      const_cast<uint16_t*>(qkv + 2 * C),
+                      out,
+                      lse,
+                      &scale,
+                      &neg_inf};
   execute(*api_, cudnn, plan, uids, pointers, 7, workspace);
 }
 
@@ -566,7 +574,8 @@ void CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16
       reserve_workspace(row_dot_bytes + accum_bytes + static_cast<size_t>(plan.workspace_bytes), stream));
   uint8_t* accum = base + row_dot_bytes;
   OCTET_CUDA_CHECK(cudaMemsetAsync(accum, 0, accum_bytes, stream));
-  const int64_t uids[] = {kQ, kKt, kVt, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kRowDot, kDQAccum};
+  const int64_t uids[] = {kQ,  kKt, kVt,    kO,      kDO,  kStats,  kDQ,
+                          kDK, kDV, kScale, kNegInf, kOne, kRowDot, kDQAccum};
   void* pointers[] = {const_cast<uint16_t*>(qkv),
                       const_cast<uint16_t*>(qkv + C),
                       const_cast<uint16_t*>(qkv + 2 * C),

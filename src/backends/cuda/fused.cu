@@ -138,6 +138,27 @@ struct IdentityProducer {
   }
 };
 
+// bf16 values (their bits) as they are, widened to float32 (exact): a cast of attention's bf16 output or
+// gradient. W = 4 reads 8 bytes.
+struct Bf16Producer {
+  const uint16_t* x;
+  template <int W>
+  __device__ __forceinline__ Pack<W> produce(int64_t i) const {
+    Pack<W> p;
+    if constexpr (W == 4) {
+      const uint2 q = *reinterpret_cast<const uint2*>(x + i);
+      p.v[0] = __uint_as_float(q.x << 16);
+      p.v[1] = __uint_as_float(q.x & 0xFFFF0000u);
+      p.v[2] = __uint_as_float(q.y << 16);
+      p.v[3] = __uint_as_float(q.y & 0xFFFF0000u);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) p.v[k] = __uint_as_float(static_cast<uint32_t>(x[i + k]) << 16);
+    }
+    return p;
+  }
+};
+
 // ops.cu's AdamW: elementwise::adamw_pack, with the constants of elementwise::adamw_constants.
 struct AdamWProducer {
   float* params;
@@ -559,6 +580,28 @@ void bias_backward_cast(float* dbias, const float* dout, int64_t rows, int64_t c
                            column_partials);
   OCTET_CUDA_CHECK_LAUNCH("bias_backward_cast");
   bias_backward(dbias, column_partials, bias_backward_cast_partial_rows(rows), cols, workspace, stream);
+}
+
+void bias_backward_cast(float* dbias, const uint16_t* dout, int64_t rows, int64_t cols, const FusedCast& cast,
+                        float* column_partials, Workspace& workspace, cudaStream_t stream) {
+  OCTET_REQUIRE(rows >= 0 && cols >= 0, "bias_backward_cast: the shape must not be negative, got [{}, {}]",
+                rows, cols);
+  check_cast(cast, rows * cols, "bias_backward_cast");
+  OCTET_REQUIRE(dbias != nullptr, "bias_backward_cast: dbias must be given (without it, cast_bf16 casts)");
+  OCTET_REQUIRE(rows * cols == 0 || (dout != nullptr && column_partials != nullptr),
+                "bias_backward_cast: dout and column_partials must be given");
+  launch_elementwise<true>(Bf16Producer{dout}, aligned(dout, 8), rows, cols, cast, stream, column_partials);
+  OCTET_CUDA_CHECK_LAUNCH("bias_backward_cast");
+  bias_backward(dbias, column_partials, bias_backward_cast_partial_rows(rows), cols, workspace, stream);
+}
+
+void cast_bf16(const uint16_t* x, int64_t rows, int64_t cols, const FusedCast& cast, cudaStream_t stream) {
+  OCTET_REQUIRE(rows >= 0 && cols >= 0, "cast_bf16: the shape must not be negative, got [{}, {}]", rows,
+                cols);
+  check_cast(cast, rows * cols, "cast_bf16");
+  OCTET_REQUIRE(rows * cols == 0 || x != nullptr, "cast_bf16: an input of [{}, {}] values", rows, cols);
+  launch_elementwise(Bf16Producer{x}, aligned(x, 8), rows, cols, cast, stream);
+  OCTET_CUDA_CHECK_LAUNCH("cast_bf16");
 }
 
 int64_t bias_backward_cast_partial_rows(int64_t rows) {

@@ -60,8 +60,15 @@ int64_t gelu_backward_cast_partial_rows(int64_t rows);
 // Deterministic: the order of additions depends on the shape alone.
 void bias_backward_cast(float* dbias, const float* dout, int64_t rows, int64_t cols, const FusedCast& cast,
                         float* column_partials, Workspace& workspace, cudaStream_t stream);
+// The same over bf16 values (their bits): the results of the float32 values they are.
+void bias_backward_cast(float* dbias, const uint16_t* dout, int64_t rows, int64_t cols, const FusedCast& cast,
+                        float* column_partials, Workspace& workspace, cudaStream_t stream);
 // Rows of column_partials that bias_backward_cast needs for `rows` rows.
 int64_t bias_backward_cast_partial_rows(int64_t rows);
+
+// The FP8 cast of bf16 values x [rows, cols] (their bits): exactly what cast_amax writes for the float32
+// values they are (codes, transposed codes when asked for, scale_inv, CastResults).
+void cast_bf16(const uint16_t* x, int64_t rows, int64_t cols, const FusedCast& cast, cudaStream_t stream);
 
 // AdamW (exactly cuda::adamw_update's arithmetic and host-side constants, bit for bit) over one weight matrix
 // params [rows, cols] with its m, v, grads, followed by the FP8 cast of the UPDATED params.

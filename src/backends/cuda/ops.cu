@@ -280,9 +280,18 @@ ColumnSumPlan plan_column_sum(int64_t rows, int64_t cols) {
   return plan;
 }
 
-template <bool Direct>
+// A float32 value, or a bf16 one (its bits) widened: the sums of bf16 values are those of their float32
+// values.
+__device__ __forceinline__ float column_value(const float* x, int64_t i) {
+  return x[i];
+}
+__device__ __forceinline__ float column_value(const uint16_t* x, int64_t i) {
+  return __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
+}
+
+template <bool Direct, typename T>
 __global__ void __launch_bounds__(kColumnTile* kColumnLanes)
-    column_sum_kernel(const float* x, int64_t ld, int64_t rows, int64_t cols, int64_t rows_per_split,
+    column_sum_kernel(const T* x, int64_t ld, int64_t rows, int64_t cols, int64_t rows_per_split,
                       float* out) {
   __shared__ float lane_sums[kColumnLanes][kColumnTile + 1];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
@@ -291,7 +300,9 @@ __global__ void __launch_bounds__(kColumnTile* kColumnLanes)
   float acc = 0.0f;
   if (c < cols) {
 #pragma unroll 4
-    for (int64_t r = begin + threadIdx.y; r < end; r += kColumnLanes) acc = __fadd_rn(acc, x[r * ld + c]);
+    for (int64_t r = begin + threadIdx.y; r < end; r += kColumnLanes) {
+      acc = __fadd_rn(acc, column_value(x, r * ld + c));
+    }
   }
   lane_sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -317,7 +328,8 @@ __global__ void column_finish_kernel(const float* split_sums, int64_t splits, in
 }
 
 // scratch: plan.scratch_floats(cols) floats.
-void column_sum(const float* x, int64_t ld, int64_t rows, int64_t cols, float* out, const ColumnSumPlan& plan,
+template <typename T>
+void column_sum(const T* x, int64_t ld, int64_t rows, int64_t cols, float* out, const ColumnSumPlan& plan,
                 float* scratch, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const dim3 block(kColumnTile, kColumnLanes);
@@ -1172,8 +1184,11 @@ void round_in_place(float* x, int64_t n, Dtype dtype, cudaStream_t stream) {
   OCTET_CUDA_CHECK_LAUNCH("round_in_place");
 }
 
-void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Workspace& workspace,
-                   cudaStream_t stream) {
+namespace {
+
+template <typename T>
+void column_sums_into(float* dbias, const T* dout, int64_t N, int64_t OC, Workspace& workspace,
+                      cudaStream_t stream) {
   OCTET_CHECK(N >= 0 && OC >= 0, "bias_backward: non-negative N and OC, got {} {}", N, OC);
   if (N == 0 || OC == 0) return;
   const ColumnSumPlan plan = plan_column_sum(N, OC);
@@ -1182,6 +1197,18 @@ void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Works
     scratch = static_cast<float*>(workspace.get(plan.scratch_floats(OC) * sizeof(float), stream));
   }
   column_sum(dout, OC, N, OC, dbias, plan, scratch, stream);
+}
+
+}  // namespace
+
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Workspace& workspace,
+                   cudaStream_t stream) {
+  column_sums_into(dbias, dout, N, OC, workspace, stream);
+}
+
+void bias_backward(float* dbias, const uint16_t* dout, int64_t N, int64_t OC, Workspace& workspace,
+                   cudaStream_t stream) {
+  column_sums_into(dbias, dout, N, OC, workspace, stream);
 }
 
 }  // namespace octet::cuda

@@ -101,5 +101,9 @@ void round_in_place(float* x, int64_t n, Dtype dtype, cudaStream_t stream);
 // dbias [OC] += column sums of dout [N, OC].
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Workspace& workspace,
                    cudaStream_t stream);
+// The same over bf16 values (their bits), in the same order of float32 additions: the sums of their float32
+// values.
+void bias_backward(float* dbias, const uint16_t* dout, int64_t N, int64_t OC, Workspace& workspace,
+                   cudaStream_t stream);
 
 }  // namespace octet::cuda
