@@ -25,8 +25,14 @@ script ships with, whatever octet produced the result. A result of an older octe
 rounding pass after every GEMM, say), gets the floors of this octet's ops next to the times of its own; the
 result's `octet_version` names the release, not the build, so the script cannot tell the two apart.
 N = B*T rows, C channels, L layers, NH heads of hs = C/NH, V vocabulary, Vp padded vocabulary, P parameters.
-Activations and gradients are float32 (4 bytes an element), FP8 codes 1 byte, BF16/FP16 copies 2 bytes, and
-attention's input qkv [N, 3C] is bf16 where attention runs on BF16 tensor cores.
+Activations and gradients are float32 (4 bytes an element), FP8 codes 1 byte, BF16/FP16 copies 2 bytes;
+attention's input qkv [N, 3C] is bf16 where attention runs on BF16 tensor cores, and its output atty [N, C]
+and the gradients on either side of it (d(atty) [N, C], d(qkv) [N, 3C]) are bf16 where it runs on cuDNN (the
+device line names cuDNN; Backend::attention_output_type): then attn.c_proj's forward cast reads bf16 (fused,
+one pass, under the delayed and static recipes; widened to float32 first under "current"), a BF16
+attn.c_proj reads atty as it lies, attn.c_proj's input gradient is written as bf16 by the GEMM (BF16, and FP8
+on FP8 tensor cores; the others write float32 and convert), and attn.c_attn's gradient cast, bias gradient
+and BF16 GEMMs read d(qkv) as bf16.
 
 Where attention runs: on BF16 tensor cores in every mode but fp32 (the driver asks for them,
 CudaBackendOptions::bf16_attention) when hs is a multiple of 16 up to 128 (attention_uses_tensor_cores; every
@@ -186,6 +192,7 @@ def model_of(train, source):
     line = (train.get("device") or {}).get("line") or ""
     m["fp8_tensor_cores"] = "no FP8 tensor cores" not in line
     m["attention_tensor_cores"] = attention_on_tensor_cores(m, line, notes)
+    m["attention_bf16_outputs"] = m["attention_tensor_cores"] and "cuDNN" in line
     m["linears"] = linears
     m["notes"] = notes
     return m
@@ -278,14 +285,22 @@ def keeps_float_input(g):
     return not (g["forward"] == "fp8" and g["weight_gradient"] == "fp8")
 
 
-def linear_forward(s, g, rows, phase, count, label, bf16_output=False):
-    """`bf16_output`: y is stored as bf16 (attn.c_attn's qkv where attention runs on BF16 tensor cores)."""
+def linear_forward(s, g, rows, phase, count, label, bf16_output=False, bf16_input=False):
+    """`bf16_output`: y is stored as bf16 (attn.c_attn's qkv where attention runs on BF16 tensor cores).
+    `bf16_input`: x is stored as bf16 (attn.c_proj's input where attention runs on cuDNN)."""
     inn, out, f = g["in_features"], g["out_features"], g["forward"]
     producer = PRODUCER[g["linear"]]
     if f == "fp8" and producer == "attention":
-        s.add("casts", phase, f"{label} input cast", (F32 + s.amax_read + 2) * rows * inn, count)
+        if bf16_input and s.producer_fused:
+            s.add("casts", phase, f"{label} input cast (from bf16)", (2 + 2) * rows * inn, count)
+        else:
+            widen = (2 + F32) if bf16_input else 0
+            s.add("casts", phase, f"{label} input cast", (widen + F32 + s.amax_read + 2) * rows * inn, count)
+    elif f == "bf16" and bf16_input:
+        pass  # the GEMM reads the bf16 input as it lies
     elif f in ("bf16", "f16"):
-        s.add("casts", phase, f"{label} input to {f}", (F32 + 2) * rows * inn, count)
+        widen = (2 + F32) if bf16_input else 0
+        s.add("casts", phase, f"{label} input to {f}", (widen + F32 + 2) * rows * inn, count)
     # CudaBackend::linear_forward_as: BF16 GEMMs, and FP8 ones on FP8 tensor cores, write bf16 from their
     # epilogue; the others write float32 into scratch, converted to bf16 after the GEMM.
     direct_bf16 = bf16_output and (f == "bf16" or (f == "fp8" and s.m["fp8_tensor_cores"]))
@@ -306,31 +321,46 @@ def linear_forward(s, g, rows, phase, count, label, bf16_output=False):
         s.add("casts", phase, f"{label} output to bf16", (F32 + 2) * rows * out, count)
 
 
-def linear_backward(s, g, rows, phase, count, label, fused=False):
-    """`fused`: the producer of the gradient cast it and summed the bias gradient (GELU's backward for mlp.c_fc)."""
+def linear_backward(s, g, rows, phase, count, label, fused=False, bf16_dout=False, bf16_dinp=False,
+                    bf16_input=False):
+    """`fused`: the producer of the gradient cast it and summed the bias gradient (GELU's backward for mlp.c_fc).
+    `bf16_dout`, `bf16_dinp`, `bf16_input`: dy, dx, x stored as bf16 (attn.c_attn's dy, attn.c_proj's dx and x
+    where attention runs on cuDNN)."""
     inn, out, ig, wg = g["in_features"], g["out_features"], g["input_gradient"], g["weight_gradient"]
     has_bias = g["linear"] != "lm_head"
+    dy = 2 if bf16_dout else F32
+    widen_dy = (2 + F32) if bf16_dout else 0  # bf16 dy widened to float32 first, where nothing reads bf16
     if not fused:
         if "fp8" in (ig, wg) and has_bias and s.producer_fused:
             # CudaBackend::cast_gradient with a bias: bias_backward_cast sums it in the cast's pass over dy.
             s.add("casts", phase, f"{label} gradient cast and bias gradient",
-                  (F32 + 2) * rows * out + 2 * F32 * out, count)
+                  (dy + 2) * rows * out + 2 * F32 * out, count)
         else:
             if has_bias:
-                s.add("other", phase, f"{label} bias gradient", F32 * rows * out + 2 * F32 * out, count)
+                s.add("other", phase, f"{label} bias gradient", dy * rows * out + 2 * F32 * out, count)
             if "fp8" in (ig, wg):
-                s.add("casts", phase, f"{label} gradient cast", (F32 + s.amax_read + 2) * rows * out, count)
+                s.add("casts", phase, f"{label} gradient cast",
+                      (widen_dy + F32 + s.amax_read + 2) * rows * out, count)
     wide_dout = None
     if ig in ("bf16", "f16"):
-        s.add("casts", phase, f"{label} gradient to {ig}", (F32 + 2) * rows * out, count)
+        if not (ig == "bf16" and bf16_dout):
+            s.add("casts", phase, f"{label} gradient to {ig}", (widen_dy + F32 + 2) * rows * out, count)
         wide_dout = ig
     e = STORAGE_BYTES[ig]
+    # A bf16 dx: written so by BF16 GEMMs and FP8 ones on FP8 tensor cores; the others write float32 into
+    # scratch, converted after.
+    direct_bf16 = bf16_dinp and (ig == "bf16" or (ig == "fp8" and s.m["fp8_tensor_cores"]))
     s.gemm(phase, f"{label} input-gradient GEMM", ig, "input_gradient", rows, inn, out, rows * out * e,
-           out * inn * e, rows * inn * F32, count)
+           out * inn * e, rows * inn * (2 if direct_bf16 else F32), count)
+    if bf16_dinp and not direct_bf16:
+        s.add("casts", phase, f"{label} input gradient to bf16", (F32 + 2) * rows * inn, count)
     if wg in ("bf16", "f16"):
-        if wide_dout != wg:
-            s.add("casts", phase, f"{label} gradient to {wg}", (F32 + 2) * rows * out, count)
-        s.add("casts", phase, f"{label} input to {wg} (weight gradient)", (F32 + 2) * rows * inn, count)
+        if wide_dout != wg and not (wg == "bf16" and bf16_dout):
+            s.add("casts", phase, f"{label} gradient to {wg}", (widen_dy + F32 + 2) * rows * out, count)
+        if not (wg == "bf16" and bf16_input):
+            widen = (2 + F32) if bf16_input else 0
+            s.add("casts", phase, f"{label} input to {wg} (weight gradient)", (widen + F32 + 2) * rows * inn,
+                  count)
     e = STORAGE_BYTES[wg]
     s.gemm(phase, f"{label} weight-gradient GEMM", wg, "weight_gradient", out, inn, rows, rows * out * e,
            rows * inn * e, 2 * F32 * out * inn, count)
@@ -357,6 +387,8 @@ def step_ops(m):
     attention_bf16 = m["attention_tensor_cores"]
     attention_rate = ("attention", attention_bf16)
     qkv_bytes = 2 if attention_bf16 else F32  # Backend::attention_input_type
+    bf16_outputs = m["attention_bf16_outputs"]  # Backend::attention_output_type
+    atty_bytes = 2 if bf16_outputs else F32
     blocks = [g for g in m["linears"] if g["linear"] != "lm_head"]
     heads = [g for g in m["linears"] if g["linear"] == "lm_head"]
     if len(heads) != 1:
@@ -373,10 +405,12 @@ def step_ops(m):
                   F32 * N * C + 2 * F32 * C + 2 * F32 * N + producer_output_bytes(s, g, N), n)
         elif producer == "gelu":
             s.add("norm_activation", "forward", "gelu forward", F32 * N * 4 * C + producer_output_bytes(s, g, N), n)
-        linear_forward(s, g, N, "forward", n, label, bf16_output=attention_bf16 and label == "attn.c_attn")
+        linear_forward(s, g, N, "forward", n, label, bf16_output=attention_bf16 and label == "attn.c_attn",
+                       bf16_input=bf16_outputs and label == "attn.c_proj")
     attention_forward_flops = 4.0 * B * NH * T * T * hs / 2
-    s.add("attention", "forward", "attention forward", qkv_bytes * 3 * N * C + F32 * (N * C + B * NH * T), L,
-          attention_forward_flops, attention_rate)
+    s.add("attention", "forward", "attention forward",
+          qkv_bytes * 3 * N * C + atty_bytes * N * C + F32 * B * NH * T, L, attention_forward_flops,
+          attention_rate)
     s.add("other", "forward", "residual adds", 3 * F32 * N * C, 2 * L)
     s.add("norm_activation", "forward", "ln_f forward",
           F32 * N * C + 2 * F32 * C + 2 * F32 * N + producer_output_bytes(s, head, N))
@@ -429,10 +463,14 @@ def step_ops(m):
     else:
         s.add("norm_activation", "backward", "gelu backward", 3 * F32 * N * 4 * C, L)
     s.add("attention", "backward", "attention backward",
-          qkv_bytes * 3 * N * C + F32 * (N * C + N * C + B * NH * T + 3 * N * C), L, 2.5 * attention_forward_flops,
-          attention_rate)
+          qkv_bytes * 3 * N * C + atty_bytes * (N * C + N * C + 3 * N * C) + F32 * B * NH * T, L,
+          2.5 * attention_forward_flops, attention_rate)
     for g in blocks:
-        linear_backward(s, g, N, "backward", g["layers"], g["linear"], fused=fused_gelu and g is fc)
+        label = g["linear"]
+        linear_backward(s, g, N, "backward", g["layers"], label, fused=fused_gelu and g is fc,
+                        bf16_dout=bf16_outputs and label == "attn.c_attn",
+                        bf16_dinp=bf16_outputs and label == "attn.c_proj",
+                        bf16_input=bf16_outputs and label == "attn.c_proj")
     s.add("other", "backward", "encoder backward", F32 * (N * C + N + 2 * N * C + 2 * T * C))
 
     # Optimizer, once a step.

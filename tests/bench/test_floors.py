@@ -349,6 +349,41 @@ class AttentionInput(unittest.TestCase):
         self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 3.038773248, places=9)
         self.assertFalse([n for n in r["notes"] if "where attention ran" in n], r["notes"])
 
+    def test_cudnn_keeps_attention_outputs_in_bf16(self):
+        """Where the device line names cuDNN, atty, d(atty) and d(qkv) are bf16 (hand counts in ops)."""
+        cudnn = self.H100 + ("; attention on BF16 tensor cores: cuDNN 9.19.0 fused flash attention (forward "
+                             "engine 2, backward engine 6)")
+        N, C, L = self.N, self.C, self.L
+        for source in ("gpt2-124M-octet-fp8.json", "gpt2-124M-octet-bf16.json"):
+            r, ops = self.floors_of(variant("cudnn-" + source, source, device_line=cudnn))
+            # Forward (2 x 3NC + 2 NC + 4 B NH T) L = 2434793472; backward (2 x 3NC + 2 (NC + NC + 3NC)
+            # + 4 B NH T) L = 4850712576.
+            self.assertAlmostEqual(row(r, "attention", "forward")["gb"], 2.434793472, places=9)
+            self.assertAlmostEqual(row(r, "attention", "backward")["gb"], 4.850712576, places=9)
+            if "fp8" in source:
+                # The fused cast reads bf16 atty and writes codes and transpose: (2 + 2) N C L = 1207959552.
+                self.assertAlmostEqual(ops[("forward", "attn.c_proj input cast (from bf16)")]["gb"], 1.207959552,
+                                       places=9)
+                self.assertNotIn(("forward", "attn.c_proj input cast"), ops)
+                # The FP8 input-gradient GEMM writes d(atty) in bf16: (N C + C^2 + 2 N C) L = 913047552.
+                self.assertAlmostEqual(ops[("backward", "attn.c_proj input-gradient GEMM")]["gb"], 0.913047552,
+                                       places=9)
+                self.assertNotIn(("backward", "attn.c_proj input gradient to bf16"), ops)
+                # attn.c_attn's cast and bias gradient read d(qkv) in bf16: ((2 + 2) N 3C + 8 x 3C) L.
+                self.assertAlmostEqual(ops[("backward", "attn.c_attn gradient cast and bias gradient")]["gb"],
+                                       L * (4 * N * 3 * C + 8 * 3 * C) / 1e9, places=9)
+            else:
+                # BF16 GEMMs read atty and d(qkv) as they lie: no conversion of either.
+                for op in (("forward", "attn.c_proj input to bf16"), ("backward", "attn.c_attn gradient to bf16"),
+                           ("backward", "attn.c_proj input to bf16 (weight gradient)"),
+                           ("backward", "attn.c_proj input gradient to bf16")):
+                    self.assertNotIn(op, ops)
+                self.assertAlmostEqual(ops[("backward", "attn.c_attn bias gradient")]["gb"],
+                                       L * (2 * N * 3 * C + 8 * 3 * C) / 1e9, places=9)
+                # The BF16 input-gradient GEMM writes d(atty) in bf16: (2 N C + 2 C^2 + 2 N C) L.
+                self.assertAlmostEqual(ops[("backward", "attn.c_proj input-gradient GEMM")]["gb"],
+                                       L * (4 * N * C + 2 * C * C) / 1e9, places=9)
+
 
 class Gpt2Medium(unittest.TestCase):
     def setUp(self):
