@@ -193,6 +193,9 @@ def model_of(train, source):
     m["fp8_tensor_cores"] = "no FP8 tensor cores" not in line
     m["attention_tensor_cores"] = attention_on_tensor_cores(m, line, notes)
     m["attention_bf16_outputs"] = m["attention_tensor_cores"] and "cuDNN" in line
+    # Gpt2: the MLP's hidden activation and its gradient are rounded to bf16 in bf16 and fp8 modes, and the
+    # CUDA backend stores them so (Backend::bf16_storage_type).
+    m["hidden_bf16"] = mode in ("bf16", "fp8")
     m["linears"] = linears
     m["notes"] = notes
     return m
@@ -286,7 +289,8 @@ def keeps_float_input(g):
 
 
 def linear_forward(s, g, rows, phase, count, label, bf16_output=False, bf16_input=False):
-    """`bf16_output`: y is stored as bf16 (attn.c_attn's qkv where attention runs on BF16 tensor cores).
+    """`bf16_output`: y is stored as bf16 (attn.c_attn's qkv where attention runs on BF16 tensor cores,
+    mlp.c_fc's output in bf16 and fp8 modes).
     `bf16_input`: x is stored as bf16 (attn.c_proj's input where attention runs on cuDNN)."""
     inn, out, f = g["in_features"], g["out_features"], g["forward"]
     producer = PRODUCER[g["linear"]]
@@ -325,7 +329,7 @@ def linear_backward(s, g, rows, phase, count, label, fused=False, bf16_dout=Fals
                     bf16_input=False):
     """`fused`: the producer of the gradient cast it and summed the bias gradient (GELU's backward for mlp.c_fc).
     `bf16_dout`, `bf16_dinp`, `bf16_input`: dy, dx, x stored as bf16 (attn.c_attn's dy, attn.c_proj's dx and x
-    where attention runs on cuDNN)."""
+    where attention runs on cuDNN; mlp.c_proj's dx in bf16 and fp8 modes)."""
     inn, out, ig, wg = g["in_features"], g["out_features"], g["input_gradient"], g["weight_gradient"]
     has_bias = g["linear"] != "lm_head"
     dy = 2 if bf16_dout else F32
@@ -389,6 +393,7 @@ def step_ops(m):
     qkv_bytes = 2 if attention_bf16 else F32  # Backend::attention_input_type
     bf16_outputs = m["attention_bf16_outputs"]  # Backend::attention_output_type
     atty_bytes = 2 if bf16_outputs else F32
+    hidden_bytes = 2 if m["hidden_bf16"] else F32  # mlp.c_fc's output and mlp.c_proj's input gradient
     blocks = [g for g in m["linears"] if g["linear"] != "lm_head"]
     heads = [g for g in m["linears"] if g["linear"] == "lm_head"]
     if len(heads) != 1:
@@ -404,8 +409,10 @@ def step_ops(m):
             s.add("norm_activation", "forward", f"{producer} forward",
                   F32 * N * C + 2 * F32 * C + 2 * F32 * N + producer_output_bytes(s, g, N), n)
         elif producer == "gelu":
-            s.add("norm_activation", "forward", "gelu forward", F32 * N * 4 * C + producer_output_bytes(s, g, N), n)
-        linear_forward(s, g, N, "forward", n, label, bf16_output=attention_bf16 and label == "attn.c_attn",
+            s.add("norm_activation", "forward", "gelu forward",
+                  hidden_bytes * N * 4 * C + producer_output_bytes(s, g, N), n)
+        bf16_output = (attention_bf16 and label == "attn.c_attn") or (m["hidden_bf16"] and label == "mlp.c_fc")
+        linear_forward(s, g, N, "forward", n, label, bf16_output=bf16_output,
                        bf16_input=bf16_outputs and label == "attn.c_proj")
     attention_forward_flops = 4.0 * B * NH * T * T * hs / 2
     s.add("attention", "forward", "attention forward",
@@ -451,17 +458,17 @@ def step_ops(m):
         # One pass: the FP8 codes and transposed codes, the bias gradient as column sums; the float32
         # gradient only where a backward GEMM of the layer is not FP8.
         both_fp8 = fc["input_gradient"] == "fp8" and fc["weight_gradient"] == "fp8"
-        gelu_bytes = (2 * F32 + 2 + (0 if both_fp8 else F32)) * N * 4 * C + 2 * F32 * 4 * C
+        gelu_bytes = (2 * hidden_bytes + 2 + (0 if both_fp8 else F32)) * N * 4 * C + 2 * F32 * 4 * C
         s.add("norm_activation", "backward", "gelu backward with mlp.c_fc's gradient cast and bias gradient",
               gelu_bytes, L)
     elif fused_gelu:
         # The "current" recipe: GELU's backward (the float32 gradient written, into scratch where the cast
         # suffices), bias_backward over it, then the cast with its amax read, inside the one op.
-        gelu_bytes = (3 * F32 + F32 + s.amax_read + F32 + 2) * N * 4 * C + 2 * F32 * 4 * C
+        gelu_bytes = (2 * hidden_bytes + F32 + F32 + s.amax_read + F32 + 2) * N * 4 * C + 2 * F32 * 4 * C
         s.add("norm_activation", "backward", "gelu backward, then mlp.c_fc's bias gradient and gradient cast",
               gelu_bytes, L)
     else:
-        s.add("norm_activation", "backward", "gelu backward", 3 * F32 * N * 4 * C, L)
+        s.add("norm_activation", "backward", "gelu backward", (2 * hidden_bytes + F32) * N * 4 * C, L)
     s.add("attention", "backward", "attention backward",
           qkv_bytes * 3 * N * C + atty_bytes * (N * C + N * C + 3 * N * C) + F32 * B * NH * T, L,
           2.5 * attention_forward_flops, attention_rate)
@@ -469,7 +476,8 @@ def step_ops(m):
         label = g["linear"]
         linear_backward(s, g, N, "backward", g["layers"], label, fused=fused_gelu and g is fc,
                         bf16_dout=bf16_outputs and label == "attn.c_attn",
-                        bf16_dinp=bf16_outputs and label == "attn.c_proj",
+                        bf16_dinp=(bf16_outputs and label == "attn.c_proj")
+                        or (m["hidden_bf16"] and label == "mlp.c_proj"),
                         bf16_input=bf16_outputs and label == "attn.c_proj")
     s.add("other", "backward", "encoder backward", F32 * (N * C + N + 2 * N * C + 2 * T * C))
 

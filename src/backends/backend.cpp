@@ -49,4 +49,34 @@ void Backend::attention_backward_as(void* dqkv, const void* dout, const void* qk
                      static_cast<const float*>(out), lse, B, T, C, NH);
 }
 
+void Backend::linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
+                                  const float* bias, int64_t N, int64_t C, int64_t OC,
+                                  LinearExecution& exec) {
+  require_f32(*this, "a linear layer's output", out_type);
+  linear_recompute(static_cast<float*>(out), weight, copy, bias, N, C, OC, exec);
+}
+
+void Backend::gelu_forward_as(float* out, const void* inp, Dtype type, int64_t n) {
+  require_f32(*this, "GELU's input", type);
+  gelu_forward(out, static_cast<const float*>(inp), n);
+}
+
+void Backend::gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
+                                   LinearExecution& consumer) {
+  require_f32(*this, "GELU's input", type);
+  gelu_forward_cast(out, static_cast<const float*>(inp), N, C, consumer);
+}
+
+void Backend::gelu_backward_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t n) {
+  require_f32(*this, "GELU's input and output gradient", type);
+  gelu_backward(dinp, static_cast<const float*>(inp), static_cast<const float*>(dout), n);
+}
+
+void Backend::gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N,
+                                    int64_t C, float* dbias, LinearExecution& consumer) {
+  require_f32(*this, "GELU's input and output gradient", type);
+  gelu_backward_cast(dinp, static_cast<const float*>(inp), static_cast<const float*>(dout), N, C, dbias,
+                     consumer);
+}
+
 }  // namespace octet

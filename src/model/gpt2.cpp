@@ -32,7 +32,8 @@ struct Gpt2::Activations {
     float* ln2 = nullptr;
     float* ln2_mean = nullptr;
     float* ln2_rstd = nullptr;
-    float* fch = nullptr;       // [N, 4C]; null where the backward recomputes it (recomputes_fc)
+    void* fch = nullptr;        // [N, 4C] in hidden_type_; null where the backward recomputes it
+                                // (recomputes_fc)
     float* fch_gelu = nullptr;  // [N, 4C]
     float* residual3 = nullptr;
   };
@@ -41,9 +42,10 @@ struct Gpt2::Activations {
   // The output of attn.c_proj and of mlp.c_proj [N, C], read only by the residual add that follows: one
   // buffer for every layer.
   float* branch = nullptr;
-  // [N, 4C]: the mlp.c_fc output of a layer that does not keep it (recomputes_fc), from its GEMM to the GELU
-  // that reads it, in the forward and again in the backward. One buffer for every such layer.
-  float* fch_scratch = nullptr;
+  // [N, 4C] in hidden_type_: the mlp.c_fc output of a layer that does not keep it (recomputes_fc), from its
+  // GEMM to the GELU that reads it, in the forward and again in the backward. One buffer for every such
+  // layer.
+  void* fch_scratch = nullptr;
   float* lnf = nullptr;
   float* lnf_mean = nullptr;
   float* lnf_rstd = nullptr;
@@ -55,8 +57,9 @@ struct Gpt2::Activations {
 // residual holds d(residual3), which mlp.c_proj reads; ln_2's backward adds into it, making it d(residual2),
 // which attn.c_proj reads; ln_1's backward adds into it, making it d(residual3) of layer l-1 (d(encoded)
 // after layer 0). The others hold one gradient each between its producer and its consumer:
-//   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU), then d(qkv) (attention -> attn.c_attn, in atty_type_)
-//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention, in atty_type_); [N, C]
+//   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU, in hidden_type_), then d(qkv) (attention -> attn.c_attn,
+//   in atty_type_) wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention, in
+//   atty_type_); [N, C]
 //                   while d(fch)
 //                   is not written, its FP8 cast being all that every mlp.c_fc reads (gradient_cast_suffices)
 //   ln     [N, C]:  d(lnf) (lm_head -> ln_f), d(ln2) (mlp.c_fc -> ln_2), d(ln1) (attn.c_attn -> ln_1)
@@ -219,6 +222,8 @@ void Gpt2::plan_activations() {
   // Its output, and the gradients on either side of it, in bf16 where the backend's attention reads and
   // writes them in bf16 anyway.
   atty_type_ = backend_.attention_output_type(C, NH);
+  hidden_in_bf16_ = policy_.mode() == MixedPrecision::bf16 || policy_.mode() == MixedPrecision::fp8;
+  hidden_type_ = hidden_in_bf16_ ? backend_.bf16_storage_type() : Dtype::f32;
   acts_ = std::make_unique<Activations>();
   Activations& a = *acts_;
   a.layers.resize(static_cast<size_t>(config_.layers));
@@ -237,14 +242,14 @@ void Gpt2::plan_activations() {
     if (read(h + "mlp.c_fc")) p.take(x.ln2, N * C);
     p.take(x.ln2_mean, N);
     p.take(x.ln2_rstd, N);
-    if (!recomputes_fc(l)) p.take(x.fch, N * 4 * C);
+    if (!recomputes_fc(l)) p.take(x.fch, hidden_type_, N * 4 * C);
     if (read(h + "mlp.c_proj")) p.take(x.fch_gelu, N * 4 * C);
     p.take(x.residual3, N * C);
   }
   p.take(a.branch, N * C);
   bool any_recomputed = false;
   for (int64_t l = 0; l < config_.layers; ++l) any_recomputed |= recomputes_fc(l);
-  if (any_recomputed) p.take(a.fch_scratch, N * 4 * C);
+  if (any_recomputed) p.take(a.fch_scratch, hidden_type_, N * 4 * C);
   if (read("lm_head")) p.take(a.lnf, N * C);
   p.take(a.lnf_mean, N);
   p.take(a.lnf_rstd, N);
@@ -302,8 +307,9 @@ void Gpt2::keep_output_of(std::string_view layer) {
   for (int64_t l = 0; l < config_.layers; ++l) {
     Activations::Layer& x = acts_->layers[static_cast<size_t>(l)];
     if (layer != fmt::format("h.{}.mlp.c_fc", l) || x.fch != nullptr) continue;
-    late_inputs_.push_back(backend_.allocate(static_cast<size_t>(N * 4 * C) * sizeof(float)));
-    x.fch = late_inputs_.back()->floats();
+    late_inputs_.push_back(
+        backend_.allocate(static_cast<size_t>(N * 4 * C * dtype_info(hidden_type_).storage_bits / 8)));
+    x.fch = late_inputs_.back()->data();
   }
 }
 
@@ -311,15 +317,15 @@ std::string Gpt2::memory_line() {
   if (!policy_.settings().recompute_mlp) return {};
   int64_t recomputed = 0;
   for (int64_t l = 0; l < config_.layers; ++l) recomputed += recomputes_fc(l) ? 1 : 0;
-  // Per layer: the float32 output [N, 4C] not kept, the codes of the input [N, C] kept; one [N, 4C] float32
-  // buffer shared by the layers that recompute.
+  // Per layer: the output [N, 4C] not kept, the codes of the input [N, C] kept; one [N, 4C] buffer shared
+  // by the layers that recompute.
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
-  const double saved = static_cast<double>(recomputed * N * 15 * C - (recomputed > 0 ? N * 16 * C : 0));
+  const auto output = int64_t{dtype_info(hidden_type_).storage_bits / 8} * N * 4 * C;
+  const double saved = static_cast<double>(recomputed * (output - N * C) - (recomputed > 0 ? output : 0));
   return fmt::format(
-      "fp8.recompute_mlp: {} of {} mlp.c_fc layers keep their FP8 input codes instead of their float32 "
-      "output "
+      "fp8.recompute_mlp: {} of {} mlp.c_fc layers keep their FP8 input codes instead of their {} output "
       "and run their forward GEMM again in the backward ({:.0f} MiB fewer activations){}",
-      recomputed, config_.layers, saved / (1024.0 * 1024.0),
+      recomputed, config_.layers, dtype_name(hidden_type_), saved / (1024.0 * 1024.0),
       recomputed == config_.layers ? ""
                                    : "; the others keep their output (recomputing needs the forward and the "
                                      "weight gradient in FP8 with per-tensor scaling)");
@@ -437,16 +443,23 @@ void Gpt2::layernorm_into(Linear& next, float* out, float* mean, float* rstd, co
                                   bias, N, C, next.exec);
 }
 
-void Gpt2::gelu_into(Linear& next, float* out, const float* inp, int64_t N, int64_t C) {
+void Gpt2::gelu_into(Linear& next, float* out, const void* inp, int64_t N, int64_t C) {
   OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "a float32 input for {}", next.plan->name);
   if (next.exec.forward != GemmMode::fp8) {
-    backend_.gelu_forward(out, inp, N * C);
+    backend_.gelu_forward_as(out, inp, hidden_type_, N * C);
     return;
   }
-  backend_.gelu_forward_cast(input_cast_suffices(next.exec) ? nullptr : out, inp, N, C, next.exec);
+  backend_.gelu_forward_cast_as(input_cast_suffices(next.exec) ? nullptr : out, inp, hidden_type_, N, C,
+                                next.exec);
 }
 
-void Gpt2::gelu_backward_into(Linear& next, float* dinp, const float* inp, const float* dout, int64_t N,
+void Gpt2::round_hidden(void* x, int64_t n) {
+  if (hidden_in_bf16_ && hidden_type_ == Dtype::f32) {
+    backend_.round_in_place(static_cast<float*>(x), n, Dtype::bf16);
+  }
+}
+
+void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N,
                               int64_t C, float* next_dinp, const float* next_inp) {
   const int64_t OC = next.plan->out_features, IC = next.plan->in_features;
   OCTET_CHECK(C == OC, "GELU's width {} is {}'s output width {}", C, next.plan->name, OC);
@@ -454,7 +467,7 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const float* inp, const
   float* g = grads();
   float* dbias = next.bias_offset >= 0 ? g + next.bias_offset : nullptr;
   if (!casts_gradient(next.exec)) {
-    backend_.gelu_backward(dinp, inp, dout, N * C);
+    backend_.gelu_backward_as(dinp, inp, dout, hidden_type_, N * C);
     backend_.linear_backward(next_dinp, g + next.weight_offset, dbias, dinp, next_inp, p + next.weight_offset,
                              next.copy.get(), N, IC, OC, next.exec);
     return;
@@ -462,7 +475,7 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const float* inp, const
   // The bias gradient is summed by the GELU backward; the float32 gradient is written only where next reads
   // it.
   float* kept = gradient_cast_suffices(next.exec) ? nullptr : dinp;
-  backend_.gelu_backward_cast(kept, inp, dout, N, C, dbias, next.exec);
+  backend_.gelu_backward_cast_as(kept, inp, dout, hidden_type_, N, C, dbias, next.exec);
   backend_.linear_backward(next_dinp, g + next.weight_offset, nullptr, kept, next_inp, p + next.weight_offset,
                            next.copy.get(), N, IC, OC, next.exec);
 }
@@ -500,9 +513,10 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     backend_.residual_forward(x.residual2, residual, a.branch, N * C);
     layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"),
                    N, C);
-    float* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
-    backend_.linear_forward(fch, x.ln2, p + fc.weight_offset, fc.copy.get(), p + fc.bias_offset, N, C, 4 * C,
-                            fc.exec);
+    void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
+    backend_.linear_forward_as(fch, hidden_type_, x.ln2, Dtype::f32, p + fc.weight_offset, fc.copy.get(),
+                               p + fc.bias_offset, N, C, 4 * C, fc.exec);
+    round_hidden(fch, N * 4 * C);
     gelu_into(fc_proj, x.fch_gelu, fch, N, 4 * C);
     backend_.linear_forward(a.branch, x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(),
                             p + fc_proj.bias_offset, N, 4 * C, C, fc_proj.exec);
@@ -638,13 +652,15 @@ void Gpt2::backward(float dloss_scale) {
     float* datty = d.wide_b;
 
     // d.residual: d(residual3) = d(fcproj), as residual3 = residual2 + fcproj.
-    backend_.linear_backward(dfch_gelu, g + fc_proj.weight_offset, g + fc_proj.bias_offset, d.residual,
-                             x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(), N, 4 * C, C,
-                             fc_proj.exec);
-    const float* fch = x.fch;
+    backend_.linear_backward_as(dfch_gelu, hidden_type_, g + fc_proj.weight_offset, g + fc_proj.bias_offset,
+                                d.residual, Dtype::f32, x.fch_gelu, Dtype::f32, p + fc_proj.weight_offset,
+                                fc_proj.copy.get(), N, 4 * C, C, fc_proj.exec);
+    round_hidden(dfch_gelu, N * 4 * C);
+    const void* fch = x.fch;
     if (fch == nullptr) {  // not kept (recomputes_fc): the forward's GEMM again, from its kept input codes
-      backend_.linear_recompute(a.fch_scratch, p + fc.weight_offset, fc.copy.get(), p + fc.bias_offset, N, C,
-                                4 * C, fc.exec);
+      backend_.linear_recompute_as(a.fch_scratch, hidden_type_, p + fc.weight_offset, fc.copy.get(),
+                                   p + fc.bias_offset, N, C, 4 * C, fc.exec);
+      round_hidden(a.fch_scratch, N * 4 * C);
       fch = a.fch_scratch;
     }
     gelu_backward_into(fc, dfch, fch, dfch_gelu, N, 4 * C, d.ln, x.ln2);

@@ -1034,4 +1034,125 @@ TEST(FusedCast, RejectsInvalidArguments) {
   EXPECT_TRUE(x.guards_intact("x"));
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// GELU over bf16 inputs (the MLP's hidden activation and its gradient, stored in bf16): the fused and the
+// plain kernels give the very bits they give over the inputs' float32 values.
+
+std::vector<uint16_t> bf16_bits(const std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = octet::float_to_bf16(x[i]);
+  return b;
+}
+
+std::vector<float> widened(const std::vector<uint16_t>& b) {
+  std::vector<float> x(b.size());
+  for (size_t i = 0; i < b.size(); ++i) {
+    const uint32_t word = static_cast<uint32_t>(b[i]) << 16;
+    std::memcpy(&x[i], &word, sizeof(float));
+  }
+  return x;
+}
+
+// `v.float_offset` / 2 bytes of offset for the bf16 inputs: 2 makes them unaligned for 8-byte loads.
+void check_gelu_bf16(int64_t rows, int64_t cols, const Variant& v) {
+  SCOPED_TRACE(describe("gelu over bf16", rows, cols, v));
+  const auto n = static_cast<size_t>(rows * cols);
+  const std::vector<uint16_t> bits = bf16_bits(gelu_inputs(n, v));
+  octet::cuda::Stream stream;
+  DeviceScale scale;
+  Guarded<float> values(n);
+  values.upload(widened(bits));
+  Guarded<float> expected_out(n), expected_plain(n);
+  CastSlots expected_cast(n, 0);
+  octet::cuda::gelu_forward_cast(expected_out.data(), values.data(), rows, cols,
+                                 expected_cast.fused(v.format, scale.data(), v.transposed), stream.get());
+  octet::cuda::gelu_forward(expected_plain.data(), values.data(), rows * cols, stream.get());
+
+  Guarded<uint16_t> inp(n, v.float_offset / 2);
+  inp.upload(bits);
+  Guarded<float> out(n), plain(n);
+  CastSlots cast(n, v.code_offset);
+  octet::cuda::gelu_forward_cast(v.write_out ? out.data() : nullptr, inp.data(), rows, cols,
+                                 cast.fused(v.format, scale.data(), v.transposed), stream.get());
+  octet::cuda::gelu_forward(plain.data(), inp.data(), rows * cols, stream.get());
+  stream.synchronize();
+  expect_same_cast(cast.read(v.transposed), expected_cast.read(v.transposed));
+  EXPECT_TRUE(identical(plain.read(), expected_plain.read(), "gelu_forward"));
+  EXPECT_TRUE(plain.guards_intact("gelu_forward's out"));
+  if (v.write_out) {
+    EXPECT_TRUE(identical(out.read(), expected_out.read(), "out"));
+    EXPECT_TRUE(out.guards_intact("out"));
+  } else {
+    EXPECT_TRUE(out.untouched("out (not passed)"));
+  }
+  EXPECT_TRUE(identical(inp.read(), bits, "inp (an input)"));
+  EXPECT_TRUE(inp.guards_intact("inp"));
+}
+
+void check_gelu_backward_bf16(int64_t rows, int64_t cols, const Variant& v) {
+  SCOPED_TRACE(describe("gelu backward over bf16", rows, cols, v));
+  const auto n = static_cast<size_t>(rows * cols);
+  const GeluBackwardInputs in = gelu_backward_inputs(rows, cols, v);
+  const std::vector<uint16_t> inp_bits = bf16_bits(in.inp), dout_bits = bf16_bits(in.dout);
+  octet::cuda::Stream stream;
+  octet::cuda::Workspace workspace;
+  DeviceScale scale;
+  const auto partial_rows = static_cast<size_t>(octet::cuda::gelu_backward_cast_partial_rows(rows) * cols);
+
+  Guarded<float> inp_values(n), dout_values(n), expected_dinp(n), expected_plain(n);
+  Guarded<float> expected_dbias(static_cast<size_t>(cols)), expected_partials(partial_rows);
+  CastSlots expected_cast(n, 0);
+  inp_values.upload(widened(inp_bits));
+  dout_values.upload(widened(dout_bits));
+  expected_dbias.upload(in.dbias);
+  octet::cuda::gelu_backward_cast(expected_dinp.data(), inp_values.data(), dout_values.data(), rows, cols,
+                                  expected_cast.fused(v.format, scale.data(), v.transposed),
+                                  expected_dbias.data(), expected_partials.data(), workspace, stream.get());
+  octet::cuda::gelu_backward(expected_plain.data(), inp_values.data(), dout_values.data(), rows * cols,
+                             stream.get());
+
+  Guarded<uint16_t> inp(n, v.float_offset / 2), dout(n, v.float_offset / 2);
+  Guarded<float> dinp(n), plain(n), dbias(static_cast<size_t>(cols)), partials(partial_rows);
+  CastSlots cast(n, v.code_offset);
+  inp.upload(inp_bits);
+  dout.upload(dout_bits);
+  dbias.upload(in.dbias);
+  octet::cuda::gelu_backward_cast(v.write_out ? dinp.data() : nullptr, inp.data(), dout.data(), rows, cols,
+                                  cast.fused(v.format, scale.data(), v.transposed), dbias.data(),
+                                  partials.data(), workspace, stream.get());
+  octet::cuda::gelu_backward(plain.data(), inp.data(), dout.data(), rows * cols, stream.get());
+  stream.synchronize();
+  const CastDownload actual = cast.read(v.transposed);
+  expect_same_cast(actual, expected_cast.read(v.transposed));
+  // The same values in the same tiles: the bias gradient is added up in the same order.
+  EXPECT_TRUE(identical(dbias.read(), expected_dbias.read(), "dbias"));
+  EXPECT_TRUE(dbias.guards_intact("dbias"));
+  EXPECT_TRUE(identical(plain.read(), expected_plain.read(), "gelu_backward"));
+  if (v.write_out) {
+    EXPECT_TRUE(identical(dinp.read(), expected_dinp.read(), "dinp"));
+    EXPECT_TRUE(dinp.guards_intact("dinp"));
+  } else {
+    EXPECT_TRUE(dinp.untouched("dinp (not passed)"));
+  }
+  EXPECT_TRUE(identical(inp.read(), inp_bits, "inp (an input)"));
+  EXPECT_TRUE(identical(dout.read(), dout_bits, "dout (an input)"));
+  EXPECT_TRUE(inp.guards_intact("inp") && dout.guards_intact("dout"));
+  if (n > 0) expect_edges_seen(actual.results, n, v);
+}
+
+TEST(FusedGeluCast, Bf16InputsGiveTheBitsOfTheirFloat32Values) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1500;
+  for (const auto& shape : kElementwiseShapes) {
+    std::vector<Variant> variants = sweep_variants();
+    for (const Variant& u : unaligned_variants()) variants.push_back(u);
+    for (const Variant& u : nan_variants()) variants.push_back(u);
+    for (Variant v : variants) {
+      v.seed = ++seed;
+      check_gelu_bf16(shape.rows, shape.cols, v);
+      check_gelu_backward_bf16(shape.rows, shape.cols, v);
+    }
+  }
+}
+
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -239,6 +240,56 @@ TEST(GpuTrainingRecompute, TrainsBitForBitAsKeepingTheMlpOutput) {
   }
 }
 
+struct StorageCase {
+  const char* name;
+  MixedPrecision mode;
+  RecipeKind recipe;
+  bool emulate;
+  bool recompute;
+};
+
+// Trains case `c` on a backend that stores some tensors in bf16 and on one that stores their float32 values
+// instead (`store` sets the option; `stored_type` says which type the backend reports), and expects the
+// same run, bit for bit: losses, GEMM counts and the FP8 layers' amax histories.
+void expect_storage_changes_nothing(const StorageCase& c,
+                                    const std::function<void(CudaBackendOptions&, bool)>& store,
+                                    const std::function<Dtype(const Backend&)>& stored_type) {
+  TrainingRun runs[2];
+  for (const bool bf16_storage : {true, false}) {
+    CudaBackendOptions options;
+    options.emulate_fp8 = c.emulate;
+    options.bf16_attention = true;
+    store(options, bf16_storage);
+    auto gpu = make_cuda_backend(options);
+    ASSERT_EQ(stored_type(*gpu), bf16_storage ? Dtype::bf16 : Dtype::f32) << c.name;
+    PrecisionSettings p = precision(c.mode, c.recipe);
+    p.recompute_mlp = c.recompute;
+    runs[bf16_storage ? 0 : 1] = train(*gpu, p);
+  }
+  const TrainingRun& bf16 = runs[0];
+  const TrainingRun& f32 = runs[1];
+  ASSERT_EQ(bf16.losses.size(), f32.losses.size());
+  for (size_t s = 0; s < bf16.losses.size(); ++s) {
+    ASSERT_FALSE(std::isnan(bf16.losses[s])) << c.name << ", step " << s;
+    ASSERT_EQ(std::memcmp(&bf16.losses[s], &f32.losses[s], sizeof(float)), 0)
+        << c.name << ", step " << s << ": " << bf16.losses[s] << " with bf16 storage, " << f32.losses[s]
+        << " with float32";
+    EXPECT_EQ(bf16.fp8_gemms[s], f32.fp8_gemms[s]) << c.name;
+    EXPECT_EQ(bf16.other_gemms[s], f32.other_gemms[s]) << c.name;
+  }
+  ASSERT_EQ(bf16.states.size(), f32.states.size());
+  for (size_t i = 0; i < bf16.states.size(); ++i) {
+    EXPECT_EQ(bf16.states[i].activation.amax_history, f32.states[i].activation.amax_history)
+        << c.name << ", " << bf16.layers[i];
+    EXPECT_EQ(bf16.states[i].gradient.amax_history, f32.states[i].gradient.amax_history)
+        << c.name << ", " << bf16.layers[i];
+  }
+  if (c.mode == MixedPrecision::fp8) {
+    EXPECT_FALSE(bf16.states.empty()) << c.name;
+  }
+  EXPECT_LT(bf16.losses.back(), bf16.losses.front() * 0.8) << c.name;
+}
+
 // Where cuDNN runs attention, attention's output and the gradients on either side of it are stored in bf16
 // (CudaBackendOptions::attention_outputs_in_bf16), which cuDNN reads and writes anyway: the GEMMs and casts
 // around it then read and write bf16 themselves instead of float32 copies converted to and from bf16. The
@@ -252,50 +303,36 @@ TEST(GpuTrainingAttentionStorage, Bf16OutputsTrainBitForBitAsFloat32) {
   const std::string kernels = cuda_attention_kernels(kB, kT, config.channels, config.heads,
                                                      CudaBackendOptions::AttentionKernels::automatic);
   if (kernels.rfind("cuDNN", 0) != 0) GTEST_SKIP() << "attention runs on " << kernels;
-  struct Case {
-    const char* name;
-    MixedPrecision mode;
-    RecipeKind recipe;
-    bool emulate;
-  };
-  for (const Case& c : {Case{"bf16", MixedPrecision::bf16, RecipeKind::delayed, false},
-                        Case{"fp8 delayed", MixedPrecision::fp8, RecipeKind::delayed, false},
-                        Case{"fp8 current", MixedPrecision::fp8, RecipeKind::current, false},
-                        Case{"fp8 delayed, emulated", MixedPrecision::fp8, RecipeKind::delayed, true}}) {
-    TrainingRun runs[2];
-    for (const bool bf16_storage : {true, false}) {
-      CudaBackendOptions options;
-      options.emulate_fp8 = c.emulate;
-      options.bf16_attention = true;
-      options.attention_outputs_in_bf16 = bf16_storage;
-      auto gpu = make_cuda_backend(options);
-      ASSERT_EQ(gpu->attention_output_type(config.channels, config.heads),
-                bf16_storage ? Dtype::bf16 : Dtype::f32)
-          << c.name;
-      runs[bf16_storage ? 0 : 1] = train(*gpu, precision(c.mode, c.recipe));
-    }
-    const TrainingRun& bf16 = runs[0];
-    const TrainingRun& f32 = runs[1];
-    ASSERT_EQ(bf16.losses.size(), f32.losses.size());
-    for (size_t s = 0; s < bf16.losses.size(); ++s) {
-      ASSERT_FALSE(std::isnan(bf16.losses[s])) << c.name << ", step " << s;
-      ASSERT_EQ(std::memcmp(&bf16.losses[s], &f32.losses[s], sizeof(float)), 0)
-          << c.name << ", step " << s << ": " << bf16.losses[s] << " with bf16 storage, " << f32.losses[s]
-          << " with float32";
-      EXPECT_EQ(bf16.fp8_gemms[s], f32.fp8_gemms[s]) << c.name;
-      EXPECT_EQ(bf16.other_gemms[s], f32.other_gemms[s]) << c.name;
-    }
-    ASSERT_EQ(bf16.states.size(), f32.states.size());
-    for (size_t i = 0; i < bf16.states.size(); ++i) {
-      EXPECT_EQ(bf16.states[i].activation.amax_history, f32.states[i].activation.amax_history)
-          << c.name << ", " << bf16.layers[i];
-      EXPECT_EQ(bf16.states[i].gradient.amax_history, f32.states[i].gradient.amax_history)
-          << c.name << ", " << bf16.layers[i];
-    }
-    if (c.mode == MixedPrecision::fp8) {
-      EXPECT_FALSE(bf16.states.empty()) << c.name;
-    }
-    EXPECT_LT(bf16.losses.back(), bf16.losses.front() * 0.8) << c.name;
+  for (const StorageCase& c :
+       {StorageCase{"bf16", MixedPrecision::bf16, RecipeKind::delayed, false, false},
+        StorageCase{"fp8 delayed", MixedPrecision::fp8, RecipeKind::delayed, false, false},
+        StorageCase{"fp8 current", MixedPrecision::fp8, RecipeKind::current, false, false},
+        StorageCase{"fp8 delayed, emulated", MixedPrecision::fp8, RecipeKind::delayed, true, false}}) {
+    expect_storage_changes_nothing(
+        c, [](CudaBackendOptions& o, bool bf16) { o.attention_outputs_in_bf16 = bf16; },
+        [&](const Backend& b) { return b.attention_output_type(config.channels, config.heads); });
+  }
+}
+
+// The MLP's hidden activation (mlp.c_fc's output, GELU's input) and the gradient that reaches it, which the
+// model rounds to bf16 in bf16 and fp8 modes, stored in bf16 (CudaBackendOptions::hidden_in_bf16): the
+// GEMMs write them from their epilogues and the GELU kernels, fused casts included, read the bf16 values.
+// Training is the same, bit for bit, as storing the float32 values that the model rounds in place: in bf16
+// mode, in fp8 mode with delayed scaling (fused casts), current scaling (unfused), emulated FP8 GEMMs (their
+// float32 results rounded after) and fp8.recompute_mlp (the rerun GEMM writes bf16 too).
+TEST(GpuTrainingHiddenStorage, Bf16TrainsBitForBitAsRoundedFloat32) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const StorageCase& c :
+       {StorageCase{"bf16", MixedPrecision::bf16, RecipeKind::delayed, false, false},
+        StorageCase{"fp8 delayed", MixedPrecision::fp8, RecipeKind::delayed, false, false},
+        StorageCase{"fp8 current", MixedPrecision::fp8, RecipeKind::current, false, false},
+        StorageCase{"fp8 delayed, emulated", MixedPrecision::fp8, RecipeKind::delayed, true, false},
+        StorageCase{"fp8 delayed, recompute", MixedPrecision::fp8, RecipeKind::delayed, false, true},
+        StorageCase{"fp8 current, emulated, recompute", MixedPrecision::fp8, RecipeKind::current, true,
+                    true}}) {
+    expect_storage_changes_nothing(
+        c, [](CudaBackendOptions& o, bool bf16) { o.hidden_in_bf16 = bf16; },
+        [](const Backend& b) { return b.bf16_storage_type(); });
   }
 }
 

@@ -4,7 +4,9 @@
 // result, and the consumer's own linear_forward or linear_backward casts it (and sums the bias gradient), as
 // a model without the fused ops would. The CPU backend is the reference, so the two must train to the very
 // same bits: losses, weights, scaling states and cast telemetry, under every recipe, with a layer moved to
-// BF16 mid-run.
+// BF16 mid-run. The same harness holds the storage of the MLP's hidden tensors in bf16 to the CPU backend's
+// rounded float32 storage.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -14,7 +16,9 @@
 
 #include <gtest/gtest.h>
 
+#include "forwarding_backend.h"
 #include "model_fixture.h"
+#include "octet/numerics/minifloat.h"
 #include "telemetry_compare.h"
 
 namespace octet {
@@ -25,9 +29,9 @@ using testing::mode;
 using testing::tiny_config;
 
 // The CPU backend with the producers' casts taken back to the consumers. Every other op passes through.
-class UnfusedCasts final : public Backend {
+class UnfusedCasts final : public testing::ForwardingBackend {
  public:
-  explicit UnfusedCasts(Backend& inner) : inner_(inner) {}
+  explicit UnfusedCasts(Backend& inner) : ForwardingBackend(inner) {}
   std::string_view name() const override { return "cpu, unfused casts"; }
 
   void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -81,66 +85,6 @@ class UnfusedCasts final : public Backend {
   // How many forward GEMMs the backward ran again (fp8.recompute_mlp).
   int64_t recomputed() const { return recomputed_; }
 
-  std::unique_ptr<Buffer> allocate(size_t bytes) override { return inner_.allocate(bytes); }
-  void copy_to_host(void* host, const void* source, size_t bytes) override {
-    inner_.copy_to_host(host, source, bytes);
-  }
-  void copy_from_host(void* destination, const void* host, size_t bytes) override {
-    inner_.copy_from_host(destination, host, bytes);
-  }
-  void fill_zero(float* x, int64_t n) override { inner_.fill_zero(x, n); }
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
-                       int64_t T, int64_t C) override {
-    inner_.encoder_forward(out, tokens, wte, wpe, B, T, C);
-  }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                        int64_t T, int64_t C) override {
-    inner_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
-  }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int64_t N, int64_t C) override {
-    inner_.layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
-  }
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int64_t N,
-                          int64_t C) override {
-    inner_.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
-  }
-  void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
-                      LinearExecution& exec) override {
-    inner_.prepare_weight(copy, weight, OC, C, exec);
-  }
-  void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
-                         int64_t C, int64_t NH) override {
-    inner_.attention_forward(out, lse, qkv, qkv_type, B, T, C, NH);
-  }
-  void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
-                          const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {
-    inner_.attention_backward(dqkv, dout, qkv, qkv_type, out, lse, B, T, C, NH);
-  }
-  void gelu_forward(float* out, const float* inp, int64_t n) override { inner_.gelu_forward(out, inp, n); }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
-    inner_.gelu_backward(dinp, inp, dout, n);
-  }
-  void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
-    inner_.residual_forward(out, a, b, n);
-  }
-  void accumulate(float* a, const float* b, int64_t n) override { inner_.accumulate(a, b, n); }
-  void round_in_place(float* x, int64_t n, Dtype dtype) override { inner_.round_in_place(x, n, dtype); }
-  void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
-                             int64_t Vp, float dloss) override {
-    inner_.softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss);
-  }
-  double sum_of_squares(const float* x, int64_t n) override { return inner_.sum_of_squares(x, n); }
-  bool all_finite(const float* x, int64_t n) override { return inner_.all_finite(x, n); }
-  void scale(float* x, int64_t n, float factor) override { inner_.scale(x, n, factor); }
-  void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
-                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                    float grad_scale) override {
-    inner_.adamw_update(params, m, v, grads, n, learning_rate, beta1, beta2, eps, weight_decay, step,
-                        grad_scale);
-  }
-
  private:
   // Where a producer's float32 output goes: `out`, or a buffer held for the consumer when the model keeps
   // none. The consumer's next linear_forward reads it.
@@ -159,7 +103,6 @@ class UnfusedCasts final : public Backend {
     const float* dout;
     float* dbias;
   };
-  Backend& inner_;
   std::unordered_map<const LinearExecution*, std::vector<float>> held_;
   std::unordered_map<const LinearExecution*, const float*> inputs_;
   std::unordered_map<const LinearExecution*, Gradient> gradients_;
@@ -302,6 +245,142 @@ TEST(RecomputeMlp, SaysWhichLayersRecompute) {
   model.move_layer_to_bf16("h.0.mlp.c_fc", "BF16 by test");
   EXPECT_NE(model.memory_line().find("0 of 2"), std::string::npos) << model.memory_line();
 }
+
+// The CPU backend storing the tensors that the model rounds to bf16 (the MLP's hidden activation and its
+// gradient) as bf16 bits, as the CUDA backend does: the ops that write them round their float32 result once
+// (float_to_bf16, not the round_in_place that the CPU backend's float32 storage gets), the ops that read them
+// widen the bits again. Every other op passes through.
+class Bf16HiddenStorage final : public testing::ForwardingBackend {
+ public:
+  explicit Bf16HiddenStorage(Backend& inner) : ForwardingBackend(inner) {}
+  std::string_view name() const override { return "cpu, bf16 storage"; }
+  Dtype bf16_storage_type() const override { return Dtype::bf16; }
+
+  void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type, const float* weight,
+                         const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                         LinearExecution& exec) override {
+    EXPECT_EQ(inp_type, Dtype::f32) << "only the MLP's hidden tensors are bf16";
+    float* y = out_type == Dtype::bf16 ? staged(N * OC) : static_cast<float*>(out);
+    inner_.linear_forward(y, static_cast<const float*>(inp), weight, copy, bias, N, C, OC, exec);
+    if (out_type == Dtype::bf16) store(out, N * OC);
+  }
+  void linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
+                           const float* bias, int64_t N, int64_t C, int64_t OC,
+                           LinearExecution& exec) override {
+    EXPECT_EQ(out_type, Dtype::bf16) << "the recomputed output is GELU's input";
+    inner_.linear_recompute(staged(N * OC), weight, copy, bias, N, C, OC, exec);
+    store(out, N * OC);
+  }
+  void linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,
+                          Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
+                          const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                          LinearExecution& exec) override {
+    EXPECT_EQ(dout_type, Dtype::f32);
+    EXPECT_EQ(inp_type, Dtype::f32);
+    float* d = dinp_type == Dtype::bf16 ? staged(N * C) : static_cast<float*>(dinp);
+    inner_.linear_backward(d, dweight, dbias, static_cast<const float*>(dout), static_cast<const float*>(inp),
+                           weight, copy, N, C, OC, exec);
+    if (dinp_type == Dtype::bf16) store(dinp, N * C);
+  }
+  void gelu_forward_as(float* out, const void* inp, Dtype type, int64_t n) override {
+    inner_.gelu_forward(out, widened(inp, type, n, 0), n);
+  }
+  void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
+                            LinearExecution& consumer) override {
+    inner_.gelu_forward_cast(out, widened(inp, type, N * C, 0), N, C, consumer);
+  }
+  void gelu_backward_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t n) override {
+    inner_.gelu_backward(dinp, widened(inp, type, n, 0), widened(dout, type, n, 1), n);
+  }
+  void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N, int64_t C,
+                             float* dbias, LinearExecution& consumer) override {
+    inner_.gelu_backward_cast(dinp, widened(inp, type, N * C, 0), widened(dout, type, N * C, 1), N, C, dbias,
+                              consumer);
+  }
+  // How many bf16 tensors the ops wrote and read.
+  int64_t stored() const { return stored_; }
+  int64_t read() const { return read_; }
+
+ private:
+  float* staged(int64_t n) {
+    staged_.resize(static_cast<size_t>(n));
+    return staged_.data();
+  }
+  void store(void* out, int64_t n) {
+    auto* bits = static_cast<uint16_t*>(out);
+    for (int64_t i = 0; i < n; ++i) bits[i] = float_to_bf16(staged_[static_cast<size_t>(i)]);
+    ++stored_;
+  }
+  const float* widened(const void* x, Dtype type, int64_t n, int slot) {
+    if (type == Dtype::f32) return static_cast<const float*>(x);
+    EXPECT_EQ(type, Dtype::bf16);
+    std::vector<float>& w = widened_[slot];
+    w.resize(static_cast<size_t>(n));
+    const auto* bits = static_cast<const uint16_t*>(x);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&w[static_cast<size_t>(i)], &word, sizeof(float));
+    }
+    ++read_;
+    return w.data();
+  }
+
+  std::vector<float> staged_;
+  std::vector<float> widened_[2];
+  int64_t stored_ = 0;
+  int64_t read_ = 0;
+};
+
+// bf16 and fp8 modes round the MLP's hidden activation and its gradient to bf16, as PyTorch autocast keeps
+// them. Stored as bf16 bits, or as float32 values that the model rounds in place, training is the same bit
+// for bit: the model rounds exactly where a bf16 store would, and hands every op the type it stored. fp32
+// mode rounds nothing and stores nothing in bf16.
+struct HiddenCase {
+  const char* name;
+  MixedPrecision mode;
+  RecipeKind recipe;
+  bool recompute;
+};
+
+void PrintTo(const HiddenCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class HiddenInBf16 : public ::testing::TestWithParam<HiddenCase> {};
+
+TEST_P(HiddenInBf16, StoredAsBf16TrainsBitForBitAsRoundedFloat32) {
+  const HiddenCase& c = GetParam();
+  PrecisionSettings precision = c.mode == MixedPrecision::fp8 ? fp8_with(c.recipe) : mode(c.mode);
+  precision.recompute_mlp = c.recompute;
+  auto rounding_backend = make_cpu_backend();
+  const TrainingRecord rounded = train(*rounding_backend, precision);
+  auto inner = make_cpu_backend();
+  Bf16HiddenStorage bf16_backend(*inner);
+  const TrainingRecord stored = train(bf16_backend, precision);
+  for (const float loss : stored.losses) ASSERT_FALSE(std::isnan(loss)) << c.name;
+  expect_same_training(stored, rounded, c.recipe);
+  if (c.mode == MixedPrecision::fp32) {
+    EXPECT_EQ(bf16_backend.stored(), 0) << c.name;
+    EXPECT_EQ(bf16_backend.read(), 0) << c.name;
+    return;
+  }
+  // Per block and training step: the forward writes GELU's input and reads it, the backward writes its
+  // gradient and reads both (plus the recomputed input, written once more); the evaluation forwards once.
+  const int64_t steps = 4, blocks = 2;
+  const int64_t recomputes = c.recompute && c.recipe != RecipeKind::block ? 2 * 2 + 2 * 1 : 0;
+  EXPECT_EQ(bf16_backend.stored(), steps * blocks * 2 + recomputes + blocks) << c.name;
+  EXPECT_EQ(bf16_backend.read(), steps * blocks * 3 + blocks) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, HiddenInBf16,
+    ::testing::Values(HiddenCase{"bf16", MixedPrecision::bf16, RecipeKind::delayed, false},
+                      HiddenCase{"fp8_delayed", MixedPrecision::fp8, RecipeKind::delayed, false},
+                      HiddenCase{"fp8_current", MixedPrecision::fp8, RecipeKind::current, false},
+                      HiddenCase{"fp8_block", MixedPrecision::fp8, RecipeKind::block, false},
+                      HiddenCase{"fp8_delayed_recompute", MixedPrecision::fp8, RecipeKind::delayed, true},
+                      HiddenCase{"fp32", MixedPrecision::fp32, RecipeKind::delayed, false}),
+    [](const auto& p) { return std::string(p.param.name); });
 
 }  // namespace
 }  // namespace octet

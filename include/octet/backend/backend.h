@@ -122,6 +122,17 @@ class Backend {
                                const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                                LinearExecution& exec) = 0;
 
+  // How this backend stores a tensor whose values the model rounds to bf16 (the MLP's hidden activation
+  // and the gradient that reaches it, see Gpt2): Dtype::bf16 where its ops read and write bf16 themselves
+  // (the *_as ops), which halves those tensors' bytes; Dtype::f32 otherwise (the default), the model then
+  // rounding the float32 values in place (round_in_place), so that both hold the same numbers.
+  virtual Dtype bf16_storage_type() const { return Dtype::f32; }
+  // linear_recompute with its output stored as `out_type`: a bf16 output is the float32 result, bias
+  // included, rounded to bf16 once, as linear_forward_as writes it. The default takes f32 only.
+  virtual void linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
+                                   const float* bias, int64_t N, int64_t C, int64_t OC,
+                                   LinearExecution& exec);
+
   // The type attention's input qkv is stored in: Dtype::bf16 where this backend's attention multiplies q, k
   // and v rounded to bf16 anyway (the CUDA backend's tensor-core attention), so that storing them rounded
   // changes no result and halves their bytes; Dtype::f32 otherwise (the default).
@@ -191,6 +202,15 @@ class Backend {
   // is not written at all and linear_backward gets a null dout.
   virtual void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
                                   float* dbias, LinearExecution& consumer) = 0;
+  // The four GELU ops with their input (and, in the backward, dout) stored as `type` (bf16_storage_type,
+  // or f32): bf16 values are read as their float32 values; the outputs stay float32. The defaults take f32
+  // only.
+  virtual void gelu_forward_as(float* out, const void* inp, Dtype type, int64_t n);
+  virtual void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
+                                    LinearExecution& consumer);
+  virtual void gelu_backward_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t n);
+  virtual void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N,
+                                     int64_t C, float* dbias, LinearExecution& consumer);
   virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;
   // a += b
   virtual void accumulate(float* a, const float* b, int64_t n) = 0;

@@ -45,6 +45,10 @@ struct CudaBackendOptions {
   // and saves converting them around every cuDNN call; false keeps them in float32 and converts (tests
   // compare the two).
   bool attention_outputs_in_bf16 = true;
+  // Tensors whose values the model rounds to bf16 (the MLP's hidden activation and its gradient in bf16 and
+  // fp8 modes) stored in bf16 (Backend::bf16_storage_type), read and written so by the GEMMs and GELU
+  // kernels; false stores their float32 values, rounded in place (tests compare the two).
+  bool hidden_in_bf16 = true;
 };
 
 // Throws octet::Error (invalid_input) when octet was built without CUDA or the device does not exist.

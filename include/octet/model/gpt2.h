@@ -146,13 +146,18 @@ class Gpt2 {
   // casts its output for it in the same pass, and leaves `out` unwritten when that cast is all `next` reads.
   void layernorm_into(Linear& next, float* out, float* mean, float* rstd, const float* inp,
                       const float* weight, const float* bias, int64_t N, int64_t C);
-  void gelu_into(Linear& next, float* out, const float* inp, int64_t N, int64_t C);
+  // GELU's input is the MLP's hidden activation, stored as hidden_type_.
+  void gelu_into(Linear& next, float* out, const void* inp, int64_t N, int64_t C);
   // GELU's backward dinp = dout * gelu'(inp), the output gradient of the linear layer `next`, then next's
   // backward (its input gradient into next_dinp; next_inp is its forward input). Where next casts that
   // gradient to FP8, GELU's backward casts it for next and adds next's bias gradient in the same pass, and
   // leaves dinp unwritten when that cast is all next reads.
-  void gelu_backward_into(Linear& next, float* dinp, const float* inp, const float* dout, int64_t N,
-                          int64_t C, float* next_dinp, const float* next_inp);
+  // inp and dout are stored as hidden_type_.
+  void gelu_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N, int64_t C,
+                          float* next_dinp, const float* next_inp);
+  // x [n], a hidden tensor just written in float32 by a backend that stores them so: rounded to bf16 in
+  // place where the model rounds them (hidden_in_bf16_); a no-op otherwise.
+  void round_hidden(void* x, int64_t n);
 
   Gpt2Config config_;
   Backend& backend_;
@@ -174,6 +179,11 @@ class Gpt2 {
   // How acts_ stores attention's output, and the gradients store d(atty) and d(qkv)
   // (Backend::attention_output_type).
   Dtype atty_type_ = Dtype::f32;
+  // Whether the MLP's hidden activation (mlp.c_fc's output, GELU's input) and the gradient that reaches it
+  // (mlp.c_proj's input gradient) are rounded to bf16, as PyTorch autocast keeps them: in bf16 and fp8
+  // modes. hidden_type_ is how they are stored: Backend::bf16_storage_type where rounded, f32 otherwise.
+  bool hidden_in_bf16_ = false;
+  Dtype hidden_type_ = Dtype::f32;
   std::unique_ptr<Gradients> dacts_;
   std::vector<std::unique_ptr<Linear>> linears_;
   GemmCounters counters_;

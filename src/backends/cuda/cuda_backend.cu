@@ -467,6 +467,10 @@ class CudaBackend final : public Backend {
                       const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override;
   void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
                         int64_t C, int64_t OC, LinearExecution& exec) override;
+  Dtype bf16_storage_type() const override { return options_.hidden_in_bf16 ? Dtype::bf16 : Dtype::f32; }
+  void linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
+                           const float* bias, int64_t N, int64_t C, int64_t OC,
+                           LinearExecution& exec) override;
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                        LinearExecution& exec) override;
@@ -500,19 +504,27 @@ class CudaBackend final : public Backend {
                              int64_t NH) override;
 
   void gelu_forward(float* out, const float* inp, int64_t n) override {
-    const OpScope scope(*this, OpKind::norm_activation);
-    cuda::gelu_forward(out, inp, n, stream_);
+    gelu_forward_as(out, inp, Dtype::f32, n);
   }
+  void gelu_forward_as(float* out, const void* inp, Dtype type, int64_t n) override;
   void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                               const float* bias, int64_t N, int64_t C, LinearExecution& consumer) override;
   void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
-                         LinearExecution& consumer) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
-    const OpScope scope(*this, OpKind::norm_activation);
-    cuda::gelu_backward(dinp, inp, dout, n, stream_);
+                         LinearExecution& consumer) override {
+    gelu_forward_cast_as(out, inp, Dtype::f32, N, C, consumer);
   }
+  void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
+                            LinearExecution& consumer) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    gelu_backward_as(dinp, inp, dout, Dtype::f32, n);
+  }
+  void gelu_backward_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t n) override;
   void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                          float* dbias, LinearExecution& consumer) override;
+                          float* dbias, LinearExecution& consumer) override {
+    gelu_backward_cast_as(dinp, inp, dout, Dtype::f32, N, C, dbias, consumer);
+  }
+  void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N, int64_t C,
+                             float* dbias, LinearExecution& consumer) override;
   void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
     const OpScope scope(*this, OpKind::other);
     cuda::residual_forward(out, a, b, n, stream_);
@@ -596,11 +608,17 @@ class CudaBackend final : public Backend {
   // The same for a bf16 input (its bits): in one pass that reads the bf16 values where producer_casts(exec),
   // else cast_input of their float32 values.
   void cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec);
-  // A tensor stored as float32 or as bf16 (attention's output and the gradients on either side of it).
+  // A tensor stored as float32 or as bf16 (attention's output and the gradients on either side of it, the
+  // MLP's hidden activation and its gradient).
   struct Stored {
     const void* data;
     Dtype type;
   };
+  // Refuses a storage type other than f32 and bf16 for `what`.
+  static void check_stored(Dtype type, std::string_view what) {
+    OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "{} stored in f32 or bf16, got {}", what,
+                dtype_name(type));
+  }
   // x [n] as float32: itself, or its bf16 values widened into widened_[slot].
   const float* as_f32(Stored x, int64_t n, int slot);
   // x [n] as a GEMM in `mode` (BF16 or FP16) reads it: a 16-byte aligned bf16 x itself in BF16 mode, else
@@ -645,6 +663,12 @@ class CudaBackend final : public Backend {
   void forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
                     const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                     LinearExecution& exec, bool recompute = false);
+  // forward_gemm with its output stored as `out_type`: a bf16 output from the GEMM's epilogue where the GEMM
+  // can write bf16 (16-byte aligned, BF16 or FP8 on FP8 tensor cores), else the float32 result rounded to
+  // bf16 after.
+  void forward_gemm_as(void* out, Dtype out_type, Stored x, const float* weight, const WeightCopy* copy,
+                       const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
+                       bool recompute);
   // A BF16, FP16 or FP32 GEMM.
   void wide_gemm(const GemmProblem& p) {
     const OpScope scope(*this, OpKind::gemm_wide);
@@ -848,19 +872,35 @@ void CudaBackend::layernorm_forward_cast(float* out, float* mean, float* rstd, c
   consumer.input_cast_ready = true;
 }
 
-void CudaBackend::gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
-                                    LinearExecution& consumer) {
+void CudaBackend::gelu_forward_as(float* out, const void* inp, Dtype type, int64_t n) {
+  check_stored(type, "GELU's input");
+  const OpScope scope(*this, OpKind::norm_activation);
+  if (type == Dtype::bf16) {
+    cuda::gelu_forward(out, static_cast<const uint16_t*>(inp), n, stream_);
+  } else {
+    cuda::gelu_forward(out, static_cast<const float*>(inp), n, stream_);
+  }
+}
+
+void CudaBackend::gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
+                                       LinearExecution& consumer) {
+  check_stored(type, "GELU's input");
   const OpScope scope(*this, OpKind::norm_activation);
   OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
   OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
               "the output kept for a consumer that reads it");
   if (producer_casts(consumer)) {
-    producer_cast(N, C, consumer,
-                  [&](const FusedCast& cast) { cuda::gelu_forward_cast(out, inp, N, C, cast, stream_); });
+    producer_cast(N, C, consumer, [&](const FusedCast& cast) {
+      if (type == Dtype::bf16) {
+        cuda::gelu_forward_cast(out, static_cast<const uint16_t*>(inp), N, C, cast, stream_);
+      } else {
+        cuda::gelu_forward_cast(out, static_cast<const float*>(inp), N, C, cast, stream_);
+      }
+    });
     return;
   }
   float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
-  cuda::gelu_forward(y, inp, N * C, stream_);
+  gelu_forward_as(y, inp, type, N * C);
   cast_input(y, N, C, consumer);
   consumer.input_cast_ready = true;
 }
@@ -906,8 +946,20 @@ void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int6
   ready_gradient_ = {};
 }
 
-void CudaBackend::gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                                     float* dbias, LinearExecution& consumer) {
+void CudaBackend::gelu_backward_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t n) {
+  check_stored(type, "GELU's input and output gradient");
+  const OpScope scope(*this, OpKind::norm_activation);
+  if (type == Dtype::bf16) {
+    cuda::gelu_backward(dinp, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout), n,
+                        stream_);
+  } else {
+    cuda::gelu_backward(dinp, static_cast<const float*>(inp), static_cast<const float*>(dout), n, stream_);
+  }
+}
+
+void CudaBackend::gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N,
+                                        int64_t C, float* dbias, LinearExecution& consumer) {
+  check_stored(type, "GELU's input and output gradient");
   const OpScope scope(*this, OpKind::norm_activation);
   OCTET_CHECK(casts_gradient(consumer), "a consumer with an FP8 backward GEMM");
   OCTET_CHECK(dinp != nullptr || gradient_cast_suffices(consumer),
@@ -922,12 +974,18 @@ void CudaBackend::gelu_backward_cast(float* dinp, const float* inp, const float*
                           ? nullptr
                           : column_partials_.as<float>(
                                 static_cast<size_t>(gelu_backward_cast_partial_rows(N) * C), stream_);
-    cuda::gelu_backward_cast(dinp, inp, dout, N, C, cast, dbias, partials, workspace_, stream_);
+    if (type == Dtype::bf16) {
+      cuda::gelu_backward_cast(dinp, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout), N,
+                               C, cast, dbias, partials, workspace_, stream_);
+    } else {
+      cuda::gelu_backward_cast(dinp, static_cast<const float*>(inp), static_cast<const float*>(dout), N, C,
+                               cast, dbias, partials, workspace_, stream_);
+    }
     end_cast(layer, kGradient, format, N * C, true, consumer.telemetry != nullptr);
   } else {
     // The unfused ops, in linear_backward's order: the bias gradient, then the cast.
     float* d = dinp != nullptr ? dinp : producer_output_.as<float>(n, stream_);
-    cuda::gelu_backward(d, inp, dout, N * C, stream_);
+    gelu_backward_as(d, inp, dout, type, N * C);
     if (dbias != nullptr) bias_backward(dbias, d, N, C, workspace_, stream_);
     cast_gradient(layer, d, N, C, consumer);
   }
@@ -1343,29 +1401,40 @@ void CudaBackend::linear_recompute(float* out, const float* weight, const Weight
   forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true);
 }
 
+void CudaBackend::linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
+                                      const float* bias, int64_t N, int64_t C, int64_t OC,
+                                      LinearExecution& exec) {
+  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
+              "an FP8 forward whose input codes were kept (keep_input_codes)");
+  forward_gemm_as(out, out_type, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true);
+}
+
 void CudaBackend::linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type,
                                     const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
                                     int64_t C, int64_t OC, LinearExecution& exec) {
-  OCTET_CHECK(out_type == Dtype::f32 || out_type == Dtype::bf16, "linear outputs in f32 or bf16, got {}",
-              dtype_name(out_type));
-  OCTET_CHECK(inp_type == Dtype::f32 || inp_type == Dtype::bf16, "linear inputs in f32 or bf16, got {}",
-              dtype_name(inp_type));
-  const Stored x{inp, inp_type};
+  check_stored(inp_type, "a linear layer's input");
+  forward_gemm_as(out, out_type, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, false);
+}
+
+void CudaBackend::forward_gemm_as(void* out, Dtype out_type, Stored x, const float* weight,
+                                  const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                                  LinearExecution& exec, bool recompute) {
+  check_stored(out_type, "a linear layer's output");
   if (out_type == Dtype::f32) {
-    forward_gemm(static_cast<float*>(out), nullptr, x, weight, copy, bias, N, C, OC, exec);
+    forward_gemm(static_cast<float*>(out), nullptr, x, weight, copy, bias, N, C, OC, exec, recompute);
     return;
   }
   auto* out_bf16 = static_cast<__nv_bfloat16*>(out);
   const bool direct = reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
                       (exec.forward == GemmMode::bf16 || (exec.forward == GemmMode::fp8 && !emulate_fp8_));
   if (direct) {
-    forward_gemm(nullptr, out_bf16, x, weight, copy, bias, N, C, OC, exec);
+    forward_gemm(nullptr, out_bf16, x, weight, copy, bias, N, C, OC, exec, recompute);
     return;
   }
   // Modes whose GEMMs cannot write bf16 (float32, FP16, FP8 without FP8 tensor cores): the float32 result,
   // then rounded to bf16 (to nearest even), as the epilogue's bf16 output rounds it.
   auto* y = producer_output_.as<float>(static_cast<size_t>(N * OC), stream_);
-  forward_gemm(y, nullptr, x, weight, copy, bias, N, C, OC, exec);
+  forward_gemm(y, nullptr, x, weight, copy, bias, N, C, OC, exec, recompute);
   const OpScope scope(*this, OpKind::casts);
   convert_to_bf16(out_bf16, y, N * OC, stream_);
 }
@@ -1488,10 +1557,9 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight
                                      const void* dout_data, Dtype dout_type, const void* inp_data,
                                      Dtype inp_type, const float* weight, const WeightCopy* copy, int64_t N,
                                      int64_t C, int64_t OC, LinearExecution& exec) {
-  for (const Dtype type : {dinp_type, dout_type, inp_type}) {
-    OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16,
-                "linear gradients and inputs in f32 or bf16, got {}", dtype_name(type));
-  }
+  check_stored(dinp_type, "a linear layer's input gradient");
+  check_stored(dout_type, "a linear layer's output gradient");
+  check_stored(inp_type, "a linear layer's input");
   auto* w = const_cast<CudaWeightCopy*>(dynamic_cast<const CudaWeightCopy*>(copy));
   const Stored dout{dout_data, dout_type};
   const Stored inp{inp_data, inp_type};

@@ -32,6 +32,32 @@ __device__ __forceinline__ Pack<W> load_pack(const float* p) {
   }
 }
 
+// W consecutive bf16 values (their bits) widened to float32, which is exact; 8 bytes when W is 4 (the caller
+// guarantees 8-byte alignment).
+template <int W>
+__device__ __forceinline__ Pack<W> load_pack(const uint16_t* p) {
+  Pack<W> x;
+  if constexpr (W == 4) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    x.v[0] = __uint_as_float(q.x << 16);
+    x.v[1] = __uint_as_float(q.x & 0xFFFF0000u);
+    x.v[2] = __uint_as_float(q.y << 16);
+    x.v[3] = __uint_as_float(q.y & 0xFFFF0000u);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) x.v[k] = __uint_as_float(static_cast<uint32_t>(p[k]) << 16);
+  }
+  return x;
+}
+
+// Whether a pointer allows load_pack<4>: 16 bytes for float, 8 for bf16.
+__host__ __device__ inline bool pack_aligned(const float* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+__host__ __device__ inline bool pack_aligned(const uint16_t* p) {
+  return reinterpret_cast<uintptr_t>(p) % 8 == 0;
+}
+
 template <int W>
 __device__ __forceinline__ void store_pack(float* p, const Pack<W>& x) {
   if constexpr (W == 4) {

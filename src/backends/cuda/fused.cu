@@ -98,10 +98,11 @@ __device__ __forceinline__ void write_transposed_tile(const uint8_t* staged, int
 // Element-wise producers: produce<W>(i) computes elements i .. i+W-1, stores the op's own outputs and returns
 // the values to cast.
 
-// ops.cu's Gelu: elementwise::gelu.
+// ops.cu's Gelu: elementwise::gelu, over float32 or bf16 (In = uint16_t) inputs.
+template <typename In>
 struct GeluProducer {
   float* out;  // may be null
-  const float* inp;
+  const In* inp;
   template <int W>
   __device__ __forceinline__ Pack<W> produce(int64_t i) const {
     Pack<W> x = load_pack<W>(inp + i);
@@ -112,12 +113,13 @@ struct GeluProducer {
   }
 };
 
-// ops.cu's GeluGradient: elementwise::gelu_gradient. Each element is read and written by one thread, so dinp
-// may alias inp or dout.
+// ops.cu's GeluGradient: elementwise::gelu_gradient, over float32 or bf16 (In = uint16_t) inputs. Each
+// element is read and written by one thread, so dinp may alias inp or dout.
+template <typename In>
 struct GeluBackwardProducer {
   float* dinp;  // may be null
-  const float* inp;
-  const float* dout;
+  const In* inp;
+  const In* dout;
   template <int W>
   __device__ __forceinline__ Pack<W> produce(int64_t i) const {
     Pack<W> x = load_pack<W>(inp + i);
@@ -144,18 +146,7 @@ struct Bf16Producer {
   const uint16_t* x;
   template <int W>
   __device__ __forceinline__ Pack<W> produce(int64_t i) const {
-    Pack<W> p;
-    if constexpr (W == 4) {
-      const uint2 q = *reinterpret_cast<const uint2*>(x + i);
-      p.v[0] = __uint_as_float(q.x << 16);
-      p.v[1] = __uint_as_float(q.x & 0xFFFF0000u);
-      p.v[2] = __uint_as_float(q.y << 16);
-      p.v[3] = __uint_as_float(q.y & 0xFFFF0000u);
-    } else {
-#pragma unroll
-      for (int k = 0; k < W; ++k) p.v[k] = __uint_as_float(static_cast<uint32_t>(x[i + k]) << 16);
-    }
-    return p;
+    return load_pack<W>(x + i);
   }
 };
 
@@ -530,20 +521,24 @@ void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* i
   OCTET_CUDA_CHECK_LAUNCH("layernorm_forward_cast");
 }
 
-void gelu_forward_cast(float* out, const float* inp, int64_t rows, int64_t cols, const FusedCast& cast,
-                       cudaStream_t stream) {
+namespace {
+
+template <typename In>
+void gelu_forward_cast_of(float* out, const In* inp, int64_t rows, int64_t cols, const FusedCast& cast,
+                          cudaStream_t stream) {
   OCTET_REQUIRE(rows >= 0 && cols >= 0, "gelu_forward_cast: the shape must not be negative, got [{}, {}]",
                 rows, cols);
   check_cast(cast, rows * cols, "gelu_forward_cast");
   OCTET_REQUIRE(rows * cols == 0 || inp != nullptr, "gelu_forward_cast: inp must be given");
-  const bool vector = aligned16(inp) && (out == nullptr || aligned16(out));
-  launch_elementwise(GeluProducer{out, inp}, vector, rows, cols, cast, stream);
+  const bool vector = elementwise::pack_aligned(inp) && (out == nullptr || aligned16(out));
+  launch_elementwise(GeluProducer<In>{out, inp}, vector, rows, cols, cast, stream);
   OCTET_CUDA_CHECK_LAUNCH("gelu_forward_cast");
 }
 
-void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t rows, int64_t cols,
-                        const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
-                        cudaStream_t stream) {
+template <typename In>
+void gelu_backward_cast_of(float* dinp, const In* inp, const In* dout, int64_t rows, int64_t cols,
+                           const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
+                           cudaStream_t stream) {
   OCTET_REQUIRE(rows >= 0 && cols >= 0, "gelu_backward_cast: the shape must not be negative, got [{}, {}]",
                 rows, cols);
   check_cast(cast, rows * cols, "gelu_backward_cast");
@@ -551,8 +546,9 @@ void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_
                 "gelu_backward_cast: inp and dout must be given");
   OCTET_REQUIRE(dbias == nullptr || rows * cols == 0 || column_partials != nullptr,
                 "gelu_backward_cast: the bias gradient needs column_partials");
-  const GeluBackwardProducer op{dinp, inp, dout};
-  const bool vector = aligned16(inp) && aligned16(dout) && (dinp == nullptr || aligned16(dinp));
+  const GeluBackwardProducer<In> op{dinp, inp, dout};
+  const bool vector = elementwise::pack_aligned(inp) && elementwise::pack_aligned(dout) &&
+                      (dinp == nullptr || aligned16(dinp));
   if (dbias == nullptr) {
     launch_elementwise(op, vector, rows, cols, cast, stream);
     OCTET_CUDA_CHECK_LAUNCH("gelu_backward_cast");
@@ -561,6 +557,30 @@ void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_
   launch_elementwise<true>(op, vector, rows, cols, cast, stream, column_partials);
   OCTET_CUDA_CHECK_LAUNCH("gelu_backward_cast");
   bias_backward(dbias, column_partials, gelu_backward_cast_partial_rows(rows), cols, workspace, stream);
+}
+
+}  // namespace
+
+void gelu_forward_cast(float* out, const float* inp, int64_t rows, int64_t cols, const FusedCast& cast,
+                       cudaStream_t stream) {
+  gelu_forward_cast_of(out, inp, rows, cols, cast, stream);
+}
+
+void gelu_forward_cast(float* out, const uint16_t* inp, int64_t rows, int64_t cols, const FusedCast& cast,
+                       cudaStream_t stream) {
+  gelu_forward_cast_of(out, inp, rows, cols, cast, stream);
+}
+
+void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t rows, int64_t cols,
+                        const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
+                        cudaStream_t stream) {
+  gelu_backward_cast_of(dinp, inp, dout, rows, cols, cast, dbias, column_partials, workspace, stream);
+}
+
+void gelu_backward_cast(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t rows, int64_t cols,
+                        const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
+                        cudaStream_t stream) {
+  gelu_backward_cast_of(dinp, inp, dout, rows, cols, cast, dbias, column_partials, workspace, stream);
 }
 
 int64_t gelu_backward_cast_partial_rows(int64_t rows) {

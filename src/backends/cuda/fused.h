@@ -35,8 +35,11 @@ void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* i
                             cudaStream_t stream);
 
 // GELU forward over inp [rows, cols] (exactly the values of cuda::gelu_forward), writing the FP8 cast of the
-// result; out written only when not null (it may alias inp).
+// result; out written only when not null (it may alias inp). inp is float32, or bf16 (its bits) read as its
+// float32 values.
 void gelu_forward_cast(float* out, const float* inp, int64_t rows, int64_t cols, const FusedCast& cast,
+                       cudaStream_t stream);
+void gelu_forward_cast(float* out, const uint16_t* inp, int64_t rows, int64_t cols, const FusedCast& cast,
                        cudaStream_t stream);
 
 // GELU backward over [rows, cols]: dinp = dout * gelu'(inp) (exactly the values of cuda::gelu_backward),
@@ -44,8 +47,12 @@ void gelu_forward_cast(float* out, const float* inp, int64_t rows, int64_t cols,
 // null, also dbias [cols] += column sums of dinp, as bias_backward would add them up to the order of the
 // float32 additions: the kernel writes one partial sum per column and tile of 32 rows to column_partials
 // (gelu_backward_cast_partial_rows(rows) x cols floats of scratch, not aliasing workspace memory), and
-// bias_backward adds those in its fixed order. Deterministic: the order depends on the shape alone.
+// bias_backward adds those in its fixed order. Deterministic: the order depends on the shape alone. inp and
+// dout are float32, or both bf16 (their bits) read as their float32 values.
 void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t rows, int64_t cols,
+                        const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
+                        cudaStream_t stream);
+void gelu_backward_cast(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t rows, int64_t cols,
                         const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
                         cudaStream_t stream);
 // Rows of column_partials that gelu_backward_cast needs for `rows` rows.

@@ -113,11 +113,12 @@ void for_each(const Op& op, int64_t n, bool vectorize, cudaStream_t stream) {
   for_each_kernel<<<flat_grid(work), kThreads, 0, stream>>>(op, groups, n);
 }
 
-// out = fn(in) and out = fn(a, b), element-wise; out may alias an input.
-template <typename Fn>
+// out = fn(in) and out = fn(a, b), element-wise, over float32 or bf16 (In = uint16_t) inputs; out is
+// float32 and may alias a float32 input.
+template <typename Fn, typename In = float>
 struct Map1 {
   float* out;
-  const float* in;
+  const In* in;
   Fn fn;
   template <int W>
   __device__ void apply(int64_t i) const {
@@ -128,11 +129,11 @@ struct Map1 {
   }
 };
 
-template <typename Fn>
+template <typename Fn, typename In = float>
 struct Map2 {
   float* out;
-  const float* a;
-  const float* b;
+  const In* a;
+  const In* b;
   Fn fn;
   template <int W>
   __device__ void apply(int64_t i) const {
@@ -951,19 +952,41 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   column_sum(partials + C, 2 * C, blocks, C, dweight, plan, scratch, stream);
 }
 
-void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
+namespace {
+
+template <typename In>
+void gelu_forward_of(float* out, const In* inp, int64_t n, cudaStream_t stream) {
   check_size(n, "gelu_forward");
   if (n == 0) return;
-  for_each(Map1<Gelu>{out, inp, Gelu{}}, n, aligned16(out) && aligned16(inp), stream);
+  for_each(Map1<Gelu, In>{out, inp, Gelu{}}, n, aligned16(out) && elementwise::pack_aligned(inp), stream);
   OCTET_CUDA_CHECK_LAUNCH("gelu_forward");
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream) {
+template <typename In>
+void gelu_backward_of(float* dinp, const In* inp, const In* dout, int64_t n, cudaStream_t stream) {
   check_size(n, "gelu_backward");
   if (n == 0) return;
-  for_each(Map2<GeluGradient>{dinp, inp, dout, GeluGradient{}}, n,
-           aligned16(dinp) && aligned16(inp) && aligned16(dout), stream);
+  for_each(Map2<GeluGradient, In>{dinp, inp, dout, GeluGradient{}}, n,
+           aligned16(dinp) && elementwise::pack_aligned(inp) && elementwise::pack_aligned(dout), stream);
   OCTET_CUDA_CHECK_LAUNCH("gelu_backward");
+}
+
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
+  gelu_forward_of(out, inp, n, stream);
+}
+
+void gelu_forward(float* out, const uint16_t* inp, int64_t n, cudaStream_t stream) {
+  gelu_forward_of(out, inp, n, stream);
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream) {
+  gelu_backward_of(dinp, inp, dout, n, stream);
+}
+
+void gelu_backward(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t n, cudaStream_t stream) {
+  gelu_backward_of(dinp, inp, dout, n, stream);
 }
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {

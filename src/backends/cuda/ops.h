@@ -63,6 +63,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // GELU, tanh approximation; gelu_backward overwrites dinp = dout * gelu'(inp).
 void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream);
+// The same over bf16 inputs (their bits), read as their float32 values; the outputs stay float32.
+void gelu_forward(float* out, const uint16_t* inp, int64_t n, cudaStream_t stream);
+void gelu_backward(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t n, cudaStream_t stream);
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 // a += b
