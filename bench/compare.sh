@@ -147,7 +147,8 @@ recomputed = [(name, octet_result(name, "fp8-recompute")) for name in names]
 if any(r for _, r in recomputed):
     print()
     print("octet fp8 with fp8.recompute_mlp = true: each mlp.c_fc keeps its FP8 input codes instead of its")
-    print("float32 output and runs its forward GEMM again in the backward (less memory, one more FP8 GEMM a block).")
+    print("output (GELU's input) and runs its forward GEMM again in the backward (less memory, one more FP8 GEMM")
+    print("a block).")
     print()
     print("| model | tok/s | / peer | / octet fp8 | GiB | / octet bf16 memory | / PyTorch memory |")
     print("|---|---|---|---|---|---|---|")

@@ -285,9 +285,8 @@ const std::vector<Key>& keys() {
         "Keep the first and the last block in BF16."));
     k.push_back(boolean(
         "fp8.recompute_mlp", [](RunConfig& c) -> bool& { return c.precision.recompute_mlp; },
-        "Keep the FP8 input codes of each FP8 mlp.c_fc instead of its float32 output and run its forward "
-        "GEMM "
-        "again in the backward: less memory, one more FP8 GEMM per block."));
+        "Keep the FP8 input codes of each FP8 mlp.c_fc instead of its output (GELU's input) and run its "
+        "forward GEMM again in the backward: less memory, one more FP8 GEMM per block."));
     k.push_back(boolean(
         "fp8.forward", [](RunConfig& c) -> bool& { return c.precision.fp8_forward; },
         "Run converted layers' forward GEMMs in FP8."));
