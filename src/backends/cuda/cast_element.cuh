@@ -95,6 +95,31 @@ __device__ __forceinline__ uint32_t cast_elements(const float (&x)[W], float sca
   EncodeResult r[W];
   if constexpr (kHardwareConversion) {
     const uint32_t saturated = saturating_codes<Format, W>(scaled);
+    if (overflow == Overflow::saturate) {
+      // The codes are the conversion's as they are, and the counts come from the inputs, the scaled values
+      // and the codes with fewer operations than the general path below (the same results: a zero code
+      // needs a finite input, as an infinite one saturates, and an overflow compares the scaled value with
+      // the format's threshold exactly as encode_from_saturated does). This is most of a fused cast's
+      // integer work, which bounds those kernels (docs/benchmarks.md, log entry 11).
+      constexpr uint32_t threshold = nearest_overflow_threshold(spec);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const uint32_t abs_bits = float_bits(x[k]) & kAbsMask;
+        const uint32_t scaled_bits = float_bits(scaled[k]) & kAbsMask;
+        const bool nan = abs_bits > kInfBits;
+        const bool finite_nonzero = abs_bits - 1u < kInfBits - 1u;  // 0 < |x| < Inf
+        // threshold <= |scaled| <= Inf, in one unsigned comparison.
+        const bool overflowed = scaled_bits - threshold <= kInfBits - threshold;
+        const bool zero_code = ((saturated >> (8 * k)) & (sign_bit - 1u)) == 0u;
+        tally.nan_inputs += nan ? 1u : 0u;
+        tally.nonzero += finite_nonzero ? 1u : 0u;
+        tally.saturated += overflowed ? 1u : 0u;
+        tally.underflowed += finite_nonzero && zero_code ? 1u : 0u;
+        const uint32_t amax_candidate = nan ? kQuietNanBits : abs_bits;
+        tally.amax_bits = amax_candidate > tally.amax_bits ? amax_candidate : tally.amax_bits;
+      }
+      return saturated;
+    }
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       r[k] = encode_from_saturated(spec, scaled[k], overflow, (saturated >> (8 * k)) & 0xFFu);
