@@ -587,32 +587,43 @@ int64_t gelu_backward_cast_partial_rows(int64_t rows) {
   return (rows + kTileRows - 1) / kTileRows;
 }
 
-void bias_backward_cast(float* dbias, const float* dout, int64_t rows, int64_t cols, const FusedCast& cast,
-                        float* column_partials, Workspace& workspace, cudaStream_t stream) {
+namespace {
+
+// The producer that reads a gradient as it is stored: float32, or bf16 bits widened exactly.
+IdentityProducer stored_values(const float* x) {
+  return IdentityProducer{x};
+}
+Bf16Producer stored_values(const uint16_t* x) {
+  return Bf16Producer{x};
+}
+
+template <typename In>
+void bias_backward_cast_of(float* dbias, const In* dout, int64_t rows, int64_t cols, const FusedCast& cast,
+                           float* column_partials, Workspace& workspace, cudaStream_t stream) {
   OCTET_REQUIRE(rows >= 0 && cols >= 0, "bias_backward_cast: the shape must not be negative, got [{}, {}]",
                 rows, cols);
   check_cast(cast, rows * cols, "bias_backward_cast");
-  OCTET_REQUIRE(dbias != nullptr, "bias_backward_cast: dbias must be given (without it, cast_amax casts)");
+  OCTET_REQUIRE(dbias != nullptr,
+                "bias_backward_cast: dbias must be given (without it, cast_amax or cast_bf16 casts)");
   OCTET_REQUIRE(rows * cols == 0 || (dout != nullptr && column_partials != nullptr),
                 "bias_backward_cast: dout and column_partials must be given");
   // Always the tiled kernel (ColumnSums), which writes the transposed codes only where asked for.
-  launch_elementwise<true>(IdentityProducer{dout}, aligned16(dout), rows, cols, cast, stream,
+  launch_elementwise<true>(stored_values(dout), elementwise::pack_aligned(dout), rows, cols, cast, stream,
                            column_partials);
   OCTET_CUDA_CHECK_LAUNCH("bias_backward_cast");
   bias_backward(dbias, column_partials, bias_backward_cast_partial_rows(rows), cols, workspace, stream);
 }
 
+}  // namespace
+
+void bias_backward_cast(float* dbias, const float* dout, int64_t rows, int64_t cols, const FusedCast& cast,
+                        float* column_partials, Workspace& workspace, cudaStream_t stream) {
+  bias_backward_cast_of(dbias, dout, rows, cols, cast, column_partials, workspace, stream);
+}
+
 void bias_backward_cast(float* dbias, const uint16_t* dout, int64_t rows, int64_t cols, const FusedCast& cast,
                         float* column_partials, Workspace& workspace, cudaStream_t stream) {
-  OCTET_REQUIRE(rows >= 0 && cols >= 0, "bias_backward_cast: the shape must not be negative, got [{}, {}]",
-                rows, cols);
-  check_cast(cast, rows * cols, "bias_backward_cast");
-  OCTET_REQUIRE(dbias != nullptr, "bias_backward_cast: dbias must be given (without it, cast_bf16 casts)");
-  OCTET_REQUIRE(rows * cols == 0 || (dout != nullptr && column_partials != nullptr),
-                "bias_backward_cast: dout and column_partials must be given");
-  launch_elementwise<true>(Bf16Producer{dout}, aligned(dout, 8), rows, cols, cast, stream, column_partials);
-  OCTET_CUDA_CHECK_LAUNCH("bias_backward_cast");
-  bias_backward(dbias, column_partials, bias_backward_cast_partial_rows(rows), cols, workspace, stream);
+  bias_backward_cast_of(dbias, dout, rows, cols, cast, column_partials, workspace, stream);
 }
 
 void cast_bf16(const uint16_t* x, int64_t rows, int64_t cols, const FusedCast& cast, cudaStream_t stream) {
