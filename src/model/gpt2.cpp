@@ -57,11 +57,11 @@ struct Gpt2::Activations {
 // residual holds d(residual3), which mlp.c_proj reads; ln_2's backward adds into it, making it d(residual2),
 // which attn.c_proj reads; ln_1's backward adds into it, making it d(residual3) of layer l-1 (d(encoded)
 // after layer 0). The others hold one gradient each between its producer and its consumer:
-//   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU, in hidden_type_), then d(qkv) (attention -> attn.c_attn,
-//   in atty_type_) wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention, in
-//   atty_type_); [N, C]
-//                   while d(fch)
-//                   is not written, its FP8 cast being all that every mlp.c_fc reads (gradient_cast_suffices)
+//   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU, in hidden_type_), then d(qkv) (attention ->
+//                   attn.c_attn, in atty_type_)
+//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention, in atty_type_);
+//                   [N, C] while d(fch) is not written, its FP8 cast being all that every mlp.c_fc reads
+//                   (gradient_cast_suffices)
 //   ln     [N, C]:  d(lnf) (lm_head -> ln_f), d(ln2) (mlp.c_fc -> ln_2), d(ln1) (attn.c_attn -> ln_1)
 struct Gpt2::Gradients {
   float* residual = nullptr;
