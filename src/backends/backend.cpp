@@ -24,6 +24,13 @@ void Backend::linear_forward_as(void* out, Dtype out_type, const void* inp, Dtyp
                  exec);
 }
 
+void Backend::linear_forward_residual_as(float* out, const float* residual, const void* inp, Dtype inp_type,
+                                         const float* weight, const WeightCopy* copy, const float* bias,
+                                         int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
+  linear_forward_as(out, Dtype::f32, inp, inp_type, weight, copy, bias, N, C, OC, exec);
+  residual_forward(out, residual, out, N * OC);
+}
+
 void Backend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,
                                  Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
                                  const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,

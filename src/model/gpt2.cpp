@@ -39,9 +39,6 @@ struct Gpt2::Activations {
   };
   float* encoded = nullptr;
   std::vector<Layer> layers;
-  // The output of attn.c_proj and of mlp.c_proj [N, C], read only by the residual add that follows: one
-  // buffer for every layer.
-  float* branch = nullptr;
   // [N, 4C] in hidden_type_: the mlp.c_fc output of a layer that does not keep it (recomputes_fc), from its
   // GEMM to the GELU that reads it, in the forward and again in the backward. One buffer for every such
   // layer.
@@ -246,7 +243,6 @@ void Gpt2::plan_activations() {
     if (read(h + "mlp.c_proj")) p.take(x.fch_gelu, N * 4 * C);
     p.take(x.residual3, N * C);
   }
-  p.take(a.branch, N * C);
   bool any_recomputed = false;
   for (int64_t l = 0; l < config_.layers; ++l) any_recomputed |= recomputes_fc(l);
   if (any_recomputed) p.take(a.fch_scratch, hidden_type_, N * 4 * C);
@@ -508,9 +504,8 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     backend_.linear_forward_as(x.qkv, qkv_type_, x.ln1, Dtype::f32, p + qkv.weight_offset, qkv.copy.get(),
                                p + qkv.bias_offset, N, C, 3 * C, qkv.exec);
     backend_.attention_forward_as(x.atty, atty_type_, x.att_lse, x.qkv, qkv_type_, B, T, C, NH);
-    backend_.linear_forward_as(a.branch, Dtype::f32, x.atty, atty_type_, p + proj.weight_offset,
-                               proj.copy.get(), p + proj.bias_offset, N, C, C, proj.exec);
-    backend_.residual_forward(x.residual2, residual, a.branch, N * C);
+    backend_.linear_forward_residual_as(x.residual2, residual, x.atty, atty_type_, p + proj.weight_offset,
+                                        proj.copy.get(), p + proj.bias_offset, N, C, C, proj.exec);
     layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"),
                    N, C);
     void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
@@ -518,9 +513,9 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
                                p + fc.bias_offset, N, C, 4 * C, fc.exec);
     round_hidden(fch, N * 4 * C);
     gelu_into(fc_proj, x.fch_gelu, fch, N, 4 * C);
-    backend_.linear_forward(a.branch, x.fch_gelu, p + fc_proj.weight_offset, fc_proj.copy.get(),
-                            p + fc_proj.bias_offset, N, 4 * C, C, fc_proj.exec);
-    backend_.residual_forward(x.residual3, x.residual2, a.branch, N * C);
+    backend_.linear_forward_residual_as(x.residual3, x.residual2, x.fch_gelu, Dtype::f32,
+                                        p + fc_proj.weight_offset, fc_proj.copy.get(),
+                                        p + fc_proj.bias_offset, N, 4 * C, C, fc_proj.exec);
     residual = x.residual3;
   }
   Linear& head = linear("lm_head");

@@ -2,14 +2,15 @@
 // mode: f32, bf16, f16, and FP8 under the delayed, current and static recipes with HYBRID and all-E4M3
 // formats, as the model drives them: prepare_weight, linear_forward, linear_backward, several steps in a row
 // so that the delayed recipe's amax history fills and rolls over, a restored (published) scaling state, and
-// an evaluation forward that must leave the activation's state alone.
+// an evaluation forward that must leave the activation's state alone. Odd steps run the forward as a layer
+// of the residual stream does (linear_forward_residual_as), adding a residual to the output.
 //
 // Each side runs the whole sequence on its own and records, after every op, the outputs, the scaling state
 // (fetched from the device) and the counters. The FP8 casts must be identical: the same states bit for bit,
 // the same FP8/other GEMM counts and saturation/underflow counts. GEMM outputs are float32 on both sides
 // (the forward's bias rounded alike to the GEMM's 16-bit type), so they differ only by accumulation order and
-// the float32 rounding of the epilogue. The tested backend runs the sequence twice: the same bits.
-// Every test skips without a GPU.
+// the float32 rounding of the epilogue (and, on residual steps, the order of the additions). The tested
+// backend runs the sequence twice: the same bits. Every test skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -106,6 +107,7 @@ using Trace = std::vector<OpRecord>;
 // to underflow.
 struct StepInputs {
   std::vector<float> weight, bias, inp, dout, dweight, dbias;
+  std::vector<float> residual;  // [N, OC] on odd steps, whose forward adds it; empty on the others
 };
 
 StepInputs step_inputs(const LinearShape& s, size_t step) {
@@ -113,10 +115,13 @@ StepInputs step_inputs(const LinearShape& s, size_t step) {
   const float dout_std[] = {1e-2f, 1e-3f, 5e-2f, 2e-3f, 1e-2f, 1e-2f, 1e-3f};
   const size_t k = step % 7;
   const uint64_t seed = seed_of("linear", s.label() + " step " + std::to_string(step));
-  StepInputs in{
-      random_normal(s.OC * s.C, seed, 0.5f),          random_normal(s.OC, seed + 1, 0.1f),
-      random_normal(s.N * s.C, seed + 2, inp_std[k]), random_normal(s.N * s.OC, seed + 3, dout_std[k]),
-      random_normal(s.OC * s.C, seed + 4, 1e-2f),     random_normal(s.OC, seed + 5, 1e-2f)};
+  StepInputs in{random_normal(s.OC * s.C, seed, 0.5f),
+                random_normal(s.OC, seed + 1, 0.1f),
+                random_normal(s.N * s.C, seed + 2, inp_std[k]),
+                random_normal(s.N * s.OC, seed + 3, dout_std[k]),
+                random_normal(s.OC * s.C, seed + 4, 1e-2f),
+                random_normal(s.OC, seed + 5, 1e-2f),
+                {}};
   // Every 13th element far below the rest, beyond the reach of any per-tensor scale (E4M3 spans about 2^17
   // from its smallest subnormal to its largest value, E5M2 2^32), so that every recipe's casts underflow; and
   // one exact zero, which is not an underflow.
@@ -124,6 +129,8 @@ StepInputs step_inputs(const LinearShape& s, size_t step) {
   for (size_t i = 6; i < in.dout.size(); i += 13) in.dout[i] *= 1e-11f;
   if (in.inp.size() > 1) in.inp[0] = 0.0f;
   if (in.dout.size() > 1) in.dout[0] = 0.0f;
+  // Odd steps run the forward as a residual layer does (linear_forward_residual_as): out = residual + y.
+  if (step % 2 == 1) in.residual = random_normal(s.N * s.OC, seed + 6, 2.0f);
   return in;
 }
 
@@ -160,8 +167,8 @@ Trace run_linear(Backend& backend, const LinearConfig& config, const LinearShape
 
   const auto floats = [](size_t n) { return as_bytes(nan_filled(n)); };
   GuardedBuffer weight(backend, floats(OC * C)), bias(backend, floats(OC)), inp(backend, floats(N * C)),
-      out(backend, floats(N * OC)), dout(backend, floats(N * OC)), dinp(backend, floats(N * C)),
-      dweight(backend, floats(OC * C)), dbias(backend, floats(OC));
+      out(backend, floats(N * OC)), residual(backend, floats(N * OC)), dout(backend, floats(N * OC)),
+      dinp(backend, floats(N * C)), dweight(backend, floats(OC * C)), dbias(backend, floats(OC));
   std::unique_ptr<octet::WeightCopy> copy;
   Fp8LinearState restore_point;
   Trace trace;
@@ -212,6 +219,7 @@ Trace run_linear(Backend& backend, const LinearConfig& config, const LinearShape
     inp.upload(as_bytes(in.inp));
     dout.upload(as_bytes(in.dout));
     out.upload(floats(N * OC));  // NaN: an element left unwritten shows
+    if (!in.residual.empty()) residual.upload(as_bytes(in.residual));
     dinp.upload(floats(N * C));
     dweight.upload(as_bytes(in.dweight));  // accumulated into
     dbias.upload(as_bytes(in.dbias));
@@ -233,11 +241,17 @@ Trace run_linear(Backend& backend, const LinearConfig& config, const LinearShape
     const bool forward_ok = record(
         "linear_forward", step, eval,
         [&] {
-          backend.linear_forward(out.floats(), inp.floats(), weight.floats(), copy.get(), bias_pointer, N, C,
-                                 OC, *exec);
+          if (in.residual.empty()) {
+            backend.linear_forward(out.floats(), inp.floats(), weight.floats(), copy.get(), bias_pointer, N,
+                                   C, OC, *exec);
+          } else {
+            backend.linear_forward_residual_as(out.floats(), residual.floats(), inp.floats(), Dtype::f32,
+                                               weight.floats(), copy.get(), bias_pointer, N, C, OC, *exec);
+          }
         },
         [&](OpRecord& r) {
           r.outputs.emplace_back("out", read(out, "out", "linear_forward"));
+          if (!in.residual.empty()) unchanged(residual, in.residual, "residual", "linear_forward");
           unchanged(inp, in.inp, "inp", "linear_forward");
           unchanged(weight, in.weight, "weight", "linear_forward");
           if (s.bias) unchanged(bias, in.bias, "bias", "linear_forward");
@@ -375,9 +389,10 @@ OutputCheck check_for(const std::string& output, const LinearConfig& c, const Li
     }
     r.options.dtype = Dtype::f32;
     r.options.reduction_length = gemm_reduction_length(C, accumulator_bits(c.forward));
+    for (size_t i = 0; i < in.residual.size(); ++i) bias[i] += std::fabs(in.residual[i]);
     r.magnitude =
         product_terms(N, OC, C, x, w, slack(c.forward, c.formats.activation, c.formats.weight), bias);
-    r.why = "forward: " + rule + ", K = C, plus |bias| (rounded alike on both sides)";
+    r.why = "forward: " + rule + ", K = C, plus |bias| (rounded alike on both sides) and |residual|";
   } else if (output == "dinp") {
     r.options.dtype = Dtype::f32;
     r.options.reduction_length = gemm_reduction_length(OC, accumulator_bits(c.input_gradient));

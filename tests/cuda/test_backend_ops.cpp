@@ -202,7 +202,8 @@ std::vector<OpCase> layernorm_backward_cases() {
 
 // --- elementwise ---
 
-// GELU (tanh form) computes a cube, a polynomial, tanh (at most 2 ulps on glibc and CUDA) and products.
+// GELU computes a cube, a polynomial, tanh (the CPU: std::tanh, at most 2 ulps on glibc) or its logistic
+// form (the CUDA backend: approximate exp2 and reciprocal, about 2 and 1 ulps) and products.
 constexpr int64_t kGeluRoundings = 8;
 constexpr float kGeluScale = 0.7978845608028654f;
 // Where results are subnormal a rounding costs up to half a subnormal step, 2^-150 = 2^-24 * 2^-126: a term

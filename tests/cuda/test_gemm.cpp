@@ -210,6 +210,7 @@ struct Case {
   float b_scale_inv = 1.0f;
   std::vector<float> bias;  // [N], exact in bias_type; empty: no bias
   GemmType bias_type = GemmType::bf16;
+  std::vector<float> addend;  // [M, N] float32, in a buffer of its own; empty: none
 };
 
 struct Outcome {
@@ -243,6 +244,9 @@ Outcome run_case(GemmEngine& engine, const Case& c, const HostOperand& a, const 
     std::memcpy(&bias_host[j * element_bytes(c.bias_type)], &code, element_bytes(c.bias_type));
   }
   DeviceBytes bias_device(bias_host);
+  std::vector<uint8_t> addend_host(c.addend.size() * sizeof(float));
+  if (!c.addend.empty()) std::memcpy(addend_host.data(), c.addend.data(), addend_host.size());
+  DeviceBytes addend_device(addend_host);
 
   GemmProblem p;
   p.M = c.M;
@@ -271,12 +275,17 @@ Outcome run_case(GemmEngine& engine, const Case& c, const HostOperand& a, const 
     p.bias = bias_device.data();
     p.bias_type = c.bias_type;
   }
+  if (!c.addend.empty()) p.addend = static_cast<const float*>(addend_device.data());
 
   octet::cuda::Stream stream;
   engine.run(p, stream.get());
   stream.synchronize();
 
   Outcome out;
+  if (!c.addend.empty()) {
+    const std::vector<uint8_t> addend_after = addend_device.read();
+    if (!std::equal(addend_host.begin(), addend_host.end(), addend_after.begin())) out.guards_intact = false;
+  }
   const std::vector<uint8_t> raw = d_device.read();
   out.d.resize(static_cast<size_t>(c.M * c.N));
   for (int64_t i = 0; i < c.M; ++i) {
@@ -564,6 +573,77 @@ TEST(GemmBias, EpilogueAddsTheBiasExactly) {
     }
   }
   EXPECT_EQ(engine.counters().bias_epilogues, biased_runs);
+}
+
+// The addend epilogue (a linear layer adding its residual): D = alpha * scales * A B^T + bias + addend
+// [M, N], with the addend in a buffer of its own that the product must leave as it was. Small integers
+// again, so that every sum is exact whatever the order of the additions, and D must equal the reference bit
+// for bit. Outputs are float32 (addends are refused with BF16 ones).
+TEST(GemmAddend, EpilogueAddsTheAddendExactly) {
+  SKIP_WITHOUT_GPU();
+  GemmEngine engine;
+  const int64_t M = 48, N = 32, K = 64;
+  const std::vector<float> x_a = octet::testing::random_small_integers(static_cast<size_t>(M * K), 31, 7);
+  const std::vector<float> x_b = octet::testing::random_small_integers(static_cast<size_t>(N * K), 32, 7);
+  std::vector<std::pair<GemmType, GemmType>> types = {
+      {GemmType::bf16, GemmType::f32}, {GemmType::f16, GemmType::f32}, {GemmType::f32, GemmType::f32}};
+  if (octet::cuda::has_fp8_tensor_cores(octet::cuda::device_info(0))) {
+    types.emplace_back(GemmType::e4m3, GemmType::bf16);
+  }
+  uint64_t seed = 800;
+  int64_t added_runs = 0;
+  for (const auto& [operand_type, bias_type] : types) {
+    for (const bool biased : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << octet::cuda::gemm_type_name(operand_type) << " operands" << (biased ? ", biased" : ""));
+      const HostOperand a = make_operand(operand_type, M, K, false, 0, x_a);
+      const HostOperand b = make_operand(operand_type, N, K, false, 0, x_b);
+      Case c;
+      c.a_type = c.b_type = operand_type;
+      c.M = M;
+      c.N = N;
+      c.K = K;
+      if (octet::cuda::is_fp8(operand_type)) {
+        c.a_scale_inv = 0.5f;
+        c.b_scale_inv = 4.0f;
+      } else {
+        c.alpha = 2.0f;
+      }
+      const double alpha_scale = static_cast<double>(c.alpha) * c.a_scale_inv * c.b_scale_inv;
+      if (biased) {
+        c.bias = half_integer_bias(N, seed++);
+        c.bias_type = bias_type;
+      }
+      c.addend = octet::testing::random_small_integers(static_cast<size_t>(M * N), seed++, 1000);
+      const Reference without = reference_product(a, b, alpha_scale, {}, c.bias);
+      const Reference ref = reference_product(a, b, alpha_scale, c.addend, c.bias);
+      const Outcome added = run_case(engine, c, a, b, {});
+      ++added_runs;
+      ASSERT_EQ(added.d, ref.expected) << "with an addend";
+      EXPECT_NE(ref.expected, without.expected) << "an addend that changes nothing proves nothing";
+      EXPECT_TRUE(added.guards_intact)
+          << "the addend changed, or bytes outside D's [M, N] block were written";
+    }
+  }
+  EXPECT_EQ(engine.counters().addend_epilogues, added_runs);
+
+  // Refused clearly: with a BF16 output, and with accumulation.
+  GemmProblem p;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.a_type = p.b_type = GemmType::f32;
+  p.a = p.b = reinterpret_cast<const void*>(uintptr_t{256});
+  p.d = reinterpret_cast<float*>(uintptr_t{256});
+  p.addend = reinterpret_cast<const float*>(uintptr_t{512});
+  EXPECT_EQ(engine.can_implement(p), "");
+  p.accumulate = true;
+  EXPECT_NE(engine.can_implement(p).find("accumulates"), std::string::npos) << engine.can_implement(p);
+  p.accumulate = false;
+  p.d = nullptr;
+  p.a_type = p.b_type = GemmType::bf16;
+  p.d_bf16 = reinterpret_cast<__nv_bfloat16*>(uintptr_t{256});
+  EXPECT_NE(engine.can_implement(p).find("float32 output"), std::string::npos) << engine.can_implement(p);
 }
 
 // ----------------------------------------------------------------------------------------------------------

@@ -150,6 +150,14 @@ class Backend {
   virtual void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type,
                                  const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
                                  int64_t C, int64_t OC, LinearExecution& exec);
+  // out [N, OC] = residual [N, OC] + the float32 output of linear_forward_as: a linear layer whose output
+  // joins the residual stream (attn.c_proj and mlp.c_proj). The default runs linear_forward_as into out and
+  // then residual_forward(out, residual, out), rounding the layer's output, then the sum. A backend may add
+  // the residual inside the GEMM instead (the CUDA backend's epilogue), in an order of its own. out must not
+  // overlap residual or inp.
+  virtual void linear_forward_residual_as(float* out, const float* residual, const void* inp, Dtype inp_type,
+                                          const float* weight, const WeightCopy* copy, const float* bias,
+                                          int64_t N, int64_t C, int64_t OC, LinearExecution& exec);
   // linear_backward with dinp, dout and inp stored as the given types: bf16 values are read as their float32
   // values, and a bf16 dinp is the float32 result rounded to bf16 once. The default takes f32 only.
   virtual void linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,

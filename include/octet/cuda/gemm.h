@@ -5,7 +5,7 @@
 // costs no heuristic query. Host code only.
 //
 // Every product is written in row-major terms, the layout of octet's tensors:
-//   D [M, N] = alpha * op(A) x op(B)^T  (+ bias [N] on every row)  (+ D when accumulate)
+//   D [M, N] = alpha * op(A) x op(B)^T  (+ bias [N] on every row)  (+ D when accumulate, or + an addend)
 // where op(A) is [M, K] and op(B) is [N, K]. Untransposed, A is stored [M, K] and B [N, K], both with K
 // contiguous ("K-major"), the only layout Hopper's FP8 tensor cores accept. The transposed flags describe the
 // other storage, for the non-FP8 types only: a_transposed means A is stored [K, M], b_transposed that B is
@@ -66,6 +66,11 @@ struct GemmProblem {
   // Not with accumulate; 16-byte aligned.
   const void* bias = nullptr;
   GemmType bias_type = GemmType::bf16;
+  // A float32 matrix [M, N] (leading dimension ldd, as D) added in the epilogue: D = alpha A B^T + addend
+  // (+ bias), cuBLASLt's C with beta = 1, read as the product is written, so that a linear layer adds a
+  // residual without a pass of its own. The order of the two float32 additions is cuBLASLt's. Null: none.
+  // Float32 outputs only, not with accumulate; it must not overlap D.
+  const float* addend = nullptr;
 
   // FP8 only, one float each, read by the GEMM on the device: the dequantizing scales, so that
   // D = alpha * a_scale_inv * b_scale_inv * sum(qa * qb). Null: 1. Each must be 16-byte aligned (cuBLASLt
@@ -98,6 +103,7 @@ struct GemmCounters {
   int64_t tf32 = 0;
   int64_t bf16_outputs = 0;       // products of any type written as BF16
   int64_t bias_epilogues = 0;     // products that added a bias in their epilogue
+  int64_t addend_epilogues = 0;   // products that added an addend in their epilogue
   int64_t heuristic_queries = 0;  // plan cache misses: shapes seen for the first time
   double flops = 0.0;             // 2 M N K summed over every product
 

@@ -20,8 +20,10 @@ inline constexpr uint32_t kQuietNanBits = 0x7FC00000u;
 
 // What one thread saw. amax_bits holds |x| as float bits: for non-negative floats the bit patterns order like
 // the values (+0 lowest, +Inf highest), so an unsigned max is a float max. A NaN input
-// contributes a quiet NaN's bits, which exceed +Inf's, so the maximum is NaN exactly when some input was NaN
-// (octet::compute_amax's rule) and no separate flag is needed: nan_inputs counts them anyway.
+// contributes a quiet NaN's bits, which exceed +Inf's, so the maximum is NaN when some input was NaN
+// (octet::compute_amax's rule). A cast's ordinary elements are taken with a float max, which drops a NaN
+// already held; such a NaN was counted in nan_inputs, and flush_tally makes the amax NaN whenever that count
+// is not zero.
 // The counts are 32-bit (a 64-bit add is two instructions, on every element) and cannot wrap: a thread takes
 // at most 16 elements per grid stride (a float4 group, or its share of a tile), and the launchers keep every
 // block to kMaxBlockStrides strides (one more for a flat kernel's leftover elements), so a thread counts
@@ -44,6 +46,11 @@ inline constexpr int64_t kMaxBlockStrides = int64_t{1} << 24;
 
 __device__ __forceinline__ uint32_t float_bits(float x) {
   return __float_as_uint(x);
+}
+
+// 0x01 in each of the low W bytes.
+__host__ __device__ constexpr uint32_t byte_ones(int w) {
+  return w <= 0 ? 0u : (byte_ones(w - 1) << 8) | 1u;
 }
 
 // The saturating codes of W values, code k in byte k: NVIDIA's conversion, two values per cvt instruction.
@@ -101,6 +108,36 @@ __device__ __forceinline__ uint32_t cast_elements(const float (&x)[W], float sca
       // needs a finite input, as an infinite one saturates, and an overflow compares the scaled value with
       // the format's threshold exactly as encode_from_saturated does). This is most of a fused cast's
       // integer work, which bounds those kernels (docs/benchmarks.md, log entry 11).
+      // Ordinary elements first. When no code's magnitude reaches the largest finite one, no input was NaN
+      // (its code is NaN's, 0x7F), infinite or overflowed (those saturate to the largest), so the tally gains
+      // W finite values, of which those with a zero code are the exact zeros and the underflows. The tests
+      // are byte-wise on the codes, without carries across bytes as magnitudes are at most 0x7F:
+      // m + (0x80 - largest) sets a byte's top bit exactly where m >= largest, and m + 0x7F exactly where
+      // m >= 1.
+      constexpr uint32_t ones = byte_ones(W);
+      constexpr uint32_t tops = ones * sign_bit;
+      constexpr uint32_t largest = max_finite_code(spec);
+      static_assert(sign_bit == 0x80u && largest < sign_bit, "one sign bit over seven bits of magnitude");
+      const uint32_t magnitudes = saturated & (ones * (sign_bit - 1u));
+      if (((magnitudes + ones * (sign_bit - largest)) & tops) == 0u) {
+        // Finite values: a float max (one instruction, |x| included) is the unsigned max of their bits.
+        float m = fabsf(x[0]);
+#pragma unroll
+        for (int k = 1; k < W; ++k) m = fmaxf(m, fabsf(x[k]));
+        tally.amax_bits = float_bits(fmaxf(__uint_as_float(tally.amax_bits), m));
+        const uint32_t zero_codes = ~(magnitudes + ones * (sign_bit - 1u)) & tops;
+        if (zero_codes == 0u) {
+          tally.nonzero += W;
+        } else {
+          // A zero input has a zero code: the other zero codes are underflows.
+          uint32_t zeros = 0;
+#pragma unroll
+          for (int k = 0; k < W; ++k) zeros += x[k] == 0.0f ? 1u : 0u;
+          tally.nonzero += W - zeros;
+          tally.underflowed += static_cast<uint32_t>(__popc(zero_codes)) - zeros;
+        }
+        return saturated;
+      }
       constexpr uint32_t threshold = nearest_overflow_threshold(spec);
 #pragma unroll
       for (int k = 0; k < W; ++k) {
@@ -189,8 +226,8 @@ __device__ inline void flush_tally(const Tally& thread_tally, CastResults* resul
   const unsigned lane = thread % 32u;
   const unsigned warp = thread / 32u;
   const unsigned warps = (blockDim.x * blockDim.y) / 32u;
-  TallyTotals t{thread_tally.amax_bits, thread_tally.saturated, thread_tally.underflowed,
-                thread_tally.nan_inputs, thread_tally.nonzero};
+  TallyTotals t{thread_tally.nan_inputs != 0u ? kQuietNanBits : thread_tally.amax_bits, thread_tally.saturated,
+                thread_tally.underflowed, thread_tally.nan_inputs, thread_tally.nonzero};
   warp_reduce(t);
   if (lane == 0) warp_totals[warp] = t;
   __syncthreads();

@@ -485,6 +485,9 @@ class CudaBackend final : public Backend {
   void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type, const float* weight,
                          const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                          LinearExecution& exec) override;
+  void linear_forward_residual_as(float* out, const float* residual, const void* inp, Dtype inp_type,
+                                  const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
+                                  int64_t C, int64_t OC, LinearExecution& exec) override;
   void linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,
                           Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
                           const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
@@ -651,7 +654,8 @@ class CudaBackend final : public Backend {
   // With d_bf16 (FP8 tensor cores only; d null, no accumulate) the result is written as bf16 there instead.
   void fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv, const uint8_t* b,
                 Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N, int64_t K, bool accumulate,
-                bool fast_accumulation, const __nv_bfloat16* bias = nullptr, __nv_bfloat16* d_bf16 = nullptr);
+                bool fast_accumulation, const __nv_bfloat16* bias = nullptr, __nv_bfloat16* d_bf16 = nullptr,
+                const float* addend = nullptr);
   // The bias [OC] of a forward GEMM in `mode` as its epilogue adds it (GemmProblem::bias): rounded to BF16
   // (FP8 and BF16 GEMMs) or FP16, or float32 for float32 GEMMs; in 16-byte aligned scratch where it is
   // converted or misaligned. Null for a null bias. A GEMM writing bf16 takes a bf16 bias in every mode
@@ -660,9 +664,10 @@ class CudaBackend final : public Backend {
   const void* wide_copy(const float* x, int64_t n, GemmMode mode, int slot);
   // linear_forward's GEMM, writing float32 to out or, with out_bf16 instead (BF16 GEMMs, and FP8 ones on FP8
   // tensor cores), bf16 there. With `recompute` (FP8 only): linear_recompute's, on the kept codes, uncounted.
+  // With an addend (float32 out only, not with emulated FP8): out = addend + the product, in the epilogue.
   void forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
                     const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                    LinearExecution& exec, bool recompute = false);
+                    LinearExecution& exec, bool recompute = false, const float* addend = nullptr);
   // forward_gemm with its output stored as `out_type`: a bf16 output from the GEMM's epilogue where the GEMM
   // can write bf16 (16-byte aligned, BF16 or FP8 on FP8 tensor cores), else the float32 result rounded to
   // bf16 after.
@@ -1136,10 +1141,12 @@ void CudaBackend::cast_operand(Layer& layer, int operand, Dtype format, const fl
 void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv,
                            const uint8_t* b, Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N,
                            int64_t K, bool accumulate, bool fast_accumulation, const __nv_bfloat16* bias,
-                           __nv_bfloat16* d_bf16) {
+                           __nv_bfloat16* d_bf16, const float* addend) {
   const OpScope scope(*this, OpKind::gemm_fp8);
   OCTET_CHECK(d_bf16 == nullptr || (!emulate_fp8_ && d == nullptr && !accumulate),
               "a bf16 FP8 GEMM output needs FP8 tensor cores, no float32 output and no accumulation");
+  OCTET_CHECK(addend == nullptr || !emulate_fp8_,
+              "an addend in the FP8 GEMM's epilogue needs FP8 tensor cores");
   if (!emulate_fp8_) {
     GemmProblem p;
     p.M = M;
@@ -1157,6 +1164,7 @@ void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const flo
     p.fast_accumulation = fast_accumulation;
     p.bias = bias;
     p.bias_type = GemmType::bf16;
+    p.addend = addend;
     gemm_->run(p, stream_);
     return;
   }
@@ -1416,6 +1424,20 @@ void CudaBackend::linear_forward_as(void* out, Dtype out_type, const void* inp, 
   forward_gemm_as(out, out_type, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, false);
 }
 
+void CudaBackend::linear_forward_residual_as(float* out, const float* residual, const void* inp,
+                                             Dtype inp_type, const float* weight, const WeightCopy* copy,
+                                             const float* bias, int64_t N, int64_t C, int64_t OC,
+                                             LinearExecution& exec) {
+  check_stored(inp_type, "a linear layer's input");
+  if (exec.forward == GemmMode::fp8 && emulate_fp8_) {
+    // The emulated FP8 product is not cuBLASLt's: the layer's output, then the residual add.
+    Backend::linear_forward_residual_as(out, residual, inp, inp_type, weight, copy, bias, N, C, OC, exec);
+    return;
+  }
+  // The residual as the GEMM's addend: the stream is read and written once, in the GEMM's epilogue.
+  forward_gemm(out, nullptr, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, false, residual);
+}
+
 void CudaBackend::forward_gemm_as(void* out, Dtype out_type, Stored x, const float* weight,
                                   const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                                   LinearExecution& exec, bool recompute) {
@@ -1486,7 +1508,7 @@ void CudaBackend::cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t
 
 void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
                                const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                               LinearExecution& exec, bool recompute) {
+                               LinearExecution& exec, bool recompute, const float* addend) {
   const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
   const bool bf16_output = out_bf16 != nullptr;
   // The bias goes into the GEMM's epilogue: the output is written once, in the GEMM.
@@ -1498,6 +1520,7 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, 
   p.d = out;
   p.d_bf16 = out_bf16;
   p.bias = gemm_bias;
+  p.addend = addend;
   switch (exec.forward) {
     case GemmMode::f32:
       p.bias_type = GemmType::f32;
@@ -1539,7 +1562,8 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, 
       fp8_gemm(out, saved->row_codes, saved->format, scale_inv,
                static_cast<const uint8_t*>(const_cast<CudaWeightCopy*>(w)->fp8.get(0, stream_)),
                exec.formats.weight, &layer.device->weight_scale_inv, N, OC, C, false,
-               exec.fast_accumulation_forward, static_cast<const __nv_bfloat16*>(gemm_bias), out_bf16);
+               exec.fast_accumulation_forward, static_cast<const __nv_bfloat16*>(gemm_bias), out_bf16,
+               addend);
       if (exec.fp8_gemms && !recompute) *exec.fp8_gemms += 1;
       break;
     }

@@ -75,10 +75,19 @@ __device__ __forceinline__ double warp_sum(double v) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// GELU (tanh approximation): the reference's expressions, evaluated left to right as C++ groups them.
+// GELU (tanh approximation), 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3), in its logistic
+// form: 0.5 (1 + tanh(u)) = s = 1 / (1 + e^(-2u)), so GELU is x s and its derivative s + 2 x u' s (1 - s).
+// e^(-2u) and the reciprocal come from the special-function unit's approximations (ex2.approx, rcp.approx:
+// about 2 and 1 ulp), three instructions where tanhf takes some twenty: the fused casts that run GELU are
+// bound by their instructions (docs/benchmarks.md, log entry 13). The result stays within a few float32 ulps
+// of the tanh form, which is how the CPU reference computes it (std::tanh) and how the GPU tests compare the
+// two (tests/cuda/test_backend_ops.cpp: 8 roundings of |x| forward). Every special value keeps the reference's
+// class: NaN where it has NaN (GELU(-Inf), and the derivative at +-Inf and wherever x^3 overflows), +Inf at
+// +Inf, and 0 where e^(-2u) overflows.
 
 inline constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float kGeluCubic = 0.044715f;
+inline constexpr float kMinusTwoLog2e = -2.0f * 1.4426950408889634f;
 
 // The argument of tanh: sqrt(2 / pi) * (x + 0.044715 * x^3).
 __device__ __forceinline__ float gelu_argument(float x) {
@@ -86,21 +95,30 @@ __device__ __forceinline__ float gelu_argument(float x) {
   return __fmul_rn(kGeluScale, __fadd_rn(x, cubic));
 }
 
+// 1 / (1 + e^(-2u)) = 0.5 (1 + tanh(u)). Subnormal arguments and results flush to zero (e^(-2u) is 1 for
+// a subnormal u), which changes no result beyond an ulp of 1.
+__device__ __forceinline__ float gelu_logistic(float u) {
+  float e, s;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(__fmul_rn(kMinusTwoLog2e, u)));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(__fadd_rn(1.0f, e)));
+  return s;
+}
+
 __device__ __forceinline__ float gelu(float x) {
-  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(gelu_argument(x))));
+  return __fmul_rn(x, gelu_logistic(gelu_argument(x)));
 }
 
 // 3 * 0.044715, folded in float, as the host compiler folds it.
 inline constexpr float kGeluCubicSlope = 3.0f * kGeluCubic;
 
-// The GELU backward: gelu'(x) * dout.
+// The GELU backward: gelu'(x) * dout, with gelu'(x) = s + 2 x u'(x) s (1 - s) and
+// u'(x) = sqrt(2 / pi) (1 + 3 * 0.044715 x^2).
 __device__ __forceinline__ float gelu_gradient(float x, float dout) {
-  const float th = tanhf(gelu_argument(x));
-  const float sech2 = __fsub_rn(1.0f, __fmul_rn(th, th));
-  const float left = __fmul_rn(0.5f, __fadd_rn(1.0f, th));
-  const float slope = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(kGeluCubicSlope, x), x));
-  const float right = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), sech2), kGeluScale), slope);
-  return __fmul_rn(__fadd_rn(left, right), dout);
+  const float s = gelu_logistic(gelu_argument(x));
+  const float slope = __fmul_rn(kGeluScale, __fadd_rn(1.0f, __fmul_rn(__fmul_rn(kGeluCubicSlope, x), x)));
+  const float spread = __fmul_rn(s, __fsub_rn(1.0f, s));
+  const float rest = __fmul_rn(__fmul_rn(__fmul_rn(2.0f, x), slope), spread);
+  return __fmul_rn(__fadd_rn(s, rest), dout);
 }
 
 // ---------------------------------------------------------------------------------------------------------

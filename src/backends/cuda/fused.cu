@@ -71,26 +71,54 @@ __device__ __forceinline__ void store_codes(uint8_t* to, uint32_t word, bool as_
 }
 
 // The transposed codes of one staged tile (rows_in_tile x cols_in_tile codes, row r at staged + r * stride):
-// column c goes to transposed[(col0 + c) * rows + row0 + r]. A thread writes four rows of one column, so a
-// warp writes four whole 32-byte column segments; one 32-bit store each when `as_words` (rows % 4 == 0 and
-// the output 4-byte aligned), else byte by byte.
+// column c goes to transposed[(col0 + c) * rows + row0 + r].
+//
+// With `as_words` (rows % 4 == 0 and the output 4-byte aligned) a thread takes a 4 x 4 block: four 32-bit
+// shared loads (rows r .. r+3, columns c .. c+3), a byte transpose in six permutes, and four 32-bit stores,
+// one per column. The eight lanes of one column group cover its 32 rows, so a warp writes four whole 32-byte
+// column segments per store; and with a stride of 4 x odd bytes the 32 lanes' loads fall in 32 different
+// banks. Otherwise a thread writes four rows of one column byte by byte.
 __device__ __forceinline__ void write_transposed_tile(const uint8_t* staged, int64_t stride, int rows_in_tile,
                                                       int cols_in_tile, uint8_t* transposed, int64_t rows,
                                                       int64_t row0, int64_t col0, bool as_words) {
   constexpr int kGroups = kTileRows / 4;
+  if (as_words) {
+    const unsigned col_groups = (static_cast<unsigned>(cols_in_tile) + 3u) / 4u;
+    for (unsigned j = threadIdx.x; j < col_groups * kGroups; j += blockDim.x) {
+      const int r = static_cast<int>(4u * (j % kGroups));
+      const int c = static_cast<int>(4u * (j / kGroups));
+      if (r >= rows_in_tile) continue;
+      const uint8_t* s = staged + r * stride + c;
+      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(s);
+      const uint32_t w1 = *reinterpret_cast<const uint32_t*>(s + stride);
+      const uint32_t w2 = *reinterpret_cast<const uint32_t*>(s + 2 * stride);
+      const uint32_t w3 = *reinterpret_cast<const uint32_t*>(s + 3 * stride);
+      // Interleave rows pairwise (columns 0, 1 and 2, 3), then the pairs: word k holds column k's rows.
+      const uint32_t low01 = __byte_perm(w0, w1, 0x5140), high01 = __byte_perm(w0, w1, 0x7362);
+      const uint32_t low23 = __byte_perm(w2, w3, 0x5140), high23 = __byte_perm(w2, w3, 0x7362);
+      const uint32_t columns[4] = {__byte_perm(low01, low23, 0x5410), __byte_perm(low01, low23, 0x7632),
+                                   __byte_perm(high01, high23, 0x5410), __byte_perm(high01, high23, 0x7632)};
+      // Column c + k's segment is `rows` bytes past column c + k - 1's.
+      uint8_t* d = transposed + (col0 + c) * rows + row0 + r;
+      if (c + 4 <= cols_in_tile) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k, d += rows) *reinterpret_cast<uint32_t*>(d) = columns[k];
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k, d += rows) {
+          if (c + k < cols_in_tile) *reinterpret_cast<uint32_t*>(d) = columns[k];
+        }
+      }
+    }
+    return;
+  }
   for (int j = static_cast<int>(threadIdx.x); j < cols_in_tile * kGroups; j += static_cast<int>(blockDim.x)) {
     const int c = j / kGroups;
     const int r = 4 * (j % kGroups);
     if (r >= rows_in_tile) continue;
     const uint8_t* s = staged + r * stride + c;
     uint8_t* d = transposed + (col0 + c) * rows + row0 + r;
-    if (as_words) {
-      *reinterpret_cast<uint32_t*>(d) =
-          static_cast<uint32_t>(s[0]) | (static_cast<uint32_t>(s[stride]) << 8) |
-          (static_cast<uint32_t>(s[2 * stride]) << 16) | (static_cast<uint32_t>(s[3 * stride]) << 24);
-    } else {
-      for (int k = 0; k < 4 && r + k < rows_in_tile; ++k) d[k] = s[k * stride];
-    }
+    for (int k = 0; k < 4 && r + k < rows_in_tile; ++k) d[k] = s[k * stride];
   }
 }
 
@@ -203,45 +231,56 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ __align__(16) uint8_t staged[kTileRows * kTileStride];
   __shared__ __align__(16) float group_sums[ColumnSums ? kRowGroups : 1][ColumnSums ? kTileCols : 4];
   const float scale = *cast.scale;
+  // A thread's four columns and first row of every tile; it then takes rows r, r + kRowGroups, ...
+  const int c = 4 * (static_cast<int>(threadIdx.x) % kGroupsPerRow);
+  const int r_first = static_cast<int>(threadIdx.x) / kGroupsPerRow;
+  // The block's tiles blockIdx.x, + gridDim.x, ... as (tile row, tile column), stepped without a division.
   const int64_t tile_cols = (cols + kTileCols - 1) / kTileCols;
-  const int64_t tiles = ((rows + kTileRows - 1) / kTileRows) * tile_cols;
+  const int64_t tile_rows = (rows + kTileRows - 1) / kTileRows;
+  const int64_t step_rows = gridDim.x / tile_cols, step_cols = gridDim.x % tile_cols;
+  int64_t tile_row = blockIdx.x / tile_cols, tile_col = blockIdx.x % tile_cols;
   Tally t{};
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t row0 = (tile / tile_cols) * kTileRows;
-    const int64_t col0 = (tile % tile_cols) * kTileCols;
+  while (tile_row < tile_rows) {
+    const int64_t row0 = tile_row * kTileRows;
+    const int64_t col0 = tile_col * kTileCols;
+    tile_row += step_rows;  // the next tile's; row0 and col0 keep this one's
+    tile_col += step_cols;
+    if (tile_col >= tile_cols) {
+      tile_col -= tile_cols;
+      ++tile_row;
+    }
     float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // ColumnSums: columns c .. c+3 of this thread's rows
-    for (int j = static_cast<int>(threadIdx.x); j < kTileRows * kGroupsPerRow; j += kThreads) {
-      const int r = j / kGroupsPerRow;
-      const int c = 4 * (j % kGroupsPerRow);
-      const int64_t row = row0 + r;
-      const int64_t col = col0 + c;
-      if (row >= rows || col >= cols) continue;
-      const int64_t i = row * cols + col;
-      uint8_t* s = staged + r * kTileStride + c;
-      if constexpr (Vector) {
-        const Pack<4> p = producer.template produce<4>(i);
-        const uint32_t word = cast_pack<Format>(p, scale, t);
-        *reinterpret_cast<uint32_t*>(cast.output + i) = word;
-        *reinterpret_cast<uint32_t*>(s) = word;
-        if constexpr (ColumnSums) {
+    const int64_t col = col0 + c;
+    if (col < cols) {
+      int64_t i = (row0 + r_first) * cols + col;
 #pragma unroll
-          for (int k = 0; k < 4; ++k) sums[k] = __fadd_rn(sums[k], p.v[k]);
-        }
-      } else {
-        for (int k = 0; k < 4 && col + k < cols; ++k) {
-          const Pack<1> p = producer.template produce<1>(i + k);
-          const auto code = static_cast<uint8_t>(cast_pack<Format>(p, scale, t));
-          cast.output[i + k] = code;
-          s[k] = code;
-          if constexpr (ColumnSums) sums[k] = __fadd_rn(sums[k], p.v[0]);
+      for (int k = 0; k < kTileRows / kRowGroups; ++k, i += kRowGroups * cols) {
+        const int r = r_first + k * kRowGroups;
+        if (row0 + r >= rows) break;
+        uint8_t* s = staged + r * kTileStride + c;
+        if constexpr (Vector) {
+          const Pack<4> p = producer.template produce<4>(i);
+          const uint32_t word = cast_pack<Format>(p, scale, t);
+          *reinterpret_cast<uint32_t*>(cast.output + i) = word;
+          *reinterpret_cast<uint32_t*>(s) = word;
+          if constexpr (ColumnSums) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) sums[k] = __fadd_rn(sums[k], p.v[k]);
+          }
+        } else {
+          for (int k = 0; k < 4 && col + k < cols; ++k) {
+            const Pack<1> p = producer.template produce<1>(i + k);
+            const auto code = static_cast<uint8_t>(cast_pack<Format>(p, scale, t));
+            cast.output[i + k] = code;
+            s[k] = code;
+            if constexpr (ColumnSums) sums[k] = __fadd_rn(sums[k], p.v[0]);
+          }
         }
       }
     }
     if constexpr (ColumnSums) {
       // One 16-byte store per thread: a warp writes 512 consecutive bytes.
-      const int group = static_cast<int>(threadIdx.x) / kGroupsPerRow;
-      const int c = 4 * (static_cast<int>(threadIdx.x) % kGroupsPerRow);
-      *reinterpret_cast<float4*>(&group_sums[group][c]) = make_float4(sums[0], sums[1], sums[2], sums[3]);
+      *reinterpret_cast<float4*>(&group_sums[r_first][c]) = make_float4(sums[0], sums[1], sums[2], sums[3]);
     }
     __syncthreads();
     const int rows_in_tile = static_cast<int>(rows - row0 < kTileRows ? rows - row0 : kTileRows);
@@ -251,11 +290,11 @@ __global__ void __launch_bounds__(kThreads)
                             row0, col0, transposed_words);
     }
     if constexpr (ColumnSums) {
-      for (int c = static_cast<int>(threadIdx.x); c < cols_in_tile; c += kThreads) {
-        float total = group_sums[0][c];
+      for (int j = static_cast<int>(threadIdx.x); j < cols_in_tile; j += kThreads) {
+        float total = group_sums[0][j];
 #pragma unroll
-        for (int g = 1; g < kRowGroups; ++g) total = __fadd_rn(total, group_sums[g][c]);
-        column_partials[(row0 / kTileRows) * cols + col0 + c] = total;
+        for (int g = 1; g < kRowGroups; ++g) total = __fadd_rn(total, group_sums[g][j]);
+        column_partials[(row0 / kTileRows) * cols + col0 + j] = total;
       }
     }
     __syncthreads();  // the next tile overwrites `staged` and `group_sums`

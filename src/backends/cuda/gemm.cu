@@ -109,18 +109,19 @@ struct PlanKey {
   GemmType a_type, b_type;
   bool a_transposed, b_transposed, bf16_output, accumulate, fast_accumulation;
   bool a_scaled, b_scaled;
-  bool biased;
+  bool biased, added;
   GemmType bias_type;  // when biased
-  uint32_t a_alignment, b_alignment, d_alignment, bias_alignment;
+  uint32_t a_alignment, b_alignment, d_alignment, bias_alignment, c_alignment;
   auto operator<=>(const PlanKey&) const = default;
 };
 
-// A matmul descriptor, the three layouts (C is D) and the chosen algorithm. Owns the cuBLASLt objects.
+// A matmul descriptor, the three layouts (C is D, or an addend of D's layout) and the chosen algorithm. Owns
+// the cuBLASLt objects.
 struct Plan {
   cublasLtMatmulDesc_t operation = nullptr;
   cublasLtMatrixLayout_t first = nullptr;   // cuBLASLt's A: octet's B
   cublasLtMatrixLayout_t second = nullptr;  // cuBLASLt's B: octet's A
-  cublasLtMatrixLayout_t output = nullptr;  // C and D
+  cublasLtMatrixLayout_t output = nullptr;  // C and D (the same layout when C is an addend)
   cublasLtMatmulAlgo_t algorithm{};
   size_t workspace_bytes = 0;
 
@@ -196,6 +197,7 @@ std::string describe(const GemmProblem& p) {
   if (p.fast_accumulation) s += ", fast accumulation";
   if (p.a_scale_inv != nullptr || p.b_scale_inv != nullptr) s += ", scaled";
   if (p.bias != nullptr) s += fmt::format(", {} bias", gemm_type_name(p.bias_type));
+  if (p.addend != nullptr) s += ", plus an addend";
   return s;
 }
 
@@ -262,6 +264,11 @@ const char* rejection(const GemmProblem& p, bool fp8_tensor_cores) {
   if (p.a == nullptr || p.b == nullptr) return "A and B must be device pointers";
   if ((p.d == nullptr) == (p.d_bf16 == nullptr)) return "exactly one of d (float32) and d_bf16 must be set";
   if (const char* why = bias_rejection(p); why != nullptr) return why;
+  if (p.addend != nullptr) {
+    if (p.d == nullptr) return "an addend needs a float32 output";
+    if (p.accumulate) return "an addend cannot be added to a product that accumulates into D";
+    if (pointer_alignment(p.addend) < 4) return "the addend must be aligned to its element size";
+  }
   const Stored a = stored_a(p);
   const Stored b = stored_b(p);
   if (a.ld < a.cols || b.ld < b.cols || stored_ldd(p) < p.N) {
@@ -367,7 +374,7 @@ const Plan& GemmEngine::State::plan_for(const PlanKey& key, const GemmProblem& p
   const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.b_alignment},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.a_alignment},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.d_alignment},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.added ? key.c_alignment : key.d_alignment},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.d_alignment},
   };
   for (const auto& [attribute, bytes] : alignments) {
@@ -428,14 +435,18 @@ void GemmEngine::run(const GemmProblem& p, cudaStream_t stream) {
   key.b_alignment = pointer_alignment(p.b);
   key.d_alignment = pointer_alignment(d);
   key.bias_alignment = key.biased ? pointer_alignment(p.bias) : 0;
+  key.added = p.addend != nullptr;
+  key.c_alignment = key.added ? pointer_alignment(p.addend) : 0;
 
   const Plan& plan = state_->plan_for(key, p);
   set_pointers(plan.operation, p);
 
-  const float beta = p.accumulate ? 1.0f : 0.0f;
+  // C is D itself (read only when accumulating) or the addend.
+  const void* c_matrix = p.addend != nullptr ? static_cast<const void*>(p.addend) : d;
+  const float beta = p.accumulate || p.addend != nullptr ? 1.0f : 0.0f;
   const cublasStatus_t status = cublasLtMatmul(
-      state_->handle, plan.operation, &p.alpha, p.b, plan.first, p.a, plan.second, &beta, d, plan.output, d,
-      plan.output, &plan.algorithm, state_->workspace.data(), plan.workspace_bytes, stream);
+      state_->handle, plan.operation, &p.alpha, p.b, plan.first, p.a, plan.second, &beta, c_matrix,
+      plan.output, d, plan.output, &plan.algorithm, state_->workspace.data(), plan.workspace_bytes, stream);
   if (status != CUBLAS_STATUS_SUCCESS) {
     throw_cublas_error(status, "cublasLtMatmul", describe(p), __FILE__, __LINE__);
   }
@@ -464,6 +475,7 @@ void GemmEngine::run(const GemmProblem& p, cudaStream_t stream) {
   if (fp8 && p.fast_accumulation) ++c.fp8_fast_accumulation;
   if (p.d_bf16 != nullptr) ++c.bf16_outputs;
   if (p.bias != nullptr) ++c.bias_epilogues;
+  if (p.addend != nullptr) ++c.addend_epilogues;
   c.flops += 2.0 * static_cast<double>(p.M) * static_cast<double>(p.N) * static_cast<double>(p.K);
 }
 

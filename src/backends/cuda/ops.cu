@@ -445,61 +445,41 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Softmax cross-entropy: one block per row. Each thread keeps a running maximum and a float64 sum of
-// exp(x - maximum), rescaled when the maximum grows, so the row is read once for the loss. When the row fits
-// in shared memory (Cached), that read also keeps it there for the gradient pass, so the logits cross DRAM
-// once each way: rows of a GPT-2 vocabulary, hundreds of them in flight, do not stay in L2 between passes.
-// Each thread reads back only what it stored itself, so the cache needs no barrier of its own. Rows that fit
-// in shared memory in their own type, in whole 16-byte copies, take the staged kernel further down instead,
-// which gives the same bits.
+// Softmax cross-entropy: one block per row, in the CPU reference's order of work: the row's maximum, then
+// the float64 sum of exp(x - maximum), then the gradient. When the row fits in shared memory (Cached), the
+// first read keeps it there for the other two passes, so the logits cross DRAM once each way: rows of a
+// GPT-2 vocabulary, hundreds of them in flight, do not stay in L2 between passes. Each thread reads back only
+// what it stored itself, so the cache needs no barrier of its own. Rows that fit in shared memory in their
+// own type, in whole 16-byte copies, take the staged kernel further down instead, which gives the same bits.
+// (A running maximum with a rescaled sum would read the row once for the loss, but costs a comparison and a
+// branch on every logit of a kernel bound by its instructions; docs/benchmarks.md, log entry 13.)
 
 constexpr int kSoftmaxThreads = 1024;
 
-struct MaxSum {
-  float max;
-  double sum;
-};
-
-// The factor that moves a sum taken under maximum m to maximum `to` (>= m); 1 when they agree, which also
-// covers a thread that saw no element (m = to = -Inf).
-__device__ __forceinline__ double rescale(float m, float to) {
-  return m == to ? 1.0 : static_cast<double>(expf(__fsub_rn(m, to)));
-}
-
-__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
-  const float to = fmaxf(a.max, b.max);
-  return {to, __dadd_rn(__dmul_rn(a.sum, rescale(a.max, to)), __dmul_rn(b.sum, rescale(b.max, to)))};
-}
-
-__device__ __forceinline__ void add_logit(MaxSum& r, float x) {
-  // exp(-Inf) adds nothing; skipping it also keeps -Inf - -Inf (NaN) out while the running maximum is -Inf.
-  if (x == -INFINITY) return;
-  if (x > r.max) {
-    r.sum = __dmul_rn(r.sum, rescale(r.max, x));
-    r.max = x;
-  }
-  // A NaN logit makes the sum NaN, and so the loss, as in the reference.
-  r.sum = __dadd_rn(r.sum, static_cast<double>(expf(__fsub_rn(x, r.max))));
-}
-
-__device__ MaxSum block_max_sum(MaxSum r) {
+// The maximum over the block (block_sum's pattern), returned to every thread. It ignores NaN (fmaxf), as the
+// reference's comparison does; a NaN logit still makes the row's sum NaN.
+__device__ float block_max(float m) {
   __shared__ float maxima[kWarp];
-  __shared__ double sums[kWarp];
   const unsigned lane = threadIdx.x % kWarp;
   const unsigned warp = threadIdx.x / kWarp;
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-    r = combine(r, {__shfl_xor_sync(kFullMask, r.max, offset), __shfl_xor_sync(kFullMask, r.sum, offset)});
-  }
-  if (lane == 0) {
-    maxima[warp] = r.max;
-    sums[warp] = r.sum;
-  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
+  if (lane == 0) maxima[warp] = m;
   __syncthreads();
-  r = lane < blockDim.x / kWarp ? MaxSum{maxima[lane], sums[lane]} : MaxSum{-INFINITY, 0.0};
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-    r = combine(r, {__shfl_xor_sync(kFullMask, r.max, offset), __shfl_xor_sync(kFullMask, r.sum, offset)});
-  }
-  return r;
+  m = lane < blockDim.x / kWarp ? maxima[lane] : -INFINITY;
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
+  __syncthreads();  // maxima may be reused by the next call
+  return m;
+}
+
+// What exponentials are taken against: the row's maximum, or 0 for a row without one (all -Inf), whose
+// exponentials are then all 0 rather than exp(-Inf - -Inf), NaN.
+__device__ __forceinline__ float exponent_shift(float max) {
+  return max == -INFINITY ? 0.0f : max;
+}
+
+// One logit's term of the row's sum.
+__device__ __forceinline__ double exp_term(float x, float shift) {
+  return static_cast<double>(expf(__fsub_rn(x, shift)));
 }
 
 // Logits stored as float32 or as BF16 (the head GEMM's own output type, holding the same values): W of them
@@ -556,10 +536,10 @@ __device__ __forceinline__ void store_logits(__nv_bfloat16* p, const Pack<W>& x)
   }
 }
 
-// The loss of a row from its reduction and its target's logit.
-__device__ __forceinline__ float row_loss(const MaxSum& r, float target_logit) {
-  const float log_sum = static_cast<float>(log(r.sum));
-  return __fsub_rn(log_sum, __fsub_rn(target_logit, r.max));
+// The loss of a row from its maximum, its sum and its target's logit.
+__device__ __forceinline__ float row_loss(float max, double sum, float target_logit) {
+  const float log_sum = static_cast<float>(log(sum));
+  return __fsub_rn(log_sum, __fsub_rn(target_logit, max));
 }
 
 // dloss * (softmax - onehot(target)) of one logit x, from the row's maximum and 1 / sum.
@@ -582,23 +562,33 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   // Read before the block reduction's barriers, so before any thread overwrites the row.
   const float target_logit = threadIdx.x == 0 ? load_logits<1>(row + target).v[0] : 0.0f;
   const int64_t groups = V / W;
-  MaxSum r{-INFINITY, 0.0};
+  float m = -INFINITY;
   for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
     const Pack<W> p = load_logits<W>(row + g * W);
     if constexpr (Cached) store_pack<W>(cached_row + g * W, p);
 #pragma unroll
-    for (int k = 0; k < W; ++k) add_logit(r, p.v[k]);
+    for (int k = 0; k < W; ++k) m = fmaxf(m, p.v[k]);
   }
   for (int64_t v = groups * W + threadIdx.x; v < V; v += kSoftmaxThreads) {
     const float x = load_logits<1>(row + v).v[0];
     if constexpr (Cached) cached_row[v] = x;
-    add_logit(r, x);
+    m = fmaxf(m, x);
   }
-  r = block_max_sum(r);
-  const float max = r.max;
-  if (threadIdx.x == 0) losses[n] = row_loss(r, target_logit);
+  const float max = block_max(m);
+  const float shift = exponent_shift(max);
+  double s = 0.0;
+  for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
+    const Pack<W> p = Cached ? load_pack<W>(cached_row + g * W) : load_logits<W>(row + g * W);
+#pragma unroll
+    for (int k = 0; k < W; ++k) s = __dadd_rn(s, exp_term(p.v[k], shift));
+  }
+  for (int64_t v = groups * W + threadIdx.x; v < V; v += kSoftmaxThreads) {
+    s = __dadd_rn(s, exp_term(Cached ? cached_row[v] : load_logits<1>(row + v).v[0], shift));
+  }
+  const double sum = block_sum(s);
+  if (threadIdx.x == 0) losses[n] = row_loss(max, sum, target_logit);
   if (dloss == 0.0f) return;
-  const float inverse_sum = static_cast<float>(1.0 / r.sum);
+  const float inverse_sum = static_cast<float>(1.0 / sum);
   for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
     Pack<W> p = Cached ? load_pack<W>(cached_row + g * W) : load_logits<W>(row + g * W);
 #pragma unroll
@@ -647,26 +637,46 @@ __global__ void __launch_bounds__(kSoftmaxThreads, 2)
   __syncthreads();
   // Every read of the row from here on is from shared memory, so the gradient may overwrite it in place.
   const int64_t groups = V / W;
-  MaxSum r{-INFINITY, 0.0};
+  float m = -INFINITY;
   for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
     const Pack<W> p = load_logits<W>(staged + g * W);
 #pragma unroll
-    for (int k = 0; k < W; ++k) add_logit(r, p.v[k]);
+    for (int k = 0; k < W; ++k) m = fmaxf(m, p.v[k]);
   }
   for (int64_t v = groups * W + threadIdx.x; v < V; v += kSoftmaxThreads) {
-    add_logit(r, load_logits<1>(staged + v).v[0]);
+    m = fmaxf(m, load_logits<1>(staged + v).v[0]);
   }
-  r = block_max_sum(r);
-  const float max = r.max;
-  if (threadIdx.x == 0) losses[n] = row_loss(r, load_logits<1>(staged + target).v[0]);
-  if (dloss == 0.0f) return;
-  const float inverse_sum = static_cast<float>(1.0 / r.sum);
-  for (int64_t j = threadIdx.x; j < copies; j += kSoftmaxThreads) {
-    const int64_t v0 = j * kPerCopy;
-    Pack<kPerCopy> p = load_logits<kPerCopy>(staged + v0);
+  const float max = block_max(m);
+  const float shift = exponent_shift(max);
+  double s = 0.0;
+  for (int64_t g = threadIdx.x; g < groups; g += kSoftmaxThreads) {
+    const Pack<W> p = load_logits<W>(staged + g * W);
 #pragma unroll
-    for (int k = 0; k < kPerCopy; ++k) {
-      p.v[k] = v0 + k < V ? logit_gradient(p.v[k], max, inverse_sum, dloss, v0 + k == target) : 0.0f;
+    for (int k = 0; k < W; ++k) s = __dadd_rn(s, exp_term(p.v[k], shift));
+  }
+  for (int64_t v = groups * W + threadIdx.x; v < V; v += kSoftmaxThreads) {
+    s = __dadd_rn(s, exp_term(load_logits<1>(staged + v).v[0], shift));
+  }
+  const double sum = block_sum(s);
+  if (threadIdx.x == 0) losses[n] = row_loss(max, sum, load_logits<1>(staged + target).v[0]);
+  if (dloss == 0.0f) return;
+  const float inverse_sum = static_cast<float>(1.0 / sum);
+  // 32-bit positions (a row is far shorter than 2^31 logits); only the copy holding the target, and the last
+  // copies where the padding starts, take the per-logit checks.
+  const auto columns = static_cast<int>(V);
+  const auto target_column = static_cast<int>(target);
+  for (int j = static_cast<int>(threadIdx.x); j < static_cast<int>(copies); j += kSoftmaxThreads) {
+    const int v0 = j * kPerCopy;
+    Pack<kPerCopy> p = load_logits<kPerCopy>(staged + v0);
+    if (v0 + kPerCopy <= columns && static_cast<unsigned>(target_column - v0) >= kPerCopy) {
+#pragma unroll
+      for (int k = 0; k < kPerCopy; ++k) p.v[k] = logit_gradient(p.v[k], max, inverse_sum, dloss, false);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPerCopy; ++k) {
+        p.v[k] = v0 + k < columns ? logit_gradient(p.v[k], max, inverse_sum, dloss, v0 + k == target_column)
+                                  : 0.0f;
+      }
     }
     store_logits<kPerCopy>(row + v0, p);
   }
