@@ -58,7 +58,8 @@ accumulation read and written. Per op:
     afterwards), or bf16 where attn.c_attn writes qkv for attention (below); an accumulated weight gradient
     is read and written. A forward GEMM adds its layer's bias in its epilogue (every linear layer but the LM
     head, which has none) and reads it: BF16 (2 bytes an element) for an FP8 GEMM and for a GEMM writing
-    bf16, float32 (4) for the others. No pass over y follows the GEMM.
+    bf16, float32 (4) for the others; attn.c_proj's and mlp.c_proj's also read the residual (below). No pass
+    over y follows the GEMM.
   - the bias as the epilogue reads it (kind embeddings/residuals/biases), once per forward GEMM: converted to
     BF16 (read 4, write 2 bytes an element) for an FP8 layer or a GEMM writing bf16, a BF16/FP16 layer's
     otherwise copied and rounded in place (16 bytes), a float32 layer's read where it lies (nothing).
@@ -89,9 +90,12 @@ accumulation read and written. Per op:
     dqkv [N, 3C] (float32). The backward's scratch on tensor cores, dO packed per head in bf16 and
     D = rowsum(dO * O) that a first kernel writes from its read of dout and out and the products read again
     (2 bytes an element of dout and 4 a row, each way), is not counted, as the partial sums above.
-  - residual adds: read two [N, C], write one; the encoder reads N rows of wte and T of wpe, writes [N, C]; its
-    backward reads dout and reads and writes one row of dwte per token and dwpe; the backward zeroes the
-    residual gradient [N, C] first.
+  - residual adds: attn.c_proj's and mlp.c_proj's GEMMs add the residual stream in their epilogue
+    (CudaBackend::linear_forward_residual_as), which reads it (4 bytes an element, counted with the GEMM) and
+    writes the sum as the GEMM's output; an FP8 layer without FP8 tensor cores (emulated) writes its output
+    and a residual add follows (read two [N, C], write one). The encoder reads N rows of wte and T of wpe,
+    writes [N, C]; its backward reads dout and reads and writes one row of dwte per token and dwpe; the
+    backward zeroes the residual gradient [N, C] first.
   - LM head and cross-entropy, in the forward phase (octet runs the head's backward inside the forward),
     chunk by chunk (4096 rows unless one of the head's GEMMs is FP8, all N then): the head's GEMMs per chunk
     (the weight read per chunk, the weight gradient read and written per chunk), cross-entropy reading V
@@ -288,10 +292,11 @@ def keeps_float_input(g):
     return not (g["forward"] == "fp8" and g["weight_gradient"] == "fp8")
 
 
-def linear_forward(s, g, rows, phase, count, label, bf16_output=False, bf16_input=False):
+def linear_forward(s, g, rows, phase, count, label, bf16_output=False, bf16_input=False, residual=False):
     """`bf16_output`: y is stored as bf16 (attn.c_attn's qkv where attention runs on BF16 tensor cores,
     mlp.c_fc's output in bf16 and fp8 modes).
-    `bf16_input`: x is stored as bf16 (attn.c_proj's input where attention runs on cuDNN)."""
+    `bf16_input`: x is stored as bf16 (attn.c_proj's input where attention runs on cuDNN).
+    `residual`: y joins the residual stream (attn.c_proj, mlp.c_proj)."""
     inn, out, f = g["in_features"], g["out_features"], g["forward"]
     producer = PRODUCER[g["linear"]]
     if f == "fp8" and producer == "attention":
@@ -318,9 +323,17 @@ def linear_forward(s, g, rows, phase, count, label, bf16_output=False, bf16_inpu
         conversion = (F32 + 2 if bf16_bias else {"bf16": 4 * F32, "f16": 4 * F32, "f32": 0}[f]) * out
         if conversion:
             s.add("other", phase, f"{label} bias for the epilogue", conversion, count)
+    # The residual as the GEMM's addend, read in its epilogue; an emulated FP8 product is not cuBLASLt's, and
+    # a residual add follows it.
+    addend_bytes = 0
+    if residual:
+        if f == "fp8" and not s.m["fp8_tensor_cores"]:
+            s.add("other", phase, f"{label} residual add", 3 * F32 * rows * out, count)
+        else:
+            addend_bytes = F32 * rows * out
     e = STORAGE_BYTES[f]
     s.gemm(phase, f"{label} forward GEMM", f, "forward", rows, out, inn, rows * inn * e, out * inn * e,
-           rows * out * (2 if direct_bf16 else F32), count, bias_bytes)
+           rows * out * (2 if direct_bf16 else F32), count, bias_bytes + addend_bytes)
     if bf16_output and not direct_bf16:
         s.add("casts", phase, f"{label} output to bf16", (F32 + 2) * rows * out, count)
 
@@ -413,12 +426,12 @@ def step_ops(m):
                   hidden_bytes * N * 4 * C + producer_output_bytes(s, g, N), n)
         bf16_output = (attention_bf16 and label == "attn.c_attn") or (m["hidden_bf16"] and label == "mlp.c_fc")
         linear_forward(s, g, N, "forward", n, label, bf16_output=bf16_output,
-                       bf16_input=bf16_outputs and label == "attn.c_proj")
+                       bf16_input=bf16_outputs and label == "attn.c_proj",
+                       residual=label in ("attn.c_proj", "mlp.c_proj"))
     attention_forward_flops = 4.0 * B * NH * T * T * hs / 2
     s.add("attention", "forward", "attention forward",
           qkv_bytes * 3 * N * C + atty_bytes * N * C + F32 * B * NH * T, L, attention_forward_flops,
           attention_rate)
-    s.add("other", "forward", "residual adds", 3 * F32 * N * C, 2 * L)
     s.add("norm_activation", "forward", "ln_f forward",
           F32 * N * C + 2 * F32 * C + 2 * F32 * N + producer_output_bytes(s, head, N))
     # The LM head: forward, loss and backward chunk by chunk, in the forward phase.
