@@ -430,13 +430,25 @@ int device_attribute(cudaDeviceAttr attribute) {
 // Enough blocks to fill the GPU, no more: the kernels stride over the rest. At least one block, which writes
 // scale_inv even for an empty tensor, and never so few that a block strides more than kMaxBlockStrides times
 // (see Tally). Results never depend on the grid size.
-unsigned grid_size(int64_t work_items, int64_t items_per_block) {
+unsigned grid_size(int64_t work_items, int64_t items_per_block,
+                   int blocks_per_multiprocessor = kBlocksPerMultiprocessor) {
   const int64_t wanted = (work_items + items_per_block - 1) / items_per_block;
   const int64_t most =
-      static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount)) * kBlocksPerMultiprocessor;
+      static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount)) * blocks_per_multiprocessor;
   const int64_t blocks = wanted < 1 ? 1 : (wanted < most ? wanted : most);
   const int64_t least = (wanted + cast_internal::kMaxBlockStrides - 1) / cast_internal::kMaxBlockStrides;
   return static_cast<unsigned>(blocks > least ? blocks : least);
+}
+
+// The blocks of `kernel` (kThreads threads, no dynamic shared memory) that a multiprocessor holds at once, at
+// most kBlocksPerMultiprocessor. The strided kernels' grids are sized to it: every block of such a grid does
+// the same work, so a grid the GPU cannot hold at once runs a last wave short of warps (the GELU backward's
+// registers leave room for three blocks, not eight).
+template <typename Kernel>
+int resident_blocks(Kernel kernel) {
+  int blocks = 0;
+  OCTET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
+  return blocks < 1 ? 1 : (blocks < kBlocksPerMultiprocessor ? blocks : kBlocksPerMultiprocessor);
 }
 
 // Calls fn with the format as a compile-time constant.
@@ -469,21 +481,19 @@ void launch_elementwise(const Producer& producer, bool vector_inputs, int64_t ro
     const bool vector = vector_inputs && cols % 4 == 0 && aligned(cast.output, 4);
     const bool transposed_words = rows % 4 == 0 && aligned(cast.output_transposed, 4);
     const int64_t tiles = ((rows + kTileRows - 1) / kTileRows) * ((cols + kTileCols - 1) / kTileCols);
-    const unsigned grid = grid_size(tiles, 1);
     with_format(cast.format, [&](auto format) {
-      if (vector) {
-        produce_cast_transpose_kernel<decltype(format)::value, true, ColumnSums>
-            <<<grid, kThreads, 0, stream>>>(producer, cast, rows, cols, transposed_words, column_partials);
-      } else {
-        produce_cast_transpose_kernel<decltype(format)::value, false, ColumnSums>
-            <<<grid, kThreads, 0, stream>>>(producer, cast, rows, cols, transposed_words, column_partials);
-      }
+      const auto kernel =
+          vector ? produce_cast_transpose_kernel<decltype(format)::value, true, ColumnSums, Producer>
+                 : produce_cast_transpose_kernel<decltype(format)::value, false, ColumnSums, Producer>;
+      kernel<<<grid_size(tiles, 1, resident_blocks(kernel)), kThreads, 0, stream>>>(
+          producer, cast, rows, cols, transposed_words, column_partials);
     });
   } else {
     const int64_t groups = vector_inputs && aligned(cast.output, 4) ? n / 4 : 0;
-    const unsigned grid = grid_size(groups + (n - groups * 4), kThreads);
     with_format(cast.format, [&](auto format) {
-      produce_cast_kernel<decltype(format)::value><<<grid, kThreads, 0, stream>>>(producer, cast, groups, n);
+      const auto kernel = produce_cast_kernel<decltype(format)::value, Producer>;
+      kernel<<<grid_size(groups + (n - groups * 4), kThreads, resident_blocks(kernel)), kThreads, 0,
+               stream>>>(producer, cast, groups, n);
     });
   }
 }
