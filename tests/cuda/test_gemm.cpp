@@ -516,20 +516,42 @@ std::vector<float> half_integer_bias(int64_t N, uint64_t seed) {
   return bias;
 }
 
+// The operand types of the epilogue tests, each with the bias type its linear layers give it: BF16, FP16 and
+// float32 products, and E4M3 where the GPU has FP8 tensor cores.
+std::vector<std::pair<GemmType, GemmType>> epilogue_types() {
+  std::vector<std::pair<GemmType, GemmType>> types = {
+      {GemmType::bf16, GemmType::f32}, {GemmType::f16, GemmType::f32}, {GemmType::f32, GemmType::f32}};
+  if (octet::cuda::has_fp8_tensor_cores(octet::cuda::device_info(0))) {
+    types.emplace_back(GemmType::e4m3, GemmType::bf16);
+  }
+  return types;
+}
+
+// An [M, N, K] product of `type` operands scaled by a power of two: through the two FP8 scales, else alpha.
+Case scaled_case(GemmType type, int64_t M, int64_t N, int64_t K, float a_scale_inv, float b_scale_inv) {
+  Case c;
+  c.a_type = c.b_type = type;
+  c.M = M;
+  c.N = N;
+  c.K = K;
+  if (octet::cuda::is_fp8(type)) {
+    c.a_scale_inv = a_scale_inv;
+    c.b_scale_inv = b_scale_inv;
+  } else {
+    c.alpha = a_scale_inv * b_scale_inv;
+  }
+  return c;
+}
+
 TEST(GemmBias, EpilogueAddsTheBiasExactly) {
   SKIP_WITHOUT_GPU();
   GemmEngine engine;
   const int64_t M = 48, N = 32, K = 64;  // |sum| <= 64 * 49 = 3136
   const std::vector<float> x_a = octet::testing::random_small_integers(static_cast<size_t>(M * K), 21, 7);
   const std::vector<float> x_b = octet::testing::random_small_integers(static_cast<size_t>(N * K), 22, 7);
-  std::vector<std::pair<GemmType, GemmType>> types = {
-      {GemmType::bf16, GemmType::f32}, {GemmType::f16, GemmType::f32}, {GemmType::f32, GemmType::f32}};
-  if (octet::cuda::has_fp8_tensor_cores(octet::cuda::device_info(0))) {
-    types.emplace_back(GemmType::e4m3, GemmType::bf16);
-  }
   uint64_t seed = 700;
   int64_t biased_runs = 0;
-  for (const auto& [operand_type, bias_type] : types) {
+  for (const auto& [operand_type, bias_type] : epilogue_types()) {
     for (const bool fast : {false, true}) {
       if (fast && !octet::cuda::is_fp8(operand_type)) continue;
       SCOPED_TRACE(::testing::Message() << octet::cuda::gemm_type_name(operand_type) << " operands, "
@@ -537,18 +559,8 @@ TEST(GemmBias, EpilogueAddsTheBiasExactly) {
                                         << (fast ? ", fast accumulation" : ""));
       const HostOperand a = make_operand(operand_type, M, K, false, 0, x_a);
       const HostOperand b = make_operand(operand_type, N, K, false, 0, x_b);
-      Case c;
-      c.a_type = c.b_type = operand_type;
-      c.M = M;
-      c.N = N;
-      c.K = K;
+      Case c = scaled_case(operand_type, M, N, K, 2.0f, 0.25f);
       c.fast_accumulation = fast;
-      if (octet::cuda::is_fp8(operand_type)) {
-        c.a_scale_inv = 2.0f;
-        c.b_scale_inv = 0.25f;
-      } else {
-        c.alpha = 0.5f;
-      }
       const double alpha_scale = static_cast<double>(c.alpha) * c.a_scale_inv * c.b_scale_inv;
       // The same shape without the bias first: a cached plan shared by the two would show in one of them.
       const Reference plain = reference_product(a, b, alpha_scale, {});
@@ -585,30 +597,15 @@ TEST(GemmAddend, EpilogueAddsTheAddendExactly) {
   const int64_t M = 48, N = 32, K = 64;
   const std::vector<float> x_a = octet::testing::random_small_integers(static_cast<size_t>(M * K), 31, 7);
   const std::vector<float> x_b = octet::testing::random_small_integers(static_cast<size_t>(N * K), 32, 7);
-  std::vector<std::pair<GemmType, GemmType>> types = {
-      {GemmType::bf16, GemmType::f32}, {GemmType::f16, GemmType::f32}, {GemmType::f32, GemmType::f32}};
-  if (octet::cuda::has_fp8_tensor_cores(octet::cuda::device_info(0))) {
-    types.emplace_back(GemmType::e4m3, GemmType::bf16);
-  }
   uint64_t seed = 800;
   int64_t added_runs = 0;
-  for (const auto& [operand_type, bias_type] : types) {
+  for (const auto& [operand_type, bias_type] : epilogue_types()) {
     for (const bool biased : {false, true}) {
       SCOPED_TRACE(::testing::Message()
                    << octet::cuda::gemm_type_name(operand_type) << " operands" << (biased ? ", biased" : ""));
       const HostOperand a = make_operand(operand_type, M, K, false, 0, x_a);
       const HostOperand b = make_operand(operand_type, N, K, false, 0, x_b);
-      Case c;
-      c.a_type = c.b_type = operand_type;
-      c.M = M;
-      c.N = N;
-      c.K = K;
-      if (octet::cuda::is_fp8(operand_type)) {
-        c.a_scale_inv = 0.5f;
-        c.b_scale_inv = 4.0f;
-      } else {
-        c.alpha = 2.0f;
-      }
+      Case c = scaled_case(operand_type, M, N, K, 0.5f, 4.0f);
       const double alpha_scale = static_cast<double>(c.alpha) * c.a_scale_inv * c.b_scale_inv;
       if (biased) {
         c.bias = half_integer_bias(N, seed++);
