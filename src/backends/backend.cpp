@@ -63,9 +63,16 @@ void Backend::linear_recompute_as(void* out, Dtype out_type, const float* weight
   linear_recompute(static_cast<float*>(out), weight, copy, bias, N, C, OC, exec);
 }
 
-void Backend::gelu_forward_as(float* out, const void* inp, Dtype type, int64_t n) {
+void Backend::layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
+                                   const float* weight, const float* bias, int64_t N, int64_t C) {
+  require_f32(*this, "LayerNorm's output", out_type);
+  layernorm_forward(static_cast<float*>(out), mean, rstd, inp, weight, bias, N, C);
+}
+
+void Backend::gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) {
+  require_f32(*this, "GELU's output", out_type);
   require_f32(*this, "GELU's input", type);
-  gelu_forward(out, static_cast<const float*>(inp), n);
+  gelu_forward(static_cast<float*>(out), static_cast<const float*>(inp), n);
 }
 
 void Backend::gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
@@ -74,9 +81,12 @@ void Backend::gelu_forward_cast_as(float* out, const void* inp, Dtype type, int6
   gelu_forward_cast(out, static_cast<const float*>(inp), N, C, consumer);
 }
 
-void Backend::gelu_backward_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t n) {
+void Backend::gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
+                               int64_t n) {
+  require_f32(*this, "GELU's input gradient", dinp_type);
   require_f32(*this, "GELU's input and output gradient", type);
-  gelu_backward(dinp, static_cast<const float*>(inp), static_cast<const float*>(dout), n);
+  gelu_backward(static_cast<float*>(dinp), static_cast<const float*>(inp), static_cast<const float*>(dout),
+                n);
 }
 
 void Backend::gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N,

@@ -237,7 +237,9 @@ const std::vector<Key>& keys() {
         "train.attention", [](RunConfig& c) -> std::string& { return c.attention; },
         {{"auto", "auto"}, {"cudnn", "cudnn"}, {"octet", "octet"}},
         "Attention kernels on the GPU: cudnn (cuDNN's fused flash attention, loaded at run time), octet (its "
-        "own kernels), or auto (cuDNN where it loads and supports the shape; the log says which)."));
+        "own kernels), or auto (cuDNN where it loads and supports the shape; the log says which). cuDNN's "
+        "backward is not bit-reproducible at training sizes (a few dQ elements round differently from run to "
+        "run); \"octet\" is, at about 1.9x the attention time (docs/gpu.md)."));
     k.push_back(integer<int64_t>(
         "train.max_consecutive_skips", [](RunConfig& c) -> int64_t& { return c.train.max_consecutive_skips; },
         1, big, "Skipped (non-finite) steps in a row after which the run stops (exit code 3)."));

@@ -17,24 +17,25 @@
 namespace octet {
 
 // Pointers into the activation buffer, sized for the largest micro-batch N = max_batch * max_seq_len: what
-// the backward reads, and the few things the forward passes from one op to the next. The float32 input of a
-// linear layer (ln1, ln2, fch_gelu, lnf) is null while its FP8 cast is all the layer reads
-// (input_cast_suffices); keep_input_of allocates it when the layer moves to BF16.
+// the backward reads, and the few things the forward passes from one op to the next. The input of a linear
+// layer (ln1, ln2, fch_gelu, lnf) is stored as that layer's input_type, and is null while its FP8 cast is
+// all the layer reads (input_cast_suffices); keep_input_of allocates it, in float32, when the layer moves
+// to BF16.
 struct Gpt2::Activations {
   struct Layer {
-    float* ln1 = nullptr;       // [N, C]
+    void* ln1 = nullptr;        // [N, C]
     float* ln1_mean = nullptr;  // [N]
     float* ln1_rstd = nullptr;  // [N]
     void* qkv = nullptr;        // [N, 3C] in qkv_type_ (Backend::attention_input_type)
     void* atty = nullptr;       // [N, C] in atty_type_ (Backend::attention_output_type)
     float* att_lse = nullptr;   // [N, NH]
     float* residual2 = nullptr;
-    float* ln2 = nullptr;
+    void* ln2 = nullptr;
     float* ln2_mean = nullptr;
     float* ln2_rstd = nullptr;
-    void* fch = nullptr;        // [N, 4C] in hidden_type_; null where the backward recomputes it
-                                // (recomputes_fc)
-    float* fch_gelu = nullptr;  // [N, 4C]
+    void* fch = nullptr;       // [N, 4C] in hidden_type_; null where the backward recomputes it
+                               // (recomputes_fc)
+    void* fch_gelu = nullptr;  // [N, 4C]
     float* residual3 = nullptr;
   };
   float* encoded = nullptr;
@@ -75,6 +76,11 @@ struct Gpt2::Linear {
   Fp8LinearTelemetry telemetry;
   LinearExecution exec;
   std::unique_ptr<WeightCopy> copy;
+  // How the model stores this layer's input (Activations): Backend::bf16_storage_type where the plan runs
+  // both GEMMs that read it, the forward and the weight gradient, in BF16, which round it to bf16 anyway,
+  // so that storing it rounded changes no result and its producer writes it so; f32 otherwise, and for the
+  // LM head, whose chunked ops read float32. It stays so when the layer moves to BF16.
+  Dtype input_type = Dtype::f32;
 };
 
 namespace {
@@ -201,6 +207,9 @@ void Gpt2::build_parameters() {
     // fp8.recompute_mlp: the backward runs this forward GEMM again on its kept input codes.
     e.keep_input_codes =
         policy_.settings().recompute_mlp && ends_with(plan.name, ".mlp.c_fc") && input_cast_suffices(e);
+    if (plan.name != "lm_head" && e.forward == GemmMode::bf16 && e.weight_gradient == GemmMode::bf16) {
+      linear->input_type = backend_.bf16_storage_type();
+    }
     e.fp8_gemms = &counters_.fp8_gemms;
     e.other_gemms = &counters_.other_gemms;
     e.saturated = &counters_.saturated;
@@ -212,8 +221,9 @@ void Gpt2::build_parameters() {
 void Gpt2::plan_activations() {
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels, NH = config_.heads;
   const int64_t Vp = config_.padded_vocab();
-  // The float32 input of a linear layer, unless its FP8 cast is all that the layer reads.
+  // The input of a linear layer, unless its FP8 cast is all that the layer reads.
   auto read = [&](std::string_view consumer) { return !input_cast_suffices(linear(consumer).exec); };
+  auto input_type = [&](std::string_view consumer) { return linear(consumer).input_type; };
   // q, k, v in bf16 where the backend's attention rounds them to bf16 anyway.
   qkv_type_ = backend_.attention_input_type(C, NH);
   // Its output, and the gradients on either side of it, in bf16 where the backend's attention reads and
@@ -229,18 +239,18 @@ void Gpt2::plan_activations() {
   for (int64_t l = 0; l < config_.layers; ++l) {
     const std::string h = fmt::format("h.{}.", l);
     Activations::Layer& x = a.layers[static_cast<size_t>(l)];
-    if (read(h + "attn.c_attn")) p.take(x.ln1, N * C);
+    if (read(h + "attn.c_attn")) p.take(x.ln1, input_type(h + "attn.c_attn"), N * C);
     p.take(x.ln1_mean, N);
     p.take(x.ln1_rstd, N);
     p.take(x.qkv, qkv_type_, N * 3 * C);
     p.take(x.atty, atty_type_, N * C);
     p.take(x.att_lse, N * NH);
     p.take(x.residual2, N * C);
-    if (read(h + "mlp.c_fc")) p.take(x.ln2, N * C);
+    if (read(h + "mlp.c_fc")) p.take(x.ln2, input_type(h + "mlp.c_fc"), N * C);
     p.take(x.ln2_mean, N);
     p.take(x.ln2_rstd, N);
     if (!recomputes_fc(l)) p.take(x.fch, hidden_type_, N * 4 * C);
-    if (read(h + "mlp.c_proj")) p.take(x.fch_gelu, N * 4 * C);
+    if (read(h + "mlp.c_proj")) p.take(x.fch_gelu, input_type(h + "mlp.c_proj"), N * 4 * C);
     p.take(x.residual3, N * C);
   }
   bool any_recomputed = false;
@@ -279,7 +289,8 @@ void Gpt2::plan_gradients() {
 
 void Gpt2::keep_input_of(std::string_view layer) {
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
-  auto keep = [&](float*& slot, int64_t width) {
+  // In float32: a layer that moves to BF16 was planned FP8, with input_type f32.
+  auto keep = [&](auto*& slot, int64_t width) {
     if (slot != nullptr) return;
     late_inputs_.push_back(backend_.allocate(static_cast<size_t>(N * width) * sizeof(float)));
     slot = late_inputs_.back()->floats();
@@ -428,25 +439,27 @@ std::vector<Gpt2::WeightCopySlot> Gpt2::weight_copy_slots() {
   return slots;
 }
 
-void Gpt2::layernorm_into(Linear& next, float* out, float* mean, float* rstd, const float* inp,
+void Gpt2::layernorm_into(Linear& next, void* out, float* mean, float* rstd, const float* inp,
                           const float* weight, const float* bias, int64_t N, int64_t C) {
-  OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "a float32 input for {}", next.plan->name);
+  OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "an input kept for {}", next.plan->name);
   if (next.exec.forward != GemmMode::fp8) {
-    backend_.layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+    backend_.layernorm_forward_as(out, next.input_type, mean, rstd, inp, weight, bias, N, C);
     return;
   }
-  backend_.layernorm_forward_cast(input_cast_suffices(next.exec) ? nullptr : out, mean, rstd, inp, weight,
-                                  bias, N, C, next.exec);
+  OCTET_CHECK(next.input_type == Dtype::f32, "the float32 input of FP8 layer {}", next.plan->name);
+  backend_.layernorm_forward_cast(input_cast_suffices(next.exec) ? nullptr : static_cast<float*>(out), mean,
+                                  rstd, inp, weight, bias, N, C, next.exec);
 }
 
-void Gpt2::gelu_into(Linear& next, float* out, const void* inp, int64_t N, int64_t C) {
-  OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "a float32 input for {}", next.plan->name);
+void Gpt2::gelu_into(Linear& next, void* out, const void* inp, int64_t N, int64_t C) {
+  OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "an input kept for {}", next.plan->name);
   if (next.exec.forward != GemmMode::fp8) {
-    backend_.gelu_forward_as(out, inp, hidden_type_, N * C);
+    backend_.gelu_forward_as(out, next.input_type, inp, hidden_type_, N * C);
     return;
   }
-  backend_.gelu_forward_cast_as(input_cast_suffices(next.exec) ? nullptr : out, inp, hidden_type_, N, C,
-                                next.exec);
+  OCTET_CHECK(next.input_type == Dtype::f32, "the float32 input of FP8 layer {}", next.plan->name);
+  backend_.gelu_forward_cast_as(input_cast_suffices(next.exec) ? nullptr : static_cast<float*>(out), inp,
+                                hidden_type_, N, C, next.exec);
 }
 
 void Gpt2::round_hidden(void* x, int64_t n) {
@@ -456,24 +469,33 @@ void Gpt2::round_hidden(void* x, int64_t n) {
 }
 
 void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N,
-                              int64_t C, float* next_dinp, const float* next_inp) {
+                              int64_t C, float* next_dinp, const void* next_inp) {
   const int64_t OC = next.plan->out_features, IC = next.plan->in_features;
   OCTET_CHECK(C == OC, "GELU's width {} is {}'s output width {}", C, next.plan->name, OC);
   float* p = params();
   float* g = grads();
   float* dbias = next.bias_offset >= 0 ? g + next.bias_offset : nullptr;
   if (!casts_gradient(next.exec)) {
-    backend_.gelu_backward_as(dinp, inp, dout, hidden_type_, N * C);
-    backend_.linear_backward(next_dinp, g + next.weight_offset, dbias, dinp, next_inp, p + next.weight_offset,
-                             next.copy.get(), N, IC, OC, next.exec);
+    // Both GEMMs that read next's output gradient in BF16 (the input and the weight gradient): GELU's
+    // backward rounds it to bf16 once, as PyTorch autocast keeps it, and next's bias gradient is summed from
+    // the rounded values.
+    const bool rounded =
+        next.exec.input_gradient == GemmMode::bf16 && next.exec.weight_gradient == GemmMode::bf16;
+    const Dtype type = rounded ? backend_.bf16_storage_type() : Dtype::f32;
+    backend_.gelu_backward_as(dinp, type, inp, dout, hidden_type_, N * C);
+    if (rounded && type == Dtype::f32) backend_.round_in_place(dinp, N * C, Dtype::bf16);
+    backend_.linear_backward_as(next_dinp, Dtype::f32, g + next.weight_offset, dbias, dinp, type, next_inp,
+                                next.input_type, p + next.weight_offset, next.copy.get(), N, IC, OC,
+                                next.exec);
     return;
   }
   // The bias gradient is summed by the GELU backward; the float32 gradient is written only where next reads
   // it.
   float* kept = gradient_cast_suffices(next.exec) ? nullptr : dinp;
   backend_.gelu_backward_cast_as(kept, inp, dout, hidden_type_, N, C, dbias, next.exec);
-  backend_.linear_backward(next_dinp, g + next.weight_offset, nullptr, kept, next_inp, p + next.weight_offset,
-                           next.copy.get(), N, IC, OC, next.exec);
+  backend_.linear_backward_as(next_dinp, Dtype::f32, g + next.weight_offset, nullptr, kept, Dtype::f32,
+                              next_inp, next.input_type, p + next.weight_offset, next.copy.get(), N, IC, OC,
+                              next.exec);
 }
 
 void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
@@ -501,7 +523,7 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     Linear& fc_proj = linear(h + "mlp.c_proj");
     layernorm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(h + "ln_1.weight"), P(h + "ln_1.bias"), N,
                    C);
-    backend_.linear_forward_as(x.qkv, qkv_type_, x.ln1, Dtype::f32, p + qkv.weight_offset, qkv.copy.get(),
+    backend_.linear_forward_as(x.qkv, qkv_type_, x.ln1, qkv.input_type, p + qkv.weight_offset, qkv.copy.get(),
                                p + qkv.bias_offset, N, C, 3 * C, qkv.exec);
     backend_.attention_forward_as(x.atty, atty_type_, x.att_lse, x.qkv, qkv_type_, B, T, C, NH);
     backend_.linear_forward_residual_as(x.residual2, residual, x.atty, atty_type_, p + proj.weight_offset,
@@ -509,11 +531,11 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"),
                    N, C);
     void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
-    backend_.linear_forward_as(fch, hidden_type_, x.ln2, Dtype::f32, p + fc.weight_offset, fc.copy.get(),
+    backend_.linear_forward_as(fch, hidden_type_, x.ln2, fc.input_type, p + fc.weight_offset, fc.copy.get(),
                                p + fc.bias_offset, N, C, 4 * C, fc.exec);
     round_hidden(fch, N * 4 * C);
     gelu_into(fc_proj, x.fch_gelu, fch, N, 4 * C);
-    backend_.linear_forward_residual_as(x.residual3, x.residual2, x.fch_gelu, Dtype::f32,
+    backend_.linear_forward_residual_as(x.residual3, x.residual2, x.fch_gelu, fc_proj.input_type,
                                         p + fc_proj.weight_offset, fc_proj.copy.get(),
                                         p + fc_proj.bias_offset, N, 4 * C, C, fc_proj.exec);
     residual = x.residual3;
@@ -648,8 +670,8 @@ void Gpt2::backward(float dloss_scale) {
 
     // d.residual: d(residual3) = d(fcproj), as residual3 = residual2 + fcproj.
     backend_.linear_backward_as(dfch_gelu, hidden_type_, g + fc_proj.weight_offset, g + fc_proj.bias_offset,
-                                d.residual, Dtype::f32, x.fch_gelu, Dtype::f32, p + fc_proj.weight_offset,
-                                fc_proj.copy.get(), N, 4 * C, C, fc_proj.exec);
+                                d.residual, Dtype::f32, x.fch_gelu, fc_proj.input_type,
+                                p + fc_proj.weight_offset, fc_proj.copy.get(), N, 4 * C, C, fc_proj.exec);
     round_hidden(dfch_gelu, N * 4 * C);
     const void* fch = x.fch;
     if (fch == nullptr) {  // not kept (recomputes_fc): the forward's GEMM again, from its kept input codes
@@ -667,8 +689,8 @@ void Gpt2::backward(float dloss_scale) {
                                 C, proj.exec);
     backend_.attention_backward_as(dqkv, datty, x.qkv, qkv_type_, x.atty, atty_type_, x.att_lse, B, T, C, NH);
     backend_.linear_backward_as(d.ln, Dtype::f32, g + qkv.weight_offset, g + qkv.bias_offset, dqkv,
-                                atty_type_, x.ln1, Dtype::f32, p + qkv.weight_offset, qkv.copy.get(), N, C,
-                                3 * C, qkv.exec);
+                                atty_type_, x.ln1, qkv.input_type, p + qkv.weight_offset, qkv.copy.get(), N,
+                                C, 3 * C, qkv.exec);
     backend_.layernorm_backward(d.residual, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d.ln, residual,
                                 P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd, N, C);
   }

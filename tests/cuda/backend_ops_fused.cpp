@@ -1,15 +1,16 @@
-// The producer-fused FP8 casts (src/backends/cuda/fused.h) against the unfused ops they replace, all on the
-// device: cuda::layernorm_forward / gelu_forward / gelu_backward / adamw_update, then cast_amax with the same
-// scale (and, for the GELU backward, bias_backward of its result); and the gradient cast that sums the bias
-// gradient (bias_backward_cast) against bias_backward then cast_amax. Codes and transposed codes must be the
-// same bytes; out, mean, rstd, dinp, params, m and v the same bits; CastResults and scale_inv the same; the
-// bias gradients, summed in another order, within the float32 tolerance of a float64 sum.
-// Inputs are seeded, with planted values that saturate and underflow, over odd and prime shapes, both
-// formats, a scale that is not a power of two, aligned and unaligned pointers. Every output sits between
-// guard bytes that must survive; an output passed as null must stay untouched; every fused call runs twice
-// and must give the same bits. Every test skips without a GPU.
+// The producer-fused FP8 casts (src/backends/cuda/fused.h) and the ops' bf16 outputs against the unfused
+// ops they replace, all on the device: cuda::layernorm_forward / gelu_forward / gelu_backward / adamw_update,
+// then cast_amax with the same scale (and, for the GELU backward, bias_backward of its result); and the
+// gradient cast that sums the bias gradient (bias_backward_cast) against bias_backward then cast_amax. Codes
+// and transposed codes must be the same bytes; out, mean, rstd, dinp, params, m and v the same bits;
+// CastResults and scale_inv the same; the bias gradients, summed in another order, within the float32
+// tolerance of a float64 sum. Inputs are seeded, with planted values that saturate and underflow, over odd
+// and prime shapes, both formats, a scale that is not a power of two, aligned and unaligned pointers. Every
+// output sits between guard bytes that must survive; an output passed as null must stay untouched; every
+// fused call runs twice and must give the same bits. Every test skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -1152,6 +1153,171 @@ TEST(FusedGeluCast, Bf16InputsGiveTheBitsOfTheirFloat32Values) {
       check_gelu_bf16(shape.rows, shape.cols, v);
       check_gelu_backward_bf16(shape.rows, shape.cols, v);
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// BF16 outputs: LayerNorm and GELU writing the input of a layer whose GEMMs are BF16, GELU's backward
+// writing that layer's output gradient, and the bias gradient converting a BF16 backward's float32 output
+// gradient in its own pass. Against the float32 op on the
+// device, its values rounded on the host by the CPU's encoder (octet::float_to_bf16); mean, rstd and the
+// bias sums must be the same bits as the float32 op's.
+
+struct Bf16Case {
+  int64_t rows, cols;
+  size_t offset;  // bytes before the bf16 output (and a bf16 input): 2 breaks 8-byte alignment
+  bool plant_nan;
+};
+
+// Row splits of the column sums: one ([1, 768]), two ([33, 97]) and many ([4096, 768]).
+constexpr Bf16Case kBf16Cases[] = {{1, 768, 0, false}, {33, 97, 0, false},   {64, 768, 2, false},
+                                   {7, 13, 2, true},   {4096, 768, 0, true}, {256, 3072, 2, false}};
+
+std::string describe(const char* op, const Bf16Case& c) {
+  std::ostringstream s;
+  s << op << " [" << c.rows << ", " << c.cols << "] offset " << c.offset << (c.plant_nan ? " +NaN" : "");
+  return s.str();
+}
+
+// Values across bf16's range: random, subnormal, zeros of both signs, ties, and past its largest finite
+// value (rounding to Inf).
+std::vector<float> bf16_edge_values(size_t n, uint64_t seed, bool plant_nan) {
+  std::vector<float> x = octet::testing::random_normal(n, seed, 2.0f);
+  for (size_t i = 3; i < n; i += 17) x[i] = 1.0e-39f;  // a float32 subnormal, kept by bf16 (rounded)
+  for (size_t i = 5; i < n; i += 19) x[i] = -0.0f;
+  for (size_t i = 7; i < n; i += 23) x[i] = 1.0f + 0x1p-8f;  // halfway between two bf16 values: to even
+  for (size_t i = 11; i < n; i += 29) x[i] = -3.4e38f;       // rounds past bf16's largest finite: -Inf
+  if (plant_nan && n > 0) x[n / 2] = std::numeric_limits<float>::quiet_NaN();
+  return x;
+}
+
+TEST(Bf16Outputs, LayerNormWritesItsFloat32ValuesRounded) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2100;
+  for (const Bf16Case& c : kBf16Cases) {
+    SCOPED_TRACE(describe("layernorm", c));
+    const auto n = static_cast<size_t>(c.rows * c.cols), channels = static_cast<size_t>(c.cols);
+    std::vector<float> inp = octet::testing::random_normal(n, ++seed, 2.0f);
+    const std::vector<float> weight = bf16_edge_values(channels, ++seed, false);
+    const std::vector<float> bias = octet::testing::random_normal(channels, ++seed, 0.5f);
+    if (c.plant_nan) inp[n / 2] = std::numeric_limits<float>::quiet_NaN();  // a whole row of NaN
+    octet::cuda::Stream stream;
+    Guarded<float> inp_device(n), weight_device(channels), bias_device(channels);
+    inp_device.upload(inp);
+    weight_device.upload(weight);
+    bias_device.upload(bias);
+    const auto rows = static_cast<size_t>(c.rows);
+    Guarded<float> expected_out(n), expected_mean(rows), expected_rstd(rows), mean(rows), rstd(rows);
+    Guarded<uint16_t> out(n, c.offset);
+    octet::cuda::layernorm_forward(expected_out.data(), expected_mean.data(), expected_rstd.data(),
+                                   inp_device.data(), weight_device.data(), bias_device.data(), c.rows,
+                                   c.cols, stream.get());
+    octet::cuda::layernorm_forward(out.data(), mean.data(), rstd.data(), inp_device.data(),
+                                   weight_device.data(), bias_device.data(), c.rows, c.cols, stream.get());
+    stream.synchronize();
+    const std::vector<uint16_t> expected = bf16_bits(expected_out.read());
+    EXPECT_TRUE(identical(out.read(), expected, "out"));
+    EXPECT_TRUE(out.guards_intact("out"));
+    EXPECT_TRUE(identical(mean.read(), expected_mean.read(), "mean"));
+    EXPECT_TRUE(identical(rstd.read(), expected_rstd.read(), "rstd"));
+    const std::vector<uint16_t> written = out.read();
+    const auto infinite = [](uint16_t b) { return (b & 0x7FFFu) == 0x7F80u; };
+    if (n >= 768) {
+      EXPECT_NE(std::count_if(written.begin(), written.end(), infinite), 0) << "no Inf from rounding";
+    }
+    if (c.plant_nan) {
+      EXPECT_NE(std::count(written.begin(), written.end(), uint16_t{0x7FFF}), 0) << "NaN row";
+    }
+  }
+}
+
+TEST(Bf16Outputs, GeluForwardAndBackwardWriteTheirFloat32ValuesRounded) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2200;
+  for (const Bf16Case& c : kBf16Cases) {
+    SCOPED_TRACE(describe("gelu", c));
+    const auto n = static_cast<size_t>(c.rows * c.cols);
+    const std::vector<float> x = bf16_edge_values(n, ++seed, c.plant_nan);
+    const std::vector<uint16_t> x_bits = bf16_bits(x);
+    octet::cuda::Stream stream;
+    Guarded<float> x_device(n), x_widened(n), expected_out(n), expected_from_bf16(n);
+    Guarded<uint16_t> x_bf16(n, c.offset), out(n, c.offset), out_from_bf16(n, c.offset);
+    x_device.upload(x);
+    x_widened.upload(widened(x_bits));
+    x_bf16.upload(x_bits);
+    octet::cuda::gelu_forward(expected_out.data(), x_device.data(), c.rows * c.cols, stream.get());
+    octet::cuda::gelu_forward(expected_from_bf16.data(), x_widened.data(), c.rows * c.cols, stream.get());
+    octet::cuda::gelu_forward(out.data(), x_device.data(), c.rows * c.cols, stream.get());
+    octet::cuda::gelu_forward(out_from_bf16.data(), x_bf16.data(), c.rows * c.cols, stream.get());
+    stream.synchronize();
+    EXPECT_TRUE(identical(out.read(), bf16_bits(expected_out.read()), "out from float32"));
+    EXPECT_TRUE(identical(out_from_bf16.read(), bf16_bits(expected_from_bf16.read()), "out from bf16"));
+    EXPECT_TRUE(out.guards_intact("out") && out_from_bf16.guards_intact("out from bf16"));
+    EXPECT_TRUE(identical(x_bf16.read(), x_bits, "inp (an input)"));
+    if (c.plant_nan) {
+      const std::vector<uint16_t> written = out.read();
+      EXPECT_EQ(written[n / 2], uint16_t{0x7FFF}) << "the NaN input's output";
+    }
+
+    // The backward: dinp = dout * gelu'(x), rounded once.
+    const std::vector<float> d = octet::testing::random_normal(n, ++seed, 1.0f);
+    const std::vector<uint16_t> d_bits = bf16_bits(d);
+    Guarded<float> d_device(n), d_widened(n), expected_dinp(n), expected_dinp_from_bf16(n);
+    Guarded<uint16_t> d_bf16(n, c.offset), dinp(n, c.offset), dinp_from_bf16(n, c.offset);
+    d_device.upload(d);
+    d_widened.upload(widened(d_bits));
+    d_bf16.upload(d_bits);
+    octet::cuda::gelu_backward(expected_dinp.data(), x_device.data(), d_device.data(), c.rows * c.cols,
+                               stream.get());
+    octet::cuda::gelu_backward(expected_dinp_from_bf16.data(), x_widened.data(), d_widened.data(),
+                               c.rows * c.cols, stream.get());
+    octet::cuda::gelu_backward(dinp.data(), x_device.data(), d_device.data(), c.rows * c.cols, stream.get());
+    octet::cuda::gelu_backward(dinp_from_bf16.data(), x_bf16.data(), d_bf16.data(), c.rows * c.cols,
+                               stream.get());
+    stream.synchronize();
+    EXPECT_TRUE(identical(dinp.read(), bf16_bits(expected_dinp.read()), "dinp from float32"));
+    EXPECT_TRUE(
+        identical(dinp_from_bf16.read(), bf16_bits(expected_dinp_from_bf16.read()), "dinp from bf16"));
+    EXPECT_TRUE(dinp.guards_intact("dinp") && dinp_from_bf16.guards_intact("dinp from bf16"));
+  }
+}
+
+TEST(Bf16Outputs, BiasGradientConvertsItsOutputGradientInTheSamePass) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2300;
+  for (const Bf16Case& c : kBf16Cases) {
+    SCOPED_TRACE(describe("bias backward convert", c));
+    const auto n = static_cast<size_t>(c.rows * c.cols), channels = static_cast<size_t>(c.cols);
+    std::vector<float> dout = bf16_edge_values(n, ++seed, false);
+    for (float& x : dout) x = std::isinf(octet::bf16_to_float(octet::float_to_bf16(x))) ? 0.25f : x;
+    dout[n - 1] = -3.4e38f;  // one value that rounds to -Inf in the copy; the last row's sum stays finite
+    if (c.plant_nan) dout[n / 2] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> dbias0 = octet::testing::random_normal(channels, ++seed, 1.0f);
+    octet::cuda::Stream stream;
+    octet::cuda::Workspace workspace;
+    Guarded<float> dout_device(n, c.offset * 2), expected_dbias(channels), dbias(channels);
+    Guarded<uint16_t> copy(n, c.offset);
+    dout_device.upload(dout);
+    expected_dbias.upload(dbias0);
+    octet::cuda::bias_backward(expected_dbias.data(), dout_device.data(), c.rows, c.cols, workspace,
+                               stream.get());
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      dbias.upload(dbias0);
+      octet::cuda::bias_backward_convert(dbias.data(), reinterpret_cast<__nv_bfloat16*>(copy.data()),
+                                         dout_device.data(), c.rows, c.cols, workspace, stream.get());
+      stream.synchronize();
+      const std::vector<float> sums = dbias.read();
+      EXPECT_TRUE(identical(sums, expected_dbias.read(), "dbias (bias_backward's bits)"));
+      EXPECT_FALSE(identical(sums, dbias0, "dbias")) << "dbias unchanged";
+      if (run == 1) {
+        EXPECT_TRUE(identical(sums, first, "dbias, second run"));
+      }
+      first = sums;
+    }
+    EXPECT_TRUE(identical(copy.read(), bf16_bits(dout), "the bf16 copy"));
+    EXPECT_TRUE(copy.guards_intact("the bf16 copy") && dbias.guards_intact("dbias"));
+    EXPECT_TRUE(identical(dout_device.read(), dout, "dout (an input)"));
   }
 }
 

@@ -200,7 +200,8 @@ INSTANTIATE_TEST_SUITE_P(
                                5e-2}),
     [](const ::testing::TestParamInfo<ModeCase>& mode) { return std::string(mode.param.name); });
 
-// The same run twice on the GPU gives the same bits: every kernel is deterministic.
+// The same run twice on the GPU gives the same bits: every kernel is deterministic at this size (cuDNN's
+// attention backward too; at training sizes it is not, see CudnnAttention.RepeatedBackwardsAtTrainingShapes).
 TEST(GpuTrainingDeterminism, RepeatsBitForBit) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   auto gpu = make_cuda_backend();
@@ -317,6 +318,8 @@ TEST(GpuTrainingAttentionStorage, Bf16OutputsTrainBitForBitAsFloat32) {
 // The MLP's hidden activation (mlp.c_fc's output, GELU's input) and the gradient that reaches it, which the
 // model rounds to bf16 in bf16 and fp8 modes, stored in bf16 (CudaBackendOptions::hidden_in_bf16): the
 // GEMMs write them from their epilogues and the GELU kernels, fused casts included, read the bf16 values.
+// In bf16 mode the inputs of the blocks' BF16 layers (LayerNorm's and GELU's outputs) are stored in bf16
+// too, written by LayerNorm and GELU and read by both GEMMs.
 // Training is the same, bit for bit, as storing the float32 values that the model rounds in place: in bf16
 // mode, in fp8 mode with delayed scaling (fused casts), current scaling (unfused), emulated FP8 GEMMs (their
 // float32 results rounded after) and fp8.recompute_mlp (the rerun GEMM writes bf16 too).

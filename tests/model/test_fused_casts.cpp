@@ -247,9 +247,10 @@ TEST(RecomputeMlp, SaysWhichLayersRecompute) {
 }
 
 // The CPU backend storing the tensors that the model rounds to bf16 (the MLP's hidden activation and its
-// gradient) as bf16 bits, as the CUDA backend does: the ops that write them round their float32 result once
-// (float_to_bf16, not the round_in_place that the CPU backend's float32 storage gets), the ops that read them
-// widen the bits again. Every other op passes through.
+// gradient) and the inputs of layers whose GEMMs are BF16 as bf16 bits, as the CUDA backend does: the ops
+// that write them round their float32 result once (float_to_bf16, not the round_in_place that the CPU
+// backend's float32 storage gets), the ops that read them widen the bits again. Every other op passes
+// through.
 class Bf16HiddenStorage final : public testing::ForwardingBackend {
  public:
   explicit Bf16HiddenStorage(Backend& inner) : ForwardingBackend(inner) {}
@@ -259,9 +260,9 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
   void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type, const float* weight,
                          const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                          LinearExecution& exec) override {
-    EXPECT_EQ(inp_type, Dtype::f32) << "only the MLP's hidden tensors are bf16";
+    EXPECT_TRUE(inp_type == Dtype::f32 || exec.forward == GemmMode::bf16) << "a bf16 input of a BF16 GEMM";
     float* y = out_type == Dtype::bf16 ? staged(N * OC) : static_cast<float*>(out);
-    inner_.linear_forward(y, static_cast<const float*>(inp), weight, copy, bias, N, C, OC, exec);
+    inner_.linear_forward(y, widened(inp, inp_type, N * C, 0), weight, copy, bias, N, C, OC, exec);
     if (out_type == Dtype::bf16) store(out, N * OC);
   }
   void linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
@@ -275,22 +276,36 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
                           Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
                           const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                           LinearExecution& exec) override {
-    EXPECT_EQ(dout_type, Dtype::f32);
-    EXPECT_EQ(inp_type, Dtype::f32);
+    EXPECT_TRUE(dout_type == Dtype::f32 || exec.input_gradient == GemmMode::bf16) << "a BF16 GEMM's dout";
+    EXPECT_TRUE(inp_type == Dtype::f32 || exec.weight_gradient == GemmMode::bf16) << "a BF16 GEMM's input";
     float* d = dinp_type == Dtype::bf16 ? staged(N * C) : static_cast<float*>(dinp);
-    inner_.linear_backward(d, dweight, dbias, static_cast<const float*>(dout), static_cast<const float*>(inp),
-                           weight, copy, N, C, OC, exec);
+    inner_.linear_backward(d, dweight, dbias, widened(dout, dout_type, N * OC, 1),
+                           widened(inp, inp_type, N * C, 0), weight, copy, N, C, OC, exec);
     if (dinp_type == Dtype::bf16) store(dinp, N * C);
   }
-  void gelu_forward_as(float* out, const void* inp, Dtype type, int64_t n) override {
-    inner_.gelu_forward(out, widened(inp, type, n, 0), n);
+  void layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int64_t N, int64_t C) override {
+    float* y = out_type == Dtype::bf16 ? staged(N * C) : static_cast<float*>(out);
+    inner_.layernorm_forward(y, mean, rstd, inp, weight, bias, N, C);
+    if (out_type == Dtype::bf16) store(out, N * C);
+  }
+  void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) override {
+    const float* x = widened(inp, type, n, 0);
+    float* y = out_type == Dtype::bf16 ? staged(n) : static_cast<float*>(out);
+    inner_.gelu_forward(y, x, n);
+    if (out_type == Dtype::bf16) store(out, n);
   }
   void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
                             LinearExecution& consumer) override {
     inner_.gelu_forward_cast(out, widened(inp, type, N * C, 0), N, C, consumer);
   }
-  void gelu_backward_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t n) override {
-    inner_.gelu_backward(dinp, widened(inp, type, n, 0), widened(dout, type, n, 1), n);
+  void gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
+                        int64_t n) override {
+    const float* x = widened(inp, type, n, 0);
+    const float* d = widened(dout, type, n, 1);
+    float* y = dinp_type == Dtype::bf16 ? staged(n) : static_cast<float*>(dinp);
+    inner_.gelu_backward(y, x, d, n);
+    if (dinp_type == Dtype::bf16) store(dinp, n);
   }
   void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N, int64_t C,
                              float* dbias, LinearExecution& consumer) override {
@@ -334,7 +349,7 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
 // bf16 and fp8 modes round the MLP's hidden activation and its gradient to bf16, as PyTorch autocast keeps
 // them. Stored as bf16 bits, or as float32 values that the model rounds in place, training is the same bit
 // for bit: the model rounds exactly where a bf16 store would, and hands every op the type it stored. fp32
-// mode rounds nothing and stores nothing in bf16.
+// mode rounds (and stores in bf16) only the output gradient of a layer moved to BF16.
 struct HiddenCase {
   const char* name;
   MixedPrecision mode;
@@ -359,17 +374,30 @@ TEST_P(HiddenInBf16, StoredAsBf16TrainsBitForBitAsRoundedFloat32) {
   const TrainingRecord stored = train(bf16_backend, precision);
   for (const float loss : stored.losses) ASSERT_FALSE(std::isnan(loss)) << c.name;
   expect_same_training(stored, rounded, c.recipe);
+  // train() moves h.1.mlp.c_fc to BF16 before its last two steps: from then on GELU's backward rounds that
+  // layer's output gradient to bf16 (both GEMMs that read it are BF16) and stores it so, in every mode (in
+  // bf16 mode the layer was BF16 already).
+  const int64_t moved_steps = c.mode == MixedPrecision::bf16 ? 0 : 2;
   if (c.mode == MixedPrecision::fp32) {
-    EXPECT_EQ(bf16_backend.stored(), 0) << c.name;
-    EXPECT_EQ(bf16_backend.read(), 0) << c.name;
+    EXPECT_EQ(bf16_backend.stored(), moved_steps) << c.name;
+    EXPECT_EQ(bf16_backend.read(), moved_steps) << c.name;
     return;
   }
   // Per block and training step: the forward writes GELU's input and reads it, the backward writes its
   // gradient and reads both (plus the recomputed input, written once more); the evaluation forwards once.
+  // In bf16 mode the three linear layers' inputs that LayerNorm and GELU write (ln_1's and ln_2's outputs,
+  // GELU's) are bf16 too: each written and read by the forward, read again by the weight gradient; and so
+  // is GELU's input gradient, mlp.c_fc's output gradient: written by GELU's backward, read by mlp.c_fc's.
   const int64_t steps = 4, blocks = 2;
   const int64_t recomputes = c.recompute && c.recipe != RecipeKind::block ? 2 * 2 + 2 * 1 : 0;
-  EXPECT_EQ(bf16_backend.stored(), steps * blocks * 2 + recomputes + blocks) << c.name;
-  EXPECT_EQ(bf16_backend.read(), steps * blocks * 3 + blocks) << c.name;
+  const int64_t inputs = c.mode == MixedPrecision::bf16 ? 3 : 0;
+  const int64_t gradients = c.mode == MixedPrecision::bf16 ? 1 : 0;
+  EXPECT_EQ(bf16_backend.stored(),
+            steps * blocks * (2 + inputs + gradients) + moved_steps + recomputes + blocks * (1 + inputs))
+      << c.name;
+  EXPECT_EQ(bf16_backend.read(),
+            steps * blocks * (3 + 2 * inputs + gradients) + moved_steps + blocks * (1 + inputs))
+      << c.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -94,6 +94,11 @@ class Backend {
   // Per row of inp [N, C]: out = (x - mean) * rstd * weight + bias; saves mean and rstd [N].
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                  const float* bias, int64_t N, int64_t C) = 0;
+  // layernorm_forward with out stored as `out_type` (bf16_storage_type, or f32): a bf16 out is the float32
+  // value rounded to bf16 once (to nearest, ties to even). The model stores so the input of a linear layer
+  // whose GEMMs round it to bf16 anyway (Gpt2). The default takes f32 only.
+  virtual void layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
+                                    const float* weight, const float* bias, int64_t N, int64_t C);
   // Accumulates into dinp, dweight, dbias.
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const float* mean, const float* rstd,
@@ -211,12 +216,14 @@ class Backend {
   virtual void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
                                   float* dbias, LinearExecution& consumer) = 0;
   // The four GELU ops with their input (and, in the backward, dout) stored as `type` (bf16_storage_type,
-  // or f32): bf16 values are read as their float32 values; the outputs stay float32. The defaults take f32
-  // only.
-  virtual void gelu_forward_as(float* out, const void* inp, Dtype type, int64_t n);
+  // or f32): bf16 values are read as their float32 values. The outputs are float32, except gelu_forward_as's
+  // out and gelu_backward_as's dinp, stored as `out_type` and `dinp_type` (bf16: the float32 value rounded
+  // once, as layernorm_forward_as's). The defaults take f32 only.
+  virtual void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n);
   virtual void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
                                     LinearExecution& consumer);
-  virtual void gelu_backward_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t n);
+  virtual void gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
+                                int64_t n);
   virtual void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N,
                                      int64_t C, float* dbias, LinearExecution& consumer);
   virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;

@@ -144,17 +144,18 @@ class Gpt2 {
   Linear& linear(std::string_view name);
   // LayerNorm and GELU feeding the linear layer `next`: where `next` runs its forward GEMM in FP8, the op
   // casts its output for it in the same pass, and leaves `out` unwritten when that cast is all `next` reads.
-  void layernorm_into(Linear& next, float* out, float* mean, float* rstd, const float* inp,
+  // `out` is stored as next's input_type.
+  void layernorm_into(Linear& next, void* out, float* mean, float* rstd, const float* inp,
                       const float* weight, const float* bias, int64_t N, int64_t C);
   // GELU's input is the MLP's hidden activation, stored as hidden_type_.
-  void gelu_into(Linear& next, float* out, const void* inp, int64_t N, int64_t C);
+  void gelu_into(Linear& next, void* out, const void* inp, int64_t N, int64_t C);
   // GELU's backward dinp = dout * gelu'(inp), the output gradient of the linear layer `next`, then next's
   // backward (its input gradient into next_dinp; next_inp is its forward input). Where next casts that
   // gradient to FP8, GELU's backward casts it for next and adds next's bias gradient in the same pass, and
   // leaves dinp unwritten when that cast is all next reads.
-  // inp and dout are stored as hidden_type_.
+  // inp and dout are stored as hidden_type_, next_inp as next's input_type.
   void gelu_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N, int64_t C,
-                          float* next_dinp, const float* next_inp);
+                          float* next_dinp, const void* next_inp);
   // x [n], a hidden tensor just written in float32 by a backend that stores them so: rounded to bf16 in
   // place where the model rounds them (hidden_in_bf16_); a no-op otherwise.
   void round_hidden(void* x, int64_t n);

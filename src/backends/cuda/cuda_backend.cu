@@ -454,6 +454,16 @@ class CudaBackend final : public Backend {
     const OpScope scope(*this, OpKind::norm_activation);
     cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
   }
+  void layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int64_t N, int64_t C) override {
+    check_stored(out_type, "LayerNorm's output");
+    const OpScope scope(*this, OpKind::norm_activation);
+    if (out_type == Dtype::bf16) {
+      cuda::layernorm_forward(static_cast<uint16_t*>(out), mean, rstd, inp, weight, bias, N, C, stream_);
+    } else {
+      cuda::layernorm_forward(static_cast<float*>(out), mean, rstd, inp, weight, bias, N, C, stream_);
+    }
+  }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int64_t N,
                           int64_t C) override {
@@ -507,9 +517,9 @@ class CudaBackend final : public Backend {
                              int64_t NH) override;
 
   void gelu_forward(float* out, const float* inp, int64_t n) override {
-    gelu_forward_as(out, inp, Dtype::f32, n);
+    gelu_forward_as(out, Dtype::f32, inp, Dtype::f32, n);
   }
-  void gelu_forward_as(float* out, const void* inp, Dtype type, int64_t n) override;
+  void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) override;
   void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                               const float* bias, int64_t N, int64_t C, LinearExecution& consumer) override;
   void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
@@ -519,9 +529,10 @@ class CudaBackend final : public Backend {
   void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
                             LinearExecution& consumer) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
-    gelu_backward_as(dinp, inp, dout, Dtype::f32, n);
+    gelu_backward_as(dinp, Dtype::f32, inp, dout, Dtype::f32, n);
   }
-  void gelu_backward_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t n) override;
+  void gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
+                        int64_t n) override;
   void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
                           float* dbias, LinearExecution& consumer) override {
     gelu_backward_cast_as(dinp, inp, dout, Dtype::f32, N, C, dbias, consumer);
@@ -877,13 +888,21 @@ void CudaBackend::layernorm_forward_cast(float* out, float* mean, float* rstd, c
   consumer.input_cast_ready = true;
 }
 
-void CudaBackend::gelu_forward_as(float* out, const void* inp, Dtype type, int64_t n) {
+void CudaBackend::gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) {
+  check_stored(out_type, "GELU's output");
   check_stored(type, "GELU's input");
   const OpScope scope(*this, OpKind::norm_activation);
-  if (type == Dtype::bf16) {
-    cuda::gelu_forward(out, static_cast<const uint16_t*>(inp), n, stream_);
+  auto run = [&](auto* o) {
+    if (type == Dtype::bf16) {
+      cuda::gelu_forward(o, static_cast<const uint16_t*>(inp), n, stream_);
+    } else {
+      cuda::gelu_forward(o, static_cast<const float*>(inp), n, stream_);
+    }
+  };
+  if (out_type == Dtype::bf16) {
+    run(static_cast<uint16_t*>(out));
   } else {
-    cuda::gelu_forward(out, static_cast<const float*>(inp), n, stream_);
+    run(static_cast<float*>(out));
   }
 }
 
@@ -905,7 +924,7 @@ void CudaBackend::gelu_forward_cast_as(float* out, const void* inp, Dtype type, 
     return;
   }
   float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
-  gelu_forward_as(y, inp, type, N * C);
+  gelu_forward_as(y, Dtype::f32, inp, type, N * C);
   cast_input(y, N, C, consumer);
   consumer.input_cast_ready = true;
 }
@@ -951,14 +970,23 @@ void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int6
   ready_gradient_ = {};
 }
 
-void CudaBackend::gelu_backward_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t n) {
+void CudaBackend::gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
+                                   int64_t n) {
+  check_stored(dinp_type, "GELU's input gradient");
   check_stored(type, "GELU's input and output gradient");
   const OpScope scope(*this, OpKind::norm_activation);
-  if (type == Dtype::bf16) {
-    cuda::gelu_backward(dinp, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout), n,
-                        stream_);
+  auto run = [&](auto* d) {
+    if (type == Dtype::bf16) {
+      cuda::gelu_backward(d, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout), n,
+                          stream_);
+    } else {
+      cuda::gelu_backward(d, static_cast<const float*>(inp), static_cast<const float*>(dout), n, stream_);
+    }
+  };
+  if (dinp_type == Dtype::bf16) {
+    run(static_cast<uint16_t*>(dinp));
   } else {
-    cuda::gelu_backward(dinp, static_cast<const float*>(inp), static_cast<const float*>(dout), n, stream_);
+    run(static_cast<float*>(dinp));
   }
 }
 
@@ -990,7 +1018,7 @@ void CudaBackend::gelu_backward_cast_as(float* dinp, const void* inp, const void
   } else {
     // The unfused ops, in linear_backward's order: the bias gradient, then the cast.
     float* d = dinp != nullptr ? dinp : producer_output_.as<float>(n, stream_);
-    gelu_backward_as(d, inp, dout, type, N * C);
+    gelu_backward_as(d, Dtype::f32, inp, dout, type, N * C);
     if (dbias != nullptr) bias_backward(dbias, d, N, C, workspace_, stream_);
     cast_gradient(layer, d, N, C, consumer);
   }
@@ -1591,14 +1619,22 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight
   const auto* dout_f32 = dout_type == Dtype::f32 ? static_cast<const float*>(dout_data) : nullptr;
   const bool fp8 = casts_gradient(exec);
   const bool ready = take_gradient_cast(exec, dout_data, dbias);
+  const void* dout_wide = nullptr;  // dout rounded to BF16/FP16 (slot 0), once for both GEMMs
   // An FP8 backward sums the bias gradient with its gradient cast (cast_gradient), in one pass over dout
-  // where it can.
+  // where it can; a BF16 one with the conversion of a float32 dout for its input-gradient GEMM.
   if (dbias != nullptr && !fp8) {
-    const OpScope scope(*this, OpKind::other);
-    if (dout_bf16 != nullptr) {
-      bias_backward(dbias, dout_bf16, N, OC, workspace_, stream_);
+    if (dout_f32 != nullptr && exec.input_gradient == GemmMode::bf16) {
+      const OpScope scope(*this, OpKind::casts);
+      auto* converted = wide_[0].as<__nv_bfloat16>(static_cast<size_t>(N * OC), stream_);
+      bias_backward_convert(dbias, converted, dout_f32, N, OC, workspace_, stream_);
+      dout_wide = converted;
     } else {
-      bias_backward(dbias, dout_f32, N, OC, workspace_, stream_);
+      const OpScope scope(*this, OpKind::other);
+      if (dout_bf16 != nullptr) {
+        bias_backward(dbias, dout_bf16, N, OC, workspace_, stream_);
+      } else {
+        bias_backward(dbias, dout_f32, N, OC, workspace_, stream_);
+      }
     }
   }
   const size_t ny = static_cast<size_t>(N * OC);
@@ -1633,7 +1669,6 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight
   }
   __nv_bfloat16* gemm_bf16 = bf16_direct ? dinp_bf16 : nullptr;
 
-  const void* dout_wide = nullptr;  // dout rounded to BF16/FP16 (slot 0), once for both GEMMs
   // Input gradient: dinp [N, C] = dout [N, OC] x W [OC, C], i.e. A = dout (K = OC), B = W^T.
   switch (exec.input_gradient) {
     case GemmMode::f32: {
@@ -1653,7 +1688,7 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight
     case GemmMode::bf16:
     case GemmMode::f16: {
       OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
-      dout_wide = as_wide(dout, N * OC, exec.input_gradient, 0);
+      if (dout_wide == nullptr) dout_wide = as_wide(dout, N * OC, exec.input_gradient, 0);
       wide_input_gradient(gemm_bf16 != nullptr ? nullptr : dinp_f32, dout_wide, w->wide.get(0, stream_), N, C,
                           OC, exec.input_gradient, exec, gemm_bf16);
       break;

@@ -122,7 +122,7 @@ enum : int64_t {
   kFirstVirtual = 100,
 };
 
-// Builds one operation graph and finds a deterministic engine for it.
+// Builds one operation graph and finds an engine without the non-deterministic note for it.
 class GraphBuilder {
  public:
   GraphBuilder(const CudnnApi& api, CudnnPlan& plan) : api_(api), plan_(plan) {}

@@ -11,8 +11,11 @@
 //   dout  [B, T, C]  bf16
 //   dqkv  [B, T, 3C] bf16 (overwritten)
 // The products run on BF16 tensor cores with float32 accumulation; softmax and its statistics are float32.
-// The backward uses only engines without cuDNN's "non-deterministic" note, so repeated runs give
-// bit-identical gradients. Internal to the CUDA backend.
+// The backward uses only engines without cuDNN's "non-deterministic" note; even so, the one cuDNN 9.19 picks
+// on Hopper adds the blocks' parts of dQ into its float32 accumulator atomically, and at training sizes a
+// few dQ elements round differently from run to run (test
+// CudnnAttention.RepeatedBackwardsAtTrainingShapes). octet's own kernels (attention.h) repeat bit for bit.
+// Internal to the CUDA backend.
 #pragma once
 
 #include <cstdint>
@@ -42,9 +45,9 @@ class CudnnAttention {
   // "9.19.0"
   const std::string& version() const { return version_; }
 
-  // Whether cuDNN has deterministic engines for the forward and the backward of this shape. Builds and keeps
-  // both plans (the first call per shape costs milliseconds to seconds; later calls are a map lookup). On
-  // false, *why_not says what cuDNN answered.
+  // Whether cuDNN has engines (without the non-deterministic note) for the forward and the backward of this
+  // shape. Builds and keeps both plans (the first call per shape costs milliseconds to seconds; later calls
+  // are a map lookup). On false, *why_not says what cuDNN answered.
   bool supports(int64_t B, int64_t T, int64_t C, int64_t NH, std::string* why_not);
 
   // The engines chosen for this shape, e.g. "forward engine 2, backward engine 6" (after supports()).

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <utility>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -95,6 +96,25 @@ __device__ double block_sum(double v) {
   return v;
 }
 
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  // round_to_bf16 leaves the BF16 code in the upper half (its NaN is the canonical 0x7FFF).
+  return static_cast<uint16_t>(__float_as_uint(round_to_bf16(x)) >> 16);
+}
+
+// W consecutive values stored as bf16 (bf16_bits: to nearest, ties to even), one 8-byte store when W is 4
+// (the caller guarantees 8-byte alignment).
+template <int W>
+__device__ __forceinline__ void store_pack(uint16_t* p, const Pack<W>& x) {
+  if constexpr (W == 4) {
+    uint2 packed;
+    packed.x = static_cast<uint32_t>(bf16_bits(x.v[0])) | (static_cast<uint32_t>(bf16_bits(x.v[1])) << 16);
+    packed.y = static_cast<uint32_t>(bf16_bits(x.v[2])) | (static_cast<uint32_t>(bf16_bits(x.v[3])) << 16);
+    *reinterpret_cast<uint2*>(p) = packed;
+  } else {
+    *p = bf16_bits(x.v[0]);
+  }
+}
+
 // A grid-stride loop over n elements: op.template apply<4>(i) for the groups of four (float4 loads, used
 // when every pointer is 16-byte aligned and `groups` = n / 4), then op.template apply<1>(i) for the rest.
 template <typename Op>
@@ -114,10 +134,10 @@ void for_each(const Op& op, int64_t n, bool vectorize, cudaStream_t stream) {
 }
 
 // out = fn(in) and out = fn(a, b), element-wise, over float32 or bf16 (In = uint16_t) inputs; out is
-// float32 and may alias a float32 input.
-template <typename Fn, typename In = float>
+// float32 (Map1: or bf16, Out = uint16_t, rounded once) and may alias a float32 input.
+template <typename Fn, typename In = float, typename Out = float>
 struct Map1 {
-  float* out;
+  Out* out;
   const In* in;
   Fn fn;
   template <int W>
@@ -129,9 +149,9 @@ struct Map1 {
   }
 };
 
-template <typename Fn, typename In = float>
+template <typename Fn, typename In = float, typename Out = float>
 struct Map2 {
-  float* out;
+  Out* out;
   const In* a;
   const In* b;
   Fn fn;
@@ -259,7 +279,8 @@ __global__ void encoder_backward_token_kernel(float* dwte, const float* dout, co
 // Column sums over rows: out[c] += sum over r of x[r * ld + c], in a fixed order. Stage one: blocks of
 // 32 columns x 8 row lanes, one block per (column tile, split of the rows); each thread sums its rows in
 // order, the eight lanes are added in order. With one split the block adds straight into out; otherwise
-// stage two adds each column's split totals in order.
+// stage two adds each column's split totals in order. With Copy, each element read is also written to copy
+// (same layout) rounded to bf16, which changes nothing in the sums.
 
 constexpr int kColumnTile = 32;
 constexpr int kColumnLanes = 8;
@@ -290,10 +311,10 @@ __device__ __forceinline__ float column_value(const uint16_t* x, int64_t i) {
   return __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
 }
 
-template <bool Direct, typename T>
+template <bool Direct, bool Copy, typename T>
 __global__ void __launch_bounds__(kColumnTile* kColumnLanes)
-    column_sum_kernel(const T* x, int64_t ld, int64_t rows, int64_t cols, int64_t rows_per_split,
-                      float* out) {
+    column_sum_kernel(const T* x, int64_t ld, int64_t rows, int64_t cols, int64_t rows_per_split, float* out,
+                      uint16_t* copy) {
   __shared__ float lane_sums[kColumnLanes][kColumnTile + 1];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_split;
@@ -302,7 +323,9 @@ __global__ void __launch_bounds__(kColumnTile* kColumnLanes)
   if (c < cols) {
 #pragma unroll 4
     for (int64_t r = begin + threadIdx.y; r < end; r += kColumnLanes) {
-      acc = __fadd_rn(acc, column_value(x, r * ld + c));
+      const float v = column_value(x, r * ld + c);
+      if constexpr (Copy) copy[r * ld + c] = bf16_bits(v);
+      acc = __fadd_rn(acc, v);
     }
   }
   lane_sums[threadIdx.y][threadIdx.x] = acc;
@@ -328,20 +351,25 @@ __global__ void column_finish_kernel(const float* split_sums, int64_t splits, in
   out[c] = __fadd_rn(out[c], total);
 }
 
-// scratch: plan.scratch_floats(cols) floats.
+// scratch: plan.scratch_floats(cols) floats. copy: null, or [rows, ld] bf16 for x's values.
 template <typename T>
 void column_sum(const T* x, int64_t ld, int64_t rows, int64_t cols, float* out, const ColumnSumPlan& plan,
-                float* scratch, cudaStream_t stream) {
+                float* scratch, cudaStream_t stream, uint16_t* copy = nullptr) {
   if (rows == 0 || cols == 0) return;
   const dim3 block(kColumnTile, kColumnLanes);
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, kColumnTile)), static_cast<unsigned>(plan.splits));
-  if (plan.splits == 1) {
-    column_sum_kernel<true><<<grid, block, 0, stream>>>(x, ld, rows, cols, plan.rows_per_split, out);
+  auto launch = [&](auto direct, auto with_copy) {
+    column_sum_kernel<decltype(direct)::value, decltype(with_copy)::value>
+        <<<grid, block, 0, stream>>>(x, ld, rows, cols, plan.rows_per_split, direct ? out : scratch, copy);
     OCTET_CUDA_CHECK_LAUNCH("column_sum_kernel");
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (plan.splits == 1) {
+    copy != nullptr ? launch(Yes{}, Yes{}) : launch(Yes{}, No{});
     return;
   }
-  column_sum_kernel<false><<<grid, block, 0, stream>>>(x, ld, rows, cols, plan.rows_per_split, scratch);
-  OCTET_CUDA_CHECK_LAUNCH("column_sum_kernel");
+  copy != nullptr ? launch(No{}, Yes{}) : launch(No{}, No{});
   column_finish_kernel<<<static_cast<unsigned>(ceil_div(cols, kThreads)), kThreads, 0, stream>>>(
       scratch, plan.splits, cols, out);
   OCTET_CUDA_CHECK_LAUNCH("column_finish_kernel");
@@ -356,16 +384,17 @@ constexpr int kLayernormForwardWarps = kThreads / kWarp;
 constexpr int kLayernormBackwardWarps = 4;  // per block, each with its own dweight/dbias partials
 constexpr int64_t kLayernormBackwardBlocks = 1024;
 
-template <int W>
+// Out: float, or uint16_t for bf16 (the float32 value rounded once).
+template <int W, typename Out>
 __global__ void __launch_bounds__(kThreads)
-    layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+    layernorm_forward_kernel(Out* out, float* mean, float* rstd, const float* inp, const float* weight,
                              const float* bias, int64_t N, int64_t C) {
   const int lane = static_cast<int>(threadIdx.x % kWarp);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kLayernormForwardWarps + threadIdx.x / kWarp;
   if (row >= N) return;
   const float* x = inp + row * C;
   const elementwise::RowStatistics r = elementwise::layernorm_statistics<W>(x, C, lane);
-  float* o = out + row * C;
+  Out* o = out + row * C;
   for (int64_t i = lane * W; i < C; i += kWarp * W)
     store_pack<W>(o + i, elementwise::layernorm_normalise<W>(x, weight, bias, i, r));
   if (lane == 0) {
@@ -753,11 +782,6 @@ struct AdamW {
 // ---------------------------------------------------------------------------------------------------------
 // Linear-layer support
 
-__device__ __forceinline__ uint16_t bf16_bits(float x) {
-  // round_to_bf16 leaves the BF16 code in the upper half (its NaN is the canonical 0x7FFF).
-  return static_cast<uint16_t>(__float_as_uint(round_to_bf16(x)) >> 16);
-}
-
 __device__ __forceinline__ uint16_t f16_bits(float x) {
   // round_to_f16's result is an FP16 value, which the hardware conversion then represents exactly; NaN is
   // written as the canonical 0x7FFF, as octet::float_to_f16 writes it.
@@ -905,17 +929,33 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   OCTET_CUDA_CHECK_LAUNCH("encoder_backward (positions)");
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int64_t C, cudaStream_t stream) {
+namespace {
+
+template <typename Out>
+void layernorm_forward_of(Out* out, float* mean, float* rstd, const float* inp, const float* weight,
+                          const float* bias, int64_t N, int64_t C, cudaStream_t stream) {
   OCTET_CHECK(N >= 0 && C > 0, "layernorm_forward: N >= 0 and C > 0, got N={} C={}", N, C);
   if (N == 0) return;
   const unsigned blocks = static_cast<unsigned>(ceil_div(N, kLayernormForwardWarps));
-  if (C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias)) {
+  if (C % 4 == 0 && elementwise::pack_aligned(out) && aligned16(inp) && aligned16(weight) &&
+      aligned16(bias)) {
     layernorm_forward_kernel<4><<<blocks, kThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
   } else {
     layernorm_forward_kernel<1><<<blocks, kThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
   }
   OCTET_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
+}
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C, cudaStream_t stream) {
+  layernorm_forward_of(out, mean, rstd, inp, weight, bias, N, C, stream);
+}
+
+void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C, cudaStream_t stream) {
+  layernorm_forward_of(out, mean, rstd, inp, weight, bias, N, C, stream);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -964,20 +1004,23 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 namespace {
 
-template <typename In>
-void gelu_forward_of(float* out, const In* inp, int64_t n, cudaStream_t stream) {
+template <typename In, typename Out>
+void gelu_forward_of(Out* out, const In* inp, int64_t n, cudaStream_t stream) {
   check_size(n, "gelu_forward");
   if (n == 0) return;
-  for_each(Map1<Gelu, In>{out, inp, Gelu{}}, n, aligned16(out) && elementwise::pack_aligned(inp), stream);
+  for_each(Map1<Gelu, In, Out>{out, inp, Gelu{}}, n,
+           elementwise::pack_aligned(out) && elementwise::pack_aligned(inp), stream);
   OCTET_CUDA_CHECK_LAUNCH("gelu_forward");
 }
 
-template <typename In>
-void gelu_backward_of(float* dinp, const In* inp, const In* dout, int64_t n, cudaStream_t stream) {
+template <typename In, typename Out>
+void gelu_backward_of(Out* dinp, const In* inp, const In* dout, int64_t n, cudaStream_t stream) {
   check_size(n, "gelu_backward");
   if (n == 0) return;
-  for_each(Map2<GeluGradient, In>{dinp, inp, dout, GeluGradient{}}, n,
-           aligned16(dinp) && elementwise::pack_aligned(inp) && elementwise::pack_aligned(dout), stream);
+  for_each(
+      Map2<GeluGradient, In, Out>{dinp, inp, dout, GeluGradient{}}, n,
+      elementwise::pack_aligned(dinp) && elementwise::pack_aligned(inp) && elementwise::pack_aligned(dout),
+      stream);
   OCTET_CUDA_CHECK_LAUNCH("gelu_backward");
 }
 
@@ -991,11 +1034,28 @@ void gelu_forward(float* out, const uint16_t* inp, int64_t n, cudaStream_t strea
   gelu_forward_of(out, inp, n, stream);
 }
 
+void gelu_forward(uint16_t* out, const float* inp, int64_t n, cudaStream_t stream) {
+  gelu_forward_of(out, inp, n, stream);
+}
+
+void gelu_forward(uint16_t* out, const uint16_t* inp, int64_t n, cudaStream_t stream) {
+  gelu_forward_of(out, inp, n, stream);
+}
+
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream) {
   gelu_backward_of(dinp, inp, dout, n, stream);
 }
 
 void gelu_backward(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t n, cudaStream_t stream) {
+  gelu_backward_of(dinp, inp, dout, n, stream);
+}
+
+void gelu_backward(uint16_t* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream) {
+  gelu_backward_of(dinp, inp, dout, n, stream);
+}
+
+void gelu_backward(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int64_t n,
+                   cudaStream_t stream) {
   gelu_backward_of(dinp, inp, dout, n, stream);
 }
 
@@ -1221,7 +1281,7 @@ namespace {
 
 template <typename T>
 void column_sums_into(float* dbias, const T* dout, int64_t N, int64_t OC, Workspace& workspace,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, uint16_t* copy = nullptr) {
   OCTET_CHECK(N >= 0 && OC >= 0, "bias_backward: non-negative N and OC, got {} {}", N, OC);
   if (N == 0 || OC == 0) return;
   const ColumnSumPlan plan = plan_column_sum(N, OC);
@@ -1229,7 +1289,7 @@ void column_sums_into(float* dbias, const T* dout, int64_t N, int64_t OC, Worksp
   if (plan.splits > 1) {
     scratch = static_cast<float*>(workspace.get(plan.scratch_floats(OC) * sizeof(float), stream));
   }
-  column_sum(dout, OC, N, OC, dbias, plan, scratch, stream);
+  column_sum(dout, OC, N, OC, dbias, plan, scratch, stream, copy);
 }
 
 }  // namespace
@@ -1242,6 +1302,12 @@ void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Works
 void bias_backward(float* dbias, const uint16_t* dout, int64_t N, int64_t OC, Workspace& workspace,
                    cudaStream_t stream) {
   column_sums_into(dbias, dout, N, OC, workspace, stream);
+}
+
+void bias_backward_convert(float* dbias, __nv_bfloat16* dout_bf16, const float* dout, int64_t N, int64_t OC,
+                           Workspace& workspace, cudaStream_t stream) {
+  OCTET_CHECK(dout_bf16 != nullptr, "bias_backward_convert: a bf16 output");
+  column_sums_into(dbias, dout, N, OC, workspace, stream, reinterpret_cast<uint16_t*>(dout_bf16));
 }
 
 }  // namespace octet::cuda

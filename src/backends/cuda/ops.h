@@ -54,6 +54,9 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
 // Per row of inp [N, C]: out = (x - mean) * rstd * weight + bias; writes mean and rstd [N].
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t N, int64_t C, cudaStream_t stream);
+// The same with out in bf16 (its bits): each float32 value rounded once, to nearest, ties to even.
+void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C, cudaStream_t stream);
 // Accumulates into dinp [N, C], dweight [C] and dbias [C]. C is limited by shared memory (8 * C bytes per
 // warp must fit a block: C up to about 29000 on Hopper).
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -66,6 +69,12 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, 
 // The same over bf16 inputs (their bits), read as their float32 values; the outputs stay float32.
 void gelu_forward(float* out, const uint16_t* inp, int64_t n, cudaStream_t stream);
 void gelu_backward(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t n, cudaStream_t stream);
+// The forward and the backward with out / dinp in bf16 (its bits), each float32 value rounded once, over
+// float32 or bf16 inputs.
+void gelu_forward(uint16_t* out, const float* inp, int64_t n, cudaStream_t stream);
+void gelu_forward(uint16_t* out, const uint16_t* inp, int64_t n, cudaStream_t stream);
+void gelu_backward(uint16_t* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream);
+void gelu_backward(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int64_t n, cudaStream_t stream);
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 // a += b
@@ -108,5 +117,10 @@ void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Works
 // values.
 void bias_backward(float* dbias, const uint16_t* dout, int64_t N, int64_t OC, Workspace& workspace,
                    cudaStream_t stream);
+// bias_backward over float32 dout (the same sums, in the same order) that also writes dout_bf16 [N, OC],
+// dout rounded to bf16 as convert_to_bf16 rounds it, in the same pass: one read of dout for a BF16
+// backward's bias gradient and operand.
+void bias_backward_convert(float* dbias, __nv_bfloat16* dout_bf16, const float* dout, int64_t N, int64_t OC,
+                           Workspace& workspace, cudaStream_t stream);
 
 }  // namespace octet::cuda
