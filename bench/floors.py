@@ -82,7 +82,13 @@ accumulation read and written. Per op:
     layer with an FP8 backward GEMM, codes and transpose (with the bias gradient, as above).
   - BF16/FP16 GEMMs (casts): the float32 operand is converted first (read 4, write 2 bytes); dy once for both
     backward GEMMs when they run in the same type; the input again for the weight gradient. An input
-    gradient is the GEMM's float32 output as it is, whatever the GEMM's type: no rounding pass.
+    gradient is the GEMM's float32 output as it is, whatever the GEMM's type: no rounding pass. Except: a
+    block layer whose forward and weight gradient are both BF16 keeps its input in bf16 (Gpt2's input_type),
+    written so by LayerNorm or GELU (2 bytes an element) and read as it lies by both GEMMs; a float32 dy with
+    a bias and a BF16 input gradient is converted in the bias gradient's pass (bias_backward_convert, kind
+    casts: read 4, write 2 bytes an element, the bias's 8 bytes a column); and where both of mlp.c_fc's
+    backward GEMMs are BF16, GELU's backward writes its gradient in bf16 (2 bytes), which the bias gradient
+    and both GEMMs read as it lies.
   - LayerNorm forward: reads x, writes mean and rstd and its output as above; backward reads dout, x, mean,
     rstd and adds into dx (read and write). GELU forward reads x; backward reads x and dout, writes dx.
   - attention: forward reads q, k, v [N, 3C] (bf16 on tensor cores, read as they lie; float32 otherwise),
@@ -292,6 +298,19 @@ def keeps_float_input(g):
     return not (g["forward"] == "fp8" and g["weight_gradient"] == "fp8")
 
 
+def bf16_input(g):
+    """Whether a layer fed by LayerNorm or GELU (attn.c_attn, mlp.c_fc, mlp.c_proj; the LM head reads float32)
+    keeps its input in bf16 (Gpt2's input_type): its forward and weight gradient GEMMs are both BF16."""
+    return g["linear"] in PRODUCER and PRODUCER[g["linear"]] in ("ln_1", "ln_2", "gelu") \
+        and g["forward"] == "bf16" and g["weight_gradient"] == "bf16"
+
+
+def bf16_gradient(g):
+    """Whether the model rounds the layer's output gradient to bf16 where it makes it in a pass of its own
+    (GELU's backward for mlp.c_fc): both GEMMs that read it are BF16."""
+    return g["linear"] != "lm_head" and g["input_gradient"] == "bf16" and g["weight_gradient"] == "bf16"
+
+
 def linear_forward(s, g, rows, phase, count, label, bf16_output=False, bf16_input=False, residual=False):
     """`bf16_output`: y is stored as bf16 (attn.c_attn's qkv where attention runs on BF16 tensor cores,
     mlp.c_fc's output in bf16 and fp8 modes).
@@ -347,11 +366,18 @@ def linear_backward(s, g, rows, phase, count, label, fused=False, bf16_dout=Fals
     has_bias = g["linear"] != "lm_head"
     dy = 2 if bf16_dout else F32
     widen_dy = (2 + F32) if bf16_dout else 0  # bf16 dy widened to float32 first, where nothing reads bf16
+    converted = False  # dy's bf16 copy made in the bias gradient's pass
     if not fused:
         if "fp8" in (ig, wg) and has_bias and s.producer_fused:
             # CudaBackend::cast_gradient with a bias: bias_backward_cast sums it in the cast's pass over dy.
             s.add("casts", phase, f"{label} gradient cast and bias gradient",
                   (dy + 2) * rows * out + 2 * F32 * out, count)
+        elif "fp8" not in (ig, wg) and has_bias and ig == "bf16" and not bf16_dout:
+            # CudaBackend::linear_backward_as: bias_backward_convert sums the bias gradient and writes dy's
+            # bf16 copy for both GEMMs in one pass over the float32 dy.
+            s.add("casts", phase, f"{label} bias gradient and gradient to bf16",
+                  (F32 + 2) * rows * out + 2 * F32 * out, count)
+            converted = True
         else:
             if has_bias:
                 s.add("other", phase, f"{label} bias gradient", dy * rows * out + 2 * F32 * out, count)
@@ -360,7 +386,7 @@ def linear_backward(s, g, rows, phase, count, label, fused=False, bf16_dout=Fals
                       (widen_dy + F32 + s.amax_read + 2) * rows * out, count)
     wide_dout = None
     if ig in ("bf16", "f16"):
-        if not (ig == "bf16" and bf16_dout):
+        if not (ig == "bf16" and (bf16_dout or converted)):
             s.add("casts", phase, f"{label} gradient to {ig}", (widen_dy + F32 + 2) * rows * out, count)
         wide_dout = ig
     e = STORAGE_BYTES[ig]
@@ -387,7 +413,7 @@ def producer_output_bytes(s, g, rows):
     """What LayerNorm or GELU writes for its consumer g, over rows x in elements, and the cast it runs."""
     elements = rows * g["in_features"]
     if g["forward"] != "fp8":
-        return F32 * elements
+        return (2 if bf16_input(g) else F32) * elements
     if s.producer_fused:
         return (F32 if keeps_float_input(g) else 0) * elements + 2 * elements
     # Current scaling: the float32 output (into scratch if the layer does not keep it), then the amax pass
@@ -426,7 +452,7 @@ def step_ops(m):
                   hidden_bytes * N * 4 * C + producer_output_bytes(s, g, N), n)
         bf16_output = (attention_bf16 and label == "attn.c_attn") or (m["hidden_bf16"] and label == "mlp.c_fc")
         linear_forward(s, g, N, "forward", n, label, bf16_output=bf16_output,
-                       bf16_input=bf16_outputs and label == "attn.c_proj",
+                       bf16_input=(bf16_outputs and label == "attn.c_proj") or bf16_input(g),
                        residual=label in ("attn.c_proj", "mlp.c_proj"))
     attention_forward_flops = 4.0 * B * NH * T * T * hs / 2
     s.add("attention", "forward", "attention forward",
@@ -481,17 +507,20 @@ def step_ops(m):
         s.add("norm_activation", "backward", "gelu backward, then mlp.c_fc's bias gradient and gradient cast",
               gelu_bytes, L)
     else:
-        s.add("norm_activation", "backward", "gelu backward", (2 * hidden_bytes + F32) * N * 4 * C, L)
+        # Rounded to bf16 and stored so where both of mlp.c_fc's backward GEMMs are BF16.
+        dfch_bytes = 2 if bf16_gradient(fc) and m["hidden_bf16"] else F32
+        s.add("norm_activation", "backward", "gelu backward", (2 * hidden_bytes + dfch_bytes) * N * 4 * C, L)
     s.add("attention", "backward", "attention backward",
           qkv_bytes * 3 * N * C + atty_bytes * (N * C + N * C + 3 * N * C) + F32 * B * NH * T, L,
           2.5 * attention_forward_flops, attention_rate)
     for g in blocks:
         label = g["linear"]
         linear_backward(s, g, N, "backward", g["layers"], label, fused=fused_gelu and g is fc,
-                        bf16_dout=bf16_outputs and label == "attn.c_attn",
+                        bf16_dout=(bf16_outputs and label == "attn.c_attn")
+                        or (g is fc and not fused_gelu and bf16_gradient(fc) and m["hidden_bf16"]),
                         bf16_dinp=(bf16_outputs and label == "attn.c_proj")
                         or (m["hidden_bf16"] and label == "mlp.c_proj"),
-                        bf16_input=bf16_outputs and label == "attn.c_proj")
+                        bf16_input=(bf16_outputs and label == "attn.c_proj") or bf16_input(g))
     s.add("other", "backward", "encoder backward", F32 * (N * C + N + 2 * N * C + 2 * T * C))
 
     # Optimizer, once a step.

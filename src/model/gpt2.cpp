@@ -76,10 +76,11 @@ struct Gpt2::Linear {
   Fp8LinearTelemetry telemetry;
   LinearExecution exec;
   std::unique_ptr<WeightCopy> copy;
-  // How the model stores this layer's input (Activations): Backend::bf16_storage_type where the plan runs
-  // both GEMMs that read it, the forward and the weight gradient, in BF16, which round it to bf16 anyway,
-  // so that storing it rounded changes no result and its producer writes it so; f32 otherwise, and for the
-  // LM head, whose chunked ops read float32. It stays so when the layer moves to BF16.
+  // How the model stores the input that LayerNorm or GELU writes for this layer (attn.c_attn, mlp.c_fc,
+  // mlp.c_proj; Activations): Backend::bf16_storage_type where the plan runs both GEMMs that read it, the
+  // forward and the weight gradient, in BF16, which round it to bf16 anyway, so that storing it rounded
+  // changes no result; f32 otherwise, and for the LM head, whose chunked ops read float32 (attn.c_proj's
+  // input is attention's output, stored as atty_type_). It stays so when the layer moves to BF16.
   Dtype input_type = Dtype::f32;
 };
 
@@ -207,7 +208,9 @@ void Gpt2::build_parameters() {
     // fp8.recompute_mlp: the backward runs this forward GEMM again on its kept input codes.
     e.keep_input_codes =
         policy_.settings().recompute_mlp && ends_with(plan.name, ".mlp.c_fc") && input_cast_suffices(e);
-    if (plan.name != "lm_head" && e.forward == GemmMode::bf16 && e.weight_gradient == GemmMode::bf16) {
+    const bool fed_by_norm_or_gelu = ends_with(plan.name, "attn.c_attn") ||
+                                     ends_with(plan.name, "mlp.c_fc") || ends_with(plan.name, "mlp.c_proj");
+    if (fed_by_norm_or_gelu && e.forward == GemmMode::bf16 && e.weight_gradient == GemmMode::bf16) {
       linear->input_type = backend_.bf16_storage_type();
     }
     e.fp8_gemms = &counters_.fp8_gemms;
