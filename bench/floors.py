@@ -120,7 +120,8 @@ accumulation read and written. Per op:
   - optimizer phase, once a step whatever grad_accum_steps: zeroing the gradients (4P), the gradient norm
     (reads 4P), AdamW (reads param, grad, m, v, writes param, m, v: 28P), and the weight copies: FP8 codes
     and transpose written in the AdamW pass (2 bytes an element; "current" recipe: a separate cast reading the
-    weight twice, 10 bytes), a BF16/FP16 copy by a separate conversion (6 bytes).
+    weight twice, 10 bytes), a BF16 layer's BF16 copy in the AdamW pass too (2 bytes), and the BF16 copy
+    that an FP8 layer's other GEMMs read, or an FP16 copy, by a separate conversion (6 bytes).
 Forward and backward work repeats grad_accum_steps times a step.
 
 Results of older octet builds lack `linear_gemms`, `fp8` and `vocab_size`: the script then takes the mode's
@@ -535,7 +536,9 @@ def step_ops(m):
             s.add("optimizer", "optimizer", f"{g['linear']} FP8 weight copy", per_element * elements)
         wide = f if f != "fp8" else ig
         if wide in ("bf16", "f16"):
-            s.add("optimizer", "optimizer", f"{g['linear']} {wide} weight copy", (F32 + 2) * elements)
+            # A layer without FP8 GEMMs gets its BF16 copy from the AdamW pass (adamw_update_convert).
+            in_adamw = wide == "bf16" and "fp8" not in (f, ig)
+            s.add("optimizer", "optimizer", f"{g['linear']} {wide} weight copy", (2 if in_adamw else F32 + 2) * elements)
     return s.ops
 
 

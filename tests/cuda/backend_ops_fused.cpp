@@ -1158,8 +1158,8 @@ TEST(FusedGeluCast, Bf16InputsGiveTheBitsOfTheirFloat32Values) {
 
 // ---------------------------------------------------------------------------------------------------------
 // BF16 outputs: LayerNorm and GELU writing the input of a layer whose GEMMs are BF16, GELU's backward
-// writing that layer's output gradient, and the bias gradient converting a BF16 backward's float32 output
-// gradient in its own pass. Against the float32 op on the
+// writing that layer's output gradient, the bias gradient converting a BF16 backward's float32 output
+// gradient in its own pass, and AdamW writing a BF16 layer's weight copy. Against the float32 op on the
 // device, its values rounded on the host by the CPU's encoder (octet::float_to_bf16); mean, rstd and the
 // bias sums must be the same bits as the float32 op's.
 
@@ -1318,6 +1318,41 @@ TEST(Bf16Outputs, BiasGradientConvertsItsOutputGradientInTheSamePass) {
     EXPECT_TRUE(identical(copy.read(), bf16_bits(dout), "the bf16 copy"));
     EXPECT_TRUE(copy.guards_intact("the bf16 copy") && dbias.guards_intact("dbias"));
     EXPECT_TRUE(identical(dout_device.read(), dout, "dout (an input)"));
+  }
+}
+
+TEST(Bf16Outputs, AdamWWritesTheUpdatedWeightsRounded) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2400;
+  const Hyper h;
+  for (const Bf16Case& c : kBf16Cases) {
+    SCOPED_TRACE(describe("adamw convert", c));
+    const auto n = static_cast<size_t>(c.rows * c.cols);
+    Variant variant;
+    variant.seed = ++seed;
+    variant.plant_nan = c.plant_nan;
+    const AdamWState initial = adamw_inputs(n, variant);
+    octet::cuda::Stream stream;
+    DeviceAdamW expected(n, 0), state(n, c.offset * 2);
+    Guarded<uint16_t> copy(n, c.offset);
+    expected.upload(initial);
+    state.upload(initial);
+    octet::cuda::adamw_update(expected.params.data(), expected.m.data(), expected.v.data(),
+                              expected.grads.data(), c.rows * c.cols, h.learning_rate, h.beta1, h.beta2,
+                              h.eps, h.weight_decay, h.step, h.grad_scale, stream.get());
+    octet::cuda::adamw_update_convert(state.params.data(), state.m.data(), state.v.data(), state.grads.data(),
+                                      reinterpret_cast<__nv_bfloat16*>(copy.data()), c.rows * c.cols,
+                                      h.learning_rate, h.beta1, h.beta2, h.eps, h.weight_decay, h.step,
+                                      h.grad_scale, stream.get());
+    stream.synchronize();
+    const std::vector<float> params = expected.params.read();
+    EXPECT_TRUE(identical(state.params.read(), params, "params"));
+    EXPECT_TRUE(identical(state.m.read(), expected.m.read(), "m"));
+    EXPECT_TRUE(identical(state.v.read(), expected.v.read(), "v"));
+    EXPECT_TRUE(identical(state.grads.read(), initial.grads, "grads (an input)"));
+    EXPECT_TRUE(identical(copy.read(), bf16_bits(params), "the bf16 copy"));
+    EXPECT_TRUE(copy.guards_intact("the bf16 copy") && state.params.guards_intact("params"));
+    EXPECT_FALSE(identical(params, initial.params, "params")) << "params unchanged";
   }
 }
 

@@ -264,7 +264,8 @@ class Backend {
                             float learning_rate, float beta1, float beta2, float eps, float weight_decay,
                             int64_t step, float grad_scale) = 0;
   // AdamW on a linear layer's weight [OC, C], then prepare_weight of its copy: the same results as the two
-  // calls in turn. A GPU backend writes the FP8 copy and its transpose in the AdamW pass.
+  // calls in turn. A GPU backend writes the FP8 copy and its transpose, or a BF16 layer's BF16 copy, in the
+  // AdamW pass.
   virtual void adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC,
                                    int64_t C, float learning_rate, float beta1, float beta2, float eps,
                                    float weight_decay, int64_t step, float grad_scale,

@@ -1270,6 +1270,21 @@ void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const f
   const bool fuse =
       any_fp8 && !sqnr && exec.recipe != nullptr &&
       (exec.recipe->kind() == RecipeKind::delayed || exec.recipe->kind() == RecipeKind::static_scale);
+  const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
+  if (!any_fp8 && wide == GemmMode::bf16) {
+    // prepare_weight's BF16 copy, written by the AdamW kernel from the updated weights.
+    auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
+    if (w == nullptr) {
+      copy = std::make_unique<CudaWeightCopy>();
+      w = static_cast<CudaWeightCopy*>(copy.get());
+    }
+    const size_t n = static_cast<size_t>(OC * C);
+    cuda::adamw_update_convert(params, m, v, grads, w->wide.as<__nv_bfloat16>(n, stream_), OC * C,
+                               learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale, stream_);
+    w->has_fp8 = false;
+    w->has_wide = true;
+    return;
+  }
   if (!fuse) {
     Backend::adamw_update_weight(params, m, v, grads, OC, C, learning_rate, beta1, beta2, eps, weight_decay,
                                  step, grad_scale, copy, exec);

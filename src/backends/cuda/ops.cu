@@ -779,6 +779,20 @@ struct AdamW {
   }
 };
 
+// The same step, also writing the updated params rounded to bf16 (a BF16 layer's weight copy).
+struct AdamWConvert {
+  float* params;
+  float* m;
+  float* v;
+  const float* grads;
+  uint16_t* copy;
+  elementwise::AdamWConstants constants;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    store_pack<W>(copy + i, elementwise::adamw_pack<W>(constants, params, m, v, grads, i));
+  }
+};
+
 // ---------------------------------------------------------------------------------------------------------
 // Linear-layer support
 
@@ -1203,6 +1217,24 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
       elementwise::adamw_constants(learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale)};
   for_each(op, n, aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads), stream);
   OCTET_CUDA_CHECK_LAUNCH("adamw_update");
+}
+
+void adamw_update_convert(float* params, float* m, float* v, const float* grads, __nv_bfloat16* params_bf16,
+                          int64_t n, float learning_rate, float beta1, float beta2, float eps,
+                          float weight_decay, int64_t step, float grad_scale, cudaStream_t stream) {
+  check_size(n, "adamw_update_convert");
+  OCTET_CHECK(params_bf16 != nullptr, "adamw_update_convert: a bf16 output");
+  if (n == 0) return;
+  auto* copy = reinterpret_cast<uint16_t*>(params_bf16);
+  const AdamWConvert op{
+      params, m,
+      v,      grads,
+      copy,   elementwise::adamw_constants(learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale)};
+  for_each(op, n,
+           aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads) &&
+               elementwise::pack_aligned(copy),
+           stream);
+  OCTET_CUDA_CHECK_LAUNCH("adamw_update_convert");
 }
 
 void convert_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream) {

@@ -102,6 +102,11 @@ bool all_finite(const float* x, int64_t n, Workspace& workspace, cudaStream_t st
 void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
                   cudaStream_t stream);
+// adamw_update (the same bits) that also writes the updated params rounded to bf16 into params_bf16 [n], as
+// convert_to_bf16 would from them, in the same pass: a BF16 layer's weight copy.
+void adamw_update_convert(float* params, float* m, float* v, const float* grads, __nv_bfloat16* params_bf16,
+                          int64_t n, float learning_rate, float beta1, float beta2, float eps,
+                          float weight_decay, int64_t step, float grad_scale, cudaStream_t stream);
 
 // Linear-layer support. Conversions round to nearest, ties to even, as octet::round_to_bf16 / round_to_f16.
 void convert_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream);
