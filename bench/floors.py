@@ -55,8 +55,8 @@ FLOPs per byte: they are bandwidth-bound):
 Bytes, the least each op octet runs must move: every input read once, every output written once, an
 accumulation read and written. Per op:
   - GEMM: A, B in their storage type, D float32 (octet's GEMMs write float32, and nothing rounds it
-    afterwards), or bf16 where attn.c_attn writes qkv for attention (below); an accumulated weight gradient
-    is read and written. A forward GEMM adds its layer's bias in its epilogue (every linear layer but the LM
+    afterwards), or bf16 where attn.c_attn writes qkv for attention (below); a weight gradient is written by
+    the step's first micro-batch and read and written by the others (zeroing leaves it to the first). A forward GEMM adds its layer's bias in its epilogue (every linear layer but the LM
     head, which has none) and reads it: BF16 (2 bytes an element) for an FP8 GEMM and for a GEMM writing
     bf16, float32 (4) for the others; attn.c_proj's and mlp.c_proj's also read the residual (below). No pass
     over y follows the GEMM.
@@ -117,7 +117,8 @@ accumulation read and written. Per op:
     layer's backward GEMMs is not FP8. Under the "current" recipe the same op runs GELU's backward (the
     float32 gradient always written), bias_backward and the cast with its amax read one after another. That
     layer's backward then neither casts nor sums its bias.
-  - optimizer phase, once a step whatever grad_accum_steps: zeroing the gradients (4P), the gradient norm
+  - optimizer phase, once a step whatever grad_accum_steps: zeroing the gradients but the linear layers'
+    weights, which their first backward writes (4 (P - the weights' elements)), the gradient norm
     (reads 4P), AdamW (reads param, grad, m, v, writes param, m, v: 28P), and the weight copies: FP8 codes
     and transpose written in the AdamW pass (2 bytes an element; "current" recipe: a separate cast reading the
     weight twice, 10 bytes), a BF16 layer's BF16 copy in the AdamW pass too (2 bytes), and the BF16 copy
@@ -406,8 +407,10 @@ def linear_backward(s, g, rows, phase, count, label, fused=False, bf16_dout=Fals
             s.add("casts", phase, f"{label} input to {wg} (weight gradient)", (widen + F32 + 2) * rows * inn,
                   count)
     e = STORAGE_BYTES[wg]
+    # Written by the first micro-batch of a step, read and written by the others.
+    accumulated = 2 - 1 / s.m["grad_accum_steps"]
     s.gemm(phase, f"{label} weight-gradient GEMM", wg, "weight_gradient", out, inn, rows, rows * out * e,
-           rows * inn * e, 2 * F32 * out * inn, count)
+           rows * inn * e, accumulated * F32 * out * inn, count)
 
 
 def producer_output_bytes(s, g, rows):
@@ -525,7 +528,8 @@ def step_ops(m):
     s.add("other", "backward", "encoder backward", F32 * (N * C + N + 2 * N * C + 2 * T * C))
 
     # Optimizer, once a step.
-    s.add("other", "optimizer", "zero the gradients", F32 * P)
+    weights = sum(g["in_features"] * g["out_features"] * g["layers"] for g in m["linears"])
+    s.add("other", "optimizer", "zero the gradients but the linear layers' weights", F32 * (P - weights))
     s.add("optimizer", "optimizer", "gradient norm", F32 * P)
     s.add("optimizer", "optimizer", "AdamW", 7 * F32 * P)
     for g in m["linears"]:

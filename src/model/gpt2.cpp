@@ -82,6 +82,9 @@ struct Gpt2::Linear {
   // changes no result; f32 otherwise, and for the LM head, whose chunked ops read float32 (attn.c_proj's
   // input is attention's output, stored as atty_type_). It stays so when the layer moves to BF16.
   Dtype input_type = Dtype::f32;
+  int64_t weight_count = 0;
+  // Whether a backward has written the weight gradient since zero_grad (the buffer starts zeroed).
+  bool weight_gradient_written = true;
 };
 
 namespace {
@@ -187,9 +190,11 @@ void Gpt2::build_parameters() {
     linear->plan = &plan;
     if (plan.name == "lm_head") {
       linear->weight_offset = parameter("wte").offset;  // tied to the token embedding
+      linear->weight_count = parameter("wte").count;
       linear->bias_offset = -1;
     } else {
       linear->weight_offset = parameter(plan.name + ".weight").offset;
+      linear->weight_count = parameter(plan.name + ".weight").count;
       linear->bias_offset = parameter(plan.name + ".bias").offset;
     }
     LinearExecution& e = linear->exec;
@@ -219,6 +224,17 @@ void Gpt2::build_parameters() {
     e.underflowed = &counters_.underflowed;
     linears_.push_back(std::move(linear));
   }
+  // zero_grad's ranges: the gaps between the linear layers' weights (sorted; the LM head's is wte).
+  std::vector<std::pair<int64_t, int64_t>> weights;
+  for (const auto& l : linears_) weights.emplace_back(l->weight_offset, l->weight_count);
+  std::sort(weights.begin(), weights.end());
+  int64_t at = 0;
+  for (const auto& [offset, count] : weights) {
+    OCTET_CHECK(offset >= at, "linear layers' weights overlap at {}", offset);
+    if (offset > at) zeroed_by_zero_grad_.push_back({at, offset - at});
+    at = offset + count;
+  }
+  if (parameter_count_ > at) zeroed_by_zero_grad_.push_back({at, parameter_count_ - at});
 }
 
 void Gpt2::plan_activations() {
@@ -476,7 +492,7 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const 
   const int64_t OC = next.plan->out_features, IC = next.plan->in_features;
   OCTET_CHECK(C == OC, "GELU's width {} is {}'s output width {}", C, next.plan->name, OC);
   float* p = params();
-  float* g = grads();
+  float* g = grads_->floats();
   float* dbias = next.bias_offset >= 0 ? g + next.bias_offset : nullptr;
   if (!casts_gradient(next.exec)) {
     // Both GEMMs that read next's output gradient in BF16 (the input and the weight gradient): GELU's
@@ -489,7 +505,7 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const 
     if (rounded && type == Dtype::f32) backend_.round_in_place(dinp, N * C, Dtype::bf16);
     backend_.linear_backward_as(next_dinp, Dtype::f32, g + next.weight_offset, dbias, dinp, type, next_inp,
                                 next.input_type, p + next.weight_offset, next.copy.get(), N, IC, OC,
-                                next.exec);
+                                backward_exec(next));
     return;
   }
   // The bias gradient is summed by the GELU backward; the float32 gradient is written only where next reads
@@ -498,7 +514,7 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const 
   backend_.gelu_backward_cast_as(kept, inp, dout, hidden_type_, N, C, dbias, next.exec);
   backend_.linear_backward_as(next_dinp, Dtype::f32, g + next.weight_offset, nullptr, kept, Dtype::f32,
                               next_inp, next.input_type, p + next.weight_offset, next.copy.get(), N, IC, OC,
-                              next.exec);
+                              backward_exec(next));
 }
 
 void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
@@ -586,7 +602,7 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
   Activations& a = *acts_;
   Linear& head = linear("lm_head");
   const float* w = params() + head.weight_offset;
-  float* dw = grads() + head.weight_offset;
+  float* dw = grads_->floats() + head.weight_offset;
   const int32_t* targets = tokens_->ints() + max_batch_ * max_seq_len_;
   // The chunks count as the one GEMM of each kind that they split (more than one chunk only without FP8):
   // after the first, the head's GEMMs go uncounted until this returns.
@@ -604,7 +620,7 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
       // output type throughout.
       backend_.lm_head_chunk(a.losses + r, a.logits_chunk, targets + r,
                              backward ? dacts_->ln + r * C : nullptr, dw, lnf, w, head.copy.get(), n, C, V,
-                             Vp, backward ? dloss : 0.0f, head.exec);
+                             Vp, backward ? dloss : 0.0f, backward ? backward_exec(head) : head.exec);
       head.exec.other_gemms = nullptr;
       continue;
     }
@@ -613,7 +629,7 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
     if (backward) {
       // The chunk now holds its logits' gradient.
       backend_.linear_backward(dacts_->ln + r * C, dw, nullptr, a.logits_chunk, lnf, w, head.copy.get(), n, C,
-                               Vp, head.exec);
+                               Vp, backward_exec(head));
     }
     head.exec.other_gemms = nullptr;
   }
@@ -628,7 +644,23 @@ float Gpt2::mean_loss(int64_t N) {
 }
 
 void Gpt2::zero_grad() {
-  backend_.fill_zero(grads(), parameter_count_);
+  backend_.fill_zero_ranges(grads_->floats(), zeroed_by_zero_grad_);
+  for (const auto& l : linears_) l->weight_gradient_written = false;
+}
+
+float* Gpt2::grads() {
+  for (const auto& l : linears_) {
+    if (l->weight_gradient_written) continue;
+    backend_.fill_zero(grads_->floats() + l->weight_offset, l->weight_count);
+    l->weight_gradient_written = true;
+  }
+  return grads_->floats();
+}
+
+LinearExecution& Gpt2::backward_exec(Linear& layer) {
+  layer.exec.accumulate_weight_gradient = layer.weight_gradient_written;
+  layer.weight_gradient_written = true;
+  return layer.exec;
 }
 
 void Gpt2::backward(float dloss_scale) {
@@ -646,7 +678,7 @@ void Gpt2::backward(float dloss_scale) {
   }
   pending_ = Pending::nothing;
   float* p = params();
-  float* g = grads();
+  float* g = grads_->floats();
   auto P = [&](const std::string& name) { return p + parameter(name).offset; };
   auto G = [&](const std::string& name) { return g + parameter(name).offset; };
   Activations& a = *acts_;
@@ -674,7 +706,8 @@ void Gpt2::backward(float dloss_scale) {
     // d.residual: d(residual3) = d(fcproj), as residual3 = residual2 + fcproj.
     backend_.linear_backward_as(dfch_gelu, hidden_type_, g + fc_proj.weight_offset, g + fc_proj.bias_offset,
                                 d.residual, Dtype::f32, x.fch_gelu, fc_proj.input_type,
-                                p + fc_proj.weight_offset, fc_proj.copy.get(), N, 4 * C, C, fc_proj.exec);
+                                p + fc_proj.weight_offset, fc_proj.copy.get(), N, 4 * C, C,
+                                backward_exec(fc_proj));
     round_hidden(dfch_gelu, N * 4 * C);
     const void* fch = x.fch;
     if (fch == nullptr) {  // not kept (recomputes_fc): the forward's GEMM again, from its kept input codes
@@ -689,11 +722,11 @@ void Gpt2::backward(float dloss_scale) {
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
     backend_.linear_backward_as(datty, atty_type_, g + proj.weight_offset, g + proj.bias_offset, d.residual,
                                 Dtype::f32, x.atty, atty_type_, p + proj.weight_offset, proj.copy.get(), N, C,
-                                C, proj.exec);
+                                C, backward_exec(proj));
     backend_.attention_backward_as(dqkv, datty, x.qkv, qkv_type_, x.atty, atty_type_, x.att_lse, B, T, C, NH);
     backend_.linear_backward_as(d.ln, Dtype::f32, g + qkv.weight_offset, g + qkv.bias_offset, dqkv,
                                 atty_type_, x.ln1, qkv.input_type, p + qkv.weight_offset, qkv.copy.get(), N,
-                                C, 3 * C, qkv.exec);
+                                C, 3 * C, backward_exec(qkv));
     backend_.layernorm_backward(d.residual, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d.ln, residual,
                                 P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd, N, C);
   }

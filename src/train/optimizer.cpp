@@ -1,5 +1,5 @@
-// AdamW (see optimizer.h): one backend update per parameter tensor, so that weight decay applies to
-// matrices only.
+// AdamW (see optimizer.h): weight decay on matrices only; the weights with copies are updated one by one,
+// every other tensor in one segmented update.
 #include "octet/train/optimizer.h"
 
 #include <algorithm>
@@ -18,14 +18,14 @@ AdamW::AdamW(Backend& backend, const std::vector<ParameterInfo>& parameters, int
 void AdamW::step(float* params, const float* grads, float learning_rate, float grad_scale,
                  std::span<const Gpt2::WeightCopySlot> copies) {
   ++steps_;
+  // The weights with copies one by one (each update remakes its copy); every other tensor in one call.
+  std::vector<Backend::AdamWSegment> others;
   for (const ParameterInfo& p : parameters_) {
     const float decay = p.weight_decay ? settings_.weight_decay : 0.0f;
     const auto slot = std::find_if(copies.begin(), copies.end(),
                                    [&](const Gpt2::WeightCopySlot& s) { return s.offset == p.offset; });
     if (slot == copies.end()) {
-      backend_.adamw_update(params + p.offset, m_->floats() + p.offset, v_->floats() + p.offset,
-                            grads + p.offset, p.count, learning_rate, settings_.beta1, settings_.beta2,
-                            settings_.eps, decay, steps_, grad_scale);
+      others.push_back({p.offset, p.count, decay});
       continue;
     }
     OCTET_CHECK(slot->rows * slot->cols == p.count, "the weight copy of {} covers the whole parameter",
@@ -35,6 +35,8 @@ void AdamW::step(float* params, const float* grads, float learning_rate, float g
                                  settings_.beta2, settings_.eps, decay, steps_, grad_scale, *slot->copy,
                                  *slot->exec);
   }
+  backend_.adamw_update_segments(params, m_->floats(), v_->floats(), grads, others, learning_rate,
+                                 settings_.beta1, settings_.beta2, settings_.eps, steps_, grad_scale);
 }
 
 }  // namespace octet

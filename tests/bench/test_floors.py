@@ -190,6 +190,22 @@ class Gpt2Small(unittest.TestCase):
         names = [o["op"] for o in self.fp8["ops"] + self.bf16["ops"]]
         self.assertFalse([n for n in names if "rounded" in n or "rounding" in n], names)
 
+    def test_the_first_backward_writes_the_weight_gradients(self):
+        # Zeroing leaves the linear layers' weights (12 L C^2 in the blocks, wte's Vp C for the head) to their
+        # first backward: 4 (P - 12 L C^2 - Vp C) = 4 x 907776 bytes. With one micro-batch a step, a weight
+        # gradient GEMM writes its gradient once: attn.c_proj's reads dy and x in bf16 and writes 4 C^2.
+        P, N, C, L, Vp = 124475904, 32768, 768, 12, 50304
+        other = "embeddings, residuals, biases, zeroing"
+        for r in (self.fp8, self.bf16):
+            self.assertAlmostEqual(row(r, other, "optimizer")["gb"], 4 * (P - 12 * L * C * C - Vp * C) / 1e9,
+                                   places=9)
+            self.assertAlmostEqual(row(r, other, "optimizer")["gb"], 0.003631104, places=9)
+        bf16 = ops_by_name(self.bf16)
+        self.assertAlmostEqual(bf16[("backward", "attn.c_proj weight-gradient GEMM")]["gb"],
+                               L * (2 * N * C + 2 * N * C + 4 * C * C) / 1e9, places=9)
+        self.assertAlmostEqual(bf16[("backward", "attn.c_proj weight-gradient GEMM")]["gb"], 1.236271104,
+                               places=9)
+
     def test_the_c_proj_gemms_add_the_residual(self):
         N, C, L = 32768, 768, 12
         fp8 = ops_by_name(self.fp8)

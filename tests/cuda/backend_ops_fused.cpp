@@ -23,6 +23,7 @@
 #include "../../src/backends/cuda/fused.h"
 #include "../../src/backends/cuda/ops.h"
 #include "compare.h"
+#include "octet/backend/cuda_backend.h"
 #include "octet/check.h"
 #include "octet/cuda/cast.h"
 #include "octet/cuda/device.h"
@@ -1353,6 +1354,131 @@ TEST(Bf16Outputs, AdamWWritesTheUpdatedWeightsRounded) {
     EXPECT_TRUE(identical(copy.read(), bf16_bits(params), "the bf16 copy"));
     EXPECT_TRUE(copy.guards_intact("the bf16 copy") && state.params.guards_intact("params"));
     EXPECT_FALSE(identical(params, initial.params, "params")) << "params unchanged";
+  }
+}
+
+// Column sums (bias_backward) come out the same, bit for bit, for every layout of a shape: float32 or the
+// bf16 of the same values, at aligned addresses (vector loads) or one element off (scalar loads), since the
+// order of the additions depends on the shape only. They stay within float32 reduction bounds of float64
+// sums, add to the old values, repeat exactly, and a NaN reaches its own column only.
+TEST(ColumnSums, EveryLayoutOfAShapeSumsTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t rows, cols;
+  };
+  uint64_t seed = 2500;
+  for (const Shape s : {Shape{1, 1}, Shape{7, 5}, Shape{33, 130}, Shape{333, 768}, Shape{4099, 2304},
+                        Shape{32768, 768}, Shape{8192, 6400}}) {
+    SCOPED_TRACE("rows=" + std::to_string(s.rows) + " cols=" + std::to_string(s.cols));
+    const auto n = static_cast<size_t>(s.rows * s.cols), channels = static_cast<size_t>(s.cols);
+    // bf16 values, so that the float32 and bf16 inputs hold the same numbers.
+    std::vector<float> dout = octet::testing::random_normal(n, ++seed, 1.0f);
+    for (float& x : dout) x = octet::bf16_to_float(octet::float_to_bf16(x));
+    const size_t nan_column = channels / 2;
+    if (s.rows > 1) dout[channels + nan_column] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<uint16_t> dout_bits = bf16_bits(dout);
+    const std::vector<float> dbias0 = octet::testing::random_normal(channels, ++seed, 1.0f);
+    std::vector<float> finite = dout;
+    if (s.rows > 1) finite[channels + nan_column] = 0.0f;
+    const ColumnSumReference reference = column_sum_reference(finite, dbias0, s.rows, s.cols);
+
+    octet::cuda::Stream stream;
+    octet::cuda::Workspace workspace;
+    std::vector<std::vector<float>> results;
+    for (const size_t offset : {size_t{0}, size_t{1}}) {
+      Guarded<float> as_float(n, offset * sizeof(float));
+      Guarded<uint16_t> as_bf16(n, offset * sizeof(uint16_t));
+      Guarded<float> from_float(channels), from_bf16(channels);
+      as_float.upload(dout);
+      as_bf16.upload(dout_bits);
+      from_float.upload(dbias0);
+      from_bf16.upload(dbias0);
+      octet::cuda::bias_backward(from_float.data(), as_float.data(), s.rows, s.cols, workspace, stream.get());
+      octet::cuda::bias_backward(from_bf16.data(), as_bf16.data(), s.rows, s.cols, workspace, stream.get());
+      stream.synchronize();
+      results.push_back(from_float.read());
+      results.push_back(from_bf16.read());
+      EXPECT_TRUE(from_float.guards_intact("dbias") && from_bf16.guards_intact("dbias"));
+    }
+    const std::vector<float>& first = results.front();
+    EXPECT_TRUE(identical(results[1], first, "from bf16, aligned"));
+    EXPECT_TRUE(identical(results[2], first, "from float32, one element off"));
+    EXPECT_TRUE(identical(results[3], first, "from bf16, one element off"));
+    std::vector<float> checked = first;
+    if (s.rows > 1) {
+      EXPECT_TRUE(std::isnan(first[nan_column])) << "the NaN's column";
+      checked[nan_column] = reference.sums[nan_column];
+      for (size_t c = 0; c < channels; ++c) {
+        if (c != nan_column) EXPECT_FALSE(std::isnan(first[c])) << "column " << c;
+      }
+    }
+    EXPECT_TRUE(close_to_column_sums(checked, reference, s.rows));
+  }
+}
+
+// The segmented AdamW (one launch over many tensors) gives adamw_update's bits on each segment, with its
+// own weight decay, at any offset and length, and leaves the gaps between segments alone.
+TEST(AdamWSegments, OneLaunchGivesEachSegmentsOwnUpdate) {
+  SKIP_WITHOUT_GPU();
+  const Hyper h;
+  using Segment = octet::Backend::AdamWSegment;
+  // Lengths around the kernel's chunk, offsets off 16 bytes, a gap, decay on some; 40000 + 5 elements.
+  const std::vector<Segment> segments = {
+      {0, 768, 0.0f},  {768, 3, h.weight_decay},      {771, 4096, 0.0f},   {4867, 4097, h.weight_decay},
+      {9000, 1, 0.0f}, {9004, 20000, h.weight_decay}, {29004, 11001, 0.0f}};
+  const size_t n = 40005;
+  Variant variant;
+  variant.seed = 2600;
+  variant.plant_nan = true;
+  const AdamWState initial = adamw_inputs(n, variant);
+  const auto backend = octet::make_cuda_backend();
+  octet::cuda::Stream stream;
+  DeviceAdamW expected(n, 0), state(n, 0);
+  expected.upload(initial);
+  for (int run = 0; run < 2; ++run) {  // the second run reuses the uploaded chunk table
+    SCOPED_TRACE(run == 0 ? "first run" : "second run");
+    state.upload(initial);
+    if (run == 0) {
+      for (const Segment& s : segments) {
+        octet::cuda::adamw_update(expected.params.data() + s.offset, expected.m.data() + s.offset,
+                                  expected.v.data() + s.offset, expected.grads.data() + s.offset, s.count,
+                                  h.learning_rate, h.beta1, h.beta2, h.eps, s.weight_decay, h.step,
+                                  h.grad_scale, stream.get());
+      }
+      stream.synchronize();
+    }
+    backend->adamw_update_segments(state.params.data(), state.m.data(), state.v.data(), state.grads.data(),
+                                   segments, h.learning_rate, h.beta1, h.beta2, h.eps, h.step, h.grad_scale);
+    backend->synchronize();
+    const std::vector<float> params = state.params.read();
+    EXPECT_TRUE(identical(params, expected.params.read(), "params"));
+    EXPECT_TRUE(identical(state.m.read(), expected.m.read(), "m"));
+    EXPECT_TRUE(identical(state.v.read(), expected.v.read(), "v"));
+    EXPECT_TRUE(identical(state.grads.read(), initial.grads, "grads (an input)"));
+    EXPECT_EQ(params[9002], initial.params[9002]) << "the gap between segments";
+    EXPECT_NE(params[28000], initial.params[28000]) << "params unchanged";
+    EXPECT_TRUE(state.params.guards_intact("params") && state.v.guards_intact("v"));
+  }
+}
+
+// The segmented zeroing (one launch) zeroes exactly its ranges, at any offset and length.
+TEST(ZeroRanges, OneLaunchZeroesEachRangeAndNothingElse) {
+  SKIP_WITHOUT_GPU();
+  using Range = octet::Backend::Range;
+  const std::vector<Range> ranges = {{0, 5}, {7, 4096}, {4103, 4097}, {8201, 1}, {8300, 10000}};
+  const size_t n = 20000;
+  std::vector<float> x = octet::testing::random_normal(n, 2700, 1.0f);
+  for (float& v : x) v = v == 0.0f ? 1.0f : v;
+  std::vector<float> expected = x;
+  for (const Range& r : ranges) std::fill_n(expected.begin() + r.offset, r.count, 0.0f);
+  const auto backend = octet::make_cuda_backend();
+  Guarded<float> device(n, 0);
+  for (int run = 0; run < 2; ++run) {  // the second run reuses the uploaded chunk table
+    device.upload(x);
+    backend->fill_zero_ranges(device.data(), ranges);
+    backend->synchronize();
+    EXPECT_TRUE(identical(device.read(), expected, run == 0 ? "first run" : "second run"));
+    EXPECT_TRUE(device.guards_intact("x"));
   }
 }
 

@@ -185,6 +185,7 @@ std::vector<OpCase> layernorm_backward_cases() {
                                                                          std::fabs(norm) * mean_dnorm_norm));
       }
     }
+    OpCase joint = c;
     c.operands = {in_out("dinp", dinp), in_out("dweight", dw), in_out("dbias", db),   input("dout", dout),
                   input("inp", x),      input("weight", w),    input("mean", s.mean), input("rstd", s.rstd)};
     c.run = [=](Backend& b, const std::vector<void*>& p) {
@@ -196,6 +197,23 @@ std::vector<OpCase> layernorm_backward_cases() {
                 close("dweight", N + 4, dw_terms, "a sum over N rows of norm * dout (norm: 2 roundings)"),
                 close("dinp", C + 4, dinp_terms, "two row sums of C terms, carried through rstd")};
     cases.push_back(std::move(c));
+    // dweight and dbias side by side, as a LayerNorm's parameters lie in the model (a backend may sum both
+    // in one pass there).
+    joint.shape += ", dbias after dweight";
+    std::vector<float> dw_db = dw, dw_db_terms = dw_terms;
+    dw_db.insert(dw_db.end(), db.begin(), db.end());
+    dw_db_terms.insert(dw_db_terms.end(), db_terms.begin(), db_terms.end());
+    joint.operands = {
+        in_out("dinp", dinp), in_out("dweight, dbias", dw_db), input("dout", dout),  input("inp", x),
+        input("weight", w),   input("mean", s.mean),           input("rstd", s.rstd)};
+    joint.run = [=](Backend& b, const std::vector<void*>& p) {
+      b.layernorm_backward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 1) + C, floats_at(p, 2),
+                           floats_at(p, 3), floats_at(p, 4), floats_at(p, 5), floats_at(p, 6), N, C);
+      return none();
+    };
+    joint.checks = {close("dweight, dbias", N + 4, dw_db_terms, "the sums above, side by side"),
+                    close("dinp", C + 4, dinp_terms, "two row sums of C terms, carried through rstd")};
+    cases.push_back(std::move(joint));
   }
   return cases;
 }

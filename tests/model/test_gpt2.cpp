@@ -135,6 +135,59 @@ TEST(Gpt2, EveryModeComputesTheSameFunctionWithinItsPrecision) {
   EXPECT_EQ(counters.other_gemms, 4);
 }
 
+// zero_grad zeroes every gradient but the linear layers' weights, whose first backward writes them instead
+// of adding to them: after stale values, the gradients of one and of two accumulated backwards are those of
+// a model whose gradients were never touched, and grads() zeroes the weights no backward wrote.
+TEST(Gpt2, ZeroGradLeavesTheLinearWeightsToTheirFirstBackward) {
+  const Gpt2Config c = tiny_config();
+  auto backend = make_cpu_backend();
+  const int64_t B = 2, T = 16;
+  const auto tokens = random_tokens(B * T, 21, c.vocab_size),
+             targets = random_tokens(B * T, 22, c.vocab_size);
+  for (const MixedPrecision mp : {MixedPrecision::fp32, MixedPrecision::bf16, MixedPrecision::fp8}) {
+    SCOPED_TRACE(static_cast<int>(mp));
+    auto make = [&] {
+      auto m = std::make_unique<Gpt2>(c, *backend, PrecisionPolicy(mode(mp), c, B * T), B, T);
+      m->init_weights(13);
+      return m;
+    };
+    auto grads = [](Gpt2& m) { return std::vector<float>(m.grads(), m.grads() + m.parameter_count()); };
+    auto stale = [](Gpt2& m) { std::fill(m.grads(), m.grads() + m.parameter_count(), 7.0f); };
+    auto micro_batch = [&](Gpt2& m) {
+      m.forward(tokens.data(), targets.data(), B, T);
+      m.backward(1.0f / static_cast<float>(B * T));
+    };
+    auto untouched = make();  // its gradients start zero and are only ever added to
+    micro_batch(*untouched);
+    const std::vector<float> once = grads(*untouched);
+    micro_batch(*untouched);
+    const std::vector<float> twice = grads(*untouched);
+    ASSERT_NE(once, twice);
+
+    auto m = make();
+    stale(*m);
+    m->zero_grad();
+    micro_batch(*m);
+    EXPECT_EQ(grads(*m), once);  // equal as floats: a -0 written where +0 was added is the same gradient
+    micro_batch(*m);
+    EXPECT_EQ(grads(*m), twice);
+
+    stale(*m);
+    m->zero_grad();
+    EXPECT_EQ(grads(*m), std::vector<float>(once.size(), 0.0f)) << "grads() before any backward";
+    // The LM head's backward ran in the forward (wte written), the blocks' not yet.
+    stale(*m);
+    m->zero_grad();
+    m->forward(tokens.data(), targets.data(), B, T, 1.0f / static_cast<float>(B * T));
+    const std::vector<float> head_only = grads(*m);
+    const ParameterInfo& wte = m->parameter("wte");
+    const ParameterInfo& fc = m->parameter("h.1.mlp.c_fc.weight");
+    EXPECT_NE(head_only[static_cast<size_t>(wte.offset)], 0.0f);
+    EXPECT_NE(head_only[static_cast<size_t>(wte.offset)], 7.0f);
+    for (int64_t i = 0; i < fc.count; ++i) ASSERT_EQ(head_only[static_cast<size_t>(fc.offset + i)], 0.0f);
+  }
+}
+
 std::vector<float> host_copy(Backend& backend, const float* x, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
   backend.copy_to_host(out.data(), x, out.size() * sizeof(float));

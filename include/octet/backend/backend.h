@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 
 #include "octet/backend/precision.h"
@@ -83,6 +84,15 @@ class Backend {
   virtual void copy_to_host(void* host, const void* source, size_t bytes) = 0;
   virtual void copy_from_host(void* destination, const void* host, size_t bytes) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;
+  // fill_zero of x's elements offset .. offset + count - 1 for each range: the same as one call per range,
+  // in one pass where the backend can. Ranges must not overlap.
+  struct Range {
+    int64_t offset = 0;
+    int64_t count = 0;
+  };
+  virtual void fill_zero_ranges(float* x, std::span<const Range> ranges) {
+    for (const Range& r : ranges) fill_zero(x + r.offset, r.count);
+  }
 
   // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
   virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
@@ -263,6 +273,22 @@ class Backend {
   virtual void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
                             float learning_rate, float beta1, float beta2, float eps, float weight_decay,
                             int64_t step, float grad_scale) = 0;
+  // adamw_update on each segment of the four tensors (the elements offset .. offset + count - 1 of each,
+  // with the segment's weight decay): the same results as one call per segment. A GPU backend updates them
+  // all in one pass (one launch for the model's many small tensors). Segments must not overlap.
+  struct AdamWSegment {
+    int64_t offset = 0;
+    int64_t count = 0;
+    float weight_decay = 0.0f;
+  };
+  virtual void adamw_update_segments(float* params, float* m, float* v, const float* grads,
+                                     std::span<const AdamWSegment> segments, float learning_rate, float beta1,
+                                     float beta2, float eps, int64_t step, float grad_scale) {
+    for (const AdamWSegment& s : segments) {
+      adamw_update(params + s.offset, m + s.offset, v + s.offset, grads + s.offset, s.count, learning_rate,
+                   beta1, beta2, eps, s.weight_decay, step, grad_scale);
+    }
+  }
   // AdamW on a linear layer's weight [OC, C], then prepare_weight of its copy: the same results as the two
   // calls in turn. A GPU backend writes the FP8 copy and its transpose, or a BF16 layer's BF16 copy, in the
   // AdamW pass.

@@ -53,7 +53,9 @@ class Gpt2 {
   const ParameterInfo& parameter(std::string_view name) const;
   int64_t parameter_count() const { return parameter_count_; }
   float* params() { return params_->floats(); }
-  float* grads() { return grads_->floats(); }
+  // The gradients. A linear layer's weight gradient that no backward has written since zero_grad is zeroed
+  // here first (zero_grad leaves those to their layer's first backward).
+  float* grads();
 
   // Remakes the GEMMs' weight copies (BF16/FP16 rounding, FP8 casts); call after every change of params().
   void refresh_weight_copies();
@@ -87,6 +89,8 @@ class Gpt2 {
   // after a loss-only forward it runs the head's backward first (recomputing the logits when they took more
   // than one chunk).
   void backward(float dloss_scale);
+  // Zeroes the gradients: the linear layers' weight gradients by their next backward, which writes them
+  // instead of adding to them (LinearExecution::accumulate_weight_gradient), the others here.
   void zero_grad();
 
   // Backend memory: [B*T, Vp] logits of the last forward_logits (only that forward keeps them all), and the
@@ -142,6 +146,9 @@ class Gpt2 {
   void head_and_loss(int64_t N, float dloss, bool backward, bool recompute);
   float mean_loss(int64_t N);
   Linear& linear(std::string_view name);
+  // `layer`'s execution for its next backward: its weight-gradient GEMM writes the gradient where it is the
+  // first since zero_grad, and adds to it otherwise.
+  LinearExecution& backward_exec(Linear& layer);
   // LayerNorm and GELU feeding the linear layer `next`: where `next` runs its forward GEMM in FP8, the op
   // casts its output for it in the same pass, and leaves `out` unwritten when that cast is all `next` reads.
   // `out` is stored as next's input_type.
@@ -169,6 +176,8 @@ class Gpt2 {
   int64_t parameter_count_ = 0;
   std::unique_ptr<Buffer> params_;
   std::unique_ptr<Buffer> grads_;
+  // What zero_grad zeroes: every gradient but the linear layers' weights.
+  std::vector<Backend::Range> zeroed_by_zero_grad_;
   std::unique_ptr<Buffer> activations_;
   std::unique_ptr<Buffer> gradient_scratch_;
   int64_t gradient_wide_b_ = 0;                       // the width of Gradients::wide_b in gradient_scratch_

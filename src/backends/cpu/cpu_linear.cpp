@@ -358,16 +358,18 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
     }
   }
 
-  // Weight gradient, accumulated in float32: dweight [OC, C] += dout^T [OC, N] x inp [N, C].
+  // Weight gradient, accumulated in float32: dweight [OC, C] += dout^T [OC, N] x inp [N, C] (= where
+  // exec.accumulate_weight_gradient is false).
   switch (exec.weight_gradient) {
     case GemmMode::f32:
-      sgemm(true, false, OC, C, N, dout, inp, dweight, true);
+      sgemm(true, false, OC, C, N, dout, inp, dweight, exec.accumulate_weight_gradient);
       count_other(exec);
       break;
     case GemmMode::bf16:
     case GemmMode::f16: {
       const Dtype d = storage_of(exec.weight_gradient);
-      sgemm(true, false, OC, C, N, rounded(dout, N * OC, d, 0), rounded(inp, N * C, d, 1), dweight, true);
+      sgemm(true, false, OC, C, N, rounded(dout, N * OC, d, 0), rounded(inp, N * C, d, 1), dweight,
+            exec.accumulate_weight_gradient);
       count_other(exec);
       break;
     }
@@ -378,7 +380,11 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
       const QuantizedTensor dy_t = transposed(dy, dout, TensorRole::gradient, *exec.recipe);
       const QuantizedTensor x_t = transposed(saved->fp8, inp, TensorRole::activation, *exec.recipe);
       const std::vector<float> d = fp8_product(dy_t, x_t, exec);
-      for (size_t i = 0; i < d.size(); ++i) dweight[i] += d[i];
+      if (exec.accumulate_weight_gradient) {
+        for (size_t i = 0; i < d.size(); ++i) dweight[i] += d[i];
+      } else {
+        std::copy(d.begin(), d.end(), dweight);
+      }
       break;
     }
   }

@@ -3,11 +3,13 @@
 // kernel after each cast applies the recipe's update there, exactly as the CPU reference does on the host
 // (src/numerics/*_scaling.cpp), so the two backends walk the same scaling states. The host copy of a state
 // is brought up to date only when asked (fetch_scaling: checkpoints, telemetry, tests).
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
+#include <span>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -311,6 +313,40 @@ class DeviceScratch {
   size_t bytes_ = 0;
 };
 
+// A table of chunks (cuda::Chunk) on the device, uploaded again only when it changes: the segmented ops
+// run every step over the same segments.
+class ChunkTable {
+ public:
+  // The device copy of `chunks`.
+  const Chunk* upload(std::vector<Chunk> chunks, cudaStream_t stream) {
+    auto* table = device_.as<Chunk>(chunks.size(), stream);
+    const bool same = std::equal(chunks.begin(), chunks.end(), uploaded_.begin(), uploaded_.end(),
+                                 [](const Chunk& a, const Chunk& b) {
+                                   return a.offset == b.offset && a.count == b.count && a.flag == b.flag;
+                                 });
+    if (!same) {
+      uploaded_ = std::move(chunks);
+      // From pageable memory: the copy is staged before this returns, so uploaded_ may change afterwards.
+      OCTET_CUDA_CHECK(cudaMemcpyAsync(table, uploaded_.data(), uploaded_.size() * sizeof(Chunk),
+                                       cudaMemcpyHostToDevice, stream));
+    }
+    return table;
+  }
+  int64_t size() const { return static_cast<int64_t>(uploaded_.size()); }
+
+ private:
+  DeviceScratch device_;
+  std::vector<Chunk> uploaded_;
+};
+
+// Elements offset .. offset + count - 1, split into chunks of at most kChunkElements.
+void append_chunks(std::vector<Chunk>& chunks, int64_t offset, int64_t count, bool flag) {
+  OCTET_CHECK(offset >= 0 && count >= 0, "a segment at {} of {} elements", offset, count);
+  for (int64_t at = 0; at < count; at += kChunkElements) {
+    chunks.push_back({offset + at, static_cast<int32_t>(std::min(kChunkElements, count - at)), flag ? 1 : 0});
+  }
+}
+
 // The device side of one FP8 linear layer: its scaling states, scales in flight and telemetry.
 struct DeviceLayer {
   DeviceLayerState* device = nullptr;
@@ -434,6 +470,7 @@ class CudaBackend final : public Backend {
     // The host memory may be reused as soon as this returns.
     OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  void fill_zero_ranges(float* x, std::span<const Range> ranges) override;
   void fill_zero(float* x, int64_t n) override {
     const OpScope scope(*this, OpKind::other);
     cuda::fill_zero(x, n, stream_);
@@ -584,6 +621,9 @@ class CudaBackend final : public Backend {
                            float learning_rate, float beta1, float beta2, float eps, float weight_decay,
                            int64_t step, float grad_scale, std::unique_ptr<WeightCopy>& copy,
                            LinearExecution& exec) override;
+  void adamw_update_segments(float* params, float* m, float* v, const float* grads,
+                             std::span<const AdamWSegment> segments, float learning_rate, float beta1,
+                             float beta2, float eps, int64_t step, float grad_scale) override;
 
   void fetch_scaling(Fp8LinearState& state) override;
   void publish_scaling(const Fp8LinearState& state) override;
@@ -695,7 +735,8 @@ class CudaBackend final : public Backend {
   void wide_input_gradient(float* dinp, const void* dout_wide, const void* weight_wide, int64_t N, int64_t C,
                            int64_t OC, GemmMode mode, LinearExecution& exec,
                            __nv_bfloat16* dinp_bf16 = nullptr);
-  // dweight [OC, C] += dout^T [OC, N] x inp [N, C], both operands of `type`; accumulated in float32.
+  // dweight [OC, C] += dout^T [OC, N] x inp [N, C] (= where exec.accumulate_weight_gradient is false), both
+  // operands of `type`; accumulated in float32.
   void weight_gradient_gemm(float* dweight, GemmType type, const void* dout, const void* inp, int64_t N,
                             int64_t C, int64_t OC, LinearExecution& exec);
   // The BF16/FP16 copy of a weight, where one of the layer's GEMMs on it runs in that type.
@@ -767,6 +808,9 @@ class CudaBackend final : public Backend {
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
   DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_, column_partials_;
   DeviceScratch bias_;  // a forward GEMM's bias as its epilogue reads it
+  // The chunks of the segmented AdamW update and of the segmented zeroing.
+  ChunkTable adamw_chunks_;
+  ChunkTable zero_chunks_;
   // bf16 operands of a linear layer widened to float32 where a GEMM or cast cannot read them as they are
   // (as_f32): slot 0 for dout (or the forward's input), 1 for the backward's input; slot 2 stages a float32
   // input gradient that is stored in bf16.
@@ -1247,9 +1291,7 @@ const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode m
     case GemmMode::f16: {
       // Rounded to the operands' type, handed over as float32 (what cuBLASLt takes with a float32 output).
       auto* out = bias_.as<float>(static_cast<size_t>(OC), stream_);
-      const size_t bytes = static_cast<size_t>(OC) * sizeof(float);
-      OCTET_CUDA_CHECK(cudaMemcpyAsync(out, bias, bytes, cudaMemcpyDeviceToDevice, stream_));
-      cuda::round_in_place(out, OC, mode == GemmMode::f16 ? Dtype::f16 : Dtype::bf16, stream_);
+      cuda::round_copy(out, bias, OC, mode == GemmMode::f16 ? Dtype::f16 : Dtype::bf16, stream_);
       return out;
     }
     case GemmMode::fp8:
@@ -1258,6 +1300,38 @@ const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode m
   auto* out = bias_.as<__nv_bfloat16>(static_cast<size_t>(OC), stream_);
   convert_to_bf16(out, bias, OC, stream_);
   return out;
+}
+
+void CudaBackend::adamw_update_segments(float* params, float* m, float* v, const float* grads,
+                                        std::span<const AdamWSegment> segments, float learning_rate,
+                                        float beta1, float beta2, float eps, int64_t step, float grad_scale) {
+  // The chunk kernel takes one weight decay besides none (the optimizer's case); others go one by one.
+  float decay = 0.0f;
+  for (const AdamWSegment& s : segments) {
+    if (s.weight_decay == 0.0f) continue;
+    if (decay != 0.0f && s.weight_decay != decay) {
+      Backend::adamw_update_segments(params, m, v, grads, segments, learning_rate, beta1, beta2, eps, step,
+                                     grad_scale);
+      return;
+    }
+    decay = s.weight_decay;
+  }
+  std::vector<Chunk> chunks;
+  for (const AdamWSegment& s : segments) append_chunks(chunks, s.offset, s.count, s.weight_decay != 0.0f);
+  if (chunks.empty()) return;
+  const Chunk* table = adamw_chunks_.upload(std::move(chunks), stream_);
+  const OpScope scope(*this, OpKind::optimizer);
+  cuda::adamw_update_chunks(params, m, v, grads, table, adamw_chunks_.size(), learning_rate, beta1, beta2,
+                            eps, decay, step, grad_scale, stream_);
+}
+
+void CudaBackend::fill_zero_ranges(float* x, std::span<const Range> ranges) {
+  std::vector<Chunk> chunks;
+  for (const Range& r : ranges) append_chunks(chunks, r.offset, r.count, false);
+  if (chunks.empty()) return;
+  const Chunk* table = zero_chunks_.upload(std::move(chunks), stream_);
+  const OpScope scope(*this, OpKind::other);
+  cuda::fill_zero_chunks(x, table, zero_chunks_.size(), stream_);
 }
 
 void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC,
@@ -1723,7 +1797,8 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight
     convert_to_bf16(dinp_bf16, dinp_f32, N * C, stream_);
   }
 
-  // Weight gradient, accumulated in float32: dweight [OC, C] += dout^T [OC, N] x inp [N, C] (K = N).
+  // Weight gradient, accumulated in float32: dweight [OC, C] += dout^T [OC, N] x inp [N, C] (K = N); written
+  // (=) where exec.accumulate_weight_gradient is false.
   switch (exec.weight_gradient) {
     case GemmMode::f32:
     case GemmMode::bf16:
@@ -1751,8 +1826,8 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight
                     N);
       fp8_gemm(dweight, dy_t, exec.formats.gradient, &layer->device->gradient_scale_inv,
                static_cast<const uint8_t*>(saved->codes_transposed.get(0, stream_)), saved->format,
-               static_cast<const float*>(saved->scale_inv.get(0, stream_)), OC, C, N, true,
-               exec.fast_accumulation_backward);
+               static_cast<const float*>(saved->scale_inv.get(0, stream_)), OC, C, N,
+               exec.accumulate_weight_gradient, exec.fast_accumulation_backward);
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
     }
@@ -1831,7 +1906,7 @@ void CudaBackend::weight_gradient_gemm(float* dweight, GemmType type, const void
   p.b = inp;
   p.b_transposed = true;
   p.d = dweight;
-  p.accumulate = true;
+  p.accumulate = exec.accumulate_weight_gradient;
   wide_gemm(p);
   if (exec.other_gemms) *exec.other_gemms += 1;
 }

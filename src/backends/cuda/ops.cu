@@ -276,14 +276,30 @@ __global__ void encoder_backward_token_kernel(float* dwte, const float* dout, co
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Column sums over rows: out[c] += sum over r of x[r * ld + c], in a fixed order. Stage one: blocks of
-// 32 columns x 8 row lanes, one block per (column tile, split of the rows); each thread sums its rows in
-// order, the eight lanes are added in order. With one split the block adds straight into out; otherwise
-// stage two adds each column's split totals in order. With Copy, each element read is also written to copy
-// (same layout) rounded to bf16, which changes nothing in the sums.
+// Column sums over rows: out[c] += sum over r of x[r * ld + c], in an order that depends on the shape only.
+// Stage one: blocks of kColumnTile x kColumnLanes threads, each thread owning the columns of one 16-byte
+// load (4 float32 or 8 bf16 values; one vector load per row where the layout allows, scalar loads otherwise:
+// the same sums), one block per (tile of columns, split of the rows). Row lane y sums rows begin + y,
+// begin + y + kColumnLanes, ... in order, and the lanes are added in order. With one split the block adds
+// straight into out; otherwise stage two adds each column's split totals: its lane y sums splits y,
+// y + kColumnLanes, ... in order, and the lanes are added in order. The splits come from the shape alone
+// (plan_column_sum), so that the order is the same for float32 and bf16 inputs and for any alignment. With
+// Copy (float32 inputs), each element read is also written to copy (same layout) rounded to bf16, which
+// changes nothing in the sums.
 
-constexpr int kColumnTile = 32;
-constexpr int kColumnLanes = 8;
+constexpr int kColumnTile = 32;                // threads across a block
+constexpr int kColumnLanes = 8;                // threads down a block
+constexpr int kColumnUnroll = 4;               // rows per thread in flight
+constexpr int64_t kColumnTargetBlocks = 1024;  // of float32 values; half as many of bf16
+constexpr int64_t kColumnMaxSplits = 128;
+constexpr int64_t kColumnPlanTile = 128;  // columns per block of float32 values, in the plan for every type
+
+// Columns per thread: one 16-byte load.
+template <typename T>
+__host__ __device__ constexpr int column_width() {
+  return static_cast<int>(16 / sizeof(T));
+}
+constexpr int kColumnMaxBlockColumns = kColumnTile * column_width<uint16_t>();
 
 struct ColumnSumPlan {
   int64_t rows_per_split = 0;
@@ -291,11 +307,12 @@ struct ColumnSumPlan {
   size_t scratch_floats(int64_t cols) const { return splits > 1 ? static_cast<size_t>(splits * cols) : 0; }
 };
 
-// Depends on the shape only, so the order of additions is the same on every device.
+// Depends on the shape only, so the order of additions is the same on every device and for every layout
+// of the same shape (float32 or bf16, aligned or not).
 ColumnSumPlan plan_column_sum(int64_t rows, int64_t cols) {
-  const int64_t tiles = ceil_div(cols, kColumnTile);
-  int64_t splits = std::clamp<int64_t>(ceil_div(1024, tiles), 1, 128);  // about 1024 blocks in all
-  splits = std::max<int64_t>(1, std::min(splits, ceil_div(rows, 4 * kColumnLanes)));
+  const int64_t tiles = ceil_div(cols, kColumnPlanTile);
+  int64_t splits = std::clamp<int64_t>(ceil_div(kColumnTargetBlocks, tiles), 1, kColumnMaxSplits);
+  splits = std::max<int64_t>(1, std::min(splits, ceil_div(rows, kColumnUnroll * kColumnLanes)));
   ColumnSumPlan plan;
   plan.rows_per_split = ceil_div(rows, splits);
   plan.splits = ceil_div(rows, plan.rows_per_split);
@@ -311,22 +328,102 @@ __device__ __forceinline__ float column_value(const uint16_t* x, int64_t i) {
   return __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
 }
 
-template <bool Direct, bool Copy, typename T>
+// The values of a thread's columns in one row (zeros past the last column).
+template <bool Vector, typename T>
+__device__ __forceinline__ Pack<column_width<T>()> column_load(const T* x, int64_t i, int64_t columns_left) {
+  constexpr int W = column_width<T>();
+  Pack<W> p;
+  if constexpr (Vector && W == 8) {
+    const uint4 q = *reinterpret_cast<const uint4*>(x + i);
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      p.v[2 * k] = __uint_as_float(words[k] << 16);
+      p.v[2 * k + 1] = __uint_as_float(words[k] & 0xFFFF0000u);
+    }
+  } else if constexpr (Vector) {
+    p = load_pack<W>(x + i);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) p.v[k] = k < columns_left ? column_value(x, i + k) : 0.0f;
+  }
+  return p;
+}
+// The bf16 copy of a float32 thread's values.
+template <bool Vector>
+__device__ __forceinline__ void column_copy(uint16_t* copy, int64_t i, const Pack<4>& p,
+                                            int64_t columns_left) {
+  if constexpr (Vector) {
+    store_pack<4>(copy + i, p);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (k < columns_left) copy[i + k] = bf16_bits(p.v[k]);
+    }
+  }
+}
+
+template <bool Direct, bool Copy, bool Vector, typename T>
 __global__ void __launch_bounds__(kColumnTile* kColumnLanes)
     column_sum_kernel(const T* x, int64_t ld, int64_t rows, int64_t cols, int64_t rows_per_split, float* out,
                       uint16_t* copy) {
-  __shared__ float lane_sums[kColumnLanes][kColumnTile + 1];
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
+  constexpr int W = column_width<T>();
+  constexpr int kBlockColumns = kColumnTile * W;
+  static_assert(!Copy || W == 4, "the bf16 copy is of float32 values");
+  __shared__ float lane_sums[kColumnLanes][kBlockColumns];
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x) * W;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_split;
   const int64_t end = rows < begin + rows_per_split ? rows : begin + rows_per_split;
+  const int64_t left = cols - c;
+  Pack<W> acc{};
+  if (left > 0) {
+    int64_t r = begin + threadIdx.y;
+    for (; r + (kColumnUnroll - 1) * kColumnLanes < end; r += kColumnUnroll * kColumnLanes) {
+      Pack<W> v[kColumnUnroll];
+#pragma unroll
+      for (int u = 0; u < kColumnUnroll; ++u)
+        v[u] = column_load<Vector>(x, (r + u * kColumnLanes) * ld + c, left);
+#pragma unroll
+      for (int u = 0; u < kColumnUnroll; ++u) {
+        if constexpr (Copy) column_copy<Vector>(copy, (r + u * kColumnLanes) * ld + c, v[u], left);
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc.v[k] = __fadd_rn(acc.v[k], v[u].v[k]);
+      }
+    }
+    for (; r < end; r += kColumnLanes) {
+      const Pack<W> v = column_load<Vector>(x, r * ld + c, left);
+      if constexpr (Copy) column_copy<Vector>(copy, r * ld + c, v, left);
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc.v[k] = __fadd_rn(acc.v[k], v.v[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < W; ++k) lane_sums[threadIdx.y][threadIdx.x * W + k] = acc.v[k];
+  __syncthreads();
+  const int j = static_cast<int>(threadIdx.y * kColumnTile + threadIdx.x);  // this block's column j
+  const int64_t column = static_cast<int64_t>(blockIdx.x) * kBlockColumns + j;
+  if (j >= kBlockColumns || column >= cols) return;
+  float total = lane_sums[0][j];
+#pragma unroll
+  for (int k = 1; k < kColumnLanes; ++k) total = __fadd_rn(total, lane_sums[k][j]);
+  if constexpr (Direct) {
+    out[column] = __fadd_rn(out[column], total);
+  } else {
+    out[blockIdx.y * cols + column] = total;
+  }
+}
+static_assert(kColumnMaxBlockColumns <= kColumnTile * kColumnLanes, "one thread per column in the combine");
+
+__global__ void __launch_bounds__(kColumnTile* kColumnLanes)
+    column_finish_kernel(const float* split_sums, int64_t splits, int64_t cols, float* out) {
+  __shared__ float lane_sums[kColumnLanes][kColumnTile + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
   float acc = 0.0f;
   if (c < cols) {
+    // Unrolled so that the loads are in flight together; the additions stay in split order.
 #pragma unroll 4
-    for (int64_t r = begin + threadIdx.y; r < end; r += kColumnLanes) {
-      const float v = column_value(x, r * ld + c);
-      if constexpr (Copy) copy[r * ld + c] = bf16_bits(v);
-      acc = __fadd_rn(acc, v);
-    }
+    for (int64_t s = threadIdx.y; s < splits; s += kColumnLanes)
+      acc = __fadd_rn(acc, split_sums[s * cols + c]);
   }
   lane_sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -334,20 +431,6 @@ __global__ void __launch_bounds__(kColumnTile* kColumnLanes)
   float total = lane_sums[0][threadIdx.x];
 #pragma unroll
   for (int k = 1; k < kColumnLanes; ++k) total = __fadd_rn(total, lane_sums[k][threadIdx.x]);
-  if constexpr (Direct) {
-    out[c] = __fadd_rn(out[c], total);
-  } else {
-    out[blockIdx.y * cols + c] = total;
-  }
-}
-
-__global__ void column_finish_kernel(const float* split_sums, int64_t splits, int64_t cols, float* out) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  float total = split_sums[c];
-  // Unrolled so that the loads are in flight together; the additions stay in split order.
-#pragma unroll 8
-  for (int64_t s = 1; s < splits; ++s) total = __fadd_rn(total, split_sums[s * cols + c]);
   out[c] = __fadd_rn(out[c], total);
 }
 
@@ -357,20 +440,33 @@ void column_sum(const T* x, int64_t ld, int64_t rows, int64_t cols, float* out, 
                 float* scratch, cudaStream_t stream, uint16_t* copy = nullptr) {
   if (rows == 0 || cols == 0) return;
   const dim3 block(kColumnTile, kColumnLanes);
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kColumnTile)), static_cast<unsigned>(plan.splits));
-  auto launch = [&](auto direct, auto with_copy) {
-    column_sum_kernel<decltype(direct)::value, decltype(with_copy)::value>
-        <<<grid, block, 0, stream>>>(x, ld, rows, cols, plan.rows_per_split, direct ? out : scratch, copy);
+  constexpr int W = column_width<T>();
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kColumnTile * W)), static_cast<unsigned>(plan.splits));
+  const bool vector = cols % W == 0 && ld % W == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                      (copy == nullptr || elementwise::pack_aligned(copy));
+  float* target = plan.splits == 1 ? out : scratch;
+  auto launch = [&](auto direct, auto with_copy, auto vectorised) {
+    column_sum_kernel<decltype(direct)::value, decltype(with_copy)::value, decltype(vectorised)::value>
+        <<<grid, block, 0, stream>>>(x, ld, rows, cols, plan.rows_per_split, target, copy);
     OCTET_CUDA_CHECK_LAUNCH("column_sum_kernel");
   };
-  using Yes = std::true_type;
-  using No = std::false_type;
+  auto with_layout = [&](auto direct, auto with_copy) {
+    vector ? launch(direct, with_copy, std::true_type{}) : launch(direct, with_copy, std::false_type{});
+  };
+  auto with_copy = [&](auto direct) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (copy != nullptr) return with_layout(direct, std::true_type{});
+    } else {
+      OCTET_CHECK(copy == nullptr, "column_sum: a bf16 copy is of float32 values");
+    }
+    with_layout(direct, std::false_type{});
+  };
   if (plan.splits == 1) {
-    copy != nullptr ? launch(Yes{}, Yes{}) : launch(Yes{}, No{});
+    with_copy(std::true_type{});
     return;
   }
-  copy != nullptr ? launch(No{}, Yes{}) : launch(No{}, No{});
-  column_finish_kernel<<<static_cast<unsigned>(ceil_div(cols, kThreads)), kThreads, 0, stream>>>(
+  with_copy(std::false_type{});
+  column_finish_kernel<<<static_cast<unsigned>(ceil_div(cols, kColumnTile)), block, 0, stream>>>(
       scratch, plan.splits, cols, out);
   OCTET_CUDA_CHECK_LAUNCH("column_finish_kernel");
 }
@@ -403,8 +499,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Accumulates dinp row by row; each warp adds its rows' dbias and dweight terms into its own partials in
-// shared memory ([warps][2][C]: dbias, then dweight), each lane always touching the same columns. The block
+// Accumulates dinp row by row; each warp adds its rows' dweight and dbias terms into its own partials in
+// shared memory ([warps][2][C]: dweight, then dbias), each lane always touching the same columns. The block
 // then adds its warps' partials in order and writes them to partials [gridDim.x][2][C].
 template <int W>
 __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
@@ -417,8 +513,8 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
   const int lane = static_cast<int>(threadIdx.x % kWarp);
   for (int64_t i = threadIdx.x; i < warps * 2 * C; i += blockDim.x) warp_partials[i] = 0.0f;
   __syncthreads();
-  float* dbias_acc = warp_partials + warp * 2 * C;
-  float* dweight_acc = dbias_acc + C;
+  float* dweight_acc = warp_partials + warp * 2 * C;
+  float* dbias_acc = dweight_acc + C;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + warp; row < N;
        row += static_cast<int64_t>(gridDim.x) * warps) {
     const float* d = dout + row * C;
@@ -986,10 +1082,12 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   const size_t shared_bytes = static_cast<size_t>(warps) * warp_bytes;
   const int64_t blocks = std::min(ceil_div(N, warps), kLayernormBackwardBlocks);
 
-  const ColumnSumPlan plan = plan_column_sum(blocks, C);
+  const bool joint = dbias == dweight + C;  // one column sum for both (below)
+  const int64_t sum_columns = joint ? 2 * C : C;
+  const ColumnSumPlan plan = plan_column_sum(blocks, sum_columns);
   Layout layout;
   const size_t partials_at = layout.reserve(static_cast<size_t>(blocks) * warp_bytes);
-  const size_t scratch_at = layout.reserve(plan.scratch_floats(C) * sizeof(float));
+  const size_t scratch_at = layout.reserve(plan.scratch_floats(sum_columns) * sizeof(float));
   void* base = workspace.get(layout.bytes, stream);
   float* partials = at_offset<float>(base, partials_at);
   float* scratch = at_offset<float>(base, scratch_at);
@@ -1010,10 +1108,15 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     launch(layernorm_backward_kernel<1>);
   }
   OCTET_CUDA_CHECK_LAUNCH("layernorm_backward_kernel");
-  // Rows of partials hold dbias then dweight; stage two of each sum may reuse the scratch, being ordered on
-  // the stream.
-  column_sum(partials, 2 * C, blocks, C, dbias, plan, scratch, stream);
-  column_sum(partials + C, 2 * C, blocks, C, dweight, plan, scratch, stream);
+  // Rows of partials hold dweight then dbias: one sum over 2C columns where the gradients lie so too (a
+  // LayerNorm's weight and bias in the model's parameters), else one each; stage two of each may reuse the
+  // scratch, being ordered on the stream.
+  if (joint) {
+    column_sum(partials, 2 * C, blocks, 2 * C, dweight, plan, scratch, stream);
+  } else {
+    column_sum(partials, 2 * C, blocks, C, dweight, plan, scratch, stream);
+    column_sum(partials + C, 2 * C, blocks, C, dbias, plan, scratch, stream);
+  }
 }
 
 namespace {
@@ -1219,6 +1322,59 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
   OCTET_CUDA_CHECK_LAUNCH("adamw_update");
 }
 
+namespace {
+
+// One block per chunk: groups of four with float4 accesses where the chunk starts 16-byte aligned, then the
+// rest one by one; the step is adamw_update's.
+__global__ void __launch_bounds__(kThreads)
+    adamw_chunks_kernel(float* params, float* m, float* v, const float* grads, const Chunk* chunks,
+                        elementwise::AdamWConstants decayed, elementwise::AdamWConstants plain,
+                        bool aligned) {
+  const Chunk chunk = chunks[blockIdx.x];
+  const elementwise::AdamWConstants& c = chunk.flag != 0 ? decayed : plain;
+  const int64_t groups = aligned && chunk.offset % 4 == 0 ? chunk.count / 4 : 0;
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    elementwise::adamw_pack<4>(c, params, m, v, grads, chunk.offset + g * 4);
+  }
+  for (int64_t i = groups * 4 + threadIdx.x; i < chunk.count; i += blockDim.x) {
+    elementwise::adamw_pack<1>(c, params, m, v, grads, chunk.offset + i);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    fill_zero_chunks_kernel(float* x, const Chunk* chunks, bool aligned) {
+  const Chunk chunk = chunks[blockIdx.x];
+  const int64_t groups = aligned && chunk.offset % 4 == 0 ? chunk.count / 4 : 0;
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    *reinterpret_cast<float4*>(x + chunk.offset + g * 4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  for (int64_t i = groups * 4 + threadIdx.x; i < chunk.count; i += blockDim.x) x[chunk.offset + i] = 0.0f;
+}
+
+}  // namespace
+
+void fill_zero_chunks(float* x, const Chunk* chunks, int64_t chunk_count, cudaStream_t stream) {
+  OCTET_CHECK(chunk_count >= 0 && chunk_count <= 0x7FFFFFFF, "fill_zero_chunks: {} chunks", chunk_count);
+  if (chunk_count == 0) return;
+  fill_zero_chunks_kernel<<<static_cast<unsigned>(chunk_count), kThreads, 0, stream>>>(x, chunks,
+                                                                                       aligned16(x));
+  OCTET_CUDA_CHECK_LAUNCH("fill_zero_chunks");
+}
+
+void adamw_update_chunks(float* params, float* m, float* v, const float* grads, const Chunk* chunks,
+                         int64_t chunk_count, float learning_rate, float beta1, float beta2, float eps,
+                         float weight_decay, int64_t step, float grad_scale, cudaStream_t stream) {
+  OCTET_CHECK(chunk_count >= 0 && chunk_count <= 0x7FFFFFFF, "adamw_update_chunks: {} chunks", chunk_count);
+  if (chunk_count == 0) return;
+  const auto decayed =
+      elementwise::adamw_constants(learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale);
+  const auto plain = elementwise::adamw_constants(learning_rate, beta1, beta2, eps, 0.0f, step, grad_scale);
+  const bool aligned = aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
+  adamw_chunks_kernel<<<static_cast<unsigned>(chunk_count), kThreads, 0, stream>>>(
+      params, m, v, grads, chunks, decayed, plain, aligned);
+  OCTET_CUDA_CHECK_LAUNCH("adamw_update_chunks");
+}
+
 void adamw_update_convert(float* params, float* m, float* v, const float* grads, __nv_bfloat16* params_bf16,
                           int64_t n, float learning_rate, float beta1, float beta2, float eps,
                           float weight_decay, int64_t step, float grad_scale, cudaStream_t stream) {
@@ -1297,16 +1453,21 @@ void convert_to_f16(__half* out, const float* in, int64_t n, cudaStream_t stream
 }
 
 void round_in_place(float* x, int64_t n, Dtype dtype, cudaStream_t stream) {
-  check_size(n, "round_in_place");
-  OCTET_CHECK(dtype == Dtype::bf16 || dtype == Dtype::f16, "round_in_place: bf16 or f16, got dtype {}",
+  round_copy(x, x, n, dtype, stream);
+}
+
+void round_copy(float* out, const float* in, int64_t n, Dtype dtype, cudaStream_t stream) {
+  check_size(n, "round_copy");
+  OCTET_CHECK(dtype == Dtype::bf16 || dtype == Dtype::f16, "round_copy: bf16 or f16, got dtype {}",
               static_cast<int>(dtype));
   if (n == 0) return;
+  const bool vectorize = aligned16(out) && aligned16(in);
   if (dtype == Dtype::bf16) {
-    for_each(Map1<RoundBf16>{x, x, RoundBf16{}}, n, aligned16(x), stream);
+    for_each(Map1<RoundBf16>{out, in, RoundBf16{}}, n, vectorize, stream);
   } else {
-    for_each(Map1<RoundF16>{x, x, RoundF16{}}, n, aligned16(x), stream);
+    for_each(Map1<RoundF16>{out, in, RoundF16{}}, n, vectorize, stream);
   }
-  OCTET_CUDA_CHECK_LAUNCH("round_in_place");
+  OCTET_CUDA_CHECK_LAUNCH("round_copy");
 }
 
 namespace {

@@ -102,6 +102,21 @@ bool all_finite(const float* x, int64_t n, Workspace& workspace, cudaStream_t st
 void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
                   cudaStream_t stream);
+// A piece of a segmented update: elements offset .. offset + count - 1 (count <= kChunkElements) of each
+// tensor, with a flag (AdamW: whether weight decay applies).
+struct Chunk {
+  int64_t offset;
+  int32_t count;
+  int32_t flag;
+};
+inline constexpr int64_t kChunkElements = 4096;
+// fill_zero of every chunk of `chunks` (device memory, chunk_count of them) of x, in one launch.
+void fill_zero_chunks(float* x, const Chunk* chunks, int64_t chunk_count, cudaStream_t stream);
+// adamw_update (the same bits) on every chunk of `chunks` (device memory, chunk_count of them), in one
+// launch: weight_decay on the chunks flagged, none on the others.
+void adamw_update_chunks(float* params, float* m, float* v, const float* grads, const Chunk* chunks,
+                         int64_t chunk_count, float learning_rate, float beta1, float beta2, float eps,
+                         float weight_decay, int64_t step, float grad_scale, cudaStream_t stream);
 // adamw_update (the same bits) that also writes the updated params rounded to bf16 into params_bf16 [n], as
 // convert_to_bf16 would from them, in the same pass: a BF16 layer's weight copy.
 void adamw_update_convert(float* params, float* m, float* v, const float* grads, __nv_bfloat16* params_bf16,
@@ -115,6 +130,8 @@ void convert_from_bf16(float* out, const uint16_t* in, int64_t n, cudaStream_t s
 void convert_to_f16(__half* out, const float* in, int64_t n, cudaStream_t stream);
 // x = round_to_bf16(x) or round_to_f16(x); `dtype` is Dtype::bf16 or Dtype::f16.
 void round_in_place(float* x, int64_t n, Dtype dtype, cudaStream_t stream);
+// out = in rounded so, in one pass (out may be in).
+void round_copy(float* out, const float* in, int64_t n, Dtype dtype, cudaStream_t stream);
 // dbias [OC] += column sums of dout [N, OC].
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t OC, Workspace& workspace,
                    cudaStream_t stream);
