@@ -82,7 +82,8 @@ accumulation read and written. Per op:
     layer with an FP8 backward GEMM, codes and transpose (with the bias gradient, as above).
   - BF16/FP16 GEMMs (casts): the float32 operand is converted first (read 4, write 2 bytes); dy once for both
     backward GEMMs when they run in the same type; the input again for the weight gradient. An input
-    gradient is the GEMM's float32 output as it is, whatever the GEMM's type: no rounding pass. Except: a
+    gradient is the GEMM's float32 output as it is, whatever the GEMM's type: no rounding pass (but
+    LayerNorm's dout, below). Except: a
     block layer whose forward and weight gradient are both BF16 keeps its input in bf16 (Gpt2's input_type),
     written so by LayerNorm or GELU (2 bytes an element) and read as it lies by both GEMMs; a float32 dy with
     a bias and a BF16 input gradient is converted in the bias gradient's pass (bias_backward_convert, kind
@@ -90,7 +91,10 @@ accumulation read and written. Per op:
     backward GEMMs are BF16, GELU's backward writes its gradient in bf16 (2 bytes), which the bias gradient
     and both GEMMs read as it lies.
   - LayerNorm forward: reads x, writes mean and rstd and its output as above; backward reads dout, x, mean,
-    rstd and adds into dx (read and write). GELU forward reads x; backward reads x and dout, writes dx.
+    rstd and adds into dx (read and write). ln_1's and ln_2's dout, the input gradient of attn.c_attn and
+    mlp.c_fc, is bf16 where that layer's input-gradient GEMM is BF16 or FP8 (Gpt2::layernorm_gradient_type):
+    the GEMM writes it so (2 bytes an element; an emulated FP8 GEMM writes float32 and a conversion
+    follows), LayerNorm's backward reads it so; ln_f's is float32. GELU forward reads x; backward reads x and dout, writes dx.
   - attention: forward reads q, k, v [N, 3C] (bf16 on tensor cores, read as they lie; float32 otherwise),
     writes out [N, C] and lse [B, NH, T]; backward reads q, k, v (the same), out, dout and lse and writes
     dqkv [N, 3C] (float32). The backward's scratch on tensor cores, dO packed per head in bf16 and
@@ -313,6 +317,13 @@ def bf16_gradient(g):
     return g["linear"] != "lm_head" and g["input_gradient"] == "bf16" and g["weight_gradient"] == "bf16"
 
 
+def bf16_layernorm_gradient(g):
+    """Whether a layer fed by LayerNorm (attn.c_attn, mlp.c_fc) hands LayerNorm's backward its input gradient in
+    bf16 (Gpt2::layernorm_gradient_type): where its input-gradient GEMM is BF16 or FP8, which then writes it
+    so; the CUDA backend stores it in bf16 (CudaBackendOptions::hidden_in_bf16, on by default)."""
+    return g["linear"] in ("attn.c_attn", "mlp.c_fc") and g["input_gradient"] in ("bf16", "fp8")
+
+
 def linear_forward(s, g, rows, phase, count, label, bf16_output=False, bf16_input=False, residual=False):
     """`bf16_output`: y is stored as bf16 (attn.c_attn's qkv where attention runs on BF16 tensor cores,
     mlp.c_fc's output in bf16 and fp8 modes).
@@ -491,8 +502,14 @@ def step_ops(m):
 
     # Backward.
     s.add("other", "backward", "zero the residual gradient", F32 * N * C)
-    layernorm_backward = F32 * (N * C + N * C + 2 * N + C + 2 * N * C + 4 * C)
-    s.add("norm_activation", "backward", "layernorm backward", layernorm_backward, 2 * L + 1)
+    def layernorm_backward(dout_bytes):
+        return dout_bytes * N * C + F32 * (N * C + 2 * N + C + 2 * N * C + 4 * C)
+    s.add("norm_activation", "backward", "ln_f backward", layernorm_backward(F32))
+    for g in blocks:
+        if g["linear"] in ("attn.c_attn", "mlp.c_fc"):
+            name = "ln_1" if g["linear"] == "attn.c_attn" else "ln_2"
+            s.add("norm_activation", "backward", f"{name} backward",
+                  layernorm_backward(2 if bf16_layernorm_gradient(g) else F32), g["layers"])
     fc = next(g for g in blocks if g["linear"] == "mlp.c_fc")
     # Gpt2::gelu_backward_into: when mlp.c_fc has an FP8 backward GEMM, GELU's backward (one op) also makes
     # its gradient cast and bias gradient.
@@ -523,7 +540,7 @@ def step_ops(m):
                         bf16_dout=(bf16_outputs and label == "attn.c_attn")
                         or (g is fc and not fused_gelu and bf16_gradient(fc) and m["hidden_bf16"]),
                         bf16_dinp=(bf16_outputs and label == "attn.c_proj")
-                        or (m["hidden_bf16"] and label == "mlp.c_proj"),
+                        or (m["hidden_bf16"] and label == "mlp.c_proj") or bf16_layernorm_gradient(g),
                         bf16_input=(bf16_outputs and label == "attn.c_proj") or bf16_input(g))
     s.add("other", "backward", "encoder backward", F32 * (N * C + N + 2 * N * C + 2 * T * C))
 

@@ -69,6 +69,13 @@ void Backend::layernorm_forward_as(void* out, Dtype out_type, float* mean, float
   layernorm_forward(static_cast<float*>(out), mean, rstd, inp, weight, bias, N, C);
 }
 
+void Backend::layernorm_backward_as(float* dinp, float* dweight, float* dbias, const void* dout,
+                                    Dtype dout_type, const float* inp, const float* weight, const float* mean,
+                                    const float* rstd, int64_t N, int64_t C) {
+  require_f32(*this, "LayerNorm's output gradient", dout_type);
+  layernorm_backward(dinp, dweight, dbias, static_cast<const float*>(dout), inp, weight, mean, rstd, N, C);
+}
+
 void Backend::gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) {
   require_f32(*this, "GELU's output", out_type);
   require_f32(*this, "GELU's input", type);

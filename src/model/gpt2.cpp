@@ -487,8 +487,27 @@ void Gpt2::round_hidden(void* x, int64_t n) {
   }
 }
 
+namespace {
+
+// Whether a linear layer's input-gradient GEMM rounds its result to bf16 for LayerNorm's backward.
+bool rounds_input_gradient(const LinearExecution& exec) {
+  return exec.input_gradient == GemmMode::bf16 || exec.input_gradient == GemmMode::fp8;
+}
+
+}  // namespace
+
+Dtype Gpt2::layernorm_gradient_type(const Linear& consumer) const {
+  return rounds_input_gradient(consumer.exec) ? backend_.bf16_storage_type() : Dtype::f32;
+}
+
+void Gpt2::round_layernorm_gradient(const Linear& consumer, Dtype type, float* dinp, int64_t n) {
+  if (rounds_input_gradient(consumer.exec) && type == Dtype::f32) {
+    backend_.round_in_place(dinp, n, Dtype::bf16);
+  }
+}
+
 void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N,
-                              int64_t C, float* next_dinp, const void* next_inp) {
+                              int64_t C, float* next_dinp, Dtype next_dinp_type, const void* next_inp) {
   const int64_t OC = next.plan->out_features, IC = next.plan->in_features;
   OCTET_CHECK(C == OC, "GELU's width {} is {}'s output width {}", C, next.plan->name, OC);
   float* p = params();
@@ -503,8 +522,8 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const 
     const Dtype type = rounded ? backend_.bf16_storage_type() : Dtype::f32;
     backend_.gelu_backward_as(dinp, type, inp, dout, hidden_type_, N * C);
     if (rounded && type == Dtype::f32) backend_.round_in_place(dinp, N * C, Dtype::bf16);
-    backend_.linear_backward_as(next_dinp, Dtype::f32, g + next.weight_offset, dbias, dinp, type, next_inp,
-                                next.input_type, p + next.weight_offset, next.copy.get(), N, IC, OC,
+    backend_.linear_backward_as(next_dinp, next_dinp_type, g + next.weight_offset, dbias, dinp, type,
+                                next_inp, next.input_type, p + next.weight_offset, next.copy.get(), N, IC, OC,
                                 backward_exec(next));
     return;
   }
@@ -512,7 +531,7 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const 
   // it.
   float* kept = gradient_cast_suffices(next.exec) ? nullptr : dinp;
   backend_.gelu_backward_cast_as(kept, inp, dout, hidden_type_, N, C, dbias, next.exec);
-  backend_.linear_backward_as(next_dinp, Dtype::f32, g + next.weight_offset, nullptr, kept, Dtype::f32,
+  backend_.linear_backward_as(next_dinp, next_dinp_type, g + next.weight_offset, nullptr, kept, Dtype::f32,
                               next_inp, next.input_type, p + next.weight_offset, next.copy.get(), N, IC, OC,
                               backward_exec(next));
 }
@@ -716,19 +735,23 @@ void Gpt2::backward(float dloss_scale) {
       round_hidden(a.fch_scratch, N * 4 * C);
       fch = a.fch_scratch;
     }
-    gelu_backward_into(fc, dfch, fch, dfch_gelu, N, 4 * C, d.ln, x.ln2);
-    backend_.layernorm_backward(d.residual, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d.ln, x.residual2,
-                                P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
+    const Dtype dln2_type = layernorm_gradient_type(fc);
+    gelu_backward_into(fc, dfch, fch, dfch_gelu, N, 4 * C, d.ln, dln2_type, x.ln2);
+    round_layernorm_gradient(fc, dln2_type, d.ln, N * C);
+    backend_.layernorm_backward_as(d.residual, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d.ln, dln2_type,
+                                   x.residual2, P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
     backend_.linear_backward_as(datty, atty_type_, g + proj.weight_offset, g + proj.bias_offset, d.residual,
                                 Dtype::f32, x.atty, atty_type_, p + proj.weight_offset, proj.copy.get(), N, C,
                                 C, backward_exec(proj));
     backend_.attention_backward_as(dqkv, datty, x.qkv, qkv_type_, x.atty, atty_type_, x.att_lse, B, T, C, NH);
-    backend_.linear_backward_as(d.ln, Dtype::f32, g + qkv.weight_offset, g + qkv.bias_offset, dqkv,
-                                atty_type_, x.ln1, qkv.input_type, p + qkv.weight_offset, qkv.copy.get(), N,
-                                C, 3 * C, backward_exec(qkv));
-    backend_.layernorm_backward(d.residual, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d.ln, residual,
-                                P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd, N, C);
+    const Dtype dln1_type = layernorm_gradient_type(qkv);
+    backend_.linear_backward_as(d.ln, dln1_type, g + qkv.weight_offset, g + qkv.bias_offset, dqkv, atty_type_,
+                                x.ln1, qkv.input_type, p + qkv.weight_offset, qkv.copy.get(), N, C, 3 * C,
+                                backward_exec(qkv));
+    round_layernorm_gradient(qkv, dln1_type, d.ln, N * C);
+    backend_.layernorm_backward_as(d.residual, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d.ln, dln1_type,
+                                   residual, P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd, N, C);
   }
   backend_.encoder_backward(G("wte"), G("wpe"), d.residual, tokens_->ints(), B, T, C);
 }

@@ -276,6 +276,25 @@ class Gpt2Small(unittest.TestCase):
         self.assertNotIn("mlp.c_fc output to bf16", names)
         self.assertNotIn("mlp.c_proj input gradient to bf16", names)
 
+    def test_layernorm_reads_a_bf16_gradient_from_the_gemms(self):
+        N, C, L = 32768, 768, 12
+        for ops, e in ((ops_by_name(self.fp8), 1), (ops_by_name(self.bf16), 2)):
+            # attn.c_attn's and mlp.c_fc's input gradients come out of their GEMMs in bf16, in both modes.
+            self.assertAlmostEqual(ops[("backward", "attn.c_attn input-gradient GEMM")]["gb"],
+                                   L * (e * N * 3 * C + e * 3 * C * C + 2 * N * C) / 1e9, places=9)
+            self.assertAlmostEqual(ops[("backward", "mlp.c_fc input-gradient GEMM")]["gb"],
+                                   L * (e * N * 4 * C + e * 4 * C * C + 2 * N * C) / 1e9, places=9)
+            # ln_1's and ln_2's backward read them so: dout 2, x 4, dx read and written 8 bytes an element, mean
+            # and rstd 8 a row, the weight 4 and its two gradients read and written 16 a column; ln_f's dout,
+            # from the LM head, is float32.
+            for name in ("ln_1", "ln_2"):
+                self.assertAlmostEqual(ops[("backward", f"{name} backward")]["gb"],
+                                       L * (14 * N * C + 8 * N + 20 * C) / 1e9, places=9)
+            self.assertAlmostEqual(ops[("backward", "ln_f backward")]["gb"], (16 * N * C + 8 * N + 20 * C) / 1e9,
+                                   places=9)
+            self.assertNotIn(("backward", "attn.c_attn input gradient to bf16"), ops)
+        self.assertAlmostEqual(ops_by_name(self.fp8)[("backward", "ln_1 backward")]["gb"], 4.23118848, places=9)
+
     def test_fp8_gradient_casts_carry_the_bias_gradients(self):
         casts = "casts and conversions"
         self.assertAlmostEqual(row(self.fp8, casts, "forward")["gb"], 1.962934272, places=9)

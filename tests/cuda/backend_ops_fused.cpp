@@ -1409,7 +1409,9 @@ TEST(ColumnSums, EveryLayoutOfAShapeSumsTheSameBits) {
       EXPECT_TRUE(std::isnan(first[nan_column])) << "the NaN's column";
       checked[nan_column] = reference.sums[nan_column];
       for (size_t c = 0; c < channels; ++c) {
-        if (c != nan_column) EXPECT_FALSE(std::isnan(first[c])) << "column " << c;
+        if (c != nan_column) {
+          EXPECT_FALSE(std::isnan(first[c])) << "column " << c;
+        }
       }
     }
     EXPECT_TRUE(close_to_column_sums(checked, reference, s.rows));

@@ -289,6 +289,12 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
     inner_.layernorm_forward(y, mean, rstd, inp, weight, bias, N, C);
     if (out_type == Dtype::bf16) store(out, N * C);
   }
+  void layernorm_backward_as(float* dinp, float* dweight, float* dbias, const void* dout, Dtype dout_type,
+                             const float* inp, const float* weight, const float* mean, const float* rstd,
+                             int64_t N, int64_t C) override {
+    inner_.layernorm_backward(dinp, dweight, dbias, widened(dout, dout_type, N * C, 1), inp, weight, mean,
+                              rstd, N, C);
+  }
   void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) override {
     const float* x = widened(inp, type, n, 0);
     float* y = out_type == Dtype::bf16 ? staged(n) : static_cast<float*>(out);
@@ -376,11 +382,12 @@ TEST_P(HiddenInBf16, StoredAsBf16TrainsBitForBitAsRoundedFloat32) {
   expect_same_training(stored, rounded, c.recipe);
   // train() moves h.1.mlp.c_fc to BF16 before its last two steps: from then on GELU's backward rounds that
   // layer's output gradient to bf16 (both GEMMs that read it are BF16) and stores it so, in every mode (in
-  // bf16 mode the layer was BF16 already).
+  // bf16 mode the layer was BF16 already). In fp32 mode its input gradient, which ln_2's backward reads, is
+  // then rounded and stored in bf16 too (in the other modes every layer's is, below).
   const int64_t moved_steps = c.mode == MixedPrecision::bf16 ? 0 : 2;
   if (c.mode == MixedPrecision::fp32) {
-    EXPECT_EQ(bf16_backend.stored(), moved_steps) << c.name;
-    EXPECT_EQ(bf16_backend.read(), moved_steps) << c.name;
+    EXPECT_EQ(bf16_backend.stored(), 2 * moved_steps) << c.name;
+    EXPECT_EQ(bf16_backend.read(), 2 * moved_steps) << c.name;
     return;
   }
   // Per block and training step: the forward writes GELU's input and reads it, the backward writes its
@@ -388,10 +395,12 @@ TEST_P(HiddenInBf16, StoredAsBf16TrainsBitForBitAsRoundedFloat32) {
   // In bf16 mode the three linear layers' inputs that LayerNorm and GELU write (ln_1's and ln_2's outputs,
   // GELU's) are bf16 too: each written and read by the forward, read again by the weight gradient; and so
   // is GELU's input gradient, mlp.c_fc's output gradient: written by GELU's backward, read by mlp.c_fc's.
+  // In both modes the input gradients of attn.c_attn and mlp.c_fc (BF16 or FP8 input-gradient GEMMs) are
+  // bf16: written by those GEMMs, read by ln_1's and ln_2's backward.
   const int64_t steps = 4, blocks = 2;
   const int64_t recomputes = c.recompute && c.recipe != RecipeKind::block ? 2 * 2 + 2 * 1 : 0;
   const int64_t inputs = c.mode == MixedPrecision::bf16 ? 3 : 0;
-  const int64_t gradients = c.mode == MixedPrecision::bf16 ? 1 : 0;
+  const int64_t gradients = (c.mode == MixedPrecision::bf16 ? 1 : 0) + 2;
   EXPECT_EQ(bf16_backend.stored(),
             steps * blocks * (2 + inputs + gradients) + moved_steps + recomputes + blocks * (1 + inputs))
       << c.name;

@@ -113,6 +113,11 @@ class Backend {
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const float* mean, const float* rstd,
                                   int64_t N, int64_t C) = 0;
+  // layernorm_backward with dout stored as `dout_type` (bf16_storage_type, or f32): bf16 values are read as
+  // their float32 values. The default takes f32 only.
+  virtual void layernorm_backward_as(float* dinp, float* dweight, float* dbias, const void* dout,
+                                     Dtype dout_type, const float* inp, const float* weight,
+                                     const float* mean, const float* rstd, int64_t N, int64_t C);
 
   // Makes (or refreshes) the copy of weight [OC, C] that the layer's GEMMs use, as `exec` says.
   virtual void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,

@@ -162,7 +162,15 @@ class Gpt2 {
   // leaves dinp unwritten when that cast is all next reads.
   // inp and dout are stored as hidden_type_, next_inp as next's input_type.
   void gelu_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N, int64_t C,
-                          float* next_dinp, const void* next_inp);
+                          float* next_dinp, Dtype next_dinp_type, const void* next_inp);
+  // How a block layer fed by LayerNorm (attn.c_attn, mlp.c_fc) stores its input gradient, which LayerNorm's
+  // backward reads: rounded to bf16 where its input-gradient GEMM is BF16 or FP8, as PyTorch autocast and
+  // Transformer Engine return a BF16 layer's input gradient (Backend::bf16_storage_type, the model rounding
+  // in place where that is f32); float32 otherwise.
+  Dtype layernorm_gradient_type(const Linear& consumer) const;
+  // The input gradient of `consumer` just written as `type`: rounded in place where consumer's input-gradient
+  // GEMM rounds it but the backend stores it in float32.
+  void round_layernorm_gradient(const Linear& consumer, Dtype type, float* dinp, int64_t n);
   // x [n], a hidden tensor just written in float32 by a backend that stores them so: rounded to bf16 in
   // place where the model rounds them (hidden_in_bf16_); a no-op otherwise.
   void round_hidden(void* x, int64_t n);

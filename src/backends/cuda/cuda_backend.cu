@@ -507,6 +507,19 @@ class CudaBackend final : public Backend {
     const OpScope scope(*this, OpKind::norm_activation);
     cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, workspace_, stream_);
   }
+  void layernorm_backward_as(float* dinp, float* dweight, float* dbias, const void* dout, Dtype dout_type,
+                             const float* inp, const float* weight, const float* mean, const float* rstd,
+                             int64_t N, int64_t C) override {
+    check_stored(dout_type, "LayerNorm's output gradient");
+    const OpScope scope(*this, OpKind::norm_activation);
+    if (dout_type == Dtype::bf16) {
+      cuda::layernorm_backward(dinp, dweight, dbias, static_cast<const uint16_t*>(dout), inp, weight, mean,
+                               rstd, N, C, workspace_, stream_);
+    } else {
+      cuda::layernorm_backward(dinp, dweight, dbias, static_cast<const float*>(dout), inp, weight, mean, rstd,
+                               N, C, workspace_, stream_);
+    }
+  }
 
   void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                       LinearExecution& exec) override;

@@ -200,6 +200,9 @@ struct RowStatistics {
 template <int W>
 __device__ __forceinline__ RowStatistics layernorm_statistics(const float* x, int64_t C, int lane) {
   double sum = 0.0;
+  // Unrolled so that four loads are in flight (the sums still add in i's order); the second pass reads from
+  // L1.
+#pragma unroll 4
   for (int64_t i = lane * W; i < C; i += kWarp * W) {
     const Pack<W> p = load_pack<W>(x + i);
 #pragma unroll
@@ -207,6 +210,7 @@ __device__ __forceinline__ RowStatistics layernorm_statistics(const float* x, in
   }
   const float m = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
   double var = 0.0;
+#pragma unroll 4
   for (int64_t i = lane * W; i < C; i += kWarp * W) {
     const Pack<W> p = load_pack<W>(x + i);
 #pragma unroll

@@ -123,17 +123,75 @@ __device__ __forceinline__ void write_transposed_tile(const uint8_t* staged, int
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Element-wise producers: produce<W>(i) computes elements i .. i+W-1, stores the op's own outputs and returns
-// the values to cast.
+// Element-wise producers, in two steps: load<W>(i) reads what elements i .. i+W-1 need (Loaded<W>, the raw
+// bits: bf16 stays 2 bytes a value until it is used), finish<W>(loaded, i) computes them, stores the op's own
+// outputs and returns the values to cast. The tiled kernel loads a thread's four rows of a tile before it
+// finishes any of them: a store may alias a later load as far as the compiler knows, so one load-compute-
+// store step per row would leave one load in flight per thread, which bounds these kernels by DRAM latency
+// rather than bandwidth. A producer whose four rows of loads would cost more registers than the latency
+// they hide says so (kLoadRowsFirst = false: AdamW, 16 floats a row, measured slower loading first).
+
+// W values of type T as loaded: float32 already as a Pack, bf16 as its bits (widen() makes them floats).
+template <int W, typename T>
+struct Raw {
+  Pack<W> v;
+};
+template <>
+struct Raw<4, uint16_t> {
+  uint2 q;
+};
+template <>
+struct Raw<1, uint16_t> {
+  uint16_t q;
+};
+
+template <int W>
+__device__ __forceinline__ Raw<W, float> load_raw(const float* p) {
+  return {load_pack<W>(p)};
+}
+template <int W>
+__device__ __forceinline__ Raw<W, uint16_t> load_raw(const uint16_t* p) {
+  if constexpr (W == 4) {
+    return {*reinterpret_cast<const uint2*>(p)};
+  } else {
+    return {*p};
+  }
+}
+
+template <int W>
+__device__ __forceinline__ Pack<W> widen(const Raw<W, float>& r) {
+  return r.v;
+}
+// bf16 bits widened to float32, exactly as load_pack does.
+template <int W>
+__device__ __forceinline__ Pack<W> widen(const Raw<W, uint16_t>& r) {
+  Pack<W> x;
+  if constexpr (W == 4) {
+    x.v[0] = __uint_as_float(r.q.x << 16);
+    x.v[1] = __uint_as_float(r.q.x & 0xFFFF0000u);
+    x.v[2] = __uint_as_float(r.q.y << 16);
+    x.v[3] = __uint_as_float(r.q.y & 0xFFFF0000u);
+  } else {
+    x.v[0] = __uint_as_float(static_cast<uint32_t>(r.q) << 16);
+  }
+  return x;
+}
 
 // ops.cu's Gelu: elementwise::gelu, over float32 or bf16 (In = uint16_t) inputs.
 template <typename In>
 struct GeluProducer {
+  static constexpr bool kLoadRowsFirst = true;
   float* out;  // may be null
   const In* inp;
   template <int W>
-  __device__ __forceinline__ Pack<W> produce(int64_t i) const {
-    Pack<W> x = load_pack<W>(inp + i);
+  using Loaded = Raw<W, In>;
+  template <int W>
+  __device__ __forceinline__ Loaded<W> load(int64_t i) const {
+    return load_raw<W>(inp + i);
+  }
+  template <int W>
+  __device__ __forceinline__ Pack<W> finish(const Loaded<W>& loaded, int64_t i) const {
+    Pack<W> x = widen(loaded);
 #pragma unroll
     for (int k = 0; k < W; ++k) x.v[k] = elementwise::gelu(x.v[k]);
     if (out != nullptr) store_pack<W>(out + i, x);
@@ -145,13 +203,22 @@ struct GeluProducer {
 // element is read and written by one thread, so dinp may alias inp or dout.
 template <typename In>
 struct GeluBackwardProducer {
+  static constexpr bool kLoadRowsFirst = true;
   float* dinp;  // may be null
   const In* inp;
   const In* dout;
   template <int W>
-  __device__ __forceinline__ Pack<W> produce(int64_t i) const {
-    Pack<W> x = load_pack<W>(inp + i);
-    const Pack<W> g = load_pack<W>(dout + i);
+  struct Loaded {
+    Raw<W, In> x, g;
+  };
+  template <int W>
+  __device__ __forceinline__ Loaded<W> load(int64_t i) const {
+    return {load_raw<W>(inp + i), load_raw<W>(dout + i)};
+  }
+  template <int W>
+  __device__ __forceinline__ Pack<W> finish(const Loaded<W>& loaded, int64_t i) const {
+    Pack<W> x = widen(loaded.x);
+    const Pack<W> g = widen(loaded.g);
 #pragma unroll
     for (int k = 0; k < W; ++k) x.v[k] = elementwise::gelu_gradient(x.v[k], g.v[k]);
     if (dinp != nullptr) store_pack<W>(dinp + i, x);
@@ -159,37 +226,60 @@ struct GeluBackwardProducer {
   }
 };
 
-// The values as they are: a cast that reads its input only (the bias gradient is all that it adds).
-struct IdentityProducer {
-  const float* x;
+// The values as they are stored, float32 or bf16 bits widened to float32 (exact): a cast that reads its input
+// only (the bias gradient is all that it adds), or of attention's bf16 output or gradient (W = 4 reads 8
+// bytes of bf16).
+template <typename In>
+struct StoredProducer {
+  static constexpr bool kLoadRowsFirst = true;
+  const In* x;
   template <int W>
-  __device__ __forceinline__ Pack<W> produce(int64_t i) const {
-    return load_pack<W>(x + i);
+  using Loaded = Raw<W, In>;
+  template <int W>
+  __device__ __forceinline__ Loaded<W> load(int64_t i) const {
+    return load_raw<W>(x + i);
+  }
+  template <int W>
+  __device__ __forceinline__ Pack<W> finish(const Loaded<W>& loaded, int64_t) const {
+    return widen(loaded);
   }
 };
+using IdentityProducer = StoredProducer<float>;
+using Bf16Producer = StoredProducer<uint16_t>;
 
-// bf16 values (their bits) as they are, widened to float32 (exact): a cast of attention's bf16 output or
-// gradient. W = 4 reads 8 bytes.
-struct Bf16Producer {
-  const uint16_t* x;
-  template <int W>
-  __device__ __forceinline__ Pack<W> produce(int64_t i) const {
-    return load_pack<W>(x + i);
-  }
-};
-
-// ops.cu's AdamW: elementwise::adamw_pack, with the constants of elementwise::adamw_constants.
+// ops.cu's AdamW: elementwise::adamw_step on each element (adamw_pack's arithmetic, loads and stores), with
+// the constants of elementwise::adamw_constants.
 struct AdamWProducer {
+  static constexpr bool kLoadRowsFirst = false;
   float* params;
   float* m;
   float* v;
   const float* grads;
   elementwise::AdamWConstants constants;
   template <int W>
-  __device__ __forceinline__ Pack<W> produce(int64_t i) const {
-    return elementwise::adamw_pack<W>(constants, params, m, v, grads, i);
+  struct Loaded {
+    Pack<W> p, m, v, g;
+  };
+  template <int W>
+  __device__ __forceinline__ Loaded<W> load(int64_t i) const {
+    return {load_pack<W>(params + i), load_pack<W>(m + i), load_pack<W>(v + i), load_pack<W>(grads + i)};
+  }
+  template <int W>
+  __device__ __forceinline__ Pack<W> finish(Loaded<W> l, int64_t i) const {
+#pragma unroll
+    for (int k = 0; k < W; ++k) elementwise::adamw_step(constants, l.p.v[k], l.m.v[k], l.v.v[k], l.g.v[k]);
+    store_pack<W>(params + i, l.p);
+    store_pack<W>(m + i, l.m);
+    store_pack<W>(v + i, l.v);
+    return l.p;
   }
 };
+
+// Elements i .. i+W-1 of a producer: its two steps back to back.
+template <int W, typename Producer>
+__device__ __forceinline__ Pack<W> produce(const Producer& producer, int64_t i) {
+  return producer.template finish<W>(producer.template load<W>(i), i);
+}
 
 // Row-major codes only: a grid-stride loop over groups of four (float4 loads, one 32-bit store of codes;
 // `groups` = n / 4 when every pointer allows it, else 0), then the rest one by one.
@@ -202,10 +292,10 @@ __global__ void __launch_bounds__(kThreads)
   Tally t{};
   uint32_t* output4 = reinterpret_cast<uint32_t*>(cast.output);
   for (int64_t g = first; g < groups; g += stride) {
-    output4[g] = cast_pack<Format>(producer.template produce<4>(g * 4), scale, t);
+    output4[g] = cast_pack<Format>(produce<4>(producer, g * 4), scale, t);
   }
   for (int64_t i = groups * 4 + first; i < n; i += stride) {
-    cast.output[i] = static_cast<uint8_t>(cast_pack<Format>(producer.template produce<1>(i), scale, t));
+    cast.output[i] = static_cast<uint8_t>(cast_pack<Format>(produce<1>(producer, i), scale, t));
   }
   write_scale_inv(cast.scale_inv, scale);
   flush_tally(t, cast.results);
@@ -226,6 +316,7 @@ __global__ void __launch_bounds__(kThreads)
                                   bool transposed_words, float* column_partials) {
   constexpr int kGroupsPerRow = kTileCols / 4;
   constexpr int kRowGroups = kThreads / kGroupsPerRow;
+  constexpr int kRowsPerThread = kTileRows / kRowGroups;
   static_assert(kThreads % kGroupsPerRow == 0 && kTileRows % kRowGroups == 0,
                 "each thread keeps to four columns of a tile");
   __shared__ __align__(16) uint8_t staged[kTileRows * kTileStride];
@@ -252,14 +343,29 @@ __global__ void __launch_bounds__(kThreads)
     float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // ColumnSums: columns c .. c+3 of this thread's rows
     const int64_t col = col0 + c;
     if (col < cols) {
+      // Vector: every row's loads first where the producer asks for it (see the producers).
+      constexpr bool kLoadFirst = Vector && Producer::kLoadRowsFirst;
+      [[maybe_unused]] typename Producer::template Loaded<4> loaded[kLoadFirst ? kRowsPerThread : 1];
+      if constexpr (kLoadFirst) {
+#pragma unroll
+        for (int k = 0; k < kRowsPerThread; ++k) {
+          if (row0 + r_first + k * kRowGroups < rows)
+            loaded[k] = producer.template load<4>((row0 + r_first + k * kRowGroups) * cols + col);
+        }
+      }
       int64_t i = (row0 + r_first) * cols + col;
 #pragma unroll
-      for (int k = 0; k < kTileRows / kRowGroups; ++k, i += kRowGroups * cols) {
+      for (int k = 0; k < kRowsPerThread; ++k, i += kRowGroups * cols) {
         const int r = r_first + k * kRowGroups;
         if (row0 + r >= rows) break;
         uint8_t* s = staged + r * kTileStride + c;
         if constexpr (Vector) {
-          const Pack<4> p = producer.template produce<4>(i);
+          Pack<4> p;
+          if constexpr (kLoadFirst) {
+            p = producer.template finish<4>(loaded[k], i);
+          } else {
+            p = produce<4>(producer, i);
+          }
           const uint32_t word = cast_pack<Format>(p, scale, t);
           *reinterpret_cast<uint32_t*>(cast.output + i) = word;
           *reinterpret_cast<uint32_t*>(s) = word;
@@ -269,7 +375,7 @@ __global__ void __launch_bounds__(kThreads)
           }
         } else {
           for (int k = 0; k < 4 && col + k < cols; ++k) {
-            const Pack<1> p = producer.template produce<1>(i + k);
+            const Pack<1> p = produce<1>(producer, i + k);
             const auto code = static_cast<uint8_t>(cast_pack<Format>(p, scale, t));
             cast.output[i + k] = code;
             s[k] = code;

@@ -478,7 +478,6 @@ void column_sum(const T* x, int64_t ld, int64_t rows, int64_t cols, float* out, 
 
 constexpr int kLayernormForwardWarps = kThreads / kWarp;
 constexpr int kLayernormBackwardWarps = 4;  // per block, each with its own dweight/dbias partials
-constexpr int64_t kLayernormBackwardBlocks = 1024;
 
 // Out: float, or uint16_t for bf16 (the float32 value rounded once).
 template <int W, typename Out>
@@ -502,9 +501,9 @@ __global__ void __launch_bounds__(kThreads)
 // Accumulates dinp row by row; each warp adds its rows' dweight and dbias terms into its own partials in
 // shared memory ([warps][2][C]: dweight, then dbias), each lane always touching the same columns. The block
 // then adds its warps' partials in order and writes them to partials [gridDim.x][2][C].
-template <int W>
+template <int W, typename Dout>
 __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
-    layernorm_backward_kernel(float* dinp, float* partials, const float* dout, const float* inp,
+    layernorm_backward_kernel(float* dinp, float* partials, const Dout* dout, const float* inp,
                               const float* weight, const float* mean, const float* rstd, int64_t N,
                               int64_t C) {
   extern __shared__ float warp_partials[];
@@ -517,13 +516,18 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
   float* dbias_acc = dweight_acc + C;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + warp; row < N;
        row += static_cast<int64_t>(gridDim.x) * warps) {
-    const float* d = dout + row * C;
+    const Dout* d = dout + row * C;
     const float* x = inp + row * C;
     const float m = mean[row];
     const float s = rstd[row];
     double dnorm_sum = 0.0;
     double dnorm_norm_sum = 0.0;
+    float* di = dinp + row * C;
+    // Four iterations' loads in flight (no store in this loop to order them after); the second loop's dinp,
+    // which nothing has read yet, fetched into L2 meanwhile.
+#pragma unroll 4
     for (int64_t i = lane * W; i < C; i += kWarp * W) {
+      asm volatile("prefetch.global.L2 [%0];" : : "l"(di + i));
       const Pack<W> dp = load_pack<W>(d + i);
       const Pack<W> xp = load_pack<W>(x + i);
       const Pack<W> wp = load_pack<W>(weight + i);
@@ -538,7 +542,6 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
     }
     const float a = static_cast<float>(warp_sum(dnorm_sum) / static_cast<double>(C));
     const float b = static_cast<float>(warp_sum(dnorm_norm_sum) / static_cast<double>(C));
-    float* di = dinp + row * C;
     for (int64_t i = lane * W; i < C; i += kWarp * W) {
       const Pack<W> dp = load_pack<W>(d + i);
       const Pack<W> xp = load_pack<W>(x + i);
@@ -1068,9 +1071,12 @@ void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp
   layernorm_forward_of(out, mean, rstd, inp, weight, bias, N, C, stream);
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
-                        Workspace& workspace, cudaStream_t stream) {
+namespace {
+
+template <typename Dout>
+void layernorm_backward_of(float* dinp, float* dweight, float* dbias, const Dout* dout, const float* inp,
+                           const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
+                           Workspace& workspace, cudaStream_t stream) {
   OCTET_CHECK(N >= 0 && C > 0, "layernorm_backward: N >= 0 and C > 0, got N={} C={}", N, C);
   if (N == 0) return;
   const size_t warp_bytes = static_cast<size_t>(2 * C) * sizeof(float);
@@ -1080,7 +1086,24 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                 "layernorm_backward: C={} needs {} bytes of shared memory per warp, the device has {}", C,
                 warp_bytes, shared_limit);
   const size_t shared_bytes = static_cast<size_t>(warps) * warp_bytes;
-  const int64_t blocks = std::min(ceil_div(N, warps), kLayernormBackwardBlocks);
+  const bool vectorize =
+      C % 4 == 0 && aligned16(dinp) && elementwise::pack_aligned(dout) && aligned16(inp) && aligned16(weight);
+  const auto kernel = vectorize ? layernorm_backward_kernel<4, Dout> : layernorm_backward_kernel<1, Dout>;
+  if (shared_bytes > kDefaultSharedBytes) {
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(shared_bytes)));
+  }
+  // One wave of equal blocks: the most the GPU holds at once, each warp given the same number of rows, so
+  // that no block starts after the others have finished (a second wave of a few blocks, or warps with one
+  // row more than the rest, would leave the GPU idling). The rows of a warp, and so the order of the
+  // dweight and dbias partial sums, depend on the shape and the GPU's size.
+  int resident_per_multiprocessor = 0;
+  OCTET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident_per_multiprocessor, kernel,
+                                                                 warps * kWarp, shared_bytes));
+  const int64_t resident = static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount)) *
+                           std::max(resident_per_multiprocessor, 1);
+  const int64_t rows_per_warp = std::max<int64_t>(ceil_div(N, resident * warps), 1);
+  const int64_t blocks = ceil_div(N, warps * rows_per_warp);
 
   const bool joint = dbias == dweight + C;  // one column sum for both (below)
   const int64_t sum_columns = joint ? 2 * C : C;
@@ -1092,21 +1115,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   float* partials = at_offset<float>(base, partials_at);
   float* scratch = at_offset<float>(base, scratch_at);
 
-  const bool vectorize =
-      C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
-  auto launch = [&](auto kernel) {
-    if (shared_bytes > kDefaultSharedBytes) {
-      OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(shared_bytes)));
-    }
-    kernel<<<static_cast<unsigned>(blocks), warps * kWarp, shared_bytes, stream>>>(dinp, partials, dout, inp,
-                                                                                   weight, mean, rstd, N, C);
-  };
-  if (vectorize) {
-    launch(layernorm_backward_kernel<4>);
-  } else {
-    launch(layernorm_backward_kernel<1>);
-  }
+  kernel<<<static_cast<unsigned>(blocks), warps * kWarp, shared_bytes, stream>>>(dinp, partials, dout, inp,
+                                                                                 weight, mean, rstd, N, C);
   OCTET_CUDA_CHECK_LAUNCH("layernorm_backward_kernel");
   // Rows of partials hold dweight then dbias: one sum over 2C columns where the gradients lie so too (a
   // LayerNorm's weight and bias in the model's parameters), else one each; stage two of each may reuse the
@@ -1117,6 +1127,20 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     column_sum(partials, 2 * C, blocks, C, dweight, plan, scratch, stream);
     column_sum(partials + C, 2 * C, blocks, C, dbias, plan, scratch, stream);
   }
+}
+
+}  // namespace
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
+                        Workspace& workspace, cudaStream_t stream) {
+  layernorm_backward_of(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, workspace, stream);
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const uint16_t* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
+                        Workspace& workspace, cudaStream_t stream) {
+  layernorm_backward_of(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, workspace, stream);
 }
 
 namespace {

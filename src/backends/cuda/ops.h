@@ -62,6 +62,10 @@ void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
                         Workspace& workspace, cudaStream_t stream);
+// The same with dout in bf16 (its bits), read as their float32 values.
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const uint16_t* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
+                        Workspace& workspace, cudaStream_t stream);
 
 // GELU, tanh approximation; gelu_backward overwrites dinp = dout * gelu'(inp).
 void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream);
