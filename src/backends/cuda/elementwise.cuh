@@ -32,22 +32,59 @@ __device__ __forceinline__ Pack<W> load_pack(const float* p) {
   }
 }
 
-// W consecutive bf16 values (their bits) widened to float32, which is exact; 8 bytes when W is 4 (the caller
-// guarantees 8-byte alignment).
+// W values of type T as loaded: float32 already as a Pack, bf16 as its bits until widen() makes them floats
+// (a kernel holding loads of several rows keeps bf16 at 2 bytes a value).
+template <int W, typename T>
+struct Raw {
+  Pack<W> v;
+};
+template <>
+struct Raw<4, uint16_t> {
+  uint2 q;
+};
+template <>
+struct Raw<1, uint16_t> {
+  uint16_t q;
+};
+
 template <int W>
-__device__ __forceinline__ Pack<W> load_pack(const uint16_t* p) {
+__device__ __forceinline__ Raw<W, float> load_raw(const float* p) {
+  return {load_pack<W>(p)};
+}
+// 8 bytes when W is 4 (the caller guarantees 8-byte alignment).
+template <int W>
+__device__ __forceinline__ Raw<W, uint16_t> load_raw(const uint16_t* p) {
+  if constexpr (W == 4) {
+    return {*reinterpret_cast<const uint2*>(p)};
+  } else {
+    return {*p};
+  }
+}
+
+template <int W>
+__device__ __forceinline__ Pack<W> widen(const Raw<W, float>& r) {
+  return r.v;
+}
+// bf16 bits widened to float32, which is exact.
+template <int W>
+__device__ __forceinline__ Pack<W> widen(const Raw<W, uint16_t>& r) {
   Pack<W> x;
   if constexpr (W == 4) {
-    const uint2 q = *reinterpret_cast<const uint2*>(p);
-    x.v[0] = __uint_as_float(q.x << 16);
-    x.v[1] = __uint_as_float(q.x & 0xFFFF0000u);
-    x.v[2] = __uint_as_float(q.y << 16);
-    x.v[3] = __uint_as_float(q.y & 0xFFFF0000u);
+    x.v[0] = __uint_as_float(r.q.x << 16);
+    x.v[1] = __uint_as_float(r.q.x & 0xFFFF0000u);
+    x.v[2] = __uint_as_float(r.q.y << 16);
+    x.v[3] = __uint_as_float(r.q.y & 0xFFFF0000u);
   } else {
-#pragma unroll
-    for (int k = 0; k < W; ++k) x.v[k] = __uint_as_float(static_cast<uint32_t>(p[k]) << 16);
+    x.v[0] = __uint_as_float(static_cast<uint32_t>(r.q) << 16);
   }
   return x;
+}
+
+// W consecutive bf16 values (their bits) widened to float32; 8 bytes when W is 4 (the caller guarantees 8-byte
+// alignment).
+template <int W>
+__device__ __forceinline__ Pack<W> load_pack(const uint16_t* p) {
+  return widen(load_raw<W>(p));
 }
 
 // Whether a pointer allows load_pack<4>: 16 bytes for float, 8 for bf16.

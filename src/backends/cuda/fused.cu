@@ -31,8 +31,11 @@ using cast_internal::Tally;
 using cast_internal::write_scale_inv;
 using elementwise::kWarp;
 using elementwise::load_pack;
+using elementwise::load_raw;
 using elementwise::Pack;
+using elementwise::Raw;
 using elementwise::store_pack;
+using elementwise::widen;
 
 constexpr int kThreads = 256;                // flat and element-wise tile kernels
 constexpr int kBlocksPerMultiprocessor = 8;  // 8 x 256 threads fill a Hopper multiprocessor
@@ -130,52 +133,6 @@ __device__ __forceinline__ void write_transposed_tile(const uint8_t* staged, int
 // store step per row would leave one load in flight per thread, which bounds these kernels by DRAM latency
 // rather than bandwidth. A producer whose four rows of loads would cost more registers than the latency
 // they hide says so (kLoadRowsFirst = false: AdamW, 16 floats a row, measured slower loading first).
-
-// W values of type T as loaded: float32 already as a Pack, bf16 as its bits (widen() makes them floats).
-template <int W, typename T>
-struct Raw {
-  Pack<W> v;
-};
-template <>
-struct Raw<4, uint16_t> {
-  uint2 q;
-};
-template <>
-struct Raw<1, uint16_t> {
-  uint16_t q;
-};
-
-template <int W>
-__device__ __forceinline__ Raw<W, float> load_raw(const float* p) {
-  return {load_pack<W>(p)};
-}
-template <int W>
-__device__ __forceinline__ Raw<W, uint16_t> load_raw(const uint16_t* p) {
-  if constexpr (W == 4) {
-    return {*reinterpret_cast<const uint2*>(p)};
-  } else {
-    return {*p};
-  }
-}
-
-template <int W>
-__device__ __forceinline__ Pack<W> widen(const Raw<W, float>& r) {
-  return r.v;
-}
-// bf16 bits widened to float32, exactly as load_pack does.
-template <int W>
-__device__ __forceinline__ Pack<W> widen(const Raw<W, uint16_t>& r) {
-  Pack<W> x;
-  if constexpr (W == 4) {
-    x.v[0] = __uint_as_float(r.q.x << 16);
-    x.v[1] = __uint_as_float(r.q.x & 0xFFFF0000u);
-    x.v[2] = __uint_as_float(r.q.y << 16);
-    x.v[3] = __uint_as_float(r.q.y & 0xFFFF0000u);
-  } else {
-    x.v[0] = __uint_as_float(static_cast<uint32_t>(r.q) << 16);
-  }
-  return x;
-}
 
 // ops.cu's Gelu: elementwise::gelu, over float32 or bf16 (In = uint16_t) inputs.
 template <typename In>
