@@ -1418,6 +1418,74 @@ TEST(ColumnSums, EveryLayoutOfAShapeSumsTheSameBits) {
   }
 }
 
+// LayerNorm's backward over a bf16 output gradient gives the bits it gives over the gradient's float32
+// values. At C = 1152 and 1600 the bf16 gradient's rows are held in registers (9 and 13 packs a lane, some
+// past C) and the float32 one's streamed, so this also holds those two kernels to the same bits; at C = 4,
+// 768 and 2000 both are streamed. dinp and the joint dweight, dbias accumulate onto non-zero values.
+TEST(Bf16Outputs, LayerNormBackwardReadsBf16AsItsFloat32Values) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t rows, cols;
+  };
+  uint64_t seed = 2550;
+  for (const Shape s : {Shape{1, 4}, Shape{37, 768}, Shape{70, 1152}, Shape{300, 1600}, Shape{45, 2000}}) {
+    SCOPED_TRACE("rows=" + std::to_string(s.rows) + " cols=" + std::to_string(s.cols));
+    const auto n = static_cast<size_t>(s.rows * s.cols), channels = static_cast<size_t>(s.cols);
+    const auto rows = static_cast<size_t>(s.rows);
+    std::vector<float> dout = octet::testing::random_normal(n, ++seed, 1.0f);
+    for (float& x : dout) x = octet::bf16_to_float(octet::float_to_bf16(x));
+    std::vector<float> inp = octet::testing::random_normal(n, ++seed, 2.0f);
+    for (float& x : inp) x += 0.5f;
+    const std::vector<float> weight = octet::testing::random_normal(channels, ++seed, 1.0f);
+    const std::vector<float> bias = octet::testing::random_normal(channels, ++seed, 0.5f);
+    const std::vector<float> dinp0 = octet::testing::random_normal(n, ++seed, 1.0f);
+    const std::vector<float> dparams0 = octet::testing::random_normal(2 * channels, ++seed, 1.0f);
+
+    octet::cuda::Stream stream;
+    octet::cuda::Workspace workspace;
+    Guarded<float> inp_device(n), weight_device(channels), bias_device(channels), out(n), mean(rows),
+        rstd(rows), dout_float(n);
+    Guarded<uint16_t> dout_bf16(n);
+    inp_device.upload(inp);
+    weight_device.upload(weight);
+    bias_device.upload(bias);
+    dout_float.upload(dout);
+    dout_bf16.upload(bf16_bits(dout));
+    octet::cuda::layernorm_forward(out.data(), mean.data(), rstd.data(), inp_device.data(),
+                                   weight_device.data(), bias_device.data(), s.rows, s.cols, stream.get());
+    std::vector<std::vector<float>> dinp, dparams;
+    for (const bool bf16 : {false, true, true}) {
+      Guarded<float> dinp_device(n), dparams_device(2 * channels);
+      dinp_device.upload(dinp0);
+      dparams_device.upload(dparams0);
+      if (bf16) {
+        octet::cuda::layernorm_backward(dinp_device.data(), dparams_device.data(),
+                                        dparams_device.data() + s.cols, dout_bf16.data(), inp_device.data(),
+                                        weight_device.data(), mean.data(), rstd.data(), s.rows, s.cols,
+                                        workspace, stream.get());
+      } else {
+        octet::cuda::layernorm_backward(dinp_device.data(), dparams_device.data(),
+                                        dparams_device.data() + s.cols, dout_float.data(), inp_device.data(),
+                                        weight_device.data(), mean.data(), rstd.data(), s.rows, s.cols,
+                                        workspace, stream.get());
+      }
+      stream.synchronize();
+      EXPECT_TRUE(dinp_device.guards_intact("dinp") && dparams_device.guards_intact("dweight, dbias"));
+      dinp.push_back(dinp_device.read());
+      dparams.push_back(dparams_device.read());
+    }
+    EXPECT_TRUE(identical(dinp[1], dinp[0], "dinp from the bf16 gradient"));
+    EXPECT_TRUE(identical(dparams[1], dparams[0], "dweight, dbias from the bf16 gradient"));
+    EXPECT_TRUE(identical(dinp[2], dinp[1], "dinp, second run"));
+    EXPECT_TRUE(identical(dparams[2], dparams[1], "dweight, dbias, second run"));
+    EXPECT_EQ(std::count_if(dinp[0].begin(), dinp[0].end(), [](float x) { return !std::isfinite(x); }), 0);
+    EXPECT_EQ(std::count_if(dparams[0].begin(), dparams[0].end(), [](float x) { return !std::isfinite(x); }),
+              0);
+    EXPECT_FALSE(identical(dinp[0], dinp0, "dinp")) << "dinp unchanged";
+    EXPECT_FALSE(identical(dparams[0], dparams0, "dweight, dbias")) << "dweight, dbias unchanged";
+  }
+}
+
 // The segmented AdamW (one launch over many tensors) gives adamw_update's bits on each segment, with its
 // own weight decay, at any offset and length, and leaves the gaps between segments alone.
 TEST(AdamWSegments, OneLaunchGivesEachSegmentsOwnUpdate) {
