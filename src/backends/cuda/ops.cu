@@ -499,6 +499,56 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The steps of LayerNorm's backward shared by its streaming and held-row kernels, on W elements of a row
+// (dp, xp, wp: dout, inp and weight there). The first pass adds their dnorm and dnorm * norm terms into the
+// lane's float64 sums; the second updates dinp there (di) and the warp's dweight and dbias partials.
+template <int W>
+__device__ __forceinline__ void layernorm_backward_sums(const Pack<W>& dp, const Pack<W>& xp,
+                                                        const Pack<W>& wp, float m, float s,
+                                                        double& dnorm_sum, double& dnorm_norm_sum) {
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    const float norm = __fmul_rn(__fsub_rn(xp.v[k], m), s);
+    const float dnorm = __fmul_rn(wp.v[k], dp.v[k]);
+    dnorm_sum = __dadd_rn(dnorm_sum, static_cast<double>(dnorm));
+    dnorm_norm_sum =
+        __dadd_rn(dnorm_norm_sum, __dmul_rn(static_cast<double>(dnorm), static_cast<double>(norm)));
+  }
+}
+template <int W>
+__device__ __forceinline__ void layernorm_backward_update(const Pack<W>& dp, const Pack<W>& xp,
+                                                          const Pack<W>& wp, float m, float s, float a,
+                                                          float b, float* di, float* dweight_acc,
+                                                          float* dbias_acc) {
+  Pack<W> gp = load_pack<W>(di);
+  Pack<W> bias_acc = load_pack<W>(dbias_acc);
+  Pack<W> weight_acc = load_pack<W>(dweight_acc);
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    const float norm = __fmul_rn(__fsub_rn(xp.v[k], m), s);
+    const float dnorm = __fmul_rn(wp.v[k], dp.v[k]);
+    bias_acc.v[k] = __fadd_rn(bias_acc.v[k], dp.v[k]);
+    weight_acc.v[k] = __fadd_rn(weight_acc.v[k], __fmul_rn(norm, dp.v[k]));
+    const float centred = __fsub_rn(__fsub_rn(dnorm, a), __fmul_rn(norm, b));
+    gp.v[k] = __fadd_rn(gp.v[k], __fmul_rn(centred, s));
+  }
+  store_pack<W>(di, gp);
+  store_pack<W>(dbias_acc, bias_acc);
+  store_pack<W>(dweight_acc, weight_acc);
+}
+// The block's partials: its warps' [2][C] partials in shared memory, added in warp order, to
+// partials[blockIdx.x]. Every thread of the block must call it.
+__device__ __forceinline__ void write_block_partials(float* partials, const float* warp_partials, int warps,
+                                                     int64_t C) {
+  __syncthreads();
+  float* block_partials = partials + static_cast<int64_t>(blockIdx.x) * 2 * C;
+  for (int64_t i = threadIdx.x; i < 2 * C; i += blockDim.x) {
+    float total = warp_partials[i];
+    for (int w = 1; w < warps; ++w) total = __fadd_rn(total, warp_partials[w * 2 * C + i]);
+    block_partials[i] = total;
+  }
+}
+
 // Accumulates dinp row by row; each warp adds its rows' dweight and dbias terms into its own partials in
 // shared memory ([warps][2][C]: dweight, then dbias), each lane always touching the same columns. The block
 // then adds its warps' partials in order and writes them to partials [gridDim.x][2][C].
@@ -529,48 +579,17 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
 #pragma unroll 4
     for (int64_t i = lane * W; i < C; i += kWarp * W) {
       asm volatile("prefetch.global.L2 [%0];" : : "l"(di + i));
-      const Pack<W> dp = load_pack<W>(d + i);
-      const Pack<W> xp = load_pack<W>(x + i);
-      const Pack<W> wp = load_pack<W>(weight + i);
-#pragma unroll
-      for (int k = 0; k < W; ++k) {
-        const float norm = __fmul_rn(__fsub_rn(xp.v[k], m), s);
-        const float dnorm = __fmul_rn(wp.v[k], dp.v[k]);
-        dnorm_sum = __dadd_rn(dnorm_sum, static_cast<double>(dnorm));
-        dnorm_norm_sum =
-            __dadd_rn(dnorm_norm_sum, __dmul_rn(static_cast<double>(dnorm), static_cast<double>(norm)));
-      }
+      layernorm_backward_sums<W>(load_pack<W>(d + i), load_pack<W>(x + i), load_pack<W>(weight + i), m, s,
+                                 dnorm_sum, dnorm_norm_sum);
     }
     const float a = static_cast<float>(warp_sum(dnorm_sum) / static_cast<double>(C));
     const float b = static_cast<float>(warp_sum(dnorm_norm_sum) / static_cast<double>(C));
     for (int64_t i = lane * W; i < C; i += kWarp * W) {
-      const Pack<W> dp = load_pack<W>(d + i);
-      const Pack<W> xp = load_pack<W>(x + i);
-      const Pack<W> wp = load_pack<W>(weight + i);
-      Pack<W> gp = load_pack<W>(di + i);
-      Pack<W> bias_acc = load_pack<W>(dbias_acc + i);
-      Pack<W> weight_acc = load_pack<W>(dweight_acc + i);
-#pragma unroll
-      for (int k = 0; k < W; ++k) {
-        const float norm = __fmul_rn(__fsub_rn(xp.v[k], m), s);
-        const float dnorm = __fmul_rn(wp.v[k], dp.v[k]);
-        bias_acc.v[k] = __fadd_rn(bias_acc.v[k], dp.v[k]);
-        weight_acc.v[k] = __fadd_rn(weight_acc.v[k], __fmul_rn(norm, dp.v[k]));
-        const float centred = __fsub_rn(__fsub_rn(dnorm, a), __fmul_rn(norm, b));
-        gp.v[k] = __fadd_rn(gp.v[k], __fmul_rn(centred, s));
-      }
-      store_pack<W>(di + i, gp);
-      store_pack<W>(dbias_acc + i, bias_acc);
-      store_pack<W>(dweight_acc + i, weight_acc);
+      layernorm_backward_update<W>(load_pack<W>(d + i), load_pack<W>(x + i), load_pack<W>(weight + i), m, s,
+                                   a, b, di + i, dweight_acc + i, dbias_acc + i);
     }
   }
-  __syncthreads();
-  float* block_partials = partials + static_cast<int64_t>(blockIdx.x) * 2 * C;
-  for (int64_t i = threadIdx.x; i < 2 * C; i += blockDim.x) {
-    float total = warp_partials[i];
-    for (int w = 1; w < warps; ++w) total = __fadd_rn(total, warp_partials[w * 2 * C + i]);
-    block_partials[i] = total;
-  }
+  write_block_partials(partials, warp_partials, warps, C);
 }
 
 // Where layernorm_backward_held_kernel's lane holds pack k of a row: elements 4 lane + 128 k .. + 3.
@@ -624,16 +643,8 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp, kLayernormBack
     for (int k = 0; k < Packs; ++k) {
       const int64_t i = held_at(lane, k);
       if (i >= C) continue;
-      const Pack<4> dp = elementwise::widen(held_dout[k]);
-      const Pack<4> wp = load_pack<4>(weight + i);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float norm = __fmul_rn(__fsub_rn(held_inp[k].v[j], m), s);
-        const float dnorm = __fmul_rn(wp.v[j], dp.v[j]);
-        dnorm_sum = __dadd_rn(dnorm_sum, static_cast<double>(dnorm));
-        dnorm_norm_sum =
-            __dadd_rn(dnorm_norm_sum, __dmul_rn(static_cast<double>(dnorm), static_cast<double>(norm)));
-      }
+      layernorm_backward_sums<4>(elementwise::widen(held_dout[k]), held_inp[k], load_pack<4>(weight + i), m,
+                                 s, dnorm_sum, dnorm_norm_sum);
     }
     const float a = static_cast<float>(warp_sum(dnorm_sum) / static_cast<double>(C));
     const float b = static_cast<float>(warp_sum(dnorm_norm_sum) / static_cast<double>(C));
@@ -641,32 +652,11 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp, kLayernormBack
     for (int k = 0; k < Packs; ++k) {
       const int64_t i = held_at(lane, k);
       if (i >= C) continue;
-      const Pack<4> dp = elementwise::widen(held_dout[k]);
-      const Pack<4> wp = load_pack<4>(weight + i);
-      Pack<4> gp = load_pack<4>(di + i);
-      Pack<4> bias_acc = load_pack<4>(dbias_acc + i);
-      Pack<4> weight_acc = load_pack<4>(dweight_acc + i);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float norm = __fmul_rn(__fsub_rn(held_inp[k].v[j], m), s);
-        const float dnorm = __fmul_rn(wp.v[j], dp.v[j]);
-        bias_acc.v[j] = __fadd_rn(bias_acc.v[j], dp.v[j]);
-        weight_acc.v[j] = __fadd_rn(weight_acc.v[j], __fmul_rn(norm, dp.v[j]));
-        const float centred = __fsub_rn(__fsub_rn(dnorm, a), __fmul_rn(norm, b));
-        gp.v[j] = __fadd_rn(gp.v[j], __fmul_rn(centred, s));
-      }
-      store_pack<4>(di + i, gp);
-      store_pack<4>(dbias_acc + i, bias_acc);
-      store_pack<4>(dweight_acc + i, weight_acc);
+      layernorm_backward_update<4>(elementwise::widen(held_dout[k]), held_inp[k], load_pack<4>(weight + i), m,
+                                   s, a, b, di + i, dweight_acc + i, dbias_acc + i);
     }
   }
-  __syncthreads();
-  float* block_partials = partials + static_cast<int64_t>(blockIdx.x) * 2 * C;
-  for (int64_t i = threadIdx.x; i < 2 * C; i += blockDim.x) {
-    float total = warp_partials[i];
-    for (int w = 1; w < warps; ++w) total = __fadd_rn(total, warp_partials[w * 2 * C + i]);
-    block_partials[i] = total;
-  }
+  write_block_partials(partials, warp_partials, warps, C);
 }
 
 // ---------------------------------------------------------------------------------------------------------
