@@ -58,7 +58,11 @@ Outcome train(MixedPrecision mode, const fs::path& shards) {
   TrainSettings settings;
   settings.batch_size = kBatch;
   settings.seq_len = kSeq;
-  settings.schedule = {3e-3f, 20, kSteps, 0.1f};
+  // A peak learning rate of 1e-3. At 3e-3 the loss spiked at the end of warm-up in every mode, and how soon
+  // each mode recovered depended on the last bits of the BLAS kernels' products: fp8 landed 0.08% to 4.2%
+  // from bf16 across OpenBLAS's Haswell, Zen, Sandybridge and SkylakeX kernels, which compared the spikes
+  // rather than the modes. At 1e-3 every mode lands within 0.1% of the others on each of those kernels.
+  settings.schedule = {1e-3f, 20, kSteps, 0.1f};
   settings.loss_scale.dynamic = mode == MixedPrecision::fp16;
   Trainer trainer(model, settings);
 
@@ -112,9 +116,9 @@ TEST(Convergence, FourModesOnTheBrownCorpus) {
   std::string table = fmt::format(
       "Brown corpus, byte-level tokens: {} training and {} validation tokens. Model: {} layers, {} channels, "
       "{} "
-      "heads, context {}; {} steps of {} sequences, AdamW, learning rate 3e-3 with 20 warm-up steps and "
+      "heads, context {}; {} steps of {} sequences, AdamW, learning rate 1e-3 with 20 warm-up steps and "
       "cosine "
-      "decay to 3e-4. Validation loss over {} fixed batches ({} tokens).\n\n"
+      "decay to 1e-4. Validation loss over {} fixed batches ({} tokens).\n\n"
       "| mode | validation loss at start | final validation loss | vs bf16 | final training loss | skipped "
       "steps "
       "| seconds (2 CPU cores) |\n|---|---|---|---|---|---|---|\n",
