@@ -1,4 +1,4 @@
-// AdamW (see optimizer.h): weight decay on matrices only; the weights with copies are updated one by one,
+// AdamW (see optimizer.h): weight decay on matrices only; the weights with copies are updated in one call,
 // every other tensor in one segmented update.
 #include "octet/train/optimizer.h"
 
@@ -18,7 +18,8 @@ AdamW::AdamW(Backend& backend, const std::vector<ParameterInfo>& parameters, int
 void AdamW::step(float* params, const float* grads, float learning_rate, float grad_scale,
                  std::span<const Gpt2::WeightCopySlot> copies) {
   ++steps_;
-  // The weights with copies one by one (each update remakes its copy); every other tensor in one call.
+  // The weights with copies in one call (each update remakes its copy); every other tensor in another.
+  std::vector<Backend::WeightUpdate> weights;
   std::vector<Backend::AdamWSegment> others;
   for (const ParameterInfo& p : parameters_) {
     const float decay = p.weight_decay ? settings_.weight_decay : 0.0f;
@@ -30,11 +31,10 @@ void AdamW::step(float* params, const float* grads, float learning_rate, float g
     }
     OCTET_CHECK(slot->rows * slot->cols == p.count, "the weight copy of {} covers the whole parameter",
                 p.name);
-    backend_.adamw_update_weight(params + p.offset, m_->floats() + p.offset, v_->floats() + p.offset,
-                                 grads + p.offset, slot->rows, slot->cols, learning_rate, settings_.beta1,
-                                 settings_.beta2, settings_.eps, decay, steps_, grad_scale, *slot->copy,
-                                 *slot->exec);
+    weights.push_back({p.offset, slot->rows, slot->cols, decay, slot->copy, slot->exec});
   }
+  backend_.adamw_update_weights(params, m_->floats(), v_->floats(), grads, weights, learning_rate,
+                                settings_.beta1, settings_.beta2, settings_.eps, steps_, grad_scale);
   backend_.adamw_update_segments(params, m_->floats(), v_->floats(), grads, others, learning_rate,
                                  settings_.beta1, settings_.beta2, settings_.eps, steps_, grad_scale);
 }

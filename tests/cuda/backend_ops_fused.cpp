@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <span>
 #include <sstream>
 #include <string>
@@ -633,6 +634,95 @@ TEST(FusedAdamWCast, MatchesUnfused) {
       if (!v.write_out) continue;  // AdamW always writes params
       v.seed = ++seed;
       check_adamw(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+// adamw_update_casts over weights of every kind at once (aligned ones in the one launch, partial tiles, rows
+// not a multiple of 4, both formats, with and without decay and transposed codes, a NaN gradient; and ones
+// that go one by one: odd columns, unaligned floats or codes) against adamw_update_cast on each weight alone,
+// bit for bit. Twice from the same state: the second call finds its table uploaded.
+TEST(FusedAdamWCast, ManyWeightsMatchOneByOne) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t rows, cols;
+    Variant variant;
+    bool decayed;
+  };
+  auto variant = [](Dtype format, bool transposed, size_t float_offset, size_t code_offset, bool nan) {
+    Variant v;
+    v.format = format;
+    v.transposed = transposed;
+    v.float_offset = float_offset;
+    v.code_offset = code_offset;
+    v.plant_nan = nan;
+    return v;
+  };
+  std::vector<Case> cases = {
+      {64, 768, variant(Dtype::e4m3, true, 0, 0, false), true},
+      {130, 3072, variant(Dtype::e5m2, true, 0, 0, false), false},
+      {33, 128, variant(Dtype::e4m3, true, 0, 0, false), true},  // rows % 4 != 0: transposed bytes
+      {1, 4, variant(Dtype::e4m3, true, 0, 0, false), false},
+      {96, 260, variant(Dtype::e4m3, false, 0, 0, true), true},   // partial column tile, NaN gradient
+      {33, 97, variant(Dtype::e5m2, true, 0, 0, false), true},    // odd columns: alone
+      {64, 768, variant(Dtype::e4m3, true, 4, 0, false), true},   // unaligned floats: alone
+      {64, 768, variant(Dtype::e5m2, true, 0, 1, false), false},  // unaligned codes: alone
+      {0, 8, variant(Dtype::e4m3, true, 0, 0, false), true},      // empty: alone
+  };
+  const Hyper h;
+  octet::cuda::Stream stream;
+  DeviceScale scale;
+  uint64_t seed = 1200;
+  std::vector<AdamWState> initial;
+  std::vector<std::unique_ptr<DeviceAdamW>> expected_state, state;
+  std::vector<std::unique_ptr<CastSlots>> expected_cast, cast;
+  for (Case& c : cases) {
+    c.variant.seed = ++seed;
+    const auto n = static_cast<size_t>(c.rows * c.cols);
+    initial.push_back(adamw_inputs(n, c.variant));
+    expected_state.push_back(std::make_unique<DeviceAdamW>(n, c.variant.float_offset));
+    state.push_back(std::make_unique<DeviceAdamW>(n, c.variant.float_offset));
+    expected_cast.push_back(std::make_unique<CastSlots>(n, c.variant.code_offset));
+    cast.push_back(std::make_unique<CastSlots>(n, c.variant.code_offset));
+  }
+  std::vector<CastDownload> expected;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    DeviceAdamW& e = *expected_state[k];
+    e.upload(initial[k]);
+    octet::cuda::adamw_update_cast(
+        e.params.data(), e.m.data(), e.v.data(), e.grads.data(), c.rows, c.cols, h.learning_rate, h.beta1,
+        h.beta2, h.eps, c.decayed ? h.weight_decay : 0.0f, h.step, h.grad_scale,
+        expected_cast[k]->fused(c.variant.format, scale.data(), c.variant.transposed), stream.get());
+    stream.synchronize();
+    expected.push_back(expected_cast[k]->read(c.variant.transposed));
+  }
+  octet::cuda::AdamWCastTable table;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run == 0 ? "first run" : "second run");
+    std::vector<octet::cuda::AdamWCastWeight> weights;
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const Case& c = cases[k];
+      DeviceAdamW& d = *state[k];
+      d.upload(initial[k]);
+      weights.push_back({d.params.data(), d.m.data(), d.v.data(), d.grads.data(), c.rows, c.cols, c.decayed,
+                         cast[k]->fused(c.variant.format, scale.data(), c.variant.transposed)});
+    }
+    octet::cuda::adamw_update_casts(weights, h.learning_rate, h.beta1, h.beta2, h.eps, h.weight_decay, h.step,
+                                    h.grad_scale, table, stream.get());
+    stream.synchronize();
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const Case& c = cases[k];
+      SCOPED_TRACE(describe("adamw_update_casts", c.rows, c.cols, c.variant));
+      expect_same_cast(cast[k]->read(c.variant.transposed), expected[k]);
+      EXPECT_TRUE(identical(state[k]->params.read(), expected_state[k]->params.read(), "params"));
+      EXPECT_TRUE(identical(state[k]->m.read(), expected_state[k]->m.read(), "m"));
+      EXPECT_TRUE(identical(state[k]->v.read(), expected_state[k]->v.read(), "v"));
+      EXPECT_TRUE(state[k]->params.guards_intact("params"));
+      EXPECT_TRUE(state[k]->m.guards_intact("m"));
+      EXPECT_TRUE(state[k]->v.guards_intact("v"));
+      const size_t n = static_cast<size_t>(c.rows * c.cols);
+      if (n > 0) expect_edges_seen(expected[k].results, n, c.variant);
     }
   }
 }

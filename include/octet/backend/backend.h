@@ -305,6 +305,26 @@ class Backend {
                  grad_scale);
     prepare_weight(copy, params, OC, C, exec);
   }
+  // adamw_update_weight on each of `weights` (linear layers' weights at their offsets in the four tensors;
+  // they must not overlap): the same results as one call per weight. A GPU backend updates the weights whose
+  // FP8 copies it writes in one launch across them all.
+  struct WeightUpdate {
+    int64_t offset = 0;
+    int64_t rows = 0;  // OC
+    int64_t cols = 0;  // C
+    float weight_decay = 0.0f;
+    std::unique_ptr<WeightCopy>* copy = nullptr;
+    LinearExecution* exec = nullptr;
+  };
+  virtual void adamw_update_weights(float* params, float* m, float* v, const float* grads,
+                                    std::span<const WeightUpdate> weights, float learning_rate, float beta1,
+                                    float beta2, float eps, int64_t step, float grad_scale) {
+    for (const WeightUpdate& w : weights) {
+      adamw_update_weight(params + w.offset, m + w.offset, v + w.offset, grads + w.offset, w.rows, w.cols,
+                          learning_rate, beta1, beta2, eps, w.weight_decay, step, grad_scale, *w.copy,
+                          *w.exec);
+    }
+  }
 };
 
 }  // namespace octet

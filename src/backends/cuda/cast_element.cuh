@@ -242,12 +242,16 @@ __device__ inline void flush_tally(const Tally& thread_tally, CastResults* resul
   if (w.nonzero != 0u) atomicAdd(&results->nonzero, w.nonzero);
 }
 
-// 1 / scale into *scale_inv (when given), by the first thread of the first block only.
-__device__ __forceinline__ void write_scale_inv(float* scale_inv, float scale) {
+// 1 / scale to scale_inv (where not null), by thread 0 of the block that `writes`.
+__device__ __forceinline__ void write_scale_inv(float* scale_inv, float scale, bool writes) {
   // __fdiv_rn: the correctly rounded 1 / scale of the host, whatever the division flags.
-  if (scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+  if (scale_inv != nullptr && writes && threadIdx.x == 0 && threadIdx.y == 0) {
     *scale_inv = __fdiv_rn(1.0f, scale);
   }
+}
+// By block 0.
+__device__ __forceinline__ void write_scale_inv(float* scale_inv, float scale) {
+  write_scale_inv(scale_inv, scale, blockIdx.x == 0);
 }
 
 }  // namespace octet::cuda::cast_internal

@@ -21,6 +21,7 @@
 
 #include "attention.h"
 #include "cudnn_attention.h"
+#include "device_table.h"
 #include "fused.h"
 #include "octet/backend/cuda_backend.h"
 #include "octet/check.h"
@@ -311,32 +312,6 @@ class DeviceScratch {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
-};
-
-// A table of chunks (cuda::Chunk) on the device, uploaded again only when it changes: the segmented ops
-// run every step over the same segments.
-class ChunkTable {
- public:
-  // The device copy of `chunks`.
-  const Chunk* upload(std::vector<Chunk> chunks, cudaStream_t stream) {
-    auto* table = device_.as<Chunk>(chunks.size(), stream);
-    const bool same = std::equal(chunks.begin(), chunks.end(), uploaded_.begin(), uploaded_.end(),
-                                 [](const Chunk& a, const Chunk& b) {
-                                   return a.offset == b.offset && a.count == b.count && a.flag == b.flag;
-                                 });
-    if (!same) {
-      uploaded_ = std::move(chunks);
-      // From pageable memory: the copy is staged before this returns, so uploaded_ may change afterwards.
-      OCTET_CUDA_CHECK(cudaMemcpyAsync(table, uploaded_.data(), uploaded_.size() * sizeof(Chunk),
-                                       cudaMemcpyHostToDevice, stream));
-    }
-    return table;
-  }
-  int64_t size() const { return static_cast<int64_t>(uploaded_.size()); }
-
- private:
-  DeviceScratch device_;
-  std::vector<Chunk> uploaded_;
 };
 
 // Elements offset .. offset + count - 1, split into chunks of at most kChunkElements.
@@ -634,6 +609,9 @@ class CudaBackend final : public Backend {
                            float learning_rate, float beta1, float beta2, float eps, float weight_decay,
                            int64_t step, float grad_scale, std::unique_ptr<WeightCopy>& copy,
                            LinearExecution& exec) override;
+  void adamw_update_weights(float* params, float* m, float* v, const float* grads,
+                            std::span<const WeightUpdate> weights, float learning_rate, float beta1,
+                            float beta2, float eps, int64_t step, float grad_scale) override;
   void adamw_update_segments(float* params, float* m, float* v, const float* grads,
                              std::span<const AdamWSegment> segments, float learning_rate, float beta1,
                              float beta2, float eps, int64_t step, float grad_scale) override;
@@ -755,6 +733,11 @@ class CudaBackend final : public Backend {
   // The BF16/FP16 copy of a weight, where one of the layer's GEMMs on it runs in that type.
   void make_wide_weight(CudaWeightCopy& w, const float* weight, int64_t OC, int64_t C,
                         const LinearExecution& exec);
+  // The FP8 cast of a weight that the AdamW pass writes (where fuses_weight_cast): begin_weight_cast before
+  // the kernel, end_weight_cast after it.
+  FusedCast begin_weight_cast(std::unique_ptr<WeightCopy>& copy, int64_t OC, int64_t C,
+                              LinearExecution& exec);
+  void end_weight_cast(WeightCopy& copy, const float* params, int64_t OC, int64_t C, LinearExecution& exec);
 
   struct TimedOp {
     OpKind kind;
@@ -822,8 +805,10 @@ class CudaBackend final : public Backend {
   DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_, column_partials_;
   DeviceScratch bias_;  // a forward GEMM's bias as its epilogue reads it
   // The chunks of the segmented AdamW update and of the segmented zeroing.
-  ChunkTable adamw_chunks_;
-  ChunkTable zero_chunks_;
+  DeviceTable<Chunk> adamw_chunks_;
+  DeviceTable<Chunk> zero_chunks_;
+  // The weights of the multi-weight AdamW cast (adamw_update_weights).
+  cuda::AdamWCastTable adamw_casts_;
   // bf16 operands of a linear layer widened to float32 where a GEMM or cast cannot read them as they are
   // (as_f32): slot 0 for dout (or the forward's input), 1 for the backward's input; slot 2 stages a float32
   // input gradient that is stored in bf16.
@@ -1347,16 +1332,21 @@ void CudaBackend::fill_zero_ranges(float* x, std::span<const Range> ranges) {
   cuda::fill_zero_chunks(x, table, zero_chunks_.size(), stream_);
 }
 
+// Whether the AdamW pass over this layer's weight writes its FP8 copy: delayed or static scaling (the scale
+// is known before the update), and no SQNR measurement (which needs the unfused cast).
+bool fuses_weight_cast(const LinearExecution& exec) {
+  const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
+  const bool sqnr = exec.telemetry != nullptr && exec.measure_sqnr;
+  return any_fp8 && !sqnr && exec.recipe != nullptr &&
+         (exec.recipe->kind() == RecipeKind::delayed || exec.recipe->kind() == RecipeKind::static_scale);
+}
+
 void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC,
                                       int64_t C, float learning_rate, float beta1, float beta2, float eps,
                                       float weight_decay, int64_t step, float grad_scale,
                                       std::unique_ptr<WeightCopy>& copy, LinearExecution& exec) {
   const OpScope scope(*this, OpKind::optimizer);
   const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
-  const bool sqnr = exec.telemetry != nullptr && exec.measure_sqnr;
-  const bool fuse =
-      any_fp8 && !sqnr && exec.recipe != nullptr &&
-      (exec.recipe->kind() == RecipeKind::delayed || exec.recipe->kind() == RecipeKind::static_scale);
   const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
   if (!any_fp8 && wide == GemmMode::bf16) {
     // prepare_weight's BF16 copy, written by the AdamW kernel from the updated weights.
@@ -1372,12 +1362,52 @@ void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const f
     w->has_wide = true;
     return;
   }
-  if (!fuse) {
+  if (!fuses_weight_cast(exec)) {
     Backend::adamw_update_weight(params, m, v, grads, OC, C, learning_rate, beta1, beta2, eps, weight_decay,
                                  step, grad_scale, copy, exec);
     return;
   }
-  // prepare_weight's FP8 half, with the cast written by the AdamW kernel from the updated weights.
+  const FusedCast cast = begin_weight_cast(copy, OC, C, exec);
+  cuda::adamw_update_cast(params, m, v, grads, OC, C, learning_rate, beta1, beta2, eps, weight_decay, step,
+                          grad_scale, cast, stream_);
+  end_weight_cast(*copy, params, OC, C, exec);
+}
+
+void CudaBackend::adamw_update_weights(float* params, float* m, float* v, const float* grads,
+                                       std::span<const WeightUpdate> weights, float learning_rate,
+                                       float beta1, float beta2, float eps, int64_t step, float grad_scale) {
+  // The weights whose AdamW pass writes their FP8 copies, with one weight decay besides none, in one launch;
+  // the rest one by one.
+  float decay = 0.0f;
+  std::vector<const WeightUpdate*> together;
+  for (const WeightUpdate& u : weights) {
+    const bool other_decay = u.weight_decay != 0.0f && decay != 0.0f && u.weight_decay != decay;
+    if (!fuses_weight_cast(*u.exec) || other_decay) {
+      adamw_update_weight(params + u.offset, m + u.offset, v + u.offset, grads + u.offset, u.rows, u.cols,
+                          learning_rate, beta1, beta2, eps, u.weight_decay, step, grad_scale, *u.copy,
+                          *u.exec);
+      continue;
+    }
+    if (u.weight_decay != 0.0f) decay = u.weight_decay;
+    together.push_back(&u);
+  }
+  if (together.empty()) return;
+  const OpScope scope(*this, OpKind::optimizer);
+  std::vector<cuda::AdamWCastWeight> casts;
+  for (const WeightUpdate* u : together) {
+    casts.push_back({params + u->offset, m + u->offset, v + u->offset, grads + u->offset, u->rows, u->cols,
+                     u->weight_decay != 0.0f, begin_weight_cast(*u->copy, u->rows, u->cols, *u->exec)});
+  }
+  cuda::adamw_update_casts(casts, learning_rate, beta1, beta2, eps, decay, step, grad_scale, adamw_casts_,
+                           stream_);
+  for (const WeightUpdate* u : together)
+    end_weight_cast(**u->copy, params + u->offset, u->rows, u->cols, *u->exec);
+}
+
+// prepare_weight's FP8 half, for the AdamW kernel that writes the cast from the updated weights: the copy's
+// buffers and the layer's scale, before the kernel; its scaling update and BF16 half after it.
+FusedCast CudaBackend::begin_weight_cast(std::unique_ptr<WeightCopy>& copy, int64_t OC, int64_t C,
+                                         LinearExecution& exec) {
   auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
   if (w == nullptr) {
     copy = std::make_unique<CudaWeightCopy>();
@@ -1397,11 +1427,15 @@ void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const f
   cast.output_transposed = w->fp8_transposed.as<uint8_t>(n, stream_);
   cast.scale_inv = &s->weight_scale_inv;
   cast.results = &s->results[kWeight];
-  cuda::adamw_update_cast(params, m, v, grads, OC, C, learning_rate, beta1, beta2, eps, weight_decay, step,
-                          grad_scale, cast, stream_);
-  end_cast(layer, kWeight, exec.formats.weight, OC * C, true, exec.telemetry != nullptr);
-  w->has_fp8 = true;
-  make_wide_weight(*w, params, OC, C, exec);
+  return cast;
+}
+
+void CudaBackend::end_weight_cast(WeightCopy& copy, const float* params, int64_t OC, int64_t C,
+                                  LinearExecution& exec) {
+  auto& w = static_cast<CudaWeightCopy&>(copy);
+  end_cast(*w.layer, kWeight, exec.formats.weight, OC * C, true, exec.telemetry != nullptr);
+  w.has_fp8 = true;
+  make_wide_weight(w, params, OC, C, exec);
 }
 
 void CudaBackend::make_wide_weight(CudaWeightCopy& w, const float* weight, int64_t OC, int64_t C,

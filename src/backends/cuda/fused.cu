@@ -16,6 +16,7 @@
 #include "fused.h"
 
 #include <type_traits>
+#include <vector>
 
 #include "cast_element.cuh"
 #include "elementwise.cuh"
@@ -258,31 +259,115 @@ __global__ void __launch_bounds__(kThreads)
   flush_tally(t, cast.results);
 }
 
-// Row-major and transposed codes: a block walks kTileRows x kTileCols tiles (grid-stride). A warp produces
-// one tile row of 128 values (float4 loads when Vector: cols % 4 == 0 and every pointer aligned), writes
-// their codes row-major and stages them; the block then writes the tile's 128 columns as 32-byte segments
-// (when cast.output_transposed is not null).
+// Row-major and transposed codes, one kTileRows x kTileCols tile at (row0, col0) by a block of kThreads. A
+// warp produces one tile row of 128 values (float4 loads when Vector: cols % 4 == 0 and every pointer
+// aligned), writes their codes row-major and stages them; the block then writes the tile's 128 columns as
+// 32-byte segments (when cast.output_transposed is not null).
 //
 // With ColumnSums, the block also writes the sum of each column of the produced values over the tile's rows
 // to column_partials[tile row, column] ([ceil(rows / kTileRows), cols]), in a fixed order: a thread always
 // takes the same four columns (kThreads is a multiple of the groups per row), in rows r, r + 8, r + 16,
 // r + 24 of the tile, adding them in that order; the eight row groups' sums are then added in order.
+constexpr int kGroupsPerRow = kTileCols / 4;
+constexpr int kRowGroups = kThreads / kGroupsPerRow;
+constexpr int kRowsPerThread = kTileRows / kRowGroups;
+static_assert(kThreads % kGroupsPerRow == 0 && kTileRows % kRowGroups == 0,
+              "each thread keeps to four columns of a tile");
+
+// A tile's shared memory: its staged codes and, with ColumnSums, the row groups' column sums.
+template <bool ColumnSums>
+using GroupSums = float[ColumnSums ? kRowGroups : 1][ColumnSums ? kTileCols : 4];
+
+// A thread's four columns c .. c+3 and first row of a tile; it then takes rows r, r + kRowGroups, ...
+__device__ __forceinline__ int tile_column_of_thread() {
+  return 4 * (static_cast<int>(threadIdx.x) % kGroupsPerRow);
+}
+__device__ __forceinline__ int tile_row_of_thread() {
+  return static_cast<int>(threadIdx.x) / kGroupsPerRow;
+}
+
+template <Dtype Format, bool Vector, bool ColumnSums, typename Producer>
+__device__ __forceinline__ void produce_tile(const Producer& producer, const FusedCast& cast, float scale,
+                                             int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                                             bool transposed_words, float* column_partials, int c,
+                                             int r_first, uint8_t* staged, GroupSums<ColumnSums>& group_sums,
+                                             Tally& t) {
+  float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // ColumnSums: columns c .. c+3 of this thread's rows
+  const int64_t col = col0 + c;
+  if (col < cols) {
+    // Vector: every row's loads first where the producer asks for it (see the producers).
+    constexpr bool kLoadFirst = Vector && Producer::kLoadRowsFirst;
+    [[maybe_unused]] typename Producer::template Loaded<4> loaded[kLoadFirst ? kRowsPerThread : 1];
+    if constexpr (kLoadFirst) {
+#pragma unroll
+      for (int k = 0; k < kRowsPerThread; ++k) {
+        if (row0 + r_first + k * kRowGroups < rows)
+          loaded[k] = producer.template load<4>((row0 + r_first + k * kRowGroups) * cols + col);
+      }
+    }
+    int64_t i = (row0 + r_first) * cols + col;
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k, i += kRowGroups * cols) {
+      const int r = r_first + k * kRowGroups;
+      if (row0 + r >= rows) break;
+      uint8_t* s = staged + r * kTileStride + c;
+      if constexpr (Vector) {
+        Pack<4> p;
+        if constexpr (kLoadFirst) {
+          p = producer.template finish<4>(loaded[k], i);
+        } else {
+          p = produce<4>(producer, i);
+        }
+        const uint32_t word = cast_pack<Format>(p, scale, t);
+        *reinterpret_cast<uint32_t*>(cast.output + i) = word;
+        *reinterpret_cast<uint32_t*>(s) = word;
+        if constexpr (ColumnSums) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) sums[k] = __fadd_rn(sums[k], p.v[k]);
+        }
+      } else {
+        for (int k = 0; k < 4 && col + k < cols; ++k) {
+          const Pack<1> p = produce<1>(producer, i + k);
+          const auto code = static_cast<uint8_t>(cast_pack<Format>(p, scale, t));
+          cast.output[i + k] = code;
+          s[k] = code;
+          if constexpr (ColumnSums) sums[k] = __fadd_rn(sums[k], p.v[0]);
+        }
+      }
+    }
+  }
+  if constexpr (ColumnSums) {
+    // One 16-byte store per thread: a warp writes 512 consecutive bytes.
+    *reinterpret_cast<float4*>(&group_sums[r_first][c]) = make_float4(sums[0], sums[1], sums[2], sums[3]);
+  }
+  __syncthreads();
+  const int rows_in_tile = static_cast<int>(rows - row0 < kTileRows ? rows - row0 : kTileRows);
+  const int cols_in_tile = static_cast<int>(cols - col0 < kTileCols ? cols - col0 : kTileCols);
+  if (cast.output_transposed != nullptr) {
+    write_transposed_tile(staged, kTileStride, rows_in_tile, cols_in_tile, cast.output_transposed, rows, row0,
+                          col0, transposed_words);
+  }
+  if constexpr (ColumnSums) {
+    for (int j = static_cast<int>(threadIdx.x); j < cols_in_tile; j += kThreads) {
+      float total = group_sums[0][j];
+#pragma unroll
+      for (int g = 1; g < kRowGroups; ++g) total = __fadd_rn(total, group_sums[g][j]);
+      column_partials[(row0 / kTileRows) * cols + col0 + j] = total;
+    }
+  }
+  __syncthreads();  // the next tile overwrites the stage
+}
+
+// produce_tile over every tile of [rows, cols]: a block walks tiles blockIdx.x, + gridDim.x, ...
 template <Dtype Format, bool Vector, bool ColumnSums, typename Producer>
 __global__ void __launch_bounds__(kThreads)
     produce_cast_transpose_kernel(const Producer producer, const FusedCast cast, int64_t rows, int64_t cols,
                                   bool transposed_words, float* column_partials) {
-  constexpr int kGroupsPerRow = kTileCols / 4;
-  constexpr int kRowGroups = kThreads / kGroupsPerRow;
-  constexpr int kRowsPerThread = kTileRows / kRowGroups;
-  static_assert(kThreads % kGroupsPerRow == 0 && kTileRows % kRowGroups == 0,
-                "each thread keeps to four columns of a tile");
   __shared__ __align__(16) uint8_t staged[kTileRows * kTileStride];
-  __shared__ __align__(16) float group_sums[ColumnSums ? kRowGroups : 1][ColumnSums ? kTileCols : 4];
+  __shared__ __align__(16) GroupSums<ColumnSums> group_sums;
   const float scale = *cast.scale;
-  // A thread's four columns and first row of every tile; it then takes rows r, r + kRowGroups, ...
-  const int c = 4 * (static_cast<int>(threadIdx.x) % kGroupsPerRow);
-  const int r_first = static_cast<int>(threadIdx.x) / kGroupsPerRow;
-  // The block's tiles blockIdx.x, + gridDim.x, ... as (tile row, tile column), stepped without a division.
+  const int c = tile_column_of_thread(), r_first = tile_row_of_thread();
+  // The block's tiles as (tile row, tile column), stepped without a division.
   const int64_t tile_cols = (cols + kTileCols - 1) / kTileCols;
   const int64_t tile_rows = (rows + kTileRows - 1) / kTileRows;
   const int64_t step_rows = gridDim.x / tile_cols, step_cols = gridDim.x % tile_cols;
@@ -297,73 +382,53 @@ __global__ void __launch_bounds__(kThreads)
       tile_col -= tile_cols;
       ++tile_row;
     }
-    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // ColumnSums: columns c .. c+3 of this thread's rows
-    const int64_t col = col0 + c;
-    if (col < cols) {
-      // Vector: every row's loads first where the producer asks for it (see the producers).
-      constexpr bool kLoadFirst = Vector && Producer::kLoadRowsFirst;
-      [[maybe_unused]] typename Producer::template Loaded<4> loaded[kLoadFirst ? kRowsPerThread : 1];
-      if constexpr (kLoadFirst) {
-#pragma unroll
-        for (int k = 0; k < kRowsPerThread; ++k) {
-          if (row0 + r_first + k * kRowGroups < rows)
-            loaded[k] = producer.template load<4>((row0 + r_first + k * kRowGroups) * cols + col);
-        }
-      }
-      int64_t i = (row0 + r_first) * cols + col;
-#pragma unroll
-      for (int k = 0; k < kRowsPerThread; ++k, i += kRowGroups * cols) {
-        const int r = r_first + k * kRowGroups;
-        if (row0 + r >= rows) break;
-        uint8_t* s = staged + r * kTileStride + c;
-        if constexpr (Vector) {
-          Pack<4> p;
-          if constexpr (kLoadFirst) {
-            p = producer.template finish<4>(loaded[k], i);
-          } else {
-            p = produce<4>(producer, i);
-          }
-          const uint32_t word = cast_pack<Format>(p, scale, t);
-          *reinterpret_cast<uint32_t*>(cast.output + i) = word;
-          *reinterpret_cast<uint32_t*>(s) = word;
-          if constexpr (ColumnSums) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) sums[k] = __fadd_rn(sums[k], p.v[k]);
-          }
-        } else {
-          for (int k = 0; k < 4 && col + k < cols; ++k) {
-            const Pack<1> p = produce<1>(producer, i + k);
-            const auto code = static_cast<uint8_t>(cast_pack<Format>(p, scale, t));
-            cast.output[i + k] = code;
-            s[k] = code;
-            if constexpr (ColumnSums) sums[k] = __fadd_rn(sums[k], p.v[0]);
-          }
-        }
-      }
-    }
-    if constexpr (ColumnSums) {
-      // One 16-byte store per thread: a warp writes 512 consecutive bytes.
-      *reinterpret_cast<float4*>(&group_sums[r_first][c]) = make_float4(sums[0], sums[1], sums[2], sums[3]);
-    }
-    __syncthreads();
-    const int rows_in_tile = static_cast<int>(rows - row0 < kTileRows ? rows - row0 : kTileRows);
-    const int cols_in_tile = static_cast<int>(cols - col0 < kTileCols ? cols - col0 : kTileCols);
-    if (cast.output_transposed != nullptr) {
-      write_transposed_tile(staged, kTileStride, rows_in_tile, cols_in_tile, cast.output_transposed, rows,
-                            row0, col0, transposed_words);
-    }
-    if constexpr (ColumnSums) {
-      for (int j = static_cast<int>(threadIdx.x); j < cols_in_tile; j += kThreads) {
-        float total = group_sums[0][j];
-#pragma unroll
-        for (int g = 1; g < kRowGroups; ++g) total = __fadd_rn(total, group_sums[g][j]);
-        column_partials[(row0 / kTileRows) * cols + col0 + j] = total;
-      }
-    }
-    __syncthreads();  // the next tile overwrites `staged` and `group_sums`
+    produce_tile<Format, Vector, ColumnSums>(producer, cast, scale, rows, cols, row0, col0, transposed_words,
+                                             column_partials, c, r_first, staged, group_sums, t);
   }
   write_scale_inv(cast.scale_inv, scale);
   flush_tally(t, cast.results);
+}
+
+// AdamW with the weight cast over the tiles of many weights (adamw_update_casts), one tile per block: block b
+// takes tile b - first_tile of the weight whose tiles hold b. Every weight's results are zeroed first
+// (zero_results_kernel); the block of each weight's first tile writes its scale_inv.
+__global__ void zero_results_kernel(const AdamWCastEntry* entries, int count) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < count) *entries[i].weight.cast.results = CastResults{};
+}
+
+__global__ void __launch_bounds__(kThreads)
+    adamw_cast_tiles_kernel(const AdamWCastEntry* __restrict__ entries, int count,
+                            elementwise::AdamWConstants decayed, elementwise::AdamWConstants plain) {
+  __shared__ __align__(16) uint8_t staged[kTileRows * kTileStride];
+  __shared__ __align__(16) GroupSums<false> group_sums;
+  int low = 0, high = count - 1;  // the last entry whose first tile is at most blockIdx.x
+  while (low < high) {
+    const int middle = (low + high + 1) / 2;
+    if (entries[middle].first_tile <= static_cast<int64_t>(blockIdx.x)) {
+      low = middle;
+    } else {
+      high = middle - 1;
+    }
+  }
+  const AdamWCastEntry& e = entries[low];
+  const AdamWCastWeight& w = e.weight;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) - e.first_tile;
+  const int64_t tile_cols = (w.cols + kTileCols - 1) / kTileCols;
+  const int64_t row0 = tile / tile_cols * kTileRows, col0 = tile % tile_cols * kTileCols;
+  const AdamWProducer producer{w.params, w.m, w.v, w.grads, w.decayed ? decayed : plain};
+  const float scale = *w.cast.scale;
+  const int c = tile_column_of_thread(), r_first = tile_row_of_thread();
+  Tally t{};
+  if (w.cast.format == Dtype::e4m3) {
+    produce_tile<Dtype::e4m3, true, false>(producer, w.cast, scale, w.rows, w.cols, row0, col0,
+                                           e.transposed_words, nullptr, c, r_first, staged, group_sums, t);
+  } else {
+    produce_tile<Dtype::e5m2, true, false>(producer, w.cast, scale, w.rows, w.cols, row0, col0,
+                                           e.transposed_words, nullptr, c, r_first, staged, group_sums, t);
+  }
+  write_scale_inv(w.cast.scale_inv, scale, tile == 0);
+  flush_tally(t, w.cast.results);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -766,6 +831,38 @@ void adamw_update_cast(float* params, float* m, float* v, const float* grads, in
   const bool vector = aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
   launch_elementwise(op, vector, rows, cols, cast, stream);
   OCTET_CUDA_CHECK_LAUNCH("adamw_update_cast");
+}
+
+void adamw_update_casts(std::span<const AdamWCastWeight> weights, float learning_rate, float beta1,
+                        float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                        AdamWCastTable& table, cudaStream_t stream) {
+  std::vector<AdamWCastEntry> entries;
+  int64_t tiles = 0;
+  for (const AdamWCastWeight& w : weights) {
+    const bool vector = w.rows > 0 && w.cols > 0 && w.cols % 4 == 0 && aligned16(w.params) &&
+                        aligned16(w.m) && aligned16(w.v) && aligned16(w.grads) && aligned(w.cast.output, 4);
+    if (!vector) {  // adamw_update_cast checks the weight
+      adamw_update_cast(w.params, w.m, w.v, w.grads, w.rows, w.cols, learning_rate, beta1, beta2, eps,
+                        w.decayed ? weight_decay : 0.0f, step, grad_scale, w.cast, stream);
+      continue;
+    }
+    check_cast(w.cast, w.rows * w.cols, "adamw_update_casts");
+    entries.push_back({w, tiles, w.rows % 4 == 0 && aligned(w.cast.output_transposed, 4)});
+    tiles += ((w.rows + kTileRows - 1) / kTileRows) * ((w.cols + kTileCols - 1) / kTileCols);
+  }
+  if (entries.empty()) return;
+  OCTET_REQUIRE(tiles <= 0x7FFFFFFF, "adamw_update_casts: {} tiles of 32 x 128 values, at most 2^31 - 1",
+                tiles);
+  const auto count = static_cast<int>(entries.size());
+  const AdamWCastEntry* device = table.upload(std::move(entries), stream);
+  zero_results_kernel<<<(count + kThreads - 1) / kThreads, kThreads, 0, stream>>>(device, count);
+  OCTET_CUDA_CHECK_LAUNCH("adamw_update_casts");
+  // adamw_update's constants, so that every one has the same bits.
+  adamw_cast_tiles_kernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
+      device, count,
+      elementwise::adamw_constants(learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale),
+      elementwise::adamw_constants(learning_rate, beta1, beta2, eps, 0.0f, step, grad_scale));
+  OCTET_CUDA_CHECK_LAUNCH("adamw_update_casts");
 }
 
 }  // namespace octet::cuda

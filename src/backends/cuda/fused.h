@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include <cuda_runtime_api.h>
 
+#include "device_table.h"
 #include "octet/cuda/cast.h"
 #include "ops.h"
 
@@ -24,6 +26,7 @@ struct FusedCast {
   uint8_t* output_transposed = nullptr;  // [cols, rows] codes; null: not written
   float* scale_inv = nullptr;      // 1/scale written here (same expression as cast_amax); null: not written
   CastResults* results = nullptr;  // zeroed on the stream first, then amax and counts as cast_amax
+  bool operator==(const FusedCast&) const = default;
 };
 
 // LayerNorm forward (exactly the values of cuda::layernorm_forward, same mean/rstd), writing the FP8 cast of
@@ -82,5 +85,38 @@ void cast_bf16(const uint16_t* x, int64_t rows, int64_t cols, const FusedCast& c
 void adamw_update_cast(float* params, float* m, float* v, const float* grads, int64_t rows, int64_t cols,
                        float learning_rate, float beta1, float beta2, float eps, float weight_decay,
                        int64_t step, float grad_scale, const FusedCast& cast, cudaStream_t stream);
+
+// One weight matrix of adamw_update_casts: params [rows, cols] with its m, v, grads, whether the call's
+// weight decay applies to it, and the cast of its updated values.
+struct AdamWCastWeight {
+  float* params = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  const float* grads = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool decayed = false;
+  FusedCast cast;
+  bool operator==(const AdamWCastWeight&) const = default;
+};
+// A weight as adamw_update_casts' kernel finds it: the weight, the first of its tiles in the launch's grid
+// and whether its transposed codes go out as 32-bit words.
+struct AdamWCastEntry {
+  AdamWCastWeight weight;
+  int64_t first_tile = 0;
+  bool transposed_words = false;
+  bool operator==(const AdamWCastEntry&) const = default;
+};
+using AdamWCastTable = DeviceTable<AdamWCastEntry>;
+
+// adamw_update_cast on each of `weights` (weight_decay where decayed, else none; the matrices must not
+// overlap): the same bits as one call per weight, with the tiles of every weight in one launch. One launch
+// per weight leaves each one's last wave of blocks short of work (GPT-2's weights take a few waves each);
+// across weights the waves run full. `table` keeps the device copy of the weights between calls (the same
+// weights every step: uploaded once). Weights whose pointers or shape do not allow 16-byte loads go one by
+// one.
+void adamw_update_casts(std::span<const AdamWCastWeight> weights, float learning_rate, float beta1,
+                        float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                        AdamWCastTable& table, cudaStream_t stream);
 
 }  // namespace octet::cuda

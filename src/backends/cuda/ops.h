@@ -112,6 +112,7 @@ struct Chunk {
   int64_t offset;
   int32_t count;
   int32_t flag;
+  bool operator==(const Chunk&) const = default;
 };
 inline constexpr int64_t kChunkElements = 4096;
 // fill_zero of every chunk of `chunks` (device memory, chunk_count of them) of x, in one launch.
