@@ -1447,6 +1447,67 @@ TEST(Bf16Outputs, AdamWWritesTheUpdatedWeightsRounded) {
   }
 }
 
+// adamw_update_converts over every case at once (with decay on every other one; the unaligned copies and the
+// sizes not a multiple of 4 go one by one) against adamw_update_convert on each alone, bit for bit. Twice
+// from the same state: the second call finds its table uploaded.
+TEST(Bf16Outputs, ManyAdamWConvertsMatchOneByOne) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2450;
+  const Hyper h;
+  octet::cuda::Stream stream;
+  std::vector<AdamWState> initial;
+  std::vector<std::unique_ptr<DeviceAdamW>> expected, state;
+  std::vector<std::unique_ptr<Guarded<uint16_t>>> expected_copy, copy;
+  for (const Bf16Case& c : kBf16Cases) {
+    const auto n = static_cast<size_t>(c.rows * c.cols);
+    Variant variant;
+    variant.seed = ++seed;
+    variant.plant_nan = c.plant_nan;
+    initial.push_back(adamw_inputs(n, variant));
+    expected.push_back(std::make_unique<DeviceAdamW>(n, 0));
+    state.push_back(std::make_unique<DeviceAdamW>(n, c.offset * 2));
+    expected_copy.push_back(std::make_unique<Guarded<uint16_t>>(n, 0));
+    copy.push_back(std::make_unique<Guarded<uint16_t>>(n, c.offset));
+  }
+  auto decayed = [](size_t k) { return k % 2 == 0; };
+  for (size_t k = 0; k < std::size(kBf16Cases); ++k) {
+    const int64_t n = kBf16Cases[k].rows * kBf16Cases[k].cols;
+    DeviceAdamW& e = *expected[k];
+    e.upload(initial[k]);
+    octet::cuda::adamw_update_convert(e.params.data(), e.m.data(), e.v.data(), e.grads.data(),
+                                      reinterpret_cast<__nv_bfloat16*>(expected_copy[k]->data()), n,
+                                      h.learning_rate, h.beta1, h.beta2, h.eps,
+                                      decayed(k) ? h.weight_decay : 0.0f, h.step, h.grad_scale, stream.get());
+  }
+  stream.synchronize();
+  octet::cuda::AdamWConvertTable table;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run == 0 ? "first run" : "second run");
+    std::vector<octet::cuda::AdamWConvertWeight> weights;
+    for (size_t k = 0; k < std::size(kBf16Cases); ++k) {
+      DeviceAdamW& d = *state[k];
+      d.upload(initial[k]);
+      weights.push_back({d.params.data(), d.m.data(), d.v.data(), d.grads.data(),
+                         reinterpret_cast<__nv_bfloat16*>(copy[k]->data()),
+                         kBf16Cases[k].rows * kBf16Cases[k].cols, decayed(k)});
+    }
+    octet::cuda::adamw_update_converts(weights, h.learning_rate, h.beta1, h.beta2, h.eps, h.weight_decay,
+                                       h.step, h.grad_scale, table, stream.get());
+    stream.synchronize();
+    for (size_t k = 0; k < std::size(kBf16Cases); ++k) {
+      SCOPED_TRACE(describe("adamw_update_converts", kBf16Cases[k]));
+      const std::vector<float> params = expected[k]->params.read();
+      EXPECT_TRUE(identical(state[k]->params.read(), params, "params"));
+      EXPECT_TRUE(identical(state[k]->m.read(), expected[k]->m.read(), "m"));
+      EXPECT_TRUE(identical(state[k]->v.read(), expected[k]->v.read(), "v"));
+      EXPECT_TRUE(identical(copy[k]->read(), expected_copy[k]->read(), "the bf16 copy"));
+      EXPECT_TRUE(copy[k]->guards_intact("the bf16 copy") && state[k]->params.guards_intact("params") &&
+                  state[k]->m.guards_intact("m") && state[k]->v.guards_intact("v"));
+      EXPECT_FALSE(identical(params, initial[k].params, "params")) << "params unchanged";
+    }
+  }
+}
+
 // Column sums (bias_backward) come out the same, bit for bit, for every layout of a shape: float32 or the
 // bf16 of the same values, at aligned addresses (vector loads) or one element off (scalar loads), since the
 // order of the additions depends on the shape only. They stay within float32 reduction bounds of float64

@@ -738,6 +738,8 @@ class CudaBackend final : public Backend {
   FusedCast begin_weight_cast(std::unique_ptr<WeightCopy>& copy, int64_t OC, int64_t C,
                               LinearExecution& exec);
   void end_weight_cast(WeightCopy& copy, const float* params, int64_t OC, int64_t C, LinearExecution& exec);
+  // A weight copy's BF16 half of n values, for the AdamW kernel that writes it (where writes_bf16_copy).
+  __nv_bfloat16* bf16_weight_copy(std::unique_ptr<WeightCopy>& copy, int64_t n);
 
   struct TimedOp {
     OpKind kind;
@@ -809,6 +811,7 @@ class CudaBackend final : public Backend {
   DeviceTable<Chunk> zero_chunks_;
   // The weights of the multi-weight AdamW cast (adamw_update_weights).
   cuda::AdamWCastTable adamw_casts_;
+  cuda::AdamWConvertTable adamw_converts_;
   // bf16 operands of a linear layer widened to float32 where a GEMM or cast cannot read them as they are
   // (as_f32): slot 0 for dout (or the forward's input), 1 for the backward's input; slot 2 stages a float32
   // input gradient that is stored in bf16.
@@ -1341,25 +1344,32 @@ bool fuses_weight_cast(const LinearExecution& exec) {
          (exec.recipe->kind() == RecipeKind::delayed || exec.recipe->kind() == RecipeKind::static_scale);
 }
 
+// Whether the AdamW pass over this layer's weight writes its BF16 copy (a layer with no FP8 GEMM on the
+// weight and a BF16 one).
+bool writes_bf16_copy(const LinearExecution& exec) {
+  const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
+  const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
+  return !any_fp8 && wide == GemmMode::bf16;
+}
+
+CudaWeightCopy& cuda_weight_copy(std::unique_ptr<WeightCopy>& copy) {
+  auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
+  if (w == nullptr) {
+    copy = std::make_unique<CudaWeightCopy>();
+    w = static_cast<CudaWeightCopy*>(copy.get());
+  }
+  return *w;
+}
+
 void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC,
                                       int64_t C, float learning_rate, float beta1, float beta2, float eps,
                                       float weight_decay, int64_t step, float grad_scale,
                                       std::unique_ptr<WeightCopy>& copy, LinearExecution& exec) {
   const OpScope scope(*this, OpKind::optimizer);
-  const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
-  const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
-  if (!any_fp8 && wide == GemmMode::bf16) {
+  if (writes_bf16_copy(exec)) {
     // prepare_weight's BF16 copy, written by the AdamW kernel from the updated weights.
-    auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
-    if (w == nullptr) {
-      copy = std::make_unique<CudaWeightCopy>();
-      w = static_cast<CudaWeightCopy*>(copy.get());
-    }
-    const size_t n = static_cast<size_t>(OC * C);
-    cuda::adamw_update_convert(params, m, v, grads, w->wide.as<__nv_bfloat16>(n, stream_), OC * C,
-                               learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale, stream_);
-    w->has_fp8 = false;
-    w->has_wide = true;
+    cuda::adamw_update_convert(params, m, v, grads, bf16_weight_copy(copy, OC * C), OC * C, learning_rate,
+                               beta1, beta2, eps, weight_decay, step, grad_scale, stream_);
     return;
   }
   if (!fuses_weight_cast(exec)) {
@@ -1376,43 +1386,58 @@ void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const f
 void CudaBackend::adamw_update_weights(float* params, float* m, float* v, const float* grads,
                                        std::span<const WeightUpdate> weights, float learning_rate,
                                        float beta1, float beta2, float eps, int64_t step, float grad_scale) {
-  // The weights whose AdamW pass writes their FP8 copies, with one weight decay besides none, in one launch;
-  // the rest one by one.
+  // The weights whose AdamW pass writes their FP8 copies in one launch, those that write BF16 copies in
+  // another, with one weight decay besides none; the rest one by one.
   float decay = 0.0f;
-  std::vector<const WeightUpdate*> together;
+  std::vector<const WeightUpdate*> casts, converts;
   for (const WeightUpdate& u : weights) {
+    const bool cast = fuses_weight_cast(*u.exec), convert = writes_bf16_copy(*u.exec);
     const bool other_decay = u.weight_decay != 0.0f && decay != 0.0f && u.weight_decay != decay;
-    if (!fuses_weight_cast(*u.exec) || other_decay) {
+    if ((!cast && !convert) || other_decay) {
       adamw_update_weight(params + u.offset, m + u.offset, v + u.offset, grads + u.offset, u.rows, u.cols,
                           learning_rate, beta1, beta2, eps, u.weight_decay, step, grad_scale, *u.copy,
                           *u.exec);
       continue;
     }
     if (u.weight_decay != 0.0f) decay = u.weight_decay;
-    together.push_back(&u);
+    (cast ? casts : converts).push_back(&u);
   }
-  if (together.empty()) return;
   const OpScope scope(*this, OpKind::optimizer);
-  std::vector<cuda::AdamWCastWeight> casts;
-  for (const WeightUpdate* u : together) {
-    casts.push_back({params + u->offset, m + u->offset, v + u->offset, grads + u->offset, u->rows, u->cols,
+  if (!converts.empty()) {
+    std::vector<cuda::AdamWConvertWeight> batch;
+    for (const WeightUpdate* u : converts) {
+      const int64_t n = u->rows * u->cols;
+      batch.push_back({params + u->offset, m + u->offset, v + u->offset, grads + u->offset,
+                       bf16_weight_copy(*u->copy, n), n, u->weight_decay != 0.0f});
+    }
+    cuda::adamw_update_converts(batch, learning_rate, beta1, beta2, eps, decay, step, grad_scale,
+                                adamw_converts_, stream_);
+  }
+  if (casts.empty()) return;
+  std::vector<cuda::AdamWCastWeight> batch;
+  for (const WeightUpdate* u : casts) {
+    batch.push_back({params + u->offset, m + u->offset, v + u->offset, grads + u->offset, u->rows, u->cols,
                      u->weight_decay != 0.0f, begin_weight_cast(*u->copy, u->rows, u->cols, *u->exec)});
   }
-  cuda::adamw_update_casts(casts, learning_rate, beta1, beta2, eps, decay, step, grad_scale, adamw_casts_,
+  cuda::adamw_update_casts(batch, learning_rate, beta1, beta2, eps, decay, step, grad_scale, adamw_casts_,
                            stream_);
-  for (const WeightUpdate* u : together)
+  for (const WeightUpdate* u : casts)
     end_weight_cast(**u->copy, params + u->offset, u->rows, u->cols, *u->exec);
+}
+
+// prepare_weight's BF16 copy of n values, for the AdamW kernel that writes it from the updated weights.
+__nv_bfloat16* CudaBackend::bf16_weight_copy(std::unique_ptr<WeightCopy>& copy, int64_t n) {
+  CudaWeightCopy& w = cuda_weight_copy(copy);
+  w.has_fp8 = false;
+  w.has_wide = true;
+  return w.wide.as<__nv_bfloat16>(static_cast<size_t>(n), stream_);
 }
 
 // prepare_weight's FP8 half, for the AdamW kernel that writes the cast from the updated weights: the copy's
 // buffers and the layer's scale, before the kernel; its scaling update and BF16 half after it.
 FusedCast CudaBackend::begin_weight_cast(std::unique_ptr<WeightCopy>& copy, int64_t OC, int64_t C,
                                          LinearExecution& exec) {
-  auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
-  if (w == nullptr) {
-    copy = std::make_unique<CudaWeightCopy>();
-    w = static_cast<CudaWeightCopy*>(copy.get());
-  }
+  CudaWeightCopy* w = &cuda_weight_copy(copy);
   OCTET_REQUIRE(fp8_shape_supported(OC, C, C) && fp8_shape_supported(C, OC, OC),
                 "an FP8 layer of {} x {} weights: FP8 GEMMs need both dimensions multiples of 16 (the "
                 "precision policy keeps such layers in BF16)",
@@ -1455,11 +1480,7 @@ void CudaBackend::make_wide_weight(CudaWeightCopy& w, const float* weight, int64
 void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC,
                                  int64_t C, LinearExecution& exec) {
   const OpScope scope(*this, OpKind::casts);
-  auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
-  if (w == nullptr) {
-    copy = std::make_unique<CudaWeightCopy>();
-    w = static_cast<CudaWeightCopy*>(copy.get());
-  }
+  CudaWeightCopy* w = &cuda_weight_copy(copy);
   const size_t n = static_cast<size_t>(OC * C);
   const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
   w->has_fp8 = any_fp8;

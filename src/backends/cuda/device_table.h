@@ -34,8 +34,8 @@ class DeviceTable {
     }
     uploaded_ = std::move(rows);
     // From pageable memory: the copy is staged before this returns, so uploaded_ may change afterwards.
-    OCTET_CUDA_CHECK(
-        cudaMemcpyAsync(device_, uploaded_.data(), uploaded_.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(device_, uploaded_.data(), uploaded_.size() * sizeof(T),
+                                     cudaMemcpyHostToDevice, stream));
     return device_;
   }
   int64_t size() const { return static_cast<int64_t>(uploaded_.size()); }

@@ -220,6 +220,22 @@ __device__ __forceinline__ Pack<W> adamw_pack(const AdamWConstants& c, float* pa
   return p;
 }
 
+// The multi-tensor kernels' block-to-tensor map: the index of the last of `count` entries (sorted by
+// first_block, the first at 0) whose first_block is at most `block`.
+template <typename Entry>
+__device__ __forceinline__ int entry_of_block(const Entry* entries, int count, int64_t block) {
+  int low = 0, high = count - 1;
+  while (low < high) {
+    const int middle = (low + high + 1) / 2;
+    if (entries[middle].first_block <= block) {
+      low = middle;
+    } else {
+      high = middle - 1;
+    }
+  }
+  return low;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // LayerNorm forward, one warp per row of C values. Lane `lane` reads elements lane*W, lane*W + 32*W, ...
 // (W = 4: float4 loads), so W fixes the order of the float64 additions: callers that must agree must pick

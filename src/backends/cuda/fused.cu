@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // AdamW with the weight cast over the tiles of many weights (adamw_update_casts), one tile per block: block b
-// takes tile b - first_tile of the weight whose tiles hold b. Every weight's results are zeroed first
+// takes tile b - first_block of the weight whose tiles hold b. Every weight's results are zeroed first
 // (zero_results_kernel); the block of each weight's first tile writes its scale_inv.
 __global__ void zero_results_kernel(const AdamWCastEntry* entries, int count) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -402,18 +402,9 @@ __global__ void __launch_bounds__(kThreads)
                             elementwise::AdamWConstants decayed, elementwise::AdamWConstants plain) {
   __shared__ __align__(16) uint8_t staged[kTileRows * kTileStride];
   __shared__ __align__(16) GroupSums<false> group_sums;
-  int low = 0, high = count - 1;  // the last entry whose first tile is at most blockIdx.x
-  while (low < high) {
-    const int middle = (low + high + 1) / 2;
-    if (entries[middle].first_tile <= static_cast<int64_t>(blockIdx.x)) {
-      low = middle;
-    } else {
-      high = middle - 1;
-    }
-  }
-  const AdamWCastEntry& e = entries[low];
+  const AdamWCastEntry& e = entries[elementwise::entry_of_block(entries, count, blockIdx.x)];
   const AdamWCastWeight& w = e.weight;
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) - e.first_tile;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) - e.first_block;
   const int64_t tile_cols = (w.cols + kTileCols - 1) / kTileCols;
   const int64_t row0 = tile / tile_cols * kTileRows, col0 = tile % tile_cols * kTileCols;
   const AdamWProducer producer{w.params, w.m, w.v, w.grads, w.decayed ? decayed : plain};

@@ -103,7 +103,7 @@ struct AdamWCastWeight {
 // and whether its transposed codes go out as 32-bit words.
 struct AdamWCastEntry {
   AdamWCastWeight weight;
-  int64_t first_tile = 0;
+  int64_t first_block = 0;
   bool transposed_words = false;
   bool operator==(const AdamWCastEntry&) const = default;
 };

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <cub/device/device_radix_sort.cuh>
 
@@ -1464,6 +1465,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// adamw_update_converts: block b takes chunk b - first_block of the weight whose chunks hold b (n % 4 == 0
+// and every pointer aligned: float4 loads, one 64-bit store of bf16).
+__global__ void __launch_bounds__(kThreads)
+    adamw_convert_chunks_kernel(const AdamWConvertWeight* __restrict__ weights, int count,
+                                elementwise::AdamWConstants decayed, elementwise::AdamWConstants plain) {
+  const AdamWConvertWeight& w = weights[elementwise::entry_of_block(weights, count, blockIdx.x)];
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - w.first_block) * kChunkElements;
+  const int64_t end = w.n < begin + kChunkElements ? w.n : begin + kChunkElements;
+  const AdamWConvert op{
+      w.params, w.m, w.v, w.grads, reinterpret_cast<uint16_t*>(w.copy), w.decayed ? decayed : plain};
+  for (int64_t i = begin + 4 * static_cast<int64_t>(threadIdx.x); i < end; i += 4 * kThreads) {
+    op.apply<4>(i);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     fill_zero_chunks_kernel(float* x, const Chunk* chunks, bool aligned) {
   const Chunk chunk = chunks[blockIdx.x];
@@ -1514,6 +1530,37 @@ void adamw_update_convert(float* params, float* m, float* v, const float* grads,
                elementwise::pack_aligned(copy),
            stream);
   OCTET_CUDA_CHECK_LAUNCH("adamw_update_convert");
+}
+
+void adamw_update_converts(std::span<const AdamWConvertWeight> weights, float learning_rate, float beta1,
+                           float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                           AdamWConvertTable& table, cudaStream_t stream) {
+  std::vector<AdamWConvertWeight> entries;
+  int64_t blocks = 0;
+  for (const AdamWConvertWeight& w : weights) {
+    const bool vector = w.n > 0 && w.n % 4 == 0 && aligned16(w.params) && aligned16(w.m) && aligned16(w.v) &&
+                        aligned16(w.grads) && elementwise::pack_aligned(reinterpret_cast<uint16_t*>(w.copy));
+    if (!vector) {  // adamw_update_convert checks the weight
+      adamw_update_convert(w.params, w.m, w.v, w.grads, w.copy, w.n, learning_rate, beta1, beta2, eps,
+                           w.decayed ? weight_decay : 0.0f, step, grad_scale, stream);
+      continue;
+    }
+    OCTET_CHECK(w.copy != nullptr, "adamw_update_converts: a bf16 output");
+    AdamWConvertWeight e = w;
+    e.first_block = blocks;
+    entries.push_back(e);
+    blocks += ceil_div(w.n, kChunkElements);
+  }
+  if (entries.empty()) return;
+  OCTET_REQUIRE(blocks <= 0x7FFFFFFF, "adamw_update_converts: {} chunks of {} values, at most 2^31 - 1",
+                blocks, kChunkElements);
+  const auto count = static_cast<int>(entries.size());
+  const AdamWConvertWeight* device = table.upload(std::move(entries), stream);
+  adamw_convert_chunks_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      device, count,
+      elementwise::adamw_constants(learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale),
+      elementwise::adamw_constants(learning_rate, beta1, beta2, eps, 0.0f, step, grad_scale));
+  OCTET_CUDA_CHECK_LAUNCH("adamw_update_converts");
 }
 
 void convert_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream) {

@@ -7,11 +7,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "device_table.h"
 #include "octet/numerics/minifloat.h"
 
 namespace octet::cuda {
@@ -127,6 +129,27 @@ void adamw_update_chunks(float* params, float* m, float* v, const float* grads, 
 void adamw_update_convert(float* params, float* m, float* v, const float* grads, __nv_bfloat16* params_bf16,
                           int64_t n, float learning_rate, float beta1, float beta2, float eps,
                           float weight_decay, int64_t step, float grad_scale, cudaStream_t stream);
+// One weight of adamw_update_converts: n elements of its four tensors, its bf16 copy, whether the call's
+// weight decay applies; first_block is the first of its blocks in the launch (set by adamw_update_converts).
+struct AdamWConvertWeight {
+  float* params = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  const float* grads = nullptr;
+  __nv_bfloat16* copy = nullptr;
+  int64_t n = 0;
+  bool decayed = false;
+  int64_t first_block = 0;
+  bool operator==(const AdamWConvertWeight&) const = default;
+};
+using AdamWConvertTable = DeviceTable<AdamWConvertWeight>;
+// adamw_update_convert on each of `weights` (weight_decay where decayed, else none; they must not overlap):
+// the same bits, with every weight's chunks of kChunkElements in one launch, a block each (one launch per
+// weight leaves each one's last wave of blocks short of work). `table` keeps the device copy of the weights
+// between calls. Weights whose pointers or size do not allow 16-byte loads go one by one.
+void adamw_update_converts(std::span<const AdamWConvertWeight> weights, float learning_rate, float beta1,
+                           float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                           AdamWConvertTable& table, cudaStream_t stream);
 
 // Linear-layer support. Conversions round to nearest, ties to even, as octet::round_to_bf16 / round_to_f16.
 void convert_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream);
