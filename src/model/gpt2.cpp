@@ -453,7 +453,10 @@ std::vector<Gpt2::WeightCopySlot> Gpt2::weight_copy_slots() {
   for (auto& l : linears_) {
     const LinearPlan& plan = *l->plan;
     const bool wide = plan.forward != GemmMode::f32 || plan.input_gradient != GemmMode::f32;
-    if (wide) slots.push_back({l->weight_offset, plan.out_features, plan.in_features, &l->copy, &l->exec});
+    if (wide) {
+      slots.push_back(
+          {l->weight_offset, plan.out_features, plan.in_features, &l->copy, &l->exec, l->bias_offset});
+    }
   }
   return slots;
 }

@@ -26,7 +26,11 @@ void AdamW::step(float* params, const float* grads, float learning_rate, float g
     const auto slot = std::find_if(copies.begin(), copies.end(),
                                    [&](const Gpt2::WeightCopySlot& s) { return s.offset == p.offset; });
     if (slot == copies.end()) {
-      others.push_back({p.offset, p.count, decay});
+      // A linear layer's bias names its layer's copy, where the backend may keep the bias's GEMM copy.
+      const auto layer = std::find_if(copies.begin(), copies.end(), [&](const Gpt2::WeightCopySlot& s) {
+        return s.bias_offset == p.offset;
+      });
+      others.push_back({p.offset, p.count, decay, layer == copies.end() ? nullptr : layer->copy->get()});
       continue;
     }
     OCTET_CHECK(slot->rows * slot->cols == p.count, "the weight copy of {} covers the whole parameter",

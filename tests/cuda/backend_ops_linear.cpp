@@ -628,4 +628,107 @@ TEST(BackendOpsLinear, BlockAndMxRecipesAreRefusedClearly) {
   }
 }
 
+// AdamW over a linear layer's bias, told whose weight copy it belongs to (AdamWSegment::bias_of), may keep
+// the bias as the next forward's epilogue reads it (rounded to BF16). That forward must give the bits of one
+// that rounds the bias afresh (bias_of null), step after step: in FP8, and in BF16 with float32 and bf16
+// outputs. A bias that AdamW updates without being told whose it is must be read anew, and so must one
+// changed outside AdamW and then prepared as the model does (prepare_weight).
+TEST(BackendOpsLinear, AdamWKeepsTheForwardsRoundedBias) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  const int64_t N = 64, C = 128, OC = 96, W = OC * C;
+  struct Mode {
+    LinearConfig config;
+    Dtype out_type;
+  };
+  const auto delayed = std::make_shared<octet::DelayedScaling>(16, octet::AmaxAlgorithm::max, 0);
+  const std::vector<Mode> modes = {{fp8("fp8 delayed hybrid", delayed), Dtype::f32},
+                                   {uniform("bf16", GemmMode::bf16), Dtype::f32},
+                                   {uniform("bf16, bf16 output", GemmMode::bf16), Dtype::bf16}};
+  for (const Mode& mode : modes) {
+    SCOPED_TRACE(mode.config.name);
+    // Side 0 names the bias's layer to AdamW, side 1 does not; both start from the same values.
+    struct Side {
+      std::unique_ptr<Backend> backend;
+      std::unique_ptr<octet::Buffer> params, m, v, grads, inp, out;
+      std::unique_ptr<octet::WeightCopy> copy;
+      Fp8LinearState state;
+      LinearExecution exec;
+    };
+    const std::vector<float> params0 = [&] {
+      std::vector<float> p = random_normal(W + OC, 7001, 0.05f);
+      for (int64_t i = W; i < W + OC; ++i) p[static_cast<size_t>(i)] *= 20.0f;  // the bias, about 1
+      return p;
+    }();
+    const std::vector<float> inp = random_normal(N * C, 7002, 1.0f);
+    const std::vector<float> zeros(static_cast<size_t>(W + OC), 0.0f);
+    Side sides[2];
+    for (Side& side : sides) {
+      side.backend = make_tested_backend();
+      Backend& b = *side.backend;
+      const auto buffer = [&](size_t floats, const float* values) {
+        auto buf = b.allocate(floats * sizeof(float));
+        if (values != nullptr) b.copy_from_host(buf->data(), values, floats * sizeof(float));
+        return buf;
+      };
+      side.params = buffer(params0.size(), params0.data());
+      side.m = buffer(zeros.size(), zeros.data());
+      side.v = buffer(zeros.size(), zeros.data());
+      side.grads = buffer(zeros.size(), nullptr);
+      side.inp = buffer(inp.size(), inp.data());
+      side.out = buffer(static_cast<size_t>(N * OC), nullptr);
+      side.exec.forward = mode.config.forward;
+      side.exec.input_gradient = mode.config.input_gradient;
+      side.exec.weight_gradient = mode.config.weight_gradient;
+      if (mode.config.fp8()) {
+        side.exec.recipe = mode.config.recipe.get();
+        side.exec.formats = mode.config.formats;
+        const ScalingState initial = mode.config.recipe->initial_state();
+        side.state = {initial, initial, initial};
+        side.exec.state = &side.state;
+      }
+      b.prepare_weight(side.copy, side.params->floats(), OC, C, side.exec);
+    }
+    const auto forward = [&](Side& side) {
+      float* params = side.params->floats();
+      side.backend->linear_forward_as(side.out->data(), mode.out_type, side.inp->data(), Dtype::f32, params,
+                                      side.copy.get(), params + W, N, C, OC, side.exec);
+      const size_t bytes = static_cast<size_t>(N * OC) * (mode.out_type == Dtype::bf16 ? 2 : 4);
+      std::vector<uint8_t> host(bytes);
+      side.backend->copy_to_host(host.data(), side.out->data(), bytes);
+      return host;
+    };
+    const auto adamw = [&](Side& side, int64_t step, bool name_layer) {
+      Backend& b = *side.backend;
+      const std::vector<float> grads = random_normal(W + OC, 7100 + static_cast<uint64_t>(step), 1.0f);
+      b.copy_from_host(side.grads->data(), grads.data(), grads.size() * sizeof(float));
+      const Backend::WeightUpdate weight{0, OC, C, 0.1f, &side.copy, &side.exec};
+      b.adamw_update_weights(side.params->floats(), side.m->floats(), side.v->floats(), side.grads->floats(),
+                             {&weight, 1}, 1e-2f, 0.9f, 0.95f, 1e-8f, step, 1.0f);
+      const Backend::AdamWSegment bias{W, OC, 0.0f, name_layer ? side.copy.get() : nullptr};
+      b.adamw_update_segments(side.params->floats(), side.m->floats(), side.v->floats(), side.grads->floats(),
+                              {&bias, 1}, 1e-2f, 0.9f, 0.95f, 1e-8f, step, 1.0f);
+    };
+    std::vector<uint8_t> previous = forward(sides[0]);
+    EXPECT_TRUE(bytes_identical(previous, forward(sides[1]), "the first forward"));
+    for (int64_t step = 1; step <= 5; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      for (int k = 0; k < 2; ++k) adamw(sides[k], step, k == 0 && step != 2);  // step 2: not named
+      if (step == 4) {
+        // The bias moves outside AdamW (a checkpoint's, say), then the weight copies are made again.
+        std::vector<float> bias = random_normal(OC, 7200, 1.0f);
+        for (Side& side : sides) {
+          side.backend->copy_from_host(side.params->floats() + W, bias.data(), bias.size() * sizeof(float));
+          side.backend->prepare_weight(side.copy, side.params->floats(), OC, C, side.exec);
+        }
+      }
+      const std::vector<uint8_t> kept = forward(sides[0]);
+      EXPECT_TRUE(bytes_identical(kept, forward(sides[1]), "a forward after AdamW"));
+      EXPECT_FALSE(kept == previous) << "the forward's output did not change with the weights and bias";
+      // The same copy again: a second forward reads what the first read.
+      EXPECT_TRUE(bytes_identical(forward(sides[0]), kept, "the forward again"));
+      previous = kept;
+    }
+  }
+}
+
 }  // namespace

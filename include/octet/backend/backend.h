@@ -285,6 +285,10 @@ class Backend {
     int64_t offset = 0;
     int64_t count = 0;
     float weight_decay = 0.0f;
+    // Where the segment is a linear layer's bias: that layer's weight copy, in which a GPU backend keeps the
+    // bias as its forward GEMM's epilogue reads it (rounded to BF16) and writes it again in the AdamW pass.
+    // Null otherwise, and ignored by backends that keep no such copy.
+    WeightCopy* bias_of = nullptr;
   };
   virtual void adamw_update_segments(float* params, float* m, float* v, const float* grads,
                                      std::span<const AdamWSegment> segments, float learning_rate, float beta1,

@@ -15,7 +15,9 @@
 namespace octet::cuda {
 
 // What one cast produced besides its codes. Lives in device memory so that a later kernel (the next scale, a
-// GEMM's amax input) can read it without a host round trip; cast_amax zeroes it on the stream first.
+// GEMM's amax input) can read it without a host round trip; cast_amax zeroes it on the stream first, unless
+// told that it holds zeros already (the CUDA backend clears its layers' results as it applies their updates,
+// which spares each cast a memset on the stream).
 struct CastResults {
   float amax;                    // max |x| over the input; NaN if any input is NaN (as octet::compute_amax)
   uint32_t reserved;             // keeps the counters 8-byte aligned
@@ -36,6 +38,7 @@ struct CastAmaxArguments {
   uint8_t* output_transposed = nullptr;  // [cols, rows] codes; null: not written
   float* scale_inv = nullptr;            // one value: 1 / scale is written there; null: not written
   CastResults* results = nullptr;        // amax and counts
+  bool results_zeroed = false;           // results already hold zeros: cast_amax does not zero them first
   CastOptions options;  // overflow, rounding; stochastic: element i uses CounterRng(seed).bits(i)
 };
 

@@ -68,6 +68,7 @@ class Gpt2 {
     int64_t cols;
     std::unique_ptr<WeightCopy>* copy;
     LinearExecution* exec;
+    int64_t bias_offset = -1;  // of the layer's bias in params(); -1: none
   };
   std::vector<WeightCopySlot> weight_copy_slots();
 

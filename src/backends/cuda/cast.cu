@@ -236,7 +236,7 @@ void cast_amax(const CastAmaxArguments& a, cudaStream_t stream) {
   p.transposed_words = a.rows % 4 == 0 && aligned(a.output_transposed, 4);
 
   // The kernels accumulate into results with atomics: start from zero amax (+0.0f bits) and zero counts.
-  OCTET_CUDA_CHECK(cudaMemsetAsync(a.results, 0, sizeof(CastResults), stream));
+  if (!a.results_zeroed) OCTET_CUDA_CHECK(cudaMemsetAsync(a.results, 0, sizeof(CastResults), stream));
   const bool stochastic = a.options.rounding == Rounding::stochastic;
   if (a.format == Dtype::e4m3 && stochastic) {
     launch<Dtype::e4m3, true>(p, stream);

@@ -219,6 +219,7 @@ __global__ void update_scaling_kernel(const ScalingUpdates updates) {
   const ScalingUpdate& u = updates.entry[i];
   if (u.record_copy_scale) u.state->weight_copy_scale = u.state->tensor[u.operand].scale;
   apply_scaling_update(u.state, u.operand, u.recipe, u.fp8_max, u.elements, u.update, u.count);
+  u.state->results[u.operand] = CastResults{};  // read: ready for the operand's next cast
 }
 
 // The cast's signal and quantization-noise energies over its finite inputs (noise = x - code * scale_inv, the
@@ -327,6 +328,15 @@ struct DeviceLayer {
   DeviceLayerState* device = nullptr;
   RecipeParameters recipe{};
   unsigned pending = 0;  // bit per operand: a cast whose scaling update is not applied yet
+  // Bit per operand: its CastResults hold zeros (zeroed with the state, or cleared by the update that read
+  // them), so that its next cast need not zero them on the stream first.
+  unsigned results_zeroed = 0;
+  // Whether the operand's results hold zeros; either way the cast about to write them takes them.
+  bool take_zeroed_results(int operand) {
+    const bool zeroed = ((results_zeroed >> operand) & 1u) != 0;
+    results_zeroed &= ~(1u << operand);
+    return zeroed;
+  }
   DeviceLayer() { OCTET_CUDA_CHECK(cudaMalloc(&device, sizeof(DeviceLayerState))); }
   ~DeviceLayer() { cudaFree(device); }
   DeviceLayer(const DeviceLayer&) = delete;
@@ -336,6 +346,10 @@ struct DeviceLayer {
 class CudaBackend;
 void forget_layer(CudaBackend* backend, const DeviceLayer* layer);
 
+// How a forward GEMM's epilogue reads a bias (CudaBackend::epilogue_bias) where it is rounded: bf16 bits (FP8
+// GEMMs, and GEMMs writing bf16), or float32 values rounded to bf16 (BF16 GEMMs writing float32).
+enum class BiasCopy { none, bf16_bits, bf16_values };
+
 // A linear layer's weight as its GEMMs read it. It also owns the layer's device state, so that the state
 // lives exactly as long as the layer (a host state is only an address, which a later layer may reuse).
 struct CudaWeightCopy final : public WeightCopy {
@@ -344,6 +358,15 @@ struct CudaWeightCopy final : public WeightCopy {
   DeviceScratch wide;            // BF16/FP16 W [OC, C]
   bool has_fp8 = false;
   bool has_wide = false;
+  // The layer's bias as the last forward's epilogue read it: bias_count values of bias_source in the form
+  // bias_form. bias_current: `bias` holds them for the bias's present values, which holds from AdamW's pass
+  // over the bias that wrote them (adamw_update_segments) until the weight is updated or prepared again, so
+  // that the forwards in between round nothing.
+  DeviceScratch bias;
+  const float* bias_source = nullptr;
+  int64_t bias_count = 0;
+  BiasCopy bias_form = BiasCopy::none;
+  bool bias_current = false;
   std::unique_ptr<DeviceLayer> layer;  // FP8 layers
   CudaBackend* owner = nullptr;        // the backend that maps host states to `layer`; outlives the copy
   ~CudaWeightCopy() override {
@@ -702,7 +725,10 @@ class CudaBackend final : public Backend {
   // (FP8 and BF16 GEMMs) or FP16, or float32 for float32 GEMMs; in 16-byte aligned scratch where it is
   // converted or misaligned. Null for a null bias. A GEMM writing bf16 takes a bf16 bias in every mode
   // (bf16_output).
-  const void* epilogue_bias(const float* bias, int64_t OC, GemmMode mode, bool bf16_output = false);
+  // With the layer's weight copy, made there (CudaWeightCopy::bias), and taken from there where AdamW
+  // wrote it.
+  const void* epilogue_bias(const float* bias, int64_t OC, GemmMode mode, bool bf16_output = false,
+                            CudaWeightCopy* copy = nullptr);
   const void* wide_copy(const float* x, int64_t n, GemmMode mode, int slot);
   // linear_forward's GEMM, writing float32 to out or, with out_bf16 instead (BF16 GEMMs, and FP8 ones on FP8
   // tensor cores), bf16 there. With `recompute` (FP8 only): linear_recompute's, on the kept codes, uncounted.
@@ -843,6 +869,7 @@ CudaBackend::Layer& CudaBackend::layer_of(LinearExecution& exec, CudaWeightCopy&
     copy.layer->recipe = recipe;
     copy.owner = this;
     OCTET_CUDA_CHECK(cudaMemsetAsync(copy.layer->device, 0, sizeof(DeviceLayerState), stream_));
+    copy.layer->results_zeroed = (1u << kActivation) | (1u << kWeight) | (1u << kGradient);
     layers_[exec.state] = copy.layer.get();
     publish_scaling(*exec.state);
   }
@@ -909,6 +936,7 @@ void CudaBackend::producer_cast(int64_t N, int64_t C, LinearExecution& exec, Wri
   cast.output_transposed = static_cast<uint8_t*>(saved.codes_transposed.get(0, stream_));
   cast.scale_inv = static_cast<float*>(saved.scale_inv.get(0, stream_));
   cast.results = &s->results[kActivation];
+  cast.results_zeroed = layer.take_zeroed_results(kActivation);
   write(cast);
   end_cast(layer, kActivation, format, N * C, exec.update_scaling, exec.telemetry != nullptr);
   exec.input_cast_ready = true;
@@ -984,6 +1012,7 @@ FusedCast CudaBackend::gradient_fused_cast(Layer& layer, Dtype format, int64_t N
   cast.output_transposed = dy_codes_transposed_.as<uint8_t>(n, stream_);
   cast.scale_inv = &s->gradient_scale_inv;
   cast.results = &s->results[kGradient];
+  cast.results_zeroed = layer.take_zeroed_results(kGradient);
   return cast;
 }
 
@@ -1149,7 +1178,10 @@ const float* CudaBackend::begin_cast(Layer& layer, int operand, Dtype format, co
   if ((layer.pending & (1u << operand)) != 0) apply_scaling_updates();
   DeviceLayerState* s = layer.device;
   if (layer.recipe.kind == RecipeKind::delayed) return &s->tensor[operand].scale;
-  if (layer.recipe.kind == RecipeKind::current) amax_only(x, n, &s->results[operand], stream_);
+  if (layer.recipe.kind == RecipeKind::current) {
+    amax_only(x, n, &s->results[operand], stream_);
+    layer.results_zeroed &= ~(1u << operand);
+  }
   prepare_scale_kernel<<<1, 1, 0, stream_>>>(s, operand, layer.recipe, dtype_info(format).max_finite,
                                              &s->results[operand], slot);
   OCTET_CUDA_CHECK_LAUNCH("prepare_scale_kernel");
@@ -1181,7 +1213,10 @@ void CudaBackend::apply_scaling_updates() {
     OCTET_CUDA_CHECK_LAUNCH("update_scaling_kernel");
   }
   pending_updates_.clear();
-  for (Layer* layer : pending_layers_) layer->pending = 0;
+  for (Layer* layer : pending_layers_) {
+    layer->results_zeroed |= layer->pending;  // update_scaling_kernel cleared what it read
+    layer->pending = 0;
+  }
   pending_layers_.clear();
 }
 
@@ -1200,6 +1235,7 @@ void CudaBackend::cast_operand(Layer& layer, int operand, Dtype format, const fl
   a.output_transposed = codes_transposed;
   a.scale_inv = scale_inv_out;
   a.results = &s->results[operand];
+  a.results_zeroed = layer.take_zeroed_results(operand);
   cast_amax(a, stream_);
   // Telemetry counts a cast only where the layer collects it (not while evaluating, not when off).
   const bool count = exec.telemetry != nullptr;
@@ -1277,9 +1313,22 @@ const void* CudaBackend::wide_copy(const float* x, int64_t n, GemmMode mode, int
   return out;
 }
 
-const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode mode, bool bf16_output) {
+const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode mode, bool bf16_output,
+                                       CudaWeightCopy* copy) {
   const bool aligned = reinterpret_cast<uintptr_t>(bias) % 16 == 0;
   if (bias == nullptr || (mode == GemmMode::f32 && aligned && !bf16_output)) return bias;
+  const BiasCopy form = bf16_output || mode == GemmMode::fp8 ? BiasCopy::bf16_bits
+                        : mode == GemmMode::bf16             ? BiasCopy::bf16_values
+                                                             : BiasCopy::none;
+  if (copy != nullptr && form != BiasCopy::none) {
+    if (copy->bias_current && copy->bias_source == bias && copy->bias_count == OC && copy->bias_form == form)
+      return copy->bias.get(0, stream_);
+    copy->bias_source = bias;  // made below, into the copy; AdamW keeps it current from its next pass
+    copy->bias_count = OC;
+    copy->bias_form = form;
+    copy->bias_current = false;
+  }
+  const bool into_copy = copy != nullptr && form != BiasCopy::none;
   const OpScope scope(*this, OpKind::other);
   switch (bf16_output ? GemmMode::fp8 : mode) {
     case GemmMode::f32: {
@@ -1291,14 +1340,14 @@ const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode m
     case GemmMode::bf16:
     case GemmMode::f16: {
       // Rounded to the operands' type, handed over as float32 (what cuBLASLt takes with a float32 output).
-      auto* out = bias_.as<float>(static_cast<size_t>(OC), stream_);
+      auto* out = (into_copy ? copy->bias : bias_).as<float>(static_cast<size_t>(OC), stream_);
       cuda::round_copy(out, bias, OC, mode == GemmMode::f16 ? Dtype::f16 : Dtype::bf16, stream_);
       return out;
     }
     case GemmMode::fp8:
       break;
   }
-  auto* out = bias_.as<__nv_bfloat16>(static_cast<size_t>(OC), stream_);
+  auto* out = (into_copy ? copy->bias : bias_).as<__nv_bfloat16>(static_cast<size_t>(OC), stream_);
   convert_to_bf16(out, bias, OC, stream_);
   return out;
 }
@@ -1306,6 +1355,10 @@ const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode m
 void CudaBackend::adamw_update_segments(float* params, float* m, float* v, const float* grads,
                                         std::span<const AdamWSegment> segments, float learning_rate,
                                         float beta1, float beta2, float eps, int64_t step, float grad_scale) {
+  // The biases change: their rounded copies are current again only where the chunks below write them.
+  for (const AdamWSegment& s : segments) {
+    if (auto* copy = dynamic_cast<CudaWeightCopy*>(s.bias_of)) copy->bias_current = false;
+  }
   // The chunk kernel takes one weight decay besides none (the optimizer's case); others go one by one.
   float decay = 0.0f;
   for (const AdamWSegment& s : segments) {
@@ -1318,7 +1371,25 @@ void CudaBackend::adamw_update_segments(float* params, float* m, float* v, const
     decay = s.weight_decay;
   }
   std::vector<Chunk> chunks;
-  for (const AdamWSegment& s : segments) append_chunks(chunks, s.offset, s.count, s.weight_decay != 0.0f);
+  for (const AdamWSegment& s : segments) {
+    const size_t first = chunks.size();
+    append_chunks(chunks, s.offset, s.count, s.weight_decay != 0.0f);
+    // A bias whose rounded copy the forward reads: written in the same pass, current until the weight's
+    // next update.
+    auto* copy = dynamic_cast<CudaWeightCopy*>(s.bias_of);
+    if (copy == nullptr || copy->bias_form == BiasCopy::none || copy->bias_source != params + s.offset ||
+        copy->bias_count != s.count) {
+      continue;
+    }
+    const bool bits = copy->bias_form == BiasCopy::bf16_bits;
+    auto* rounded =
+        static_cast<char*>(copy->bias.get(static_cast<size_t>(s.count) * (bits ? 2 : 4), stream_));
+    for (size_t i = first; i < chunks.size(); ++i) {
+      chunks[i].rounded = rounded + (chunks[i].offset - s.offset) * (bits ? 2 : 4);
+      chunks[i].rounded_bits = bits ? 1 : 0;
+    }
+    copy->bias_current = true;
+  }
   if (chunks.empty()) return;
   const Chunk* table = adamw_chunks_.upload(std::move(chunks), stream_);
   const OpScope scope(*this, OpKind::optimizer);
@@ -1361,11 +1432,18 @@ CudaWeightCopy& cuda_weight_copy(std::unique_ptr<WeightCopy>& copy) {
   return *w;
 }
 
+// An optimizer step has begun on the layer: its bias is current again only where AdamW's pass over it writes
+// the rounded copy (adamw_update_segments).
+void forget_bias_copy(std::unique_ptr<WeightCopy>& copy) {
+  if (auto* w = dynamic_cast<CudaWeightCopy*>(copy.get())) w->bias_current = false;
+}
+
 void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC,
                                       int64_t C, float learning_rate, float beta1, float beta2, float eps,
                                       float weight_decay, int64_t step, float grad_scale,
                                       std::unique_ptr<WeightCopy>& copy, LinearExecution& exec) {
   const OpScope scope(*this, OpKind::optimizer);
+  forget_bias_copy(copy);
   if (writes_bf16_copy(exec)) {
     // prepare_weight's BF16 copy, written by the AdamW kernel from the updated weights.
     cuda::adamw_update_convert(params, m, v, grads, bf16_weight_copy(copy, OC * C), OC * C, learning_rate,
@@ -1391,6 +1469,7 @@ void CudaBackend::adamw_update_weights(float* params, float* m, float* v, const 
   float decay = 0.0f;
   std::vector<const WeightUpdate*> casts, converts;
   for (const WeightUpdate& u : weights) {
+    forget_bias_copy(*u.copy);
     const bool cast = fuses_weight_cast(*u.exec), convert = writes_bf16_copy(*u.exec);
     const bool other_decay = u.weight_decay != 0.0f && decay != 0.0f && u.weight_decay != decay;
     if ((!cast && !convert) || other_decay) {
@@ -1452,6 +1531,7 @@ FusedCast CudaBackend::begin_weight_cast(std::unique_ptr<WeightCopy>& copy, int6
   cast.output_transposed = w->fp8_transposed.as<uint8_t>(n, stream_);
   cast.scale_inv = &s->weight_scale_inv;
   cast.results = &s->results[kWeight];
+  cast.results_zeroed = layer.take_zeroed_results(kWeight);
   return cast;
 }
 
@@ -1481,6 +1561,7 @@ void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float*
                                  int64_t C, LinearExecution& exec) {
   const OpScope scope(*this, OpKind::casts);
   CudaWeightCopy* w = &cuda_weight_copy(copy);
+  w->bias_current = false;  // the parameters may have changed in any way: the next forward rounds the bias
   const size_t n = static_cast<size_t>(OC * C);
   const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
   w->has_fp8 = any_fp8;
@@ -1697,7 +1778,7 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, 
   const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
   const bool bf16_output = out_bf16 != nullptr;
   // The bias goes into the GEMM's epilogue: the output is written once, in the GEMM.
-  const void* gemm_bias = epilogue_bias(bias, OC, exec.forward, bf16_output);
+  const void* gemm_bias = epilogue_bias(bias, OC, exec.forward, bf16_output, const_cast<CudaWeightCopy*>(w));
   GemmProblem p;
   p.M = N;
   p.N = OC;

@@ -595,7 +595,7 @@ template <bool ColumnSums = false, typename Producer>
 void launch_elementwise(const Producer& producer, bool vector_inputs, int64_t rows, int64_t cols,
                         const FusedCast& cast, cudaStream_t stream, float* column_partials = nullptr) {
   const int64_t n = rows * cols;
-  OCTET_CUDA_CHECK(cudaMemsetAsync(cast.results, 0, sizeof(CastResults), stream));
+  if (!cast.results_zeroed) OCTET_CUDA_CHECK(cudaMemsetAsync(cast.results, 0, sizeof(CastResults), stream));
   if ((cast.output_transposed != nullptr || ColumnSums) && n > 0) {
     const bool vector = vector_inputs && cols % 4 == 0 && aligned(cast.output, 4);
     const bool transposed_words = rows % 4 == 0 && aligned(cast.output_transposed, 4);
@@ -673,7 +673,7 @@ void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* i
   OCTET_REQUIRE(N == 0 || (mean != nullptr && rstd != nullptr && inp != nullptr && weight != nullptr &&
                            bias != nullptr),
                 "layernorm_forward_cast: mean, rstd, inp, weight and bias must be given");
-  OCTET_CUDA_CHECK(cudaMemsetAsync(cast.results, 0, sizeof(CastResults), stream));
+  if (!cast.results_zeroed) OCTET_CUDA_CHECK(cudaMemsetAsync(cast.results, 0, sizeof(CastResults), stream));
   const LayernormArguments a{out, mean, rstd, inp, weight, bias, N, C};
   // layernorm_forward's choice of W, with a missing out counting as aligned.
   const bool vector = C % 4 == 0 && (out == nullptr || aligned16(out)) && aligned16(inp) &&

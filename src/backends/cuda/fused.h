@@ -26,6 +26,7 @@ struct FusedCast {
   uint8_t* output_transposed = nullptr;  // [cols, rows] codes; null: not written
   float* scale_inv = nullptr;      // 1/scale written here (same expression as cast_amax); null: not written
   CastResults* results = nullptr;  // zeroed on the stream first, then amax and counts as cast_amax
+  bool results_zeroed = false;     // results already hold zeros (a cleared CastResults): no zeroing first
   bool operator==(const FusedCast&) const = default;
 };
 

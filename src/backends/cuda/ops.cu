@@ -286,7 +286,10 @@ __global__ void encoder_backward_token_kernel(float* dwte, const float* dout, co
 // y + kColumnLanes, ... in order, and the lanes are added in order. The splits come from the shape alone
 // (plan_column_sum), so that the order is the same for float32 and bf16 inputs and for any alignment. With
 // Copy (float32 inputs), each element read is also written to copy (same layout) rounded to bf16, which
-// changes nothing in the sums.
+// changes nothing in the sums. Few rows (at most kColumnShortRows: the tile sums of the fused casts, the
+// block sums of LayerNorm's backward) take one launch instead of two: a thread per column and row lane,
+// kColumnShortLanes lanes, lane y summing rows y, y + kColumnShortLanes, ... in order and the lanes added in
+// order into out (column_lanes_kernel, which is stage two's kernel too, over the split totals).
 
 constexpr int kColumnTile = 32;                // threads across a block
 constexpr int kColumnLanes = 8;                // threads down a block
@@ -294,6 +297,8 @@ constexpr int kColumnUnroll = 4;               // rows per thread in flight
 constexpr int64_t kColumnTargetBlocks = 1024;  // of float32 values; half as many of bf16
 constexpr int64_t kColumnMaxSplits = 128;
 constexpr int64_t kColumnPlanTile = 128;  // columns per block of float32 values, in the plan for every type
+constexpr int kColumnShortLanes = 32;     // threads down a block, few rows
+constexpr int64_t kColumnShortRows = 32 * kColumnShortLanes;  // at most 32 rows per thread
 
 // Columns per thread: one 16-byte load.
 template <typename T>
@@ -303,9 +308,12 @@ __host__ __device__ constexpr int column_width() {
 constexpr int kColumnMaxBlockColumns = kColumnTile * column_width<uint16_t>();
 
 struct ColumnSumPlan {
+  bool short_rows = false;  // one launch of column_lanes_kernel; rows_per_split and splits unused
   int64_t rows_per_split = 0;
   int64_t splits = 0;
-  size_t scratch_floats(int64_t cols) const { return splits > 1 ? static_cast<size_t>(splits * cols) : 0; }
+  size_t scratch_floats(int64_t cols) const {
+    return !short_rows && splits > 1 ? static_cast<size_t>(splits * cols) : 0;
+  }
 };
 
 // Depends on the shape only, so the order of additions is the same on every device and for every layout
@@ -315,6 +323,7 @@ ColumnSumPlan plan_column_sum(int64_t rows, int64_t cols) {
   int64_t splits = std::clamp<int64_t>(ceil_div(kColumnTargetBlocks, tiles), 1, kColumnMaxSplits);
   splits = std::max<int64_t>(1, std::min(splits, ceil_div(rows, kColumnUnroll * kColumnLanes)));
   ColumnSumPlan plan;
+  plan.short_rows = rows <= kColumnShortRows;
   plan.rows_per_split = ceil_div(rows, splits);
   plan.splits = ceil_div(rows, plan.rows_per_split);
   return plan;
@@ -415,23 +424,30 @@ __global__ void __launch_bounds__(kColumnTile* kColumnLanes)
 }
 static_assert(kColumnMaxBlockColumns <= kColumnTile * kColumnLanes, "one thread per column in the combine");
 
-__global__ void __launch_bounds__(kColumnTile* kColumnLanes)
-    column_finish_kernel(const float* split_sums, int64_t splits, int64_t cols, float* out) {
-  __shared__ float lane_sums[kColumnLanes][kColumnTile + 1];
+// out[c] += the sum of x[r * ld + c] over rows r, by Lanes row lanes of kColumnTile columns: lane y sums rows
+// y, y + Lanes, ... in order (the loads of several rows in flight), then the lanes are added in order. With
+// Copy (float32 x), each value read is also written to copy rounded to bf16.
+template <int Lanes, bool Copy, typename T>
+__global__ void __launch_bounds__(kColumnTile* Lanes)
+    column_lanes_kernel(const T* x, int64_t ld, int64_t rows, int64_t cols, float* out, uint16_t* copy) {
+  __shared__ float lane_sums[Lanes][kColumnTile + 1];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
   float acc = 0.0f;
   if (c < cols) {
-    // Unrolled so that the loads are in flight together; the additions stay in split order.
-#pragma unroll 4
-    for (int64_t s = threadIdx.y; s < splits; s += kColumnLanes)
-      acc = __fadd_rn(acc, split_sums[s * cols + c]);
+    // Unrolled so that the loads are in flight together; the additions stay in row order.
+#pragma unroll 8
+    for (int64_t r = threadIdx.y; r < rows; r += Lanes) {
+      const float v = column_value(x, r * ld + c);
+      if constexpr (Copy) copy[r * ld + c] = bf16_bits(v);
+      acc = __fadd_rn(acc, v);
+    }
   }
   lane_sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y != 0 || c >= cols) return;
   float total = lane_sums[0][threadIdx.x];
 #pragma unroll
-  for (int k = 1; k < kColumnLanes; ++k) total = __fadd_rn(total, lane_sums[k][threadIdx.x]);
+  for (int k = 1; k < Lanes; ++k) total = __fadd_rn(total, lane_sums[k][threadIdx.x]);
   out[c] = __fadd_rn(out[c], total);
 }
 
@@ -440,6 +456,24 @@ template <typename T>
 void column_sum(const T* x, int64_t ld, int64_t rows, int64_t cols, float* out, const ColumnSumPlan& plan,
                 float* scratch, cudaStream_t stream, uint16_t* copy = nullptr) {
   if (rows == 0 || cols == 0) return;
+  const auto column_tiles = static_cast<unsigned>(ceil_div(cols, kColumnTile));
+  if (plan.short_rows) {
+    const dim3 lanes(kColumnTile, kColumnShortLanes);
+    if constexpr (std::is_same_v<T, float>) {
+      if (copy != nullptr) {
+        column_lanes_kernel<kColumnShortLanes, true>
+            <<<column_tiles, lanes, 0, stream>>>(x, ld, rows, cols, out, copy);
+        OCTET_CUDA_CHECK_LAUNCH("column_lanes_kernel");
+        return;
+      }
+    } else {
+      OCTET_CHECK(copy == nullptr, "column_sum: a bf16 copy is of float32 values");
+    }
+    column_lanes_kernel<kColumnShortLanes, false>
+        <<<column_tiles, lanes, 0, stream>>>(x, ld, rows, cols, out, nullptr);
+    OCTET_CUDA_CHECK_LAUNCH("column_lanes_kernel");
+    return;
+  }
   const dim3 block(kColumnTile, kColumnLanes);
   constexpr int W = column_width<T>();
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, kColumnTile * W)), static_cast<unsigned>(plan.splits));
@@ -467,9 +501,9 @@ void column_sum(const T* x, int64_t ld, int64_t rows, int64_t cols, float* out, 
     return;
   }
   with_copy(std::false_type{});
-  column_finish_kernel<<<static_cast<unsigned>(ceil_div(cols, kColumnTile)), block, 0, stream>>>(
-      scratch, plan.splits, cols, out);
-  OCTET_CUDA_CHECK_LAUNCH("column_finish_kernel");
+  column_lanes_kernel<kColumnLanes, false, float>
+      <<<column_tiles, block, 0, stream>>>(scratch, cols, plan.splits, cols, out, nullptr);
+  OCTET_CUDA_CHECK_LAUNCH("column_lanes_kernel");
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -550,6 +584,25 @@ __device__ __forceinline__ void write_block_partials(float* partials, const floa
   }
 }
 
+// A warp's place in a LayerNorm backward block: the block's warps, this warp and lane, and this warp's own
+// partials in shared memory (dweight's [C], then dbias's [C]), which this zeroes for the whole block: every
+// thread of the block must call it.
+struct LayernormBackwardWarp {
+  int warps;
+  int warp;
+  int lane;
+  float* dweight_acc;
+  float* dbias_acc;
+};
+__device__ __forceinline__ LayernormBackwardWarp layernorm_backward_warp(float* warp_partials, int64_t C) {
+  const int warps = static_cast<int>(blockDim.x / kWarp);
+  const int warp = static_cast<int>(threadIdx.x / kWarp);
+  for (int64_t i = threadIdx.x; i < warps * 2 * C; i += blockDim.x) warp_partials[i] = 0.0f;
+  __syncthreads();
+  float* dweight_acc = warp_partials + warp * 2 * C;
+  return {warps, warp, static_cast<int>(threadIdx.x % kWarp), dweight_acc, dweight_acc + C};
+}
+
 // Accumulates dinp row by row; each warp adds its rows' dweight and dbias terms into its own partials in
 // shared memory ([warps][2][C]: dweight, then dbias), each lane always touching the same columns. The block
 // then adds its warps' partials in order and writes them to partials [gridDim.x][2][C].
@@ -559,13 +612,7 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp)
                               const float* weight, const float* mean, const float* rstd, int64_t N,
                               int64_t C) {
   extern __shared__ float warp_partials[];
-  const int warps = static_cast<int>(blockDim.x / kWarp);
-  const int warp = static_cast<int>(threadIdx.x / kWarp);
-  const int lane = static_cast<int>(threadIdx.x % kWarp);
-  for (int64_t i = threadIdx.x; i < warps * 2 * C; i += blockDim.x) warp_partials[i] = 0.0f;
-  __syncthreads();
-  float* dweight_acc = warp_partials + warp * 2 * C;
-  float* dbias_acc = dweight_acc + C;
+  const auto [warps, warp, lane, dweight_acc, dbias_acc] = layernorm_backward_warp(warp_partials, C);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + warp; row < N;
        row += static_cast<int64_t>(gridDim.x) * warps) {
     const Dout* d = dout + row * C;
@@ -608,13 +655,7 @@ __global__ void __launch_bounds__(kLayernormBackwardWarps* kWarp, kLayernormBack
                                    const float* weight, const float* mean, const float* rstd, int64_t N,
                                    int64_t C) {
   extern __shared__ float warp_partials[];
-  const int warps = static_cast<int>(blockDim.x / kWarp);
-  const int warp = static_cast<int>(threadIdx.x / kWarp);
-  const int lane = static_cast<int>(threadIdx.x % kWarp);
-  for (int64_t i = threadIdx.x; i < warps * 2 * C; i += blockDim.x) warp_partials[i] = 0.0f;
-  __syncthreads();
-  float* dweight_acc = warp_partials + warp * 2 * C;
-  float* dbias_acc = dweight_acc + C;
+  const auto [warps, warp, lane, dweight_acc, dbias_acc] = layernorm_backward_warp(warp_partials, C);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + warp; row < N;
        row += static_cast<int64_t>(gridDim.x) * warps) {
     const Dout* d = dout + row * C;
@@ -1463,6 +1504,16 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = groups * 4 + threadIdx.x; i < chunk.count; i += blockDim.x) {
     elementwise::adamw_pack<1>(c, params, m, v, grads, chunk.offset + i);
   }
+  if (chunk.rounded == nullptr) return;  // the same for the whole block
+  __syncthreads();                       // the block's updated values, whichever thread wrote them
+  for (int64_t i = threadIdx.x; i < chunk.count; i += blockDim.x) {
+    const float p = params[chunk.offset + i];
+    if (chunk.rounded_bits != 0) {
+      static_cast<uint16_t*>(chunk.rounded)[i] = bf16_bits(p);
+    } else {
+      static_cast<float*>(chunk.rounded)[i] = round_to_bf16(p);
+    }
+  }
 }
 
 // adamw_update_converts: block b takes chunk b - first_block of the weight whose chunks hold b (n % 4 == 0
@@ -1649,7 +1700,7 @@ void column_sums_into(float* dbias, const T* dout, int64_t N, int64_t OC, Worksp
   if (N == 0 || OC == 0) return;
   const ColumnSumPlan plan = plan_column_sum(N, OC);
   float* scratch = nullptr;
-  if (plan.splits > 1) {
+  if (plan.scratch_floats(OC) > 0) {
     scratch = static_cast<float*>(workspace.get(plan.scratch_floats(OC) * sizeof(float), stream));
   }
   column_sum(dout, OC, N, OC, dbias, plan, scratch, stream, copy);

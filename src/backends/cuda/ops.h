@@ -109,11 +109,15 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
                   float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
                   cudaStream_t stream);
 // A piece of a segmented update: elements offset .. offset + count - 1 (count <= kChunkElements) of each
-// tensor, with a flag (AdamW: whether weight decay applies).
+// tensor, with a flag (AdamW: whether weight decay applies). AdamW also writes the updated values, rounded
+// to bf16, to `rounded` (the chunk's first value's place) where it is not null: as bf16 bits
+// (convert_to_bf16's) with rounded_bits, else as float32 values (round_copy's to bf16).
 struct Chunk {
   int64_t offset;
   int32_t count;
   int32_t flag;
+  void* rounded = nullptr;
+  int32_t rounded_bits = 0;
   bool operator==(const Chunk&) const = default;
 };
 inline constexpr int64_t kChunkElements = 4096;
