@@ -123,7 +123,10 @@ accumulation read and written. Per op:
     layer's backward then neither casts nor sums its bias.
   - optimizer phase, once a step whatever grad_accum_steps: zeroing the gradients but the linear layers'
     weights, which their first backward writes (4 (P - the weights' elements)), the gradient norm
-    (reads 4P), AdamW (reads param, grad, m, v, writes param, m, v: 28P), and the weight copies: FP8 codes
+    (reads 4P), AdamW (reads param, grad, m, v, writes param, m, v: 28P), both reading 2 bytes instead of 4
+    for each weight gradient kept in bf16 (train.weight_gradients = "bf16": the block layers whose
+    weight-gradient GEMM is BF16, or FP8 on FP8 tensor cores, which then writes 2 bytes an element instead
+    of 4), and the weight copies: FP8 codes
     and transpose written in the AdamW pass (2 bytes an element; "current" recipe: a separate cast reading the
     weight twice, 10 bytes), a BF16 layer's BF16 copy in the AdamW pass too (2 bytes), and the BF16 copy
     that an FP8 layer's other GEMMs read, or an FP16 copy, by a separate conversion (6 bytes).
@@ -212,6 +215,8 @@ def model_of(train, source):
     # Gpt2: the MLP's hidden activation and its gradient are rounded to bf16 in bf16 and fp8 modes, and the
     # CUDA backend stores them so (Backend::bf16_storage_type).
     m["hidden_bf16"] = mode in ("bf16", "fp8")
+    # train.weight_gradients (results of older builds: float32).
+    m["bf16_weight_gradients"] = train.get("weight_gradients", "float32") == "bf16" and mode in ("bf16", "fp8")
     m["linears"] = linears
     m["notes"] = notes
     return m
@@ -420,8 +425,16 @@ def linear_backward(s, g, rows, phase, count, label, fused=False, bf16_dout=Fals
     e = STORAGE_BYTES[wg]
     # Written by the first micro-batch of a step, read and written by the others.
     accumulated = 2 - 1 / s.m["grad_accum_steps"]
+    dw = 2 if bf16_weight_gradient(s.m, g) else F32
     s.gemm(phase, f"{label} weight-gradient GEMM", wg, "weight_gradient", out, inn, rows, rows * out * e,
-           rows * inn * e, accumulated * F32 * out * inn, count)
+           rows * inn * e, accumulated * dw * out * inn, count)
+
+
+def bf16_weight_gradient(m, g):
+    """Whether the CUDA backend stores g's weight gradient in bf16 (Backend::weight_gradient_type)."""
+    wg = g["weight_gradient"]
+    return (m["bf16_weight_gradients"] and g["linear"] != "lm_head"
+            and (wg == "bf16" or (wg == "fp8" and m["fp8_tensor_cores"])))
 
 
 def producer_output_bytes(s, g, rows):
@@ -547,8 +560,11 @@ def step_ops(m):
     # Optimizer, once a step.
     weights = sum(g["in_features"] * g["out_features"] * g["layers"] for g in m["linears"])
     s.add("other", "optimizer", "zero the gradients but the linear layers' weights", F32 * (P - weights))
-    s.add("optimizer", "optimizer", "gradient norm", F32 * P)
-    s.add("optimizer", "optimizer", "AdamW", 7 * F32 * P)
+    # Weight gradients stored in bf16: 2 bytes an element read less by the norm and by AdamW.
+    bf16_gradients = sum(g["in_features"] * g["out_features"] * g["layers"] for g in m["linears"]
+                         if bf16_weight_gradient(m, g))
+    s.add("optimizer", "optimizer", "gradient norm", F32 * P - 2 * bf16_gradients)
+    s.add("optimizer", "optimizer", "AdamW", 7 * F32 * P - 2 * bf16_gradients)
     for g in m["linears"]:
         elements = g["in_features"] * g["out_features"] * g["layers"]
         f, ig = g["forward"], g["input_gradient"]

@@ -31,15 +31,27 @@ void Backend::linear_forward_residual_as(float* out, const float* residual, cons
   residual_forward(out, residual, out, N * OC);
 }
 
-void Backend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,
-                                 Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
-                                 const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                                 LinearExecution& exec) {
+void Backend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type, float* dbias,
+                                 const void* dout, Dtype dout_type, const void* inp, Dtype inp_type,
+                                 const float* weight, const WeightCopy* copy, int64_t N, int64_t C,
+                                 int64_t OC, LinearExecution& exec) {
   require_f32(*this, "a linear layer's input gradient", dinp_type);
+  require_f32(*this, "a linear layer's weight gradient", dweight_type);
   require_f32(*this, "a linear layer's output gradient", dout_type);
   require_f32(*this, "a linear layer's input", inp_type);
-  linear_backward(static_cast<float*>(dinp), dweight, dbias, static_cast<const float*>(dout),
-                  static_cast<const float*>(inp), weight, copy, N, C, OC, exec);
+  linear_backward(static_cast<float*>(dinp), static_cast<float*>(dweight), dbias,
+                  static_cast<const float*>(dout), static_cast<const float*>(inp), weight, copy, N, C, OC,
+                  exec);
+}
+
+double Backend::sum_of_squares_as(const void* x, Dtype type, int64_t n) {
+  require_f32(*this, "a gradient", type);
+  return sum_of_squares(static_cast<const float*>(x), n);
+}
+
+void Backend::require_f32_gradient(const WeightUpdate& w) const {
+  OCTET_CHECK(w.grads_bf16 == nullptr, "backend {}: a weight gradient is stored in f32 only, asked for bf16",
+              name());
 }
 
 void Backend::attention_forward_as(void* out, Dtype out_type, float* lse, const void* qkv, Dtype qkv_type,

@@ -243,6 +243,13 @@ const std::vector<Key>& keys() {
     k.push_back(integer<int64_t>(
         "train.max_consecutive_skips", [](RunConfig& c) -> int64_t& { return c.train.max_consecutive_skips; },
         1, big, "Skipped (non-finite) steps in a row after which the run stops (exit code 3)."));
+    k.push_back(choice<bool>(
+        "train.weight_gradients", [](RunConfig& c) -> bool& { return c.precision.bf16_weight_gradients; },
+        {{"float32", false}, {"bf16", true}},
+        "How the block layers' weight gradients are kept: float32, or rounded to bf16 once by their BF16 or "
+        "FP8 weight-gradient GEMM, as PyTorch autocast's are (on the GPU also stored in bf16: half the "
+        "gradient memory and traffic; accumulation over micro-batches then adds in bf16). bf16 needs "
+        "train.mixed_precision bf16 or fp8 (docs/precision.md)."));
     // [fp8]
     k.push_back(choice<RecipeKind>(
         "fp8.recipe", [](RunConfig& c) -> RecipeKind& { return c.precision.recipe; },
@@ -527,6 +534,11 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
   require(c.train.schedule.warmup_steps <= c.steps,
           fmt::format("scheduler.warmup_steps ({}) is more than train.steps ({})",
                       c.train.schedule.warmup_steps, c.steps));
+  require(!c.precision.bf16_weight_gradients || c.precision.mode == MixedPrecision::bf16 ||
+              c.precision.mode == MixedPrecision::fp8,
+          fmt::format("train.weight_gradients = \"bf16\" needs train.mixed_precision = \"bf16\" or \"fp8\" "
+                      "(weight-gradient GEMMs that round to bf16), got \"{}\"",
+                      mixed_precision_name(c.precision.mode)));
   require(c.telemetry.alert_scale_jump == 0.0f || c.telemetry.alert_scale_jump > 1.0f,
           fmt::format("fp8.alert_scale_jump ({}) must be 0 (never) or more than 1: a scale always moves by a "
                       "factor of at least 1",

@@ -85,6 +85,13 @@ struct Gpt2::Linear {
   int64_t weight_count = 0;
   // Whether a backward has written the weight gradient since zero_grad (the buffer starts zeroed).
   bool weight_gradient_written = true;
+  // The weight's gradient (in grads_ or grads_bf16_, as its parameter's grad_type says), and whether the
+  // model rounds it to bf16 in place after each backward (bf16 weight gradients that the backend stores in
+  // float32).
+  void* weight_grad = nullptr;
+  Dtype weight_grad_type = Dtype::f32;
+  bool round_weight_gradient = false;
+  float* bias_grad = nullptr;  // null: no bias
 };
 
 namespace {
@@ -183,7 +190,6 @@ void Gpt2::build_parameters() {
   add("ln_f.weight", {C});
   add("ln_f.bias", {C});
   params_ = backend_.allocate(static_cast<size_t>(parameter_count_) * sizeof(float));
-  grads_ = backend_.allocate(static_cast<size_t>(parameter_count_) * sizeof(float));
 
   for (const LinearPlan& plan : policy_.layers()) {
     auto linear = std::make_unique<Linear>();
@@ -224,9 +230,63 @@ void Gpt2::build_parameters() {
     e.underflowed = &counters_.underflowed;
     linears_.push_back(std::move(linear));
   }
-  // zero_grad's ranges: the gaps between the linear layers' weights (sorted; the LM head's is wte).
+  plan_parameter_gradients();
+}
+
+void Gpt2::plan_parameter_gradients() {
+  // Which weight gradients are kept rounded to bf16, and how the backend stores them.
+  const bool bf16_weights = policy_.settings().bf16_weight_gradients;
+  for (const auto& l : linears_) {
+    const GemmMode mode = l->plan->weight_gradient;
+    if (!bf16_weights || l->plan->name == "lm_head" || (mode != GemmMode::bf16 && mode != GemmMode::fp8)) {
+      continue;
+    }
+    const Dtype type = backend_.weight_gradient_type(l->exec);
+    OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "weight gradients in f32 or bf16, got {}",
+                dtype_name(type));
+    l->round_weight_gradient = type == Dtype::f32;
+    auto it = std::find_if(parameters_.begin(), parameters_.end(),
+                           [&](const ParameterInfo& p) { return p.offset == l->weight_offset; });
+    OCTET_CHECK(it != parameters_.end(), "the weight of {} is a parameter", l->plan->name);
+    it->grad_type = type;
+  }
+  // The float32 gradients in the parameters' order, the bf16 ones in theirs (16-byte aligned slices).
+  for (ParameterInfo& p : parameters_) {
+    if (p.grad_type == Dtype::f32) {
+      p.grad_offset = grad_f32_count_;
+      grad_f32_count_ += p.count;
+    } else {
+      p.grad_offset = grad_bf16_count_;
+      grad_bf16_count_ += (p.count + 7) / 8 * 8;
+    }
+  }
+  grads_ = backend_.allocate(static_cast<size_t>(grad_f32_count_) * sizeof(float));
+  if (grad_bf16_count_ > 0) {
+    grads_bf16_ = backend_.allocate(static_cast<size_t>(grad_bf16_count_) * sizeof(uint16_t));
+  }
+  auto* bf16_base = grads_bf16_ ? static_cast<uint16_t*>(grads_bf16_->data()) : nullptr;
+  for (const auto& l : linears_) {
+    const ParameterInfo& w =
+        *std::find_if(parameters_.begin(), parameters_.end(),
+                      [&](const ParameterInfo& p) { return p.offset == l->weight_offset; });
+    if (l->bias_offset >= 0) {
+      const ParameterInfo& b =
+          *std::find_if(parameters_.begin(), parameters_.end(),
+                        [&](const ParameterInfo& p) { return p.offset == l->bias_offset; });
+      l->bias_grad = grads_->floats() + b.grad_offset;
+    }
+    l->weight_grad_type = w.grad_type;
+    l->weight_grad = w.grad_type == Dtype::bf16 ? static_cast<void*>(bf16_base + w.grad_offset)
+                                                : static_cast<void*>(grads_->floats() + w.grad_offset);
+  }
+  // zero_grad's ranges: the gaps between the float32 weight gradients of the linear layers (sorted; the LM
+  // head's is wte's).
   std::vector<std::pair<int64_t, int64_t>> weights;
-  for (const auto& l : linears_) weights.emplace_back(l->weight_offset, l->weight_count);
+  for (const auto& l : linears_) {
+    if (l->weight_grad_type == Dtype::f32) {
+      weights.emplace_back(static_cast<float*>(l->weight_grad) - grads_->floats(), l->weight_count);
+    }
+  }
   std::sort(weights.begin(), weights.end());
   int64_t at = 0;
   for (const auto& [offset, count] : weights) {
@@ -234,7 +294,7 @@ void Gpt2::build_parameters() {
     if (offset > at) zeroed_by_zero_grad_.push_back({at, offset - at});
     at = offset + count;
   }
-  if (parameter_count_ > at) zeroed_by_zero_grad_.push_back({at, parameter_count_ - at});
+  if (grad_f32_count_ > at) zeroed_by_zero_grad_.push_back({at, grad_f32_count_ - at});
 }
 
 void Gpt2::plan_activations() {
@@ -511,11 +571,9 @@ void Gpt2::round_layernorm_gradient(const Linear& consumer, Dtype type, float* d
 
 void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N,
                               int64_t C, float* next_dinp, Dtype next_dinp_type, const void* next_inp) {
-  const int64_t OC = next.plan->out_features, IC = next.plan->in_features;
+  const int64_t OC = next.plan->out_features;
   OCTET_CHECK(C == OC, "GELU's width {} is {}'s output width {}", C, next.plan->name, OC);
-  float* p = params();
-  float* g = grads_->floats();
-  float* dbias = next.bias_offset >= 0 ? g + next.bias_offset : nullptr;
+  float* dbias = next.bias_grad;
   if (!casts_gradient(next.exec)) {
     // Both GEMMs that read next's output gradient in BF16 (the input and the weight gradient): GELU's
     // backward rounds it to bf16 once, as PyTorch autocast keeps it, and next's bias gradient is summed from
@@ -525,18 +583,14 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const 
     const Dtype type = rounded ? backend_.bf16_storage_type() : Dtype::f32;
     backend_.gelu_backward_as(dinp, type, inp, dout, hidden_type_, N * C);
     if (rounded && type == Dtype::f32) backend_.round_in_place(dinp, N * C, Dtype::bf16);
-    backend_.linear_backward_as(next_dinp, next_dinp_type, g + next.weight_offset, dbias, dinp, type,
-                                next_inp, next.input_type, p + next.weight_offset, next.copy.get(), N, IC, OC,
-                                backward_exec(next));
+    backward_linear(next, next_dinp, next_dinp_type, dbias, dinp, type, next_inp, next.input_type, N);
     return;
   }
   // The bias gradient is summed by the GELU backward; the float32 gradient is written only where next reads
   // it.
   float* kept = gradient_cast_suffices(next.exec) ? nullptr : dinp;
   backend_.gelu_backward_cast_as(kept, inp, dout, hidden_type_, N, C, dbias, next.exec);
-  backend_.linear_backward_as(next_dinp, next_dinp_type, g + next.weight_offset, nullptr, kept, Dtype::f32,
-                              next_inp, next.input_type, p + next.weight_offset, next.copy.get(), N, IC, OC,
-                              backward_exec(next));
+  backward_linear(next, next_dinp, next_dinp_type, nullptr, kept, Dtype::f32, next_inp, next.input_type, N);
 }
 
 void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
@@ -624,7 +678,8 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
   Activations& a = *acts_;
   Linear& head = linear("lm_head");
   const float* w = params() + head.weight_offset;
-  float* dw = grads_->floats() + head.weight_offset;
+  OCTET_CHECK(head.weight_grad_type == Dtype::f32, "the LM head's weight gradient in float32");
+  float* dw = static_cast<float*>(head.weight_grad);
   const int32_t* targets = tokens_->ints() + max_batch_ * max_seq_len_;
   // The chunks count as the one GEMM of each kind that they split (more than one chunk only without FP8):
   // after the first, the head's GEMMs go uncounted until this returns.
@@ -673,16 +728,52 @@ void Gpt2::zero_grad() {
 float* Gpt2::grads() {
   for (const auto& l : linears_) {
     if (l->weight_gradient_written) continue;
-    backend_.fill_zero(grads_->floats() + l->weight_offset, l->weight_count);
+    // A bf16 gradient's slice is whole 16-byte words (plan_parameter_gradients).
+    const int64_t floats = l->weight_grad_type == Dtype::f32 ? l->weight_count : (l->weight_count + 1) / 2;
+    backend_.fill_zero(static_cast<float*>(l->weight_grad), floats);
     l->weight_gradient_written = true;
   }
   return grads_->floats();
+}
+
+const void* Gpt2::grads_bf16() {
+  grads();
+  return grads_bf16_ ? grads_bf16_->data() : nullptr;
+}
+
+const void* Gpt2::gradient(const ParameterInfo& p) {
+  if (p.grad_type == Dtype::f32) return grads() + p.grad_offset;
+  return static_cast<const uint16_t*>(grads_bf16()) + p.grad_offset;
+}
+
+double Gpt2::gradient_sum_of_squares() {
+  double sum = backend_.sum_of_squares(grads(), grad_f32_count_);
+  // The bf16 slices' padding stays zero: it was zeroed with the slice and no GEMM writes it.
+  if (grads_bf16_) sum += backend_.sum_of_squares_as(grads_bf16(), Dtype::bf16, grad_bf16_count_);
+  return sum;
+}
+
+bool Gpt2::gradient_finite(const ParameterInfo& p) {
+  if (p.grad_type == Dtype::f32) return backend_.all_finite(grads() + p.grad_offset, p.count);
+  // A float64 sum of float32 squares is finite exactly when every value is.
+  return std::isfinite(backend_.sum_of_squares_as(gradient(p), p.grad_type, p.count));
 }
 
 LinearExecution& Gpt2::backward_exec(Linear& layer) {
   layer.exec.accumulate_weight_gradient = layer.weight_gradient_written;
   layer.weight_gradient_written = true;
   return layer.exec;
+}
+
+void Gpt2::backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
+                           Dtype dout_type, const void* inp, Dtype inp_type, int64_t N) {
+  const int64_t OC = layer.plan->out_features, IC = layer.plan->in_features;
+  backend_.linear_backward_as(dinp, dinp_type, layer.weight_grad, layer.weight_grad_type, dbias, dout,
+                              dout_type, inp, inp_type, params() + layer.weight_offset, layer.copy.get(), N,
+                              IC, OC, backward_exec(layer));
+  if (layer.round_weight_gradient) {
+    backend_.round_in_place(static_cast<float*>(layer.weight_grad), layer.weight_count, Dtype::bf16);
+  }
 }
 
 void Gpt2::backward(float dloss_scale) {
@@ -702,7 +793,11 @@ void Gpt2::backward(float dloss_scale) {
   float* p = params();
   float* g = grads_->floats();
   auto P = [&](const std::string& name) { return p + parameter(name).offset; };
-  auto G = [&](const std::string& name) { return g + parameter(name).offset; };
+  auto G = [&](const std::string& name) {
+    const ParameterInfo& info = parameter(name);
+    OCTET_CHECK(info.grad_type == Dtype::f32, "the gradient of {} in float32", name);
+    return g + info.grad_offset;
+  };
   Activations& a = *acts_;
   Gradients& d = *dacts_;
 
@@ -726,10 +821,8 @@ void Gpt2::backward(float dloss_scale) {
     float* datty = d.wide_b;
 
     // d.residual: d(residual3) = d(fcproj), as residual3 = residual2 + fcproj.
-    backend_.linear_backward_as(dfch_gelu, hidden_type_, g + fc_proj.weight_offset, g + fc_proj.bias_offset,
-                                d.residual, Dtype::f32, x.fch_gelu, fc_proj.input_type,
-                                p + fc_proj.weight_offset, fc_proj.copy.get(), N, 4 * C, C,
-                                backward_exec(fc_proj));
+    backward_linear(fc_proj, dfch_gelu, hidden_type_, G(h + "mlp.c_proj.bias"), d.residual, Dtype::f32,
+                    x.fch_gelu, fc_proj.input_type, N);
     round_hidden(dfch_gelu, N * 4 * C);
     const void* fch = x.fch;
     if (fch == nullptr) {  // not kept (recomputes_fc): the forward's GEMM again, from its kept input codes
@@ -744,14 +837,12 @@ void Gpt2::backward(float dloss_scale) {
     backend_.layernorm_backward_as(d.residual, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d.ln, dln2_type,
                                    x.residual2, P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
-    backend_.linear_backward_as(datty, atty_type_, g + proj.weight_offset, g + proj.bias_offset, d.residual,
-                                Dtype::f32, x.atty, atty_type_, p + proj.weight_offset, proj.copy.get(), N, C,
-                                C, backward_exec(proj));
+    backward_linear(proj, datty, atty_type_, G(h + "attn.c_proj.bias"), d.residual, Dtype::f32, x.atty,
+                    atty_type_, N);
     backend_.attention_backward_as(dqkv, datty, x.qkv, qkv_type_, x.atty, atty_type_, x.att_lse, B, T, C, NH);
     const Dtype dln1_type = layernorm_gradient_type(qkv);
-    backend_.linear_backward_as(d.ln, dln1_type, g + qkv.weight_offset, g + qkv.bias_offset, dqkv, atty_type_,
-                                x.ln1, qkv.input_type, p + qkv.weight_offset, qkv.copy.get(), N, C, 3 * C,
-                                backward_exec(qkv));
+    backward_linear(qkv, d.ln, dln1_type, G(h + "attn.c_attn.bias"), dqkv, atty_type_, x.ln1, qkv.input_type,
+                    N);
     round_layernorm_gradient(qkv, dln1_type, d.ln, N * C);
     backend_.layernorm_backward_as(d.residual, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d.ln, dln1_type,
                                    residual, P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd, N, C);

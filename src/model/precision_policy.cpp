@@ -179,8 +179,9 @@ std::string PrecisionPolicy::startup_line() const {
       break;
   }
   const LinearPlan& head = layers_.back();
-  return fmt::format("FP8 training enabled: recipe={} ({}); {} of {} linear layers in FP8; lm_head: {}",
-                     recipe, details, fp8_layer_count(), layers_.size(), head.fp8() ? "FP8" : head.reason);
+  return fmt::format("FP8 training enabled: recipe={} ({}); {} of {} linear layers in FP8; lm_head: {}{}",
+                     recipe, details, fp8_layer_count(), layers_.size(), head.fp8() ? "FP8" : head.reason,
+                     settings_.bf16_weight_gradients ? "; weight gradients in bf16" : "");
 }
 
 std::string PrecisionPolicy::map_json() const {

@@ -16,7 +16,7 @@ AdamW::AdamW(Backend& backend, const std::vector<ParameterInfo>& parameters, int
 }
 
 void AdamW::step(float* params, const float* grads, float learning_rate, float grad_scale,
-                 std::span<const Gpt2::WeightCopySlot> copies) {
+                 std::span<const Gpt2::WeightCopySlot> copies, const void* grads_bf16) {
   ++steps_;
   // The weights with copies in one call (each update remakes its copy); every other tensor in another.
   std::vector<Backend::WeightUpdate> weights;
@@ -30,12 +30,21 @@ void AdamW::step(float* params, const float* grads, float learning_rate, float g
       const auto layer = std::find_if(copies.begin(), copies.end(), [&](const Gpt2::WeightCopySlot& s) {
         return s.bias_offset == p.offset;
       });
-      others.push_back({p.offset, p.count, decay, layer == copies.end() ? nullptr : layer->copy->get()});
+      OCTET_CHECK(p.grad_type == Dtype::f32, "the gradient of {} in float32", p.name);
+      others.push_back(
+          {p.offset, p.count, decay, layer == copies.end() ? nullptr : layer->copy->get(), p.grad_offset});
       continue;
     }
     OCTET_CHECK(slot->rows * slot->cols == p.count, "the weight copy of {} covers the whole parameter",
                 p.name);
-    weights.push_back({p.offset, slot->rows, slot->cols, decay, slot->copy, slot->exec});
+    Backend::WeightUpdate w{p.offset, slot->rows, slot->cols, decay, slot->copy, slot->exec};
+    if (p.grad_type == Dtype::bf16) {
+      OCTET_CHECK(grads_bf16 != nullptr, "the bf16 gradients of {}", p.name);
+      w.grads_bf16 = static_cast<const uint16_t*>(grads_bf16) + p.grad_offset;
+    } else {
+      w.grad_offset = p.grad_offset;
+    }
+    weights.push_back(w);
   }
   backend_.adamw_update_weights(params, m_->floats(), v_->floats(), grads, weights, learning_rate,
                                 settings_.beta1, settings_.beta2, settings_.eps, steps_, grad_scale);

@@ -41,12 +41,11 @@ void Trainer::write_precision_map() {
 
 std::string Trainer::first_non_finite_gradient() {
   // In backward order: the LM head (tied to wte) first, then the last parameters back to the first.
-  Backend& backend = model_.backend();
   const auto& params = model_.parameters();
   const ParameterInfo& wte = model_.parameter("wte");
-  if (!backend.all_finite(model_.grads() + wte.offset, wte.count)) return wte.name;
+  if (!model_.gradient_finite(wte)) return wte.name;
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
-    if (!backend.all_finite(model_.grads() + it->offset, it->count)) return it->name;
+    if (!model_.gradient_finite(*it)) return it->name;
   }
   return {};
 }
@@ -91,7 +90,7 @@ StepResult Trainer::step(const BatchSource& data) {
   } else {
     // A float64 sum of float32 squares is finite exactly when every gradient is: one reduction checks them
     // all, and only a non-finite sum pays for the search, tensor by tensor, for the first bad one.
-    sum_of_squares = model_.backend().sum_of_squares(model_.grads(), model_.parameter_count());
+    sum_of_squares = model_.gradient_sum_of_squares();
     const std::string name = std::isfinite(sum_of_squares) ? std::string() : first_non_finite_gradient();
     if (!name.empty()) {
       r.skip_reason = fmt::format("non-finite gradient in {}", name);
@@ -121,7 +120,8 @@ StepResult Trainer::step(const BatchSource& data) {
                          : 1.0f;
   // The weight copies for the next step are remade by the update itself.
   const std::vector<Gpt2::WeightCopySlot> copies = model_.weight_copy_slots();
-  optimizer_.step(model_.params(), model_.grads(), r.learning_rate, clip / r.loss_scale, copies);
+  optimizer_.step(model_.params(), model_.grads(), r.learning_rate, clip / r.loss_scale, copies,
+                  model_.grads_bf16());
   scaler_.update(false);
   consecutive_skips_ = 0;
   ++step_;

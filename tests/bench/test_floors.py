@@ -206,6 +206,36 @@ class Gpt2Small(unittest.TestCase):
         self.assertAlmostEqual(bf16[("backward", "attn.c_proj weight-gradient GEMM")]["gb"], 1.236271104,
                                places=9)
 
+    def test_bf16_weight_gradients_halve_their_bytes(self):
+        # train.weight_gradients = "bf16": the block layers' weight-gradient GEMMs (FP8 on FP8 tensor cores,
+        # BF16) write 2 C^2-sized bytes instead of 4, and the norm and AdamW read 2 bytes less for each of the
+        # 12 L C^2 elements; the LM head's (wte's) stays float32.
+        N, C, L = 32768, 768, 12
+        W = 12 * L * C * C
+        fp8, bf16 = result_of(variant("fp8-bf16-grads.json", "gpt2-124M-octet-fp8.json", weight_gradients="bf16"),
+                              variant("bf16-bf16-grads.json", "gpt2-124M-octet-bf16.json", weight_gradients="bf16"),
+                              *FAST_MEMORY)
+        optimizer = "optimizer (fused weight casts included)"
+        self.assertAlmostEqual(gb(fp8, optimizer), gb(self.fp8, optimizer) - 4 * W / 1e9, places=9)
+        self.assertAlmostEqual(gb(bf16, optimizer), gb(self.bf16, optimizer) - 4 * W / 1e9, places=9)
+        for new, old in ((fp8, self.fp8), (bf16, self.bf16)):
+            ops, before = ops_by_name(new), ops_by_name(old)
+            self.assertAlmostEqual(ops[("optimizer", "gradient norm")]["gb"],
+                                   before[("optimizer", "gradient norm")]["gb"] - 2 * W / 1e9, places=9)
+            self.assertAlmostEqual(ops[("backward", "attn.c_proj weight-gradient GEMM")]["gb"],
+                                   before[("backward", "attn.c_proj weight-gradient GEMM")]["gb"]
+                                   - L * 2 * C * C / 1e9, places=9)
+            self.assertAlmostEqual(ops[("forward", "lm_head weight-gradient GEMM")]["gb"],
+                                   before[("forward", "lm_head weight-gradient GEMM")]["gb"], places=9)
+        # Emulated FP8 GEMMs write float32: only BF16 layers' gradients are bf16 there (none in fp8 mode).
+        line = ("training on NVIDIA A100-SXM4-80GB (CUDA device 0, compute capability 8.0); WARNING: no FP8 "
+                "tensor cores, FP8 GEMMs run as BF16 GEMMs on the FP8 values (FP8 numerics, no FP8 speed)")
+        emulated, = result_of(variant("fp8-emulated-bf16-grads.json", "gpt2-124M-octet-fp8.json",
+                                      weight_gradients="bf16", device_line=line), *FAST_MEMORY)
+        float32, = result_of(variant("fp8-emulated-float32-grads.json", "gpt2-124M-octet-fp8.json",
+                                     device_line=line), *FAST_MEMORY)
+        self.assertAlmostEqual(gb(emulated, optimizer), gb(float32, optimizer), places=9)
+
     def test_the_c_proj_gemms_add_the_residual(self):
         N, C, L = 32768, 768, 12
         fp8 = ops_by_name(self.fp8)

@@ -120,6 +120,12 @@ TEST(RunConfig, ContradictionsAreRefusedWithTheReason) {
             "beyond it");
   EXPECT_EQ(error_of("[train]\nsteps = 10\n[scheduler]\nwarmup_steps = 20\n"),
             "run.toml: scheduler.warmup_steps (20) is more than train.steps (10)");
+  EXPECT_EQ(error_of("[train]\nmixed_precision = \"fp32\"\nweight_gradients = \"bf16\"\n"),
+            "run.toml: train.weight_gradients = \"bf16\" needs train.mixed_precision = \"bf16\" or \"fp8\" "
+            "(weight-gradient GEMMs that round to bf16), got \"fp32\"");
+  EXPECT_EQ(
+      error_of("[train]\nweight_gradients = \"fp16\"\n"),
+      "run.toml:2: train.weight_gradients = \"fp16\" is not valid; expected one of \"float32\", \"bf16\"");
   EXPECT_EQ(error_of("[model]\nchannels = 30\nheads = 4\n"),
             "run.toml: model.channels (30) must be a multiple of model.heads (4)");
   EXPECT_EQ(error_of("[model]\nvocab_size = 256\n[data]\ntokenizer = \"gpt2\"\n"),

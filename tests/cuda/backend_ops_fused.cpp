@@ -1682,6 +1682,169 @@ TEST(AdamWSegments, OneLaunchGivesEachSegmentsOwnUpdate) {
   }
 }
 
+// The segmented AdamW with each segment's gradient at its own offset (AdamWSegment::grad_offset, where the
+// model keeps some gradients apart): the bits of adamw_update over the gradient found there, with the
+// gradients shifted by whole float4s (vector loads) and by one float (scalar loads).
+TEST(AdamWSegments, GradientsAtTheirOwnOffsets) {
+  SKIP_WITHOUT_GPU();
+  const Hyper h;
+  using Segment = octet::Backend::AdamWSegment;
+  const size_t n = 12000;
+  Variant variant;
+  variant.seed = 2650;
+  const AdamWState initial = adamw_inputs(n, variant);
+  const auto backend = octet::make_cuda_backend();
+  octet::cuda::Stream stream;
+  for (const int64_t shift : {int64_t{8}, int64_t{1}}) {
+    SCOPED_TRACE("gradients shifted by " + std::to_string(shift));
+    // The segments' gradients in reverse order, `shift` floats into their buffer.
+    const std::vector<Segment> segments = {{0, 5000, h.weight_decay, nullptr, shift + 7000},
+                                           {5000, 7000, 0.0f, nullptr, shift}};
+    std::vector<float> moved(n + static_cast<size_t>(shift), 0.0f);
+    std::copy_n(initial.grads.begin(), 5000, moved.begin() + shift + 7000);
+    std::copy_n(initial.grads.begin() + 5000, 7000, moved.begin() + shift);
+    Guarded<float> grads(moved.size(), 0);
+    grads.upload(moved);
+    DeviceAdamW expected(n, 0), state(n, 0);
+    expected.upload(initial);
+    state.upload(initial);
+    for (const Segment& s : segments) {
+      octet::cuda::adamw_update(expected.params.data() + s.offset, expected.m.data() + s.offset,
+                                expected.v.data() + s.offset, expected.grads.data() + s.offset, s.count,
+                                h.learning_rate, h.beta1, h.beta2, h.eps, s.weight_decay, h.step,
+                                h.grad_scale, stream.get());
+    }
+    stream.synchronize();
+    backend->adamw_update_segments(state.params.data(), state.m.data(), state.v.data(), grads.data(),
+                                   segments, h.learning_rate, h.beta1, h.beta2, h.eps, h.step, h.grad_scale);
+    backend->synchronize();
+    EXPECT_TRUE(identical(state.params.read(), expected.params.read(), "params"));
+    EXPECT_TRUE(identical(state.m.read(), expected.m.read(), "m"));
+    EXPECT_TRUE(identical(state.v.read(), expected.v.read(), "v"));
+    EXPECT_FALSE(identical(state.params.read(), initial.params, "params")) << "params unchanged";
+  }
+}
+
+// A weight gradient stored in bf16 (train.weight_gradients = "bf16") is read as its float32 values: AdamW
+// with the FP8 cast (adamw_update_casts) and with the BF16 copy (adamw_update_converts) gives, bit for bit,
+// what it gives from a float32 gradient holding the same values, in the one launch and one by one (odd
+// sizes, and a gradient 2 bytes off 8-byte alignment); NaN included. The gradient norm's sum of squares over
+// the bf16 bits is the one over those float32 values, at aligned and unaligned addresses.
+TEST(Bf16WeightGradients, AdamWAndTheNormReadThemAsTheirValues) {
+  SKIP_WITHOUT_GPU();
+  const Hyper h;
+  octet::cuda::Stream stream;
+  DeviceScale scale;
+  uint64_t seed = 2800;
+  std::vector<AdamWState> initial;
+  std::vector<std::unique_ptr<Guarded<uint16_t>>> grads16;
+  for (const Bf16Case& c : kBf16Cases) {
+    const auto n = static_cast<size_t>(c.rows * c.cols);
+    Variant variant;
+    variant.seed = ++seed;
+    variant.plant_nan = c.plant_nan;
+    AdamWState s = adamw_inputs(n, variant);
+    for (float& g : s.grads) g = octet::bf16_to_float(octet::float_to_bf16(g));
+    grads16.push_back(std::make_unique<Guarded<uint16_t>>(n, c.offset));
+    grads16.back()->upload(bf16_bits(s.grads));
+    initial.push_back(std::move(s));
+  }
+  auto decayed = [](size_t k) { return k % 2 == 1; };
+  const size_t cases = std::size(kBf16Cases);
+  for (const bool casts : {true, false}) {
+    SCOPED_TRACE(casts ? "adamw_update_casts" : "adamw_update_converts");
+    std::vector<std::unique_ptr<DeviceAdamW>> expected, state;
+    std::vector<std::unique_ptr<CastSlots>> expected_cast, cast;
+    std::vector<std::unique_ptr<Guarded<uint16_t>>> expected_copy, copy;
+    for (size_t k = 0; k < cases; ++k) {
+      const auto n = static_cast<size_t>(kBf16Cases[k].rows * kBf16Cases[k].cols);
+      expected.push_back(std::make_unique<DeviceAdamW>(n, 0));
+      state.push_back(std::make_unique<DeviceAdamW>(n, 0));
+      expected[k]->upload(initial[k]);
+      state[k]->upload(initial[k]);
+      expected_cast.push_back(std::make_unique<CastSlots>(n, 0));
+      cast.push_back(std::make_unique<CastSlots>(n, 0));
+      expected_copy.push_back(std::make_unique<Guarded<uint16_t>>(n, 0));
+      copy.push_back(std::make_unique<Guarded<uint16_t>>(n, 0));
+    }
+    if (casts) {
+      octet::cuda::AdamWCastTable expected_table, table;
+      std::vector<octet::cuda::AdamWCastWeight> from_f32, from_bf16;
+      for (size_t k = 0; k < cases; ++k) {
+        const Bf16Case& c = kBf16Cases[k];
+        DeviceAdamW& e = *expected[k];
+        DeviceAdamW& d = *state[k];
+        from_f32.push_back({e.params.data(), e.m.data(), e.v.data(), e.grads.data(), c.rows, c.cols,
+                            decayed(k), expected_cast[k]->fused(Dtype::e4m3, scale.data(), true)});
+        octet::cuda::AdamWCastWeight w{
+            d.params.data(), d.m.data(), d.v.data(), nullptr,
+            c.rows,          c.cols,     decayed(k), cast[k]->fused(Dtype::e4m3, scale.data(), true)};
+        w.grads_bf16 = grads16[k]->data();
+        from_bf16.push_back(w);
+      }
+      octet::cuda::adamw_update_casts(from_f32, h.learning_rate, h.beta1, h.beta2, h.eps, h.weight_decay,
+                                      h.step, h.grad_scale, expected_table, stream.get());
+      octet::cuda::adamw_update_casts(from_bf16, h.learning_rate, h.beta1, h.beta2, h.eps, h.weight_decay,
+                                      h.step, h.grad_scale, table, stream.get());
+    } else {
+      octet::cuda::AdamWConvertTable expected_table, table;
+      std::vector<octet::cuda::AdamWConvertWeight> from_f32, from_bf16;
+      for (size_t k = 0; k < cases; ++k) {
+        const int64_t n = kBf16Cases[k].rows * kBf16Cases[k].cols;
+        DeviceAdamW& e = *expected[k];
+        DeviceAdamW& d = *state[k];
+        from_f32.push_back({e.params.data(), e.m.data(), e.v.data(), e.grads.data(),
+                            reinterpret_cast<__nv_bfloat16*>(expected_copy[k]->data()), n, decayed(k)});
+        octet::cuda::AdamWConvertWeight w{d.params.data(),
+                                          d.m.data(),
+                                          d.v.data(),
+                                          nullptr,
+                                          reinterpret_cast<__nv_bfloat16*>(copy[k]->data()),
+                                          n,
+                                          decayed(k)};
+        w.grads_bf16 = grads16[k]->data();
+        from_bf16.push_back(w);
+      }
+      octet::cuda::adamw_update_converts(from_f32, h.learning_rate, h.beta1, h.beta2, h.eps, h.weight_decay,
+                                         h.step, h.grad_scale, expected_table, stream.get());
+      octet::cuda::adamw_update_converts(from_bf16, h.learning_rate, h.beta1, h.beta2, h.eps, h.weight_decay,
+                                         h.step, h.grad_scale, table, stream.get());
+    }
+    stream.synchronize();
+    for (size_t k = 0; k < cases; ++k) {
+      SCOPED_TRACE(describe("bf16 gradient", kBf16Cases[k]));
+      const std::vector<float> params = expected[k]->params.read();
+      EXPECT_TRUE(identical(state[k]->params.read(), params, "params"));
+      EXPECT_TRUE(identical(state[k]->m.read(), expected[k]->m.read(), "m"));
+      EXPECT_TRUE(identical(state[k]->v.read(), expected[k]->v.read(), "v"));
+      if (casts) {
+        expect_same_cast(cast[k]->read(true), expected_cast[k]->read(true));
+      } else {
+        EXPECT_TRUE(identical(copy[k]->read(), expected_copy[k]->read(), "the bf16 copy"));
+      }
+      EXPECT_TRUE(grads16[k]->guards_intact("the bf16 gradient"));
+      EXPECT_FALSE(identical(params, initial[k].params, "params")) << "params unchanged";
+    }
+  }
+
+  // The norm: the backend's sum of squares over the bf16 bits and over their float32 values.
+  const auto backend = octet::make_cuda_backend();
+  for (size_t k = 0; k < cases; ++k) {
+    SCOPED_TRACE(describe("sum_of_squares_as", kBf16Cases[k]));
+    const auto n = static_cast<int64_t>(initial[k].grads.size());
+    Guarded<float> f32(initial[k].grads.size(), kBf16Cases[k].offset * 2);
+    f32.upload(initial[k].grads);
+    const double expected = backend->sum_of_squares(f32.data(), n);
+    const double got = backend->sum_of_squares_as(grads16[k]->data(), Dtype::bf16, n);
+    if (kBf16Cases[k].plant_nan) {
+      EXPECT_TRUE(std::isnan(got)) << got;
+    } else {
+      EXPECT_TRUE(std::isfinite(got) && got > 0.0) << got;
+      EXPECT_EQ(std::memcmp(&got, &expected, sizeof(double)), 0) << got << " against " << expected;
+    }
+  }
+}
+
 // The segmented zeroing (one launch) zeroes exactly its ranges, at any offset and length.
 TEST(ZeroRanges, OneLaunchZeroesEachRangeAndNothingElse) {
   SKIP_WITHOUT_GPU();

@@ -272,14 +272,15 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
     inner_.linear_recompute(staged(N * OC), weight, copy, bias, N, C, OC, exec);
     store(out, N * OC);
   }
-  void linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,
-                          Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
-                          const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+  void linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type, float* dbias,
+                          const void* dout, Dtype dout_type, const void* inp, Dtype inp_type,
+                          const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                           LinearExecution& exec) override {
+    EXPECT_EQ(dweight_type, Dtype::f32) << "this backend stores weight gradients in float32";
     EXPECT_TRUE(dout_type == Dtype::f32 || exec.input_gradient == GemmMode::bf16) << "a BF16 GEMM's dout";
     EXPECT_TRUE(inp_type == Dtype::f32 || exec.weight_gradient == GemmMode::bf16) << "a BF16 GEMM's input";
     float* d = dinp_type == Dtype::bf16 ? staged(N * C) : static_cast<float*>(dinp);
-    inner_.linear_backward(d, dweight, dbias, widened(dout, dout_type, N * OC, 1),
+    inner_.linear_backward(d, static_cast<float*>(dweight), dbias, widened(dout, dout_type, N * OC, 1),
                            widened(inp, inp_type, N * C, 0), weight, copy, N, C, OC, exec);
     if (dinp_type == Dtype::bf16) store(dinp, N * C);
   }

@@ -10,6 +10,7 @@
 
 #include "compare.h"
 #include "model_fixture.h"
+#include "octet/numerics/format.h"
 
 namespace octet {
 namespace {
@@ -192,6 +193,65 @@ std::vector<float> host_copy(Backend& backend, const float* x, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
   backend.copy_to_host(out.data(), x, out.size() * sizeof(float));
   return out;
+}
+
+// train.weight_gradients = "bf16" on the CPU, which stores them in float32: each block layer's weight
+// gradient is the float32 one rounded to bf16 once per backward (after adding to the rounded gradient of the
+// micro-batches before it), bit for bit; every other gradient, and the LM head's (wte's), is unchanged. FP8
+// mode, whose weight gradient adds the whole micro-batch's product at once, so that the sum over two
+// micro-batches is known exactly; and bf16 mode over one.
+TEST(Gpt2, Bf16WeightGradientsAreTheFloat32OnesRounded) {
+  const Gpt2Config c = tiny_config();
+  auto backend = make_cpu_backend();
+  const int64_t B = 2, T = 16;
+  const auto tokens = random_tokens(B * T, 31, c.vocab_size),
+             targets = random_tokens(B * T, 32, c.vocab_size);
+  const auto tokens2 = random_tokens(B * T, 33, c.vocab_size),
+             targets2 = random_tokens(B * T, 34, c.vocab_size);
+  auto rounded = [](float x) { return bf16_to_float(float_to_bf16(x)); };
+  for (const MixedPrecision mp : {MixedPrecision::fp8, MixedPrecision::bf16}) {
+    SCOPED_TRACE(mixed_precision_name(mp));
+    auto make = [&](bool bf16_gradients) {
+      PrecisionSettings p = mode(mp);
+      p.bf16_weight_gradients = bf16_gradients;
+      auto m = std::make_unique<Gpt2>(c, *backend, PrecisionPolicy(p, c, B * T), B, T);
+      m->init_weights(17);
+      m->zero_grad();
+      return m;
+    };
+    auto micro_batch = [&](Gpt2& m, const std::vector<int32_t>& x, const std::vector<int32_t>& y) {
+      m.forward(x.data(), y.data(), B, T);
+      m.backward(1.0f / static_cast<float>(B * T));
+      return std::vector<float>(m.grads(), m.grads() + m.parameter_count());
+    };
+    auto reference = make(false);
+    const std::vector<float> first = micro_batch(*reference, tokens, targets);
+    reference->zero_grad();
+    const std::vector<float> second = micro_batch(*reference, tokens2, targets2);
+    auto model = make(true);
+    const std::vector<float> once = micro_batch(*model, tokens, targets);
+    const std::vector<float> twice =
+        mp == MixedPrecision::fp8 ? micro_batch(*model, tokens2, targets2) : once;
+    int64_t rounded_values = 0;
+    for (const ParameterInfo& p : model->parameters()) {
+      EXPECT_EQ(p.grad_type, Dtype::f32) << p.name << ": the CPU stores every gradient in float32";
+      EXPECT_EQ(p.grad_offset, p.offset) << p.name;
+      const bool block_weight = p.shape.size() == 2 && p.name.rfind("h.", 0) == 0;
+      for (int64_t i = 0; i < p.count; ++i) {
+        const auto k = static_cast<size_t>(p.offset + i);
+        if (!block_weight) {
+          ASSERT_EQ(once[k], first[k]) << p.name << "[" << i << "]";
+          continue;
+        }
+        ASSERT_EQ(once[k], rounded(first[k])) << p.name << "[" << i << "]";
+        if (rounded(first[k]) != first[k]) ++rounded_values;
+        if (mp == MixedPrecision::fp8) {
+          ASSERT_EQ(twice[k], rounded(rounded(first[k]) + second[k])) << p.name << "[" << i << "], twice";
+        }
+      }
+    }
+    EXPECT_GT(rounded_values, 1000) << "the float32 gradients were bf16 values already";
+  }
 }
 
 TEST(Gpt2, TheLmHeadRunsInChunks) {

@@ -375,6 +375,7 @@ int BenchCommands::run_train() const {
         {"vocab_size", config.model.vocab_size},
         {"padded_vocab", config.model.padded_vocab()},
         {"mode", r.mode},
+        {"weight_gradients", precision.bf16_weight_gradients ? "bf16" : "float32"},
         {"fp8", fp8},
         {"linear_gemms", linear_gemms_json(r.linears)},
         {"parameters", r.parameters},

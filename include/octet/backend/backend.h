@@ -178,12 +178,21 @@ class Backend {
   virtual void linear_forward_residual_as(float* out, const float* residual, const void* inp, Dtype inp_type,
                                           const float* weight, const WeightCopy* copy, const float* bias,
                                           int64_t N, int64_t C, int64_t OC, LinearExecution& exec);
-  // linear_backward with dinp, dout and inp stored as the given types: bf16 values are read as their float32
-  // values, and a bf16 dinp is the float32 result rounded to bf16 once. The default takes f32 only.
-  virtual void linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,
-                                  Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
-                                  const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                                  LinearExecution& exec);
+  // linear_backward with dinp, dweight, dout and inp stored as the given types: bf16 values are read as their
+  // float32 values, and a bf16 dinp is the float32 result rounded to bf16 once. A bf16 dweight (only where
+  // weight_gradient_type says so) is the GEMM's float32 result, plus dweight's old value where it adds to it,
+  // rounded to bf16 once. The default takes f32 only.
+  virtual void linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type,
+                                  float* dbias, const void* dout, Dtype dout_type, const void* inp,
+                                  Dtype inp_type, const float* weight, const WeightCopy* copy, int64_t N,
+                                  int64_t C, int64_t OC, LinearExecution& exec);
+  // How this backend stores a linear layer's weight gradient that the model keeps rounded to bf16
+  // (train.weight_gradients = "bf16", for layers whose weight-gradient GEMM is BF16 or FP8, as PyTorch
+  // autocast's weight gradients are the BF16 GEMM's output): Dtype::bf16 where that GEMM writes and adds to
+  // it in bf16 itself, which halves the gradient's bytes in the GEMM, the gradient norm and AdamW; Dtype::f32
+  // otherwise (the default), the model then rounding the float32 gradient in place after each backward, so
+  // that both hold the same numbers. It must stay bf16 if the layer moves to BF16 (move_layer_to_bf16).
+  virtual Dtype weight_gradient_type(const LinearExecution& /*exec*/) const { return Dtype::f32; }
 
   // Causal multi-head self-attention over qkv [B, T, 3C] (q, k, v each [C], NH heads of C/NH) stored as
   // qkv_type (attention_input_type, or f32), writing out [B, T, C] and the softmax log-sum-exp per row, lse
@@ -272,6 +281,10 @@ class Backend {
 
   // Optimizer and gradient utilities.
   virtual double sum_of_squares(const float* x, int64_t n) = 0;
+  // sum_of_squares of x [n] stored as `type` (f32, or bf16 where weight_gradient_type says so): bf16 values
+  // are summed as their float32 values, in the order sum_of_squares takes for n floats. The default takes
+  // f32 only.
+  virtual double sum_of_squares_as(const void* x, Dtype type, int64_t n);
   virtual bool all_finite(const float* x, int64_t n) = 0;
   virtual void scale(float* x, int64_t n, float factor) = 0;
   // AdamW on float32 master weights: g = grads * grad_scale; m, v moments; decoupled weight decay.
@@ -289,12 +302,15 @@ class Backend {
     // bias as its forward GEMM's epilogue reads it (rounded to BF16) and writes it again in the AdamW pass.
     // Null otherwise, and ignored by backends that keep no such copy.
     WeightCopy* bias_of = nullptr;
+    // Where the segment's gradient starts in grads; -1: at offset, as in the other three tensors.
+    int64_t grad_offset = -1;
+    int64_t grad_at() const { return grad_offset < 0 ? offset : grad_offset; }
   };
   virtual void adamw_update_segments(float* params, float* m, float* v, const float* grads,
                                      std::span<const AdamWSegment> segments, float learning_rate, float beta1,
                                      float beta2, float eps, int64_t step, float grad_scale) {
     for (const AdamWSegment& s : segments) {
-      adamw_update(params + s.offset, m + s.offset, v + s.offset, grads + s.offset, s.count, learning_rate,
+      adamw_update(params + s.offset, m + s.offset, v + s.offset, grads + s.grad_at(), s.count, learning_rate,
                    beta1, beta2, eps, s.weight_decay, step, grad_scale);
     }
   }
@@ -319,16 +335,26 @@ class Backend {
     float weight_decay = 0.0f;
     std::unique_ptr<WeightCopy>* copy = nullptr;
     LinearExecution* exec = nullptr;
+    // Where the weight's gradient is: at grad_offset in grads (-1: at offset), or, where grads_bf16 is set,
+    // there, stored as bf16 (weight_gradient_type), read as its float32 values.
+    int64_t grad_offset = -1;
+    const void* grads_bf16 = nullptr;
+    int64_t grad_at() const { return grad_offset < 0 ? offset : grad_offset; }
   };
   virtual void adamw_update_weights(float* params, float* m, float* v, const float* grads,
                                     std::span<const WeightUpdate> weights, float learning_rate, float beta1,
                                     float beta2, float eps, int64_t step, float grad_scale) {
     for (const WeightUpdate& w : weights) {
-      adamw_update_weight(params + w.offset, m + w.offset, v + w.offset, grads + w.offset, w.rows, w.cols,
+      require_f32_gradient(w);
+      adamw_update_weight(params + w.offset, m + w.offset, v + w.offset, grads + w.grad_at(), w.rows, w.cols,
                           learning_rate, beta1, beta2, eps, w.weight_decay, step, grad_scale, *w.copy,
                           *w.exec);
     }
   }
+
+ protected:
+  // Refuses a bf16 weight gradient (WeightUpdate::grads_bf16) where a backend's update reads float32 only.
+  void require_f32_gradient(const WeightUpdate& w) const;
 };
 
 }  // namespace octet

@@ -49,6 +49,10 @@ struct CudaBackendOptions {
   // fp8 modes) stored in bf16 (Backend::bf16_storage_type), read and written so by the GEMMs and GELU
   // kernels; false stores their float32 values, rounded in place (tests compare the two).
   bool hidden_in_bf16 = true;
+  // Weight gradients that the model keeps rounded to bf16 (train.weight_gradients = "bf16") stored in bf16
+  // (Backend::weight_gradient_type), written and added to so by the weight-gradient GEMMs and read so by the
+  // gradient norm and AdamW; false stores their float32 values, rounded in place (tests compare the two).
+  bool weight_gradients_in_bf16 = true;
 };
 
 // Throws octet::Error (invalid_input) when octet was built without CUDA or the device does not exist.

@@ -1,6 +1,7 @@
 // GPT-2, written once against the backend interface: forward and backward by hand (no autograd), parameters
-// and gradients in one contiguous buffer each, activations in one planned buffer sized for the largest
-// micro-batch, and a few gradient buffers that every layer's backward reuses. The LM head is tied to the
+// in one contiguous buffer, their gradients in one per storage type (float32, and bf16 for weight gradients
+// kept so), activations in one planned buffer sized for the largest micro-batch, and a few gradient buffers
+// that every layer's backward reuses. The LM head is tied to the
 // token embedding; training and evaluation run it and the loss in row chunks, never holding all logits.
 #pragma once
 
@@ -19,8 +20,14 @@ namespace octet {
 struct ParameterInfo {
   std::string name;            // "wte", "wpe", "h.0.ln_1.weight", "h.0.attn.c_attn.weight", ..., "ln_f.bias"
   std::vector<int64_t> shape;  // linear weights are [out_features, in_features]
-  int64_t offset = 0;          // into the parameter (and gradient) buffer, in floats
+  int64_t offset = 0;          // into the parameter buffer (and AdamW's moments), in floats
   int64_t count = 0;
+  // Where its gradient is: grad_offset elements into the float32 gradients (Gpt2::grads()), or, with
+  // grad_type bf16 (a linear layer's weight under train.weight_gradients = "bf16" where the backend stores it
+  // so, Backend::weight_gradient_type), into the bf16 ones (Gpt2::grads_bf16()). With every gradient in
+  // float32, grad_offset is offset.
+  int64_t grad_offset = 0;
+  Dtype grad_type = Dtype::f32;
   bool weight_decay = false;  // matrices (every 2-D parameter, embeddings included) decay; vectors do not
 };
 
@@ -53,9 +60,19 @@ class Gpt2 {
   const ParameterInfo& parameter(std::string_view name) const;
   int64_t parameter_count() const { return parameter_count_; }
   float* params() { return params_->floats(); }
-  // The gradients. A linear layer's weight gradient that no backward has written since zero_grad is zeroed
-  // here first (zero_grad leaves those to their layer's first backward).
+  // The float32 gradients, each at its parameter's grad_offset. A linear layer's weight gradient that no
+  // backward has written since zero_grad is zeroed here first (zero_grad leaves those to their layer's first
+  // backward), in both gradient buffers.
   float* grads();
+  // The bf16 gradients (parameters whose grad_type is bf16; null when there are none), zeroed as grads().
+  const void* grads_bf16();
+  // A parameter's gradient, in the buffer of its grad_type (after grads()' zeroing).
+  const void* gradient(const ParameterInfo& p);
+  // The sum of the squares of every gradient, in float64, bf16 ones as their float32 values: in a fixed
+  // order, and finite exactly when every gradient is.
+  double gradient_sum_of_squares();
+  // Whether every element of a parameter's gradient is finite.
+  bool gradient_finite(const ParameterInfo& p);
 
   // Remakes the GEMMs' weight copies (BF16/FP16 rounding, FP8 casts); call after every change of params().
   void refresh_weight_copies();
@@ -150,6 +167,13 @@ class Gpt2 {
   // `layer`'s execution for its next backward: its weight-gradient GEMM writes the gradient where it is the
   // first since zero_grad, and adds to it otherwise.
   LinearExecution& backward_exec(Linear& layer);
+  // The backward of block layer `layer` (Backend::linear_backward_as) into its weight gradient, which is
+  // rounded to bf16 in place afterwards where the model keeps it rounded but the backend stores it in
+  // float32.
+  void backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
+                       Dtype dout_type, const void* inp, Dtype inp_type, int64_t N);
+  // Sets every parameter's grad_offset and grad_type, and allocates the two gradient buffers.
+  void plan_parameter_gradients();
   // LayerNorm and GELU feeding the linear layer `next`: where `next` runs its forward GEMM in FP8, the op
   // casts its output for it in the same pass, and leaves `out` unwritten when that cast is all `next` reads.
   // `out` is stored as next's input_type.
@@ -184,8 +208,11 @@ class Gpt2 {
   std::vector<ParameterInfo> parameters_;
   int64_t parameter_count_ = 0;
   std::unique_ptr<Buffer> params_;
-  std::unique_ptr<Buffer> grads_;
-  // What zero_grad zeroes: every gradient but the linear layers' weights.
+  std::unique_ptr<Buffer> grads_;       // float32 gradients
+  std::unique_ptr<Buffer> grads_bf16_;  // bf16 gradients; null when none is bf16
+  int64_t grad_f32_count_ = 0;
+  int64_t grad_bf16_count_ = 0;  // elements, each gradient's slice rounded up to 8 (16 bytes)
+  // What zero_grad zeroes in grads_: every gradient but the linear layers' weights.
   std::vector<Backend::Range> zeroed_by_zero_grad_;
   std::unique_ptr<Buffer> activations_;
   std::unique_ptr<Buffer> gradient_scratch_;

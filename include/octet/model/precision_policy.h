@@ -41,6 +41,10 @@ struct PrecisionSettings {
   // GELU's input, 16C bytes a token), and run that forward GEMM again in the backward
   // (Backend::linear_recompute). Only where the input cast is all the layer reads (input_cast_suffices).
   bool recompute_mlp = false;
+  // train.weight_gradients = "bf16": the block layers' weight gradients are kept rounded to bf16 (the GEMM's
+  // float32 result rounded once, as PyTorch autocast's weight gradients are), where their weight-gradient
+  // GEMM runs in BF16 or FP8; stored in bf16 where the backend's GEMM writes them so. Modes bf16 and fp8.
+  bool bf16_weight_gradients = false;
 };
 
 // True when `name` matches the glob `pattern` ('*' any run of characters, '?' one character).
@@ -77,7 +81,8 @@ class PrecisionPolicy {
   int64_t fp8_layer_count() const;
 
   // The line printed at start in fp8 mode, e.g. "FP8 training enabled: recipe=delayed (hybrid E4M3/E5M2,
-  // history 16, margin 0); 48 of 49 linear layers in FP8; lm_head: excluded by config". Empty otherwise.
+  // history 16, margin 0); 48 of 49 linear layers in FP8; lm_head: excluded by config", ending "; weight
+  // gradients in bf16" under train.weight_gradients = "bf16". Empty otherwise.
   std::string startup_line() const;
   // The per-layer map as JSON (one object per layer: name, shape, the three GEMM modes, reason).
   std::string map_json() const;

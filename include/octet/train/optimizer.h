@@ -24,9 +24,11 @@ class AdamW {
   AdamW(Backend& backend, const std::vector<ParameterInfo>& parameters, int64_t parameter_count,
         AdamWSettings settings);
   // One update of params from grads * grad_scale (grad_scale undoes loss scaling and applies clipping). The
-  // weights of `copies` have their copies remade in the same pass (Backend::adamw_update_weight).
+  // weights of `copies` have their copies remade in the same pass (Backend::adamw_update_weight). Each
+  // parameter's gradient is at its grad_offset in grads, or in grads_bf16 where its grad_type is bf16
+  // (Gpt2::grads(), Gpt2::grads_bf16()).
   void step(float* params, const float* grads, float learning_rate, float grad_scale,
-            std::span<const Gpt2::WeightCopySlot> copies = {});
+            std::span<const Gpt2::WeightCopySlot> copies = {}, const void* grads_bf16 = nullptr);
   int64_t steps() const { return steps_; }
   // For resuming from a checkpoint: the number of updates already made (the bias correction depends on it).
   void restore_steps(int64_t steps) { steps_ = steps; }

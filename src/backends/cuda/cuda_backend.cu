@@ -546,10 +546,17 @@ class CudaBackend final : public Backend {
   void linear_forward_residual_as(float* out, const float* residual, const void* inp, Dtype inp_type,
                                   const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
                                   int64_t C, int64_t OC, LinearExecution& exec) override;
-  void linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias, const void* dout,
-                          Dtype dout_type, const void* inp, Dtype inp_type, const float* weight,
-                          const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+  void linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type, float* dbias,
+                          const void* dout, Dtype dout_type, const void* inp, Dtype inp_type,
+                          const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                           LinearExecution& exec) override;
+  // The weight-gradient GEMMs write (and add to) a bf16 gradient themselves: BF16 ones, and FP8 ones on FP8
+  // tensor cores (the emulation's dequantizing epilogue writes float32).
+  Dtype weight_gradient_type(const LinearExecution& exec) const override {
+    const bool bf16 =
+        exec.weight_gradient == GemmMode::bf16 || (exec.weight_gradient == GemmMode::fp8 && !emulate_fp8_);
+    return bf16 && options_.weight_gradients_in_bf16 ? Dtype::bf16 : Dtype::f32;
+  }
   void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
                          int64_t C, int64_t NH) override {
     attention_forward_as(out, Dtype::f32, lse, qkv, qkv_type, B, T, C, NH);
@@ -611,6 +618,12 @@ class CudaBackend final : public Backend {
   double sum_of_squares(const float* x, int64_t n) override {
     const OpScope scope(*this, OpKind::optimizer);
     return cuda::sum_of_squares(x, n, workspace_, stream_);
+  }
+  double sum_of_squares_as(const void* x, Dtype type, int64_t n) override {
+    check_stored(type, "a gradient");
+    if (type == Dtype::f32) return sum_of_squares(static_cast<const float*>(x), n);
+    const OpScope scope(*this, OpKind::optimizer);
+    return cuda::sum_of_squares(static_cast<const uint16_t*>(x), n, workspace_, stream_);
   }
   bool all_finite(const float* x, int64_t n) override {
     const OpScope scope(*this, OpKind::optimizer);
@@ -753,9 +766,11 @@ class CudaBackend final : public Backend {
                            int64_t OC, GemmMode mode, LinearExecution& exec,
                            __nv_bfloat16* dinp_bf16 = nullptr);
   // dweight [OC, C] += dout^T [OC, N] x inp [N, C] (= where exec.accumulate_weight_gradient is false), both
-  // operands of `type`; accumulated in float32.
+  // operands of `type`; accumulated in float32. With dweight_bf16 instead (BF16 operands), the sum is
+  // rounded to bf16 there.
   void weight_gradient_gemm(float* dweight, GemmType type, const void* dout, const void* inp, int64_t N,
-                            int64_t C, int64_t OC, LinearExecution& exec);
+                            int64_t C, int64_t OC, LinearExecution& exec,
+                            __nv_bfloat16* dweight_bf16 = nullptr);
   // The BF16/FP16 copy of a weight, where one of the layer's GEMMs on it runs in that type.
   void make_wide_weight(CudaWeightCopy& w, const float* weight, int64_t OC, int64_t C,
                         const LinearExecution& exec);
@@ -831,6 +846,8 @@ class CudaBackend final : public Backend {
   std::unordered_map<const Fp8LinearState*, Layer*> layers_;
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
   DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_, column_partials_;
+  // A bf16 weight gradient widened for an AdamW update that reads float32 (adamw_update_weights).
+  DeviceScratch widened_gradient_;
   DeviceScratch bias_;  // a forward GEMM's bias as its epilogue reads it
   // The chunks of the segmented AdamW update and of the segmented zeroing.
   DeviceTable<Chunk> adamw_chunks_;
@@ -1252,8 +1269,9 @@ void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const flo
                            int64_t K, bool accumulate, bool fast_accumulation, const __nv_bfloat16* bias,
                            __nv_bfloat16* d_bf16, const float* addend) {
   const OpScope scope(*this, OpKind::gemm_fp8);
-  OCTET_CHECK(d_bf16 == nullptr || (!emulate_fp8_ && d == nullptr && !accumulate),
-              "a bf16 FP8 GEMM output needs FP8 tensor cores, no float32 output and no accumulation");
+  OCTET_CHECK(d_bf16 == nullptr || (!emulate_fp8_ && d == nullptr && (bias == nullptr || !accumulate)),
+              "a bf16 FP8 GEMM output needs FP8 tensor cores, no float32 output, and no bias where it "
+              "accumulates");
   OCTET_CHECK(addend == nullptr || !emulate_fp8_,
               "an addend in the FP8 GEMM's epilogue needs FP8 tensor cores");
   if (!emulate_fp8_) {
@@ -1374,6 +1392,8 @@ void CudaBackend::adamw_update_segments(float* params, float* m, float* v, const
   for (const AdamWSegment& s : segments) {
     const size_t first = chunks.size();
     append_chunks(chunks, s.offset, s.count, s.weight_decay != 0.0f);
+    for (size_t i = first; i < chunks.size(); ++i)
+      chunks[i].grad_offset = chunks[i].offset - s.offset + s.grad_at();
     // A bias whose rounded copy the forward reads: written in the same pass, current until the weight's
     // next update.
     auto* copy = dynamic_cast<CudaWeightCopy*>(s.bias_of);
@@ -1461,6 +1481,16 @@ void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const f
   end_weight_cast(*copy, params, OC, C, exec);
 }
 
+// Where a batched AdamW weight reads its gradient: float32 in grads, or bf16 (WeightUpdate::grads_bf16).
+template <typename Weight>
+void set_gradient(Weight& w, const float* grads, const Backend::WeightUpdate& u) {
+  if (u.grads_bf16 != nullptr) {
+    w.grads_bf16 = static_cast<const uint16_t*>(u.grads_bf16);
+  } else {
+    w.grads = grads + u.grad_at();
+  }
+}
+
 void CudaBackend::adamw_update_weights(float* params, float* m, float* v, const float* grads,
                                        std::span<const WeightUpdate> weights, float learning_rate,
                                        float beta1, float beta2, float eps, int64_t step, float grad_scale) {
@@ -1473,9 +1503,16 @@ void CudaBackend::adamw_update_weights(float* params, float* m, float* v, const 
     const bool cast = fuses_weight_cast(*u.exec), convert = writes_bf16_copy(*u.exec);
     const bool other_decay = u.weight_decay != 0.0f && decay != 0.0f && u.weight_decay != decay;
     if ((!cast && !convert) || other_decay) {
-      adamw_update_weight(params + u.offset, m + u.offset, v + u.offset, grads + u.offset, u.rows, u.cols,
-                          learning_rate, beta1, beta2, eps, u.weight_decay, step, grad_scale, *u.copy,
-                          *u.exec);
+      // A bf16 gradient as float32 values first, for the one-weight updates that read float32.
+      const float* g = grads + u.grad_at();
+      if (u.grads_bf16 != nullptr) {
+        const OpScope scope(*this, OpKind::optimizer);
+        auto* widened = widened_gradient_.as<float>(static_cast<size_t>(u.rows * u.cols), stream_);
+        convert_from_bf16(widened, static_cast<const uint16_t*>(u.grads_bf16), u.rows * u.cols, stream_);
+        g = widened;
+      }
+      adamw_update_weight(params + u.offset, m + u.offset, v + u.offset, g, u.rows, u.cols, learning_rate,
+                          beta1, beta2, eps, u.weight_decay, step, grad_scale, *u.copy, *u.exec);
       continue;
     }
     if (u.weight_decay != 0.0f) decay = u.weight_decay;
@@ -1486,8 +1523,11 @@ void CudaBackend::adamw_update_weights(float* params, float* m, float* v, const 
     std::vector<cuda::AdamWConvertWeight> batch;
     for (const WeightUpdate* u : converts) {
       const int64_t n = u->rows * u->cols;
-      batch.push_back({params + u->offset, m + u->offset, v + u->offset, grads + u->offset,
-                       bf16_weight_copy(*u->copy, n), n, u->weight_decay != 0.0f});
+      cuda::AdamWConvertWeight w{
+          params + u->offset,     m + u->offset, v + u->offset, nullptr, bf16_weight_copy(*u->copy, n), n,
+          u->weight_decay != 0.0f};
+      set_gradient(w, grads, *u);
+      batch.push_back(w);
     }
     cuda::adamw_update_converts(batch, learning_rate, beta1, beta2, eps, decay, step, grad_scale,
                                 adamw_converts_, stream_);
@@ -1495,8 +1535,16 @@ void CudaBackend::adamw_update_weights(float* params, float* m, float* v, const 
   if (casts.empty()) return;
   std::vector<cuda::AdamWCastWeight> batch;
   for (const WeightUpdate* u : casts) {
-    batch.push_back({params + u->offset, m + u->offset, v + u->offset, grads + u->offset, u->rows, u->cols,
-                     u->weight_decay != 0.0f, begin_weight_cast(*u->copy, u->rows, u->cols, *u->exec)});
+    cuda::AdamWCastWeight w{params + u->offset,
+                            m + u->offset,
+                            v + u->offset,
+                            nullptr,
+                            u->rows,
+                            u->cols,
+                            u->weight_decay != 0.0f,
+                            begin_weight_cast(*u->copy, u->rows, u->cols, *u->exec)};
+    set_gradient(w, grads, *u);
+    batch.push_back(w);
   }
   cuda::adamw_update_casts(batch, learning_rate, beta1, beta2, eps, decay, step, grad_scale, adamw_casts_,
                            stream_);
@@ -1839,15 +1887,19 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, 
 void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const WeightCopy* copy, int64_t N,
                                   int64_t C, int64_t OC, LinearExecution& exec) {
-  linear_backward_as(dinp, Dtype::f32, dweight, dbias, dout, Dtype::f32, inp, Dtype::f32, weight, copy, N, C,
-                     OC, exec);
+  linear_backward_as(dinp, Dtype::f32, dweight, Dtype::f32, dbias, dout, Dtype::f32, inp, Dtype::f32, weight,
+                     copy, N, C, OC, exec);
 }
 
-void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight, float* dbias,
-                                     const void* dout_data, Dtype dout_type, const void* inp_data,
-                                     Dtype inp_type, const float* weight, const WeightCopy* copy, int64_t N,
-                                     int64_t C, int64_t OC, LinearExecution& exec) {
+void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type,
+                                     float* dbias, const void* dout_data, Dtype dout_type,
+                                     const void* inp_data, Dtype inp_type, const float* weight,
+                                     const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                                     LinearExecution& exec) {
   check_stored(dinp_type, "a linear layer's input gradient");
+  OCTET_CHECK(dweight_type == Dtype::f32 || dweight_type == weight_gradient_type(exec),
+              "a linear layer's weight gradient is stored as {} only where its GEMM writes it so",
+              dtype_name(dweight_type));
   check_stored(dout_type, "a linear layer's output gradient");
   check_stored(inp_type, "a linear layer's input");
   auto* w = const_cast<CudaWeightCopy*>(dynamic_cast<const CudaWeightCopy*>(copy));
@@ -1947,21 +1999,24 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight
   }
 
   // Weight gradient, accumulated in float32: dweight [OC, C] += dout^T [OC, N] x inp [N, C] (K = N); written
-  // (=) where exec.accumulate_weight_gradient is false.
+  // (=) where exec.accumulate_weight_gradient is false. A bf16 dweight is the GEMM's own bf16 output (the
+  // float32 sum, old value included, rounded once).
+  auto* dweight_f32 = dweight_type == Dtype::f32 ? static_cast<float*>(dweight) : nullptr;
+  auto* dweight_bf16 = dweight_type == Dtype::bf16 ? static_cast<__nv_bfloat16*>(dweight) : nullptr;
   switch (exec.weight_gradient) {
     case GemmMode::f32:
     case GemmMode::bf16:
     case GemmMode::f16: {
       if (exec.weight_gradient == GemmMode::f32) {
-        weight_gradient_gemm(dweight, GemmType::f32, as_f32(dout, N * OC, 0), as_f32(inp, N * C, 1), N, C, OC,
-                             exec);
+        weight_gradient_gemm(dweight_f32, GemmType::f32, as_f32(dout, N * OC, 0), as_f32(inp, N * C, 1), N, C,
+                             OC, exec);
       } else {
         // The input gradient's rounded copy of dout, when it made one of the same type.
         const void* a = exec.input_gradient == exec.weight_gradient
                             ? dout_wide
                             : as_wide(dout, N * OC, exec.weight_gradient, 0);
-        weight_gradient_gemm(dweight, wide_type(exec.weight_gradient), a,
-                             as_wide(inp, N * C, exec.weight_gradient, 1), N, C, OC, exec);
+        weight_gradient_gemm(dweight_f32, wide_type(exec.weight_gradient), a,
+                             as_wide(inp, N * C, exec.weight_gradient, 1), N, C, OC, exec, dweight_bf16);
       }
       break;
     }
@@ -1973,10 +2028,10 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, float* dweight
                     "an FP8 weight gradient over {} rows: FP8 GEMMs need a multiple of 16 (the precision "
                     "policy keeps such layers in BF16)",
                     N);
-      fp8_gemm(dweight, dy_t, exec.formats.gradient, &layer->device->gradient_scale_inv,
+      fp8_gemm(dweight_f32, dy_t, exec.formats.gradient, &layer->device->gradient_scale_inv,
                static_cast<const uint8_t*>(saved->codes_transposed.get(0, stream_)), saved->format,
                static_cast<const float*>(saved->scale_inv.get(0, stream_)), OC, C, N,
-               exec.accumulate_weight_gradient, exec.fast_accumulation_backward);
+               exec.accumulate_weight_gradient, exec.fast_accumulation_backward, nullptr, dweight_bf16);
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
     }
@@ -2044,7 +2099,8 @@ void CudaBackend::wide_input_gradient(float* dinp, const void* dout_wide, const 
 }
 
 void CudaBackend::weight_gradient_gemm(float* dweight, GemmType type, const void* dout, const void* inp,
-                                       int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
+                                       int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
+                                       __nv_bfloat16* dweight_bf16) {
   GemmProblem p;
   p.M = OC;
   p.N = C;
@@ -2055,6 +2111,7 @@ void CudaBackend::weight_gradient_gemm(float* dweight, GemmType type, const void
   p.b = inp;
   p.b_transposed = true;
   p.d = dweight;
+  p.d_bf16 = dweight_bf16;
   p.accumulate = exec.accumulate_weight_gradient;
   wide_gemm(p);
   if (exec.other_gemms) *exec.other_gemms += 1;

@@ -203,15 +203,26 @@ __device__ __forceinline__ void adamw_step(const AdamWConstants& c, float& param
   param = __fsub_rn(decayed, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
 }
 
+// A gradient that AdamW reads: float32, or bf16 bits (a weight gradient stored so), read as their float32
+// values. Exactly one is set.
+struct Gradient {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  template <int W>
+  __device__ __forceinline__ Pack<W> load(int64_t i) const {
+    return bf16 != nullptr ? load_pack<W>(bf16 + i) : load_pack<W>(f32 + i);
+  }
+};
+
 // Elements i .. i+W-1 of the four tensors: adamw_step on each, the new params, m and v stored in place. The
 // new params are returned too, for the fused cast of the updated weights.
 template <int W>
 __device__ __forceinline__ Pack<W> adamw_pack(const AdamWConstants& c, float* params, float* m, float* v,
-                                              const float* grads, int64_t i) {
+                                              const Gradient& grads, int64_t i) {
   Pack<W> p = load_pack<W>(params + i);
   Pack<W> mp = load_pack<W>(m + i);
   Pack<W> vp = load_pack<W>(v + i);
-  const Pack<W> gp = load_pack<W>(grads + i);
+  const Pack<W> gp = grads.load<W>(i);
 #pragma unroll
   for (int k = 0; k < W; ++k) adamw_step(c, p.v[k], mp.v[k], vp.v[k], gp.v[k]);
   store_pack<W>(params + i, p);

@@ -212,7 +212,7 @@ struct AdamWProducer {
   float* params;
   float* m;
   float* v;
-  const float* grads;
+  elementwise::Gradient grads;
   elementwise::AdamWConstants constants;
   template <int W>
   struct Loaded {
@@ -220,7 +220,7 @@ struct AdamWProducer {
   };
   template <int W>
   __device__ __forceinline__ Loaded<W> load(int64_t i) const {
-    return {load_pack<W>(params + i), load_pack<W>(m + i), load_pack<W>(v + i), load_pack<W>(grads + i)};
+    return {load_pack<W>(params + i), load_pack<W>(m + i), load_pack<W>(v + i), grads.load<W>(i)};
   }
   template <int W>
   __device__ __forceinline__ Pack<W> finish(Loaded<W> l, int64_t i) const {
@@ -407,7 +407,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tile = static_cast<int64_t>(blockIdx.x) - e.first_block;
   const int64_t tile_cols = (w.cols + kTileCols - 1) / kTileCols;
   const int64_t row0 = tile / tile_cols * kTileRows, col0 = tile % tile_cols * kTileCols;
-  const AdamWProducer producer{w.params, w.m, w.v, w.grads, w.decayed ? decayed : plain};
+  const AdamWProducer producer{w.params, w.m, w.v, {w.grads, w.grads_bf16}, w.decayed ? decayed : plain};
   const float scale = *w.cast.scale;
   const int c = tile_column_of_thread(), r_first = tile_row_of_thread();
   Tally t{};
@@ -807,21 +807,37 @@ int64_t bias_backward_cast_partial_rows(int64_t rows) {
   return (rows + kTileRows - 1) / kTileRows;
 }
 
-void adamw_update_cast(float* params, float* m, float* v, const float* grads, int64_t rows, int64_t cols,
-                       float learning_rate, float beta1, float beta2, float eps, float weight_decay,
-                       int64_t step, float grad_scale, const FusedCast& cast, cudaStream_t stream) {
+namespace {
+
+// adamw_update_cast over a float32 or a bf16 gradient.
+void adamw_update_cast_from(float* params, float* m, float* v, elementwise::Gradient grads, int64_t rows,
+                            int64_t cols, float learning_rate, float beta1, float beta2, float eps,
+                            float weight_decay, int64_t step, float grad_scale, const FusedCast& cast,
+                            cudaStream_t stream) {
   OCTET_REQUIRE(rows >= 0 && cols >= 0, "adamw_update_cast: the shape must not be negative, got [{}, {}]",
                 rows, cols);
   check_cast(cast, rows * cols, "adamw_update_cast");
-  OCTET_REQUIRE(rows * cols == 0 || (params != nullptr && m != nullptr && v != nullptr && grads != nullptr),
-                "adamw_update_cast: params, m, v and grads must be given");
+  OCTET_REQUIRE(rows * cols == 0 || (params != nullptr && m != nullptr && v != nullptr &&
+                                     (grads.f32 != nullptr) != (grads.bf16 != nullptr)),
+                "adamw_update_cast: params, m, v and one gradient must be given");
   // adamw_update's constants, so that every one has the same bits.
   const AdamWProducer op{
       params, m, v, grads,
       elementwise::adamw_constants(learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale)};
-  const bool vector = aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
+  const bool grads_aligned =
+      grads.bf16 != nullptr ? elementwise::pack_aligned(grads.bf16) : aligned16(grads.f32);
+  const bool vector = aligned16(params) && aligned16(m) && aligned16(v) && grads_aligned;
   launch_elementwise(op, vector, rows, cols, cast, stream);
   OCTET_CUDA_CHECK_LAUNCH("adamw_update_cast");
+}
+
+}  // namespace
+
+void adamw_update_cast(float* params, float* m, float* v, const float* grads, int64_t rows, int64_t cols,
+                       float learning_rate, float beta1, float beta2, float eps, float weight_decay,
+                       int64_t step, float grad_scale, const FusedCast& cast, cudaStream_t stream) {
+  adamw_update_cast_from(params, m, v, {grads, nullptr}, rows, cols, learning_rate, beta1, beta2, eps,
+                         weight_decay, step, grad_scale, cast, stream);
 }
 
 void adamw_update_casts(std::span<const AdamWCastWeight> weights, float learning_rate, float beta1,
@@ -830,11 +846,15 @@ void adamw_update_casts(std::span<const AdamWCastWeight> weights, float learning
   std::vector<AdamWCastEntry> entries;
   int64_t tiles = 0;
   for (const AdamWCastWeight& w : weights) {
+    OCTET_CHECK((w.grads != nullptr) != (w.grads_bf16 != nullptr), "adamw_update_casts: one gradient");
+    const bool grads_aligned =
+        w.grads_bf16 != nullptr ? elementwise::pack_aligned(w.grads_bf16) : aligned16(w.grads);
     const bool vector = w.rows > 0 && w.cols > 0 && w.cols % 4 == 0 && aligned16(w.params) &&
-                        aligned16(w.m) && aligned16(w.v) && aligned16(w.grads) && aligned(w.cast.output, 4);
+                        aligned16(w.m) && aligned16(w.v) && grads_aligned && aligned(w.cast.output, 4);
     if (!vector) {  // adamw_update_cast checks the weight
-      adamw_update_cast(w.params, w.m, w.v, w.grads, w.rows, w.cols, learning_rate, beta1, beta2, eps,
-                        w.decayed ? weight_decay : 0.0f, step, grad_scale, w.cast, stream);
+      adamw_update_cast_from(w.params, w.m, w.v, {w.grads, w.grads_bf16}, w.rows, w.cols, learning_rate,
+                             beta1, beta2, eps, w.decayed ? weight_decay : 0.0f, step, grad_scale, w.cast,
+                             stream);
       continue;
     }
     check_cast(w.cast, w.rows * w.cols, "adamw_update_casts");

@@ -98,6 +98,7 @@ struct AdamWCastWeight {
   int64_t cols = 0;
   bool decayed = false;
   FusedCast cast;
+  const uint16_t* grads_bf16 = nullptr;  // instead of grads: the gradient as bf16 bits
   bool operator==(const AdamWCastWeight&) const = default;
 };
 // A weight as adamw_update_casts' kernel finds it: the weight, the first of its tiles in the launch's grid

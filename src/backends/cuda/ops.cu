@@ -949,9 +949,9 @@ int64_t sum_blocks(int64_t n) {
   return std::clamp<int64_t>(ceil_div(n, kThreads * 8), 1, kSumBlocks);
 }
 
-template <int W>
-__global__ void __launch_bounds__(kThreads)
-    sum_of_squares_kernel(const float* x, int64_t n, double* block_sums) {
+// x as float32 or as bf16 bits (load_pack widens them): the same order of additions for the same n and W.
+template <int W, typename T>
+__global__ void __launch_bounds__(kThreads) sum_of_squares_kernel(const T* x, int64_t n, double* block_sums) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = n / W;
@@ -965,7 +965,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   for (int64_t i = groups * W + first; i < n; i += stride) {
-    const double d = static_cast<double>(x[i]);
+    const double d = static_cast<double>(load_pack<1>(x + i).v[0]);
     acc = __dadd_rn(acc, __dmul_rn(d, d));
   }
   acc = block_sum(acc);
@@ -1003,7 +1003,7 @@ struct AdamW {
   elementwise::AdamWConstants constants;
   template <int W>
   __device__ void apply(int64_t i) const {
-    elementwise::adamw_pack<W>(constants, params, m, v, grads, i);
+    elementwise::adamw_pack<W>(constants, params, m, v, {grads, nullptr}, i);
   }
 };
 
@@ -1012,7 +1012,7 @@ struct AdamWConvert {
   float* params;
   float* m;
   float* v;
-  const float* grads;
+  elementwise::Gradient grads;
   uint16_t* copy;
   elementwise::AdamWConstants constants;
   template <int W>
@@ -1438,7 +1438,10 @@ void softmax_cross_entropy(float* losses, __nv_bfloat16* logits, const int32_t* 
   launch_softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss, stream);
 }
 
-double sum_of_squares(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream) {
+namespace {
+
+template <typename T>
+double sum_of_squares_of(const T* x, int64_t n, Workspace& workspace, cudaStream_t stream) {
   check_size(n, "sum_of_squares");
   if (n == 0) return 0.0;
   const int64_t blocks = sum_blocks(n);
@@ -1448,10 +1451,10 @@ double sum_of_squares(const float* x, int64_t n, Workspace& workspace, cudaStrea
   void* base = workspace.get(layout.bytes, stream);
   auto* block_sums = at_offset<double>(base, block_sums_at);
   auto* total = at_offset<double>(base, total_at);
-  if (aligned16(x)) {
-    sum_of_squares_kernel<4><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, block_sums);
+  if (elementwise::pack_aligned(x)) {
+    sum_of_squares_kernel<4, T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, block_sums);
   } else {
-    sum_of_squares_kernel<1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, block_sums);
+    sum_of_squares_kernel<1, T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, block_sums);
   }
   OCTET_CUDA_CHECK_LAUNCH("sum_of_squares_kernel");
   sum_blocks_kernel<<<1, kThreads, 0, stream>>>(block_sums, blocks, total);
@@ -1460,6 +1463,16 @@ double sum_of_squares(const float* x, int64_t n, Workspace& workspace, cudaStrea
   OCTET_CUDA_CHECK(cudaMemcpyAsync(host, total, sizeof(double), cudaMemcpyDeviceToHost, stream));
   OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
   return *host;
+}
+
+}  // namespace
+
+double sum_of_squares(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream) {
+  return sum_of_squares_of(x, n, workspace, stream);
+}
+
+double sum_of_squares(const uint16_t* x, int64_t n, Workspace& workspace, cudaStream_t stream) {
+  return sum_of_squares_of(x, n, workspace, stream);
 }
 
 bool all_finite(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream) {
@@ -1497,12 +1510,16 @@ __global__ void __launch_bounds__(kThreads)
                         bool aligned) {
   const Chunk chunk = chunks[blockIdx.x];
   const elementwise::AdamWConstants& c = chunk.flag != 0 ? decayed : plain;
-  const int64_t groups = aligned && chunk.offset % 4 == 0 ? chunk.count / 4 : 0;
-  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
-    elementwise::adamw_pack<4>(c, params, m, v, grads, chunk.offset + g * 4);
-  }
+  const int64_t groups = aligned && chunk.offset % 4 == 0 && chunk.grad_offset % 4 == 0 ? chunk.count / 4 : 0;
+  // The chunk's own elements: its gradient may sit elsewhere in grads than its params (Chunk::grad_offset).
+  float* p = params + chunk.offset;
+  float* mc = m + chunk.offset;
+  float* vc = v + chunk.offset;
+  const elementwise::Gradient g{grads + chunk.grad_offset, nullptr};
+  for (int64_t k = threadIdx.x; k < groups; k += blockDim.x)
+    elementwise::adamw_pack<4>(c, p, mc, vc, g, k * 4);
   for (int64_t i = groups * 4 + threadIdx.x; i < chunk.count; i += blockDim.x) {
-    elementwise::adamw_pack<1>(c, params, m, v, grads, chunk.offset + i);
+    elementwise::adamw_pack<1>(c, p, mc, vc, g, i);
   }
   if (chunk.rounded == nullptr) return;  // the same for the whole block
   __syncthreads();                       // the block's updated values, whichever thread wrote them
@@ -1524,8 +1541,12 @@ __global__ void __launch_bounds__(kThreads)
   const AdamWConvertWeight& w = weights[elementwise::entry_of_block(weights, count, blockIdx.x)];
   const int64_t begin = (static_cast<int64_t>(blockIdx.x) - w.first_block) * kChunkElements;
   const int64_t end = w.n < begin + kChunkElements ? w.n : begin + kChunkElements;
-  const AdamWConvert op{
-      w.params, w.m, w.v, w.grads, reinterpret_cast<uint16_t*>(w.copy), w.decayed ? decayed : plain};
+  const AdamWConvert op{w.params,
+                        w.m,
+                        w.v,
+                        {w.grads, w.grads_bf16},
+                        reinterpret_cast<uint16_t*>(w.copy),
+                        w.decayed ? decayed : plain};
   for (int64_t i = begin + 4 * static_cast<int64_t>(threadIdx.x); i < end; i += 4 * kThreads) {
     op.apply<4>(i);
   }
@@ -1565,22 +1586,38 @@ void adamw_update_chunks(float* params, float* m, float* v, const float* grads, 
   OCTET_CUDA_CHECK_LAUNCH("adamw_update_chunks");
 }
 
-void adamw_update_convert(float* params, float* m, float* v, const float* grads, __nv_bfloat16* params_bf16,
-                          int64_t n, float learning_rate, float beta1, float beta2, float eps,
-                          float weight_decay, int64_t step, float grad_scale, cudaStream_t stream) {
+namespace {
+
+// adamw_update_convert over a float32 or a bf16 gradient.
+void adamw_update_convert_from(float* params, float* m, float* v, elementwise::Gradient grads,
+                               __nv_bfloat16* params_bf16, int64_t n, float learning_rate, float beta1,
+                               float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                               cudaStream_t stream) {
   check_size(n, "adamw_update_convert");
   OCTET_CHECK(params_bf16 != nullptr, "adamw_update_convert: a bf16 output");
+  OCTET_CHECK((grads.f32 != nullptr) != (grads.bf16 != nullptr), "adamw_update_convert: one gradient");
   if (n == 0) return;
   auto* copy = reinterpret_cast<uint16_t*>(params_bf16);
   const AdamWConvert op{
       params, m,
       v,      grads,
       copy,   elementwise::adamw_constants(learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale)};
-  for_each(op, n,
-           aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads) &&
-               elementwise::pack_aligned(copy),
-           stream);
+  const bool grads_aligned =
+      grads.bf16 != nullptr ? elementwise::pack_aligned(grads.bf16) : aligned16(grads.f32);
+  for_each(
+      op, n,
+      aligned16(params) && aligned16(m) && aligned16(v) && grads_aligned && elementwise::pack_aligned(copy),
+      stream);
   OCTET_CUDA_CHECK_LAUNCH("adamw_update_convert");
+}
+
+}  // namespace
+
+void adamw_update_convert(float* params, float* m, float* v, const float* grads, __nv_bfloat16* params_bf16,
+                          int64_t n, float learning_rate, float beta1, float beta2, float eps,
+                          float weight_decay, int64_t step, float grad_scale, cudaStream_t stream) {
+  adamw_update_convert_from(params, m, v, {grads, nullptr}, params_bf16, n, learning_rate, beta1, beta2, eps,
+                            weight_decay, step, grad_scale, stream);
 }
 
 void adamw_update_converts(std::span<const AdamWConvertWeight> weights, float learning_rate, float beta1,
@@ -1589,11 +1626,14 @@ void adamw_update_converts(std::span<const AdamWConvertWeight> weights, float le
   std::vector<AdamWConvertWeight> entries;
   int64_t blocks = 0;
   for (const AdamWConvertWeight& w : weights) {
+    OCTET_CHECK((w.grads != nullptr) != (w.grads_bf16 != nullptr), "adamw_update_converts: one gradient");
+    const bool grads_aligned =
+        w.grads_bf16 != nullptr ? elementwise::pack_aligned(w.grads_bf16) : aligned16(w.grads);
     const bool vector = w.n > 0 && w.n % 4 == 0 && aligned16(w.params) && aligned16(w.m) && aligned16(w.v) &&
-                        aligned16(w.grads) && elementwise::pack_aligned(reinterpret_cast<uint16_t*>(w.copy));
+                        grads_aligned && elementwise::pack_aligned(reinterpret_cast<uint16_t*>(w.copy));
     if (!vector) {  // adamw_update_convert checks the weight
-      adamw_update_convert(w.params, w.m, w.v, w.grads, w.copy, w.n, learning_rate, beta1, beta2, eps,
-                           w.decayed ? weight_decay : 0.0f, step, grad_scale, stream);
+      adamw_update_convert_from(w.params, w.m, w.v, {w.grads, w.grads_bf16}, w.copy, w.n, learning_rate,
+                                beta1, beta2, eps, w.decayed ? weight_decay : 0.0f, step, grad_scale, stream);
       continue;
     }
     OCTET_CHECK(w.copy != nullptr, "adamw_update_converts: a bf16 output");

@@ -98,8 +98,10 @@ void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets,
 void softmax_cross_entropy(float* losses, __nv_bfloat16* logits, const int32_t* targets, int64_t N, int64_t V,
                            int64_t Vp, float dloss, cudaStream_t stream);
 
-// Sum of x^2 in float64, in an order fixed by n; waits for the stream.
+// Sum of x^2 in float64, in an order fixed by n; waits for the stream. The bf16 form (bits) sums the float32
+// values, in the order of n floats where x is 8-byte aligned (16 for floats).
 double sum_of_squares(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream);
+double sum_of_squares(const uint16_t* x, int64_t n, Workspace& workspace, cudaStream_t stream);
 // Whether no element is Inf or NaN; waits for the stream.
 bool all_finite(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream);
 
@@ -118,6 +120,7 @@ struct Chunk {
   int32_t flag;
   void* rounded = nullptr;
   int32_t rounded_bits = 0;
+  int64_t grad_offset = 0;  // AdamW: where the chunk's gradient starts in grads
   bool operator==(const Chunk&) const = default;
 };
 inline constexpr int64_t kChunkElements = 4096;
@@ -144,6 +147,7 @@ struct AdamWConvertWeight {
   int64_t n = 0;
   bool decayed = false;
   int64_t first_block = 0;
+  const uint16_t* grads_bf16 = nullptr;  // instead of grads: the gradient as bf16 bits
   bool operator==(const AdamWConvertWeight&) const = default;
 };
 using AdamWConvertTable = DeviceTable<AdamWConvertWeight>;
