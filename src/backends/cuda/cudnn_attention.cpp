@@ -481,6 +481,9 @@ std::unique_ptr<CudnnAttention> CudnnAttention::load(std::string* why_not) {
 }
 
 CudnnAttention::~CudnnAttention() {
+  if (zeroing_ != nullptr) (void)cudaStreamSynchronize(zeroing_->get());  // before the accumulator goes
+  if (used_ != nullptr) (void)cudaEventDestroy(used_);
+  if (zeroed_ != nullptr) (void)cudaEventDestroy(zeroed_);
   plans_.clear();  // before the handle and the library go
   if (handle_ != nullptr) (void)api_->destroy(static_cast<cudnnHandle_t>(handle_));
 }
@@ -522,6 +525,37 @@ void* CudnnAttention::reserve_workspace(size_t bytes, cudaStream_t stream) {
     workspace_ = DeviceBuffer<uint8_t>(bytes);
   }
   return workspace_.data();
+}
+
+void* CudnnAttention::zeroed_accumulator(size_t bytes, cudaStream_t stream) {
+  if (accumulator_.size() < bytes) {
+    // Nothing may still read or zero the old one.
+    if (zeroing_ != nullptr) zeroing_->synchronize();
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+    accumulator_ = DeviceBuffer<uint8_t>();
+    accumulator_ = DeviceBuffer<uint8_t>(bytes);
+    accumulator_zeroed_ = false;
+  }
+  if (accumulator_zeroed_) {
+    OCTET_CUDA_CHECK(cudaStreamWaitEvent(stream, zeroed_, 0));
+  } else {
+    OCTET_CUDA_CHECK(cudaMemsetAsync(accumulator_.data(), 0, accumulator_.size(), stream));
+  }
+  accumulator_zeroed_ = false;  // the backward about to be queued adds into it
+  return accumulator_.data();
+}
+
+void CudnnAttention::zero_accumulator_after(cudaStream_t stream) {
+  if (zeroing_ == nullptr) {
+    zeroing_ = std::make_unique<Stream>();
+    OCTET_CUDA_CHECK(cudaEventCreateWithFlags(&used_, cudaEventDisableTiming));
+    OCTET_CUDA_CHECK(cudaEventCreateWithFlags(&zeroed_, cudaEventDisableTiming));
+  }
+  OCTET_CUDA_CHECK(cudaEventRecord(used_, stream));
+  OCTET_CUDA_CHECK(cudaStreamWaitEvent(zeroing_->get(), used_, 0));
+  OCTET_CUDA_CHECK(cudaMemsetAsync(accumulator_.data(), 0, accumulator_.size(), zeroing_->get()));
+  OCTET_CUDA_CHECK(cudaEventRecord(zeroed_, zeroing_->get()));
+  accumulator_zeroed_ = true;
 }
 
 namespace {
@@ -571,9 +605,8 @@ void CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16
   const size_t row_dot_bytes = align_up(static_cast<size_t>(B * NH * T) * sizeof(float));
   const size_t accum_bytes = align_up(static_cast<size_t>(B * T * C) * sizeof(float));
   auto* base = static_cast<uint8_t*>(
-      reserve_workspace(row_dot_bytes + accum_bytes + static_cast<size_t>(plan.workspace_bytes), stream));
-  uint8_t* accum = base + row_dot_bytes;
-  OCTET_CUDA_CHECK(cudaMemsetAsync(accum, 0, accum_bytes, stream));
+      reserve_workspace(row_dot_bytes + static_cast<size_t>(plan.workspace_bytes), stream));
+  void* accum = zeroed_accumulator(accum_bytes, stream);
   const int64_t uids[] = {kQ,  kKt, kVt,    kO,      kDO,  kStats,  kDQ,
                           kDK, kDV, kScale, kNegInf, kOne, kRowDot, kDQAccum};
   void* pointers[] = {const_cast<uint16_t*>(qkv),
@@ -590,7 +623,8 @@ void CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16
                       &one,
                       base,
                       accum};
-  execute(*api_, cudnn, plan, uids, pointers, 14, base + row_dot_bytes + accum_bytes);
+  execute(*api_, cudnn, plan, uids, pointers, 14, base + row_dot_bytes);
+  zero_accumulator_after(stream);
 }
 
 }  // namespace octet::cuda

@@ -66,12 +66,25 @@ class CudnnAttention {
   struct Plans;
   Plans& plans_for(int64_t B, int64_t T, int64_t C, int64_t NH);
   void* reserve_workspace(size_t bytes, cudaStream_t stream);
+  // The backward's float32 dQ accumulator of at least `bytes`, all zero once `stream` gets there.
+  void* zeroed_accumulator(size_t bytes, cudaStream_t stream);
+  // Zeroes the accumulator again after the backward just queued on `stream`, on a stream of its own.
+  void zero_accumulator_after(cudaStream_t stream);
 
   std::unique_ptr<CudnnApi> api_;
   void* handle_ = nullptr;  // cudnnHandle_t
   std::string version_;
   std::map<Key, std::unique_ptr<Plans>> plans_;
   DeviceBuffer<uint8_t> workspace_;
+  // The backward's dQ accumulator, which cuDNN adds into and which must start at zero (B*T*C floats: 52 MB a
+  // layer at GPT-2 1.5B's batch). Each backward zeroes it for the next one on `zeroing_`, after the event
+  // `used_`; the next backward waits for `zeroed_`. So the zeroing runs beside the GEMMs that follow the
+  // backward, compute-bound, instead of in front of the next backward on the caller's stream.
+  DeviceBuffer<uint8_t> accumulator_;
+  std::unique_ptr<Stream> zeroing_;
+  cudaEvent_t used_ = nullptr;
+  cudaEvent_t zeroed_ = nullptr;
+  bool accumulator_zeroed_ = false;  // whether the last record of zeroed_ zeroes the whole accumulator
 };
 
 }  // namespace octet::cuda
