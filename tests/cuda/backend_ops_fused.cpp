@@ -1637,6 +1637,19 @@ TEST(Bf16Outputs, LayerNormBackwardReadsBf16AsItsFloat32Values) {
   }
 }
 
+// adamw_update on each segment of `state` alone, one call per segment (the segments' gradients at their
+// offsets in state.grads), finished before it returns.
+void adamw_each_segment(DeviceAdamW& state, std::span<const octet::Backend::AdamWSegment> segments,
+                        const Hyper& h, octet::cuda::Stream& stream) {
+  for (const octet::Backend::AdamWSegment& s : segments) {
+    octet::cuda::adamw_update(state.params.data() + s.offset, state.m.data() + s.offset,
+                              state.v.data() + s.offset, state.grads.data() + s.offset, s.count,
+                              h.learning_rate, h.beta1, h.beta2, h.eps, s.weight_decay, h.step, h.grad_scale,
+                              stream.get());
+  }
+  stream.synchronize();
+}
+
 // The segmented AdamW (one launch over many tensors) gives adamw_update's bits on each segment, with its
 // own weight decay, at any offset and length, and leaves the gaps between segments alone.
 TEST(AdamWSegments, OneLaunchGivesEachSegmentsOwnUpdate) {
@@ -1659,15 +1672,7 @@ TEST(AdamWSegments, OneLaunchGivesEachSegmentsOwnUpdate) {
   for (int run = 0; run < 2; ++run) {  // the second run reuses the uploaded chunk table
     SCOPED_TRACE(run == 0 ? "first run" : "second run");
     state.upload(initial);
-    if (run == 0) {
-      for (const Segment& s : segments) {
-        octet::cuda::adamw_update(expected.params.data() + s.offset, expected.m.data() + s.offset,
-                                  expected.v.data() + s.offset, expected.grads.data() + s.offset, s.count,
-                                  h.learning_rate, h.beta1, h.beta2, h.eps, s.weight_decay, h.step,
-                                  h.grad_scale, stream.get());
-      }
-      stream.synchronize();
-    }
+    if (run == 0) adamw_each_segment(expected, segments, h, stream);
     backend->adamw_update_segments(state.params.data(), state.m.data(), state.v.data(), state.grads.data(),
                                    segments, h.learning_rate, h.beta1, h.beta2, h.eps, h.step, h.grad_scale);
     backend->synchronize();
@@ -1708,13 +1713,7 @@ TEST(AdamWSegments, GradientsAtTheirOwnOffsets) {
     DeviceAdamW expected(n, 0), state(n, 0);
     expected.upload(initial);
     state.upload(initial);
-    for (const Segment& s : segments) {
-      octet::cuda::adamw_update(expected.params.data() + s.offset, expected.m.data() + s.offset,
-                                expected.v.data() + s.offset, expected.grads.data() + s.offset, s.count,
-                                h.learning_rate, h.beta1, h.beta2, h.eps, s.weight_decay, h.step,
-                                h.grad_scale, stream.get());
-    }
-    stream.synchronize();
+    adamw_each_segment(expected, segments, h, stream);
     backend->adamw_update_segments(state.params.data(), state.m.data(), state.v.data(), grads.data(),
                                    segments, h.learning_rate, h.beta1, h.beta2, h.eps, h.step, h.grad_scale);
     backend->synchronize();
