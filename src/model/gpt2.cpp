@@ -748,7 +748,7 @@ const void* Gpt2::gradient(const ParameterInfo& p) {
 
 double Gpt2::gradient_sum_of_squares() {
   double sum = backend_.sum_of_squares(grads(), grad_f32_count_);
-  // The bf16 slices' padding stays zero: it was zeroed with the slice and no GEMM writes it.
+  // The bf16 slices' padding stays zero: buffers start zero-filled, and nothing writes past a gradient.
   if (grads_bf16_) sum += backend_.sum_of_squares_as(grads_bf16(), Dtype::bf16, grad_bf16_count_);
   return sum;
 }
@@ -821,8 +821,8 @@ void Gpt2::backward(float dloss_scale) {
     float* datty = d.wide_b;
 
     // d.residual: d(residual3) = d(fcproj), as residual3 = residual2 + fcproj.
-    backward_linear(fc_proj, dfch_gelu, hidden_type_, G(h + "mlp.c_proj.bias"), d.residual, Dtype::f32,
-                    x.fch_gelu, fc_proj.input_type, N);
+    backward_linear(fc_proj, dfch_gelu, hidden_type_, fc_proj.bias_grad, d.residual, Dtype::f32, x.fch_gelu,
+                    fc_proj.input_type, N);
     round_hidden(dfch_gelu, N * 4 * C);
     const void* fch = x.fch;
     if (fch == nullptr) {  // not kept (recomputes_fc): the forward's GEMM again, from its kept input codes
@@ -837,12 +837,10 @@ void Gpt2::backward(float dloss_scale) {
     backend_.layernorm_backward_as(d.residual, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d.ln, dln2_type,
                                    x.residual2, P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
-    backward_linear(proj, datty, atty_type_, G(h + "attn.c_proj.bias"), d.residual, Dtype::f32, x.atty,
-                    atty_type_, N);
+    backward_linear(proj, datty, atty_type_, proj.bias_grad, d.residual, Dtype::f32, x.atty, atty_type_, N);
     backend_.attention_backward_as(dqkv, datty, x.qkv, qkv_type_, x.atty, atty_type_, x.att_lse, B, T, C, NH);
     const Dtype dln1_type = layernorm_gradient_type(qkv);
-    backward_linear(qkv, d.ln, dln1_type, G(h + "attn.c_attn.bias"), dqkv, atty_type_, x.ln1, qkv.input_type,
-                    N);
+    backward_linear(qkv, d.ln, dln1_type, qkv.bias_grad, dqkv, atty_type_, x.ln1, qkv.input_type, N);
     round_layernorm_gradient(qkv, dln1_type, d.ln, N * C);
     backend_.layernorm_backward_as(d.residual, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d.ln, dln1_type,
                                    residual, P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd, N, C);
