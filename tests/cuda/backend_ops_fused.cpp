@@ -1727,7 +1727,8 @@ TEST(AdamWSegments, GradientsAtTheirOwnOffsets) {
 // A weight gradient stored in bf16 (train.weight_gradients = "bf16") is read as its float32 values: AdamW
 // with the FP8 cast (adamw_update_casts) and with the BF16 copy (adamw_update_converts) gives, bit for bit,
 // what it gives from a float32 gradient holding the same values, in the one launch and one by one (odd
-// sizes, and a gradient 2 bytes off 8-byte alignment); NaN included. The gradient norm's sum of squares over
+// sizes, and a gradient 2 bytes off 8-byte alignment); NaN included; so does the plain update of a weight
+// whose copy is made apart (adamw_update). The gradient norm's sum of squares over
 // the bf16 bits is the one over those float32 values, at aligned and unaligned addresses.
 TEST(Bf16WeightGradients, AdamWAndTheNormReadThemAsTheirValues) {
   SKIP_WITHOUT_GPU();
@@ -1824,6 +1825,28 @@ TEST(Bf16WeightGradients, AdamWAndTheNormReadThemAsTheirValues) {
       EXPECT_TRUE(grads16[k]->guards_intact("the bf16 gradient"));
       EXPECT_FALSE(identical(params, initial[k].params, "params")) << "params unchanged";
     }
+  }
+
+  // The plain update (a weight whose copy is made apart: the current recipe's cast), over the bf16 bits and
+  // over their float32 values.
+  for (size_t k = 0; k < cases; ++k) {
+    SCOPED_TRACE(describe("adamw_update over a bf16 gradient", kBf16Cases[k]));
+    const auto n = static_cast<int64_t>(initial[k].grads.size());
+    DeviceAdamW expected(initial[k].grads.size(), 0), state(initial[k].grads.size(), 0);
+    expected.upload(initial[k]);
+    state.upload(initial[k]);
+    octet::cuda::adamw_update(expected.params.data(), expected.m.data(), expected.v.data(),
+                              expected.grads.data(), n, h.learning_rate, h.beta1, h.beta2, h.eps,
+                              h.weight_decay, h.step, h.grad_scale, stream.get());
+    octet::cuda::adamw_update(state.params.data(), state.m.data(), state.v.data(),
+                              static_cast<const uint16_t*>(grads16[k]->data()), n, h.learning_rate, h.beta1,
+                              h.beta2, h.eps, h.weight_decay, h.step, h.grad_scale, stream.get());
+    stream.synchronize();
+    const std::vector<float> params = expected.params.read();
+    EXPECT_TRUE(identical(state.params.read(), params, "params"));
+    EXPECT_TRUE(identical(state.m.read(), expected.m.read(), "m"));
+    EXPECT_TRUE(identical(state.v.read(), expected.v.read(), "v"));
+    EXPECT_FALSE(identical(params, initial[k].params, "params")) << "params unchanged";
   }
 
   // The norm: the backend's sum of squares over the bf16 bits and over their float32 values.

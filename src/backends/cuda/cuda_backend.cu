@@ -1503,7 +1503,20 @@ void CudaBackend::adamw_update_weights(float* params, float* m, float* v, const 
     const bool cast = fuses_weight_cast(*u.exec), convert = writes_bf16_copy(*u.exec);
     const bool other_decay = u.weight_decay != 0.0f && decay != 0.0f && u.weight_decay != decay;
     if ((!cast && !convert) || other_decay) {
-      // A bf16 gradient as float32 values first, for the one-weight updates that read float32.
+      if (u.grads_bf16 != nullptr && !cast && !convert) {
+        // A weight whose copy is made apart (the current recipe's cast, say): AdamW over the bf16 gradient as
+        // it lies, then the copy, as adamw_update_weight's default runs them.
+        {
+          const OpScope scope(*this, OpKind::optimizer);
+          cuda::adamw_update(params + u.offset, m + u.offset, v + u.offset,
+                             static_cast<const uint16_t*>(u.grads_bf16), u.rows * u.cols, learning_rate,
+                             beta1, beta2, eps, u.weight_decay, step, grad_scale, stream_);
+        }
+        prepare_weight(*u.copy, params + u.offset, u.rows, u.cols, *u.exec);
+        continue;
+      }
+      // A bf16 gradient of a weight with another weight decay than the batch's: widened to float32 first,
+      // for the one-weight passes that read float32.
       const float* g = grads + u.grad_at();
       if (u.grads_bf16 != nullptr) {
         const OpScope scope(*this, OpKind::optimizer);

@@ -999,11 +999,11 @@ struct AdamW {
   float* params;
   float* m;
   float* v;
-  const float* grads;
+  elementwise::Gradient grads;
   elementwise::AdamWConstants constants;
   template <int W>
   __device__ void apply(int64_t i) const {
-    elementwise::adamw_pack<W>(constants, params, m, v, {grads, nullptr}, i);
+    elementwise::adamw_pack<W>(constants, params, m, v, grads, i);
   }
 };
 
@@ -1488,16 +1488,36 @@ bool all_finite(const float* x, int64_t n, Workspace& workspace, cudaStream_t st
   return *host == 0;
 }
 
-void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
-                  cudaStream_t stream) {
+namespace {
+
+void adamw_update_from(float* params, float* m, float* v, elementwise::Gradient grads, int64_t n,
+                       float learning_rate, float beta1, float beta2, float eps, float weight_decay,
+                       int64_t step, float grad_scale, cudaStream_t stream) {
   check_size(n, "adamw_update");
   if (n == 0) return;
   const AdamW op{
       params, m, v, grads,
       elementwise::adamw_constants(learning_rate, beta1, beta2, eps, weight_decay, step, grad_scale)};
-  for_each(op, n, aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads), stream);
+  const bool grads_aligned =
+      grads.bf16 != nullptr ? elementwise::pack_aligned(grads.bf16) : aligned16(grads.f32);
+  for_each(op, n, aligned16(params) && aligned16(m) && aligned16(v) && grads_aligned, stream);
   OCTET_CUDA_CHECK_LAUNCH("adamw_update");
+}
+
+}  // namespace
+
+void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                  cudaStream_t stream) {
+  adamw_update_from(params, m, v, {grads, nullptr}, n, learning_rate, beta1, beta2, eps, weight_decay, step,
+                    grad_scale, stream);
+}
+
+void adamw_update(float* params, float* m, float* v, const uint16_t* grads, int64_t n, float learning_rate,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                  cudaStream_t stream) {
+  adamw_update_from(params, m, v, {nullptr, grads}, n, learning_rate, beta1, beta2, eps, weight_decay, step,
+                    grad_scale, stream);
 }
 
 namespace {

@@ -110,6 +110,11 @@ bool all_finite(const float* x, int64_t n, Workspace& workspace, cudaStream_t st
 void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
                   cudaStream_t stream);
+// The same over a gradient stored as bf16 bits, read as its float32 values: the same bits as adamw_update
+// over those values.
+void adamw_update(float* params, float* m, float* v, const uint16_t* grads, int64_t n, float learning_rate,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                  cudaStream_t stream);
 // A piece of a segmented update: elements offset .. offset + count - 1 (count <= kChunkElements) of each
 // tensor, with a flag (AdamW: whether weight decay applies). AdamW also writes the updated values, rounded
 // to bf16, to `rounded` (the chunk's first value's place) where it is not null: as bf16 bits
