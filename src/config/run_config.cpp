@@ -240,6 +240,13 @@ const std::vector<Key>& keys() {
         "own kernels), or auto (cuDNN where it loads and supports the shape; the log says which). cuDNN's "
         "backward is not bit-reproducible at training sizes (a few dQ elements round differently from run to "
         "run); \"octet\" is, at about 1.9x the attention time (docs/gpu.md)."));
+    k.push_back(choice<bool>(
+        "train.gemm_algorithms", [](RunConfig& c) -> bool& { return c.time_gemm_algorithms; },
+        {{"heuristic", false}, {"timed", true}},
+        "How the GPU picks each GEMM shape's cuBLASLt algorithm: heuristic (cuBLASLt's first answer, the "
+        "same on every run) or timed (the fastest of its first 8 answers, each timed on the shape's first "
+        "product in the run's first step; which one wins can differ from run to run, and with it the last "
+        "bits of results). No effect on the CPU (docs/gpu.md)."));
     k.push_back(integer<int64_t>(
         "train.max_consecutive_skips", [](RunConfig& c) -> int64_t& { return c.train.max_consecutive_skips; },
         1, big, "Skipped (non-finite) steps in a row after which the run stops (exit code 3)."));

@@ -82,6 +82,7 @@ DeviceChoice choose_device(const RunConfig& config) {
                                fp8 ? ", FP8 emulated bit for bit" : "")
                  : std::string(fp8 ? "training on the CPU backend, FP8 emulated bit for bit"
                                    : "training on the CPU backend");
+    if (config.time_gemm_algorithms) d.line += " (train.gemm_algorithms = \"timed\" applies to the GPU only)";
     return d;
   }
   const CudaDeviceInfo info = cuda_device_info(0);
@@ -105,6 +106,7 @@ DeviceChoice choose_device(const RunConfig& config) {
                        : d.emulate_fp8 ? "; WARNING: no FP8 tensor cores, FP8 GEMMs run as BF16 GEMMs on "
                                          "the FP8 values (FP8 numerics, no FP8 speed)"
                                        : "; FP8 GEMMs on FP8 tensor cores (cuBLASLt)");
+  if (config.time_gemm_algorithms) d.line += "; GEMM algorithms timed (train.gemm_algorithms)";
   // Every mode but fp32 asks for attention on BF16 tensor cores (make_backend); say where it really runs.
   if (config.precision.mode != MixedPrecision::fp32) {
     const int64_t C = config.model.channels, NH = config.model.heads;
@@ -127,6 +129,7 @@ std::unique_ptr<Backend> make_backend(const DeviceChoice& device, const RunConfi
   cuda_options.emulate_fp8 = device.emulate_fp8;
   cuda_options.bf16_attention = config.precision.mode != MixedPrecision::fp32;
   cuda_options.attention = attention_kernels(config);
+  cuda_options.time_gemm_algorithms = config.time_gemm_algorithms;
   return make_cuda_backend(cuda_options);
 }
 

@@ -43,6 +43,7 @@ mixed_precision = "fp16"
 batch_size = 4
 seq_len = 32
 steps = 50
+gemm_algorithms = "timed"
 [fp8]
 recipe = "block"
 formats = "e4m3"
@@ -64,6 +65,8 @@ dir = "shards"
   EXPECT_FLOAT_EQ(c.train.schedule.max_learning_rate, 1e-3f);
   EXPECT_EQ(c.train.schedule.total_steps, 50);
   EXPECT_EQ(c.data_dir, "shards");
+  EXPECT_TRUE(c.time_gemm_algorithms);
+  EXPECT_FALSE(parse_run_config("", "empty.toml").time_gemm_algorithms) << "heuristic is the default";
 }
 
 TEST(RunConfig, OverridesWinAndBareWordsAreStrings) {
@@ -97,6 +100,9 @@ TEST(RunConfig, BadValuesListTheValidOnes) {
             std::string::npos);
   EXPECT_NE(error_of("[data]\ntokenizer = 5\n").find("data.tokenizer = integer 5 is not valid"),
             std::string::npos);
+  EXPECT_EQ(error_of("[train]\ngemm_algorithms = \"autotune\"\n"),
+            "run.toml:2: train.gemm_algorithms = \"autotune\" is not valid; expected one of \"heuristic\", "
+            "\"timed\"");
 }
 
 TEST(RunConfig, WrongTypesAndRangesSayWhatWasExpected) {

@@ -28,6 +28,7 @@ namespace {
 
 using octet::Dtype;
 using octet::cuda::DeviceBuffer;
+using octet::cuda::GemmAlgorithmChoice;
 using octet::cuda::GemmEngine;
 using octet::cuda::GemmProblem;
 using octet::cuda::GemmType;
@@ -752,6 +753,57 @@ TEST(GemmLayout, LinearLayerBackward) {
   check_case(engine, wgrad, 501);
 }
 
+// GemmAlgorithmChoice::timed: a new shape's algorithm is the fastest of the heuristic's candidates, each
+// timed on the call's own operands, so the timed products write D over and over before the call's own. The
+// call must still return its product once: D overwritten, the addend added once, and D accumulated into
+// once (those plans are not timed). Small integers, so that every candidate's sums are exact and D must
+// equal the reference bit for bit whichever candidate wins.
+TEST(GemmAlgorithmChoiceTest, TimedPlansReturnTheirProductOnce) {
+  SKIP_WITHOUT_GPU();
+  GemmEngine engine(GemmAlgorithmChoice::timed);
+  EXPECT_EQ(engine.algorithm_choice(), GemmAlgorithmChoice::timed);
+  const int64_t M = 256, N = 128, K = 64;
+  const std::vector<float> x_a = octet::testing::random_small_integers(static_cast<size_t>(M * K), 41, 7);
+  const std::vector<float> x_b = octet::testing::random_small_integers(static_cast<size_t>(N * K), 42, 7);
+  uint64_t seed = 900;
+  int64_t plans = 0, accumulating_plans = 0;
+  for (const auto& [operand_type, bias_type] : epilogue_types()) {
+    SCOPED_TRACE(::testing::Message() << octet::cuda::gemm_type_name(operand_type) << " operands");
+    const HostOperand a = make_operand(operand_type, M, K, false, 0, x_a);
+    const HostOperand b = make_operand(operand_type, N, K, false, 0, x_b);
+    Case c = scaled_case(operand_type, M, N, K, 0.5f, 2.0f);
+    const double alpha_scale = static_cast<double>(c.alpha) * c.a_scale_inv * c.b_scale_inv;
+
+    c.bias = half_integer_bias(N, seed++);
+    c.bias_type = bias_type;
+    const Reference biased = reference_product(a, b, alpha_scale, {}, c.bias);
+    ASSERT_EQ(run_case(engine, c, a, b, {}).d, biased.expected) << "overwriting D";
+    ++plans;
+
+    c.addend = octet::testing::random_small_integers(static_cast<size_t>(M * N), seed++, 1000);
+    const Reference added = reference_product(a, b, alpha_scale, c.addend, c.bias);
+    const Outcome with_addend = run_case(engine, c, a, b, {});
+    ASSERT_EQ(with_addend.d, added.expected) << "adding the addend";
+    EXPECT_TRUE(with_addend.guards_intact) << "the addend changed, or bytes outside D's block were written";
+    ++plans;
+
+    c.bias.clear();
+    c.addend.clear();
+    c.accumulate = true;
+    const std::vector<float> d_before =
+        octet::testing::random_small_integers(static_cast<size_t>(M * N), seed++, 1000);
+    const Reference accumulated = reference_product(a, b, alpha_scale, d_before);
+    ASSERT_EQ(run_case(engine, c, a, b, d_before).d, accumulated.expected) << "accumulating into D";
+    ++plans;
+    ++accumulating_plans;
+  }
+  const octet::cuda::GemmCounters& counters = engine.counters();
+  EXPECT_EQ(counters.heuristic_queries, plans);
+  EXPECT_EQ(counters.timed_plans, plans - accumulating_plans) << "every plan but the accumulating ones";
+  EXPECT_LE(counters.timed_plans_not_first, counters.timed_plans);
+  EXPECT_EQ(counters.total(), plans) << "the timed products are not counted as the engine's products";
+}
+
 // ----------------------------------------------------------------------------------------------------------
 // The plan cache and the errors.
 
@@ -765,6 +817,7 @@ TEST(GemmEngineTest, RepeatedShapesQueryTheHeuristicOnce) {
   c.K = 64;
   for (uint64_t i = 0; i < 3; ++i) check_case(engine, c, 600 + i);
   EXPECT_EQ(engine.counters().heuristic_queries, 1);
+  EXPECT_EQ(engine.counters().timed_plans, 0) << "the heuristic's first answer is the default";
   EXPECT_EQ(engine.cached_plans(), 1u);
   c.accumulate = true;
   check_case(engine, c, 610);

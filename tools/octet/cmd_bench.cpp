@@ -376,6 +376,7 @@ int BenchCommands::run_train() const {
         {"padded_vocab", config.model.padded_vocab()},
         {"mode", r.mode},
         {"weight_gradients", precision.bf16_weight_gradients ? "bf16" : "float32"},
+        {"gemm_algorithms", config.time_gemm_algorithms ? "timed" : "heuristic"},
         {"fp8", fp8},
         {"linear_gemms", linear_gemms_json(r.linears)},
         {"parameters", r.parameters},

@@ -53,6 +53,10 @@ struct CudaBackendOptions {
   // (Backend::weight_gradient_type), written and added to so by the weight-gradient GEMMs and read so by the
   // gradient norm and AdamW; false stores their float32 values, rounded in place (tests compare the two).
   bool weight_gradients_in_bf16 = true;
+  // Each GEMM shape's cuBLASLt algorithm: the heuristic's first answer (false: reproducible bits), or the
+  // fastest of its first candidates, timed on the shape's first product (true; octet/cuda/gemm.h,
+  // GemmAlgorithmChoice::timed).
+  bool time_gemm_algorithms = false;
 };
 
 // Throws octet::Error (invalid_input) when octet was built without CUDA or the device does not exist.

@@ -23,8 +23,9 @@ struct RunConfig {
   TrainSettings train;          // batch, sequence, accumulation, schedule, optimizer, loss scale
   int64_t steps = 1000;
   uint64_t seed = 1337;
-  std::string device = "auto";     // "auto" | "cpu" | "cuda"
-  std::string attention = "auto";  // on the GPU: "auto" | "cudnn" | "octet"
+  std::string device = "auto";        // "auto" | "cpu" | "cuda"
+  std::string attention = "auto";     // on the GPU: "auto" | "cudnn" | "octet"
+  bool time_gemm_algorithms = false;  // train.gemm_algorithms = "timed" (GPU only)
   // [data]
   std::filesystem::path data_dir;  // shards: train_NNNNNN.bin and val_NNNNNN.bin
   std::string tokenizer = "bytes";

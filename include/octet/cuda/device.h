@@ -62,6 +62,19 @@ namespace detail {
 
 namespace octet::cuda {
 
+// Owns a CUDA event (timing enabled). Not copyable; the destructor never throws.
+class Event {
+ public:
+  Event() { OCTET_CUDA_CHECK(cudaEventCreate(&event_)); }
+  ~Event() { (void)cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 // Owns `count` elements of device memory. Move-only; the destructor frees and never throws (an error from
 // cudaFree at that point, e.g. after a device fault, cannot be acted on and must not terminate).
 template <typename T>

@@ -1,8 +1,8 @@
 // The CUDA backend's matrix products through cuBLASLt: FP8 (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3) on FP8
 // tensor cores with per-tensor scales read from device memory, BF16 and FP16 with float32 accumulation, and
 // float32 in exact or TF32 compute. One GemmEngine per backend owns the cuBLASLt handle, its workspace and a
-// cache of plans (descriptors, layouts and the algorithm the heuristic chose), so that a shape seen before
-// costs no heuristic query. Host code only.
+// cache of plans (descriptors, layouts and the algorithm chosen for them), so that a shape seen before costs
+// no heuristic query. Host code only.
 //
 // Every product is written in row-major terms, the layout of octet's tensors:
 //   D [M, N] = alpha * op(A) x op(B)^T  (+ bias [N] on every row)  (+ D when accumulate, or + an addend)
@@ -105,10 +105,27 @@ struct GemmCounters {
   int64_t bias_epilogues = 0;     // products that added a bias in their epilogue
   int64_t addend_epilogues = 0;   // products that added an addend in their epilogue
   int64_t heuristic_queries = 0;  // plan cache misses: shapes seen for the first time
-  double flops = 0.0;             // 2 M N K summed over every product
+  // GemmAlgorithmChoice::timed: the plans whose algorithm was chosen by timing the heuristic's candidates,
+  // and of those the ones where a candidate other than the heuristic's first was the fastest.
+  int64_t timed_plans = 0;
+  int64_t timed_plans_not_first = 0;
+  double flops = 0.0;  // 2 M N K summed over every product
 
   int64_t fp8() const { return e4m3_e4m3 + e4m3_e5m2 + e5m2_e4m3; }
   int64_t total() const { return fp8() + bf16 + f16 + f32 + tf32; }
+};
+
+// How the engine picks the algorithm of a plan, once, when it first meets a shape.
+enum class GemmAlgorithmChoice : uint8_t {
+  // cuBLASLt's heuristic's first answer: the same algorithm, and so the same bits, on every run.
+  heuristic,
+  // The fastest of the heuristic's first GemmEngine::kTimedCandidates answers, each timed on the first
+  // call's own operands (kTimedRepeats products after one warm-up, on the caller's stream; the host waits for
+  // them once). A candidate's product overwrites D as the call's own does, or adds the same addend to it, so
+  // timing changes nothing the call returns. Products that accumulate into D keep the heuristic's first
+  // answer: timing them would add into D more than once. Which candidate wins can differ from run to run,
+  // and candidates may sum in different orders: the last bits of a result are then not reproducible.
+  timed,
 };
 
 // The products of one device (the current one when constructed). Not thread-safe; products enqueued on
@@ -116,8 +133,10 @@ struct GemmCounters {
 class GemmEngine {
  public:
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS recommends for Hopper
+  static constexpr int kTimedCandidates = 8;
+  static constexpr int kTimedRepeats = 5;
 
-  GemmEngine();
+  explicit GemmEngine(GemmAlgorithmChoice choice = GemmAlgorithmChoice::heuristic);
   ~GemmEngine();
   GemmEngine(const GemmEngine&) = delete;
   GemmEngine& operator=(const GemmEngine&) = delete;
@@ -133,6 +152,7 @@ class GemmEngine {
   // Empty when `problem` can run; otherwise why not (what run would throw as invalid_input).
   std::string can_implement(const GemmProblem& problem) const;
 
+  GemmAlgorithmChoice algorithm_choice() const;
   const GemmCounters& counters() const;
   void reset_counters();
   size_t cached_plans() const;

@@ -418,7 +418,8 @@ class CudaBackend final : public Backend {
     OCTET_CUDA_CHECK(cudaSetDevice(options.device));
     info_ = cuda_device_info(options.device);
     OCTET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    gemm_ = std::make_unique<GemmEngine>();
+    gemm_ = std::make_unique<GemmEngine>(options.time_gemm_algorithms ? cuda::GemmAlgorithmChoice::timed
+                                                                      : cuda::GemmAlgorithmChoice::heuristic);
     emulate_fp8_ = !info_.fp8_tensor_cores || options.emulate_fp8;
     attention_options_.bf16 = options.bf16_attention;
     using Kernels = CudaBackendOptions::AttentionKernels;

@@ -12,9 +12,13 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <array>
 #include <compare>
+#include <limits>
 #include <map>
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "octet/check.h"
 #include "octet/cuda/device.h"
@@ -89,6 +93,11 @@ struct Stored {
   int64_t cols;
   int64_t ld;
 };
+
+// D: d_bf16 or d, whichever is set.
+void* output_of(const GemmProblem& p) {
+  return p.d_bf16 != nullptr ? static_cast<void*>(p.d_bf16) : static_cast<void*>(p.d);
+}
 
 Stored stored_a(const GemmProblem& p) {
   const Stored s = p.a_transposed ? Stored{p.K, p.M, 0} : Stored{p.M, p.K, 0};
@@ -204,6 +213,7 @@ std::string describe(const GemmProblem& p) {
 struct GemmEngine::State {
   int device = 0;
   bool fp8_tensor_cores = false;
+  GemmAlgorithmChoice choice = GemmAlgorithmChoice::heuristic;
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer<uint8_t> workspace;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
@@ -214,10 +224,17 @@ struct GemmEngine::State {
     if (handle != nullptr) (void)cublasLtDestroy(handle);
   }
 
-  const Plan& plan_for(const PlanKey& key, const GemmProblem& p);
+  const Plan& plan_for(const PlanKey& key, const GemmProblem& p, cudaStream_t stream);
+  // p's product by `algorithm` on `stream` (its pointers set on plan.operation); cuBLASLt's status.
+  cublasStatus_t enqueue(const Plan& plan, const GemmProblem& p, const cublasLtMatmulAlgo_t& algorithm,
+                         size_t workspace_bytes, cudaStream_t stream);
+  // The fastest of `candidates` on p's own operands (see GemmAlgorithmChoice::timed): its index.
+  size_t fastest(const Plan& plan, const GemmProblem& p,
+                 std::span<const cublasLtMatmulHeuristicResult_t> candidates, cudaStream_t stream);
 };
 
-GemmEngine::GemmEngine() : state_(std::make_unique<State>()) {
+GemmEngine::GemmEngine(GemmAlgorithmChoice choice) : state_(std::make_unique<State>()) {
+  state_->choice = choice;
   OCTET_CUDA_CHECK(cudaGetDevice(&state_->device));
   state_->fp8_tensor_cores = has_fp8_tensor_cores(device_info(state_->device));
   OCTET_CUBLAS_CHECK(cublasLtCreate(&state_->handle), std::string("creating the cuBLASLt handle"));
@@ -228,6 +245,9 @@ GemmEngine::~GemmEngine() = default;
 GemmEngine::GemmEngine(GemmEngine&&) noexcept = default;
 GemmEngine& GemmEngine::operator=(GemmEngine&&) noexcept = default;
 
+GemmAlgorithmChoice GemmEngine::algorithm_choice() const {
+  return state_->choice;
+}
 const GemmCounters& GemmEngine::counters() const {
   return state_->counters;
 }
@@ -287,7 +307,7 @@ const char* rejection(const GemmProblem& p, bool fp8_tensor_cores) {
       return "FP8 products need N and K multiples of 16 (route this shape to a BF16 product)";
     }
     const int64_t d_bytes = p.d_bf16 != nullptr ? 2 : 4;
-    const void* d = p.d_bf16 != nullptr ? static_cast<const void*>(p.d_bf16) : p.d;
+    const void* d = output_of(p);
     if (a.ld % kFp8Multiple != 0 || b.ld % kFp8Multiple != 0 || (stored_ldd(p) * d_bytes) % 16 != 0 ||
         pointer_alignment(p.a) < 16 || pointer_alignment(p.b) < 16 || pointer_alignment(d) < 16) {
       return "FP8 products need 16-byte aligned pointers and leading dimensions";
@@ -319,7 +339,7 @@ std::string GemmEngine::can_implement(const GemmProblem& p) const {
   return why == nullptr ? std::string() : fmt::format("{}: {}", why, describe(p));
 }
 
-const Plan& GemmEngine::State::plan_for(const PlanKey& key, const GemmProblem& p) {
+const Plan& GemmEngine::State::plan_for(const PlanKey& key, const GemmProblem& p, cudaStream_t stream) {
   if (const auto found = plans.find(key); found != plans.end()) return *found->second;
 
   const std::string what = describe(p);
@@ -382,21 +402,75 @@ const Plan& GemmEngine::State::plan_for(const PlanKey& key, const GemmProblem& p
         cublasLtMatmulPreferenceSetAttribute(preference.handle, attribute, &bytes, sizeof(bytes)), what);
   }
 
-  cublasLtMatmulHeuristicResult_t result{};
+  // A product that accumulates into D is never timed: each timed product would add into D again.
+  const bool timed = choice == GemmAlgorithmChoice::timed && !p.accumulate;
+  std::array<cublasLtMatmulHeuristicResult_t, kTimedCandidates> results{};
   int returned = 0;
-  OCTET_CUBLAS_CHECK(
-      cublasLtMatmulAlgoGetHeuristic(handle, plan->operation, plan->first, plan->second, plan->output,
-                                     plan->output, preference.handle, 1, &result, &returned),
-      what);
+  OCTET_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan->operation, plan->first, plan->second,
+                                                    plan->output, plan->output, preference.handle,
+                                                    timed ? kTimedCandidates : 1, results.data(), &returned),
+                     what);
   ++counters.heuristic_queries;
   if (returned == 0)
     throw_cublas_error(CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm found", what, __FILE__, __LINE__);
-  plan->algorithm = result.algo;
-  plan->workspace_bytes = result.workspaceSize;
+  size_t chosen = 0;
+  if (timed) {
+    chosen = fastest(*plan, p, std::span(results.data(), static_cast<size_t>(returned)), stream);
+    ++counters.timed_plans;
+    if (chosen != 0) ++counters.timed_plans_not_first;
+  }
+  plan->algorithm = results[chosen].algo;
+  plan->workspace_bytes = results[chosen].workspaceSize;
 
   const auto [inserted, ok] = plans.emplace(key, std::move(plan));
   OCTET_CHECK(ok, "a new plan for {} was already cached", what);
   return *inserted->second;
+}
+
+cublasStatus_t GemmEngine::State::enqueue(const Plan& plan, const GemmProblem& p,
+                                          const cublasLtMatmulAlgo_t& algorithm, size_t workspace_bytes,
+                                          cudaStream_t stream) {
+  void* d = output_of(p);
+  // C is D itself (read only when accumulating) or the addend.
+  const void* c_matrix = p.addend != nullptr ? static_cast<const void*>(p.addend) : d;
+  const float beta = p.accumulate || p.addend != nullptr ? 1.0f : 0.0f;
+  return cublasLtMatmul(handle, plan.operation, &p.alpha, p.b, plan.first, p.a, plan.second, &beta, c_matrix,
+                        plan.output, d, plan.output, &algorithm, workspace.data(), workspace_bytes, stream);
+}
+
+size_t GemmEngine::State::fastest(const Plan& plan, const GemmProblem& p,
+                                  std::span<const cublasLtMatmulHeuristicResult_t> candidates,
+                                  cudaStream_t stream) {
+  if (candidates.size() < 2) return 0;
+  set_pointers(plan.operation, p);
+  const auto product = [&](const cublasLtMatmulHeuristicResult_t& candidate) {
+    return enqueue(plan, p, candidate.algo, candidate.workspaceSize, stream);
+  };
+  // Every candidate's events are recorded before the host waits, once, for the last of them.
+  std::vector<Event> starts(candidates.size()), stops(candidates.size());
+  std::vector<bool> ran(candidates.size(), false);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (product(candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;  // a candidate cuBLASLt then refuses
+    OCTET_CUDA_CHECK(cudaEventRecord(starts[i].get(), stream));
+    bool all_ran = true;
+    for (int r = 0; r < kTimedRepeats && all_ran; ++r)
+      all_ran = product(candidates[i]) == CUBLAS_STATUS_SUCCESS;
+    OCTET_CUDA_CHECK(cudaEventRecord(stops[i].get(), stream));
+    ran[i] = all_ran;
+  }
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  size_t best = 0;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (!ran[i]) continue;
+    float ms = 0.0f;
+    OCTET_CUDA_CHECK(cudaEventElapsedTime(&ms, starts[i].get(), stops[i].get()));
+    if (ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  return best;
 }
 
 void GemmEngine::run(const GemmProblem& p, cudaStream_t stream) {
@@ -409,7 +483,7 @@ void GemmEngine::run(const GemmProblem& p, cudaStream_t stream) {
               current);
   if (p.M == 0 || p.N == 0) return;
 
-  void* d = p.d_bf16 != nullptr ? static_cast<void*>(p.d_bf16) : static_cast<void*>(p.d);
+  void* d = output_of(p);
   const bool fp8 = is_fp8(p.a_type);
   const Stored a = stored_a(p);
   const Stored b = stored_b(p);
@@ -438,15 +512,10 @@ void GemmEngine::run(const GemmProblem& p, cudaStream_t stream) {
   key.added = p.addend != nullptr;
   key.c_alignment = key.added ? pointer_alignment(p.addend) : 0;
 
-  const Plan& plan = state_->plan_for(key, p);
+  const Plan& plan = state_->plan_for(key, p, stream);
   set_pointers(plan.operation, p);
 
-  // C is D itself (read only when accumulating) or the addend.
-  const void* c_matrix = p.addend != nullptr ? static_cast<const void*>(p.addend) : d;
-  const float beta = p.accumulate || p.addend != nullptr ? 1.0f : 0.0f;
-  const cublasStatus_t status = cublasLtMatmul(
-      state_->handle, plan.operation, &p.alpha, p.b, plan.first, p.a, plan.second, &beta, c_matrix,
-      plan.output, d, plan.output, &plan.algorithm, state_->workspace.data(), plan.workspace_bytes, stream);
+  const cublasStatus_t status = state_->enqueue(plan, p, plan.algorithm, plan.workspace_bytes, stream);
   if (status != CUBLAS_STATUS_SUCCESS) {
     throw_cublas_error(status, "cublasLtMatmul", describe(p), __FILE__, __LINE__);
   }

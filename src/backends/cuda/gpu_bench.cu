@@ -18,6 +18,7 @@
 namespace octet {
 namespace {
 
+using cuda::Event;
 using cuda::GemmType;
 
 // Uniform in [-1, 1) from a counter-based hash (splitmix64's finaliser): the same operands on every run.
@@ -79,19 +80,6 @@ KindTypes types_of(GemmBenchKind kind) {
   }
   return {GemmType::f32, GemmType::f32, false};
 }
-
-// Owns a CUDA event; the destructor never throws.
-class Event {
- public:
-  Event() { OCTET_CUDA_CHECK(cudaEventCreate(&event_)); }
-  ~Event() { (void)cudaEventDestroy(event_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
 
 void require_gpu() {
   OCTET_REQUIRE(cuda::device_count() > 0,
