@@ -583,7 +583,8 @@ def step_ops(m):
 # Rates.
 
 def read_gemm_file(path):
-    """Rows (M, N, K, {kind key: TFLOP/s}), the copy bandwidth or None, and the device name."""
+    """Rows (M, N, K, {kind key: TFLOP/s}), the copy bandwidth or None, the device name, and how cuBLASLt's
+    algorithms were chosen ("heuristic" or "timed"; files from before the choice existed are "heuristic")."""
     with open(path) as f:
         text = f.read()
     if text.lstrip().startswith("{"):
@@ -595,7 +596,7 @@ def read_gemm_file(path):
             rates = {k: v["tflops"] for k, v in r["results"].items() if "tflops" in v and v["tflops"] > 0}
             rows.append((r["M"], r["N"], r["K"], rates))
         bandwidth = (j.get("memory_bandwidth") or {}).get("copy_gbs")
-        return rows, bandwidth, j.get("device", {}).get("name", "?")
+        return rows, bandwidth, j.get("device", {}).get("name", "?"), j.get("gemm_algorithms", "heuristic")
     # The Markdown table `octet bench gemm` prints: | shape | M | N | K | e4m3 | ... | fp8/bf16 |
     rows, columns = [], None
     for line in text.splitlines():
@@ -615,17 +616,19 @@ def read_gemm_file(path):
     if not rows:
         raise Refusal(f"{path}: neither the JSON nor the table of `octet bench gemm`")
     found = re.search(r"TFLOP/s on (.+?) \(compute capability", text)
-    return rows, None, found.group(1) if found else "?"
+    algorithms = "timed" if "cuBLASLt algorithms: timed" in text else "heuristic"
+    return rows, None, found.group(1) if found else "?", algorithms
 
 
 class Rates:
     def __init__(self, gemm_files, args):
         self.files = gemm_files
-        self.rows, self.devices, bandwidths = [], [], []
+        self.rows, self.devices, self.algorithms, bandwidths = [], [], set(), []
         for path in gemm_files:
-            rows, bandwidth, device = read_gemm_file(path)
+            rows, bandwidth, device, algorithms = read_gemm_file(path)
             self.rows += rows
             self.devices.append(device)
+            self.algorithms.add(algorithms)
             if bandwidth:
                 bandwidths.append(bandwidth)
         self.override = {"fp8": args.fp8_tflops, "bf16": args.bf16_tflops, "tf32": args.tf32_tflops}
@@ -668,15 +671,20 @@ class Rates:
     def tflops(self, rate):
         return self.gemm(*rate[1:]) if rate[0] == "gemm" else self.attention(rate[1])
 
-    def notes(self, used):
-        """Where the rates of the kinds in `used` (and of attention) came from."""
+    def notes(self, used, train_algorithms):
+        """Where the rates of the kinds in `used` (and of attention) came from; `train_algorithms`: how the
+        result's run chose its GEMM algorithms."""
         notes = []
         given = [f"{family.upper()} {v:g} TFLOP/s" for family, v in self.override.items() if v is not None]
         if given:
             notes.append("rates given: " + ", ".join(given))
         if self.matched:
             notes.append(f"GEMM rates ({', '.join(sorted(self.matched))}) measured for the GEMM's own shape in "
-                         f"{', '.join(self.files)} ({', '.join(sorted(set(self.devices)))})")
+                         f"{', '.join(self.files)} ({', '.join(sorted(set(self.devices)))}; cuBLASLt "
+                         f"algorithms: {', '.join(sorted(self.algorithms))})")
+            if self.algorithms != {train_algorithms}:
+                notes.append(f"the run chose its GEMM algorithms otherwise ({train_algorithms}): its GEMMs may "
+                             f"run above or below these rates")
         for key in sorted(self.fallbacks):
             notes.append(f"{key}: shapes not measured take the highest {key} rate measured "
                          f"({self.best(key):.1f} TFLOP/s)")
@@ -736,7 +744,7 @@ def floors(train, source, rates):
                                     if r["measured_ms"] is not None and r["floor_ms"] > 0 else None)
     used = {op["rate"][1] if op["rate"][0] == "gemm" else "attention " + ("bf16" if op["rate"][1] else "tf32")
             for op in ops if op["rate"]}
-    notes = list(m["notes"]) + rates.notes(used)
+    notes = list(m["notes"]) + rates.notes(used, train.get("gemm_algorithms", "heuristic"))
     op_rows = {}
     for op in ops:
         o = op_rows.setdefault((op["kind"], op["phase"], op["name"]),

@@ -72,6 +72,9 @@ TEST(BenchCommand, BadShapesAreRefused) {
                              {"--iterations"}));
   EXPECT_TRUE(
       is_usage_error(run_octet({"bench", "gemm", "--set", "train.batch_size=4"}), {"--set", "--config"}));
+  EXPECT_TRUE(
+      is_usage_error(run_octet({"bench", "gemm", "--shapes", "16,16,16", "--gemm-algorithms", "fastest"}),
+                     {"--gemm-algorithms 'fastest' is not valid", "\"heuristic\" or \"timed\""}));
 }
 
 TEST(BenchCommand, MissingOrBadConfigIsRefused) {
@@ -124,6 +127,12 @@ TEST(BenchCommand, GemmReportsTheMemoryBandwidth) {
   }
   EXPECT_GE(bandwidth.at("bytes").get<double>(), double(1 << 20));
   EXPECT_EQ(bandwidth.at("repeats"), 10);
+  EXPECT_EQ(j.at("gemm_algorithms"), "heuristic") << "the default without --config";
+
+  const ProcessResult timed = run_octet(
+      {"bench", "gemm", "--shapes", "64,64,64", "--iterations", "1", "--gemm-algorithms", "timed", "--json"});
+  ASSERT_EQ(timed.exit_code, 0) << timed.err;
+  EXPECT_EQ(nlohmann::json::parse(timed.out).at("gemm_algorithms"), "timed");
 }
 
 TEST_F(BenchTrain, ReportsEveryFieldWithSaneNumbers) {

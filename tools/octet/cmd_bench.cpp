@@ -200,6 +200,9 @@ BenchCommands::BenchCommands(CLI::App& root) {
   gemm_->add_option("--set", overrides_, "With --config: override a key, section.key=value (repeatable)");
   gemm_->add_option("--shapes", shapes_, "Shapes M,N,K to time (D[M,N] = A[M,K] x B[N,K]^T), one or more");
   gemm_->add_option("--iterations", iterations_, "Products per timed repeat (default 20)");
+  gemm_->add_option("--gemm-algorithms", gemm_algorithms_,
+                    "heuristic or timed: how each shape's cuBLASLt algorithm is chosen (default: the "
+                    "configuration's train.gemm_algorithms with --config, else heuristic)");
   gemm_->add_flag("--json", json_, "Print one JSON object instead of the table");
   gemm_->footer(
       "Each product is timed with CUDA events: 5 warm-up products, then 5 repeats of --iterations products;\n"
@@ -248,10 +251,15 @@ int BenchCommands::run_gemm() const {
   // Arguments first, so that a bad one is reported as such on any machine.
   OCTET_REQUIRE(iterations_ >= 1, "--iterations must be at least 1, got {}", iterations_);
   OCTET_REQUIRE(overrides_.empty() || !config_file_.empty(), "--set needs --config");
+  OCTET_REQUIRE(gemm_algorithms_.empty() || gemm_algorithms_ == "heuristic" || gemm_algorithms_ == "timed",
+                "--gemm-algorithms '{}' is not valid; expected \"heuristic\" or \"timed\"", gemm_algorithms_);
   std::vector<GemmBenchShape> shapes;
   std::string source = "the default shapes";
+  GemmBenchSettings settings;
+  settings.iterations = iterations_;
   if (!config_file_.empty()) {
     const RunConfig config = load_run_config(config_file_, overrides_);
+    settings.timed_algorithms = config.time_gemm_algorithms;
     shapes = shapes_of(config);
     source = fmt::format("the linear layers of {} ({}), B*T = {}", config_file_, config.model.describe(),
                          config.train.batch_size * config.train.seq_len);
@@ -262,9 +270,9 @@ int BenchCommands::run_gemm() const {
   if (shapes.empty()) shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
   require_gpu("octet bench gemm");
 
+  if (!gemm_algorithms_.empty()) settings.timed_algorithms = gemm_algorithms_ == "timed";
+  const char* algorithms = settings.timed_algorithms ? "timed" : "heuristic";
   const CudaDeviceInfo device = cuda_device_info(0);
-  GemmBenchSettings settings;
-  settings.iterations = iterations_;
   const BandwidthBenchSettings bandwidth_settings;
   if (json_) {
     const std::vector<GemmBenchRow> rows = bench_gemms(shapes, settings);
@@ -282,6 +290,7 @@ int BenchCommands::run_gemm() const {
         {"warmup_iterations", settings.warmup_iterations},
         {"iterations", settings.iterations},
         {"repeats", settings.repeats},
+        {"gemm_algorithms", algorithms},
         {"kinds", kinds},
         {"rows", out_rows},
         {"memory_bandwidth", bandwidth_json(bandwidth, bandwidth_settings)}};
@@ -290,10 +299,13 @@ int BenchCommands::run_gemm() const {
   }
   std::printf(
       "GEMM throughput in TFLOP/s on %s (compute capability %d.%d), %s; median of %lld repeats of "
-      "%lld products after %lld warm-up products; FP8 and BF16 write BF16, TF32 writes float32\n\n",
+      "%lld products after %lld warm-up products; FP8 and BF16 write BF16, TF32 writes float32; cuBLASLt "
+      "algorithms: %s\n\n",
       device.name.c_str(), device.major, device.minor, source.c_str(),
       static_cast<long long>(settings.repeats), static_cast<long long>(settings.iterations),
-      static_cast<long long>(settings.warmup_iterations));
+      static_cast<long long>(settings.warmup_iterations),
+      settings.timed_algorithms ? "timed (the fastest of the heuristic's candidates, train.gemm_algorithms)"
+                                : "the heuristic's first");
   std::string header = "| shape | M | N | K |", rule = "|---|---|---|---|";
   for (GemmBenchKind kind : kGemmBenchKinds) {
     header += fmt::format(" {} |", gemm_bench_kind_heading(kind));

@@ -35,6 +35,7 @@ class BenchCommands {
   std::vector<std::string> overrides_;
   std::vector<std::string> shapes_;
   int64_t iterations_ = 20;
+  std::string gemm_algorithms_;  // bench gemm: "heuristic" | "timed"; empty: from the configuration
   int64_t steps_ = 20;
   int64_t warmup_ = 5;
   int64_t phase_steps_ = 5;

@@ -84,6 +84,9 @@ struct GemmBenchSettings {
   int64_t warmup_iterations = 5;  // untimed products first (the plan cache fills, clocks rise)
   int64_t iterations = 20;        // products between one pair of CUDA events
   int64_t repeats = 5;            // timed groups; the median per-product time of the groups is reported
+  // Each shape's cuBLASLt algorithm: the heuristic's first answer, or the fastest of its candidates timed in
+  // the warm-up, as training with train.gemm_algorithms = "timed" runs them.
+  bool timed_algorithms = false;
 };
 
 // One kind on one shape: measured, or skipped with the reason (the engine cannot run it here, or the

@@ -205,7 +205,8 @@ std::vector<GemmBenchRow> bench_gemms(const std::vector<GemmBenchShape>& shapes,
       settings.iterations, settings.repeats, settings.warmup_iterations);
   require_gpu();
   OCTET_CUDA_CHECK(cudaSetDevice(0));
-  cuda::GemmEngine engine;
+  cuda::GemmEngine engine(settings.timed_algorithms ? cuda::GemmAlgorithmChoice::timed
+                                                    : cuda::GemmAlgorithmChoice::heuristic);
   const cuda::Stream stream;
   cuda::DeviceBuffer<float> scale_inv(4);
   const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
