@@ -810,6 +810,20 @@ ColumnSumReference column_sum_reference(const std::vector<float>& dinp, const st
   return octet::testing::all_close(actual, reference.sums, options);
 }
 
+// The second run of a fused bias gradient adds its tile sums on a second stream (cuda::PartialSums), as the
+// CUDA backend runs it: the same sums, so the second run's dbias must equal the first's bit for bit.
+struct SecondStream {
+  octet::cuda::Stream stream;
+  octet::cuda::Event written, done;
+  octet::cuda::Workspace workspace;
+  octet::cuda::PartialSums sums(int run) {
+    return run == 0 ? octet::cuda::PartialSums{}
+                    : octet::cuda::PartialSums{stream.get(), written.get(), done.get(), &workspace};
+  }
+  // `on` waits for the sums (at once where none was queued).
+  void wait(cudaStream_t on) const { OCTET_CUDA_CHECK(cudaStreamWaitEvent(on, done.get(), 0)); }
+};
+
 // `alias`: dinp is dout's memory (the gradient overwritten in place).
 void check_gelu_backward(int64_t rows, int64_t cols, const Variant& v, bool bias, bool alias = false) {
   SCOPED_TRACE(describe(alias ? "gelu backward in place" : "gelu backward", rows, cols, v) +
@@ -853,6 +867,7 @@ void check_gelu_backward(int64_t rows, int64_t cols, const Variant& v, bool bias
   CastSlots cast(n, v.code_offset);
   CastDownload first;
   std::vector<float> first_dbias;
+  SecondStream aside;
   for (int run = 0; run < 2; ++run) {
     SCOPED_TRACE(run == 0 ? "first run" : "second run");
     inp.upload(in.inp);
@@ -861,7 +876,9 @@ void check_gelu_backward(int64_t rows, int64_t cols, const Variant& v, bool bias
     float* target = alias ? dout.data() : (v.write_out ? dinp.data() : nullptr);
     octet::cuda::gelu_backward_cast(
         target, inp.data(), dout.data(), rows, cols, cast.fused(v.format, scale.data(), v.transposed),
-        bias ? dbias.data() : nullptr, bias ? partials.data() : nullptr, workspace, stream.get());
+        bias ? dbias.data() : nullptr, bias ? partials.data() : nullptr, workspace, stream.get(),
+        bias ? aside.sums(run) : octet::cuda::PartialSums{});
+    aside.wait(stream.get());
     stream.synchronize();
     const CastDownload actual = cast.read(v.transposed);
     expect_same_cast(actual, expected);
@@ -1002,15 +1019,17 @@ void check_bias_backward_cast(int64_t rows, int64_t cols, const Variant& v) {
   CastSlots cast(n, v.code_offset);
   CastDownload first;
   std::vector<float> first_dbias;
+  SecondStream aside;
   for (int run = 0; run < 2; ++run) {
-    SCOPED_TRACE(run == 0 ? "first run" : "second run");
+    SCOPED_TRACE(run == 0 ? "first run" : "second run (tile sums on a second stream)");
     dout.upload(values);
     dbias.upload(dbias0);
     // NaN: a partial sum the cast left unwritten would turn its column of dbias into NaN.
     partials.upload(std::vector<float>(partial_count, std::numeric_limits<float>::quiet_NaN()));
     octet::cuda::bias_backward_cast(dbias.data(), dout.data(), rows, cols,
                                     cast.fused(v.format, scale.data(), v.transposed), partials.data(),
-                                    workspace, stream.get());
+                                    workspace, stream.get(), aside.sums(run));
+    aside.wait(stream.get());
     stream.synchronize();
     const CastDownload actual = cast.read(v.transposed);
     expect_same_cast(actual, expected);
@@ -1111,6 +1130,11 @@ TEST(FusedCast, RejectsInvalidArguments) {
       octet::cuda::bias_backward_cast(nullptr, x.data(), 4, 4, good, stats.data(), workspace, nullptr),
       octet::Error)
       << "no dbias";
+  const octet::cuda::Stream other;
+  EXPECT_THROW(octet::cuda::bias_backward_cast(stats.data(), x.data(), 4, 4, good, stats.data(), workspace,
+                                               nullptr, {other.get(), nullptr, nullptr, &workspace}),
+               octet::Error)
+      << "a second stream without its events, sharing the kernel's workspace";
   EXPECT_THROW(
       octet::cuda::bias_backward_cast(stats.data(), x.data(), 4, 4, good, nullptr, workspace, nullptr),
       octet::Error)

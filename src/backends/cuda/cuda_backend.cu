@@ -398,6 +398,8 @@ class CudaBackend final : public Backend {
   class OpScope {
    public:
     OpScope(CudaBackend& backend, OpKind kind) : backend_(backend.timing_ ? &backend : nullptr) {
+      // A bias gradient's sum on the second stream may overlap GEMMs only (see PartialSumsAside).
+      if (kind != OpKind::gemm_fp8 && kind != OpKind::gemm_wide) backend.sums_aside_.join(backend.stream_);
       if (backend_ != nullptr && backend_->timing_depth_++ == 0) backend_->begin_op(kind);
     }
     ~OpScope() {
@@ -430,6 +432,7 @@ class CudaBackend final : public Backend {
     }
   }
   ~CudaBackend() override {
+    sums_aside_.synchronize();
     cudaStreamSynchronize(stream_);
     for (const TimedOp& op : timed_) {
       cudaEventDestroy(op.start);
@@ -457,14 +460,19 @@ class CudaBackend final : public Backend {
     timed_used_ = 0;
     return times;
   }
-  void synchronize() override { OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    sums_aside_.join(stream_);
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 
   std::unique_ptr<Buffer> allocate(size_t bytes) override { return std::make_unique<CudaBuffer>(bytes); }
   void copy_to_host(void* host, const void* source, size_t bytes) override {
+    sums_aside_.join(stream_);
     OCTET_CUDA_CHECK(cudaMemcpyAsync(host, source, bytes, cudaMemcpyDeviceToHost, stream_));
     OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void copy_from_host(void* destination, const void* host, size_t bytes) override {
+    sums_aside_.join(stream_);
     OCTET_CUDA_CHECK(cudaMemcpyAsync(destination, host, bytes, cudaMemcpyHostToDevice, stream_));
     // The host memory may be reused as soon as this returns.
     OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -805,11 +813,54 @@ class CudaBackend final : public Backend {
   std::vector<TimedOp> timed_;  // events reused from take to take
   size_t timed_used_ = 0;
 
+  // The second stage of the fused bias gradients (cuda::PartialSums): a small launch that adds the tile sums,
+  // run on a second stream beside the backward GEMMs that follow the cast, instead of between them on the
+  // training stream. The training stream waits for it (join) before every op but a GEMM, before anything
+  // that reads device memory from the host, and before column_partials_ is written again (each such op
+  // opens an OpScope of another kind first).
+  class PartialSumsAside {
+   public:
+    PartialSumsAside() = default;
+    PartialSumsAside(const PartialSumsAside&) = delete;
+    PartialSumsAside& operator=(const PartialSumsAside&) = delete;
+    ~PartialSumsAside() {
+      if (written_ != nullptr) (void)cudaEventDestroy(written_);
+      if (done_ != nullptr) (void)cudaEventDestroy(done_);
+    }
+    // For one fused kernel's second stage; the caller's stream must join before dbias is read.
+    cuda::PartialSums next() {
+      if (stream_ == nullptr) {
+        stream_ = std::make_unique<cuda::Stream>();
+        OCTET_CUDA_CHECK(cudaEventCreateWithFlags(&written_, cudaEventDisableTiming));
+        OCTET_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+      }
+      pending_ = true;
+      return {stream_->get(), written_, done_, &workspace_};
+    }
+    // `stream` waits for the last second stage queued, if any since the last join.
+    void join(cudaStream_t stream) {
+      if (!pending_) return;
+      OCTET_CUDA_CHECK(cudaStreamWaitEvent(stream, done_, 0));
+      pending_ = false;
+    }
+    void synchronize() {
+      if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_->get());
+    }
+
+   private:
+    std::unique_ptr<cuda::Stream> stream_;
+    cudaEvent_t written_ = nullptr;
+    cudaEvent_t done_ = nullptr;
+    Workspace workspace_;
+    bool pending_ = false;
+  };
+
   CudaBackendOptions options_;
   CudaDeviceInfo info_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<GemmEngine> gemm_;
   Workspace workspace_;
+  PartialSumsAside sums_aside_;
   AttentionOptions attention_options_;
   AttentionWorkspace attention_workspace_;
   // cuDNN's fused attention where it was loaded (CudaBackendOptions::attention), the reason where not, the
@@ -1048,7 +1099,7 @@ void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int6
     const FusedCast cast = gradient_fused_cast(layer, format, N, OC);
     float* partials =
         column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
-    cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_);
+    cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_, sums_aside_.next());
     end_cast(layer, kGradient, format, N * OC, true, exec.telemetry != nullptr);
   } else {
     if (dbias != nullptr) {
@@ -1099,12 +1150,13 @@ void CudaBackend::gelu_backward_cast_as(float* dinp, const void* inp, const void
                           ? nullptr
                           : column_partials_.as<float>(
                                 static_cast<size_t>(gelu_backward_cast_partial_rows(N) * C), stream_);
+    const cuda::PartialSums sums = dbias != nullptr ? sums_aside_.next() : cuda::PartialSums{};
     if (type == Dtype::bf16) {
       cuda::gelu_backward_cast(dinp, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout), N,
-                               C, cast, dbias, partials, workspace_, stream_);
+                               C, cast, dbias, partials, workspace_, stream_, sums);
     } else {
       cuda::gelu_backward_cast(dinp, static_cast<const float*>(inp), static_cast<const float*>(dout), N, C,
-                               cast, dbias, partials, workspace_, stream_);
+                               cast, dbias, partials, workspace_, stream_, sums);
     }
     end_cast(layer, kGradient, format, N * C, true, consumer.telemetry != nullptr);
   } else {
@@ -1826,7 +1878,7 @@ void CudaBackend::cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t
   if (dbias != nullptr) {
     float* partials =
         column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
-    cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_);
+    cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_, sums_aside_.next());
   } else {
     cuda::cast_bf16(dout, N, OC, cast, stream_);
   }

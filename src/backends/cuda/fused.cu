@@ -703,10 +703,33 @@ void gelu_forward_cast_of(float* out, const In* inp, int64_t rows, int64_t cols,
   OCTET_CUDA_CHECK_LAUNCH("gelu_forward_cast");
 }
 
+void check_sums(const PartialSums& sums, const Workspace& workspace, const char* op) {
+  OCTET_REQUIRE(
+      sums.stream == nullptr || (sums.written != nullptr && sums.done != nullptr &&
+                                 sums.workspace != nullptr && sums.workspace != &workspace),
+      "{}: a second stream for the bias gradient's sums needs its two events and a workspace of its "
+      "own",
+      op);
+}
+
+// The second stage of a fused bias gradient: bias_backward over the tile sums, where `sums` says (checked by
+// check_sums before the kernel).
+void add_partial_sums(float* dbias, const float* column_partials, int64_t partial_rows, int64_t cols,
+                      Workspace& workspace, cudaStream_t stream, const PartialSums& sums) {
+  if (sums.stream == nullptr) {
+    bias_backward(dbias, column_partials, partial_rows, cols, workspace, stream);
+    return;
+  }
+  OCTET_CUDA_CHECK(cudaEventRecord(sums.written, stream));
+  OCTET_CUDA_CHECK(cudaStreamWaitEvent(sums.stream, sums.written, 0));
+  bias_backward(dbias, column_partials, partial_rows, cols, *sums.workspace, sums.stream);
+  OCTET_CUDA_CHECK(cudaEventRecord(sums.done, sums.stream));
+}
+
 template <typename In>
 void gelu_backward_cast_of(float* dinp, const In* inp, const In* dout, int64_t rows, int64_t cols,
                            const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, const PartialSums& sums) {
   OCTET_REQUIRE(rows >= 0 && cols >= 0, "gelu_backward_cast: the shape must not be negative, got [{}, {}]",
                 rows, cols);
   check_cast(cast, rows * cols, "gelu_backward_cast");
@@ -714,6 +737,7 @@ void gelu_backward_cast_of(float* dinp, const In* inp, const In* dout, int64_t r
                 "gelu_backward_cast: inp and dout must be given");
   OCTET_REQUIRE(dbias == nullptr || rows * cols == 0 || column_partials != nullptr,
                 "gelu_backward_cast: the bias gradient needs column_partials");
+  check_sums(sums, workspace, "gelu_backward_cast");
   const GeluBackwardProducer<In> op{dinp, inp, dout};
   const bool vector = elementwise::pack_aligned(inp) && elementwise::pack_aligned(dout) &&
                       (dinp == nullptr || aligned16(dinp));
@@ -724,7 +748,8 @@ void gelu_backward_cast_of(float* dinp, const In* inp, const In* dout, int64_t r
   }
   launch_elementwise<true>(op, vector, rows, cols, cast, stream, column_partials);
   OCTET_CUDA_CHECK_LAUNCH("gelu_backward_cast");
-  bias_backward(dbias, column_partials, gelu_backward_cast_partial_rows(rows), cols, workspace, stream);
+  add_partial_sums(dbias, column_partials, gelu_backward_cast_partial_rows(rows), cols, workspace, stream,
+                   sums);
 }
 
 }  // namespace
@@ -741,14 +766,14 @@ void gelu_forward_cast(float* out, const uint16_t* inp, int64_t rows, int64_t co
 
 void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t rows, int64_t cols,
                         const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
-                        cudaStream_t stream) {
-  gelu_backward_cast_of(dinp, inp, dout, rows, cols, cast, dbias, column_partials, workspace, stream);
+                        cudaStream_t stream, const PartialSums& sums) {
+  gelu_backward_cast_of(dinp, inp, dout, rows, cols, cast, dbias, column_partials, workspace, stream, sums);
 }
 
 void gelu_backward_cast(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t rows, int64_t cols,
                         const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
-                        cudaStream_t stream) {
-  gelu_backward_cast_of(dinp, inp, dout, rows, cols, cast, dbias, column_partials, workspace, stream);
+                        cudaStream_t stream, const PartialSums& sums) {
+  gelu_backward_cast_of(dinp, inp, dout, rows, cols, cast, dbias, column_partials, workspace, stream, sums);
 }
 
 int64_t gelu_backward_cast_partial_rows(int64_t rows) {
@@ -767,7 +792,8 @@ Bf16Producer stored_values(const uint16_t* x) {
 
 template <typename In>
 void bias_backward_cast_of(float* dbias, const In* dout, int64_t rows, int64_t cols, const FusedCast& cast,
-                           float* column_partials, Workspace& workspace, cudaStream_t stream) {
+                           float* column_partials, Workspace& workspace, cudaStream_t stream,
+                           const PartialSums& sums) {
   OCTET_REQUIRE(rows >= 0 && cols >= 0, "bias_backward_cast: the shape must not be negative, got [{}, {}]",
                 rows, cols);
   check_cast(cast, rows * cols, "bias_backward_cast");
@@ -775,23 +801,27 @@ void bias_backward_cast_of(float* dbias, const In* dout, int64_t rows, int64_t c
                 "bias_backward_cast: dbias must be given (without it, cast_amax or cast_bf16 casts)");
   OCTET_REQUIRE(rows * cols == 0 || (dout != nullptr && column_partials != nullptr),
                 "bias_backward_cast: dout and column_partials must be given");
+  check_sums(sums, workspace, "bias_backward_cast");
   // Always the tiled kernel (ColumnSums), which writes the transposed codes only where asked for.
   launch_elementwise<true>(stored_values(dout), elementwise::pack_aligned(dout), rows, cols, cast, stream,
                            column_partials);
   OCTET_CUDA_CHECK_LAUNCH("bias_backward_cast");
-  bias_backward(dbias, column_partials, bias_backward_cast_partial_rows(rows), cols, workspace, stream);
+  add_partial_sums(dbias, column_partials, bias_backward_cast_partial_rows(rows), cols, workspace, stream,
+                   sums);
 }
 
 }  // namespace
 
 void bias_backward_cast(float* dbias, const float* dout, int64_t rows, int64_t cols, const FusedCast& cast,
-                        float* column_partials, Workspace& workspace, cudaStream_t stream) {
-  bias_backward_cast_of(dbias, dout, rows, cols, cast, column_partials, workspace, stream);
+                        float* column_partials, Workspace& workspace, cudaStream_t stream,
+                        const PartialSums& sums) {
+  bias_backward_cast_of(dbias, dout, rows, cols, cast, column_partials, workspace, stream, sums);
 }
 
 void bias_backward_cast(float* dbias, const uint16_t* dout, int64_t rows, int64_t cols, const FusedCast& cast,
-                        float* column_partials, Workspace& workspace, cudaStream_t stream) {
-  bias_backward_cast_of(dbias, dout, rows, cols, cast, column_partials, workspace, stream);
+                        float* column_partials, Workspace& workspace, cudaStream_t stream,
+                        const PartialSums& sums) {
+  bias_backward_cast_of(dbias, dout, rows, cols, cast, column_partials, workspace, stream, sums);
 }
 
 void cast_bf16(const uint16_t* x, int64_t rows, int64_t cols, const FusedCast& cast, cudaStream_t stream) {

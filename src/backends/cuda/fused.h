@@ -46,6 +46,18 @@ void gelu_forward_cast(float* out, const float* inp, int64_t rows, int64_t cols,
 void gelu_forward_cast(float* out, const uint16_t* inp, int64_t rows, int64_t cols, const FusedCast& cast,
                        cudaStream_t stream);
 
+// Where the second stage of a fused bias gradient (bias_backward over the tile sums in column_partials) runs:
+// on the kernel's own stream (the default), or on `stream`, after it waits for `written` (recorded on the
+// kernel's stream after the kernel), recording `done` when dbias holds the sum. Then the caller's stream
+// must wait for `done` before anything reads dbias or writes column_partials again. `workspace` is the
+// second stream's own (it must not be the kernel stream's).
+struct PartialSums {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t written = nullptr;
+  cudaEvent_t done = nullptr;
+  Workspace* workspace = nullptr;
+};
+
 // GELU backward over [rows, cols]: dinp = dout * gelu'(inp) (exactly the values of cuda::gelu_backward),
 // writing the FP8 cast of dinp; dinp written only when not null (it may alias inp or dout). When dbias is not
 // null, also dbias [cols] += column sums of dinp, as bias_backward would add them up to the order of the
@@ -55,10 +67,10 @@ void gelu_forward_cast(float* out, const uint16_t* inp, int64_t rows, int64_t co
 // dout are float32, or both bf16 (their bits) read as their float32 values.
 void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t rows, int64_t cols,
                         const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const PartialSums& sums = {});
 void gelu_backward_cast(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t rows, int64_t cols,
                         const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const PartialSums& sums = {});
 // Rows of column_partials that gelu_backward_cast needs for `rows` rows.
 int64_t gelu_backward_cast_partial_rows(int64_t rows);
 
@@ -70,10 +82,12 @@ int64_t gelu_backward_cast_partial_rows(int64_t rows);
 // bias_backward_cast_partial_rows(rows) x cols floats of scratch, not aliasing workspace memory.
 // Deterministic: the order of additions depends on the shape alone.
 void bias_backward_cast(float* dbias, const float* dout, int64_t rows, int64_t cols, const FusedCast& cast,
-                        float* column_partials, Workspace& workspace, cudaStream_t stream);
+                        float* column_partials, Workspace& workspace, cudaStream_t stream,
+                        const PartialSums& sums = {});
 // The same over bf16 values (their bits): the results of the float32 values they are.
 void bias_backward_cast(float* dbias, const uint16_t* dout, int64_t rows, int64_t cols, const FusedCast& cast,
-                        float* column_partials, Workspace& workspace, cudaStream_t stream);
+                        float* column_partials, Workspace& workspace, cudaStream_t stream,
+                        const PartialSums& sums = {});
 // Rows of column_partials that bias_backward_cast needs for `rows` rows.
 int64_t bias_backward_cast_partial_rows(int64_t rows);
 
