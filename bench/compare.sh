@@ -10,7 +10,8 @@
 # makes (octet, compare.sh, configs/bench/, peers/ side by side). Environment: OCTET (the octet binary), PEER
 # (the peer script), PYTHON (default python3, with PyTorch), STEPS (timed steps, default 20), WARMUP (default
 # 10: torch.compile compiles during the peer's first steps), OUT (raw results and logs, default
-# compare-out), RECOMPUTE (default 1: also octet in FP8 with fp8.recompute_mlp, a second table; 0 skips it).
+# compare-out), RECOMPUTE (default 1: also octet in FP8 with every fp8.recompute_* key on, the memory-saving
+# settings, a second table; 0 skips it).
 # Exit status 0 when every run succeeded; a failed run (out of memory, say) shows as "-".
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -80,7 +81,10 @@ for config in "${configs[@]}"; do
   for run in "${runs[@]}"; do
     echo "$name: octet $run ..."
     extra=()
-    if [[ "$run" == fp8-recompute ]]; then extra=(--set fp8.recompute_mlp=true); fi
+    if [[ "$run" == fp8-recompute ]]; then
+      extra=(--set fp8.recompute_mlp=true --set fp8.recompute_qkv=true --set fp8.recompute_residual=true
+             --set fp8.recompute_weight_transposes=true)
+    fi
     "$octet" bench train "$config" --set train.device=cuda --set "train.mixed_precision=${run%-recompute}" \
       "${extra[@]}" --steps "$steps" --warmup "$warmup" --json > "$out/$name-octet-$run.json" \
       2> "$out/$name-octet-$run.log"
@@ -147,9 +151,11 @@ for name in names:
 recomputed = [(name, octet_result(name, "fp8-recompute")) for name in names]
 if any(r for _, r in recomputed):
     print()
-    print("octet fp8 with fp8.recompute_mlp = true: each mlp.c_fc keeps its FP8 input codes instead of its")
-    print("output (GELU's input) and runs its forward GEMM again in the backward (less memory, one more FP8 GEMM")
-    print("a block).")
+    keys = sorted({k for _, r in recomputed if r for k in (r.get("fp8") or {}).get("recompute", [])})
+    print("octet fp8 with the memory-saving settings (" + ", ".join(f"fp8.recompute_{k}" for k in keys) + " = true):")
+    print("mlp.c_fc, attn.c_attn and attn.c_proj keep their FP8 input codes instead of their outputs (GELU's")
+    print("input, q/k/v, the residual stream after attention) and run their forward GEMMs again in the backward;")
+    print("the FP8 weight copies keep W's codes only, transposed before each input-gradient GEMM.")
     print()
     print("| model | tok/s | / peer | / octet fp8 | GiB | / octet bf16 memory | / PyTorch memory |")
     print("|---|---|---|---|---|---|---|")

@@ -31,6 +31,13 @@ void Backend::linear_forward_residual_as(float* out, const float* residual, cons
   residual_forward(out, residual, out, N * OC);
 }
 
+void Backend::linear_recompute_residual(float* out, const float* residual, const float* weight,
+                                        const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
+                                        int64_t OC, LinearExecution& exec) {
+  linear_recompute(out, weight, copy, bias, N, C, OC, exec);
+  residual_forward(out, residual, out, N * OC);
+}
+
 void Backend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type, float* dbias,
                                  const void* dout, Dtype dout_type, const void* inp, Dtype inp_type,
                                  const float* weight, const WeightCopy* copy, int64_t N, int64_t C,

@@ -304,6 +304,20 @@ const std::vector<Key>& keys() {
         "Keep the FP8 input codes of each FP8 mlp.c_fc instead of its output (GELU's input) and run its "
         "forward GEMM again in the backward: less memory, one more FP8 GEMM per block."));
     k.push_back(boolean(
+        "fp8.recompute_qkv", [](RunConfig& c) -> bool& { return c.precision.recompute_qkv; },
+        "Keep the FP8 input codes of each FP8 attn.c_attn instead of q, k and v and run its forward GEMM "
+        "again in the backward: less memory, one more FP8 GEMM per block."));
+    k.push_back(boolean(
+        "fp8.recompute_residual", [](RunConfig& c) -> bool& { return c.precision.recompute_residual; },
+        "Keep the FP8 input codes of each FP8 attn.c_proj instead of the residual stream it writes (ln_2's "
+        "input) and run its forward GEMM and residual add again in the backward: less memory, one more FP8 "
+        "GEMM per block."));
+    k.push_back(boolean(
+        "fp8.recompute_weight_transposes",
+        [](RunConfig& c) -> bool& { return c.precision.recompute_weight_transposes; },
+        "Keep only the FP8 codes of each weight, not those of its transpose too, and transpose them before "
+        "each input-gradient GEMM: one byte a weight less (GPU), one transpose per layer and backward."));
+    k.push_back(boolean(
         "fp8.forward", [](RunConfig& c) -> bool& { return c.precision.fp8_forward; },
         "Run converted layers' forward GEMMs in FP8."));
     k.push_back(boolean(

@@ -23,27 +23,32 @@ namespace octet {
 // to BF16.
 struct Gpt2::Activations {
   struct Layer {
-    void* ln1 = nullptr;        // [N, C]
-    float* ln1_mean = nullptr;  // [N]
-    float* ln1_rstd = nullptr;  // [N]
-    void* qkv = nullptr;        // [N, 3C] in qkv_type_ (Backend::attention_input_type)
-    void* atty = nullptr;       // [N, C] in atty_type_ (Backend::attention_output_type)
-    float* att_lse = nullptr;   // [N, NH]
-    float* residual2 = nullptr;
+    void* ln1 = nullptr;         // [N, C]
+    float* ln1_mean = nullptr;   // [N]
+    float* ln1_rstd = nullptr;   // [N]
+    void* qkv = nullptr;         // [N, 3C] in qkv_type_ (Backend::attention_input_type); null where the
+                                 // backward recomputes it (fp8.recompute_qkv)
+    void* atty = nullptr;        // [N, C] in atty_type_ (Backend::attention_output_type)
+    float* att_lse = nullptr;    // [N, NH]
+    float* residual2 = nullptr;  // null where the backward recomputes it (fp8.recompute_residual)
     void* ln2 = nullptr;
     float* ln2_mean = nullptr;
     float* ln2_rstd = nullptr;
     void* fch = nullptr;       // [N, 4C] in hidden_type_; null where the backward recomputes it
-                               // (recomputes_fc)
+                               // (fp8.recompute_mlp)
     void* fch_gelu = nullptr;  // [N, 4C]
     float* residual3 = nullptr;
   };
   float* encoded = nullptr;
   std::vector<Layer> layers;
-  // [N, 4C] in hidden_type_: the mlp.c_fc output of a layer that does not keep it (recomputes_fc), from its
-  // GEMM to the GELU that reads it, in the forward and again in the backward. One buffer for every such
+  // [N, 4C] in hidden_type_: the mlp.c_fc output of a layer that does not keep it (fp8.recompute_mlp), from
+  // its GEMM to the GELU that reads it, in the forward and again in the backward. One buffer for every such
   // layer.
   void* fch_scratch = nullptr;
+  // The same for the outputs of attn.c_attn (q, k, v) and attn.c_proj (the residual stream after attention)
+  // where fp8.recompute_qkv and fp8.recompute_residual leave them out.
+  void* qkv_scratch = nullptr;         // [N, 3C] in qkv_type_
+  float* residual2_scratch = nullptr;  // [N, C]
   float* lnf = nullptr;
   float* lnf_mean = nullptr;
   float* lnf_rstd = nullptr;
@@ -216,9 +221,16 @@ void Gpt2::build_parameters() {
       e.state = &linear->state;
       e.telemetry = &linear->telemetry;
     }
-    // fp8.recompute_mlp: the backward runs this forward GEMM again on its kept input codes.
-    e.keep_input_codes =
-        policy_.settings().recompute_mlp && ends_with(plan.name, ".mlp.c_fc") && input_cast_suffices(e);
+    // fp8.recompute_mlp, _qkv and _residual: the backward runs this forward GEMM again on its kept input
+    // codes.
+    const PrecisionSettings& settings = policy_.settings();
+    const bool recomputed = (settings.recompute_mlp && ends_with(plan.name, ".mlp.c_fc")) ||
+                            (settings.recompute_qkv && ends_with(plan.name, ".attn.c_attn")) ||
+                            (settings.recompute_residual && ends_with(plan.name, ".attn.c_proj"));
+    e.keep_input_codes = recomputed && input_cast_suffices(e);
+    e.transpose_weight_per_use = settings.recompute_weight_transposes && e.input_gradient == GemmMode::fp8 &&
+                                 e.recipe != nullptr &&
+                                 e.recipe->granularity(TensorRole::weight) == ScaleGranularity::per_tensor;
     const bool fed_by_norm_or_gelu = ends_with(plan.name, "attn.c_attn") ||
                                      ends_with(plan.name, "mlp.c_fc") || ends_with(plan.name, "mlp.c_proj");
     if (fed_by_norm_or_gelu && e.forward == GemmMode::bf16 && e.weight_gradient == GemmMode::bf16) {
@@ -321,20 +333,20 @@ void Gpt2::plan_activations() {
     if (read(h + "attn.c_attn")) p.take(x.ln1, input_type(h + "attn.c_attn"), N * C);
     p.take(x.ln1_mean, N);
     p.take(x.ln1_rstd, N);
-    p.take(x.qkv, qkv_type_, N * 3 * C);
+    if (!recomputes(h + "attn.c_attn")) p.take(x.qkv, qkv_type_, N * 3 * C);
     p.take(x.atty, atty_type_, N * C);
     p.take(x.att_lse, N * NH);
-    p.take(x.residual2, N * C);
+    if (!recomputes(h + "attn.c_proj")) p.take(x.residual2, N * C);
     if (read(h + "mlp.c_fc")) p.take(x.ln2, input_type(h + "mlp.c_fc"), N * C);
     p.take(x.ln2_mean, N);
     p.take(x.ln2_rstd, N);
-    if (!recomputes_fc(l)) p.take(x.fch, hidden_type_, N * 4 * C);
+    if (!recomputes(h + "mlp.c_fc")) p.take(x.fch, hidden_type_, N * 4 * C);
     if (read(h + "mlp.c_proj")) p.take(x.fch_gelu, input_type(h + "mlp.c_proj"), N * 4 * C);
     p.take(x.residual3, N * C);
   }
-  bool any_recomputed = false;
-  for (int64_t l = 0; l < config_.layers; ++l) any_recomputed |= recomputes_fc(l);
-  if (any_recomputed) p.take(a.fch_scratch, hidden_type_, N * 4 * C);
+  if (recomputed_layers("mlp.c_fc") > 0) p.take(a.fch_scratch, hidden_type_, N * 4 * C);
+  if (recomputed_layers("attn.c_attn") > 0) p.take(a.qkv_scratch, qkv_type_, N * 3 * C);
+  if (recomputed_layers("attn.c_proj") > 0) p.take(a.residual2_scratch, N * C);
   if (read("lm_head")) p.take(a.lnf, N * C);
   p.take(a.lnf_mean, N);
   p.take(a.lnf_rstd, N);
@@ -384,37 +396,88 @@ void Gpt2::keep_input_of(std::string_view layer) {
   }
 }
 
-bool Gpt2::recomputes_fc(int64_t layer) {
-  return linear(fmt::format("h.{}.mlp.c_fc", layer)).exec.keep_input_codes;
+bool Gpt2::recomputes(std::string_view layer) {
+  return linear(layer).exec.keep_input_codes;
+}
+
+int64_t Gpt2::recomputed_layers(std::string_view kind) {
+  int64_t count = 0;
+  for (int64_t l = 0; l < config_.layers; ++l) count += recomputes(fmt::format("h.{}.{}", l, kind)) ? 1 : 0;
+  return count;
 }
 
 void Gpt2::keep_output_of(std::string_view layer) {
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
-  for (int64_t l = 0; l < config_.layers; ++l) {
-    Activations::Layer& x = acts_->layers[static_cast<size_t>(l)];
-    if (layer != fmt::format("h.{}.mlp.c_fc", l) || x.fch != nullptr) continue;
+  auto keep = [&](void*& slot, Dtype type, int64_t width) {
+    if (slot != nullptr) return;
     late_inputs_.push_back(
-        backend_.allocate(static_cast<size_t>(N * 4 * C * dtype_info(hidden_type_).storage_bits / 8)));
-    x.fch = late_inputs_.back()->data();
+        backend_.allocate(static_cast<size_t>(N * width * dtype_info(type).storage_bits / 8)));
+    slot = late_inputs_.back()->data();
+  };
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    Activations::Layer& x = acts_->layers[static_cast<size_t>(l)];
+    if (layer == h + "mlp.c_fc") return keep(x.fch, hidden_type_, 4 * C);
+    if (layer == h + "attn.c_attn") return keep(x.qkv, qkv_type_, 3 * C);
+    if (layer == h + "attn.c_proj") {
+      void* residual2 = x.residual2;
+      keep(residual2, Dtype::f32, C);
+      x.residual2 = static_cast<float*>(residual2);
+      return;
+    }
   }
 }
 
 std::string Gpt2::memory_line() {
-  if (!policy_.settings().recompute_mlp) return {};
-  int64_t recomputed = 0;
-  for (int64_t l = 0; l < config_.layers; ++l) recomputed += recomputes_fc(l) ? 1 : 0;
-  // Per layer: the output [N, 4C] not kept, the codes of the input [N, C] kept; one [N, 4C] buffer shared
-  // by the layers that recompute.
+  const PrecisionSettings& s = policy_.settings();
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
-  const auto output = int64_t{dtype_info(hidden_type_).storage_bits / 8} * N * 4 * C;
-  const double saved = static_cast<double>(recomputed * (output - N * C) - (recomputed > 0 ? output : 0));
-  return fmt::format(
-      "fp8.recompute_mlp: {} of {} mlp.c_fc layers keep their FP8 input codes instead of their {} output "
-      "and run their forward GEMM again in the backward ({:.0f} MiB fewer activations){}",
-      recomputed, config_.layers, dtype_name(hidden_type_), saved / (1024.0 * 1024.0),
-      recomputed == config_.layers ? ""
-                                   : "; the others keep their output (recomputing needs the forward and the "
-                                     "weight gradient in FP8 with per-tensor scaling)");
+  struct Kind {
+    bool on;
+    const char* key;
+    const char* layer;
+    const char* output;
+    int64_t output_bytes;  // per layer, [N, width] in its stored type
+  };
+  const int64_t bytes_of[] = {dtype_info(hidden_type_).storage_bits / 8,
+                              dtype_info(qkv_type_).storage_bits / 8};
+  const Kind kinds[] = {
+      {s.recompute_mlp, "fp8.recompute_mlp", "mlp.c_fc", "output (GELU's input)", bytes_of[0] * N * 4 * C},
+      {s.recompute_qkv, "fp8.recompute_qkv", "attn.c_attn", "output (q, k, v)", bytes_of[1] * N * 3 * C},
+      {s.recompute_residual, "fp8.recompute_residual", "attn.c_proj",
+       "output (the residual stream, ln_2's input)", int64_t{4} * N * C},
+  };
+  std::string line;
+  for (const Kind& k : kinds) {
+    if (!k.on) continue;
+    // Per layer: the output not kept, the codes of the input [N, C] kept; one output-sized buffer shared
+    // by the layers that recompute.
+    const int64_t recomputed = recomputed_layers(k.layer);
+    const double saved =
+        static_cast<double>(recomputed * (k.output_bytes - N * C) - (recomputed > 0 ? k.output_bytes : 0));
+    if (!line.empty()) line += "\n";
+    line += fmt::format(
+        "{}: {} of {} {} layers keep their FP8 input codes instead of their {} and run their forward GEMM "
+        "again in the backward ({:.0f} MiB fewer activations){}",
+        k.key, recomputed, config_.layers, k.layer, k.output, saved / (1024.0 * 1024.0),
+        recomputed == config_.layers ? ""
+                                     : "; the others keep their output (recomputing needs the forward and "
+                                       "the weight gradient in FP8 with per-tensor scaling)");
+  }
+  if (s.recompute_weight_transposes) {
+    int64_t layers = 0, weights = 0;
+    for (const auto& l : linears_) {
+      if (!l->exec.transpose_weight_per_use) continue;
+      ++layers;
+      weights += l->weight_count;
+    }
+    if (!line.empty()) line += "\n";
+    line += fmt::format(
+        "fp8.recompute_weight_transposes: {} of {} linear layers keep the FP8 codes of their weight only and "
+        "transpose them before each input-gradient GEMM ({:.1f} MiB less where the backend keeps weight "
+        "copies, the GPU)",
+        layers, linears_.size(), static_cast<double>(weights) / (1024.0 * 1024.0));
+  }
+  return line;
 }
 
 int64_t Gpt2::head_chunk_rows(int64_t N) {
@@ -469,9 +532,9 @@ void Gpt2::move_layer_to_bf16(std::string_view layer, std::string reason) {
   Linear& l = linear(layer);
   policy_.move_layer_to_bf16(layer, std::move(reason));
   l.exec.forward = l.exec.input_gradient = l.exec.weight_gradient = GemmMode::bf16;
-  if (l.exec.keep_input_codes)
-    keep_output_of(layer);  // the GELU's backward reads it: no FP8 forward to rerun
+  if (l.exec.keep_input_codes) keep_output_of(layer);  // the backward reads it: no FP8 forward to rerun
   l.exec.keep_input_codes = false;
+  l.exec.transpose_weight_per_use = false;
   l.exec.telemetry = nullptr;
   l.exec.saved_input.reset();
   l.copy.reset();  // an FP8 copy holds no rounded weight: make a fresh one
@@ -618,19 +681,21 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     Linear& fc_proj = linear(h + "mlp.c_proj");
     layernorm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(h + "ln_1.weight"), P(h + "ln_1.bias"), N,
                    C);
-    backend_.linear_forward_as(x.qkv, qkv_type_, x.ln1, qkv.input_type, p + qkv.weight_offset, qkv.copy.get(),
-                               p + qkv.bias_offset, N, C, 3 * C, qkv.exec);
-    backend_.attention_forward_as(x.atty, atty_type_, x.att_lse, x.qkv, qkv_type_, B, T, C, NH);
-    backend_.linear_forward_residual_as(x.residual2, residual, x.atty, atty_type_, p + proj.weight_offset,
+    void* qkv_out = x.qkv != nullptr ? x.qkv : a.qkv_scratch;
+    backend_.linear_forward_as(qkv_out, qkv_type_, x.ln1, qkv.input_type, p + qkv.weight_offset,
+                               qkv.copy.get(), p + qkv.bias_offset, N, C, 3 * C, qkv.exec);
+    backend_.attention_forward_as(x.atty, atty_type_, x.att_lse, qkv_out, qkv_type_, B, T, C, NH);
+    float* residual2 = x.residual2 != nullptr ? x.residual2 : a.residual2_scratch;
+    backend_.linear_forward_residual_as(residual2, residual, x.atty, atty_type_, p + proj.weight_offset,
                                         proj.copy.get(), p + proj.bias_offset, N, C, C, proj.exec);
-    layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"),
-                   N, C);
+    layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"), N,
+                   C);
     void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
     backend_.linear_forward_as(fch, hidden_type_, x.ln2, fc.input_type, p + fc.weight_offset, fc.copy.get(),
                                p + fc.bias_offset, N, C, 4 * C, fc.exec);
     round_hidden(fch, N * 4 * C);
     gelu_into(fc_proj, x.fch_gelu, fch, N, 4 * C);
-    backend_.linear_forward_residual_as(x.residual3, x.residual2, x.fch_gelu, fc_proj.input_type,
+    backend_.linear_forward_residual_as(x.residual3, residual2, x.fch_gelu, fc_proj.input_type,
                                         p + fc_proj.weight_offset, fc_proj.copy.get(),
                                         p + fc_proj.bias_offset, N, 4 * C, C, fc_proj.exec);
     residual = x.residual3;
@@ -825,7 +890,8 @@ void Gpt2::backward(float dloss_scale) {
                     fc_proj.input_type, N);
     round_hidden(dfch_gelu, N * 4 * C);
     const void* fch = x.fch;
-    if (fch == nullptr) {  // not kept (recomputes_fc): the forward's GEMM again, from its kept input codes
+    if (fch ==
+        nullptr) {  // not kept (fp8.recompute_mlp): the forward's GEMM again, from its kept input codes
       backend_.linear_recompute_as(a.fch_scratch, hidden_type_, p + fc.weight_offset, fc.copy.get(),
                                    p + fc.bias_offset, N, C, 4 * C, fc.exec);
       round_hidden(a.fch_scratch, N * 4 * C);
@@ -834,11 +900,24 @@ void Gpt2::backward(float dloss_scale) {
     const Dtype dln2_type = layernorm_gradient_type(fc);
     gelu_backward_into(fc, dfch, fch, dfch_gelu, N, 4 * C, d.ln, dln2_type, x.ln2);
     round_layernorm_gradient(fc, dln2_type, d.ln, N * C);
+    const float* residual2 = x.residual2;
+    if (residual2 == nullptr) {  // not kept (fp8.recompute_residual): attn.c_proj's forward and add again
+      backend_.linear_recompute_residual(a.residual2_scratch, residual, p + proj.weight_offset,
+                                         proj.copy.get(), p + proj.bias_offset, N, C, C, proj.exec);
+      residual2 = a.residual2_scratch;
+    }
     backend_.layernorm_backward_as(d.residual, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d.ln, dln2_type,
-                                   x.residual2, P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
+                                   residual2, P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
     backward_linear(proj, datty, atty_type_, proj.bias_grad, d.residual, Dtype::f32, x.atty, atty_type_, N);
-    backend_.attention_backward_as(dqkv, datty, x.qkv, qkv_type_, x.atty, atty_type_, x.att_lse, B, T, C, NH);
+    const void* qkv_in = x.qkv;
+    if (qkv_in == nullptr) {  // not kept (fp8.recompute_qkv): attn.c_attn's forward GEMM again
+      backend_.linear_recompute_as(a.qkv_scratch, qkv_type_, p + qkv.weight_offset, qkv.copy.get(),
+                                   p + qkv.bias_offset, N, C, 3 * C, qkv.exec);
+      qkv_in = a.qkv_scratch;
+    }
+    backend_.attention_backward_as(dqkv, datty, qkv_in, qkv_type_, x.atty, atty_type_, x.att_lse, B, T, C,
+                                   NH);
     const Dtype dln1_type = layernorm_gradient_type(qkv);
     backward_linear(qkv, d.ln, dln1_type, qkv.bias_grad, dqkv, atty_type_, x.ln1, qkv.input_type, N);
     round_layernorm_gradient(qkv, dln1_type, d.ln, N * C);

@@ -204,7 +204,8 @@ TEST_F(BenchTrain, JsonParsesAndHoldsTheMeasurements) {
 TEST_F(BenchTrain, JsonSaysWhichGemmsRunInFp8) {
   const ProcessResult r =
       run_octet({"bench", "train", config_.string(), "--steps", "1", "--warmup", "0", "--phase-steps", "0",
-                 "--json", "--set", "fp8.exclude=[\"h.1.mlp.c_proj\"]"});
+                 "--json", "--set", "fp8.exclude=[\"h.1.mlp.c_proj\"]", "--set", "fp8.recompute_qkv=true",
+                 "--set", "fp8.recompute_weight_transposes=true"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("mode"), "fp8");
@@ -213,6 +214,7 @@ TEST_F(BenchTrain, JsonSaysWhichGemmsRunInFp8) {
   EXPECT_EQ(fp8.at("formats"), "hybrid");
   EXPECT_EQ(fp8.at("fast_accumulation_forward"), true);
   EXPECT_EQ(fp8.at("fast_accumulation_backward"), false);
+  EXPECT_EQ(fp8.at("recompute"), nlohmann::json::array({"qkv", "weight_transposes"}));
   // Every block linear in FP8 but the excluded one, which gets a group of its own; the LM head in BF16.
   struct Group {
     const char* linear;

@@ -79,6 +79,21 @@ TEST(RunConfig, OverridesWinAndBareWordsAreStrings) {
   EXPECT_TRUE(c.precision.lm_head);
 }
 
+TEST(RunConfig, RecomputeKeysSetTheirSettings) {
+  const RunConfig off = parse_run_config("", "run.toml");
+  EXPECT_FALSE(off.precision.recompute_mlp || off.precision.recompute_qkv ||
+               off.precision.recompute_residual || off.precision.recompute_weight_transposes)
+      << "every recompute is off by default";
+  const RunConfig c = parse_run_config("[fp8]\nrecompute_qkv = true\nrecompute_residual = true\n", "run.toml",
+                                       {"fp8.recompute_weight_transposes=true"});
+  EXPECT_FALSE(c.precision.recompute_mlp);
+  EXPECT_TRUE(c.precision.recompute_qkv);
+  EXPECT_TRUE(c.precision.recompute_residual);
+  EXPECT_TRUE(c.precision.recompute_weight_transposes);
+  EXPECT_EQ(error_of("[fp8]\nrecompute_qkv = 1\n"),
+            "run.toml:2: fp8.recompute_qkv must be true or false, got integer 1");
+}
+
 TEST(RunConfig, UnknownKeysAndSectionsSuggestTheNearest) {
   EXPECT_EQ(error_of("[train]\nbatchsize = 3\n"),
             "run.toml:2: unknown key train.batchsize; did you mean train.batch_size? (docs/config.md lists "

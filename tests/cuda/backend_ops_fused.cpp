@@ -1913,3 +1913,62 @@ TEST(ZeroRanges, OneLaunchZeroesEachRangeAndNothingElse) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// transpose_codes: byte for byte the host's transpose, every byte value, over shapes that take the word
+// kernel (rows and cols multiples of 4, aligned) with partial 64 x 64 tiles, and the byte kernel (odd
+// shapes, unaligned pointers); guards intact.
+
+namespace {
+
+void check_transpose(int64_t rows, int64_t cols, size_t offset, uint64_t seed) {
+  const auto n = static_cast<size_t>(rows * cols);
+  // Every byte value, in a seeded order.
+  const std::vector<float> draws = octet::testing::random_uniform(n, seed, 0.0f, 256.0f);
+  std::vector<uint8_t> codes(n);
+  for (size_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(draws[i]);
+  std::vector<uint8_t> expected(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) expected[static_cast<size_t>(c * rows + r)] = codes[r * cols + c];
+  }
+  Guarded<uint8_t> in(n, offset);
+  Guarded<uint8_t> out(n, offset);
+  in.upload(codes);
+  octet::cuda::Stream stream;
+  octet::cuda::transpose_codes(in.data(), out.data(), rows, cols, stream.get());
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  const std::string what =
+      std::to_string(rows) + " x " + std::to_string(cols) + " at +" + std::to_string(offset);
+  EXPECT_TRUE(out.read() == expected) << what;
+  EXPECT_TRUE(out.guards_intact(what));
+  EXPECT_TRUE(in.read() == codes) << what << ": the codes are left as they were";
+}
+
+}  // namespace
+
+TEST(TransposeCodes, MatchesTheHostTranspose) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1300;
+  // Word kernel: whole tiles, partial tiles in either dimension, a GPT-2 weight's shape.
+  for (const octet::testing::Shape2D shape :
+       {octet::testing::Shape2D{64, 64}, {128, 192}, {4, 4}, {68, 132}, {196, 60}, {3072, 768}}) {
+    check_transpose(shape.rows, shape.cols, 0, ++seed);
+  }
+  // Byte kernel: a dimension not a multiple of 4, or a pointer not 4-byte aligned.
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 97}, {64, 66}, {1, 7}, {130, 3}}) {
+    check_transpose(shape.rows, shape.cols, 0, ++seed);
+  }
+  check_transpose(64, 64, 1, ++seed);
+  check_transpose(68, 132, 2, ++seed);
+}
+
+TEST(TransposeCodes, RefusesOverlapAndBadShapes) {
+  SKIP_WITHOUT_GPU();
+  octet::cuda::DeviceBuffer<uint8_t> buffer(256);
+  octet::cuda::Stream stream;
+  EXPECT_THROW(octet::cuda::transpose_codes(buffer.data(), buffer.data() + 8, 8, 8, stream.get()),
+               octet::Error);
+  EXPECT_THROW(octet::cuda::transpose_codes(buffer.data(), buffer.data() + 128, -1, 8, stream.get()),
+               octet::Error);
+  octet::cuda::transpose_codes(buffer.data(), buffer.data() + 128, 0, 8, stream.get());  // nothing to do
+}

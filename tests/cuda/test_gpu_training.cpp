@@ -221,11 +221,23 @@ TEST(GpuTrainingDeterminism, RepeatsBitForBit) {
   for (size_t s = 0; s < a.losses.size(); ++s) ASSERT_EQ(a.losses[s], b.losses[s]) << "step " << s;
 }
 
-// fp8.recompute_mlp on the GPU: the backward's rerun of each mlp.c_fc forward GEMM gives the very output the
-// forward gave (the same codes, scales, weight copy, bias and GEMM), so training is the same, bit for bit, as
-// keeping that output: with FP8 tensor cores and emulated, delayed and current scaling.
-TEST(GpuTrainingRecompute, TrainsBitForBitAsKeepingTheMlpOutput) {
+// fp8.recompute_mlp, _qkv and _residual on the GPU: the backward's rerun of a forward GEMM (mlp.c_fc's,
+// attn.c_attn's, attn.c_proj's with its residual add in the epilogue) gives the very output the forward gave
+// (the same codes, scales, weight copy, bias, addend and GEMM), so training is the same, bit for bit, as
+// keeping that output. fp8.recompute_weight_transposes: W's codes transposed before each input-gradient GEMM
+// are the W^T codes the weight cast would have kept. Each alone and all four, with FP8 tensor cores and
+// emulated, delayed and current scaling.
+TEST(GpuTrainingRecompute, TrainsBitForBitAsKeepingTheOutputs) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  struct Recompute {
+    const char* name;
+    bool mlp, qkv, residual, weight_transposes;
+  };
+  const Recompute cases[] = {
+      {"mlp", true, false, false, false},      {"qkv", false, true, false, false},
+      {"residual", false, false, true, false}, {"weight transposes", false, false, false, true},
+      {"all four", true, true, true, true},
+  };
   for (const bool emulate : {false, true}) {
     for (const RecipeKind recipe : {RecipeKind::delayed, RecipeKind::current}) {
       CudaBackendOptions options;
@@ -234,20 +246,26 @@ TEST(GpuTrainingRecompute, TrainsBitForBitAsKeepingTheMlpOutput) {
       auto gpu = make_cuda_backend(options);
       PrecisionSettings p = precision(MixedPrecision::fp8, recipe);
       const TrainingRun kept = train(*gpu, p);
-      p.recompute_mlp = true;
-      const TrainingRun recomputed = train(*gpu, p);
-      const std::string what = std::string(recipe_name(recipe)) + (emulate ? ", emulated" : "");
-      for (size_t s = 0; s < kept.losses.size(); ++s) {
-        ASSERT_EQ(std::memcmp(&kept.losses[s], &recomputed.losses[s], sizeof(float)), 0)
-            << what << ", step " << s << ": " << kept.losses[s] << " kept, " << recomputed.losses[s];
-        EXPECT_EQ(kept.fp8_gemms[s], recomputed.fp8_gemms[s]) << what << ": reruns are not counted";
+      for (const Recompute& r : cases) {
+        p.recompute_mlp = r.mlp;
+        p.recompute_qkv = r.qkv;
+        p.recompute_residual = r.residual;
+        p.recompute_weight_transposes = r.weight_transposes;
+        const TrainingRun recomputed = train(*gpu, p);
+        const std::string what =
+            std::string(r.name) + ", " + std::string(recipe_name(recipe)) + (emulate ? ", emulated" : "");
+        for (size_t s = 0; s < kept.losses.size(); ++s) {
+          ASSERT_EQ(std::memcmp(&kept.losses[s], &recomputed.losses[s], sizeof(float)), 0)
+              << what << ", step " << s << ": " << kept.losses[s] << " kept, " << recomputed.losses[s];
+          EXPECT_EQ(kept.fp8_gemms[s], recomputed.fp8_gemms[s]) << what << ": reruns are not counted";
+        }
+        ASSERT_EQ(kept.states.size(), recomputed.states.size());
+        for (size_t i = 0; i < kept.states.size(); ++i) {
+          EXPECT_EQ(kept.states[i].gradient.amax_history, recomputed.states[i].gradient.amax_history)
+              << what << ", " << kept.layers[i];
+        }
+        EXPECT_LT(recomputed.losses.back(), recomputed.losses.front() * 0.8) << what;
       }
-      ASSERT_EQ(kept.states.size(), recomputed.states.size());
-      for (size_t i = 0; i < kept.states.size(); ++i) {
-        EXPECT_EQ(kept.states[i].gradient.amax_history, recomputed.states[i].gradient.amax_history)
-            << what << ", " << kept.layers[i];
-      }
-      EXPECT_LT(recomputed.losses.back(), recomputed.losses.front() * 0.8) << what;
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -82,7 +83,7 @@ class UnfusedCasts final : public testing::ForwardingBackend {
   }
   // How many GELU backwards the model fused with a gradient cast.
   int64_t fused_backward() const { return fused_backward_; }
-  // How many forward GEMMs the backward ran again (fp8.recompute_mlp).
+  // How many forward GEMMs the backward ran again (fp8.recompute_mlp, _qkv, _residual).
   int64_t recomputed() const { return recomputed_; }
 
  private:
@@ -118,9 +119,10 @@ struct TrainingRecord {
   float eval_loss = 0.0f;
 };
 
-// Four steps, h.1.mlp.c_fc moved to BF16 after the second (the fused path stops for it mid-run), then an
-// evaluation.
-TrainingRecord train(Backend& backend, const PrecisionSettings& precision) {
+// Four steps, `moved` (h.1.mlp.c_fc unless said) moved to BF16 after the second (the fused path stops for it
+// mid-run), then an evaluation.
+TrainingRecord train(Backend& backend, const PrecisionSettings& precision,
+                     const char* moved = "h.1.mlp.c_fc") {
   const Gpt2Config c = tiny_config();
   Gpt2 model(c, backend, PrecisionPolicy(precision, c, 32), 2, 16);
   model.init_weights(21);
@@ -132,7 +134,7 @@ TrainingRecord train(Backend& backend, const PrecisionSettings& precision) {
   const BatchSource data = testing::pattern_stream(8, 2, 16, c.vocab_size);
   TrainingRecord run;
   for (int step = 0; step < 4; ++step) {
-    if (step == 2) model.move_layer_to_bf16("h.1.mlp.c_fc", "BF16 by test");
+    if (step == 2) model.move_layer_to_bf16(moved, "BF16 by test");
     run.losses.push_back(trainer.step(data).loss);
   }
   run.eval_loss = trainer.evaluate(data, 1);
@@ -205,33 +207,59 @@ INSTANTIATE_TEST_SUITE_P(Recipes, FusedCasts,
                                            RecipeKind::block),
                          [](const auto& p) { return std::string(recipe_name(p.param)); });
 
-// fp8.recompute_mlp: each mlp.c_fc keeps its FP8 input codes instead of its output, and the backward runs
-// its forward GEMM again. Training is the same, bit for bit, fused casts or not, and the GEMM runs again
-// exactly where the layer qualifies.
-class RecomputeMlp : public ::testing::TestWithParam<RecipeKind> {};
+// fp8.recompute_mlp, _qkv and _residual: each mlp.c_fc, attn.c_attn or attn.c_proj keeps its FP8 input codes
+// instead of its output, and the backward runs its forward GEMM (and attn.c_proj's residual add) again.
+// Training is the same, bit for bit, fused casts or not, and the GEMM runs again exactly where the layer
+// qualifies, with a layer of the kind moved to BF16 mid-run.
+struct RecomputeCase {
+  const char* name;
+  bool mlp, qkv, residual;
+  const char* moved;  // moved to BF16 after two steps
+};
 
-TEST_P(RecomputeMlp, TrainsBitForBitAsKeepingTheOutput) {
-  PrecisionSettings precision = fp8_with(GetParam());
+class Recompute : public ::testing::TestWithParam<std::tuple<RecipeKind, RecomputeCase>> {};
+
+TEST_P(Recompute, TrainsBitForBitAsKeepingTheOutput) {
+  const auto& [recipe, r] = GetParam();
+  PrecisionSettings precision = fp8_with(recipe);
   auto keeping_backend = make_cpu_backend();
-  const TrainingRecord kept = train(*keeping_backend, precision);
-  precision.recompute_mlp = true;
+  const TrainingRecord kept = train(*keeping_backend, precision, r.moved);
+  precision.recompute_mlp = r.mlp;
+  precision.recompute_qkv = r.qkv;
+  precision.recompute_residual = r.residual;
   auto recomputing_backend = make_cpu_backend();
-  const TrainingRecord recomputed = train(*recomputing_backend, precision);
+  const TrainingRecord recomputed = train(*recomputing_backend, precision, r.moved);
   auto inner = make_cpu_backend();
   UnfusedCasts unfused_backend(*inner);
-  const TrainingRecord recomputed_unfused = train(unfused_backend, precision);
-  // Both blocks for two steps, then block 0 only, whose h.1.mlp.c_fc moved to BF16 and keeps its output;
-  // block scales are not per tensor, so no layer qualifies.
-  EXPECT_EQ(unfused_backend.recomputed(), GetParam() == RecipeKind::block ? 0 : 2 * 2 + 2 * 1);
-  expect_same_training(recomputed, kept, GetParam());
-  expect_same_training(recomputed_unfused, kept, GetParam());
+  const TrainingRecord recomputed_unfused = train(unfused_backend, precision, r.moved);
+  // Per kind that recomputes: both blocks for two steps, then one block for the kind of the moved layer
+  // (which keeps its output from then on), both for the others; block scales are not per tensor, so no
+  // layer qualifies.
+  const std::string moved = r.moved;
+  auto reruns = [&](bool on, const char* kind) -> int64_t {
+    if (!on) return 0;
+    return moved.find(kind) != std::string::npos ? 2 * 2 + 2 * 1 : 2 * 4;
+  };
+  const int64_t expected =
+      reruns(r.mlp, "mlp.c_fc") + reruns(r.qkv, "attn.c_attn") + reruns(r.residual, "attn.c_proj");
+  EXPECT_EQ(unfused_backend.recomputed(), recipe == RecipeKind::block ? 0 : expected);
+  EXPECT_GT(expected, 0);
+  expect_same_training(recomputed, kept, recipe);
+  expect_same_training(recomputed_unfused, kept, recipe);
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, RecomputeMlp,
-                         ::testing::Values(RecipeKind::delayed, RecipeKind::current, RecipeKind::block),
-                         [](const auto& p) { return std::string(recipe_name(p.param)); });
+INSTANTIATE_TEST_SUITE_P(
+    Recipes, Recompute,
+    ::testing::Combine(::testing::Values(RecipeKind::delayed, RecipeKind::current, RecipeKind::block),
+                       ::testing::Values(RecomputeCase{"mlp", true, false, false, "h.1.mlp.c_fc"},
+                                         RecomputeCase{"qkv", false, true, false, "h.1.attn.c_attn"},
+                                         RecomputeCase{"residual", false, false, true, "h.1.attn.c_proj"},
+                                         RecomputeCase{"all", true, true, true, "h.0.attn.c_proj"})),
+    [](const auto& p) {
+      return std::string(recipe_name(std::get<0>(p.param))) + "_" + std::get<1>(p.param).name;
+    });
 
-TEST(RecomputeMlp, SaysWhichLayersRecompute) {
+TEST(Recompute, SaysWhichLayersRecompute) {
   const Gpt2Config c = tiny_config();
   auto backend = make_cpu_backend();
   PrecisionSettings precision = mode(MixedPrecision::fp8);
@@ -242,8 +270,38 @@ TEST(RecomputeMlp, SaysWhichLayersRecompute) {
   const std::string line = model.memory_line();
   EXPECT_NE(line.find("1 of 2 mlp.c_fc layers keep their FP8 input codes"), std::string::npos) << line;
   EXPECT_NE(line.find("the others keep their output"), std::string::npos) << line;
+  EXPECT_EQ(line.find("attn."), std::string::npos) << line;
   model.move_layer_to_bf16("h.0.mlp.c_fc", "BF16 by test");
   EXPECT_NE(model.memory_line().find("0 of 2"), std::string::npos) << model.memory_line();
+
+  // The three together: a line each.
+  precision.exclude = {};
+  precision.recompute_qkv = true;
+  precision.recompute_residual = true;
+  Gpt2 all(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  const std::string lines = all.memory_line();
+  EXPECT_NE(lines.find("fp8.recompute_mlp: 2 of 2 mlp.c_fc layers"), std::string::npos) << lines;
+  EXPECT_NE(lines.find("\nfp8.recompute_qkv: 2 of 2 attn.c_attn layers keep their FP8 input codes instead of "
+                       "their output (q, k, v)"),
+            std::string::npos)
+      << lines;
+  EXPECT_NE(lines.find("\nfp8.recompute_residual: 2 of 2 attn.c_proj layers"), std::string::npos) << lines;
+  EXPECT_EQ(lines.find("the others"), std::string::npos) << lines;
+  EXPECT_EQ(lines.find("weight_transposes"), std::string::npos) << lines;
+
+  // Weight transposes per use: the eight block layers (the LM head is BF16), whose weights are
+  // 2 * (3 + 1 + 4 + 4) * 64 * 64 = 98,304 bytes of codes.
+  precision.recompute_mlp = precision.recompute_qkv = precision.recompute_residual = false;
+  precision.recompute_weight_transposes = true;
+  Gpt2 transposing(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  EXPECT_EQ(
+      transposing.memory_line(),
+      "fp8.recompute_weight_transposes: 8 of 9 linear layers keep the FP8 codes of their weight only and "
+      "transpose them before each input-gradient GEMM (0.1 MiB less where the backend keeps weight copies, "
+      "the GPU)");
+  precision.recipe = RecipeKind::block;  // block scales of W^T are not W's: nothing transposes per use
+  Gpt2 block(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  EXPECT_NE(block.memory_line().find(": 0 of 9 linear layers"), std::string::npos) << block.memory_line();
 }
 
 // The CPU backend storing the tensors that the model rounds to bf16 (the MLP's hidden activation and its

@@ -369,12 +369,19 @@ int BenchCommands::run_train() const {
     }
     const auto or_null = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
     const PrecisionSettings& precision = config.precision;
+    // What the backward recomputes instead of keeping (the fp8.recompute_* keys that are on).
+    json recompute = json::array();
+    if (precision.recompute_mlp) recompute.push_back("mlp");
+    if (precision.recompute_qkv) recompute.push_back("qkv");
+    if (precision.recompute_residual) recompute.push_back("residual");
+    if (precision.recompute_weight_transposes) recompute.push_back("weight_transposes");
     const json fp8 = precision.mode != MixedPrecision::fp8
                          ? json(nullptr)
                          : json{{"recipe", recipe_name(precision.recipe)},
                                 {"formats", precision.all_e4m3 ? "all_e4m3" : "hybrid"},
                                 {"fast_accumulation_forward", precision.fast_accumulation_forward},
-                                {"fast_accumulation_backward", precision.fast_accumulation_backward}};
+                                {"fast_accumulation_backward", precision.fast_accumulation_backward},
+                                {"recompute", recompute}};
     const json out = {
         {"benchmark", "train"},
         {"octet_version", kVersion},

@@ -134,6 +134,15 @@ class Backend {
   // no scaling state and counts no GEMM.
   virtual void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias,
                                 int64_t N, int64_t C, int64_t OC, LinearExecution& exec) = 0;
+  // The last linear_forward_residual_as of an FP8 layer again (attn.c_proj, whose output joins the
+  // residual stream): out = residual + the layer's output, the same bits as that forward wrote, given the
+  // same residual, from the input codes it kept (exec.keep_input_codes). Casts nothing, changes no scaling
+  // state and counts no GEMM. The default runs linear_recompute into out, then residual_forward(out,
+  // residual, out), as the default linear_forward_residual_as does; a backend that overrides one overrides
+  // both.
+  virtual void linear_recompute_residual(float* out, const float* residual, const float* weight,
+                                         const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
+                                         int64_t OC, LinearExecution& exec);
   // dinp [N, C] = dout x W (overwritten, the GEMM's float32 result, not rounded); dweight [OC, C] += dout^T x
   // inp; dbias [OC] += column sums of dout (dbias may be null). With exec.gradient_cast_ready, dout's FP8
   // cast comes from its producer (gelu_backward_cast), which also added the bias gradient: dbias is then

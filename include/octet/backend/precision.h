@@ -89,6 +89,12 @@ struct LinearExecution {
   // The backward runs the forward GEMM again (Backend::linear_recompute): saved_input keeps the codes of the
   // input x [N, C] too, not only those of x^T that the weight gradient reads.
   bool keep_input_codes = false;
+  // The weight copy keeps the codes of W [OC, C] only, not those of W^T [C, OC] too: the input-gradient GEMM
+  // reads W's codes transposed into a buffer shared by every layer, just before it runs
+  // (fp8.recompute_weight_transposes). The same codes, so the same results; one byte a weight less, one
+  // transpose per layer and backward. Only where the weight's scale is per tensor (block scales of W^T are
+  // not W's).
+  bool transpose_weight_per_use = false;
   // Set by the op that produced the input when it also cast it for this layer
   // (Backend::layernorm_forward_cast, gelu_forward_cast): saved_input already holds this forward's cast.
   // linear_forward takes it and clears the flag.

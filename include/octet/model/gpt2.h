@@ -132,8 +132,8 @@ class Gpt2 {
   // Runs all three GEMMs of `layer` in BF16 from the next forward on, remakes its weight copy to match, and
   // records `reason` in the precision policy (and so in its map).
   void move_layer_to_bf16(std::string_view layer, std::string reason);
-  // One line on what fp8.recompute_mlp does in this model (which layers recompute, the memory it saves);
-  // empty when it is off.
+  // A line for each of fp8.recompute_mlp, _qkv, _residual and _weight_transposes that is on: what it does in
+  // this model (which layers recompute, the memory it saves), lines joined by '\n'; empty when all are off.
   std::string memory_line();
 
  private:
@@ -147,9 +147,11 @@ class Gpt2 {
   // Allocates the float32 input of `layer` that the plan left out (its FP8 cast was all it read) once the
   // layer reads it, i.e. after it moved to BF16.
   void keep_input_of(std::string_view layer);
-  // Whether block `layer`'s mlp.c_fc output is recomputed in the backward (fp8.recompute_mlp) rather than
-  // kept; keep_output_of allocates it once that layer moves to BF16.
-  bool recomputes_fc(int64_t layer);
+  // Whether the output of linear layer `layer` is recomputed in the backward (fp8.recompute_mlp, _qkv,
+  // _residual) rather than kept; keep_output_of allocates it once that layer moves to BF16.
+  bool recomputes(std::string_view layer);
+  // How many blocks recompute the output of their `kind` layer ("mlp.c_fc", "attn.c_attn", "attn.c_proj").
+  int64_t recomputed_layers(std::string_view kind);
   void keep_output_of(std::string_view layer);
   // (Re)allocates the gradient buffers (Gradients) for the gradients that the layers' precision modes
   // write; run again when a layer moves to BF16.

@@ -41,6 +41,18 @@ struct PrecisionSettings {
   // GELU's input, 16C bytes a token), and run that forward GEMM again in the backward
   // (Backend::linear_recompute). Only where the input cast is all the layer reads (input_cast_suffices).
   bool recompute_mlp = false;
+  // The same for each FP8 attn.c_attn: its input codes (C bytes a token) instead of q, k and v (6C bytes
+  // a token in bf16), its forward GEMM run again before attention's backward.
+  bool recompute_qkv = false;
+  // The same for each FP8 attn.c_proj: its input codes (C bytes a token) instead of the residual stream it
+  // writes (4C bytes a token, ln_2's input), its forward GEMM and residual add run again before ln_2's
+  // backward (Backend::linear_recompute_residual).
+  bool recompute_residual = false;
+  // Keep each FP8 weight copy's codes of W only, not of W^T too: the input-gradient GEMM's W^T is transposed
+  // from them just before it runs (LinearExecution::transpose_weight_per_use). One byte a block weight less
+  // on backends that keep weight copies (the CUDA backend); the same results. Only for per-tensor weight
+  // scales.
+  bool recompute_weight_transposes = false;
   // train.weight_gradients = "bf16": the block layers' weight gradients are kept rounded to bf16 (the GEMM's
   // float32 result rounded once, as PyTorch autocast's weight gradients are), where their weight-gradient
   // GEMM runs in BF16 or FP8; stored in bf16 where the backend's GEMM writes them so. Modes bf16 and fp8.

@@ -309,6 +309,14 @@ class DeviceScratch {
   T* as(size_t count, cudaStream_t stream) {
     return static_cast<T*>(get(count * sizeof(T), stream));
   }
+  // Frees the memory once the stream's work is done with it.
+  void release(cudaStream_t stream) {
+    if (data_ == nullptr) return;
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaFree(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
 
  private:
   void* data_ = nullptr;
@@ -354,7 +362,7 @@ enum class BiasCopy { none, bf16_bits, bf16_values };
 // lives exactly as long as the layer (a host state is only an address, which a later layer may reuse).
 struct CudaWeightCopy final : public WeightCopy {
   DeviceScratch fp8;             // codes of W [OC, C]
-  DeviceScratch fp8_transposed;  // codes of W^T [C, OC]
+  DeviceScratch fp8_transposed;  // codes of W^T [C, OC]; empty with LinearExecution::transpose_weight_per_use
   DeviceScratch wide;            // BF16/FP16 W [OC, C]
   bool has_fp8 = false;
   bool has_wide = false;
@@ -538,6 +546,9 @@ class CudaBackend final : public Backend {
   void linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
                            const float* bias, int64_t N, int64_t C, int64_t OC,
                            LinearExecution& exec) override;
+  void linear_recompute_residual(float* out, const float* residual, const float* weight,
+                                 const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                                 LinearExecution& exec) override;
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                        LinearExecution& exec) override;
@@ -790,6 +801,13 @@ class CudaBackend final : public Backend {
   void end_weight_cast(WeightCopy& copy, const float* params, int64_t OC, int64_t C, LinearExecution& exec);
   // A weight copy's BF16 half of n values, for the AdamW kernel that writes it (where writes_bf16_copy).
   __nv_bfloat16* bf16_weight_copy(std::unique_ptr<WeightCopy>& copy, int64_t n);
+  // Where a weight cast writes the codes of W^T (n of them): the copy's own buffer, or null (not written;
+  // the buffer freed) with exec.transpose_weight_per_use.
+  uint8_t* weight_codes_transposed(CudaWeightCopy& w, size_t n, const LinearExecution& exec);
+  // The codes of W^T [C, OC] for the input-gradient GEMM: the copy's own, or W's transposed into
+  // weight_transposed_ now (exec.transpose_weight_per_use).
+  const uint8_t* weight_transposed_for_gemm(CudaWeightCopy& w, int64_t OC, int64_t C,
+                                            const LinearExecution& exec);
 
   struct TimedOp {
     OpKind kind;
@@ -916,6 +934,9 @@ class CudaBackend final : public Backend {
   // the transposed codes are kept for the backward.
   DeviceScratch input_codes_;
   const LinearExecution* input_codes_for_ = nullptr;
+  // The codes of W^T of the layer whose input-gradient GEMM runs next, transposed from W's just before it,
+  // for every layer with transpose_weight_per_use.
+  DeviceScratch weight_transposed_;
   // The gradient cast that dy_codes_ holds when gelu_backward_cast made it: for whose linear_backward, of
   // what shape. The consumer is null once a linear_backward has cast into dy_codes_ itself.
   struct ReadyGradient {
@@ -1642,11 +1663,29 @@ FusedCast CudaBackend::begin_weight_cast(std::unique_ptr<WeightCopy>& copy, int6
   cast.format = exec.formats.weight;
   cast.scale = begin_cast(layer, kWeight, exec.formats.weight, nullptr, OC * C, &s->weight_copy_scale);
   cast.output = w->fp8.as<uint8_t>(n, stream_);
-  cast.output_transposed = w->fp8_transposed.as<uint8_t>(n, stream_);
+  cast.output_transposed = weight_codes_transposed(*w, n, exec);
   cast.scale_inv = &s->weight_scale_inv;
   cast.results = &s->results[kWeight];
   cast.results_zeroed = layer.take_zeroed_results(kWeight);
   return cast;
+}
+
+uint8_t* CudaBackend::weight_codes_transposed(CudaWeightCopy& w, size_t n, const LinearExecution& exec) {
+  if (!exec.transpose_weight_per_use) return w.fp8_transposed.as<uint8_t>(n, stream_);
+  OCTET_CHECK(
+      exec.recipe != nullptr && exec.recipe->granularity(TensorRole::weight) == ScaleGranularity::per_tensor,
+      "weight transposes per use need a per-tensor weight scale");
+  w.fp8_transposed.release(stream_);
+  return nullptr;
+}
+
+const uint8_t* CudaBackend::weight_transposed_for_gemm(CudaWeightCopy& w, int64_t OC, int64_t C,
+                                                       const LinearExecution& exec) {
+  if (!exec.transpose_weight_per_use) return static_cast<const uint8_t*>(w.fp8_transposed.get(0, stream_));
+  const OpScope scope(*this, OpKind::casts);
+  auto* transposed = weight_transposed_.as<uint8_t>(static_cast<size_t>(OC * C), stream_);
+  cuda::transpose_codes(static_cast<const uint8_t*>(w.fp8.get(0, stream_)), transposed, OC, C, stream_);
+  return transposed;
 }
 
 void CudaBackend::end_weight_cast(WeightCopy& copy, const float* params, int64_t OC, int64_t C,
@@ -1688,7 +1727,7 @@ void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float*
     DeviceLayerState* s = layer.device;
     // The weight's state moves on with every cast, as on the CPU (prepare_weight there updates it always).
     cast_operand(layer, kWeight, exec.formats.weight, weight, OC, C, w->fp8.as<uint8_t>(n, stream_),
-                 w->fp8_transposed.as<uint8_t>(n, stream_), &s->weight_copy_scale, &s->weight_scale_inv, true,
+                 weight_codes_transposed(*w, n, exec), &s->weight_copy_scale, &s->weight_scale_inv, true,
                  exec);
   }
   make_wide_weight(*w, weight, OC, C, exec);
@@ -1795,6 +1834,19 @@ void CudaBackend::linear_recompute_as(void* out, Dtype out_type, const float* we
   OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
               "an FP8 forward whose input codes were kept (keep_input_codes)");
   forward_gemm_as(out, out_type, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true);
+}
+
+void CudaBackend::linear_recompute_residual(float* out, const float* residual, const float* weight,
+                                            const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
+                                            int64_t OC, LinearExecution& exec) {
+  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
+              "an FP8 forward whose input codes were kept (keep_input_codes)");
+  if (emulate_fp8_) {  // as linear_forward_residual_as: the layer's output, then the residual add
+    Backend::linear_recompute_residual(out, residual, weight, copy, bias, N, C, OC, exec);
+    return;
+  }
+  // The forward's GEMM with the residual as its addend, as linear_forward_residual_as ran it.
+  forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true, residual);
 }
 
 void CudaBackend::linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type,
@@ -2052,10 +2104,9 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight,
     case GemmMode::fp8:
       OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
       fp8_gemm(gemm_bf16 != nullptr ? nullptr : dinp_f32, dy, exec.formats.gradient,
-               &layer->device->gradient_scale_inv,
-               static_cast<const uint8_t*>(w->fp8_transposed.get(0, stream_)), exec.formats.weight,
-               &layer->device->weight_scale_inv, N, C, OC, false, exec.fast_accumulation_backward, nullptr,
-               gemm_bf16);
+               &layer->device->gradient_scale_inv, weight_transposed_for_gemm(*w, OC, C, exec),
+               exec.formats.weight, &layer->device->weight_scale_inv, N, C, OC, false,
+               exec.fast_accumulation_backward, nullptr, gemm_bf16);
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;
   }

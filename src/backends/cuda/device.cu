@@ -24,7 +24,8 @@ void throw_cuda_error(cudaError_t status, const char* call, const char* file, in
     // Not a fault of octet's: the model, batch and precision need more device memory than is free.
     message +=
         ": the run needs more GPU memory than is free; lower train.batch_size (raise train.grad_accum_steps "
-        "to keep the batch), train in fp8 mode, or set fp8.recompute_mlp = true (docs/troubleshooting.md)";
+        "to keep the batch), train in fp8 mode, or set the fp8.recompute_* keys to true "
+        "(docs/troubleshooting.md)";
     throw_error(ErrorKind::invalid_input, file, line, message);
   }
   throw_error(ErrorKind::internal, file, line, message);

@@ -95,6 +95,12 @@ int64_t bias_backward_cast_partial_rows(int64_t rows);
 // values they are (codes, transposed codes when asked for, scale_inv, CastResults).
 void cast_bf16(const uint16_t* x, int64_t rows, int64_t cols, const FusedCast& cast, cudaStream_t stream);
 
+// codes [rows, cols] -> transposed [cols, rows], byte for byte (FP8 codes under a per-tensor scale: the
+// transposed tensor's cast). 32-bit loads and stores where rows and cols are multiples of 4 and both
+// pointers 4-byte aligned, else byte by byte. The two must not overlap.
+void transpose_codes(const uint8_t* codes, uint8_t* transposed, int64_t rows, int64_t cols,
+                     cudaStream_t stream);
+
 // AdamW (exactly cuda::adamw_update's arithmetic and host-side constants, bit for bit) over one weight matrix
 // params [rows, cols] with its m, v, grads, followed by the FP8 cast of the UPDATED params.
 void adamw_update_cast(float* params, float* m, float* v, const float* grads, int64_t rows, int64_t cols,
