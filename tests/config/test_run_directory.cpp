@@ -410,6 +410,18 @@ TEST_F(RunDirectory, AFailedCheckpointSaveEndsTheRunWithExitCode3) {
   EXPECT_EQ(left, std::vector<std::string>{"step_000002"}) << "no partial checkpoint left behind";
 }
 
+TEST_F(RunDirectory, AFailedMetricsWriteEndsTheRunWithExitCode3) {
+  // metrics.jsonl grows by about 300 bytes a step: at 8 KiB the file size limit stops it within 30 steps.
+  Background run(train(1000, {"--set", "telemetry.enabled=false", "--set", "data.eval_every=0"}),
+                 root_ / "out.txt", root_ / "err.txt", 8 * 1024);
+  EXPECT_EQ(run.wait(), 3) << "the same code as a failed checkpoint save";
+  const std::string err = read(root_ / "err.txt");
+  EXPECT_EQ(count_lines(err), 1) << err;
+  EXPECT_NE(err.find("cannot write " + (run_dir() / "metrics.jsonl").string() + ": " + std::strerror(EFBIG)),
+            std::string::npos)
+      << err;
+}
+
 TEST_F(RunDirectory, CountsOutOfRangeAreRefused) {
   ASSERT_EQ(run_octet(train(2)).exit_code, 0);
   struct Case {
