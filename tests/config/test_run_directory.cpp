@@ -326,6 +326,31 @@ TEST_F(RunDirectory, ResumeFromBranchesFromAnyCheckpoint) {
   EXPECT_EQ(metrics_steps(), 8);
 }
 
+TEST_F(RunDirectory, AResumeAfterAlertsMovedLayersToBf16ContinuesExactly) {
+  // Saturating FP8 casts raise alerts at the telemetry steps, and fp8.on_alert moves those layers to BF16.
+  const std::vector<std::string> args = {
+      "--set", "train.mixed_precision=fp8", "--set", "fp8.recipe=static",    "--set", "fp8.static_scale=1e4",
+      "--set", "fp8.on_alert=bf16_layer",   "--set", "telemetry.interval=2", "--set", "checkpoint.every=2",
+      "--set", "checkpoint.keep_last=5",    "--set", "data.eval_every=0"};
+  const ProcessResult whole = run_octet(train(8, args));
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  ASSERT_NE(whole.out.find("BF16"), std::string::npos) << whole.out << "(no layer moved to BF16)";
+  const auto expected = step_losses(read(run_dir() / "metrics.jsonl"));
+  fs::remove_all(run_dir() / "checkpoints" / "step_000006");
+  fs::remove_all(run_dir() / "checkpoints" / "step_000008");
+  std::vector<std::string> again = args;
+  again.push_back("--resume");
+  const ProcessResult resumed = run_octet(train(8, again));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from "), std::string::npos) << resumed.out;
+  EXPECT_NE(resumed.out.find("; 0 of 5 linear layers in FP8;"), std::string::npos)
+      << resumed.out << "(the startup line counts the layers the alerts moved before step 4 as BF16)";
+  EXPECT_EQ(resumed.out.find("FP8 scaling state starts fresh"), std::string::npos)
+      << resumed.out << "(the layers without FP8 state in the checkpoint are the ones in BF16)";
+  EXPECT_EQ(step_losses(read(run_dir() / "metrics.jsonl")), expected)
+      << "the resumed steps equal the uninterrupted run's";
+}
+
 TEST_F(RunDirectory, SignalsEndTheRunWith128PlusTheSignal) {
   for (const int signal : {SIGINT, SIGTERM}) {
     const fs::path dir = root_ / ("run-" + std::to_string(signal));
