@@ -318,6 +318,12 @@ TEST_F(RunDirectory, ResumeFromBranchesFromAnyCheckpoint) {
   args.push_back("--overwrite");
   expect_one_line_refusal(run_octet(train(8, args)), "--overwrite would remove the checkpoint");
   EXPECT_EQ(snapshot(run_dir()), before);
+  const ProcessResult nowhere = run_octet(train(8, {"--resume-from", (root_ / "nowhere").string()}));
+  expect_one_line_refusal(nowhere, "--resume-from a path that is no checkpoint");
+  EXPECT_NE(nowhere.err.find("--resume-from: " + (root_ / "nowhere").string() + " is neither a checkpoint"),
+            std::string::npos)
+      << nowhere.err;
+  EXPECT_EQ(snapshot(run_dir()), before);
   args = keep;
   args.insert(args.end(), {"--resume-from", (run_dir() / "checkpoints" / "step_000006").string()});
   const ProcessResult same = run_octet(train(8, args));

@@ -207,7 +207,13 @@ int WorkflowCommands::run() const {
   options.interactive = ::isatty(::fileno(stdout)) == 1;
   options.resume = resume_;
   options.overwrite = overwrite_;
-  if (!resume_from_.empty()) options.resume_from = resolve_checkpoint(resume_from_);
+  if (!resume_from_.empty()) {
+    try {
+      options.resume_from = resolve_checkpoint(resume_from_);
+    } catch (const Error& e) {
+      throw Error(e.kind(), fmt::format("--resume-from: {}", e.what()));
+    }
+  }
   const TrainingRunSummary summary = run_training(config, options);
   // A stopped run is no finished one: 128 + the signal, as a shell reports a process the signal ended.
   return summary.interrupted ? 128 + summary.stop_signal : 0;
