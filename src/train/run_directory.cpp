@@ -117,11 +117,11 @@ RunStart plan_run_start(const fs::path& run_dir, bool resume, const fs::path& re
     }
     start.checkpoint = from;
     if (start.present.empty()) return start;
-    OCTET_REQUIRE(
-        overwrite,
-        "{} holds a run already ({}) and --resume-from {} is not its latest checkpoint: use --overwrite "
-        "to remove that run first, or choose another logging.run_dir",
-        run_dir.string(), present, from.string());
+    OCTET_REQUIRE(overwrite,
+                  "logging.run_dir {} holds a run already ({}) and --resume-from {} is not its latest "
+                  "checkpoint: use --overwrite "
+                  "to remove that run first, or choose another logging.run_dir",
+                  run_dir.string(), present, from.string());
     OCTET_REQUIRE(
         !lies_in(from, run_dir),
         "--overwrite would remove {}, which --resume-from continues from: copy it elsewhere first, or "
@@ -131,11 +131,11 @@ RunStart plan_run_start(const fs::path& run_dir, bool resume, const fs::path& re
     return start;
   }
   if (!start.present.empty()) {
-    OCTET_REQUIRE(
-        overwrite,
-        "{} holds a run already ({}): use --resume to continue it, --overwrite to start afresh (removes "
-        "octet's files of that run), or choose another logging.run_dir",
-        run_dir.string(), present);
+    OCTET_REQUIRE(overwrite,
+                  "logging.run_dir {} holds a run already ({}): use --resume to continue it, --overwrite to "
+                  "start afresh (removes "
+                  "octet's files of that run), or choose another logging.run_dir",
+                  run_dir.string(), present);
     start.remove_present = true;
   }
   return start;
