@@ -61,7 +61,7 @@ done
 if command -v ncu > /dev/null; then
   ncu --clock-control none --launch-skip 2000 --launch-count 500 --csv --metrics gpu__time_duration.sum \
     ./octet train "$config" --set train.device=cuda --set train.steps=8 --set scheduler.warmup_steps=1 \
-    --set data.dir=data/brown-gpt2 --set logging.run_dir=/tmp/octet-ncu-run --set data.eval_every=1000 \
+    --set data.dir=data/brown-gpt2 --set logging.run_dir=/tmp/octet-ncu-run --overwrite --set data.eval_every=1000 \
     --set checkpoint.every=1000 > "$out/ncu_step.csv" 2> "$out/ncu.err"
   grep -o 'nvjet_sm90_[a-z]*' "$out/ncu_step.csv" | sort | uniq -c
 fi

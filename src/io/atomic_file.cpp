@@ -4,8 +4,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include <fmt/format.h>
@@ -16,8 +19,18 @@ namespace octet::io {
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents) {
   const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
-  std::string temporary = (directory / fmt::format(".{}.XXXXXX", path.filename().string())).string();
-  const int fd = ::mkstemp(temporary.data());
+  // Not mkstemp, which makes the file 0600: created with 0666, the file gets the mode any other new file
+  // would (0666 minus the umask). O_EXCL and a name no other writer picks keep the temporary this writer's.
+  static std::atomic<uint64_t> counter{0};
+  std::string temporary;
+  int fd = -1;
+  for (int attempt = 0; fd < 0 && attempt < 100; ++attempt) {
+    temporary = (directory / fmt::format(".{}.{}.{}.{}", path.filename().string(), ::getpid(),
+                                         counter.fetch_add(1), std::random_device()() % 1000000))
+                    .string();
+    fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   OCTET_REQUIRE(fd >= 0, "cannot create a temporary file next to {}: {}", path.string(),
                 std::strerror(errno));
   size_t written = 0;

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +23,7 @@
 #include "octet/model/sampling.h"
 #include "octet/telemetry/recorder.h"
 #include "octet/train/checkpoint.h"
+#include "octet/train/run_directory.h"
 #include "octet/version.h"
 
 namespace octet {
@@ -183,6 +186,80 @@ class PhaseTimer {
   std::vector<std::pair<std::string, double>> ms_;
 };
 
+// A line of progress or report, flushed at once: under nohup, a scheduler or `> log` standard output is a
+// file, and a line left in a buffer is a line the user does not see (and a kill -9 loses).
+void say(std::FILE* out, const std::string& line) {
+  std::fprintf(out, "%s\n", line.c_str());
+  std::fflush(out);
+}
+
+// RUN_DIR/metrics.jsonl, appended to one flushed line at a time. Once training is under way a failed write
+// ends the run (training_failed), naming the file and the reason.
+class MetricsFile {
+ public:
+  explicit MetricsFile(fs::path path) : path_(std::move(path)), file_(std::fopen(path_.c_str(), "a")) {
+    OCTET_REQUIRE(file_ != nullptr, "cannot write {}: {}", path_.string(), std::strerror(errno));
+  }
+  ~MetricsFile() { std::fclose(file_); }
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+
+  void write(const nlohmann::json& record) {
+    const std::string line = record.dump() + "\n";
+    if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
+      const int error = errno;
+      std::clearerr(file_);
+      throw Error(ErrorKind::training_failed,
+                  fmt::format("cannot write {}: {}", path_.string(), std::strerror(error)));
+    }
+  }
+
+ private:
+  fs::path path_;
+  std::FILE* file_;
+};
+
+// SIGINT and SIGTERM ask the run to stop after its current step, for as long as this object lives.
+class StopSignals {
+ public:
+  explicit StopSignals(bool handle) : handle_(handle) {
+    if (!handle_) return;
+    g_stop_signal.store(0);
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+  }
+  ~StopSignals() {
+    if (!handle_) return;
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  bool handle_;
+};
+
+// Runs `allocate` (building a model, its trainer), turning a failed allocation into a refusal that says
+// which configuration asked for too much: std::bad_alloc and std::length_error are not internal errors here.
+template <typename Allocate>
+void allocate_or_refuse(const RunConfig& config, Allocate&& allocate) {
+  try {
+    allocate();
+  } catch (const std::bad_alloc&) {
+    OCTET_REQUIRE(
+        false,
+        "the model ({}) with train.batch_size {} and train.seq_len {} needs more memory than can be "
+        "allocated; choose smaller model.* sizes, batch or sequence",
+        config.model.describe(), config.train.batch_size, config.train.seq_len);
+  } catch (const std::length_error&) {
+    OCTET_REQUIRE(false,
+                  "the model ({}) with train.batch_size {} and train.seq_len {} is too large to be "
+                  "allocated; choose smaller model.* sizes, batch or sequence",
+                  config.model.describe(), config.train.batch_size, config.train.seq_len);
+  }
+}
+
 }  // namespace
 
 TrainingBackend make_training_backend(const RunConfig& config) {
@@ -191,7 +268,8 @@ TrainingBackend make_training_backend(const RunConfig& config) {
 }
 
 TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOptions& options) {
-  // Everything that can be refused is refused before the run directory exists.
+  // Everything that can be refused is refused before anything is written: device, data, the run directory,
+  // the model's memory, the checkpoint a resumed run continues from.
   const DeviceChoice device = choose_device(config);
   OCTET_REQUIRE(!config.data_dir.empty(),
                 "data.dir is not set: point it at shards made by `octet data prepare`");
@@ -200,75 +278,108 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
                               io::DataLoaderOptions{B, T, true, config.seed, config.model.vocab_size});
   io::DataLoader validation_loader(config.data_dir, io::DataSplit::validation,
                                    io::DataLoaderOptions{B, T, false, 0, config.model.vocab_size});
-  std::optional<fs::path> resume_from;
-  if (options.resume) {
-    resume_from = latest_checkpoint(config.run_dir);
-    OCTET_REQUIRE(resume_from.has_value(), "--resume: no complete checkpoint in {}",
-                  (config.run_dir / "checkpoints").string());
-  }
+  const fs::path& run_dir = config.run_dir;
+  check_run_directory(run_dir);
+  RunDirectoryLock lock;
+  lock.lock_existing(run_dir);  // another run that lives is refused now, naming it
+  const RunStart start = plan_run_start(run_dir, options.resume, options.resume_from, options.overwrite);
 
-  const std::unique_ptr<Backend> backend = make_backend(device, config);
-  Gpt2 model(config.model, *backend, PrecisionPolicy(config.precision, config.model, B * T), B, T);
-  model.init_weights(config.seed);
-
-  fs::create_directories(config.run_dir);
-  io::write_file_atomically(config.run_dir / "config.toml", to_toml(config));
-  std::ofstream metrics(config.run_dir / "metrics.jsonl", std::ios::app);
-  OCTET_REQUIRE(metrics.good(), "cannot write {}", (config.run_dir / "metrics.jsonl").string());
-
-  std::FILE* out = options.out;
-  TrainSettings settings = config.train;
-  settings.run_directory = config.run_dir;
-  settings.log = [out](std::string_view line) {
-    std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data());
-  };
-  // Said every time, so that nobody takes a CPU run for a GPU one or an emulated FP8 GEMM for a real one.
-  std::fprintf(out, "%s\n", device.line.c_str());
-  std::fprintf(out, "octet %s: %s; %s on the %s backend; run directory %s\n", kVersion,
-               config.model.describe().c_str(),
-               std::string(mixed_precision_name(config.precision.mode)).c_str(),
-               std::string(backend->name()).c_str(), config.run_dir.string().c_str());
-  // Telemetry (docs/telemetry.md) starts before the trainer, so that layers which alerts of the run being
-  // resumed moved to BF16 are in BF16 when the trainer prints the startup line and writes the precision map.
-  std::unique_ptr<TelemetryStore> telemetry_store;
-  std::unique_ptr<TelemetryRecorder> telemetry;
-  const std::optional<int64_t> resume_step =
-      resume_from ? std::optional<int64_t>(std::stoll(resume_from->filename().string().substr(5)))  // step_N
-                  : std::nullopt;
-  if (config.telemetry.enabled) {
-    telemetry_store = std::make_unique<TelemetryStore>(config.run_dir / kTelemetryFile, resume_step);
-    RecorderOptions recorder_options;
-    recorder_options.run_directory = config.run_dir;
-    recorder_options.log = [out, &options](std::string_view line) {
-      if (options.interactive) std::fputs("\n", out);
-      std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data());
-    };
-    telemetry =
-        std::make_unique<TelemetryRecorder>(model, *telemetry_store, config.telemetry, recorder_options);
-  } else {
-    model.set_telemetry(false, false);
-  }
   // On telemetry steps the step is split into phases (data, forward, backward, optimizer) for the phases
   // table: the backend is synchronised at each phase boundary of those steps only, so that a phase's time is
   // the device's and not just the time taken to enqueue it.
   PhaseTimer phases;
-  if (telemetry) {
-    Backend* timed = backend.get();
-    settings.phase_began = [&phases, timed](StepPhase phase) { phases.begin(phase, *timed); };
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Gpt2> model;
+  std::unique_ptr<Trainer> trainer;
+  // No run directory and no log for the trainer: its startup lines and precision map come below, once every
+  // check has passed and telemetry has put back the layers a resumed run had moved to BF16.
+  TrainSettings settings = config.train;
+  if (config.telemetry.enabled) {
+    settings.phase_began = [&phases, &backend](StepPhase phase) { phases.begin(phase, *backend); };
   }
-  Trainer trainer(model, settings);
-  if (resume_from) {
-    const CheckpointLoad load = load_checkpoint(*resume_from, model, trainer);
-    if (load.progress.train_position) train_loader.seek(*load.progress.train_position);
-    std::fprintf(out, "resumed from %s at step %lld (saved by octet %s in %s)\n",
-                 resume_from->string().c_str(), static_cast<long long>(load.step), load.octet_version.c_str(),
-                 std::string(mixed_precision_name(load.saved_mode)).c_str());
-    for (const std::string& note : load.notes) std::fprintf(out, "%s\n", note.c_str());
+  allocate_or_refuse(config, [&] {
+    backend = make_backend(device, config);
+    model = std::make_unique<Gpt2>(config.model, *backend,
+                                   PrecisionPolicy(config.precision, config.model, B * T), B, T);
+    model->init_weights(config.seed);
+    if (!config.telemetry.enabled) model->set_telemetry(false, false);
+    trainer = std::make_unique<Trainer>(*model, settings);
+  });
+  std::optional<CheckpointLoad> load;
+  if (start.checkpoint) {
+    load = load_checkpoint(*start.checkpoint, *model,
+                           *trainer);  // validates everything, changes nothing on disk
+    if (load->progress.train_position) train_loader.seek(*load->progress.train_position);
+  }
+
+  // Every check has passed: from here on the run directory is written.
+  {
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    OCTET_REQUIRE(!ec, "cannot create logging.run_dir {}: {}", run_dir.string(), ec.message());
+  }
+  lock.acquire(run_dir);
+  OCTET_REQUIRE(run_files_present(run_dir) == start.present,
+                "{} changed while this run was starting (another run wrote there); start again",
+                run_dir.string());
+  if (start.remove_present) remove_run_files(run_dir);
+  io::write_file_atomically(run_dir / "config.toml", to_toml(config));
+  MetricsFile metrics(run_dir / "metrics.jsonl");
+
+  std::FILE* out = options.out;
+  // Said every time, so that nobody takes a CPU run for a GPU one or an emulated FP8 GEMM for a real one.
+  say(out, device.line);
+  say(out,
+      fmt::format("octet {}: {}; {} on the {} backend; run directory {}", kVersion, config.model.describe(),
+                  mixed_precision_name(config.precision.mode), backend->name(), run_dir.string()));
+  if (start.remove_present) {
+    say(out, fmt::format("--overwrite: removed the previous run's {} from {}; other files there are kept",
+                         fmt::join(start.present, ", "), run_dir.string()));
+  }
+  // Telemetry (docs/telemetry.md) opens only now: a store opened for a resumed run deletes the rows after the
+  // step it resumes at. Layers that alerts of the run being resumed moved to BF16 move back to BF16 here,
+  // before the startup lines and the precision map say how each layer runs.
+  std::unique_ptr<TelemetryStore> telemetry_store;
+  std::unique_ptr<TelemetryRecorder> telemetry;
+  if (config.telemetry.enabled) {
+    const std::optional<int64_t> resume_step =
+        start.continues_run_directory ? std::optional<int64_t>(load->step) : std::nullopt;
+    telemetry_store = std::make_unique<TelemetryStore>(run_dir / kTelemetryFile, resume_step);
+    RecorderOptions recorder_options;
+    recorder_options.run_directory = run_dir;
+    recorder_options.log = [out, &options](std::string_view line) {
+      if (options.interactive) std::fputs("\n", out);
+      say(out, std::string(line));
+    };
+    telemetry =
+        std::make_unique<TelemetryRecorder>(*model, *telemetry_store, config.telemetry, recorder_options);
+  }
+  for (const std::string& line : {model->policy().startup_line(), model->memory_line()}) {
+    if (!line.empty()) say(out, line);
+  }
+  io::write_file_atomically(run_dir / "precision_map.json", model->policy().map_json());
+  if (load) {
+    const std::string from = start.checkpoint->string();
+    const std::string line =
+        start.continues_run_directory
+            ? fmt::format("resumed from {} at step {} (saved by octet {} in {})", from, load->step,
+                          load->octet_version, mixed_precision_name(load->saved_mode))
+            : fmt::format("branched from {} at step {} (saved by octet {} in {}) into {}", from, load->step,
+                          load->octet_version, mixed_precision_name(load->saved_mode), run_dir.string());
+    say(out, line);
+    // Layers whose FP8 state the checkpoint lacks because an alert had moved them to BF16 are BF16 again.
+    bool fresh_layers_in_fp8 = false;
+    for (const LinearPlan& plan : model->policy().layers()) {
+      for (const std::string& fresh : load->fresh_fp8_layers)
+        fresh_layers_in_fp8 |= plan.name == fresh && plan.fp8();
+    }
+    for (const std::string& note : load->notes) {
+      if (!fresh_layers_in_fp8 && note.rfind("FP8 scaling state starts fresh", 0) == 0) continue;
+      say(out, note);
+    }
     if (telemetry) {
-      OCTET_CHECK(load.step == *resume_step, "checkpoint {} to hold step {}, as its name says; it holds {}",
-                  resume_from->string(), *resume_step, load.step);
-      telemetry->record_event({load.step, "info", std::nullopt, std::nullopt, std::nullopt, std::nullopt,
-                               fmt::format("resumed from {} at step {}", resume_from->string(), load.step)});
+      telemetry->record_event(
+          {load->step, "info", std::nullopt, std::nullopt, std::nullopt, std::nullopt, line});
     }
   }
   if (telemetry) {
@@ -277,8 +388,8 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     gmtime_r(&now, &utc);
     char started[32];
     std::strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%SZ", &utc);
-    const ScalingRecipe* recipe = model.policy().recipe();
-    telemetry->start({{"name", (fs::absolute(config.run_dir) / "").parent_path().filename().string()},
+    const ScalingRecipe* recipe = model->policy().recipe();
+    telemetry->start({{"name", (fs::absolute(run_dir) / "").parent_path().filename().string()},
                       {"octet_version", kVersion},
                       {"started_at", started},
                       {"mode", std::string(mixed_precision_name(config.precision.mode))},
@@ -287,6 +398,8 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
                       {"telemetry_interval", std::to_string(config.telemetry.interval)},
                       {"config", to_toml(config)}});
   }
+
+  // Training is under way: a failure to write from here on ends the run with training_failed.
   auto save = [&]() {
     TrainingProgress progress;
     progress.train_position = train_loader.position();
@@ -294,9 +407,26 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     progress.config = to_toml(config);
     CheckpointOptions checkpoint_options;
     checkpoint_options.keep_last = static_cast<int>(config.keep_last);
-    const fs::path saved = save_checkpoint(config.run_dir, model, trainer, progress, checkpoint_options);
+    fs::path saved;
+    try {
+      saved = save_checkpoint(run_dir, *model, *trainer, progress, checkpoint_options);
+    } catch (const std::exception& e) {
+      // What a failed save wrote is of no use: give its space back (the next save would remove it too).
+      std::error_code ec;
+      const fs::path partial = checkpoint_directory(run_dir, trainer->steps_done());
+      fs::remove_all(partial.parent_path() / (".tmp_" + partial.filename().string()), ec);
+      const std::optional<fs::path> kept = latest_checkpoint(run_dir);
+      const std::string reason = dynamic_cast<const fs::filesystem_error*>(&e) != nullptr
+                                     ? static_cast<const fs::filesystem_error&>(e).code().message() + " (" +
+                                           static_cast<const fs::filesystem_error&>(e).path1().string() + ")"
+                                     : std::string(e.what());
+      throw Error(ErrorKind::training_failed,
+                  fmt::format("cannot save the checkpoint of step {}: {}; {}", trainer->steps_done(), reason,
+                              kept ? fmt::format("the last complete checkpoint, {}, is kept", kept->string())
+                                   : std::string("no complete checkpoint was saved")));
+    }
     if (options.interactive) std::fputs("\n", out);
-    std::fprintf(out, "saved checkpoint %s\n", saved.string().c_str());
+    say(out, fmt::format("saved checkpoint {}", saved.string()));
   };
 
   const BatchSource train_data = [&](int32_t* tokens, int32_t* targets) {
@@ -307,95 +437,93 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   };
   auto validate = [&](int64_t step) {
     validation_loader.reset();
-    const float loss = trainer.evaluate(validation_data, config.eval_batches);
+    const float loss = trainer->evaluate(validation_data, config.eval_batches);
     if (options.interactive) std::fputs("\n", out);
-    std::fprintf(out, "step %lld: validation loss %.4f (perplexity %.2f)\n", static_cast<long long>(step),
-                 loss, std::exp(loss));
-    metrics << nlohmann::json{{"step", step}, {"val_loss", loss}}.dump() << "\n" << std::flush;
+    say(out, fmt::format("step {}: validation loss {:.4f} (perplexity {:.2f})", step, loss, std::exp(loss)));
+    metrics.write(nlohmann::json{{"step", step}, {"val_loss", loss}});
     if (telemetry) telemetry->record_validation(step, loss);
     return loss;
   };
 
-  if (options.handle_signals) {
-    g_stop_signal.store(0);
-    std::signal(SIGINT, on_stop_signal);
-    std::signal(SIGTERM, on_stop_signal);
-  }
+  const StopSignals signals(options.handle_signals);
   TrainingRunSummary summary;
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t first_step = trainer.steps_done();
-  for (int64_t step = trainer.steps_done(); step < config.steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    phases.reset(telemetry != nullptr && telemetry->is_telemetry_step(step + 1, config.steps));
-    const StepResult r = trainer.step(train_data);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double tokens_per_second = static_cast<double>(r.tokens) / seconds;
-    metrics << nlohmann::json{{"step", step + 1},
-                              {"loss", r.loss},
-                              {"lr", r.learning_rate},
-                              {"grad_norm", r.skipped ? 0.0f : r.grad_norm},
-                              {"loss_scale", r.loss_scale},
-                              {"skipped", r.skipped},
-                              {"skip_reason", r.skip_reason},
-                              {"fp8_gemms", r.fp8_gemms},
-                              {"other_gemms", r.other_gemms},
-                              {"tokens", r.tokens},
-                              {"tokens_per_second", tokens_per_second},
-                              {"ms", seconds * 1000.0}}
-                   .dump()
-            << "\n";
-    const int64_t done = step + 1;
-    const double eta =
-        elapsed / static_cast<double>(done - first_step) * static_cast<double>(config.steps - done);
-    const std::string line =
-        fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}", done,
-                    config.steps, r.loss, r.learning_rate, r.grad_norm, tokens_per_second, duration(eta),
-                    r.skipped ? fmt::format(" | skipped: {}", r.skip_reason) : std::string());
-    if (options.interactive) {
-      std::fprintf(out, "\r\033[K%s", line.c_str());
-      std::fflush(out);
-    } else if (done % config.log_every == 0 || done == config.steps || r.skipped) {
-      std::fprintf(out, "%s\n", line.c_str());
+  try {
+    const auto began = std::chrono::steady_clock::now();
+    const int64_t first_step = trainer->steps_done();
+    for (int64_t step = trainer->steps_done(); step < config.steps; ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      phases.reset(telemetry != nullptr && telemetry->is_telemetry_step(step + 1, config.steps));
+      const StepResult r = trainer->step(train_data);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      const double tokens_per_second = static_cast<double>(r.tokens) / seconds;
+      metrics.write(nlohmann::json{{"step", step + 1},
+                                   {"loss", r.loss},
+                                   {"lr", r.learning_rate},
+                                   {"grad_norm", r.skipped ? 0.0f : r.grad_norm},
+                                   {"loss_scale", r.loss_scale},
+                                   {"skipped", r.skipped},
+                                   {"skip_reason", r.skip_reason},
+                                   {"fp8_gemms", r.fp8_gemms},
+                                   {"other_gemms", r.other_gemms},
+                                   {"tokens", r.tokens},
+                                   {"tokens_per_second", tokens_per_second},
+                                   {"ms", seconds * 1000.0}});
+      const int64_t done = step + 1;
+      const double eta =
+          elapsed / static_cast<double>(done - first_step) * static_cast<double>(config.steps - done);
+      const std::string line = fmt::format(
+          "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}", done,
+          config.steps, r.loss, r.learning_rate, r.grad_norm, tokens_per_second, duration(eta),
+          r.skipped ? fmt::format(" | skipped: {}", r.skip_reason) : std::string());
+      if (options.interactive) {
+        std::fprintf(out, "\r\033[K%s", line.c_str());
+        std::fflush(out);
+      } else if (done % config.log_every == 0 || done == config.steps || r.skipped) {
+        say(out, line);
+      }
+      if (telemetry) {
+        telemetry->record_step(r, seconds * 1000.0, tokens_per_second,
+                               telemetry->is_telemetry_step(done, config.steps));
+        for (const auto& [phase, ms] : phases.totals()) telemetry_store->add(PhaseRecord{done, phase, ms});
+        if (telemetry->stop_requested()) {  // fp8.on_alert = "stop"
+          save();
+          telemetry_store->close();
+          throw Error(ErrorKind::training_failed, telemetry->stop_message());
+        }
+      }
+      summary.last_loss = r.loss;
+      if (config.eval_every > 0 && done % config.eval_every == 0 && done != config.steps) validate(done);
+      if (g_stop_signal.load() != 0) {
+        summary.interrupted = true;
+        summary.stop_signal = g_stop_signal.load();
+        if (options.interactive) std::fputs("\n", out);
+        say(out, fmt::format("stopped by signal {} after step {}", summary.stop_signal, done));
+        save();
+        break;
+      }
+      if (config.checkpoint_every > 0 && done % config.checkpoint_every == 0 && done != config.steps) save();
+    }
+    summary.steps_done = trainer->steps_done();
+    if (!summary.interrupted) {
+      summary.last_validation_loss = validate(summary.steps_done);
+      save();
     }
     if (telemetry) {
-      telemetry->record_step(r, seconds * 1000.0, tokens_per_second,
-                             telemetry->is_telemetry_step(done, config.steps));
-      for (const auto& [phase, ms] : phases.totals()) telemetry_store->add(PhaseRecord{done, phase, ms});
-      if (telemetry->stop_requested()) {  // fp8.on_alert = "stop"
-        save();
-        telemetry_store->close();
-        throw Error(ErrorKind::training_failed, telemetry->stop_message());
+      telemetry_store->close();  // everything queued is written
+      if (telemetry->alerts_raised() > 0) {
+        say(out, fmt::format("{} FP8 alert(s) in this run: see `octet inspect {}`",
+                             telemetry->alerts_raised(), run_dir.string()));
       }
     }
-    summary.last_loss = r.loss;
-    if (config.eval_every > 0 && done % config.eval_every == 0 && done != config.steps) validate(done);
-    if (g_stop_signal.load() != 0) {
-      summary.interrupted = true;
-      if (options.interactive) std::fputs("\n", out);
-      std::fprintf(out, "stopped by signal %d after step %lld\n", g_stop_signal.load(),
-                   static_cast<long long>(done));
-      save();
-      break;
-    }
-    if (config.checkpoint_every > 0 && done % config.checkpoint_every == 0 && done != config.steps) save();
-  }
-  metrics.flush();
-  summary.steps_done = trainer.steps_done();
-  if (!summary.interrupted) {
-    summary.last_validation_loss = validate(summary.steps_done);
-    save();
-  }
-  if (telemetry) {
-    telemetry_store->close();  // everything queued is written
-    if (telemetry->alerts_raised() > 0) {
-      std::fprintf(out, "%lld FP8 alert(s) in this run: see `octet inspect %s`\n",
-                   static_cast<long long>(telemetry->alerts_raised()), config.run_dir.string().c_str());
-    }
-  }
-  if (options.handle_signals) {
-    std::signal(SIGINT, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
+  } catch (const Error& e) {
+    // A write that fails once training is under way (a full disk, a file taken away) is no invalid input.
+    if (e.kind() != ErrorKind::invalid_input) throw;
+    if (options.interactive) std::fputs("\n", out);
+    throw Error(ErrorKind::training_failed, e.what());
+  } catch (const fs::filesystem_error& e) {
+    if (options.interactive) std::fputs("\n", out);
+    throw Error(ErrorKind::training_failed, fmt::format("{}: {}", e.path1().string(), e.code().message()));
   }
   return summary;
 }
@@ -424,12 +552,14 @@ Restored restore(const fs::path& checkpoint, int64_t batch, int64_t seq_len, con
   if (device_line != nullptr) *device_line = choice.line;
   const int64_t B = batch > 0 ? batch : r.config.train.batch_size;
   const int64_t T = seq_len > 0 ? seq_len : r.config.train.seq_len;
-  r.model = std::make_unique<Gpt2>(r.config.model, *r.backend,
-                                   PrecisionPolicy(r.config.precision, r.config.model, B * T), B, T);
   TrainSettings settings = r.config.train;
   settings.batch_size = B;
   settings.seq_len = T;
-  r.trainer = std::make_unique<Trainer>(*r.model, settings);
+  allocate_or_refuse(r.config, [&] {
+    r.model = std::make_unique<Gpt2>(r.config.model, *r.backend,
+                                     PrecisionPolicy(r.config.precision, r.config.model, B * T), B, T);
+    r.trainer = std::make_unique<Trainer>(*r.model, settings);
+  });
   load_checkpoint(checkpoint, *r.model, *r.trainer);
   return r;
 }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "process.h"
+#include "train_fixture.h"
 
 namespace octet {
 namespace {
@@ -15,48 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::run_octet;
 
-class TrainCommand : public ::testing::Test {
- protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("octet-train-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(root_);
-    fs::create_directories(root_ / "text");
-    std::vector<std::string> args = {"data",  "prepare", "--tokenizer",
-                                     "bytes", "--out",   (root_ / "shards").string()};
-    for (int d = 0; d < 40; ++d) {
-      const fs::path file = root_ / "text" / ("doc" + std::to_string(100 + d) + ".txt");
-      std::ofstream out(file);
-      for (int i = 0; i < 60; ++i)
-        out << "The quick brown fox " << (d * 7 + i) % 13 << " jumps over the lazy dog.\n";
-      args.push_back(file.string());
-    }
-    const testing::ProcessResult r = run_octet(args);
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    ASSERT_NE(r.out.find("38 train documents"), std::string::npos) << r.out;
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
-  fs::path write_config(const std::string& mode, int steps) {
-    const fs::path config = root_ / "run.toml";
-    std::ofstream(config)
-        << "[model]\nvocab_size = 256\nmax_seq_len = 16\nlayers = 1\nheads = 2\nchannels = 32\n"
-        << "[train]\nmixed_precision = \"" << mode << "\"\nbatch_size = 2\nseq_len = 16\nsteps = " << steps
-        << "\n[scheduler]\nwarmup_steps = 1\n[data]\ndir = \"" << (root_ / "shards").string()
-        << "\"\neval_every = 2\neval_batches = 2\n[logging]\nrun_dir = \"" << (root_ / "run").string()
-        << "\"\nlog_every = 1\n";
-    return config;
-  }
-
-  static std::string read(const fs::path& p) {
-    std::ifstream in(p);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-
-  fs::path root_;
-};
+class TrainCommand : public TrainFixture {};
 
 TEST_F(TrainCommand, Fp8RunWritesItsRecordsAndSaysWhatRanInFp8) {
   const testing::ProcessResult r = run_octet({"train", write_config("fp8", 4).string()});
@@ -129,7 +89,7 @@ TEST_F(TrainCommand, SigtermStopsAfterTheCurrentStep) {
       testing::run_process({"/usr/bin/timeout", "--preserve-status", "-s", "TERM", "2", OCTET_BINARY, "train",
                             write_config("fp32", 100000).string(), "--set", "data.eval_every=0"},
                            "/dev/null");
-  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 128 + 15) << r.err << "a stopped run tells a scheduler it was stopped";
   EXPECT_NE(r.out.find("stopped by signal 15 after step "), std::string::npos) << r.out;
 }
 
@@ -159,7 +119,7 @@ TEST_F(TrainCommand, ResumeAfterSigtermContinuesTheRunExactly) {
       "/usr/bin/timeout", "--preserve-status", "-s", "TERM", "1", OCTET_BINARY, "train", config.string()};
   first.insert(first.end(), quiet.begin(), quiet.end());
   const testing::ProcessResult stopped = testing::run_process(first, "/dev/null");
-  ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
+  ASSERT_EQ(stopped.exit_code, 128 + 15) << stopped.err;
   ASSERT_NE(stopped.out.find("stopped by signal 15"), std::string::npos)
       << stopped.out << "(the run ended too early)";
   std::vector<std::string> again = {"train", config.string(), "--resume"};

@@ -3,11 +3,13 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 
 #include <fmt/format.h>
 
+#include "number_parse.h"
 #include "octet/check.h"
 #include "octet/config/run_config.h"
 #include "octet/io/corpus.h"
@@ -46,13 +48,36 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
   train_ = root.add_subcommand("train", "Train a GPT as a TOML configuration describes");
   train_->add_option("CONFIG", config_file_, "TOML configuration file (docs/config.md)")->required();
   train_->add_option("--set", overrides_, "Override a key: section.key=value (repeatable)");
-  train_->add_flag("--resume", resume_, "Continue from the latest complete checkpoint in the run directory");
+  CLI::Option* resume = train_->add_flag("--resume", resume_,
+                                         "Continue from the latest complete checkpoint in the run directory");
+  CLI::Option* resume_from = train_->add_option(
+      "--resume-from", resume_from_,
+      "Continue from this checkpoint directory (of any run; a run directory: its latest) into "
+      "logging.run_dir, which must not hold another run");
+  CLI::Option* overwrite = train_->add_flag(
+      "--overwrite", overwrite_,
+      "Start afresh in a run directory that holds a run: remove octet's files of that run (config.toml, "
+      "precision_map.json, metrics.jsonl, telemetry.sqlite*, checkpoints/); other files stay");
+  resume->excludes(resume_from)->excludes(overwrite);
   train_->footer(
-      "Writes config.toml, precision_map.json and metrics.jsonl (one JSON object per step) to "
-      "logging.run_dir.\n"
-      "SIGINT or SIGTERM stops after the current step.\n"
-      "Exit codes: 0 done, 2 invalid configuration or data (nothing written), 3 training could not go on.\n"
-      "Example:\n  octet train configs/quickstart.toml --set train.steps=100");
+      "Writes config.toml, precision_map.json, metrics.jsonl (one JSON object per step, each line flushed) "
+      "and\n"
+      "checkpoints/ to logging.run_dir. A run directory that holds a run already is refused unless "
+      "--resume,\n"
+      "--overwrite or --resume-from says what to do with it; RUN_DIR/octet.lock keeps a second run out "
+      "while\n"
+      "one trains there.\n"
+      "SIGINT or SIGTERM stops after the current step and saves a checkpoint.\n"
+      "Exit codes: 0 done; 2 invalid configuration, data, checkpoint or run directory (one line on standard\n"
+      "error, nothing written); 3 training could not go on (a checkpoint, metrics or telemetry write "
+      "failed,\n"
+      "too many non-finite steps, an FP8 alert with fp8.on_alert = \"stop\"); 130 or 143 stopped by SIGINT "
+      "or\n"
+      "SIGTERM (128 + the signal) after saving its checkpoint.\n"
+      "Examples:\n  octet train configs/quickstart.toml --set train.steps=100\n"
+      "  octet train configs/quickstart.toml --resume\n"
+      "  octet train configs/quickstart.toml --resume-from runs/quickstart/checkpoints/step_000200 --set "
+      "logging.run_dir=runs/branch");
 
   eval_ = root.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
   eval_
@@ -62,7 +87,9 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
   eval_->add_option("--data", eval_data_,
                     "Shard directory (default: the data.dir the checkpoint was trained with)");
   eval_->add_option("--batches", eval_batches_,
-                    "Validation batches to average over (default: the run's data.eval_batches)");
+                    fmt::format("Validation batches to average over, 0 to {} (default: the run's "
+                                "data.eval_batches)",
+                                kMaxCount));
   eval_->add_option("--device", device_,
                     "auto, cpu or cuda (default: the run's train.device); prints where it runs on stderr");
   eval_->footer("Example:\n  octet eval runs/quickstart");
@@ -73,13 +100,29 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
                    "A checkpoint directory, or a run directory (its latest checkpoint)")
       ->required();
   generate_->add_option("--prompt", prompt_, "Text to continue")->required();
-  generate_->add_option("--max-tokens", max_tokens_, "Tokens to generate (default 64)");
+  generate_->add_option("--max-tokens", max_tokens_,
+                        fmt::format("Tokens to generate, 0 to {} (default 64)", kMaxCount));
   generate_->add_option("--temperature", temperature_,
                         "Sampling temperature; 0 always takes the likeliest token (default 0.8)");
   generate_->add_option("--top-k", top_k_, "Sample among the k likeliest tokens; 0 for all (default 40)");
   generate_->add_option("--seed", seed_, "Seed of the sampling (default 1)");
   generate_->add_option("--device", device_, "auto, cpu or cuda (default: the run's train.device)");
   generate_->footer("Example:\n  octet generate runs/quickstart --prompt \"The jury said\" --max-tokens 40");
+}
+
+// A count given on the command line: a decimal integer from 0 to kMaxCount, refused naming the option.
+static int64_t parse_count(std::string_view option, const std::string& text) {
+  int64_t value = 0;
+  const char* first = text.data() + (text.size() > 1 && text[0] == '+' ? 1 : 0);
+  const char* last = text.data() + text.size();
+  const auto [end, error] = std::from_chars(first, last, value);
+  const bool integer =
+      !text.empty() && end == last && (error == std::errc() || error == std::errc::result_out_of_range);
+  OCTET_REQUIRE(integer, "{} '{}' is not a whole number; give an integer from 0 to {}", option,
+                quote_token(text), kMaxCount);
+  OCTET_REQUIRE(error == std::errc() && value >= 0 && value <= kMaxCount,
+                "{} {} is out of range; give an integer from 0 to {}", option, quote_token(text), kMaxCount);
+  return value;
 }
 
 bool WorkflowCommands::selected() const {
@@ -89,7 +132,11 @@ bool WorkflowCommands::selected() const {
 // A checkpoint directory, or a run directory standing for its latest complete checkpoint.
 static std::filesystem::path resolve_checkpoint(const std::string& given) {
   const std::filesystem::path p(given);
-  if (std::filesystem::exists(p / "state.json")) return p;
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(p, ec);
+  OCTET_REQUIRE(!ec || status.type() == std::filesystem::file_type::not_found, "{} cannot be used: {}", given,
+                ec.message());
+  if (std::filesystem::exists(p / "state.json", ec)) return p;
   const std::optional<std::filesystem::path> latest = latest_checkpoint(p);
   OCTET_REQUIRE(
       latest.has_value(),
@@ -135,8 +182,9 @@ int WorkflowCommands::run() const {
     return 0;
   }
   if (eval_->parsed()) {
+    const int64_t batches = parse_count("--batches", eval_batches_);
     const std::filesystem::path checkpoint = resolve_checkpoint(checkpoint_);
-    const EvaluationResult r = evaluate_checkpoint(checkpoint, eval_data_, eval_batches_, device_);
+    const EvaluationResult r = evaluate_checkpoint(checkpoint, eval_data_, batches, device_);
     std::fprintf(stderr, "%s\n", r.device_line.c_str());
     std::printf("%s (step %lld, %s): validation loss %.4f, perplexity %.2f over %lld tokens\n",
                 checkpoint.string().c_str(), static_cast<long long>(r.step),
@@ -146,7 +194,7 @@ int WorkflowCommands::run() const {
   }
   if (generate_->parsed()) {
     SamplingSettings s;
-    s.max_new_tokens = max_tokens_;
+    s.max_new_tokens = parse_count("--max-tokens", max_tokens_);
     s.temperature = temperature_;
     s.top_k = top_k_;
     s.seed = seed_;
@@ -158,8 +206,17 @@ int WorkflowCommands::run() const {
   TrainingRunOptions options;
   options.interactive = ::isatty(::fileno(stdout)) == 1;
   options.resume = resume_;
-  run_training(config, options);
-  return 0;
+  options.overwrite = overwrite_;
+  if (!resume_from_.empty()) {
+    try {
+      options.resume_from = resolve_checkpoint(resume_from_);
+    } catch (const Error& e) {
+      throw Error(e.kind(), fmt::format("--resume-from: {}", e.what()));
+    }
+  }
+  const TrainingRunSummary summary = run_training(config, options);
+  // A stopped run is no finished one: 128 + the signal, as a shell reports a process the signal ended.
+  return summary.interrupted ? 128 + summary.stop_signal : 0;
 }
 
 }  // namespace octet::cli

@@ -3,17 +3,21 @@
 //   octet config show CONFIG [--set section.key=value ...]
 //   octet config keys
 //   octet data prepare --tokenizer bytes|gpt2 --out DIR FILES...
-//   octet train CONFIG [--set section.key=value ...] [--resume]
+//   octet train CONFIG [--set section.key=value ...] [--resume | --resume-from CHECKPOINT] [--overwrite]
 //   octet eval CHECKPOINT [--data DIR] [--batches N]
 //   octet generate CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 namespace octet::cli {
+
+// The largest --batches and --max-tokens value.
+inline constexpr int64_t kMaxCount = 2147483647;
 
 class WorkflowCommands {
  public:
@@ -37,9 +41,9 @@ class WorkflowCommands {
   CLI::App* generate_ = nullptr;
   std::string checkpoint_;
   std::string eval_data_;
-  int64_t eval_batches_ = 0;
+  std::string eval_batches_ = "0";  // parsed and range-checked by the command, not by CLI11
   std::string prompt_;
-  int64_t max_tokens_ = 64;
+  std::string max_tokens_ = "64";
   float temperature_ = 0.8f;
   int64_t top_k_ = 40;
   uint64_t seed_ = 1;
@@ -51,6 +55,8 @@ class WorkflowCommands {
   std::string vocabulary_dir_;
   std::vector<std::string> text_files_;
   bool resume_ = false;
+  std::string resume_from_;
+  bool overwrite_ = false;
 };
 
 }  // namespace octet::cli

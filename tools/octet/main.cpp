@@ -1,9 +1,13 @@
 // The `octet` command-line tool: builds the command tree, parses the arguments and turns every failure into
 // one line on standard error and an exit code: 0 success, 1 internal error or failed output, 2 invalid
-// arguments or input. CLI11's own printing and exit codes are bypassed so that every usage error looks the
-// same and exits with 2.
+// arguments or input, 3 training could not go on, 128 + the signal for a training run that SIGINT or SIGTERM
+// stopped. CLI11's own printing and exit codes are bypassed so that every usage error looks the same and
+// exits with 2.
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
@@ -56,7 +60,9 @@ int run_command_line(int argc, char** argv) {
   app.footer(
       "Exit codes: 0 success, 1 internal error or output that could not be written, 2 invalid arguments\n"
       "or input (one line on standard error says what and where; nothing is printed on standard output),\n"
-      "3 training could not go on.\n"
+      "3 training could not go on, 130 or 143 (128 + the signal) a training run stopped by SIGINT or "
+      "SIGTERM\n"
+      "after saving its checkpoint.\n"
       "\n"
       "Examples:\n"
       "  octet train configs/quickstart.toml\n"
@@ -110,6 +116,18 @@ int run_command_line(int argc, char** argv) {
   } catch (const octet::cli::IoError& e) {
     print_error(command, "error", e.what());
     return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the user gave that cannot be used (a symbolic-link loop, a file where a directory should be):
+    // the reason and the path, without the library's wording around them.
+    print_error(command, "error",
+                fmt::format("{}{}{}", e.path1().string(), e.path1().empty() ? "" : ": ", e.code().message()));
+    return 2;
+  } catch (const std::bad_alloc&) {
+    print_error(command, "error", "not enough memory for what the arguments or the configuration ask for");
+    return 2;
+  } catch (const std::length_error&) {
+    print_error(command, "error", "the arguments or the configuration ask for a size too large to allocate");
+    return 2;
   } catch (const std::exception& e) {
     print_error(command, "internal error", e.what());
     return 1;

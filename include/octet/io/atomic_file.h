@@ -7,7 +7,8 @@
 namespace octet::io {
 
 // Writes `contents` to a temporary file in the same directory (rename is atomic only within one file
-// system), flushes it to disk, renames it over `path` and flushes the directory. Throws octet::Error
+// system), flushes it to disk, renames it over `path` and flushes the directory. The file's mode is that of
+// any new file: 0666 minus the umask. Throws octet::Error
 // (invalid input) naming the file when any step fails; the temporary is removed then.
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents);
 

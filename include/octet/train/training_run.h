@@ -1,6 +1,6 @@
 // A whole training run from a RunConfig, as `octet train` performs it: data, model, precision policy, the
-// run directory (resolved config, precision map, per-step metrics as JSON lines), progress lines, validation
-// losses, and a clean stop on SIGINT or SIGTERM.
+// run directory (resolved config, precision map, per-step metrics as JSON lines; one writer, never a previous
+// run overwritten unasked), progress lines, validation losses, and a clean stop on SIGINT or SIGTERM.
 #pragma once
 
 #include <cstdio>
@@ -16,9 +16,12 @@
 namespace octet {
 
 struct TrainingRunOptions {
-  std::FILE* out = stdout;   // progress and reports
+  std::FILE* out = stdout;   // progress and reports, each line flushed as it is written
   bool interactive = false;  // a terminal: one progress line updated in place
   bool resume = false;       // continue from the latest complete checkpoint of the run directory
+  // Continue from this checkpoint directory (of any run) into the run directory; empty: none.
+  std::filesystem::path resume_from;
+  bool overwrite = false;  // remove octet's files of a previous run in the run directory and start afresh
   bool handle_signals = true;
 };
 
@@ -27,6 +30,7 @@ struct TrainingRunSummary {
   float last_loss = 0.0f;
   float last_validation_loss = 0.0f;
   bool interrupted = false;
+  int stop_signal = 0;  // the signal (SIGINT, SIGTERM) that stopped the run, when interrupted
 };
 
 // The backend a run trains on, as train.device says (the GPU for "auto" when one is visible), and the line
@@ -39,9 +43,14 @@ struct TrainingBackend {
 };
 TrainingBackend make_training_backend(const RunConfig& config);
 
-// Validates everything it can (data, shapes, device) before it creates the run directory. Saves a checkpoint
-// every checkpoint.every steps, at the end, and when stopped by a signal; with options.resume it continues
-// from the latest complete checkpoint of the run directory.
+// Validates everything it can (data, shapes, device, the run directory, the checkpoint it resumes from)
+// before it writes anything; a refusal throws octet::Error (invalid_input) and leaves the run directory as it
+// was. A run directory that holds a run already is refused unless options.resume (continue from its latest
+// complete checkpoint), options.overwrite (octet's files of the old run are removed) or options.resume_from
+// names that run's latest checkpoint. RUN_DIR/octet.lock keeps a second run out while this one lives.
+// Saves a checkpoint every checkpoint.every steps, at the end, and when stopped by a signal. Once training is
+// under way, a failure to write (a checkpoint, metrics.jsonl, the telemetry database) throws octet::Error
+// (training_failed) naming the file and the reason; the last complete checkpoint is kept.
 TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOptions& options);
 
 struct EvaluationResult {
