@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "database_check.h"
 #include "octet/check.h"
 #include "sqlite_db.h"
 
@@ -46,11 +47,11 @@ InspectReport read(Database& db, const InspectOptions& options) {
     Statement s(db, "SELECT loss, fp8_gemms, other_gemms FROM steps ORDER BY step DESC LIMIT 1");
     if (s.step()) {
       r.last_loss = s.optional_real(0);
-      r.last_fp8_gemms = s.integer(1);
-      r.last_other_gemms = s.integer(2);
+      r.last_fp8_gemms = s.optional_integer(1).value_or(0);
+      r.last_other_gemms = s.optional_integer(2).value_or(0);
     }
     Statement first(db, "SELECT fp8_gemms FROM steps ORDER BY step LIMIT 1");
-    if (first.step()) r.first_fp8_gemms = first.integer(0);
+    if (first.step()) r.first_fp8_gemms = first.optional_integer(0).value_or(0);
   }
   {
     Statement s(db, "SELECT loss FROM validation ORDER BY step DESC LIMIT 1");
@@ -112,16 +113,13 @@ InspectReport inspect_run(const std::filesystem::path& run_dir, const InspectOpt
   OCTET_REQUIRE(fs::is_regular_file(file),
                 "{} has no {}: it is not a run directory, or the run had telemetry.enabled = false",
                 run_dir.string(), kTelemetryFile);
-  try {
-    Database db(file, Database::Mode::read_only);
-    InspectReport r = read(db, options);
-    r.database = file;
-    return r;
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::invalid_input || std::string_view(e.what()).starts_with("--layer")) throw;
-    throw Error(ErrorKind::invalid_input,
-                fmt::format("{} is not a readable octet telemetry database ({})", file.string(), e.what()));
-  }
+  Database db(file, Database::Mode::read_only);
+  db.execute("BEGIN");  // one snapshot for every query, even while the run is still being written
+  telemetry_db::check_telemetry_database(db);
+  InspectReport r = read(db, options);
+  db.execute("COMMIT");
+  r.database = file;
+  return r;
 }
 
 }  // namespace octet

@@ -197,7 +197,9 @@ int InspectCommand::run() const {
   options.layer = layer_;
   options.top = top_;
   const InspectReport report = inspect_run(run_dir_, options);
-  const std::string text = json_ ? to_json(report, options).dump(2) + "\n" : to_text(report, options);
+  const std::string text =
+      json_ ? to_json(report, options).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"
+            : to_text(report, options);
   std::fputs(text.c_str(), stdout);
   return 0;
 }
