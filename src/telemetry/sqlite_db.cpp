@@ -3,6 +3,7 @@
 
 #include <sqlite3.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 
@@ -17,10 +18,19 @@ std::string unreadable(const std::filesystem::path& path, std::string_view reaso
   return fmt::format("{} is not a readable octet telemetry database: {}", path.string(), reason);
 }
 
+// SQLite's messages can quote a corrupt schema's text, line breaks included; an error is one line.
+std::string one_line(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  }
+  return out;
+}
+
 // What SQLite said, and the operating system's reason behind an I/O error ("File too large", "No space left
 // on device"), which SQLite's own message ("disk I/O error") leaves out.
 std::string sqlite_reason(sqlite3* db) {
-  std::string reason = sqlite3_errmsg(db);
+  std::string reason = one_line(sqlite3_errmsg(db));
   const int system_errno = sqlite3_system_errno(db);
   const int code = sqlite3_errcode(db);
   if (system_errno != 0 && (code == SQLITE_IOERR || code == SQLITE_FULL || code == SQLITE_CANTOPEN))
@@ -28,12 +38,39 @@ std::string sqlite_reason(sqlite3* db) {
   return reason;
 }
 
+// No connection writes it: a writer in WAL mode keeps FILE-wal (and FILE-shm) while it has the database open.
+bool quiescent(const std::filesystem::path& path) {
+  std::error_code error;
+  return !std::filesystem::exists(path.string() + "-wal", error) &&
+         !std::filesystem::exists(path.string() + "-shm", error) && !error;
+}
+
+// "file:PATH?immutable=1": SQLite reads the file without locking it and without the -shm and -wal files that
+// opening a WAL-mode database read-only would otherwise create, so that a reader leaves a finished run's
+// directory exactly as it was.
+std::string immutable_uri(const std::filesystem::path& path) {
+  std::string uri = "file:";
+  for (const char c : std::filesystem::absolute(path).string()) {
+    const auto u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) != 0 || c == '/' || c == '-' || c == '_' || c == '.' || c == '~') {
+      uri += c;
+    } else {
+      uri += fmt::format("%{:02X}", u);
+    }
+  }
+  return uri + "?immutable=1";
+}
+
 }  // namespace
 
 Database::Database(const std::filesystem::path& path, Mode mode) : path_(path), mode_(mode) {
-  const int flags =
-      mode == Mode::read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
-  const int rc = sqlite3_open_v2(path.string().c_str(), &db_, flags | SQLITE_OPEN_NOMUTEX, nullptr);
+  int flags = mode == Mode::read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+  std::string name = path.string();
+  if (mode == Mode::read_only && quiescent(path)) {
+    name = immutable_uri(path);
+    flags |= SQLITE_OPEN_URI;
+  }
+  const int rc = sqlite3_open_v2(name.c_str(), &db_, flags | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     const std::string message = db_ != nullptr ? sqlite_reason(db_) : sqlite3_errstr(rc);
     sqlite3_close(db_);
@@ -72,7 +109,7 @@ void Database::execute(std::string_view sql) {
 Statement::Statement(Database& db, std::string_view sql) : db_(db) {
   if (sqlite3_prepare_v2(db.handle(), sql.data(), static_cast<int>(sql.size()), &statement_, nullptr) !=
       SQLITE_OK) {
-    throw Error(ErrorKind::invalid_input, db.describe_error(fmt::format("preparing '{}'", sql)));
+    throw Error(ErrorKind::invalid_input, db.describe_error(fmt::format("preparing '{}'", one_line(sql))));
   }
 }
 
@@ -118,8 +155,8 @@ bool Statement::step() {
   const int rc = sqlite3_step(statement_);
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) return false;
-  const std::string table_or_sql = fmt::format("'{}'", sqlite3_sql(statement_));
-  throw Error(ErrorKind::invalid_input, db_.describe_error(fmt::format("running {}", table_or_sql)));
+  throw Error(ErrorKind::invalid_input,
+              db_.describe_error(fmt::format("running '{}'", one_line(sqlite3_sql(statement_)))));
 }
 
 void Statement::run() {
