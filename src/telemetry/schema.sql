@@ -2,7 +2,8 @@
 -- both read it (docs/telemetry.md explains every column).
 CREATE TABLE run(key TEXT PRIMARY KEY, value TEXT NOT NULL);
   -- keys: name, octet_version, started_at (ISO 8601 UTC), mode (fp32|bf16|fp16|fp8), device (cpu|cuda: name),
-  --       recipe (one line), telemetry_interval, config (the resolved TOML), precision_map (JSON, as precision_map.json)
+  --       recipe (one line), telemetry_interval, config (the resolved TOML), precision_map (JSON, as precision_map.json),
+  --       alert_saturation, alert_underflow, alert_scale_jump (the run's alert thresholds)
 CREATE TABLE steps(step INTEGER PRIMARY KEY, loss REAL, learning_rate REAL, grad_norm REAL, loss_scale REAL,
   skipped INTEGER NOT NULL, skip_reason TEXT, tokens INTEGER, step_ms REAL, tokens_per_s REAL,
   fp8_gemms INTEGER, other_gemms INTEGER);

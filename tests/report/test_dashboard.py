@@ -101,6 +101,17 @@ def expected_summary(run_dir, compare_dir):
                               (SELECT mode FROM gemms WHERE layer = g.layer AND gemm = g.gemm ORDER BY since_step,
                                rowid LIMIT 1) GROUP BY layer, gemm)"""),
     }
+    # The fractions' heatmaps are coloured against the run's alert thresholds: the darkest red exactly where a
+    # value is at or beyond one (a threshold of 0 gives no scale to colour against).
+    thresholds = dict(db.execute("SELECT key, value FROM run WHERE key IN ('alert_saturation', 'alert_underflow')"))
+    at_threshold = 0
+    for column, key, default in (("saturated_fraction", "alert_saturation", 0.01),
+                                 ("underflow_fraction", "alert_underflow", 0.10)):
+        t = float(thresholds.get(key, default))
+        if t > 0:
+            at_threshold += one(f"SELECT COUNT(*) FROM tensor_stats WHERE {column} >= ?", t)
+    e["heat-cells-at-threshold"] = at_threshold
+    e["heat-dark-cells"] = at_threshold
     for (tensor,) in db.execute("SELECT DISTINCT tensor FROM tensor_stats"):
         e["heatmap-rows-" + tensor] = one("SELECT COUNT(DISTINCT layer) FROM tensor_stats WHERE tensor = ?", tensor)
     if compare_dir:

@@ -65,6 +65,8 @@ class TelemetryRecorder {
   RecorderOptions options_;
   AlertMonitor monitor_;
   std::map<std::string, Fp8LinearTelemetry> previous_;  // totals at the last telemetry step, per layer
+  // Per (layer, tensor): the scaling state's amax updates at the last telemetry step (delayed scaling).
+  std::map<std::pair<std::string, std::string>, int64_t> amax_updates_;
   std::string stop_message_;
   int64_t alerts_raised_ = 0;
 };
