@@ -69,6 +69,36 @@ InspectReport read(Database& db, const InspectOptions& options) {
     while (s.step()) r.precision_changes.push_back(gemm_row(s));
   }
   {
+    // The mode changes: their events, at the checkpoint's step, whose message the recorder writes as "mode M
+    // from step S (B before): ...", and the GEMM rows written from the step after.
+    Statement s(
+        db, "SELECT step, message FROM events WHERE kind = 'mode_change' AND step IS NOT NULL ORDER BY id");
+    Statement counts(
+        db,
+        "SELECT COUNT(DISTINCT layer), COUNT(DISTINCT CASE mode WHEN 'fp8' THEN layer END) FROM gemms "
+        "WHERE since_step = ?1");
+    while (s.step()) {
+      InspectReport::ModeChange change;
+      change.step = s.integer(0) + 1;
+      const std::string message = s.text(1);
+      const size_t mode_end = message.find(' ', 5), before = message.find(" ("),
+                   before_end = message.find(" before)");
+      change.mode = message.starts_with("mode ") && mode_end != std::string::npos
+                        ? message.substr(5, mode_end - 5)
+                        : "?";
+      change.before = before != std::string::npos && before_end != std::string::npos && before_end > before
+                          ? message.substr(before + 2, before_end - before - 2)
+                          : "?";
+      counts.bind(1, change.step);
+      if (counts.step()) {
+        change.layers = counts.integer(0);
+        change.fp8_layers = counts.integer(1);
+      }
+      counts.reset();
+      r.mode_changes.push_back(change);
+    }
+  }
+  {
     Statement s(db, "SELECT step, kind, layer, tensor, value, threshold, message FROM events ORDER BY id");
     while (s.step()) {
       r.events.push_back({s.optional_integer(0), s.text(1), s.optional_text(2), s.optional_text(3),

@@ -57,11 +57,36 @@ void TelemetryRecorder::start(const std::vector<std::pair<std::string, std::stri
   store_.add(RunInfoRecord{"alert_saturation", fmt::format("{}", settings_.alert_saturation)});
   store_.add(RunInfoRecord{"alert_underflow", fmt::format("{}", settings_.alert_underflow)});
   store_.add(RunInfoRecord{"alert_scale_jump", fmt::format("{}", settings_.alert_scale_jump)});
-  if (store_.resumed().has_gemms) return;
+  const TelemetryResume& resumed = store_.resumed();
+  int64_t since = 0;
+  if (resumed.has_gemms) {
+    // A run resumed in another mode (a bf16 run continued in fp8): a new segment of the run, whose GEMMs are
+    // written again from the first step it runs, so that the gemms table's newest rows say how it runs now.
+    bool changed = false;
+    for (const LinearPlan& plan : model_.policy().layers()) {
+      const GemmMode modes[] = {plan.forward, plan.input_gradient, plan.weight_gradient};
+      for (int g = 0; g < 3; ++g) {
+        const auto it = resumed.gemm_modes.find({plan.name, kGemmNames[g]});
+        changed |= it == resumed.gemm_modes.end() || it->second != gemm_mode_name(modes[g]);
+      }
+    }
+    if (!changed || !resumed.at) return;
+    since = *resumed.at + 1;
+    std::string mode = "?";
+    for (const auto& [key, value] : run_info) {
+      if (key == "mode") mode = value;
+    }
+    // At the checkpoint's step, as a layer_to_bf16 event is at its alert's: a resume from the same checkpoint
+    // keeps it, one from an earlier checkpoint deletes it with the rows it explains.
+    store_.add(EventRecord{*resumed.at, "mode_change", std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                           fmt::format("mode {} from step {} ({} before): resumed from step {}", mode, since,
+                                       resumed.mode.empty() ? "?" : resumed.mode, *resumed.at)});
+  }
   for (const LinearPlan& plan : model_.policy().layers()) {
     const GemmMode modes[] = {plan.forward, plan.input_gradient, plan.weight_gradient};
     for (int g = 0; g < 3; ++g) {
-      store_.add(GemmRecord{plan.name, kGemmNames[g], std::string(gemm_mode_name(modes[g])), plan.reason, 0});
+      store_.add(
+          GemmRecord{plan.name, kGemmNames[g], std::string(gemm_mode_name(modes[g])), plan.reason, since});
     }
   }
 }

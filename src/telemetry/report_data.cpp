@@ -13,6 +13,8 @@
 //   skips        [{step, reason}]
 //   validation   {step, loss}
 //   gemms        [{layer, gemm, mode, reason, since_step}] in insertion order
+//   segment_start the first step of the run's latest segment: 0, or the first step of its last mode change
+//   mode_changes [{step (the first in the new mode), message}]
 //   stats        {steps: [column steps], total_steps, tensors: {tensor: {layers: [names],
 //                 amax|scale|saturated_fraction|underflow_fraction|sqnr_db: [[row values]]}}}
 //   phases       [{phase, count, mean_ms, total_ms}], largest total first
@@ -138,9 +140,26 @@ void load_steps(Database& db, json& doc, RunReportData& out) {
   doc["validation"] = std::move(validation);
 }
 
+// The run's latest segment starts at step 0, or at the first step of the last mode change (a run resumed in
+// another mode; its event is at the checkpoint's step).
+int64_t latest_segment_start(Database& db, json& doc) {
+  json changes = json::array();
+  int64_t start = 0;
+  Statement s(db,
+              "SELECT step, message FROM events WHERE kind = 'mode_change' AND step IS NOT NULL ORDER BY id");
+  while (s.step()) {
+    start = std::max(start, s.integer(0) + 1);
+    changes.push_back({{"step", s.integer(0) + 1}, {"message", s.text(1)}});
+  }
+  doc["mode_changes"] = std::move(changes);
+  doc["segment_start"] = start;
+  return start;
+}
+
 void load_gemms(Database& db, json& doc, LayerOrder& layers, RunReportData& out) {
+  const int64_t segment = latest_segment_start(db, doc);
   json gemms = json::array();
-  std::set<std::string> fp8_at_start;
+  std::map<std::pair<std::string, std::string>, std::string> at_segment_start;  // the newest row up to it
   std::set<std::string> named;
   Statement s(db, "SELECT layer, gemm, mode, reason, since_step FROM gemms ORDER BY since_step, rowid");
   while (s.step()) {
@@ -148,12 +167,16 @@ void load_gemms(Database& db, json& doc, LayerOrder& layers, RunReportData& out)
     layers.add(layer);
     named.insert(layer);
     const int64_t since = s.integer(4);
-    if (since == 0 && s.text(2) == "fp8") fp8_at_start.insert(layer);
+    if (since <= segment) at_segment_start[{layer, s.text(1)}] = s.text(2);
     gemms.push_back({{"layer", layer},
                      {"gemm", s.text(1)},
                      {"mode", s.text(2)},
                      {"reason", text_or_null(s, 3)},
                      {"since_step", since}});
+  }
+  std::set<std::string> fp8_at_start;
+  for (const auto& [key, mode] : at_segment_start) {
+    if (mode == "fp8") fp8_at_start.insert(key.first);
   }
   // Without GEMM rows, the precision map in the run table says which layers started in FP8.
   if (gemms.empty() && doc["precision_map"].is_array()) {

@@ -163,6 +163,43 @@ TEST_F(InspectCommand, AResumedRunAppendsToTheSameDatabase) {
   EXPECT_EQ(infos, 1) << j["events"].dump(2);
 }
 
+// A bf16 run continued in fp8 from its checkpoint: the report and inspect describe the run as it runs now
+// (its latest segment: 4 of its 5 layers in FP8, the LM head excluded), and say that it changed mode.
+TEST_F(InspectCommand, ARunResumedInAnotherModeIsDescribedByItsLatestSegment) {
+  const std::string config = write_config(8, "[checkpoint]\nevery = 4\nkeep_last = 5\n").string();
+  ASSERT_EQ(run_octet({"train", config, "--set", "train.mixed_precision=bf16"}).exit_code, 0);
+  fs::remove_all(run_dir() / "checkpoints" / "step_000008");
+  const ProcessResult resumed = run_octet({"train", config, "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+
+  const ProcessResult report = run_octet({"report", run_dir().string()});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  EXPECT_NE(report.out.find("4 of 5 layers in FP8"), std::string::npos) << report.out;
+  const std::string page = testing::read_file((run_dir() / "report.html").string());
+  EXPECT_NE(page.find("mode fp8 from step 5 (bf16 before)"), std::string::npos);
+
+  const json j = inspect_json();
+  ASSERT_EQ(j["mode_changes"].size(), 1u) << j.dump(2);
+  EXPECT_EQ(j["mode_changes"][0]["step"], 5);
+  EXPECT_EQ(j["mode_changes"][0]["mode"], "fp8");
+  EXPECT_EQ(j["mode_changes"][0]["before"], "bf16");
+  EXPECT_EQ(j["steps"]["fp8_gemms_first"], 0);
+  EXPECT_EQ(j["steps"]["fp8_gemms_last"], 12);
+  int64_t fp8_from_5 = 0;
+  for (const json& g : j["precision_changes"]) fp8_from_5 += g["since_step"] == 5 && g["mode"] == "fp8";
+  EXPECT_EQ(fp8_from_5, 12) << j["precision_changes"].dump(2);
+  const ProcessResult text = run_octet({"inspect", run_dir().string()});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("from step 5: mode fp8 (bf16 before): 4 of 5 layers with a GEMM in FP8"),
+            std::string::npos)
+      << text.out;
+
+  // Resumed again from the same checkpoint: the change is there once, not twice.
+  fs::remove_all(run_dir() / "checkpoints" / "step_000008");
+  ASSERT_EQ(run_octet({"train", config, "--resume"}).exit_code, 0);
+  EXPECT_EQ(inspect_json()["mode_changes"].size(), 1u);
+}
+
 TEST_F(InspectCommand, StopAlertSavesACheckpointAndExitsWith3) {
   const ProcessResult r =
       run_octet({"train", write_config(6, kSaturating + "on_alert = \"stop\"\n").string()});
