@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 
@@ -28,10 +29,11 @@ std::string one_line(std::string_view text) {
 }
 
 // What SQLite said, and the operating system's reason behind an I/O error ("File too large", "No space left
-// on device"), which SQLite's own message ("disk I/O error") leaves out.
-std::string sqlite_reason(sqlite3* db) {
+// on device"), which SQLite's own message ("disk I/O error") leaves out. SQLite keeps the reason only for
+// some statements (not for a failed COMMIT), so the caller passes errno as the failed call left it too.
+std::string sqlite_reason(sqlite3* db, int call_errno = 0) {
   std::string reason = one_line(sqlite3_errmsg(db));
-  const int system_errno = sqlite3_system_errno(db);
+  const int system_errno = sqlite3_system_errno(db) != 0 ? sqlite3_system_errno(db) : call_errno;
   const int code = sqlite3_errcode(db);
   if (system_errno != 0 && (code == SQLITE_IOERR || code == SQLITE_FULL || code == SQLITE_CANTOPEN))
     reason += fmt::format(" ({})", std::strerror(system_errno));
@@ -86,9 +88,9 @@ Database::~Database() {
   sqlite3_close(db_);  // statements are finalized by their owners first
 }
 
-std::string Database::describe_error(std::string_view doing) const {
-  if (read_only()) return unreadable(path_, fmt::format("{} ({})", sqlite_reason(db_), doing));
-  return fmt::format("{}: {} ({})", path_.string(), sqlite_reason(db_), doing);
+std::string Database::describe_error(std::string_view doing, int call_errno) const {
+  if (read_only()) return unreadable(path_, fmt::format("{} ({})", sqlite_reason(db_, call_errno), doing));
+  return fmt::format("{}: {} ({})", path_.string(), sqlite_reason(db_, call_errno), doing);
 }
 
 void Database::refuse(std::string_view reason) const {
@@ -97,12 +99,15 @@ void Database::refuse(std::string_view reason) const {
 
 void Database::execute(std::string_view sql) {
   char* message = nullptr;
+  errno = 0;
   const int rc = sqlite3_exec(db_, std::string(sql).c_str(), nullptr, nullptr, &message);
+  const int call_errno = errno;
   if (rc != SQLITE_OK) {
     sqlite3_free(message);
     // The statement's first words say what was being done without repeating a whole schema.
     const std::string_view first_line = sql.substr(0, std::min(sql.find('\n'), size_t{40}));
-    throw Error(ErrorKind::invalid_input, describe_error(fmt::format("running '{}'", first_line)));
+    throw Error(ErrorKind::invalid_input,
+                describe_error(fmt::format("running '{}'", first_line), call_errno));
   }
 }
 
@@ -152,11 +157,13 @@ Statement& Statement::bind(int index, const std::optional<std::string>& value) {
 }
 
 bool Statement::step() {
+  errno = 0;
   const int rc = sqlite3_step(statement_);
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) return false;
+  const int call_errno = errno;
   throw Error(ErrorKind::invalid_input,
-              db_.describe_error(fmt::format("running '{}'", one_line(sqlite3_sql(statement_)))));
+              db_.describe_error(fmt::format("running '{}'", one_line(sqlite3_sql(statement_))), call_errno));
 }
 
 void Statement::run() {

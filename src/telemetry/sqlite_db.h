@@ -36,8 +36,9 @@ class Database {
   const std::filesystem::path& path() const { return path_; }
   bool read_only() const { return mode_ == Mode::read_only; }
   // "PATH: what SQLite said (the OS's reason, where there is one) (doing)" for messages; for a read-only
-  // connection "PATH is not a readable octet telemetry database: ...".
-  std::string describe_error(std::string_view doing) const;
+  // connection "PATH is not a readable octet telemetry database: ...". call_errno: errno as the failed call
+  // left it.
+  std::string describe_error(std::string_view doing, int call_errno = 0) const;
   // Throws invalid_input: "PATH is not a readable octet telemetry database: `reason`" (any mode).
   [[noreturn]] void refuse(std::string_view reason) const;
 

@@ -201,7 +201,9 @@ void TelemetryStore::run_writer() {
 
 void TelemetryStore::throw_if_failed() {
   if (!error_.empty()) {
-    throw Error(ErrorKind::training_failed, fmt::format("cannot write the telemetry database: {}", error_));
+    throw Error(ErrorKind::training_failed,
+                fmt::format("cannot write the telemetry database {}",
+                            error_.starts_with(path_.string()) ? error_ : path_.string() + ": " + error_));
   }
 }
 

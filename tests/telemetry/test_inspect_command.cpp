@@ -1,6 +1,12 @@
 // Telemetry through the command line, as a user runs it: octet train writes telemetry.sqlite, octet inspect
 // reads it (text and JSON), a resumed run appends to it, fp8.on_alert = "stop" ends the run with a checkpoint
 // and exit code 3, "warn" says each alert once, and a bad run directory is exit code 2 with one line.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -198,6 +204,37 @@ TEST_F(InspectCommand, ARunResumedInAnotherModeIsDescribedByItsLatestSegment) {
   fs::remove_all(run_dir() / "checkpoints" / "step_000008");
   ASSERT_EQ(run_octet({"train", config, "--resume"}).exit_code, 0);
   EXPECT_EQ(inspect_json()["mode_changes"].size(), 1u);
+}
+
+// A full disk while training: the store cannot write telemetry.sqlite (RLIMIT_FSIZE, with SIGXFSZ ignored so
+// that the write fails with EFBIG instead of killing the process). The run ends with exit code 3 and one line
+// naming the file and the reason, at the step after the failed write.
+TEST_F(InspectCommand, AFullDiskStopsTheRunWithExitCode3NamingTheFileAndTheReason) {
+  const std::string config = write_config(40, "[checkpoint]\nevery = 1000\n").string();
+  const fs::path out = root_ / "stdout", err = root_ / "stderr";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    signal(SIGXFSZ, SIG_IGN);                    // stays ignored across exec
+    const rlimit limit{256 * 1024, 256 * 1024};  // above what creating the database writes
+    setrlimit(RLIMIT_FSIZE, &limit);
+    alarm(120);
+    execl(OCTET_BINARY, OCTET_BINARY, "train", config.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string error = testing::read_file(err.string());
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << ": " << error;
+  EXPECT_EQ(WEXITSTATUS(status), 3) << error;
+  EXPECT_EQ(count(error, "\n"), 1) << error;
+  EXPECT_NE(error.find("cannot write the telemetry database " + (run_dir() / "telemetry.sqlite").string()),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("File too large"), std::string::npos) << "the operating system's reason: " << error;
 }
 
 TEST_F(InspectCommand, StopAlertSavesACheckpointAndExitsWith3) {
