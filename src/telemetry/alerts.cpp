@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -64,17 +65,46 @@ std::vector<Alert> AlertMonitor::observe(const TensorReading& r) {
           fmt::format("{} of its non-zero values underflowed to zero (threshold {})",
                       percent(*r.underflow_fraction), percent(settings_.alert_underflow)));
   }
-  if (r.scale && usable_scale(*r.scale)) {
-    const auto key = std::make_pair(r.layer, r.tensor);
+  const double jump = setting(settings_.alert_scale_jump);
+  const auto key = std::make_pair(r.layer, r.tensor);
+  if (r.tensor == "gradient") {
+    // Gradients' magnitudes follow the loss and the learning rate by orders of magnitude in healthy training
+    // (a warm-up, the spikes that clipping absorbs, the decay), and E5M2's range is there for it: a
+    // gradient's scale jump says nothing on its own. What it costs shows in the saturation and underflow
+    // fractions.
+  } else if (!r.recent_amax.empty()) {
+    // A zero amax (an all-zero tensor) gives no scale and is passed over.
+    std::vector<double> amaxes;
+    for (const double amax : r.recent_amax) {
+      if (usable_scale(amax)) amaxes.push_back(amax);
+    }
+    if (amaxes.empty()) return alerts;
+    std::sort(amaxes.begin(), amaxes.end());
+    const size_t n = amaxes.size();
+    const double median = n % 2 == 1 ? amaxes[n / 2] : std::sqrt(amaxes[n / 2 - 1] * amaxes[n / 2]);
+    const auto it = last_median_.find(key);
+    if (it != last_median_.end() && settings_.alert_scale_jump > 0.0f) {
+      const auto [previous_step, previous] = it->second;
+      const double factor = std::max(median / previous, previous / median);
+      if (above(factor, settings_.alert_scale_jump)) {
+        raise(
+            "scale_jump", factor, jump,
+            fmt::format("its median amax moved by a factor of {:.3g} ({:.4g} over the casts up to step {} -> "
+                        "{:.4g} over the {} since; threshold {:.3g})",
+                        factor, previous, previous_step, median, n, jump));
+      }
+    }
+    last_median_[key] = {r.step, median};
+  } else if (r.scale && usable_scale(*r.scale)) {
     const auto it = last_scale_.find(key);
     if (it != last_scale_.end() && settings_.alert_scale_jump > 0.0f) {
       const auto [previous_step, previous] = it->second;
       const double factor = std::max(*r.scale / previous, previous / *r.scale);
       if (above(factor, settings_.alert_scale_jump)) {
-        raise("scale_jump", factor, setting(settings_.alert_scale_jump),
+        raise("scale_jump", factor, jump,
               fmt::format(
                   "its scale moved by a factor of {:.3g} ({:.4g} at step {} -> {:.4g}; threshold {:.3g})",
-                  factor, previous, previous_step, *r.scale, settings_.alert_scale_jump));
+                  factor, previous, previous_step, *r.scale, jump));
       }
     }
     last_scale_[key] = {r.step, *r.scale};

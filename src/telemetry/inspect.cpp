@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "database_check.h"
 #include "octet/check.h"
 #include "sqlite_db.h"
 
@@ -46,11 +47,11 @@ InspectReport read(Database& db, const InspectOptions& options) {
     Statement s(db, "SELECT loss, fp8_gemms, other_gemms FROM steps ORDER BY step DESC LIMIT 1");
     if (s.step()) {
       r.last_loss = s.optional_real(0);
-      r.last_fp8_gemms = s.integer(1);
-      r.last_other_gemms = s.integer(2);
+      r.last_fp8_gemms = s.optional_integer(1).value_or(0);
+      r.last_other_gemms = s.optional_integer(2).value_or(0);
     }
     Statement first(db, "SELECT fp8_gemms FROM steps ORDER BY step LIMIT 1");
-    if (first.step()) r.first_fp8_gemms = first.integer(0);
+    if (first.step()) r.first_fp8_gemms = first.optional_integer(0).value_or(0);
   }
   {
     Statement s(db, "SELECT loss FROM validation ORDER BY step DESC LIMIT 1");
@@ -66,6 +67,36 @@ InspectReport read(Database& db, const InspectOptions& options) {
                 "SELECT layer, gemm, mode, reason, since_step FROM gemms WHERE since_step > 0 "
                 "ORDER BY since_step, rowid");
     while (s.step()) r.precision_changes.push_back(gemm_row(s));
+  }
+  {
+    // The mode changes: their events, at the checkpoint's step, whose message the recorder writes as "mode M
+    // from step S (B before): ...", and the GEMM rows written from the step after.
+    Statement s(
+        db, "SELECT step, message FROM events WHERE kind = 'mode_change' AND step IS NOT NULL ORDER BY id");
+    Statement counts(
+        db,
+        "SELECT COUNT(DISTINCT layer), COUNT(DISTINCT CASE mode WHEN 'fp8' THEN layer END) FROM gemms "
+        "WHERE since_step = ?1");
+    while (s.step()) {
+      InspectReport::ModeChange change;
+      change.step = s.integer(0) + 1;
+      const std::string message = s.text(1);
+      const size_t mode_end = message.find(' ', 5), before = message.find(" ("),
+                   before_end = message.find(" before)");
+      change.mode = message.starts_with("mode ") && mode_end != std::string::npos
+                        ? message.substr(5, mode_end - 5)
+                        : "?";
+      change.before = before != std::string::npos && before_end != std::string::npos && before_end > before
+                          ? message.substr(before + 2, before_end - before - 2)
+                          : "?";
+      counts.bind(1, change.step);
+      if (counts.step()) {
+        change.layers = counts.integer(0);
+        change.fp8_layers = counts.integer(1);
+      }
+      counts.reset();
+      r.mode_changes.push_back(change);
+    }
   }
   {
     Statement s(db, "SELECT step, kind, layer, tensor, value, threshold, message FROM events ORDER BY id");
@@ -112,16 +143,13 @@ InspectReport inspect_run(const std::filesystem::path& run_dir, const InspectOpt
   OCTET_REQUIRE(fs::is_regular_file(file),
                 "{} has no {}: it is not a run directory, or the run had telemetry.enabled = false",
                 run_dir.string(), kTelemetryFile);
-  try {
-    Database db(file, Database::Mode::read_only);
-    InspectReport r = read(db, options);
-    r.database = file;
-    return r;
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::invalid_input || std::string_view(e.what()).starts_with("--layer")) throw;
-    throw Error(ErrorKind::invalid_input,
-                fmt::format("{} is not a readable octet telemetry database ({})", file.string(), e.what()));
-  }
+  Database db(file, Database::Mode::read_only);
+  db.execute("BEGIN");  // one snapshot for every query, even while the run is still being written
+  telemetry_db::check_telemetry_database(db);
+  InspectReport r = read(db, options);
+  db.execute("COMMIT");
+  r.database = file;
+  return r;
 }
 
 }  // namespace octet

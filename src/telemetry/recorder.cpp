@@ -1,6 +1,7 @@
 // The run's telemetry and FP8 alerts (see recorder.h).
 #include "octet/telemetry/recorder.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -52,11 +53,40 @@ void TelemetryRecorder::log(const std::string& line) const {
 void TelemetryRecorder::start(const std::vector<std::pair<std::string, std::string>>& run_info) {
   for (const auto& [key, value] : run_info) store_.add(RunInfoRecord{key, value, key == "started_at"});
   store_.add(RunInfoRecord{"precision_map", model_.policy().map_json()});
-  if (store_.resumed().has_gemms) return;
+  // The report colours its heatmaps against the thresholds (docs/dashboard.md).
+  store_.add(RunInfoRecord{"alert_saturation", fmt::format("{}", settings_.alert_saturation)});
+  store_.add(RunInfoRecord{"alert_underflow", fmt::format("{}", settings_.alert_underflow)});
+  store_.add(RunInfoRecord{"alert_scale_jump", fmt::format("{}", settings_.alert_scale_jump)});
+  const TelemetryResume& resumed = store_.resumed();
+  int64_t since = 0;
+  if (resumed.has_gemms) {
+    // A run resumed in another mode (a bf16 run continued in fp8): a new segment of the run, whose GEMMs are
+    // written again from the first step it runs, so that the gemms table's newest rows say how it runs now.
+    bool changed = false;
+    for (const LinearPlan& plan : model_.policy().layers()) {
+      const GemmMode modes[] = {plan.forward, plan.input_gradient, plan.weight_gradient};
+      for (int g = 0; g < 3; ++g) {
+        const auto it = resumed.gemm_modes.find({plan.name, kGemmNames[g]});
+        changed |= it == resumed.gemm_modes.end() || it->second != gemm_mode_name(modes[g]);
+      }
+    }
+    if (!changed || !resumed.at) return;
+    since = *resumed.at + 1;
+    std::string mode = "?";
+    for (const auto& [key, value] : run_info) {
+      if (key == "mode") mode = value;
+    }
+    // At the checkpoint's step, as a layer_to_bf16 event is at its alert's: a resume from the same checkpoint
+    // keeps it, one from an earlier checkpoint deletes it with the rows it explains.
+    store_.add(EventRecord{*resumed.at, "mode_change", std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                           fmt::format("mode {} from step {} ({} before): resumed from step {}", mode, since,
+                                       resumed.mode.empty() ? "?" : resumed.mode, *resumed.at)});
+  }
   for (const LinearPlan& plan : model_.policy().layers()) {
     const GemmMode modes[] = {plan.forward, plan.input_gradient, plan.weight_gradient};
     for (int g = 0; g < 3; ++g) {
-      store_.add(GemmRecord{plan.name, kGemmNames[g], std::string(gemm_mode_name(modes[g])), plan.reason, 0});
+      store_.add(
+          GemmRecord{plan.name, kGemmNames[g], std::string(gemm_mode_name(modes[g])), plan.reason, since});
     }
   }
 }
@@ -100,9 +130,15 @@ void TelemetryRecorder::record_step(const StepResult& r, double step_ms, double 
   if (done == 1 && !telemetry_step) {
     // The first step's casts are left out of the first interval: under delayed scaling they use the initial
     // scale of 1, as no amax is known yet, and would raise alerts that say nothing about the run.
+    // For the same reason the first step's amaxes are not among those a scale jump compares.
     for (const LinearPlan& plan : model_.policy().layers()) {
       if (const Fp8LinearTelemetry* totals = plan.fp8() ? model_.telemetry(plan.name) : nullptr)
         previous_[plan.name] = *totals;
+      if (const Fp8LinearState* state = plan.fp8() ? model_.fp8_state(plan.name) : nullptr) {
+        amax_updates_[{plan.name, "activation"}] = state->activation.updates;
+        amax_updates_[{plan.name, "weight"}] = state->weight.updates;
+        amax_updates_[{plan.name, "gradient"}] = state->gradient.updates;
+      }
     }
   }
 }
@@ -146,8 +182,19 @@ void TelemetryRecorder::record_tensors(int64_t step) {
         row.underflow_fraction = static_cast<double>(d.underflowed) / static_cast<double>(d.nonzero);
       if (settings_.sqnr && d.signal_energy > 0.0 && d.noise_energy > 0.0)
         row.sqnr_db = 10.0 * std::log10(d.signal_energy / d.noise_energy);
-      const TensorReading reading{step,     plan.name, o.name, row.saturated_fraction, row.underflow_fraction,
-                                  row.scale};
+      TensorReading reading{step,     plan.name, o.name, row.saturated_fraction, row.underflow_fraction,
+                            row.scale};
+      if (!o.scaling.amax_history.empty()) {
+        // The history holds the newest amax first; the reading wants those of the casts since the previous
+        // reading, oldest first.
+        const auto key = std::make_pair(plan.name, std::string(o.name));
+        const auto seen = amax_updates_.find(key);
+        const int64_t fresh = o.scaling.updates - (seen != amax_updates_.end() ? seen->second : 0);
+        const size_t take =
+            std::min(o.scaling.amax_history.size(), static_cast<size_t>(std::max<int64_t>(fresh, 0)));
+        for (size_t i = take; i-- > 0;) reading.recent_amax.push_back(o.scaling.amax_history[i]);
+        amax_updates_[key] = o.scaling.updates;
+      }
       for (Alert& a : monitor_.observe(reading)) alerts.push_back(std::move(a));
       store_.add(std::move(row));
     }

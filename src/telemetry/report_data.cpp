@@ -1,6 +1,7 @@
 // See report_data.h. The database is opened read-only and read inside one transaction, so that a run still
 // being written is seen at one consistent point. Series are stored column-wise (one array per field) to keep
-// the page small; SQL NULLs and non-finite numbers become JSON null.
+// the page small; SQL NULLs become JSON null. check_telemetry_database (database_check.h) has refused values
+// of the wrong type or range, non-finite numbers among them, before anything is read.
 //
 // Document layout:
 //   facts        {key: value} of the run table, except config and precision_map
@@ -12,13 +13,13 @@
 //   skips        [{step, reason}]
 //   validation   {step, loss}
 //   gemms        [{layer, gemm, mode, reason, since_step}] in insertion order
+//   segment_start the first step of the run's latest segment: 0, or the first step of its last mode change
+//   mode_changes [{step (the first in the new mode), message}]
 //   stats        {steps: [column steps], total_steps, tensors: {tensor: {layers: [names],
 //                 amax|scale|saturated_fraction|underflow_fraction|sqnr_db: [[row values]]}}}
 //   phases       [{phase, count, mean_ms, total_ms}], largest total first
 //   events       [{id, step, kind, layer, tensor, value, threshold, message}]
 #include "report_data.h"
-
-#include <sqlite3.h>
 
 #include <algorithm>
 #include <cmath>
@@ -30,7 +31,9 @@
 
 #include <fmt/format.h>
 
+#include "database_check.h"
 #include "octet/check.h"
+#include "sqlite_db.h"
 
 namespace octet::telemetry {
 namespace {
@@ -38,89 +41,24 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class Database {
- public:
-  explicit Database(const fs::path& file) : file_(file) {
-    const int rc = sqlite3_open_v2(file.c_str(), &db_, SQLITE_OPEN_READONLY, nullptr);
-    if (rc != SQLITE_OK) {
-      const std::string message = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
-      sqlite3_close(db_);
-      db_ = nullptr;
-      fail(message);
-    }
-    sqlite3_busy_timeout(db_, 5000);  // a writer holds its lock only for the moment of a commit
-  }
-  ~Database() { sqlite3_close(db_); }
-  Database(const Database&) = delete;
-  Database& operator=(const Database&) = delete;
+using telemetry_db::Database;
+using telemetry_db::Statement;
 
-  [[noreturn]] void fail(const std::string& message) const {
-    throw_error(ErrorKind::invalid_input, __FILE__, __LINE__,
-                fmt::format("{} is not a readable octet telemetry database: {}", file_.string(), message));
-  }
-  void execute(const char* sql) {
-    if (sqlite3_exec(db_, sql, nullptr, nullptr, nullptr) != SQLITE_OK) fail(sqlite3_errmsg(db_));
-  }
-  sqlite3* handle() const { return db_; }
+json number_or_null(Statement& s, int column) {
+  const std::optional<double> v = s.optional_real(column);
+  return v ? json(*v) : json(nullptr);
+}
+json integer_or_null(Statement& s, int column) {
+  const std::optional<int64_t> v = s.optional_integer(column);
+  return v ? json(*v) : json(nullptr);
+}
+json text_or_null(Statement& s, int column) {
+  const std::optional<std::string> v = s.optional_text(column);
+  return v ? json(*v) : json(nullptr);
+}
 
- private:
-  fs::path file_;
-  sqlite3* db_ = nullptr;
-};
-
-class Statement {
- public:
-  Statement(Database& db, const char* sql) : db_(db) {
-    if (sqlite3_prepare_v2(db.handle(), sql, -1, &statement_, nullptr) != SQLITE_OK) {
-      db.fail(sqlite3_errmsg(db.handle()));
-    }
-  }
-  ~Statement() { sqlite3_finalize(statement_); }
-  Statement(const Statement&) = delete;
-  Statement& operator=(const Statement&) = delete;
-
-  // True while there is a row.
-  bool next() {
-    const int rc = sqlite3_step(statement_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc != SQLITE_DONE) db_.fail(sqlite3_errmsg(db_.handle()));
-    return false;
-  }
-  bool is_null(int column) const { return sqlite3_column_type(statement_, column) == SQLITE_NULL; }
-  int64_t integer(int column) const { return sqlite3_column_int64(statement_, column); }
-  std::optional<double> real(int column) const {
-    if (is_null(column)) return std::nullopt;
-    const double v = sqlite3_column_double(statement_, column);
-    return std::isfinite(v) ? std::optional<double>(v) : std::nullopt;
-  }
-  std::string text(int column) const {
-    const unsigned char* t = sqlite3_column_text(statement_, column);
-    return t == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(t));
-  }
-  json number_or_null(int column) const {
-    const std::optional<double> v = real(column);
-    return v ? json(*v) : json(nullptr);
-  }
-  json integer_or_null(int column) const { return is_null(column) ? json(nullptr) : json(integer(column)); }
-  json text_or_null(int column) const { return is_null(column) ? json(nullptr) : json(text(column)); }
-
- private:
-  Database& db_;
-  sqlite3_stmt* statement_ = nullptr;
-};
-
-constexpr const char* kTables[] = {"run", "steps", "validation", "tensor_stats", "gemms", "phases", "events"};
 constexpr const char* kStatMetrics[] = {"amax", "scale", "saturated_fraction", "underflow_fraction",
                                         "sqnr_db"};
-
-void require_tables(Database& db) {
-  std::set<std::string> present;
-  Statement s(db, "SELECT name FROM sqlite_master WHERE type = 'table'");
-  while (s.next()) present.insert(s.text(0));
-  for (const char* table : kTables) {
-    if (!present.contains(table)) db.fail(fmt::format("it has no table '{}'", table));
-  }
-}
 
 // Layer names in a stable order: the precision map's first, then the order the other tables name them in.
 class LayerOrder {
@@ -141,12 +79,12 @@ void load_facts(Database& db, json& doc, LayerOrder& layers) {
   doc["config"] = nullptr;
   doc["precision_map"] = nullptr;
   Statement s(db, "SELECT key, value FROM run ORDER BY key");
-  while (s.next()) {
+  while (s.step()) {
     const std::string key = s.text(0);
     if (key == "config") {
       doc["config"] = s.text(1);
     } else if (key == "precision_map") {
-      json map = json::parse(s.text(1), nullptr, /*allow_exceptions=*/false);
+      json map = json::parse(s.text(1), nullptr, /*allow_exceptions=*/false);  // checked: an array of objects
       if (map.is_array()) {
         for (const json& entry : map) {
           if (entry.is_object() && entry.contains("layer") && entry["layer"].is_string()) {
@@ -172,52 +110,73 @@ void load_steps(Database& db, json& doc, RunReportData& out) {
       db,
       "SELECT step, loss, learning_rate, grad_norm, loss_scale, skipped, skip_reason, tokens, step_ms, "
       "tokens_per_s, fp8_gemms, other_gemms FROM steps ORDER BY step");
-  while (s.next()) {
+  while (s.step()) {
     const int64_t step = s.integer(0);
     steps["step"].push_back(step);
-    steps["loss"].push_back(s.number_or_null(1));
-    if (s.real(1)) ++out.loss_points;
-    steps["learning_rate"].push_back(s.number_or_null(2));
-    steps["grad_norm"].push_back(s.number_or_null(3));
-    steps["loss_scale"].push_back(s.number_or_null(4));
+    steps["loss"].push_back(number_or_null(s, 1));
+    if (!s.is_null(1)) ++out.loss_points;
+    steps["learning_rate"].push_back(number_or_null(s, 2));
+    steps["grad_norm"].push_back(number_or_null(s, 3));
+    steps["loss_scale"].push_back(number_or_null(s, 4));
     const bool skipped = s.integer(5) != 0;
     steps["skipped"].push_back(skipped ? 1 : 0);
-    if (skipped) skips.push_back({{"step", step}, {"reason", s.text(6)}});
-    steps["tokens"].push_back(s.integer_or_null(7));
-    steps["step_ms"].push_back(s.number_or_null(8));
-    steps["tokens_per_s"].push_back(s.number_or_null(9));
-    steps["fp8_gemms"].push_back(s.integer_or_null(10));
-    steps["other_gemms"].push_back(s.integer_or_null(11));
+    if (skipped) skips.push_back({{"step", step}, {"reason", s.optional_text(6).value_or("")}});
+    steps["tokens"].push_back(integer_or_null(s, 7));
+    steps["step_ms"].push_back(number_or_null(s, 8));
+    steps["tokens_per_s"].push_back(number_or_null(s, 9));
+    steps["fp8_gemms"].push_back(integer_or_null(s, 10));
+    steps["other_gemms"].push_back(integer_or_null(s, 11));
   }
   doc["steps"] = std::move(steps);
   doc["skips"] = std::move(skips);
 
   json validation = {{"step", json::array()}, {"loss", json::array()}};
   Statement v(db, "SELECT step, loss FROM validation ORDER BY step");
-  while (v.next()) {
+  while (v.step()) {
     validation["step"].push_back(v.integer(0));
-    validation["loss"].push_back(v.number_or_null(1));
-    if (v.real(1)) ++out.validation_points;
+    validation["loss"].push_back(number_or_null(v, 1));
+    if (!v.is_null(1)) ++out.validation_points;
   }
   doc["validation"] = std::move(validation);
 }
 
+// The run's latest segment starts at step 0, or at the first step of the last mode change (a run resumed in
+// another mode; its event is at the checkpoint's step).
+int64_t latest_segment_start(Database& db, json& doc) {
+  json changes = json::array();
+  int64_t start = 0;
+  Statement s(db,
+              "SELECT step, message FROM events WHERE kind = 'mode_change' AND step IS NOT NULL ORDER BY id");
+  while (s.step()) {
+    start = std::max(start, s.integer(0) + 1);
+    changes.push_back({{"step", s.integer(0) + 1}, {"message", s.text(1)}});
+  }
+  doc["mode_changes"] = std::move(changes);
+  doc["segment_start"] = start;
+  return start;
+}
+
 void load_gemms(Database& db, json& doc, LayerOrder& layers, RunReportData& out) {
+  const int64_t segment = latest_segment_start(db, doc);
   json gemms = json::array();
-  std::set<std::string> fp8_at_start;
+  std::map<std::pair<std::string, std::string>, std::string> at_segment_start;  // the newest row up to it
   std::set<std::string> named;
   Statement s(db, "SELECT layer, gemm, mode, reason, since_step FROM gemms ORDER BY since_step, rowid");
-  while (s.next()) {
+  while (s.step()) {
     const std::string layer = s.text(0);
     layers.add(layer);
     named.insert(layer);
     const int64_t since = s.integer(4);
-    if (since == 0 && s.text(2) == "fp8") fp8_at_start.insert(layer);
+    if (since <= segment) at_segment_start[{layer, s.text(1)}] = s.text(2);
     gemms.push_back({{"layer", layer},
                      {"gemm", s.text(1)},
                      {"mode", s.text(2)},
-                     {"reason", s.text_or_null(3)},
+                     {"reason", text_or_null(s, 3)},
                      {"since_step", since}});
+  }
+  std::set<std::string> fp8_at_start;
+  for (const auto& [key, mode] : at_segment_start) {
+    if (mode == "fp8") fp8_at_start.insert(key.first);
   }
   // Without GEMM rows, the precision map in the run table says which layers started in FP8.
   if (gemms.empty() && doc["precision_map"].is_array()) {
@@ -239,7 +198,7 @@ void load_gemms(Database& db, json& doc, LayerOrder& layers, RunReportData& out)
 std::vector<int64_t> heatmap_columns(Database& db, int64_t* total) {
   std::vector<int64_t> all;
   Statement s(db, "SELECT DISTINCT step FROM tensor_stats ORDER BY step");
-  while (s.next()) all.push_back(s.integer(0));
+  while (s.step()) all.push_back(s.integer(0));
   *total = static_cast<int64_t>(all.size());
   if (*total <= kMaxHeatmapColumns) return all;
   std::vector<int64_t> chosen;
@@ -266,7 +225,7 @@ void load_tensor_stats(Database& db, json& doc, LayerOrder& layers) {
   Statement s(db,
               "SELECT step, layer, tensor, amax, scale, saturated_fraction, underflow_fraction, sqnr_db "
               "FROM tensor_stats ORDER BY step");
-  while (s.next()) {
+  while (s.step()) {
     const auto column = column_of.find(s.integer(0));
     if (column == column_of.end()) continue;
     const std::string layer = s.text(1);
@@ -274,7 +233,7 @@ void load_tensor_stats(Database& db, json& doc, LayerOrder& layers) {
     std::vector<Cell>& row = cells[s.text(2)][layer];
     row.resize(columns.size());
     for (size_t m = 0; m < std::size(kStatMetrics); ++m)
-      row[column->second].metric[m] = s.real(3 + static_cast<int>(m));
+      row[column->second].metric[m] = s.optional_real(3 + static_cast<int>(m));
     sqnr_measured = sqnr_measured || row[column->second].metric[4].has_value();
   }
 
@@ -305,25 +264,25 @@ void load_phases_and_events(Database& db, json& doc, LayerOrder& layers, RunRepo
   Statement p(db,
               "SELECT phase, COUNT(ms), AVG(ms), SUM(ms) FROM phases GROUP BY phase "
               "ORDER BY SUM(ms) DESC, phase");
-  while (p.next()) {
+  while (p.step()) {
     phases.push_back({{"phase", p.text(0)},
                       {"count", p.integer(1)},
-                      {"mean_ms", p.number_or_null(2)},
-                      {"total_ms", p.number_or_null(3)}});
+                      {"mean_ms", number_or_null(p, 2)},
+                      {"total_ms", number_or_null(p, 3)}});
   }
   doc["phases"] = std::move(phases);
 
   json events = json::array();
   Statement e(db, "SELECT id, step, kind, layer, tensor, value, threshold, message FROM events ORDER BY id");
-  while (e.next()) {
+  while (e.step()) {
     if (!e.is_null(3)) layers.add(e.text(3));
     events.push_back({{"id", e.integer(0)},
-                      {"step", e.integer_or_null(1)},
+                      {"step", integer_or_null(e, 1)},
                       {"kind", e.text(2)},
-                      {"layer", e.text_or_null(3)},
-                      {"tensor", e.text_or_null(4)},
-                      {"value", e.number_or_null(5)},
-                      {"threshold", e.number_or_null(6)},
+                      {"layer", text_or_null(e, 3)},
+                      {"tensor", text_or_null(e, 4)},
+                      {"value", number_or_null(e, 5)},
+                      {"threshold", number_or_null(e, 6)},
                       {"message", e.text(7)}});
   }
   out.events = static_cast<int64_t>(events.size());
@@ -338,9 +297,9 @@ RunReportData load_run_report_data(const fs::path& run_dir) {
   OCTET_REQUIRE(fs::is_regular_file(file),
                 "{} has no telemetry.sqlite; runs record one from the start (octet train writes it)",
                 run_dir.string());
-  Database db(file);
+  Database db(file, Database::Mode::read_only);
   db.execute("BEGIN");  // one snapshot for every query, even while the run is still being written
-  require_tables(db);
+  telemetry_db::check_telemetry_database(db);
 
   RunReportData out;
   json& doc = out.document;

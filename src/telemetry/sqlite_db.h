@@ -1,5 +1,10 @@
 // Thin RAII owners over the SQLite C API for the telemetry store and its readers: a connection and a prepared
 // statement, with errors turned into octet::Error that name the database file. Internal to the library.
+//
+// A read-only connection is a reader's (octet inspect, octet report): every error it raises, from SQLite or
+// from a value of the wrong type, says "FILE is not a readable octet telemetry database: ...". The column
+// accessors check the stored type before they convert, so that text or a blob where a number belongs, or a
+// number that is not finite, is refused instead of being read as 0.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +17,9 @@ struct sqlite3;
 struct sqlite3_stmt;
 
 namespace octet::telemetry_db {
+
+// The longest text a column accessor copies (the resolved configuration is the longest octet writes).
+inline constexpr int64_t kMaxTextBytes = 4 << 20;
 
 class Database {
  public:
@@ -26,12 +34,18 @@ class Database {
   void execute(std::string_view sql);
   sqlite3* handle() { return db_; }
   const std::filesystem::path& path() const { return path_; }
-  // "PATH: what SQLite said" for messages.
-  std::string describe_error(std::string_view doing) const;
+  bool read_only() const { return mode_ == Mode::read_only; }
+  // "PATH: what SQLite said (the OS's reason, where there is one) (doing)" for messages; for a read-only
+  // connection "PATH is not a readable octet telemetry database: ...". call_errno: errno as the failed call
+  // left it.
+  std::string describe_error(std::string_view doing, int call_errno = 0) const;
+  // Throws invalid_input: "PATH is not a readable octet telemetry database: `reason`" (any mode).
+  [[noreturn]] void refuse(std::string_view reason) const;
 
  private:
   sqlite3* db_ = nullptr;
   std::filesystem::path path_;
+  Mode mode_;
 };
 
 class Statement {
@@ -54,6 +68,9 @@ class Statement {
   void run();
   void reset();
 
+  // Checked accessors: integer() wants an integer, real() a finite integer or real, text() text of at most
+  // kMaxTextBytes; anything else (NULL included) throws invalid_input naming the column. The optional_ forms
+  // take NULL as nullopt.
   bool is_null(int column);
   int64_t integer(int column);
   double real(int column);
@@ -63,8 +80,14 @@ class Statement {
   std::optional<std::string> optional_text(int column);
 
  private:
+  [[noreturn]] void wrong_type(int column, std::string_view expected);
+
   Database& db_;
   sqlite3_stmt* statement_ = nullptr;
 };
+
+// A stored value as a message shows it: text 'abc' (quoted, control characters escaped, long text cut
+// short), integer 7, real inf, a blob of 12 bytes, NULL.
+std::string describe_value(std::string_view type, std::string_view text);
 
 }  // namespace octet::telemetry_db

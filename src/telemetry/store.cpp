@@ -143,6 +143,13 @@ TelemetryStore::TelemetryStore(const std::filesystem::path& path, std::optional<
     while (moved.step()) resumed_.layers_in_bf16.emplace_back(moved.text(0), moved.text(1));
     Statement start(db, "SELECT COUNT(*) FROM gemms WHERE since_step = 0");
     resumed_.has_gemms = start.step() && start.integer(0) > 0;
+    resumed_.at = k;
+    Statement mode(db, "SELECT value FROM run WHERE key = 'mode'");
+    if (mode.step()) resumed_.mode = mode.text(0);
+    Statement modes(db,
+                    "SELECT layer, gemm, mode FROM gemms WHERE since_step <= ?1 ORDER BY since_step, rowid");
+    modes.bind(1, k + 1);
+    while (modes.step()) resumed_.gemm_modes[{modes.text(0), modes.text(1)}] = modes.text(2);
     db.execute(
         fmt::format("BEGIN; DELETE FROM steps WHERE step > {0}; DELETE FROM validation WHERE step > {0}; "
                     "DELETE FROM tensor_stats WHERE step > {0}; DELETE FROM phases WHERE step > {0}; "
@@ -194,7 +201,9 @@ void TelemetryStore::run_writer() {
 
 void TelemetryStore::throw_if_failed() {
   if (!error_.empty()) {
-    throw Error(ErrorKind::training_failed, fmt::format("cannot write the telemetry database: {}", error_));
+    throw Error(ErrorKind::training_failed,
+                fmt::format("cannot write the telemetry database {}",
+                            error_.starts_with(path_.string()) ? error_ : path_.string() + ": " + error_));
   }
 }
 

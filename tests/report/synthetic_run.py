@@ -130,7 +130,8 @@ def main():
                        (moved_layer, g, f"moved to BF16 at step {moved_step}: gradient underflow above 5%", moved_step))
 
     stat_steps = [r["step"] for r in steps if r["step"] % a.interval == 0 or r["step"] == 1]
-    stat_rows = 0
+    stat_rows, at_threshold = 0, 0
+    alert_step = stat_steps[len(stat_steps) // 3] if stat_steps else None
     for s in stat_steps:
         for li, layer in enumerate(fp8_layers):
             if moved_layer == layer and s > moved_step:
@@ -139,7 +140,10 @@ def main():
                 amax = base * (1 + 0.3 * li) * (1 + 0.5 * math.sin(s / 17 + li)) ** 2 + base * 0.05
                 sat = 0.0 if rng.random() < 0.8 else 10 ** rng.uniform(-6, -3)
                 under = 10 ** rng.uniform(-4, -1.5) if tensor == "gradient" else (0.0 if rng.random() < 0.5 else 10 ** rng.uniform(-7, -4))
+                if a.alerts and s == alert_step and li == 0 and tensor == "activation":
+                    sat = 0.012  # the saturation alert below
                 null = a.nulls and (li + s) % 11 == 0
+                at_threshold += (sat >= 0.01) + (not null and under >= 0.10)
                 db.execute("INSERT INTO tensor_stats VALUES (?,?,?,?,?,?,?,?)",
                            (s, layer, tensor, None if null else amax, fmax / amax, sat, None if null else under, None))
                 stat_rows += 1
@@ -154,7 +158,7 @@ def main():
         rows = [(steps[len(steps) // 2]["step"], "skipped_step", None, None, None, None,
                  "step skipped: non-finite gradient in h.0.mlp.c_fc.weight")]
         if fp8_layers:
-            rows += [(stat_steps[len(stat_steps) // 3], "saturation", fp8_layers[0], "activation", 0.012, 0.01,
+            rows += [(alert_step, "saturation", fp8_layers[0], "activation", 0.012, 0.01,
                       f"{fp8_layers[0]} activation: 1.2% of values saturated (threshold 1%)"),
                      (moved_step, "underflow", moved_layer, "gradient", 0.071, 0.05,
                       f"{moved_layer} gradient: 7.1% of values underflowed (threshold 5%)"),
@@ -166,7 +170,8 @@ def main():
     db.commit()
     db.close()
     print(json.dumps({"loss_points": loss_points, "validation_points": validation_points, "layers": len(pmap),
-                      "fp8_layers": len(fp8_layers), "stat_steps": len(stat_steps), "events": events}))
+                      "fp8_layers": len(fp8_layers), "stat_steps": len(stat_steps), "events": events,
+                      "cells_at_threshold": at_threshold}))
 
 
 if __name__ == "__main__":

@@ -83,6 +83,13 @@ interval = 2
     return run_dir
 
 
+# The first step of the run's latest segment (0, or the step after its last mode_change event), and the rowid
+# of the row of gemms g's GEMM in force then.
+SEGMENT_START = "(SELECT COALESCE(MAX(step) + 1, 0) FROM events WHERE kind = 'mode_change')"
+AT_SEGMENT_START = ("(SELECT rowid FROM gemms WHERE layer = g.layer AND gemm = g.gemm AND since_step <= "
+                    f"{SEGMENT_START} ORDER BY since_step DESC, rowid DESC LIMIT 1)")
+
+
 def expected_summary(run_dir, compare_dir):
     """What the page must report having drawn, counted independently from the database."""
     db = sqlite3.connect(os.path.join(run_dir, "telemetry.sqlite"))
@@ -92,15 +99,27 @@ def expected_summary(run_dir, compare_dir):
         "validation-points": one("SELECT COUNT(*) FROM validation WHERE loss IS NOT NULL"),
         "precision-layers": one("SELECT COUNT(DISTINCT layer) FROM gemms"),
         "precision-cells": one("SELECT COUNT(*) FROM (SELECT DISTINCT layer, gemm FROM gemms)"),
-        "fp8-layers": one("SELECT COUNT(DISTINCT layer) FROM gemms WHERE since_step = 0 AND mode = 'fp8'"),
+        # Layers in FP8 at the start of the run's latest segment (a run resumed in another mode starts anew).
+        "fp8-layers": one(f"SELECT COUNT(DISTINCT layer) FROM gemms g WHERE mode = 'fp8' AND rowid = {AT_SEGMENT_START}"),
         "heatmap-columns": min(400, one("SELECT COUNT(DISTINCT step) FROM tensor_stats")),
         "throughput-points": one("SELECT COUNT(*) FROM steps WHERE tokens_per_s IS NOT NULL"),
         "phases": one("SELECT COUNT(DISTINCT phase) FROM phases"),
         "events": one("SELECT COUNT(*) FROM events"),
-        "moved-cells": one("""SELECT COUNT(*) FROM (SELECT layer, gemm FROM gemms g WHERE since_step > 0 AND mode !=
-                              (SELECT mode FROM gemms WHERE layer = g.layer AND gemm = g.gemm ORDER BY since_step,
-                               rowid LIMIT 1) GROUP BY layer, gemm)"""),
+        "moved-cells": one(f"""SELECT COUNT(*) FROM (SELECT layer, gemm FROM gemms g WHERE since_step > {SEGMENT_START}
+                               AND mode != (SELECT mode FROM gemms WHERE rowid = {AT_SEGMENT_START})
+                               GROUP BY layer, gemm)"""),
     }
+    # The fractions' heatmaps are coloured against the run's alert thresholds: the darkest red exactly where a
+    # value is at or beyond one (a threshold of 0 gives no scale to colour against).
+    thresholds = dict(db.execute("SELECT key, value FROM run WHERE key IN ('alert_saturation', 'alert_underflow')"))
+    at_threshold = 0
+    for column, key, default in (("saturated_fraction", "alert_saturation", 0.01),
+                                 ("underflow_fraction", "alert_underflow", 0.10)):
+        t = float(thresholds.get(key, default))
+        if t > 0:
+            at_threshold += one(f"SELECT COUNT(*) FROM tensor_stats WHERE {column} >= ?", t)
+    e["heat-cells-at-threshold"] = at_threshold
+    e["heat-dark-cells"] = at_threshold
     for (tensor,) in db.execute("SELECT DISTINCT tensor FROM tensor_stats"):
         e["heatmap-rows-" + tensor] = one("SELECT COUNT(DISTINCT layer) FROM tensor_stats WHERE tensor = ?", tensor)
     if compare_dir:
@@ -175,6 +194,21 @@ def main():
     s = check_report(chromium, work, bf16_html, bf16_run, None, "bf16-alone")["summary"]
     expect(s.get("fp8-layers") == "0" and s.get("heatmaps") == "0" and s.get("compare") == "no",
            f"the bf16 run's page: {s}")
+
+    # The bf16 run continued in fp8 from its last checkpoint: the page describes its latest segment (layers in
+    # FP8 from the step of the change, none framed as moved by an alert) and says when the mode changed.
+    resumed = os.path.join(work, "run-resumed")
+    shutil.copytree(bf16_run, resumed)
+    config = os.path.join(work, "resumed.toml")
+    with open(os.path.join(work, "fp8.toml")) as f, open(config, "w") as g:
+        g.write(f.read().replace(fp8_run, resumed).replace("steps = 40", "steps = 50"))
+    octet(binary, "train", config, "--resume")
+    resumed_html = os.path.join(work, "resumed-report.html")
+    out = octet(binary, "report", resumed, "--out", resumed_html)
+    s = check_report(chromium, work, resumed_html, resumed, None, "bf16-resumed-in-fp8")["summary"]
+    expect(int(s.get("fp8-layers", 0)) > 0 and f"{s.get('fp8-layers')} of " in out, f"the resumed run's FP8 layers: {s} {out}")
+    with open(resumed_html, encoding="utf-8") as f:
+        expect("mode fp8 from step 41 (bf16 before)" in f.read(), "the resumed run's page does not say its mode changed")
 
     # The checks must reject broken pages.
     planted(chromium, work, html, "panel-error", lambda p: p.replace("  renderEvents();\n",

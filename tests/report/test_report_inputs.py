@@ -74,6 +74,11 @@ def main():
             expect(s.get("heatmap-rows-gradient") == str(wrote["fp8_layers"]) and s.get("heatmap-columns") == str(wrote["stat_steps"]),
                    f"full: heatmap {s}")
             expect(s.get("moved-cells") == "3" and s.get("phases") == "4", f"full: moved GEMMs and phases {s}")
+            # The fractions' heatmaps are coloured against the alert thresholds (this run records none: the
+            # defaults, 1% and 10%): the darkest red only where a value is at or beyond one, here the one
+            # saturated fraction that raised the alert.
+            expect(wrote["cells_at_threshold"] == 1 and s.get("heat-cells-at-threshold") == "1" and
+                   s.get("heat-dark-cells") == "1", f"full: cells at the thresholds {wrote} {s}")
         if name == "bf16":
             expect(s.get("fp8-layers") == "0" and s.get("heatmaps") == "0", f"bf16: FP8 panels {s}")
 

@@ -1,6 +1,10 @@
 // FP8 alert thresholds: a reading above a threshold raises an alert once per (layer, tensor, kind), a scale
-// jump compares with the previous reading, an alert raised before a resume is not raised again, and the
-// thresholds' "never" settings never fire.
+// jump is a lasting move of a tensor's median amax between readings (a spike is not), or of its scale where
+// the casts' amaxes are not known, an alert raised before a resume is not raised again, and the thresholds'
+// "never" settings never fire.
+#include <algorithm>
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 #include "octet/telemetry/alerts.h"
@@ -35,7 +39,7 @@ TEST(AlertMonitor, EachKindFiresOncePerTensorAboveItsThreshold) {
   EXPECT_EQ(a[0].what, "25% of its non-zero values underflowed to zero (threshold 10%)");
 }
 
-TEST(AlertMonitor, ScaleJumpComparesWithThePreviousReadingInBothDirections) {
+TEST(AlertMonitor, WithoutTheCastsAmaxesScaleJumpComparesWithThePreviousReadingInBothDirections) {
   TelemetrySettings s;
   AlertMonitor m(s);
   EXPECT_TRUE(m.observe(reading(10, 0.0, 0.0, 1.0)).empty()) << "no previous reading to compare with";
@@ -46,6 +50,53 @@ TEST(AlertMonitor, ScaleJumpComparesWithThePreviousReadingInBothDirections) {
   EXPECT_DOUBLE_EQ(a[0].value, 16.0);
   EXPECT_EQ(a[0].what, "its scale moved by a factor of 16 (8 at step 20 -> 0.5; threshold 8)");
   EXPECT_TRUE(m.observe(reading(40, 0.0, 0.0, 100.0)).empty()) << "raised once";
+}
+
+TensorReading with_amaxes(int64_t step, std::vector<double> amaxes, std::string tensor = "weight") {
+  TensorReading r =
+      reading(step, 0.0, 0.0, 57344.0 / *std::max_element(amaxes.begin(), amaxes.end()), tensor);
+  r.recent_amax = std::move(amaxes);
+  return r;
+}
+
+TEST(AlertMonitor, WithTheCastsAmaxesASpikeIsNoScaleJumpButALastingMoveIs) {
+  AlertMonitor m{TelemetrySettings{}};
+  EXPECT_TRUE(m.observe(with_amaxes(10, {2e-5, 2.4e-5, 2.1e-5, 2.6e-5, 2.3e-5})).empty());
+  // A spike of 130 times at one step: delayed scaling's scale drops 130 times, the median hardly moves.
+  EXPECT_TRUE(m.observe(with_amaxes(20, {2.5e-5, 3.3e-3, 2.4e-5, 0.0, 2.2e-5, 2.6e-5})).empty())
+      << "a zero amax (an all-zero tensor) is passed over too";
+  // Steady growth over the next interval: 1.3 times a step, 3.7 times from one median to the next.
+  EXPECT_TRUE(m.observe(with_amaxes(30, {3e-5, 4e-5, 5e-5, 6.5e-5, 8.5e-5})).empty());
+  // The tensor's magnitude 64 times larger from one step on, and staying so.
+  const std::vector<Alert> a = m.observe(with_amaxes(40, {8e-5, 5.4e-3, 5.6e-3, 5.2e-3, 5.5e-3}));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, "scale_jump");
+  EXPECT_NEAR(a[0].value, 5.4e-3 / 5e-5, 1e-9);
+  EXPECT_DOUBLE_EQ(a[0].threshold, 8.0);
+  EXPECT_EQ(a[0].what,
+            "its median amax moved by a factor of 108 (5e-05 over the casts up to step 30 -> 0.0054 over "
+            "the 5 since; threshold 8)");
+  // Downwards too, for another tensor; an even count's median is the geometric mean of the middle two.
+  EXPECT_TRUE(m.observe(with_amaxes(10, {4.0, 4.0}, "activation")).empty());
+  const std::vector<Alert> down = m.observe(with_amaxes(20, {0.5, 0.1, 0.9, 0.2}, "activation"));
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_NEAR(down[0].value, 4.0 / std::sqrt(0.2 * 0.5), 1e-9);
+}
+
+TEST(AlertMonitor, GradientsRaiseNoScaleJump) {
+  // The quickstart's gradients just after its warm-up: spikes of a hundred times that clipping absorbs, and a
+  // first layer's gradient growing 70 times over 20 steps. Before, each raised a scale_jump alert.
+  AlertMonitor m{TelemetrySettings{}};
+  EXPECT_TRUE(m.observe(with_amaxes(20, {2.5e-5, 2.7e-5, 2.6e-5}, "gradient")).empty());
+  EXPECT_TRUE(m.observe(with_amaxes(30, {2.5e-5, 3.3e-3, 4.6e-3, 4.1e-3}, "gradient")).empty());
+  EXPECT_TRUE(m.observe(reading(10, 0.0, 0.0, 2e8, "gradient")).empty());
+  EXPECT_TRUE(m.observe(reading(20, 0.0, 0.0, 1e6, "gradient")).empty());
+  // What such moves cost is still an alert of its own.
+  const std::vector<Alert> a = m.observe(with_amaxes(40, {1.0}, "gradient"));
+  EXPECT_TRUE(a.empty());
+  TensorReading clipped = with_amaxes(50, {1.0}, "gradient");
+  clipped.saturated_fraction = 0.05;
+  ASSERT_EQ(m.observe(clipped).size(), 1u);
 }
 
 TEST(AlertMonitor, RaisedBeforeAResumeIsNotRaisedAgain) {

@@ -110,22 +110,51 @@ TEST_P(CastTelemetryOfALayer, EqualsIndependentQuantizeCountsForEveryOperand) {
 INSTANTIATE_TEST_SUITE_P(WithAndWithoutSqnr, CastTelemetryOfALayer, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Sqnr" : "Counts"; });
 
-TEST(CastTelemetry, NotCollectedWithoutATelemetryPointer) {
+// Telemetry is optional: a layer without a telemetry pointer casts, computes and updates its scaling state
+// exactly as one that collects, its saturation and underflow counters count the same, and only the
+// per-operand telemetry is left out (the layer that collects has it, for the same casts).
+TEST(CastTelemetry, WithoutATelemetryPointerOnlyThePerOperandTelemetryIsLeftOut) {
   const int64_t N = 16, C = 16, OC = 16;
   const StaticScaling recipe(64.0f);
   auto backend = make_cpu_backend();
   const std::vector<float> weight = troubled(static_cast<size_t>(OC * C), 4);
   const std::vector<float> input = troubled(static_cast<size_t>(N * C), 5);
-  Fp8LinearState state{recipe.initial_state(), recipe.initial_state(), recipe.initial_state()};
-  LinearExecution exec;
-  exec.forward = exec.input_gradient = exec.weight_gradient = GemmMode::fp8;
-  exec.recipe = &recipe;
-  exec.state = &state;
-  std::unique_ptr<WeightCopy> copy;
-  backend->prepare_weight(copy, weight.data(), OC, C, exec);
-  std::vector<float> out(static_cast<size_t>(N * OC));
-  backend->linear_forward(out.data(), input.data(), weight.data(), copy.get(), nullptr, N, C, OC, exec);
-  SUCCEED();  // nothing to write to, and nothing crashed
+  struct Run {
+    Fp8LinearState state;
+    std::vector<float> out;
+    int64_t saturated = 0;
+    int64_t underflowed = 0;
+  };
+  auto run = [&](Fp8LinearTelemetry* telemetry) {
+    Run r{{recipe.initial_state(), recipe.initial_state(), recipe.initial_state()}, {}};
+    LinearExecution exec;
+    exec.forward = exec.input_gradient = exec.weight_gradient = GemmMode::fp8;
+    exec.recipe = &recipe;
+    exec.state = &r.state;
+    exec.saturated = &r.saturated;
+    exec.underflowed = &r.underflowed;
+    exec.telemetry = telemetry;
+    std::unique_ptr<WeightCopy> copy;
+    backend->prepare_weight(copy, weight.data(), OC, C, exec);
+    r.out.resize(static_cast<size_t>(N * OC));
+    backend->linear_forward(r.out.data(), input.data(), weight.data(), copy.get(), nullptr, N, C, OC, exec);
+    return r;
+  };
+  Fp8LinearTelemetry collected;
+  const Run with = run(&collected);
+  const Run without = run(nullptr);
+  EXPECT_EQ(collected.weight.casts, 1);
+  EXPECT_EQ(collected.activation.casts, 1);
+  EXPECT_GT(collected.activation.saturated + collected.weight.saturated, 0) << "the inputs are troubled";
+  EXPECT_EQ(without.out, with.out);
+  EXPECT_EQ(without.saturated, with.saturated);
+  EXPECT_EQ(without.underflowed, with.underflowed);
+  EXPECT_EQ(without.saturated, collected.activation.saturated + collected.weight.saturated);
+  for (const auto member : {&Fp8LinearState::activation, &Fp8LinearState::weight}) {
+    EXPECT_EQ((without.state.*member).updates, (with.state.*member).updates);
+    EXPECT_EQ((without.state.*member).last_amax, (with.state.*member).last_amax);
+    EXPECT_EQ((without.state.*member).scale, (with.state.*member).scale);
+  }
 }
 
 TEST(ModelTelemetry, OneSetPerFp8LayerCountingTrainingCastsOnly) {

@@ -1,6 +1,12 @@
 // Telemetry through the command line, as a user runs it: octet train writes telemetry.sqlite, octet inspect
 // reads it (text and JSON), a resumed run appends to it, fp8.on_alert = "stop" ends the run with a checkpoint
 // and exit code 3, "warn" says each alert once, and a bad run directory is exit code 2 with one line.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -161,6 +167,74 @@ TEST_F(InspectCommand, AResumedRunAppendsToTheSameDatabase) {
   int64_t infos = 0;
   for (const json& e : j["events"]) infos += e["kind"] == "info" && e["step"] == 2;
   EXPECT_EQ(infos, 1) << j["events"].dump(2);
+}
+
+// A bf16 run continued in fp8 from its checkpoint: the report and inspect describe the run as it runs now
+// (its latest segment: 4 of its 5 layers in FP8, the LM head excluded), and say that it changed mode.
+TEST_F(InspectCommand, ARunResumedInAnotherModeIsDescribedByItsLatestSegment) {
+  const std::string config = write_config(8, "[checkpoint]\nevery = 4\nkeep_last = 5\n").string();
+  ASSERT_EQ(run_octet({"train", config, "--set", "train.mixed_precision=bf16"}).exit_code, 0);
+  fs::remove_all(run_dir() / "checkpoints" / "step_000008");
+  const ProcessResult resumed = run_octet({"train", config, "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+
+  const ProcessResult report = run_octet({"report", run_dir().string()});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  EXPECT_NE(report.out.find("4 of 5 layers in FP8"), std::string::npos) << report.out;
+  const std::string page = testing::read_file((run_dir() / "report.html").string());
+  EXPECT_NE(page.find("mode fp8 from step 5 (bf16 before)"), std::string::npos);
+
+  const json j = inspect_json();
+  ASSERT_EQ(j["mode_changes"].size(), 1u) << j.dump(2);
+  EXPECT_EQ(j["mode_changes"][0]["step"], 5);
+  EXPECT_EQ(j["mode_changes"][0]["mode"], "fp8");
+  EXPECT_EQ(j["mode_changes"][0]["before"], "bf16");
+  EXPECT_EQ(j["steps"]["fp8_gemms_first"], 0);
+  EXPECT_EQ(j["steps"]["fp8_gemms_last"], 12);
+  int64_t fp8_from_5 = 0;
+  for (const json& g : j["precision_changes"]) fp8_from_5 += g["since_step"] == 5 && g["mode"] == "fp8";
+  EXPECT_EQ(fp8_from_5, 12) << j["precision_changes"].dump(2);
+  const ProcessResult text = run_octet({"inspect", run_dir().string()});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("from step 5: mode fp8 (bf16 before): 4 of 5 layers with a GEMM in FP8"),
+            std::string::npos)
+      << text.out;
+
+  // Resumed again from the same checkpoint: the change is there once, not twice.
+  fs::remove_all(run_dir() / "checkpoints" / "step_000008");
+  ASSERT_EQ(run_octet({"train", config, "--resume"}).exit_code, 0);
+  EXPECT_EQ(inspect_json()["mode_changes"].size(), 1u);
+}
+
+// A full disk while training: the store cannot write telemetry.sqlite (RLIMIT_FSIZE, with SIGXFSZ ignored so
+// that the write fails with EFBIG instead of killing the process). The run ends with exit code 3 and one line
+// naming the file and the reason, at the step after the failed write.
+TEST_F(InspectCommand, AFullDiskStopsTheRunWithExitCode3NamingTheFileAndTheReason) {
+  const std::string config = write_config(40, "[checkpoint]\nevery = 1000\n").string();
+  const fs::path out = root_ / "stdout", err = root_ / "stderr";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    signal(SIGXFSZ, SIG_IGN);                    // stays ignored across exec
+    const rlimit limit{256 * 1024, 256 * 1024};  // above what creating the database writes
+    setrlimit(RLIMIT_FSIZE, &limit);
+    alarm(120);
+    execl(OCTET_BINARY, OCTET_BINARY, "train", config.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string error = testing::read_file(err.string());
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << ": " << error;
+  EXPECT_EQ(WEXITSTATUS(status), 3) << error;
+  EXPECT_EQ(count(error, "\n"), 1) << error;
+  EXPECT_NE(error.find("cannot write the telemetry database " + (run_dir() / "telemetry.sqlite").string()),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("File too large"), std::string::npos) << "the operating system's reason: " << error;
 }
 
 TEST_F(InspectCommand, StopAlertSavesACheckpointAndExitsWith3) {

@@ -32,7 +32,27 @@ struct PlantedRun {
   std::vector<StepResult> steps;
 };
 
-PlantedRun run_planted(AlertAction action) {
+// The planted layer: its LayerNorm gain times 64 and its weight divided by 64, so that the layer computes the
+// same function with activations 64 times larger.
+void plant(Gpt2& model, Backend& backend) {
+  std::vector<float> params(static_cast<size_t>(model.parameter_count()));
+  backend.copy_to_host(params.data(), model.params(), params.size() * sizeof(float));
+  const ParameterInfo& gain = model.parameter("h.1.ln_2.weight");
+  const ParameterInfo& weight = model.parameter(std::string(kPlanted) + ".weight");
+  for (int64_t i = 0; i < gain.count; ++i) params[static_cast<size_t>(gain.offset + i)] *= 64.0f;
+  for (int64_t i = 0; i < weight.count; ++i) params[static_cast<size_t>(weight.offset + i)] /= 64.0f;
+  backend.copy_from_host(model.params(), params.data(), params.size() * sizeof(float));
+  model.refresh_weight_copies();
+}
+
+struct PlantOptions {
+  RecipeKind recipe = RecipeKind::static_scale;
+  std::optional<int64_t> planted_after;  // steps done before the layer is planted; nullopt: never
+  float learning_rate = 1e-3f;
+  int64_t warmup = 0;
+};
+
+PlantedRun run_planted(AlertAction action, PlantOptions plan = {RecipeKind::static_scale, 0}) {
   PlantedRun run;
   run.dir = fs::temp_directory_path() /
             ("octet-planted-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
@@ -40,19 +60,12 @@ PlantedRun run_planted(AlertAction action) {
   fs::create_directories(run.dir);
   const Gpt2Config config = testing::tiny_config();
   PrecisionSettings precision = testing::mode(MixedPrecision::fp8);
-  precision.recipe = RecipeKind::static_scale;
+  precision.recipe = plan.recipe;
   precision.static_scale = 16.0f;  // LayerNorm outputs (|x| < ~5) x 16 stay well below E4M3's 448
   auto backend = make_cpu_backend();
   Gpt2 model(config, *backend, PrecisionPolicy(precision, config, 32), 2, 16);
   model.init_weights(7);
-  std::vector<float> params(static_cast<size_t>(model.parameter_count()));
-  backend->copy_to_host(params.data(), model.params(), params.size() * sizeof(float));
-  const ParameterInfo& gain = model.parameter("h.1.ln_2.weight");
-  const ParameterInfo& weight = model.parameter(std::string(kPlanted) + ".weight");
-  for (int64_t i = 0; i < gain.count; ++i) params[static_cast<size_t>(gain.offset + i)] *= 64.0f;
-  for (int64_t i = 0; i < weight.count; ++i) params[static_cast<size_t>(weight.offset + i)] /= 64.0f;
-  backend->copy_from_host(model.params(), params.data(), params.size() * sizeof(float));
-  model.refresh_weight_copies();
+  if (plan.planted_after == 0) plant(model, *backend);
 
   TelemetryStore store(run.dir / kTelemetryFile);
   TelemetrySettings telemetry;
@@ -68,13 +81,15 @@ PlantedRun run_planted(AlertAction action) {
   TrainSettings settings;
   settings.batch_size = 2;
   settings.seq_len = 16;
-  settings.schedule.max_learning_rate = 1e-3f;
+  settings.schedule.max_learning_rate = plan.learning_rate;
+  settings.schedule.warmup_steps = plan.warmup;
   settings.schedule.total_steps = kSteps;
   settings.run_directory = run.dir;
   Trainer trainer(model, settings);
   recorder.start({{"name", "planted"}, {"mode", "fp8"}, {"device", "cpu"}, {"telemetry_interval", "5"}});
   const BatchSource data = testing::pattern_stream(11, 2, 16, config.vocab_size);
   for (int64_t i = 0; i < kSteps; ++i) {
+    if (plan.planted_after && *plan.planted_after > 0 && i == *plan.planted_after) plant(model, *backend);
     run.steps.push_back(trainer.step(data));
     recorder.record_step(run.steps.back(), 1.0, 1.0, recorder.is_telemetry_step(i + 1, kSteps));
   }
@@ -181,6 +196,34 @@ TEST(PlantedSaturation, Bf16LayerMovesTheLayerAndTrainingGoesOn) {
   ASSERT_EQ(history.size(), 3u);
   for (const json& h : history) EXPECT_EQ(h["step"], kInterval);
   fs::remove_all(run.dir);
+}
+
+// The planted layer's activations become 64 times larger from one step to the next in the middle of the
+// run under delayed scaling, and stay so: a lasting jump that the scale must follow. The alert names that
+// layer's activation at the next reading; the only other scale jumps are those the planting causes in the
+// same block (the planted weight, the next layer's input), none before it.
+TEST(PlantedScaleJump, ALastingJumpIsAnAlertAtTheNextReading) {
+  const PlantedRun run = run_planted(AlertAction::warn, {RecipeKind::delayed, 12});
+  EXPECT_EQ(
+      count_containing(run.log, "FP8 scale_jump alert at step 15", std::string(kPlanted) + " activation"), 1)
+      << ::testing::PrintToString(run.log);
+  const json j = inspect_json(run.dir);
+  int64_t jumps = 0;
+  for (const json& e : j["events"]) {
+    if (e["kind"] != "scale_jump") continue;
+    EXPECT_EQ(e["layer"].get<std::string>().rfind("h.1.mlp.", 0), 0u) << e.dump();
+    EXPECT_GE(e["step"].get<int64_t>(), 15) << e.dump();
+    EXPECT_DOUBLE_EQ(e["threshold"].get<double>(), 8.0);
+    if (e["layer"] == kPlanted && e["tensor"] == "activation")
+      EXPECT_GT(e["value"].get<double>(), 32.0) << e.dump();
+    ++jumps;
+  }
+  EXPECT_GE(jumps, 1);
+  // Without the planting, the same run raises none.
+  const PlantedRun healthy = run_planted(AlertAction::warn, {RecipeKind::delayed, std::nullopt});
+  EXPECT_EQ(count_containing(healthy.log, "scale_jump", ""), 0) << ::testing::PrintToString(healthy.log);
+  fs::remove_all(run.dir);
+  fs::remove_all(healthy.dir);
 }
 
 }  // namespace

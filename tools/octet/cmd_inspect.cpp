@@ -1,6 +1,7 @@
 // See cmd_inspect.h. The JSON keys are documented in docs/telemetry.md and kept stable.
 #include "cmd_inspect.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 
@@ -60,6 +61,14 @@ json to_json(const InspectReport& r, const InspectOptions& options) {
   }
   json changes = json::array();
   for (const GemmRecord& g : r.precision_changes) changes.push_back(gemm_json(g));
+  json mode_changes = json::array();
+  for (const InspectReport::ModeChange& m : r.mode_changes) {
+    mode_changes.push_back({{"step", m.step},
+                            {"mode", m.mode},
+                            {"before", m.before},
+                            {"fp8_layers", m.fp8_layers},
+                            {"layers", m.layers}});
+  }
   json layer = nullptr;
   if (!options.layer.empty()) {
     json history = json::array();
@@ -91,6 +100,7 @@ json to_json(const InspectReport& r, const InspectOptions& options) {
           {"saturation", ranking_json(r.saturation)},
           {"underflow", ranking_json(r.underflow)},
           {"precision_changes", changes},
+          {"mode_changes", mode_changes},
           {"events", events},
           {"layer", layer}};
 }
@@ -135,9 +145,19 @@ std::string to_text(const InspectReport& r, const InspectOptions& options) {
                 "no FP8 tensor underflowed");
   out += "\nPrecision changes:\n";
   if (r.precision_changes.empty()) out += "  none: every GEMM ran as the policy set it at the start\n";
-  // A layer's GEMMs that changed together are one line.
+  // A change of mode is one line for all the GEMM rows written at its step; a layer's GEMMs that changed
+  // together are one line.
+  for (const InspectReport::ModeChange& m : r.mode_changes) {
+    out += fmt::format("  from step {}: mode {} ({} before): {} of {} layers with a GEMM in FP8\n", m.step,
+                       m.mode, m.before, m.fp8_layers, m.layers);
+  }
   for (size_t i = 0; i < r.precision_changes.size();) {
     const GemmRecord& g = r.precision_changes[i];
+    if (std::any_of(r.mode_changes.begin(), r.mode_changes.end(),
+                    [&](const InspectReport::ModeChange& m) { return m.step == g.since_step; })) {
+      ++i;
+      continue;
+    }
     std::vector<std::string> gemms;
     for (; i < r.precision_changes.size(); ++i) {
       const GemmRecord& h = r.precision_changes[i];
@@ -197,7 +217,9 @@ int InspectCommand::run() const {
   options.layer = layer_;
   options.top = top_;
   const InspectReport report = inspect_run(run_dir_, options);
-  const std::string text = json_ ? to_json(report, options).dump(2) + "\n" : to_text(report, options);
+  const std::string text =
+      json_ ? to_json(report, options).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"
+            : to_text(report, options);
   std::fputs(text.c_str(), stdout);
   return 0;
 }

@@ -23,6 +23,9 @@ struct TensorReading {
   std::optional<double> saturated_fraction;
   std::optional<double> underflow_fraction;
   std::optional<double> scale;  // per-tensor recipes only
+  // Delayed scaling: the amax of every cast since the previous reading (as many as the amax history still
+  // holds), oldest first. Empty for other recipes.
+  std::vector<double> recent_amax;
 };
 
 struct Alert {
@@ -30,7 +33,7 @@ struct Alert {
   int64_t step = 0;
   std::string layer;
   std::string tensor;
-  double value = 0.0;  // the fraction, or the factor the scale moved by
+  double value = 0.0;  // the fraction, or the factor the median amax or the scale moved by
   double threshold = 0.0;
   std::string what;  // e.g. "97.7% of its values saturated (threshold 1%)"
 };
@@ -40,8 +43,13 @@ class AlertMonitor {
   explicit AlertMonitor(const TelemetrySettings& settings) : settings_(settings) {}
   // An alert raised before (by the run this one resumes): not raised again.
   void mark_raised(const std::string& layer, const std::string& tensor, const std::string& kind);
-  // The alerts this reading raises for the first time. The scale is compared with the same tensor's scale at
-  // the previous reading.
+  // The alerts this reading raises for the first time. A scale jump is a lasting move of an activation's or
+  // a weight's magnitude, which LayerNorm and weight decay keep steady in healthy training: where the reading
+  // has the amax of each cast (recent_amax), the median of those amaxes against the median at the previous
+  // reading, so that a spike of a step or two, which moves delayed scaling's scale (it follows the largest
+  // amax of its history) but not the median, is not one; without them, the scale against the scale at the
+  // previous reading. Gradients raise none: their magnitudes move by orders of magnitude with the loss and
+  // the learning rate, and what that costs shows in their saturation and underflow fractions.
   std::vector<Alert> observe(const TensorReading& reading);
 
  private:
@@ -50,6 +58,8 @@ class AlertMonitor {
   TelemetrySettings settings_;
   std::set<std::tuple<std::string, std::string, std::string>> raised_;
   std::map<std::pair<std::string, std::string>, std::pair<int64_t, double>> last_scale_;  // step, scale
+  std::map<std::pair<std::string, std::string>, std::pair<int64_t, double>>
+      last_median_;  // step, median amax
 };
 
 }  // namespace octet

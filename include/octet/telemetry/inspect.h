@@ -44,9 +44,19 @@ struct InspectReport {
   std::vector<LayerRanking> saturation;       // worst first; layers that never saturated are left out
   std::vector<LayerRanking> underflow;        // worst first; layers that never underflowed are left out
   std::vector<GemmRecord> precision_changes;  // gemms rows after the start (since_step > 0)
-  std::vector<EventRecord> events;            // in order
-  std::vector<TensorRecord> layer_history;    // with options.layer: step by step, then by tensor
-  std::vector<GemmRecord> layer_gemms;        // with options.layer: all its gemms rows
+  // A run resumed in another mode: the first step of the new mode, the mode, the mode before, and the layers
+  // with a GEMM in FP8 from then on; the last one starts the run's latest segment.
+  struct ModeChange {
+    int64_t step = 0;
+    std::string mode;
+    std::string before;
+    int64_t fp8_layers = 0;
+    int64_t layers = 0;
+  };
+  std::vector<ModeChange> mode_changes;
+  std::vector<EventRecord> events;          // in order
+  std::vector<TensorRecord> layer_history;  // with options.layer: step by step, then by tensor
+  std::vector<GemmRecord> layer_gemms;      // with options.layer: all its gemms rows
 };
 
 // Throws octet::Error (invalid input, exit code 2) with one clear message when run_dir is missing, has no

@@ -36,7 +36,8 @@ class TelemetryRecorder {
                     RecorderOptions options = {});
 
   // Queues the run table's rows (key, value) and, unless the store has them, one gemms row per GEMM of every
-  // linear layer as the policy runs it now (since step 0).
+  // linear layer as the policy runs it now (since step 0). A run resumed in another mode (any GEMM's mode
+  // differs from the store's rows) writes them again from its first step, with a mode_change event.
   void start(const std::vector<std::pair<std::string, std::string>>& run_info);
   // Whether the step that makes `steps_done` steps records the FP8 tensors: every interval-th, and the last,
   // but not the first (its casts are left out: under delayed scaling they use the initial scale of 1).
@@ -65,6 +66,8 @@ class TelemetryRecorder {
   RecorderOptions options_;
   AlertMonitor monitor_;
   std::map<std::string, Fp8LinearTelemetry> previous_;  // totals at the last telemetry step, per layer
+  // Per (layer, tensor): the scaling state's amax updates at the last telemetry step (delayed scaling).
+  std::map<std::pair<std::string, std::string>, int64_t> amax_updates_;
   std::string stop_message_;
   int64_t alerts_raised_ = 0;
 };

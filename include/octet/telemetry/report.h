@@ -24,7 +24,8 @@ struct ReportSummary {
   int64_t bytes = 0;
   int64_t loss_points = 0;        // steps with a training loss
   int64_t validation_points = 0;  // validation losses
-  int64_t fp8_layers = 0;         // layers with at least one GEMM in FP8 at the start of the run
+  int64_t fp8_layers = 0;         // layers with a GEMM in FP8 at the start of the run's latest segment
+                                  // (the run's start, or its last change of mode on a resume)
   int64_t layers = 0;             // linear layers in the precision map
   int64_t events = 0;
   bool compared = false;

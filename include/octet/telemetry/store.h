@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -83,7 +84,12 @@ using TelemetryRecord = std::variant<RunInfoRecord, StepRecord, ValidationRecord
 struct TelemetryResume {
   std::set<std::tuple<std::string, std::string, std::string>> alerts_raised;
   std::vector<std::pair<std::string, std::string>> layers_in_bf16;
-  bool has_gemms = false;  // the start's gemms rows are there already
+  bool has_gemms = false;     // the start's gemms rows are there already
+  std::optional<int64_t> at;  // the steps done at the checkpoint resumed from
+  std::string mode;           // the run table's mode before this run (empty when it had none)
+  // The mode each (layer, gemm) runs in at step at + 1 as the gemms table has it (its newest row up to then),
+  // so that a run resumed in another mode can say which GEMMs changed.
+  std::map<std::pair<std::string, std::string>, std::string> gemm_modes;
 };
 
 class TelemetryStore {
