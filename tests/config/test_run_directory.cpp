@@ -146,7 +146,7 @@ TEST_F(RunDirectory, AnExistingRunIsRefusedAndLeftAsItWas) {
   EXPECT_EQ(snapshot(run_dir()), before) << "nothing written, nothing deleted";
 
   // Any one of octet's records makes a run: each alone is enough for the refusal.
-  for (const std::string& name :
+  for (const char* name :
        {"config.toml", "metrics.jsonl", "telemetry.sqlite", "checkpoints/step_000007/state.json"}) {
     const fs::path other = root_ / "other";
     fs::remove_all(other);
@@ -410,7 +410,7 @@ TEST_F(RunDirectory, UnusableRunDirectoriesAreOneClearLine) {
 
 TEST_F(RunDirectory, AModelTooLargeToAllocateIsRefused) {
   const ProcessResult r =
-      run_octet(train(2, {"--set", "model.channels=16777216", "--set", "model.heads=1024"}));
+      run_octet(train(2, {"--set", "model.channels=1048576", "--set", "model.heads=1024"}));
   expect_one_line_refusal(r, "a model that cannot be allocated");
   EXPECT_NE(r.err.find("memory"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(run_dir()));
