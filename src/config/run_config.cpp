@@ -70,6 +70,12 @@ std::string format_number(float v) {
   return s;
 }
 
+// Bounds of string values: longer paths name nothing a file system holds, and octet's layer names are
+// short. They also bound the text to_toml writes (escapes at most double a string).
+constexpr size_t kMaxPathBytes = 4096;
+constexpr size_t kMaxGlobs = 256;
+constexpr size_t kMaxGlobBytes = 256;
+
 struct Key {
   std::string name;  // section.key
   std::string type;
@@ -151,12 +157,16 @@ Key text(std::string name, std::function<std::string(const RunConfig&)> get,
          std::function<void(RunConfig&, std::string)> put, std::string description) {
   return {name,
           "string",
-          "a path: UTF-8 text without control characters",
+          "a path: UTF-8 text without control characters, at most 4096 bytes",
           std::move(description),
           [=](RunConfig& c, const toml::node& n, const std::string& where) {
             if (!n.is_string())
               fail(fmt::format("{}: {} must be a string, got {}", where, name, describe_node(n)));
             const std::string value = *n.value<std::string>();
+            if (value.size() > kMaxPathBytes) {
+              fail(fmt::format("{}: {} is {} bytes long; a path has at most {}", where, name, value.size(),
+                               kMaxPathBytes));
+            }
             // A path that TOML cannot hold back, or that the file system would cut at a NUL, would make the
             // saved config.toml unreadable or name another file.
             const size_t invalid = io::first_invalid_utf8(value);
@@ -210,12 +220,16 @@ Key strings(std::string name, std::function<std::vector<std::string>&(RunConfig&
             std::string description) {
   return {name,
           "list of strings",
-          "layer-name globs such as \"h.0.*\" or \"*.mlp.*\"",
+          "up to 256 layer-name globs such as \"h.0.*\" or \"*.mlp.*\", each at most 256 bytes",
           std::move(description),
           [=](RunConfig& c, const toml::node& n, const std::string& where) {
             const toml::array* a = n.as_array();
             if (a == nullptr)
               fail(fmt::format("{}: {} must be a list of strings, got {}", where, name, describe_node(n)));
+            if (a->size() > kMaxGlobs) {
+              fail(fmt::format("{}: {} holds {} globs; at most {} are allowed", where, name, a->size(),
+                               kMaxGlobs));
+            }
             std::vector<std::string> out;
             for (const toml::node& e : *a) {
               if (!e.is_string())
@@ -225,6 +239,13 @@ Key strings(std::string name, std::function<std::vector<std::string>&(RunConfig&
               if (invalid != std::string::npos) {
                 fail(fmt::format("{}: {} holds a string that is not valid UTF-8 (byte {} of {})", where, name,
                                  invalid, quote(value)));
+              }
+              const bool control = std::any_of(value.begin(), value.end(), [](char ch) {
+                return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7F;
+              });
+              if (value.size() > kMaxGlobBytes || control) {
+                fail(fmt::format("{}: {} holds {}; a glob is printable text of at most {} bytes", where, name,
+                                 quote(value), kMaxGlobBytes));
               }
               out.push_back(value);
             }
@@ -760,7 +781,7 @@ RunConfig parse_run_config(std::string_view toml_text, std::string_view origin,
     root = toml::parse(toml_text, origin);
   } catch (const toml::parse_error& e) {
     fail(fmt::format("{}:{}:{}: not valid TOML: {}", origin, e.source().begin.line, e.source().begin.column,
-                     e.description()));
+                     shown(e.description(), 200)));
   }
   RunConfig config;
   apply_table(config, root, std::string(origin));

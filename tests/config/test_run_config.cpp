@@ -241,6 +241,23 @@ TEST(RunConfig, PathsMustBeValidUtf8WithoutControlCharacters) {
             "printable text");
 }
 
+TEST(RunConfig, StringsAreBoundedSoThatTheSavedConfigStaysReadable) {
+  EXPECT_EQ(error_of("", {"data.dir=" + std::string(5000, 'd')}),
+            "--set data.dir=" + std::string(91, 'd') + "...: data.dir is 5000 bytes long; a path has at most 4096");
+  std::string many = "[fp8]\nexclude = [";
+  for (int i = 0; i < 300; ++i) many += "\"h.0.*\", ";
+  EXPECT_EQ(error_of(many + "]\n"), "run.toml:2: fp8.exclude holds 300 globs; at most 256 are allowed");
+  EXPECT_NE(error_of("[fp8]\ninclude = [\"h.\\u0001\"]\n").find("a glob is printable text of at most 256 bytes"),
+            std::string::npos);
+}
+
+TEST(RunConfig, ParserMessagesAreOneLine) {
+  // The TOML parser's own description may quote the input, line break included.
+  const std::string message = error_of("[fp8]\nlm_head = f\n\n");
+  EXPECT_NE(message.find("not valid TOML"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
 TEST(RunConfig, EchoedInputIsShortAndEscaped) {
   const std::string huge_key = std::string(1'000'000, 'k');
   const std::string unknown = error_of("[train]\n" + huge_key + " = 1\n");
