@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "octet/check.h"
+#include "octet/io/input.h"
 
 namespace octet::io {
 namespace {
@@ -165,13 +166,11 @@ std::array<uint32_t, 256> byte_to_code_point() {
 }
 
 std::string read_vocabulary_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  OCTET_REQUIRE(in.good(), "GPT-2 tokenizer: cannot open {} (run scripts/fetch_tokenizer.sh to download it)",
-                path.string());
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  OCTET_REQUIRE(!in.bad(), "GPT-2 tokenizer: cannot read {} (run scripts/fetch_tokenizer.sh)", path.string());
-  return std::move(bytes).str();
+  std::error_code error;
+  OCTET_REQUIRE(std::filesystem::exists(path, error),
+                "GPT-2 tokenizer: cannot open {} (run scripts/fetch_tokenizer.sh to download it)", path.string());
+  // GPT-2's files are about 1 MB; a regular file only, so that a FIFO cannot block the reader.
+  return read_regular_file(path, "GPT-2 tokenizer file", int64_t{64} << 20);
 }
 
 }  // namespace
@@ -204,6 +203,11 @@ namespace {
 // encoder.json: {"token": id, ...}. Returns the token strings (GPT-2's printable form) indexed by id.
 std::vector<std::string> load_encoder(const std::filesystem::path& path) {
   const std::string text = read_vocabulary_file(path);
+  // encoder.json is one flat object; anything nested is refused before the recursive JSON library sees it.
+  OCTET_REQUIRE(json_nesting_depth(text, 1) <= 1,
+                "GPT-2 tokenizer: {} is not a JSON object of token ids (it nests arrays or objects; run "
+                "scripts/fetch_tokenizer.sh)",
+                path.string());
   nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   OCTET_REQUIRE(json.is_object() && !json.empty(),
                 "GPT-2 tokenizer: {} is not a JSON object of token ids (run scripts/fetch_tokenizer.sh)",
