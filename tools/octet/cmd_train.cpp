@@ -11,6 +11,7 @@
 #include "octet/check.h"
 #include "octet/config/run_config.h"
 #include "octet/io/corpus.h"
+#include "octet/io/gpt2_tokenizer.h"
 #include "octet/io/input.h"
 #include "octet/io/tokenizer.h"
 #include "octet/train/checkpoint.h"
@@ -133,6 +134,12 @@ int WorkflowCommands::run() const {
         vocabulary_dir_.empty() ? io::make_tokenizer(*kind) : io::make_tokenizer(*kind, vocabulary_dir_);
     std::vector<std::filesystem::path> files(text_files_.begin(), text_files_.end());
     const io::PrepareSummary s = io::prepare_text_shards(files, *tokenizer, out_dir_, io::PrepareOptions{});
+    // The tokenizer's files go with the data, so that training and generation find them from anywhere.
+    if (*kind == io::TokenizerKind::gpt2) {
+      io::copy_gpt2_vocabulary(vocabulary_dir_.empty() ? io::default_gpt2_vocabulary_dir()
+                                                       : std::filesystem::path(vocabulary_dir_),
+                               out_dir_);
+    }
     std::printf(
         "%s: %lld train documents (%lld tokens) in %zu shard(s), %lld validation documents (%lld tokens)\n",
         out_dir_.c_str(), static_cast<long long>(s.train_documents), static_cast<long long>(s.train_tokens),
