@@ -7,10 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${1:--j2}"
 build=build-sanitize
-flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
+# -O1 -g1: what the sanitizers' authors recommend (usable speed, line numbers in reports), and quicker to
+# build than an optimised build with full debug information.
+flags="-O1 -g1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOCTET_CUDA=OFF "${launcher[@]}" \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DOCTET_CUDA=OFF "${launcher[@]}" \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 targets=(octet_cli test_io test_checkpoint test_config test_fuzz_config test_fuzz_files test_fuzz_commands
          test_reader_commands)

@@ -80,7 +80,10 @@ struct CheckpointLoad {
 
 // Loads a checkpoint into a model and trainer built for the same shapes (the precision mode may differ).
 // Everything is read and validated first; on any problem an invalid_input error names the file and the
-// mismatch, and the model and trainer are left untouched.
+// mismatch, and the model and trainer are left untouched. Values no run produces are refused naming the
+// field: negative step counts or positions, a loss scale or FP8 scale that is not positive and finite, a
+// negative or NaN amax in a history, a negative last amax (NaN or Inf there is legitimate: it records what
+// an overflowing step's cast saw), non-finite master weights or moments, and negative second moments.
 CheckpointLoad load_checkpoint(const std::filesystem::path& checkpoint_dir, Gpt2& model, Trainer& trainer);
 
 }  // namespace octet
