@@ -616,7 +616,11 @@ void apply_table(RunConfig& config, const toml::table& root, const std::string& 
 constexpr int kMaxKeyParts = 8;
 constexpr size_t kMaxValueDepth = 16;
 
-void check_nesting(std::string_view text, const std::string& origin) {
+// Returns the line of the first byte outside strings and comments that is not ASCII (TOML's grammar allows
+// none there), or 0: toml++ 3.3 reaches __builtin_unreachable (undefined behaviour) when it tests some
+// non-ASCII characters for whitespace, so such text must not reach it.
+int64_t check_nesting(std::string_view text, const std::string& origin) {
+  int64_t non_ascii_line = 0;
   int64_t line = 1;
   std::vector<char> open;  // the arrays and inline tables the scan is inside
   bool in_key = true;      // before a key's '=' (or in a [table] header)
@@ -639,11 +643,13 @@ void check_nesting(std::string_view text, const std::string& origin) {
         if (!multiline && j < text.size() && text[j] == '\n') break;
         ++j;
       }
-      if (j >= text.size() || text[j] == '\n') return;  // unterminated: the parser says where
+      if (j >= text.size() || text[j] == '\n') return non_ascii_line;  // unterminated: the parser says where
       i = j + close.size() - 1;
       if (multiline) {  // """a"""" is valid: up to two more quotes belong to the string
         while (i + 1 < text.size() && text[i + 1] == c) ++i;
       }
+    } else if (static_cast<unsigned char>(c) >= 0x80) {
+      if (non_ascii_line == 0) non_ascii_line = line;
     } else if (in_key) {
       if (c == '.' && ++key_parts > kMaxKeyParts) {
         refuse(fmt::format("a key nested more than {} levels deep; octet's keys are section.key", kMaxKeyParts));
@@ -668,6 +674,7 @@ void check_nesting(std::string_view text, const std::string& origin) {
       key_parts = 1;
     }
   }
+  return non_ascii_line;
 }
 
 void apply_override(RunConfig& config, const std::string& assignment) {
@@ -684,13 +691,17 @@ void apply_override(RunConfig& config, const std::string& assignment) {
   const Key* k = find_key(name);
   if (k == nullptr) unknown_key(where, name);
   // The value in TOML syntax (1e-3, true, ["a"], "text"); a bare word that is not TOML is taken as a string.
-  check_nesting("value = " + value, where);
+  // Non-ASCII outside quotes is no TOML value, and must not reach the parser: a bare word.
   toml::table parsed;
-  try {
-    parsed = toml::parse("value = " + value);
-  } catch (const toml::parse_error&) {
-    parsed = toml::table{{"value", value}};
+  bool is_toml = check_nesting("value = " + value, where) == 0;
+  if (is_toml) {
+    try {
+      parsed = toml::parse("value = " + value);
+    } catch (const toml::parse_error&) {
+      is_toml = false;
+    }
   }
+  if (!is_toml) parsed = toml::table{{"value", value}};
   k->set(config, *parsed.get("value"), where);
 }
 
@@ -775,7 +786,12 @@ RunConfig parse_run_config(std::string_view toml_text, std::string_view origin,
     fail(fmt::format("{}: {} bytes, more than the {} a configuration may have", origin, toml_text.size(),
                      kMaxConfigBytes));
   }
-  check_nesting(toml_text, std::string(origin));
+  const int64_t non_ascii_line = check_nesting(toml_text, std::string(origin));
+  if (non_ascii_line != 0) {
+    fail(fmt::format("{}:{}: not valid TOML: a non-ASCII character outside a string or comment (keys, numbers "
+                     "and booleans are ASCII; put text in quotes)",
+                     origin, non_ascii_line));
+  }
   toml::table root;
   try {
     root = toml::parse(toml_text, origin);
