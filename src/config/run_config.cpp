@@ -621,6 +621,7 @@ constexpr size_t kMaxValueDepth = 16;
 // non-ASCII characters for whitespace, so such text must not reach it.
 int64_t check_nesting(std::string_view text, const std::string& origin) {
   int64_t non_ascii_line = 0;
+  bool line_start = true;  // only whitespace so far on this line, outside any array or inline table
   int64_t line = 1;
   std::vector<char> open;  // the arrays and inline tables the scan is inside
   bool in_key = true;      // before a key's '=' (or in a [table] header)
@@ -630,8 +631,26 @@ int64_t check_nesting(std::string_view text, const std::string& origin) {
     const char c = text[i];
     if (c == '\n') {
       ++line;
-      if (open.empty()) in_key = true, key_parts = 1;
-    } else if (c == '#') {
+      if (open.empty()) in_key = true, key_parts = 1, line_start = true;
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\r') continue;
+    const bool header = line_start && c == '[';
+    line_start = false;
+    if (header) {
+      // toml++ 3.3 assumes (TOML_ASSUME, undefined behaviour when false) that a table header's brackets are
+      // followed by a key: anything else is refused here.
+      size_t j = i + 1;
+      if (j < text.size() && text[j] == '[') ++j;
+      while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
+      const char k = j < text.size() ? text[j] : '\n';
+      const bool key_start = (k >= 'A' && k <= 'Z') || (k >= 'a' && k <= 'z') || (k >= '0' && k <= '9') ||
+                             k == '_' || k == '-' || k == '"' || k == '\'';
+      if (!key_start) refuse("not valid TOML: a table header must name a table, as in [train]");
+      i = j - 1;
+      continue;
+    }
+    if (c == '#') {
       while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
     } else if (c == '"' || c == '\'') {
       const bool multiline = text.substr(i, 3) == std::string(3, c);

@@ -262,6 +262,15 @@ TEST(RunConfig, NonAsciiOutsideStringsNeverReachesTheParser) {
   EXPECT_EQ(c.run_dir.string(), "\u00e9");
 }
 
+TEST(RunConfig, TableHeadersMustNameATable) {
+  // toml++ 3.3 assumes a key there (undefined behaviour otherwise; its debug builds assert).
+  for (const char* text : {"[[[train]]]\n", "[\n", "  [ ]\n", "[[ =]]\n", "[train]\n[[#]]\n"}) {
+    EXPECT_NE(error_of(text).find("not valid TOML: a table header must name a table"), std::string::npos)
+        << text << ": " << error_of(text);
+  }
+  EXPECT_EQ(error_of("  [ train ]\n[ \"data\" ]\ndir = \"[[x\"\n"), "");
+}
+
 TEST(RunConfig, ParserMessagesAreOneLine) {
   // The TOML parser's own description may quote the input, line break included.
   const std::string message = error_of("[fp8]\nlm_head = f\n\n");

@@ -36,6 +36,10 @@ std::vector<std::string> config_corpus() {
   return corpus;
 }
 
+bool replaying() {
+  return std::getenv("OCTET_FUZZ_CASE") != nullptr;
+}
+
 // Parses and checks that an accepted configuration round-trips through to_toml.
 void parse_and_round_trip(const std::string& text, const std::vector<std::string>& overrides) {
   const RunConfig config = parse_run_config(text, "fuzz.toml", overrides);
@@ -58,6 +62,7 @@ TEST(FuzzConfig, MutatedFilesParseOrAreRefusedCleanly) {
     if (!fuzz::selected(i)) continue;
     std::mt19937_64 rng = fuzz::case_rng(campaign.seed, i);
     const std::string text = fuzz::mutate(corpus[rng() % corpus.size()], corpus, rng);
+    if (replaying()) std::ofstream("fuzz-case.toml", std::ios::binary) << text;  // the replayed input
     campaign.record(i, fuzz::run_case([&] { parse_and_round_trip(text, {}); }));
   }
   std::printf("%s\n", campaign.summary().c_str());
