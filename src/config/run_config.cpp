@@ -15,6 +15,7 @@
 #include <toml++/toml.h>
 
 #include "octet/check.h"
+#include "octet/io/input.h"
 
 namespace octet {
 namespace {
@@ -23,8 +24,32 @@ namespace {
   throw Error(ErrorKind::invalid_input, message);
 }
 
+// Input echoed into a message: cut short, control characters and invalid bytes escaped.
+std::string shown(std::string_view s, size_t max_chars = 60) {
+  return io::printable(s, max_chars);
+}
+
+// A string value in a message.
 std::string quote(std::string_view s) {
-  return fmt::format("\"{}\"", s);
+  return fmt::format("\"{}\"", shown(s));
+}
+
+// A string as a TOML basic string that parses back to exactly `s` (quotes, backslashes and control
+// characters escaped).
+std::string toml_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7F) {
+      out += fmt::format("\\u{:04X}", u);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
 }
 
 std::string describe_node(const toml::node& n) {
@@ -44,6 +69,12 @@ std::string format_number(float v) {
   if (s.find_first_of(".en") == std::string::npos) s += ".0";  // keep it a TOML float
   return s;
 }
+
+// Bounds of string values: longer paths name nothing a file system holds, and octet's layer names are
+// short. They also bound the text to_toml writes (escapes at most double a string).
+constexpr size_t kMaxPathBytes = 4096;
+constexpr size_t kMaxGlobs = 256;
+constexpr size_t kMaxGlobBytes = 256;
 
 struct Key {
   std::string name;  // section.key
@@ -91,9 +122,18 @@ Key number(std::string name, std::function<float&(RunConfig&)> ref, double lo, b
             if (!n.is_number())
               fail(fmt::format("{}: {} must be a number ({}), got {}", where, name, valid, describe_node(n)));
             const double v = *n.value<double>();
-            const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
-            if (!ok) fail(fmt::format("{}: {} must be {}, got {}", where, name, valid, v));
-            ref(c) = static_cast<float>(v);
+            // The setting is a float32: the range applies to the value it will hold, and a number that only
+            // a double can hold (1e300, 1e-50) is refused rather than trained on as inf or 0.
+            const float f = static_cast<float>(v);
+            const double held = f;
+            const bool ok =
+                std::isfinite(held) && (lo_open ? held > lo : held >= lo) && (hi_open ? held < hi : held <= hi);
+            if (!ok) {
+              const std::string as_float =
+                  std::isfinite(v) && held != v ? fmt::format(", which is {} as float32", f) : "";
+              fail(fmt::format("{}: {} must be {}, got {}{}", where, name, valid, v, as_float));
+            }
+            ref(c) = f;
           },
           [=](const RunConfig& c) { return format_number(ref(const_cast<RunConfig&>(c))); }};
 }
@@ -117,14 +157,34 @@ Key text(std::string name, std::function<std::string(const RunConfig&)> get,
          std::function<void(RunConfig&, std::string)> put, std::string description) {
   return {name,
           "string",
-          "any text (a path)",
+          "a path: UTF-8 text without control characters, at most 4096 bytes",
           std::move(description),
           [=](RunConfig& c, const toml::node& n, const std::string& where) {
             if (!n.is_string())
               fail(fmt::format("{}: {} must be a string, got {}", where, name, describe_node(n)));
-            put(c, *n.value<std::string>());
+            const std::string value = *n.value<std::string>();
+            if (value.size() > kMaxPathBytes) {
+              fail(fmt::format("{}: {} is {} bytes long; a path has at most {}", where, name, value.size(),
+                               kMaxPathBytes));
+            }
+            // A path that TOML cannot hold back, or that the file system would cut at a NUL, would make the
+            // saved config.toml unreadable or name another file.
+            const size_t invalid = io::first_invalid_utf8(value);
+            if (invalid != std::string::npos) {
+              fail(fmt::format("{}: {} is not valid UTF-8 (byte {} of the value); paths must be UTF-8 text",
+                               where, name, invalid));
+            }
+            const auto control = std::find_if(value.begin(), value.end(), [](char ch) {
+              return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7F;
+            });
+            if (control != value.end()) {
+              fail(fmt::format(
+                  "{}: {} holds a control character (byte {} of the value); paths must be printable text", where,
+                  name, control - value.begin()));
+            }
+            put(c, value);
           },
-          [=](const RunConfig& c) { return quote(get(c)); }};
+          [=](const RunConfig& c) { return toml_string(get(c)); }};
 }
 
 template <typename E>
@@ -150,7 +210,7 @@ Key choice(std::string name, std::function<E&(RunConfig&)> ref,
           },
           [=](const RunConfig& c) {
             for (const auto& [spelling, value] : options) {
-              if (ref(const_cast<RunConfig&>(c)) == value) return quote(spelling);
+              if (ref(const_cast<RunConfig&>(c)) == value) return toml_string(spelling);
             }
             return std::string("\"?\"");
           }};
@@ -160,27 +220,56 @@ Key strings(std::string name, std::function<std::vector<std::string>&(RunConfig&
             std::string description) {
   return {name,
           "list of strings",
-          "layer-name globs such as \"h.0.*\" or \"*.mlp.*\"",
+          "up to 256 layer-name globs such as \"h.0.*\" or \"*.mlp.*\", each at most 256 bytes",
           std::move(description),
           [=](RunConfig& c, const toml::node& n, const std::string& where) {
             const toml::array* a = n.as_array();
             if (a == nullptr)
               fail(fmt::format("{}: {} must be a list of strings, got {}", where, name, describe_node(n)));
+            if (a->size() > kMaxGlobs) {
+              fail(fmt::format("{}: {} holds {} globs; at most {} are allowed", where, name, a->size(),
+                               kMaxGlobs));
+            }
             std::vector<std::string> out;
             for (const toml::node& e : *a) {
               if (!e.is_string())
                 fail(fmt::format("{}: {} must hold strings only, got {}", where, name, describe_node(e)));
-              out.push_back(*e.value<std::string>());
+              const std::string value = *e.value<std::string>();
+              const size_t invalid = io::first_invalid_utf8(value);
+              if (invalid != std::string::npos) {
+                fail(fmt::format("{}: {} holds a string that is not valid UTF-8 (byte {} of {})", where, name,
+                                 invalid, quote(value)));
+              }
+              const bool control = std::any_of(value.begin(), value.end(), [](char ch) {
+                return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7F;
+              });
+              if (value.size() > kMaxGlobBytes || control) {
+                fail(fmt::format("{}: {} holds {}; a glob is printable text of at most {} bytes", where, name,
+                                 quote(value), kMaxGlobBytes));
+              }
+              out.push_back(value);
             }
             ref(c) = std::move(out);
           },
           [=](const RunConfig& c) {
             std::string s = "[";
             const auto& v = ref(const_cast<RunConfig&>(c));
-            for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + quote(v[i]);
+            for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + toml_string(v[i]);
             return s + "]";
           }};
 }
+
+// Upper bounds of the shape keys, so that no size derived from them overflows (check_sizes bounds their
+// products). Token ids are int32 in batches and shards.
+constexpr int64_t kMaxTokenId = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxSequence = int64_t{1} << 20;
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
+constexpr int64_t kMaxHeads = int64_t{1} << 16;
+constexpr int64_t kMaxChannels = int64_t{1} << 20;
+constexpr int64_t kMaxBatch = int64_t{1} << 20;
+// The most elements one buffer of a run may have (parameters, logits, activations, attention scores): far
+// beyond any memory, and small enough that byte counts of several such buffers still fit in int64.
+constexpr double kMaxElements = static_cast<double>(int64_t{1} << 56);
 
 // The single table of keys, in the order `octet config show` prints them.
 const std::vector<Key>& keys() {
@@ -190,21 +279,21 @@ const std::vector<Key>& keys() {
     std::vector<Key> k;
     // [model]
     k.push_back(integer<int64_t>(
-        "model.vocab_size", [](RunConfig& c) -> int64_t& { return c.model.vocab_size; }, 2, big,
+        "model.vocab_size", [](RunConfig& c) -> int64_t& { return c.model.vocab_size; }, 2, kMaxTokenId,
         "Tokens the model predicts (the loss covers exactly these)."));
     k.push_back(integer<int64_t>(
-        "model.padded_vocab_size", [](RunConfig& c) -> int64_t& { return c.model.padded_vocab_size; }, 0, big,
+        "model.padded_vocab_size", [](RunConfig& c) -> int64_t& { return c.model.padded_vocab_size; }, 0, kMaxTokenId,
         "Rows of the token embedding; 0 rounds vocab_size up to a multiple of 64."));
     k.push_back(integer<int64_t>(
-        "model.max_seq_len", [](RunConfig& c) -> int64_t& { return c.model.max_seq_len; }, 1, big,
+        "model.max_seq_len", [](RunConfig& c) -> int64_t& { return c.model.max_seq_len; }, 1, kMaxSequence,
         "Positions of the learned position embedding (the context length)."));
     k.push_back(integer<int64_t>(
-        "model.layers", [](RunConfig& c) -> int64_t& { return c.model.layers; }, 1, big,
+        "model.layers", [](RunConfig& c) -> int64_t& { return c.model.layers; }, 1, kMaxLayers,
         "Transformer blocks."));
     k.push_back(integer<int64_t>(
-        "model.heads", [](RunConfig& c) -> int64_t& { return c.model.heads; }, 1, big, "Attention heads."));
+        "model.heads", [](RunConfig& c) -> int64_t& { return c.model.heads; }, 1, kMaxHeads, "Attention heads."));
     k.push_back(integer<int64_t>(
-        "model.channels", [](RunConfig& c) -> int64_t& { return c.model.channels; }, 1, big,
+        "model.channels", [](RunConfig& c) -> int64_t& { return c.model.channels; }, 1, kMaxChannels,
         "Width of the residual stream; a multiple of heads."));
     // [train]
     k.push_back(choice<MixedPrecision>(
@@ -215,13 +304,13 @@ const std::vector<Key>& keys() {
          {"fp8", MixedPrecision::fp8}},
         "Precision mode (docs/precision.md)."));
     k.push_back(integer<int64_t>(
-        "train.batch_size", [](RunConfig& c) -> int64_t& { return c.train.batch_size; }, 1, big,
+        "train.batch_size", [](RunConfig& c) -> int64_t& { return c.train.batch_size; }, 1, kMaxBatch,
         "Sequences per micro-batch (B)."));
     k.push_back(integer<int64_t>(
-        "train.seq_len", [](RunConfig& c) -> int64_t& { return c.train.seq_len; }, 1, big,
+        "train.seq_len", [](RunConfig& c) -> int64_t& { return c.train.seq_len; }, 1, kMaxSequence,
         "Tokens per sequence (T); at most model.max_seq_len."));
     k.push_back(integer<int64_t>(
-        "train.grad_accum_steps", [](RunConfig& c) -> int64_t& { return c.train.grad_accum_steps; }, 1, big,
+        "train.grad_accum_steps", [](RunConfig& c) -> int64_t& { return c.train.grad_accum_steps; }, 1, kMaxBatch,
         "Micro-batches per optimizer step."));
     k.push_back(integer<int64_t>(
         "train.steps", [](RunConfig& c) -> int64_t& { return c.steps; }, 1, big,
@@ -411,7 +500,7 @@ const std::vector<Key>& keys() {
         "data.eval_every", [](RunConfig& c) -> int64_t& { return c.eval_every; }, 0, big,
         "Steps between validation losses; 0: at the end only."));
     k.push_back(integer<int64_t>(
-        "data.eval_batches", [](RunConfig& c) -> int64_t& { return c.eval_batches; }, 1, big,
+        "data.eval_batches", [](RunConfig& c) -> int64_t& { return c.eval_batches; }, 1, kMaxBatch,
         "Batches of the validation split per validation loss."));
     // [checkpoint]
     k.push_back(integer<int64_t>(
@@ -461,6 +550,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 std::string nearest(std::string_view name, const std::vector<std::string>& candidates) {
+  name = name.substr(0, 100);  // no key is longer; keeps a huge unknown name from taking quadratic time
   std::string best;
   size_t best_distance = std::numeric_limits<size_t>::max();
   for (const std::string& c : candidates) {
@@ -489,7 +579,7 @@ std::vector<std::string> sections() {
 void unknown_key(const std::string& where, const std::string& name) {
   std::vector<std::string> names;
   for (const Key& k : keys()) names.push_back(k.name);
-  fail(fmt::format("{}: unknown key {}; did you mean {}? (docs/config.md lists every key)", where, name,
+  fail(fmt::format("{}: unknown key {}; did you mean {}? (docs/config.md lists every key)", where, shown(name),
                    nearest(name, names)));
 }
 
@@ -502,10 +592,10 @@ void apply_table(RunConfig& config, const toml::table& root, const std::string& 
     if (table == nullptr) {
       fail(
           fmt::format("{}: {} is outside any section; keys belong in sections such as [train] (sections: {})",
-                      where, section, fmt::join(known_sections, ", ")));
+                      where, shown(section), fmt::join(known_sections, ", ")));
     }
     if (std::find(known_sections.begin(), known_sections.end(), section) == known_sections.end()) {
-      fail(fmt::format("{}: unknown section [{}]; did you mean [{}]? (sections: {})", where, section,
+      fail(fmt::format("{}: unknown section [{}]; did you mean [{}]? (sections: {})", where, shown(section),
                        nearest(section, known_sections), fmt::join(known_sections, ", ")));
     }
     for (const auto& [key, node] : *table) {
@@ -518,8 +608,100 @@ void apply_table(RunConfig& config, const toml::table& root, const std::string& 
   }
 }
 
+// Deeply nested TOML (a.a.a... keys or [[[... arrays hundreds of thousands deep) would exhaust the stack of
+// the recursive parser and of the tables' destructors. Octet's keys are section.key and its values are flat,
+// so this one pass over the text refuses anything nested deeper than a valid configuration could be, before
+// the parser sees it. It tracks just enough of TOML's syntax (strings, comments, key or value position) to
+// count the parts of each key and the depth of arrays and inline tables.
+constexpr int kMaxKeyParts = 8;
+constexpr size_t kMaxValueDepth = 16;
+
+// Returns the line of the first byte outside strings and comments that is not ASCII (TOML's grammar allows
+// none there), or 0: toml++ 3.3 reaches __builtin_unreachable (undefined behaviour) when it tests some
+// non-ASCII characters for whitespace, so such text must not reach it.
+int64_t check_nesting(std::string_view text, const std::string& origin) {
+  int64_t non_ascii_line = 0;
+  bool line_start = true;  // only whitespace so far on this line, outside any array or inline table
+  int64_t line = 1;
+  std::vector<char> open;  // the arrays and inline tables the scan is inside
+  bool in_key = true;      // before a key's '=' (or in a [table] header)
+  int key_parts = 1;
+  auto refuse = [&](const std::string& what) { fail(fmt::format("{}:{}: {}", origin, line, what)); };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      if (open.empty()) in_key = true, key_parts = 1, line_start = true;
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\r') continue;
+    const bool header = line_start && c == '[';
+    line_start = false;
+    if (header) {
+      // toml++ 3.3 assumes (TOML_ASSUME, undefined behaviour when false) that a table header's brackets are
+      // followed by a key: anything else is refused here.
+      size_t j = i + 1;
+      if (j < text.size() && text[j] == '[') ++j;
+      while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
+      const char k = j < text.size() ? text[j] : '\n';
+      const bool key_start = (k >= 'A' && k <= 'Z') || (k >= 'a' && k <= 'z') || (k >= '0' && k <= '9') ||
+                             k == '_' || k == '-' || k == '"' || k == '\'';
+      if (!key_start) refuse("not valid TOML: a table header must name a table, as in [train]");
+      i = j - 1;
+      continue;
+    }
+    if (c == '#') {
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+    } else if (c == '"' || c == '\'') {
+      const bool multiline = text.substr(i, 3) == std::string(3, c);
+      const std::string_view close = multiline ? text.substr(i, 3) : text.substr(i, 1);
+      size_t j = i + close.size();
+      while (j < text.size() && text.substr(j, close.size()) != close) {
+        if (c == '"' && text[j] == '\\') ++j;  // an escape: the next byte cannot end the string
+        if (j < text.size() && text[j] == '\n') ++line;
+        if (!multiline && j < text.size() && text[j] == '\n') break;
+        ++j;
+      }
+      if (j >= text.size() || text[j] == '\n') return non_ascii_line;  // unterminated: the parser says where
+      i = j + close.size() - 1;
+      if (multiline) {  // """a"""" is valid: up to two more quotes belong to the string
+        while (i + 1 < text.size() && text[i + 1] == c) ++i;
+      }
+    } else if (static_cast<unsigned char>(c) >= 0x80) {
+      if (non_ascii_line == 0) non_ascii_line = line;
+    } else if (in_key) {
+      if (c == '.' && ++key_parts > kMaxKeyParts) {
+        refuse(fmt::format("a key nested more than {} levels deep; octet's keys are section.key", kMaxKeyParts));
+      } else if (c == '=') {
+        in_key = false;
+        key_parts = 1;
+      } else if (c == '}' && !open.empty()) {
+        open.pop_back();
+        in_key = false;
+      }
+    } else if (c == '[' || c == '{') {
+      open.push_back(c);
+      if (open.size() > kMaxValueDepth) {
+        refuse(fmt::format("arrays or inline tables nested more than {} deep; octet's values are flat",
+                           kMaxValueDepth));
+      }
+      if (c == '{') in_key = true, key_parts = 1;
+    } else if ((c == ']' || c == '}') && !open.empty()) {
+      open.pop_back();
+    } else if (c == ',' && !open.empty() && open.back() == '{') {
+      in_key = true;
+      key_parts = 1;
+    }
+  }
+  return non_ascii_line;
+}
+
 void apply_override(RunConfig& config, const std::string& assignment) {
-  const std::string where = fmt::format("--set {}", assignment);
+  const std::string where = fmt::format("--set {}", shown(assignment, 100));
+  // TOML would end the value at a line break and read what follows as more keys, or drop it.
+  if (assignment.find_first_of("\n\r") != std::string::npos) {
+    fail(fmt::format("{}: the value must be one line (it holds a line break)", where));
+  }
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
     fail(fmt::format("{}: expected section.key=value, e.g. --set train.mixed_precision=fp8", where));
@@ -528,12 +710,17 @@ void apply_override(RunConfig& config, const std::string& assignment) {
   const Key* k = find_key(name);
   if (k == nullptr) unknown_key(where, name);
   // The value in TOML syntax (1e-3, true, ["a"], "text"); a bare word that is not TOML is taken as a string.
+  // Non-ASCII outside quotes is no TOML value, and must not reach the parser: a bare word.
   toml::table parsed;
-  try {
-    parsed = toml::parse("value = " + value);
-  } catch (const toml::parse_error&) {
-    parsed = toml::table{{"value", value}};
+  bool is_toml = check_nesting("value = " + value, where) == 0;
+  if (is_toml) {
+    try {
+      parsed = toml::parse("value = " + value);
+    } catch (const toml::parse_error&) {
+      is_toml = false;
+    }
   }
+  if (!is_toml) parsed = toml::table{{"value", value}};
   k->set(config, *parsed.get("value"), where);
 }
 
@@ -564,11 +751,36 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
           fmt::format("fp8.alert_scale_jump ({}) must be 0 (never) or more than 1: a scale always moves by a "
                       "factor of at least 1",
                       c.telemetry.alert_scale_jump));
+  // Each shape key is bounded; their products must be too (computed in double, which cannot overflow here).
+  const double V = static_cast<double>(c.model.padded_vocab()), C = static_cast<double>(c.model.channels),
+               L = static_cast<double>(c.model.layers), NH = static_cast<double>(c.model.heads),
+               positions = static_cast<double>(c.model.max_seq_len),
+               tokens = static_cast<double>(c.train.batch_size) * static_cast<double>(c.train.seq_len),
+               T = static_cast<double>(c.train.seq_len);
+  const double parameters = V * C + positions * C + L * (12 * C * C + 13 * C) + 2 * C;
+  require(parameters <= kMaxElements,
+          fmt::format("the model has {:.3g} parameters, more than the 2^56 octet can address; make "
+                      "model.vocab_size, model.channels or model.layers smaller",
+                      parameters));
+  for (const auto& [what, count] :
+       {std::pair{"logits (train.batch_size x train.seq_len x the padded vocabulary)", tokens * V},
+        std::pair{"activations (train.batch_size x train.seq_len x model.channels x model.layers x 16)",
+                  tokens * C * L * 16},
+        std::pair{"attention scores (train.batch_size x train.seq_len^2 x model.heads x model.layers)",
+                  tokens * T * NH * L}}) {
+    require(count <= kMaxElements,
+            fmt::format("a step needs {:.3g} {}, more than the 2^56 elements octet can address; make the batch, "
+                        "the sequence or the model smaller",
+                        count, what));
+  }
   const int64_t tokenizer_vocab = c.tokenizer == "gpt2" ? 50257 : 256;
   require(c.model.vocab_size >= tokenizer_vocab,
           fmt::format("model.vocab_size ({}) is smaller than the {} tokenizer's vocabulary ({})",
                       c.model.vocab_size, c.tokenizer, tokenizer_vocab));
 }
+
+// Far more than any configuration needs; a bound on what is read and scanned.
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 
 void finish(RunConfig& c) {
   c.train.schedule.total_steps = c.steps;
@@ -589,12 +801,22 @@ const std::vector<ConfigKeyInfo>& config_keys() {
 
 RunConfig parse_run_config(std::string_view toml_text, std::string_view origin,
                            const std::vector<std::string>& overrides) {
+  if (toml_text.size() > kMaxConfigBytes) {
+    fail(fmt::format("{}: {} bytes, more than the {} a configuration may have", origin, toml_text.size(),
+                     kMaxConfigBytes));
+  }
+  const int64_t non_ascii_line = check_nesting(toml_text, std::string(origin));
+  if (non_ascii_line != 0) {
+    fail(fmt::format("{}:{}: not valid TOML: a non-ASCII character outside a string or comment (keys, numbers "
+                     "and booleans are ASCII; put text in quotes)",
+                     origin, non_ascii_line));
+  }
   toml::table root;
   try {
     root = toml::parse(toml_text, origin);
   } catch (const toml::parse_error& e) {
     fail(fmt::format("{}:{}:{}: not valid TOML: {}", origin, e.source().begin.line, e.source().begin.column,
-                     e.description()));
+                     shown(e.description(), 200)));
   }
   RunConfig config;
   apply_table(config, root, std::string(origin));
@@ -605,11 +827,13 @@ RunConfig parse_run_config(std::string_view toml_text, std::string_view origin,
 }
 
 RunConfig load_run_config(const std::filesystem::path& file, const std::vector<std::string>& overrides) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail(fmt::format("cannot read the config file {}", file.string()));
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_run_config(text.str(), file.string(), overrides);
+  std::error_code error;
+  if (std::filesystem::is_directory(file, error)) {
+    fail(fmt::format("config file {} is a directory; CONFIG must be a TOML file (docs/config.md)",
+                     shown(file.string(), 200)));
+  }
+  const std::string text = io::read_regular_file(file, "config file", kMaxConfigBytes);
+  return parse_run_config(text, file.string(), overrides);
 }
 
 std::string to_toml(const RunConfig& config) {

@@ -140,8 +140,12 @@ std::filesystem::path shard_path(const std::filesystem::path& directory, DataSpl
 
 std::vector<std::filesystem::path> find_shards(const std::filesystem::path& directory, DataSplit split) {
   std::error_code error;
-  OCTET_REQUIRE(std::filesystem::is_directory(directory, error), "data directory {} does not exist",
+  const std::filesystem::file_status status = std::filesystem::status(directory, error);
+  OCTET_REQUIRE(!std::filesystem::is_regular_file(status),
+                "data directory {} is a file, not a directory of token shards (point data.dir at the --out "
+                "directory of `octet data prepare`)",
                 directory.string());
+  OCTET_REQUIRE(std::filesystem::is_directory(status), "data directory {} does not exist", directory.string());
   std::vector<std::filesystem::path> shards;
   for (const auto& entry : std::filesystem::directory_iterator(directory)) {
     if (shard_index_of(entry.path().filename().string(), split_prefix(split)) >= 0)
@@ -177,11 +181,17 @@ PrepareSummary prepare_text_shards(std::span<const std::filesystem::path> files,
       "max_tokens_per_shard must be in [1, 2^31-1], got {}", options.max_tokens_per_shard);
 
   // A first pass counts the documents, so that an empty split is reported before any shard is written.
-  int64_t documents = 0;
+  int64_t documents = 0, text_bytes = 0;
   for (const auto& file : files) {
-    documents += static_cast<int64_t>(split_documents(read_file(file), options.document_boundary).size());
+    const std::string text = read_file(file);
+    for (std::string_view document : split_documents(text, options.document_boundary)) {
+      ++documents;
+      text_bytes += static_cast<int64_t>(document.size());
+    }
   }
   OCTET_REQUIRE(documents > 0, "the {} text file(s) hold no documents", files.size());
+  // Shards of separators alone would train on nothing.
+  OCTET_REQUIRE(text_bytes > 0, "the {} text file(s) hold no text: every one is empty", files.size());
   const bool has_validation = options.validation_every > 0;
   OCTET_REQUIRE(
       !has_validation || documents >= options.validation_every,

@@ -49,10 +49,16 @@ std::vector<int64_t> visiting_order(int64_t n, bool shuffle, uint64_t seed, int6
   return order;
 }
 
-std::vector<TokenShard> open_shards(const std::vector<std::filesystem::path>& paths) {
+// Opens every shard and, with a vocabulary, checks every token now: a bad token must be refused before a
+// run directory exists, not when a batch first reaches it hours into the run.
+std::vector<TokenShard> open_shards(const std::vector<std::filesystem::path>& paths,
+                                    std::optional<int64_t> vocab_size) {
   std::vector<TokenShard> shards;
   shards.reserve(paths.size());
-  for (const auto& path : paths) shards.push_back(TokenShard::open(path));
+  for (const auto& path : paths) {
+    shards.push_back(TokenShard::open(path));
+    if (vocab_size) shards.back().validate_tokens(*vocab_size);
+  }
   return shards;
 }
 
@@ -81,7 +87,7 @@ DataLoader::DataLoader(const std::vector<std::filesystem::path>& shard_paths,
                 options.batch_size, options.sequence_length);
   OCTET_REQUIRE(!options.vocab_size || *options.vocab_size > 0,
                 "data loader: vocabulary size must be positive, got {}", options.vocab_size.value_or(0));
-  shards_ = open_shards(shard_paths);
+  shards_ = open_shards(shard_paths, options.vocab_size);
   for (int64_t shard = 0; shard < shard_count(); ++shard) windows_per_epoch_ += windows_in_shard(shard);
   const int64_t T = options.sequence_length, B = options.batch_size;
   OCTET_REQUIRE(

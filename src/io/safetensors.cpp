@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "octet/check.h"
+#include "octet/io/input.h"
 
 namespace octet::io {
 
@@ -24,6 +25,14 @@ static_assert(std::endian::native == std::endian::little, "safetensors data is l
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
+// A header is an object of objects of arrays: depth 3. Deeper JSON is refused before it is parsed, since
+// the JSON library's dump, copy and comparison recurse.
+constexpr int64_t kMaxHeaderDepth = 64;
+
+// A tensor or metadata name as shown in a message.
+std::string shown(std::string_view name) {
+  return io::printable(name);
+}
 
 // Writes all of `bytes` to `fd`, naming `path` on failure.
 void write_all(int fd, const void* bytes, size_t size, const std::filesystem::path& path) {
@@ -94,10 +103,8 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path) {
   const std::string file = path.string();
-  std::ifstream in(path, std::ios::binary);
-  OCTET_REQUIRE(in.good(), "cannot open {}", file);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  OCTET_REQUIRE(!in.bad(), "cannot read {}", file);
+  // Regular files only (a FIFO would block), and no larger than an index can address.
+  const std::string bytes = read_regular_file(path, "safetensors file", std::numeric_limits<int64_t>::max());
 
   OCTET_REQUIRE(bytes.size() >= 8,
                 "{} is not a safetensors file: {} bytes, shorter than the 8-byte header "
@@ -108,12 +115,17 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
   OCTET_REQUIRE(header_length <= kMaxHeaderBytes && header_length <= bytes.size() - 8,
                 "{}: the header length {} runs past the end of the file ({} bytes)", file, header_length,
                 bytes.size());
+  const std::string_view header_text(bytes.data() + 8, header_length);
+  OCTET_REQUIRE(json_nesting_depth(header_text, kMaxHeaderDepth) <= kMaxHeaderDepth,
+                "{}: the header is nested more than {} deep; a safetensors header is an object of tensor "
+                "entries",
+                file, kMaxHeaderDepth);
   nlohmann::json header;
   try {
     header =
         nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(header_length));
   } catch (const nlohmann::json::exception& e) {
-    OCTET_REQUIRE(false, "{}: the header is not valid JSON: {}", file, e.what());
+    OCTET_REQUIRE(false, "{}: the header is not valid JSON: {}", file, io::printable(e.what(), 200));
   }
   OCTET_REQUIRE(header.is_object(), "{}: the header is not a JSON object", file);
   const uint64_t data_size = bytes.size() - 8 - header_length;
@@ -128,44 +140,45 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     if (name == "__metadata__") {
       OCTET_REQUIRE(entry.is_object(), "{}: __metadata__ is not an object of strings", file);
       for (const auto& [key, value] : entry.items()) {
-        OCTET_REQUIRE(value.is_string(), "{}: __metadata__ entry '{}' is not a string", file, key);
+        OCTET_REQUIRE(value.is_string(), "{}: __metadata__ entry '{}' is not a string", file, shown(key));
         result.metadata[key] = value.get<std::string>();
       }
       continue;
     }
     OCTET_REQUIRE(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
                       entry.contains("data_offsets"),
-                  "{}: tensor '{}' lacks dtype, shape or data_offsets", file, name);
+                  "{}: tensor '{}' lacks dtype, shape or data_offsets", file, shown(name));
     const nlohmann::json& dtype = entry["dtype"];
-    OCTET_REQUIRE(dtype.is_string(), "{}: tensor '{}' has a dtype that is not a string", file, name);
+    OCTET_REQUIRE(dtype.is_string(), "{}: tensor '{}' has a dtype that is not a string", file, shown(name));
     OCTET_REQUIRE(dtype.get<std::string>() == "F32", "{}: tensor '{}' has dtype {}; octet reads only F32",
-                  file, name, dtype.get<std::string>());
+                  file, shown(name), shown(dtype.get<std::string>()));
     const nlohmann::json& shape = entry["shape"];
-    OCTET_REQUIRE(shape.is_array(), "{}: tensor '{}' has a shape that is not an array", file, name);
+    OCTET_REQUIRE(shape.is_array(), "{}: tensor '{}' has a shape that is not an array", file, shown(name));
     SafetensorsTensor tensor;
     tensor.name = name;
     for (const nlohmann::json& d : shape) {
       OCTET_REQUIRE(d.is_number_unsigned(), "{}: tensor '{}' has a shape entry {} that is not a size", file,
-                    name, d.dump());
+                    shown(name), shown(d.dump()));
       OCTET_REQUIRE(d.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-                    "{}: tensor '{}' has a shape entry {} too large", file, name, d.dump());
+                    "{}: tensor '{}' has a shape entry {} too large", file, shown(name), shown(d.dump()));
       tensor.shape.push_back(d.get<int64_t>());
     }
     const nlohmann::json& offsets = entry["data_offsets"];
     OCTET_REQUIRE(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                       offsets[1].is_number_unsigned(),
-                  "{}: tensor '{}' has data_offsets {} that are not two sizes", file, name, offsets.dump());
+                  "{}: tensor '{}' has data_offsets {} that are not two sizes", file, shown(name),
+                  shown(offsets.dump()));
     const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
     OCTET_REQUIRE(begin <= end, "{}: tensor '{}' has data_offsets [{}, {}] that end before they begin", file,
-                  name, begin, end);
+                  shown(name), begin, end);
     const int64_t count = element_count(tensor.shape);
     OCTET_REQUIRE(count >= 0 && static_cast<uint64_t>(count) * 4 == end - begin,
                   "{}: tensor '{}' of shape [{}] needs {} bytes but its data_offsets [{}, {}] span {}", file,
-                  name, fmt::join(tensor.shape, ", "), count < 0 ? -1 : count * 4, begin, end, end - begin);
+                  shown(name), fmt::join(tensor.shape, ", "), count < 0 ? -1 : count * 4, begin, end, end - begin);
     OCTET_REQUIRE(end <= data_size,
                   "{}: tensor '{}' ends at byte {} of the data section, which has only {} bytes (truncated "
                   "file?)",
-                  file, name, end, data_size);
+                  file, shown(name), end, data_size);
     spans.push_back({begin, end, result.tensors.size()});
     result.tensors.push_back(std::move(tensor));
   }
@@ -177,7 +190,7 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
   for (const Span& s : spans) {
     const std::string& name = result.tensors[s.tensor].name;
     OCTET_REQUIRE(s.begin >= covered, "{}: tensor '{}' at bytes [{}, {}] overlaps the tensor before it", file,
-                  name, s.begin, s.end);
+                  shown(name), s.begin, s.end);
     OCTET_REQUIRE(s.begin == covered, "{}: bytes [{}, {}] of the data section belong to no tensor", file,
                   covered, s.begin);
     covered = s.end;

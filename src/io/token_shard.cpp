@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "octet/check.h"
+#include "octet/io/input.h"
 
 // The format is little-endian and the tokens are read in place from the mapping.
 static_assert(std::endian::native == std::endian::little,
@@ -151,12 +152,9 @@ std::span<const uint32_t> TokenView::as_uint32() const {
 
 TokenShard TokenShard::open(const std::filesystem::path& path) {
   const std::string name = path.string();
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  OCTET_REQUIRE(fd.get() >= 0, "token shard {}: cannot open: {}", name, errno_text());
-  struct stat info {};
-  OCTET_REQUIRE(::fstat(fd.get(), &info) == 0, "token shard {}: cannot stat: {}", name, errno_text());
-  OCTET_REQUIRE(S_ISREG(info.st_mode), "token shard {}: not a regular file", name);
-  const int64_t file_bytes = info.st_size;
+  // Opened without blocking and checked to be a regular file: a FIFO named like a shard must not hang.
+  int64_t file_bytes = 0;
+  FileDescriptor fd(open_regular_file(path, "token shard", file_bytes));
   OCTET_REQUIRE(
       file_bytes >= kShardHeaderBytes,
       "token shard {}: file is {} bytes, shorter than the {}-byte header: not a token shard or cut short",

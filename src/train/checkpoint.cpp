@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "octet/check.h"
+#include "octet/io/gpt2_tokenizer.h"
+#include "octet/io/input.h"
 #include "octet/io/safetensors.h"
 #include "octet/version.h"
 
@@ -30,6 +32,11 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 constexpr const char* kFormat = "octet-checkpoint";
 constexpr int kFormatVersion = 1;
+// state.json is an object of objects a few levels deep, and holds the config and one entry per FP8 layer.
+// Larger or deeper text is refused before it is parsed (the JSON library's dump, copy and comparison
+// recurse).
+constexpr int64_t kMaxStateBytes = int64_t{64} << 20;
+constexpr int64_t kMaxStateDepth = 64;
 
 // ---- names and layouts ----------------------------------------------------------------------------------
 
@@ -136,7 +143,7 @@ float float_from_json(const json& j) {
     if (s == "inf") return INFINITY;
     if (s == "-inf") return -INFINITY;
   }
-  OCTET_REQUIRE(j.is_number(), "expected a number, got {}", j.dump());
+  OCTET_REQUIRE(j.is_number(), "expected a number, got {}", io::printable(j.dump()));
   return static_cast<float>(j.get<double>());
 }
 
@@ -151,14 +158,35 @@ json scaling_json(const ScalingState& s) {
           {"degenerate_amax", s.degenerate_amax}};
 }
 
-ScalingState scaling_from_json(const json& j) {
+// Values a run can have produced, checked where they are read so that the message names the field.
+void require_count(int64_t value, const std::string& field) {
+  OCTET_REQUIRE(value >= 0, "{} must be at least 0, got {}", field, value);
+}
+void require_scale(float value, const std::string& field) {
+  OCTET_REQUIRE(value > 0.0f && std::isfinite(value), "{} must be positive and finite, got {}", field, value);
+}
+
+ScalingState scaling_from_json(const json& j, const std::string& field) {
   ScalingState s;
   s.scale = float_from_json(j.at("scale"));
+  require_scale(s.scale, field + ".scale");
   s.scale_inv = float_from_json(j.at("scale_inv"));
+  require_scale(s.scale_inv, field + ".scale_inv");
+  // The amax the last cast saw is NaN or Inf after a step that overflowed (update() keeps it out of the
+  // history), so only a negative one is impossible.
   s.last_amax = float_from_json(j.at("last_amax"));
-  for (const json& a : j.at("amax_history")) s.amax_history.push_back(float_from_json(a));
+  OCTET_REQUIRE(!(s.last_amax < 0.0f), "{}.last_amax must not be negative, got {}", field, s.last_amax);
+  const json& history = j.at("amax_history");
+  OCTET_REQUIRE(history.is_array(), "{}.amax_history must be an array", field);
+  for (size_t i = 0; i < history.size(); ++i) {
+    const float a = float_from_json(history[i]);
+    OCTET_REQUIRE(a >= 0.0f, "{}.amax_history[{}] must be at least 0 and not NaN, got {}", field, i, a);
+    s.amax_history.push_back(a);
+  }
   s.updates = j.at("updates").get<int64_t>();
+  require_count(s.updates, field + ".updates");
   s.degenerate_amax = j.at("degenerate_amax").get<int64_t>();
+  require_count(s.degenerate_amax, field + ".degenerate_amax");
   return s;
 }
 
@@ -166,9 +194,13 @@ json position_json(const io::LoaderPosition& p) {
   return {{"epoch", p.epoch}, {"shard_index", p.shard_index}, {"window_index", p.window_index}};
 }
 
-io::LoaderPosition position_from_json(const json& j) {
-  return {j.at("epoch").get<int64_t>(), j.at("shard_index").get<int64_t>(),
-          j.at("window_index").get<int64_t>()};
+io::LoaderPosition position_from_json(const json& j, const std::string& field) {
+  const io::LoaderPosition p{j.at("epoch").get<int64_t>(), j.at("shard_index").get<int64_t>(),
+                             j.at("window_index").get<int64_t>()};
+  require_count(p.epoch, field + ".epoch");
+  require_count(p.shard_index, field + ".shard_index");
+  require_count(p.window_index, field + ".window_index");
+  return p;
 }
 
 json model_json(const Gpt2Config& c) {
@@ -197,9 +229,9 @@ struct SavedState {
 };
 
 SavedState parse_state(const fs::path& path) {
-  std::ifstream in(path);
-  OCTET_REQUIRE(in.good(), "cannot open {}", path.string());
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = io::read_regular_file(path, "checkpoint state", kMaxStateBytes);
+  OCTET_REQUIRE(io::json_nesting_depth(text, kMaxStateDepth) <= kMaxStateDepth,
+                "{} is malformed: nested more than {} deep", path.string(), kMaxStateDepth);
   SavedState s;
   try {
     const json j = json::parse(text);
@@ -209,8 +241,11 @@ SavedState parse_state(const fs::path& path) {
     OCTET_REQUIRE(version == kFormatVersion, "{} has format_version {}; this octet reads {}", path.string(),
                   version, kFormatVersion);
     s.step = j.at("step").get<int64_t>();
+    require_count(s.step, "step");
     s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    require_count(s.optimizer_steps, "optimizer_steps");
     s.consecutive_skips = j.at("consecutive_skips").get<int64_t>();
+    require_count(s.consecutive_skips, "consecutive_skips");
     s.octet_version = j.at("octet_version").get<std::string>();
     s.model = j.at("model");
     const std::string mode = j.at("mixed_precision").get<std::string>();
@@ -220,24 +255,29 @@ SavedState parse_state(const fs::path& path) {
     const json& scaler = j.at("loss_scale");
     s.dynamic_loss_scale = scaler.at("dynamic").get<bool>();
     s.loss_scale = float_from_json(scaler.at("scale"));
+    require_scale(s.loss_scale, "loss_scale.scale");
     s.clean_steps = scaler.at("clean_steps").get<int64_t>();
+    require_count(s.clean_steps, "loss_scale.clean_steps");
     const json& fp8 = j.at("fp8");
     if (!fp8.is_null()) {
       s.recipe = fp8.at("recipe").get<std::string>();
       for (const auto& [layer, state] : fp8.at("layers").items()) {
-        s.fp8[layer] = {scaling_from_json(state.at("activation")), scaling_from_json(state.at("weight")),
-                        scaling_from_json(state.at("gradient")),
-                        float_from_json(state.at("weight_copy_scale"))};
+        const std::string field = "fp8.layers." + io::printable(layer);
+        const float weight_copy_scale = float_from_json(state.at("weight_copy_scale"));
+        require_scale(weight_copy_scale, field + ".weight_copy_scale");
+        s.fp8[layer] = {scaling_from_json(state.at("activation"), field + ".activation"),
+                        scaling_from_json(state.at("weight"), field + ".weight"),
+                        scaling_from_json(state.at("gradient"), field + ".gradient"), weight_copy_scale};
       }
     }
     const json& data = j.at("data");
-    if (data.contains("train")) s.progress.train_position = position_from_json(data.at("train"));
+    if (data.contains("train")) s.progress.train_position = position_from_json(data.at("train"), "data.train");
     if (data.contains("validation"))
-      s.progress.validation_position = position_from_json(data.at("validation"));
+      s.progress.validation_position = position_from_json(data.at("validation"), "data.validation");
     s.progress.seed = j.at("seed").get<uint64_t>();
     s.progress.config = j.at("config").get<std::string>();
   } catch (const json::exception& e) {
-    OCTET_REQUIRE(false, "{} is malformed: {}", path.string(), e.what());
+    OCTET_REQUIRE(false, "{} is malformed: {}", path.string(), io::printable(e.what(), 200));
   } catch (const Error& e) {
     if (std::string(e.what()).find(path.string()) != std::string::npos) throw;
     OCTET_REQUIRE(false, "{} is malformed: {}", path.string(), e.what());
@@ -368,6 +408,7 @@ fs::path save_checkpoint(const fs::path& run_dir, Gpt2& model, Trainer& trainer,
   io::write_safetensors(temporary / kOptimizerFile, exact, {{"octet_version", kVersion}});
   written(temporary / kOptimizerFile);
 
+  if (!progress.tokenizer_dir.empty()) io::copy_gpt2_vocabulary(progress.tokenizer_dir, temporary);
   write_file_durably(temporary / kStateFile, state_text(model, trainer, progress));
   written(temporary / kStateFile);
   fsync_directory(temporary);
@@ -391,6 +432,17 @@ fs::path save_checkpoint(const fs::path& run_dir, Gpt2& model, Trainer& trainer,
     fs::remove_all(complete[i]);
   }
   return final_dir;
+}
+
+fs::path training_tokenizer_files(std::string_view tokenizer, const fs::path& data_dir) {
+  if (tokenizer != "gpt2") return {};
+  if (!data_dir.empty() && io::has_gpt2_vocabulary(data_dir)) return data_dir;
+  const fs::path fallback = io::default_gpt2_vocabulary_dir();
+  return io::has_gpt2_vocabulary(fallback) ? fallback : fs::path();
+}
+
+fs::path checkpoint_tokenizer_files(const fs::path& checkpoint_dir, const fs::path& data_dir) {
+  return io::find_gpt2_vocabulary({checkpoint_dir, data_dir, io::default_gpt2_vocabulary_dir()});
 }
 
 std::string checkpoint_config(const fs::path& checkpoint_dir) {
@@ -424,6 +476,16 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Gpt2& model, Trainer& traine
       OCTET_REQUIRE(t != nullptr, "{}: tensor '{}' is missing", optimizer_path.string(), name);
       OCTET_REQUIRE(t->shape == p.shape, "{}: tensor '{}' has shape {}, this model needs {}",
                     optimizer_path.string(), name, shape_text(t->shape), shape_text(p.shape));
+      // A run never saves a non-finite weight or moment (a step that produced one is skipped), nor a
+      // negative second moment: such a file was damaged or made by hand, and training on it gives NaN.
+      const bool second_moment = target == &v;
+      for (size_t i = 0; i < t->data.size(); ++i) {
+        const float x = t->data[i];
+        OCTET_REQUIRE(std::isfinite(x) && (!second_moment || x >= 0.0f),
+                      "{}: tensor '{}' holds {} at index {}; {} must be finite{}", optimizer_path.string(), name,
+                      x, i, prefix[0] == '\0' ? "master weights" : "AdamW moments",
+                      second_moment ? " and second moments at least 0" : "");
+      }
       std::copy(t->data.begin(), t->data.end(), target->begin() + p.offset);
     }
   }

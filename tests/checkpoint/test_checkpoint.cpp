@@ -2,6 +2,9 @@
 // the precision mode may change on resume, FP8 scaling state survives bit for bit, and only the last K
 // checkpoints are kept.
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <cstring>
 #include <limits>
 
@@ -210,6 +213,46 @@ TEST(Checkpoint, KeepsTheLastKAndListsThemOldestFirst) {
   EXPECT_EQ(list_checkpoints(dir.path() / "run"), kept);
   options.keep_last = 0;
   EXPECT_THROW(save_checkpoint(dir.path() / "run", *run.model, *run.trainer, run.progress(), options), Error);
+}
+
+// A gpt2 run's tokenizer files travel with each checkpoint; generation looks in the checkpoint, then the data
+// directory, then the default place, and names all three when none holds them.
+TEST(Checkpoint, KeepsTheTokenizerFilesAndFindsThemAgain) {
+  ScratchDir dir;
+  const fs::path shard = testing::write_pattern_shard(dir.path(), tiny_config().vocab_size);
+  const fs::path vocabulary = dir.path() / "vocabulary";
+  fs::create_directories(vocabulary);
+  std::ofstream(vocabulary / "encoder.json") << "{\"!\": 0}";
+  std::ofstream(vocabulary / "vocab.bpe") << "#version: 0.2\n";
+  ::setenv("OCTET_DATA_DIR", (dir.path() / "no-default").c_str(), 1);
+  EXPECT_EQ(training_tokenizer_files("gpt2", vocabulary), vocabulary);
+  EXPECT_EQ(training_tokenizer_files("gpt2", dir.path()), fs::path()) << "neither the data nor the default";
+  EXPECT_EQ(training_tokenizer_files("bytes", vocabulary), fs::path());
+
+  TrainingProcess run(tiny_config(), MixedPrecision::fp32, shard);
+  run.train(1);
+  TrainingProgress progress = run.progress();
+  progress.tokenizer_dir = vocabulary;
+  const fs::path checkpoint = save_checkpoint(dir.path() / "run", *run.model, *run.trainer, progress);
+  for (const char* name : {"encoder.json", "vocab.bpe"}) {
+    std::ifstream a(vocabulary / name), b(checkpoint / name);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), std::string(std::istreambuf_iterator<char>(b), {}))
+        << name;
+  }
+  EXPECT_EQ(checkpoint_tokenizer_files(checkpoint, dir.path() / "data"), checkpoint);
+  fs::remove(checkpoint / "vocab.bpe");
+  EXPECT_EQ(checkpoint_tokenizer_files(checkpoint, vocabulary), vocabulary);
+  try {
+    checkpoint_tokenizer_files(checkpoint, dir.path() / "data");
+    ADD_FAILURE() << "no place holds the files";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(checkpoint.string() + ", " + (dir.path() / "data").string() + ", " +
+                           (dir.path() / "no-default").string()),
+              std::string::npos)
+        << message;
+  }
+  ::unsetenv("OCTET_DATA_DIR");
 }
 
 }  // namespace

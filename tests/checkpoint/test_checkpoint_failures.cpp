@@ -7,11 +7,15 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint_fixture.h"
+#include "octet/io/safetensors.h"
 
 namespace octet {
 namespace {
@@ -96,6 +100,123 @@ TEST(CheckpointRefused, ModelOfOtherDimensions) {
   expect_refused(
       other, narrow_target,
       {(other / "optimizer.safetensors").string(), "has shape [64, 64], this model needs [64, 32]"});
+}
+
+std::string text_of(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A checkpoint whose state.json is edited by `edit`, refused with a message holding `expected`.
+void expect_state_refused(const fs::path& checkpoint, TrainingProcess& target,
+                          const std::function<void(nlohmann::json&)>& edit,
+                          const std::vector<std::string>& expected) {
+  const fs::path state = checkpoint / "state.json";
+  const std::string original = text_of(state);
+  nlohmann::json j = nlohmann::json::parse(original);
+  edit(j);
+  std::ofstream(state, std::ios::trunc) << j.dump(2);
+  std::vector<std::string> parts = expected;
+  parts.push_back(state.string());
+  expect_refused(checkpoint, target, parts);
+  std::ofstream(state, std::ios::trunc) << original;
+}
+
+TEST(CheckpointRefused, DeeplyNestedStateOrHeader) {
+  ScratchDir dir;
+  const fs::path shard = testing::write_pattern_shard(dir.path(), tiny_config().vocab_size);
+  const fs::path checkpoint = saved_checkpoint(dir.path() / "run", tiny_config(), shard);
+  TrainingProcess target(tiny_config(), MixedPrecision::fp32, shard);
+  const fs::path state = checkpoint / "state.json";
+  const std::string original = text_of(state);
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  std::ofstream(state, std::ios::trunc) << "{\"format\": \"octet-checkpoint\", \"model\": " << deep << "}";
+  expect_refused(checkpoint, target, {state.string(), "nested more than 64 deep"});
+  EXPECT_THROW(checkpoint_config(checkpoint), Error);
+  std::ofstream(state, std::ios::trunc) << original;
+
+  // The same in the JSON header of a safetensors file.
+  const fs::path optimizer = checkpoint / "optimizer.safetensors";
+  const std::string header = "{\"__metadata__\": {\"a\": " + deep + "}}";
+  const uint64_t length = header.size();
+  std::string bytes(reinterpret_cast<const char*>(&length), 8);
+  std::ofstream(optimizer, std::ios::trunc | std::ios::binary) << bytes << header;
+  expect_refused(checkpoint, target, {optimizer.string(), "nested more than 64 deep"});
+}
+
+TEST(CheckpointRefused, ImpossibleValuesInState) {
+  ScratchDir dir;
+  const fs::path shard = testing::write_pattern_shard(dir.path(), tiny_config().vocab_size);
+  fs::path checkpoint;
+  {
+    TrainingProcess run(tiny_config(), MixedPrecision::fp8, shard);
+    run.train(2);
+    checkpoint = save_checkpoint(dir.path() / "run", *run.model, *run.trainer, run.progress());
+  }
+  TrainingProcess target(tiny_config(), MixedPrecision::fp8, shard);
+  using nlohmann::json;
+  expect_state_refused(checkpoint, target, [](json& j) { j["step"] = -5; }, {"step must be at least 0, got -5"});
+  expect_state_refused(checkpoint, target, [](json& j) { j["optimizer_steps"] = -1; }, {"optimizer_steps"});
+  expect_state_refused(checkpoint, target, [](json& j) { j["loss_scale"]["scale"] = 0; },
+                       {"loss_scale.scale must be positive and finite, got 0"});
+  expect_state_refused(checkpoint, target, [](json& j) { j["loss_scale"]["scale"] = "inf"; },
+                       {"loss_scale.scale must be positive and finite, got inf"});
+  expect_state_refused(checkpoint, target, [](json& j) { j["loss_scale"]["scale"] = 1e300; },
+                       {"loss_scale.scale must be positive and finite, got inf"});
+  expect_state_refused(checkpoint, target, [](json& j) { j["loss_scale"]["clean_steps"] = -3; },
+                       {"loss_scale.clean_steps"});
+  expect_state_refused(
+      checkpoint, target, [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["activation"]["scale"] = -2; },
+      {"fp8.layers.h.0.mlp.c_fc.activation.scale must be positive and finite, got -2"});
+  expect_state_refused(
+      checkpoint, target, [](json& j) { j["fp8"]["layers"]["h.1.attn.c_proj"]["weight"]["scale_inv"] = "nan"; },
+      {"fp8.layers.h.1.attn.c_proj.weight.scale_inv must be positive and finite, got nan"});
+  expect_state_refused(
+      checkpoint, target, [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["weight_copy_scale"] = "-inf"; },
+      {"fp8.layers.h.0.mlp.c_fc.weight_copy_scale"});
+  expect_state_refused(
+      checkpoint, target,
+      [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["gradient"]["amax_history"][2] = "nan"; },
+      {"fp8.layers.h.0.mlp.c_fc.gradient.amax_history[2] must be at least 0 and not NaN, got nan"});
+  expect_state_refused(
+      checkpoint, target, [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["gradient"]["last_amax"] = -1; },
+      {"fp8.layers.h.0.mlp.c_fc.gradient.last_amax must not be negative, got -1"});
+  expect_state_refused(
+      checkpoint, target, [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["weight"]["updates"] = -1; },
+      {"fp8.layers.h.0.mlp.c_fc.weight.updates"});
+  expect_state_refused(checkpoint, target, [](json& j) { j["data"]["train"]["epoch"] = -1; },
+                       {"data.train.epoch must be at least 0, got -1"});
+  // The same edits a checkpoint legitimately holds still load.
+  load_checkpoint(checkpoint, *target.model, *target.trainer);
+}
+
+TEST(CheckpointRefused, NonFiniteMomentsOrMasterWeights) {
+  ScratchDir dir;
+  const fs::path shard = testing::write_pattern_shard(dir.path(), tiny_config().vocab_size);
+  const fs::path checkpoint = saved_checkpoint(dir.path() / "run", tiny_config(), shard);
+  TrainingProcess target(tiny_config(), MixedPrecision::fp32, shard);
+  const fs::path optimizer = checkpoint / "optimizer.safetensors";
+  const std::string original = text_of(optimizer);
+  auto poison = [&](const std::string& tensor, size_t index, float value) {
+    io::SafetensorsFile file = io::read_safetensors(optimizer);
+    std::vector<io::SafetensorsEntry> entries;
+    for (io::SafetensorsTensor& t : file.tensors) {
+      if (t.name == tensor) t.data[index] = value;
+      entries.push_back({t.name, t.shape, t.data});
+    }
+    io::write_safetensors(optimizer, entries, file.metadata);
+  };
+  poison("m.wte", 7, std::numeric_limits<float>::quiet_NaN());
+  expect_refused(checkpoint, target, {optimizer.string(), "tensor 'm.wte' holds nan at index 7"});
+  std::ofstream(optimizer, std::ios::trunc | std::ios::binary) << original;
+  poison("v.h.0.mlp.c_fc.weight", 3, -1.0f);
+  expect_refused(checkpoint, target,
+                 {optimizer.string(), "tensor 'v.h.0.mlp.c_fc.weight' holds -1 at index 3", "at least 0"});
+  std::ofstream(optimizer, std::ios::trunc | std::ios::binary) << original;
+  poison("ln_f.bias", 0, -std::numeric_limits<float>::infinity());
+  expect_refused(checkpoint, target, {optimizer.string(), "tensor 'ln_f.bias' holds -inf at index 0"});
+  std::ofstream(optimizer, std::ios::trunc | std::ios::binary) << original;
+  load_checkpoint(checkpoint, *target.model, *target.trainer);
 }
 
 // The child process starts a save and stops after its first file; the parent kills it with SIGKILL.

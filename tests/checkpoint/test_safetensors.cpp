@@ -1,6 +1,12 @@
 // safetensors: a round trip, the byte layout Hugging Face's reader expects, and every validation error.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -89,7 +95,7 @@ std::string error_for(const std::filesystem::path& path) {
 struct BadFile {
   const char* what;
   std::string bytes;
-  const char* expected;  // a part of the message
+  std::string expected;  // a part of the message
 };
 
 TEST(Safetensors, ReaderRefusesEveryKindOfBrokenFile) {
@@ -126,6 +132,12 @@ TEST(Safetensors, ReaderRefusesEveryKindOfBrokenFile) {
        "belong to no tensor"},
       {"trailing bytes", file_with(good, 16), "the tensors cover 12"},
       {"metadata not strings", file_with(R"({"__metadata__":{"a":1}})", 0), "is not a string"},
+      {"nested too deep", file_with("{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}", 0),
+       "nested more than 64 deep"},
+      {"a name with control characters, echoed escaped",
+       file_with("{" + entry("a\\u001b[31m", "BF16", "[2]", "[0,4]") + "}", 4), "tensor 'a\\x1b[31m'"},
+      {"a huge name, echoed cut short", file_with("{" + entry(std::string(5000, 'n').c_str(), "BF16", "[2]", "[0,4]") + "}", 4),
+       std::string(60, 'n') + "...'"},
   };
   for (const BadFile& c : cases) {
     const std::filesystem::path path = dir.path() / "bad.safetensors";
@@ -136,6 +148,18 @@ TEST(Safetensors, ReaderRefusesEveryKindOfBrokenFile) {
   write_bytes(dir.path() / "good.safetensors", file_with(good, 12));
   EXPECT_EQ(error_for(dir.path() / "good.safetensors"), "");
   EXPECT_NE(error_for(dir.path() / "missing.safetensors").find("cannot open"), std::string::npos);
+  // A FIFO is refused at once; a writer comes after 3 s so that a blocking reader fails instead of hanging.
+  const std::filesystem::path fifo = dir.path() / "fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // wakes a reader blocked in open
+    if (fd >= 0) ::close(fd);
+  });
+  const auto began = std::chrono::steady_clock::now();
+  EXPECT_NE(error_for(fifo).find("is a FIFO, not a regular file"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(2));
+  writer.join();
 }
 
 }  // namespace

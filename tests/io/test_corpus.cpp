@@ -167,5 +167,14 @@ TEST(FindShards, SortsByNameAndIgnoresOtherFiles) {
   EXPECT_EQ(list_files(dir.path(), ".txt"), std::vector<std::filesystem::path>{dir / "notes.txt"});
 }
 
+TEST(PrepareTextShards, RejectsFilesWithoutText) {
+  TempDir dir;
+  const auto files = write_documents(dir, std::vector<std::string>(25, ""));
+  const std::string message =
+      invalid_input_message([&] { prepare_text_shards(files, ByteTokenizer(), dir / "out", {}); });
+  EXPECT_NE(message.find("the 25 text file(s) hold no text"), std::string::npos) << message;
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
+}
+
 }  // namespace
 }  // namespace octet::io

@@ -188,11 +188,15 @@ TEST(DataLoader, ChecksTokensAgainstTheVocabulary) {
   write_token_shard(dir / "train_000000.bin", tokens, TokenWidth::uint16);
   DataLoaderOptions options = options_for(2, 19, 0, /*shuffle=*/false);
   options.vocab_size = 256;
-  DataLoader loader(dir.path(), DataSplit::train, options);
-  const std::string message = invalid_input_message([&] { loader.next_batch(); });
+  // Checked when the shard is opened, before a run directory exists, not when a batch reaches the token.
+  const std::string message =
+      invalid_input_message([&] { DataLoader loader(dir.path(), DataSplit::train, options); });
   EXPECT_NE(message.find("train_000000.bin: token 300 at index 21 is outside the vocabulary of size 256"),
             std::string::npos)
       << message;
+  options.vocab_size = 301;
+  DataLoader loader(dir.path(), DataSplit::train, options);
+  EXPECT_EQ(loader.next_batch().targets[20], 300);
 }
 
 // The orders are part of the checkpoint format: a checkpoint stores only a position, so a change to the

@@ -1,11 +1,19 @@
 // Every way a shard can be damaged or foreign gives invalid_input (exit code 2) with a message that names
 // the file and says what is wrong.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "io_test_util.h"
+#include "octet/io/corpus.h"
 #include "octet/io/token_shard.h"
 
 namespace octet::io {
@@ -110,6 +118,33 @@ TEST(ShardErrors, TokenOutsideTheVocabularyNamesValueIndexAndSize) {
   TokenShard wide = TokenShard::open(dir / "vocab32.bin");
   expect_contains(invalid_input_message([&] { wide.validate_tokens(128256); }),
                   "token 128256 at index 1 is outside the vocabulary of size 128256");
+}
+
+TEST(ShardErrors, AFifoIsRefusedWithoutWaitingForAWriter) {
+  TempDir dir;
+  const std::filesystem::path fifo = dir / "train_000000.bin";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // A writer comes after 3 s, so that a reader that blocks on open fails this test instead of hanging it.
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // wakes a reader blocked in open
+    if (fd >= 0) ::close(fd);
+  });
+  const auto began = std::chrono::steady_clock::now();
+  const std::string message = invalid_input_message([&] { TokenShard::open(fifo); });
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(2));
+  expect_contains(message, fifo.string());
+  expect_contains(message, "is a FIFO, not a regular file");
+  writer.join();
+}
+
+TEST(ShardErrors, ADataDirectoryThatIsAFileSaysSo) {
+  TempDir dir;
+  write_file(dir / "shards", "not a directory");
+  const std::string message = invalid_input_message([&] { find_shards(dir / "shards", DataSplit::train); });
+  expect_contains(message, (dir / "shards").string() + " is a file, not a directory of token shards");
+  expect_contains(invalid_input_message([&] { find_shards(dir / "absent", DataSplit::train); }),
+                  "does not exist");
 }
 
 }  // namespace

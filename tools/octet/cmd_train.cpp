@@ -13,6 +13,8 @@
 #include "octet/check.h"
 #include "octet/config/run_config.h"
 #include "octet/io/corpus.h"
+#include "octet/io/gpt2_tokenizer.h"
+#include "octet/io/input.h"
 #include "octet/io/tokenizer.h"
 #include "octet/train/checkpoint.h"
 #include "octet/train/training_run.h"
@@ -170,10 +172,21 @@ int WorkflowCommands::run() const {
   if (data_prepare_->parsed()) {
     const std::optional<io::TokenizerKind> kind = io::parse_tokenizer_kind(tokenizer_);
     OCTET_REQUIRE(kind.has_value(), "--tokenizer '{}' is not a tokenizer octet knows; valid: bytes, gpt2",
+                  io::printable(tokenizer_));
+    OCTET_REQUIRE(vocabulary_dir_.empty() || *kind == io::TokenizerKind::gpt2,
+                  "--vocab names the directory of gpt2's encoder.json and vocab.bpe; the {} tokenizer has no "
+                  "files (drop --vocab, or use --tokenizer gpt2)",
                   tokenizer_);
-    const std::unique_ptr<io::Tokenizer> tokenizer = io::make_tokenizer(*kind);
+    const std::unique_ptr<io::Tokenizer> tokenizer =
+        vocabulary_dir_.empty() ? io::make_tokenizer(*kind) : io::make_tokenizer(*kind, vocabulary_dir_);
     std::vector<std::filesystem::path> files(text_files_.begin(), text_files_.end());
     const io::PrepareSummary s = io::prepare_text_shards(files, *tokenizer, out_dir_, io::PrepareOptions{});
+    // The tokenizer's files go with the data, so that training and generation find them from anywhere.
+    if (*kind == io::TokenizerKind::gpt2) {
+      io::copy_gpt2_vocabulary(vocabulary_dir_.empty() ? io::default_gpt2_vocabulary_dir()
+                                                       : std::filesystem::path(vocabulary_dir_),
+                               out_dir_);
+    }
     std::printf(
         "%s: %lld train documents (%lld tokens) in %zu shard(s), %lld validation documents (%lld tokens)\n",
         out_dir_.c_str(), static_cast<long long>(s.train_documents), static_cast<long long>(s.train_tokens),

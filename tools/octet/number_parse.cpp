@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "octet/check.h"
+#include "octet/io/input.h"
 
 namespace octet::cli {
 namespace {
@@ -123,18 +124,7 @@ std::vector<float> parse_float32_stream(std::string_view text, std::string_view 
 }
 
 std::string quote_token(std::string_view token, std::size_t max_chars) {
-  std::string out;
-  const std::string_view shown = token.substr(0, max_chars);
-  for (const char c : shown) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7F && c != '\\') {
-      out.push_back(c);
-    } else {
-      out += fmt::format("\\x{:02x}", u);
-    }
-  }
-  if (shown.size() < token.size()) out += "...";
-  return out;
+  return io::printable(token, max_chars);
 }
 
 }  // namespace octet::cli

@@ -34,8 +34,9 @@ std::optional<float> parse_float32(std::string_view token);
 // the accepted syntax. Nothing is returned partially: the caller prints only once the whole stream parsed.
 std::vector<float> parse_float32_stream(std::string_view text, std::string_view source);
 
-// A token as it may be shown in a one-line message: printable ASCII kept, other bytes as \xNN, and long
-// tokens cut to their first `max_chars` characters followed by "...".
+// A token as it may be shown in a one-line message (io::printable, which every reader's messages share):
+// printable text kept, control characters, backslashes and invalid UTF-8 as \xNN, and long tokens cut to
+// their first `max_chars` characters followed by "...".
 std::string quote_token(std::string_view token, std::size_t max_chars = 40);
 
 }  // namespace octet::cli

@@ -52,8 +52,11 @@ struct ConfigKeyInfo {
 const std::vector<ConfigKeyInfo>& config_keys();
 
 // Reads and validates a configuration. `overrides` are "section.key=value" (value in TOML syntax; a bare word
-// is taken as a string). Throws octet::Error (invalid input, exit code 2) with one message that names the
-// file, the key and what was expected; nothing is created or written.
+// is taken as a string; one line). Throws octet::Error (invalid input, exit code 2) with one message that
+// names the file, the key and what was expected, echoing input cut short and escaped; nothing is created or
+// written. The file must be a regular file of at most 1 MiB; text nested deeper than octet's section.key
+// keys and flat values is refused before it is parsed; every derived size must fit (each shape key has an
+// upper bound, and so do their products); float32 keys must be finite and in range as float32.
 RunConfig load_run_config(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
 // The same from TOML text (`origin` names it in messages).
 RunConfig parse_run_config(std::string_view toml, std::string_view origin,

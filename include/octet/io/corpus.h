@@ -19,7 +19,7 @@ std::string_view split_prefix(DataSplit split);
 // out_dir/train_000000.bin, out_dir/val_000003.bin, ...
 std::filesystem::path shard_path(const std::filesystem::path& directory, DataSplit split, int64_t index);
 // The shards of `split` in `directory` (files named <prefix>_<six digits>.bin), sorted by name. Throws
-// invalid_input when there are none.
+// invalid_input when there are none, or when `directory` does not exist or is a file.
 std::vector<std::filesystem::path> find_shards(const std::filesystem::path& directory, DataSplit split);
 // The regular files in `directory` whose names end in `extension` (e.g. ".txt"), sorted by name.
 std::vector<std::filesystem::path> list_files(const std::filesystem::path& directory,
@@ -53,7 +53,8 @@ struct PrepareSummary {
 // out_dir/val_NNNNNN.bin. Each document's tokens are preceded by the tokenizer's end-of-text token, as in
 // llm.c. Shards left in out_dir by an earlier run with more shards are removed, so that find_shards sees
 // exactly this run's output. Throws invalid_input when a file cannot be read, a document contains the
-// end-of-text token, or a split would be empty (that last before any shard is written).
+// end-of-text token, or a split would be empty or the files hold no text (those two before any shard is
+// written).
 PrepareSummary prepare_text_shards(std::span<const std::filesystem::path> files, const Tokenizer& tokenizer,
                                    const std::filesystem::path& out_dir, const PrepareOptions& options);
 

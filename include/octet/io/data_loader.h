@@ -25,7 +25,8 @@ struct DataLoaderOptions {
   int64_t sequence_length = 0;  // T: input tokens per window
   bool shuffle = true;          // false: shards in the given order, windows in file order (evaluation)
   uint64_t seed = 0;
-  // When set, every token put into a batch is checked against it (invalid_input naming the shard).
+  // When set, every token of every shard is checked against it when the loader opens the shards
+  // (invalid_input naming the shard, the token and its index), and again as batches are assembled.
   std::optional<int64_t> vocab_size;
 };
 
@@ -47,8 +48,8 @@ struct Batch {
 
 class DataLoader {
  public:
-  // Throws invalid_input when B or T is not positive, a shard is invalid, or the shards hold fewer than B
-  // windows of T + 1 tokens.
+  // Throws invalid_input when B or T is not positive, a shard is invalid or (with a vocabulary) holds a token
+  // outside it, or the shards hold fewer than B windows of T + 1 tokens.
   DataLoader(const std::vector<std::filesystem::path>& shard_paths, const DataLoaderOptions& options);
   // The shards of `split` found in `directory` (see find_shards).
   DataLoader(const std::filesystem::path& directory, DataSplit split, const DataLoaderOptions& options);

@@ -28,6 +28,19 @@ std::vector<std::string_view> gpt2_pre_tokenize(std::string_view text);
 // working directory, which is the repository root for the scripts and the command-line tool).
 std::filesystem::path default_gpt2_vocabulary_dir();
 
+// GPT-2's tokenizer files, kept beside the data they tokenized (`octet data prepare --tokenizer gpt2` copies
+// them into its --out directory) and in every checkpoint of a gpt2 run, as Hugging Face keeps a model's
+// tokenizer files beside its weights, so that generation does not depend on the working directory.
+inline constexpr const char* kGpt2VocabularyFiles[] = {"encoder.json", "vocab.bpe"};
+// Whether `dir` holds both files.
+bool has_gpt2_vocabulary(const std::filesystem::path& dir);
+// The first of `places` (empty ones skipped) that holds both files. Throws invalid_input naming every place
+// looked in when none does.
+std::filesystem::path find_gpt2_vocabulary(const std::vector<std::filesystem::path>& places);
+// Copies both files from `from` into the directory `to` (each written atomically); nothing when they are
+// the same directory. Throws invalid_input naming the file that cannot be read or written.
+void copy_gpt2_vocabulary(const std::filesystem::path& from, const std::filesystem::path& to);
+
 class Gpt2Tokenizer final : public Tokenizer {
  public:
   static constexpr int32_t kVocabSize = 50257;

@@ -58,7 +58,8 @@ class TokenView {
 // paged in from disk as they are read. Move-only: it owns the mapping.
 class TokenShard {
  public:
-  // Throws invalid_input, naming the file, when it is shorter than the header, has a bad magic number or an
+  // Throws invalid_input, naming the file, when it is not a regular file (it is opened without blocking, so
+  // a FIFO is refused rather than waited on), is shorter than the header, has a bad magic number or an
   // unknown version, or its size does not match the token count in its header.
   static TokenShard open(const std::filesystem::path& path);
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,21 @@ struct TrainingProgress {
   std::optional<io::LoaderPosition> validation_position;
   uint64_t seed = 0;
   std::string config;  // the resolved config, stored and returned verbatim
+  // A gpt2 run's tokenizer files (encoder.json, vocab.bpe) are copied from here into each checkpoint;
+  // empty for none (the byte tokenizer has no files). See checkpoint_tokenizer_files.
+  std::filesystem::path tokenizer_dir;
 };
+
+// Where a run's tokenizer files are, for TrainingProgress::tokenizer_dir: for "gpt2", the data directory when
+// `octet data prepare` put them there, else io::default_gpt2_vocabulary_dir() when it holds them, else
+// empty; empty for other tokenizers.
+std::filesystem::path training_tokenizer_files(std::string_view tokenizer, const std::filesystem::path& data_dir);
+
+// The directory of the gpt2 tokenizer files that text for a checkpoint goes through: the checkpoint's own
+// copy, else the data directory's, else io::default_gpt2_vocabulary_dir(). Throws invalid_input naming
+// every place looked in when none holds them.
+std::filesystem::path checkpoint_tokenizer_files(const std::filesystem::path& checkpoint_dir,
+                                                 const std::filesystem::path& data_dir);
 
 struct CheckpointOptions {
   int keep_last = 3;  // complete checkpoints kept after a successful save (older ones are deleted); >= 1
@@ -65,7 +80,10 @@ struct CheckpointLoad {
 
 // Loads a checkpoint into a model and trainer built for the same shapes (the precision mode may differ).
 // Everything is read and validated first; on any problem an invalid_input error names the file and the
-// mismatch, and the model and trainer are left untouched.
+// mismatch, and the model and trainer are left untouched. Values no run produces are refused naming the
+// field: negative step counts or positions, a loss scale or FP8 scale that is not positive and finite, a
+// negative or NaN amax in a history, a negative last amax (NaN or Inf there is legitimate: it records what
+// an overflowing step's cast saw), non-finite master weights or moments, and negative second moments.
 CheckpointLoad load_checkpoint(const std::filesystem::path& checkpoint_dir, Gpt2& model, Trainer& trainer);
 
 }  // namespace octet

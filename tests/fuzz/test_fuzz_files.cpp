@@ -1,0 +1,165 @@
+// Fuzzing the binary readers: token shards (opened and read through a data loader with a vocabulary),
+// safetensors files, and checkpoints (state.json, and optimizer.safetensors, loaded into a model). Mutations
+// of valid files, each case in a forked child under a time limit, must load or be refused with one line.
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "checkpoint_fixture.h"
+#include "fuzz_harness.h"
+#include "octet/check.h"
+#include "octet/config/run_config.h"
+#include "octet/io/data_loader.h"
+#include "octet/io/safetensors.h"
+#include "octet/io/token_shard.h"
+#include "octet/train/checkpoint.h"
+
+namespace octet {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+bool replaying() {
+  return std::getenv("OCTET_FUZZ_CASE") != nullptr;
+}
+
+TEST(FuzzFiles, TokenShards) {
+  testing::ScratchDir dir;
+  std::vector<std::string> corpus;
+  const std::vector<std::pair<int, io::TokenWidth>> seeds = {
+      {64, io::TokenWidth::uint16}, {37, io::TokenWidth::uint32}, {0, io::TokenWidth::uint16}, {9, io::TokenWidth::uint16}};
+  for (const auto& [count, width] : seeds) {
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < count; ++i) tokens.push_back((i * 37 + 11) % 300);
+    io::write_token_shard(dir.path() / "seed.bin", tokens, width);
+    corpus.push_back(read_bytes(dir.path() / "seed.bin"));
+  }
+  fuzz::MutatorOptions options;
+  options.binary = true;
+  options.hot_begin = 0;
+  options.hot_end = 16;
+  const fs::path shard = dir.path() / "train_000000.bin";
+  fuzz::Campaign campaign;
+  campaign.seed = fuzz::seed_from_environment(5);
+  const int cases = fuzz::scaled_cases(3000);
+  for (int i = 0; i < cases; ++i) {
+    if (!fuzz::selected(i)) continue;
+    std::mt19937_64 rng = fuzz::case_rng(campaign.seed, i);
+    write_bytes(shard, fuzz::mutate(corpus[rng() % corpus.size()], corpus, rng, options));
+    campaign.record(i, fuzz::run_case([&] {
+      io::DataLoaderOptions loader_options;
+      loader_options.batch_size = 2;
+      loader_options.sequence_length = 4;
+      loader_options.vocab_size = 300;
+      io::DataLoader loader(dir.path(), io::DataSplit::train, loader_options);
+      for (int b = 0; b < 20; ++b) loader.next_batch();
+    }));
+  }
+  std::printf("%s\n", campaign.summary().c_str());
+  EXPECT_TRUE(campaign.failures.empty()) << campaign.summary();
+  if (!replaying()) {
+    EXPECT_GT(campaign.accepted, 0);
+  }
+}
+
+TEST(FuzzFiles, Safetensors) {
+  testing::ScratchDir dir;
+  std::vector<std::string> corpus;
+  const std::vector<float> a = {1.0f, -2.0f, 3.5f, 0.25f, 8.0f, 9.0f}, b = {7.0f}, empty;
+  for (int variant = 0; variant < 3; ++variant) {
+    std::vector<io::SafetensorsEntry> entries = {{"wte", {2, 3}, a}, {"h.0.bias", {1}, b}};
+    if (variant == 1) entries.push_back({"nothing", {0, 4}, empty});
+    std::map<std::string, std::string> metadata;
+    if (variant != 2) metadata = {{"format", "pt"}, {"config", "{\"n_layer\": 1}"}};
+    io::write_safetensors(dir.path() / "seed.safetensors", entries, metadata);
+    corpus.push_back(read_bytes(dir.path() / "seed.safetensors"));
+  }
+  const fs::path file = dir.path() / "case.safetensors";
+  fuzz::Campaign campaign;
+  campaign.seed = fuzz::seed_from_environment(11);
+  const int cases = fuzz::scaled_cases(3000);
+  for (int i = 0; i < cases; ++i) {
+    if (!fuzz::selected(i)) continue;
+    std::mt19937_64 rng = fuzz::case_rng(campaign.seed, i);
+    const std::string& seed = corpus[rng() % corpus.size()];
+    uint64_t header_length = 0;
+    std::memcpy(&header_length, seed.data(), 8);
+    fuzz::MutatorOptions options;
+    options.binary = true;
+    options.hot_begin = 0;
+    options.hot_end = 8 + header_length;
+    // Mostly the header: mutate it as text and put the length back in front, or mutate the whole file.
+    std::string bytes;
+    if (rng() % 3 != 0) {
+      const std::string header = fuzz::mutate(seed.substr(8, header_length), {}, rng);
+      const uint64_t length = rng() % 4 == 0 ? header_length : header.size();
+      bytes = std::string(reinterpret_cast<const char*>(&length), 8) + header + seed.substr(8 + header_length);
+    } else {
+      bytes = fuzz::mutate(seed, corpus, rng, options);
+    }
+    write_bytes(file, bytes);
+    campaign.record(i, fuzz::run_case([&] { io::read_safetensors(file); }));
+  }
+  std::printf("%s\n", campaign.summary().c_str());
+  EXPECT_TRUE(campaign.failures.empty()) << campaign.summary();
+  if (!replaying()) {
+    EXPECT_GT(campaign.accepted, 0);
+  }
+}
+
+TEST(FuzzFiles, Checkpoints) {
+  testing::ScratchDir dir;
+  const fs::path shard = testing::write_pattern_shard(dir.path(), testing::tiny_config().vocab_size);
+  testing::TrainingProcess run(testing::tiny_config(), MixedPrecision::fp8, shard);
+  run.train(2);
+  TrainingProgress progress = run.progress();
+  progress.config = to_toml(parse_run_config("[model]\nvocab_size = 256\n", "fuzz.toml"));
+  const fs::path saved = save_checkpoint(dir.path() / "run", *run.model, *run.trainer, progress);
+  const std::string state = read_bytes(saved / "state.json");
+  const std::string optimizer = read_bytes(saved / "optimizer.safetensors");
+  // A fresh target, as `octet eval` builds one.
+  testing::TrainingProcess target(testing::tiny_config(), MixedPrecision::fp8, shard);
+  fuzz::Campaign campaign;
+  campaign.seed = fuzz::seed_from_environment(23);
+  const int cases = fuzz::scaled_cases(1500);
+  for (int i = 0; i < cases; ++i) {
+    if (!fuzz::selected(i)) continue;
+    std::mt19937_64 rng = fuzz::case_rng(campaign.seed, i);
+    const bool state_case = rng() % 4 != 0;
+    if (state_case) {
+      write_bytes(saved / "state.json", fuzz::mutate(state, {state}, rng));
+    } else {
+      fuzz::MutatorOptions options;
+      options.binary = true;
+      options.hot_end = 4096;
+      write_bytes(saved / "optimizer.safetensors", fuzz::mutate(optimizer, {optimizer}, rng, options));
+    }
+    campaign.record(i, fuzz::run_case([&] {
+      parse_run_config(checkpoint_config(saved), "state.json");
+      load_checkpoint(saved, *target.model, *target.trainer);
+      list_checkpoints(dir.path() / "run");
+    }));
+    write_bytes(saved / "state.json", state);
+    write_bytes(saved / "optimizer.safetensors", optimizer);
+  }
+  std::printf("%s\n", campaign.summary().c_str());
+  EXPECT_TRUE(campaign.failures.empty()) << campaign.summary();
+  if (!replaying()) {
+    EXPECT_GT(campaign.accepted, 0);
+  }
+}
+
+}  // namespace
+}  // namespace octet
