@@ -359,6 +359,36 @@ std::optional<fs::path> latest_checkpoint(const fs::path& run_dir) {
   return all.back();
 }
 
+std::optional<fs::path> checkpoint_to_continue(const fs::path& run_dir) {
+  const std::optional<fs::path> latest = latest_checkpoint(run_dir);
+  const int64_t latest_step = latest ? step_of(*latest) : -1;
+  std::error_code ec;
+  const fs::path root = run_dir / "checkpoints";
+  if (!fs::is_directory(root, ec)) return latest;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    const int64_t step = step_of(e.path());
+    if (step <= latest_step || !e.is_directory(ec)) continue;
+    const std::string remedy =
+        latest ? fmt::format("remove it, or continue from {} with --resume-from", latest->string())
+               : std::string("remove it to start afresh");
+    for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
+      OCTET_REQUIRE(fs::is_regular_file(e.path() / name, ec),
+                    "checkpoint {} is damaged: {} is missing; it is newer than every complete checkpoint: {}",
+                    e.path().string(), name, remedy);
+    }
+    try {
+      const int64_t saved = parse_state(e.path() / kStateFile).step;
+      OCTET_REQUIRE(saved == step, "checkpoint {} is damaged: its state.json holds step {}; {}",
+                    e.path().string(), saved, remedy);
+    } catch (const Error& problem) {
+      if (problem.kind() != ErrorKind::invalid_input) throw;
+      throw Error(ErrorKind::invalid_input,
+                  fmt::format("checkpoint {} is damaged ({}); {}", e.path().string(), problem.what(), remedy));
+    }
+  }
+  return latest;
+}
+
 fs::path save_checkpoint(const fs::path& run_dir, Gpt2& model, Trainer& trainer,
                          const TrainingProgress& progress, const CheckpointOptions& options) {
   OCTET_REQUIRE(options.keep_last >= 1, "checkpoint keep_last must be at least 1, got {}", options.keep_last);

@@ -98,7 +98,7 @@ RunStart plan_run_start(const fs::path& run_dir, bool resume, const fs::path& re
   start.present = run_files_present(run_dir);
   const std::string present = fmt::format("{}", fmt::join(start.present, ", "));
   if (resume) {
-    start.checkpoint = latest_checkpoint(run_dir);
+    start.checkpoint = checkpoint_to_continue(run_dir);
     OCTET_REQUIRE(start.checkpoint.has_value(), "--resume: no complete checkpoint in {}",
                   (run_dir / "checkpoints").string());
     start.continues_run_directory = true;

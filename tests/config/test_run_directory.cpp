@@ -209,8 +209,13 @@ TEST_F(RunDirectory, ARefusedResumeWritesNothing) {
          damaged.replace(value, 2, "48");
          std::ofstream(latest / "state.json", std::ios::binary) << damaged;
        }},
+      // Damaged so that the checkpoint no longer counts as complete: the run must not continue silently from
+      // the older step_000002.
+      {"a state.json that does not parse", [&] { std::ofstream(latest / "state.json") << "{\"step\": 4,"; }},
+      {"a missing model.safetensors", [&] { fs::rename(latest / "model.safetensors", root_ / "model"); }},
   };
   for (const Damage& d : damages) {
+    if (fs::exists(root_ / "model")) fs::rename(root_ / "model", latest / "model.safetensors");
     std::ofstream(latest / "optimizer.safetensors", std::ios::binary) << optimizer;
     std::ofstream(latest / "state.json", std::ios::binary) << state;
     d.apply();

@@ -139,7 +139,7 @@ static std::filesystem::path resolve_checkpoint(const std::string& given) {
   OCTET_REQUIRE(!ec || status.type() == std::filesystem::file_type::not_found, "{} cannot be used: {}", given,
                 ec.message());
   if (std::filesystem::exists(p / "state.json", ec)) return p;
-  const std::optional<std::filesystem::path> latest = latest_checkpoint(p);
+  const std::optional<std::filesystem::path> latest = checkpoint_to_continue(p);
   OCTET_REQUIRE(
       latest.has_value(),
       "{} is neither a checkpoint (a directory with state.json) nor a run directory with a complete "

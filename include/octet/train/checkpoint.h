@@ -64,6 +64,12 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, Gpt2
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& run_dir);
 // The newest complete checkpoint of a run, if any.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& run_dir);
+// The checkpoint a run continues from (--resume) or that stands for a run directory (eval, generate): the
+// newest complete one. Throws invalid_input, naming the directory and what is wrong with it, when a newer
+// checkpoint directory than that is damaged (a file missing, a state.json that does not parse), rather than
+// going back to an older checkpoint without a word. Saves are atomic, so only damage after the fact leaves
+// such a directory.
+std::optional<std::filesystem::path> checkpoint_to_continue(const std::filesystem::path& run_dir);
 
 // The resolved configuration a checkpoint was saved with (TrainingProgress::config), read without loading
 // anything else; throws invalid_input when the checkpoint's state.json is missing or malformed.
