@@ -446,8 +446,9 @@ const std::vector<Key>& keys() {
     k.push_back(number(
         "fp8.alert_scale_jump", [](RunConfig& c) -> float& { return c.telemetry.alert_scale_jump; }, 0, false,
         inf, false,
-        "Alert when an FP8 tensor's scale moves by more than this factor from one telemetry step to the "
-        "next; 0: never, otherwise more than 1."));
+        "Alert when an FP8 activation's or weight's magnitude moves lastingly by more than this factor "
+        "between telemetry records (delayed scaling: the median amax of the casts since the previous "
+        "record); gradients never raise it; 0: never, otherwise more than 1."));
     // [optimizer]
     k.push_back(number(
         "optimizer.learning_rate", [](RunConfig& c) -> float& { return c.train.schedule.max_learning_rate; },
