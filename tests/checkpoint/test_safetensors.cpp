@@ -13,6 +13,7 @@
 #include "checkpoint_fixture.h"
 #include "octet/check.h"
 #include "octet/io/safetensors.h"
+#include "files.h"
 
 namespace octet {
 namespace {
@@ -148,18 +149,11 @@ TEST(Safetensors, ReaderRefusesEveryKindOfBrokenFile) {
   write_bytes(dir.path() / "good.safetensors", file_with(good, 12));
   EXPECT_EQ(error_for(dir.path() / "good.safetensors"), "");
   EXPECT_NE(error_for(dir.path() / "missing.safetensors").find("cannot open"), std::string::npos);
-  // A FIFO is refused at once; a writer comes after 3 s so that a blocking reader fails instead of hanging.
-  const std::filesystem::path fifo = dir.path() / "fifo.safetensors";
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  std::thread writer([&] {
-    std::this_thread::sleep_for(std::chrono::seconds(3));
-    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // wakes a reader blocked in open
-    if (fd >= 0) ::close(fd);
-  });
+  // A FIFO is refused at once.
+  const testing::FifoWithLateWriter fifo(dir.path() / "fifo.safetensors");
   const auto began = std::chrono::steady_clock::now();
-  EXPECT_NE(error_for(fifo).find("is a FIFO, not a regular file"), std::string::npos);
+  EXPECT_NE(error_for(fifo.path()).find("is a FIFO, not a regular file"), std::string::npos);
   EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(2));
-  writer.join();
 }
 
 }  // namespace

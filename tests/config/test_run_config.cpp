@@ -14,6 +14,7 @@
 
 #include "octet/check.h"
 #include "octet/config/run_config.h"
+#include "files.h"
 
 namespace octet {
 namespace {
@@ -304,25 +305,19 @@ TEST(RunConfig, ConfigFileMustBeARegularFile) {
     EXPECT_EQ(std::string(e.what()),
               "config file " + dir.string() + " is a directory; CONFIG must be a TOML file (docs/config.md)");
   }
-  // A FIFO is refused at once instead of waiting for a writer (one comes after 3 s so that a blocking
-  // reader does not hang the test).
-  const std::filesystem::path fifo = dir / "fifo.toml";
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  std::thread writer([&] {
-    std::this_thread::sleep_for(std::chrono::seconds(3));
-    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // wakes a reader blocked in open
-    if (fd >= 0) ::close(fd);
-  });
-  const auto began = std::chrono::steady_clock::now();
-  std::string message;
-  try {
-    load_run_config(fifo);
-  } catch (const Error& e) {
-    message = e.what();
+  {
+    // A FIFO is refused at once instead of waiting for a writer.
+    const testing::FifoWithLateWriter fifo(dir / "fifo.toml");
+    const auto began = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      load_run_config(fifo.path());
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(2));
+    EXPECT_NE(message.find("is a FIFO, not a regular file"), std::string::npos) << message;
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(2));
-  EXPECT_NE(message.find("is a FIFO, not a regular file"), std::string::npos) << message;
-  writer.join();
   std::filesystem::remove_all(dir);
 }
 

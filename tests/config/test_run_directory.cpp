@@ -23,6 +23,7 @@
 
 #include "process.h"
 #include "train_fixture.h"
+#include "files.h"
 
 namespace octet {
 namespace {
@@ -31,20 +32,8 @@ namespace fs = std::filesystem;
 using testing::ProcessResult;
 using testing::run_octet;
 
-// Every entry under `dir`: its type, size, modification time (ns) and a hash of its contents.
 std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> entries;
-  for (const fs::directory_entry& e : fs::recursive_directory_iterator(dir)) {
-    struct stat st {};
-    EXPECT_EQ(::lstat(e.path().c_str(), &st), 0) << e.path();
-    std::string contents;
-    if (S_ISREG(st.st_mode)) contents = testing::read_file(e.path().string());
-    std::ostringstream s;
-    s << st.st_mode << ' ' << st.st_size << ' ' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec << ' '
-      << std::hash<std::string>()(contents);
-    entries[fs::relative(e.path(), dir).string()] = s.str();
-  }
-  return entries;
+  return testing::directory_snapshot(dir);
 }
 
 int count_lines(const std::string& text) {

@@ -15,6 +15,7 @@
 #include "io_test_util.h"
 #include "octet/io/corpus.h"
 #include "octet/io/token_shard.h"
+#include "files.h"
 
 namespace octet::io {
 namespace {
@@ -122,20 +123,12 @@ TEST(ShardErrors, TokenOutsideTheVocabularyNamesValueIndexAndSize) {
 
 TEST(ShardErrors, AFifoIsRefusedWithoutWaitingForAWriter) {
   TempDir dir;
-  const std::filesystem::path fifo = dir / "train_000000.bin";
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  // A writer comes after 3 s, so that a reader that blocks on open fails this test instead of hanging it.
-  std::thread writer([&] {
-    std::this_thread::sleep_for(std::chrono::seconds(3));
-    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // wakes a reader blocked in open
-    if (fd >= 0) ::close(fd);
-  });
+  const testing::FifoWithLateWriter fifo(dir / "train_000000.bin");
   const auto began = std::chrono::steady_clock::now();
-  const std::string message = invalid_input_message([&] { TokenShard::open(fifo); });
+  const std::string message = invalid_input_message([&] { TokenShard::open(fifo.path()); });
   EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(2));
-  expect_contains(message, fifo.string());
+  expect_contains(message, fifo.path().string());
   expect_contains(message, "is a FIFO, not a regular file");
-  writer.join();
 }
 
 TEST(ShardErrors, ADataDirectoryThatIsAFileSaysSo) {

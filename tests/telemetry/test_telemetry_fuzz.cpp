@@ -28,6 +28,7 @@
 #include "octet/telemetry/report.h"
 #include "process.h"
 #include "telemetry_fixture.h"
+#include "files.h"
 
 extern char** environ;
 
@@ -267,12 +268,8 @@ std::string mutate(Rng& rng, const fs::path& file, const std::string& seed_bytes
   return how;
 }
 
-// Every file in a directory with its bytes.
 std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& entry : fs::directory_iterator(dir))
-    files[entry.path().filename()] = testing::file_bytes(entry.path());
-  return files;
+  return testing::directory_snapshot(dir);
 }
 
 struct Outcome {
