@@ -4,10 +4,12 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -65,8 +67,56 @@ std::string read_file(const std::string& path) {
   return text;
 }
 
-ProcessResult run_process(const std::vector<std::string>& argv, const std::string& stdin_path) {
+namespace {
+
+// Waits for `pid` and collects what it wrote.
+ProcessResult finish(pid_t pid, const TempFile& out_file, const TempFile& err_file) {
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw system_error("waitpid");
+  }
+  ProcessResult result;
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result.term_signal = WTERMSIG(status);
+  result.out = read_file(out_file.path());
+  result.err = read_file(err_file.path());
+  return result;
+}
+
+// fork and exec, for the limits that posix_spawn cannot set in the child.
+pid_t start_limited(const std::vector<std::string>& argv, const std::string& stdin_path,
+                    const std::string& out_path, const std::string& err_path, const ProcessLimits& limits) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw system_error("fork " + argv[0]);
+  if (pid == 0) {
+    const int in = open(stdin_path.c_str(), O_RDONLY);
+    const int out = open(out_path.c_str(), O_WRONLY | O_TRUNC);
+    const int err = open(err_path.c_str(), O_WRONLY | O_TRUNC);
+    if (in < 0 || out < 0 || err < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(126);
+    if (limits.file_size != 0) {
+      signal(SIGXFSZ, SIG_IGN);  // stays ignored across exec
+      const rlimit limit{limits.file_size, limits.file_size};
+      if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(126);
+    }
+    if (limits.seconds != 0) alarm(limits.seconds);
+    execve(args[0], args.data(), environ);
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+ProcessResult run_process(const std::vector<std::string>& argv, const std::string& stdin_path,
+                          const ProcessLimits& limits) {
   const TempFile out_file, err_file;
+  if (limits.seconds != 0 || limits.file_size != 0) {
+    const pid_t pid = start_limited(argv, stdin_path, out_file.path(), err_file.path(), limits);
+    return finish(pid, out_file, err_file);
+  }
   SpawnActions fa;
   posix_spawn_file_actions_addopen(&fa.actions, 0, stdin_path.c_str(), O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa.actions, 1, out_file.path().c_str(), O_WRONLY | O_TRUNC, 0);
@@ -80,21 +130,19 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::strin
     errno = rc;
     throw system_error("posix_spawn " + argv[0]);
   }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw system_error("waitpid");
-  }
-  ProcessResult result;
-  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) result.term_signal = WTERMSIG(status);
-  result.out = read_file(out_file.path());
-  result.err = read_file(err_file.path());
-  return result;
+  return finish(pid, out_file, err_file);
 }
 
 ProcessResult run_octet(const std::vector<std::string>& args, std::string_view input) {
   const TempFile in(input);
   return run_octet_with_input_file(args, in.path());
+}
+
+ProcessResult run_octet_limited(const std::vector<std::string>& args, const ProcessLimits& limits) {
+  const TempFile in;
+  std::vector<std::string> argv = {OCTET_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, in.path(), limits);
 }
 
 ProcessResult run_octet_with_input_file(const std::vector<std::string>& args, const std::string& input_path) {

@@ -3,6 +3,7 @@
 // rather than pipes, so a program that writes megabytes never blocks on a reader.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,12 +30,22 @@ class TempFile {
   std::string path_;
 };
 
-// Runs argv[0] (a path, not searched in PATH) with the given arguments and `stdin_path` as standard input.
-// Throws std::runtime_error when the process cannot be started.
-ProcessResult run_process(const std::vector<std::string>& argv, const std::string& stdin_path);
+// Limits of a child process, for tests of what happens at them.
+struct ProcessLimits {
+  unsigned seconds = 0;  // SIGALRM ends the process after this long (it survives exec); 0: none
+  // RLIMIT_FSIZE, with SIGXFSZ ignored, so that a write beyond it fails with EFBIG as on a full disk; 0: none
+  uint64_t file_size = 0;
+};
+
+// Runs argv[0] (a path, not searched in PATH) with the given arguments and `stdin_path` as standard input,
+// under `limits`. Throws std::runtime_error when the process cannot be started.
+ProcessResult run_process(const std::vector<std::string>& argv, const std::string& stdin_path,
+                          const ProcessLimits& limits = {});
 
 // Runs the octet binary under test with `args`; standard input holds `input`.
 ProcessResult run_octet(const std::vector<std::string>& args, std::string_view input = {});
+// The same with empty standard input, under `limits`.
+ProcessResult run_octet_limited(const std::vector<std::string>& args, const ProcessLimits& limits);
 
 // The same with standard input read from an existing file (large inputs are written once).
 ProcessResult run_octet_with_input_file(const std::vector<std::string>& args, const std::string& input_path);

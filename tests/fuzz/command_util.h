@@ -1,4 +1,4 @@
-// Running the octet binary for the reader tests: a time limit (timeout -s KILL), a scratch directory, a
+// Running the octet binary for the reader tests: a time limit, a scratch directory, a
 // tiny configuration that trains in a moment on the CPU, and the checks every refusal must pass (exit code 2,
 // one line on standard error, nothing on standard output).
 #pragma once
@@ -13,12 +13,9 @@
 
 namespace octet::testing {
 
-// Runs octet with `args` under a time limit of `seconds` (killed after it: the exit code is then 137).
+// Runs octet with `args` under a time limit of `seconds` (SIGALRM ends it then: term_signal says so).
 inline ProcessResult run_octet_limited(const std::vector<std::string>& args, int seconds = 60) {
-  std::vector<std::string> argv = {"/usr/bin/timeout", "-s", "KILL", std::to_string(seconds), OCTET_BINARY};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const TempFile input;
-  return run_process(argv, input.path());
+  return run_octet_limited(args, ProcessLimits{static_cast<unsigned>(seconds), 0});
 }
 
 // Whether `r` is a clean refusal: exit code 2, exactly one non-empty line on stderr, nothing on stdout.

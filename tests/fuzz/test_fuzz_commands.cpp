@@ -2,6 +2,7 @@
 // checkpoint with a mutated state.json or optimizer.safetensors, and `octet train` on a mutated token shard
 // with a tiny model. Each run is under a time limit and must exit 0, or 2 with one line on standard error and
 // nothing on standard output; a refused train must not create its run directory, and eval writes nothing.
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
@@ -42,12 +43,12 @@ void record(fuzz::Campaign& campaign, int index, const testing::ProcessResult& r
   } else if (testing::is_refusal(r) && wrote_nothing) {
     campaign.record(index, fuzz::Outcome::refused);
   } else {
-    const fuzz::Outcome outcome = r.exit_code == 137 ? fuzz::Outcome::hung
-                                  : r.exit_code > 128 ? fuzz::Outcome::crashed
-                                                      : fuzz::Outcome::bad_message;
+    const fuzz::Outcome outcome = r.term_signal == SIGALRM ? fuzz::Outcome::hung
+                                  : r.term_signal != 0      ? fuzz::Outcome::crashed
+                                                            : fuzz::Outcome::bad_message;
     campaign.record(index, outcome);
-    std::printf("case %d: exit %d, wrote %s, stderr: %s\n", index, r.exit_code, wrote_nothing ? "nothing" : "files",
-                r.err.substr(0, 300).c_str());
+    std::printf("case %d: exit %d, signal %d, wrote %s, stderr: %s\n", index, r.exit_code, r.term_signal,
+                wrote_nothing ? "nothing" : "files", r.err.substr(0, 300).c_str());
   }
 }
 

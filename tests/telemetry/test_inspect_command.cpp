@@ -211,25 +211,11 @@ TEST_F(InspectCommand, ARunResumedInAnotherModeIsDescribedByItsLatestSegment) {
 // naming the file and the reason, at the step after the failed write.
 TEST_F(InspectCommand, AFullDiskStopsTheRunWithExitCode3NamingTheFileAndTheReason) {
   const std::string config = write_config(40, "[checkpoint]\nevery = 1000\n").string();
-  const fs::path out = root_ / "stdout", err = root_ / "stderr";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(o, 1);
-    dup2(e, 2);
-    signal(SIGXFSZ, SIG_IGN);                    // stays ignored across exec
-    const rlimit limit{256 * 1024, 256 * 1024};  // above what creating the database writes
-    setrlimit(RLIMIT_FSIZE, &limit);
-    alarm(120);
-    execl(OCTET_BINARY, OCTET_BINARY, "train", config.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  const std::string error = testing::read_file(err.string());
-  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << ": " << error;
-  EXPECT_EQ(WEXITSTATUS(status), 3) << error;
+  // 256 KiB: above what creating the database writes.
+  const ProcessResult r = testing::run_octet_limited({"train", config}, {120, 256 * 1024});
+  const std::string& error = r.err;
+  ASSERT_EQ(r.term_signal, 0) << "ended by signal " << r.term_signal << ": " << error;
+  EXPECT_EQ(r.exit_code, 3) << error;
   EXPECT_EQ(count(error, "\n"), 1) << error;
   EXPECT_NE(error.find("cannot write the telemetry database " + (run_dir() / "telemetry.sqlite").string()),
             std::string::npos)

@@ -214,8 +214,9 @@ TEST(PlantedScaleJump, ALastingJumpIsAnAlertAtTheNextReading) {
     EXPECT_EQ(e["layer"].get<std::string>().rfind("h.1.mlp.", 0), 0u) << e.dump();
     EXPECT_GE(e["step"].get<int64_t>(), 15) << e.dump();
     EXPECT_DOUBLE_EQ(e["threshold"].get<double>(), 8.0);
-    if (e["layer"] == kPlanted && e["tensor"] == "activation")
+    if (e["layer"] == kPlanted && e["tensor"] == "activation") {
       EXPECT_GT(e["value"].get<double>(), 32.0) << e.dump();
+    }
     ++jumps;
   }
   EXPECT_GE(jumps, 1);
