@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds octet for the CPU with AddressSanitizer and UndefinedBehaviorSanitizer (build-sanitize/) and runs
-# the fuzz tests and the io, checkpoint and config tests under them. Any report fails the run.
+# the fuzz tests and the io, checkpoint, config and telemetry tests under them. Any report fails the run.
 #   scripts/sanitize.sh [-jN]          (default -j2)
 # OCTET_FUZZ_SCALE (default 0.5 here) scales the fuzz cases; the sanitizers make each case a few times slower.
 set -euo pipefail
@@ -15,11 +15,11 @@ if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=cc
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DOCTET_CUDA=OFF "${launcher[@]}" \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 targets=(octet_cli test_io test_checkpoint test_config test_fuzz_config test_fuzz_files test_fuzz_commands
-         test_reader_commands)
+         test_reader_commands test_telemetry test_telemetry_fuzz)
 ninja -C "$build" "$jobs" "${targets[@]}"
 # detect_leaks=0: LeakSanitizer needs ptrace, which containers often deny; leaks are not what this hunts.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=0:detect_stack_use_after_return=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export OCTET_FUZZ_SCALE="${OCTET_FUZZ_SCALE:-0.5}"
-ctest --test-dir "$build" "$jobs" -L 'fuzz|io|checkpoint|config' \
+ctest --test-dir "$build" "$jobs" -L 'fuzz|io|checkpoint|config|telemetry' \
   --output-on-failure --timeout 1200

@@ -145,13 +145,43 @@ TEST(ReaderCommands, DataPrepareHonoursVocab) {
   for (int i = 0; i < 20; ++i) {
     const fs::path document = dir.path() / "documents" / std::to_string(i);
     fs::create_directories(document.parent_path());
-    write_text(document, std::string("Document number ") + std::to_string(i));
+    std::string text;
+    for (int k = 0; k < 10; ++k) text += "Document number " + std::to_string(i) + ". ";
+    write_text(document, text);
     args.push_back(document.string());
   }
   r = run_octet_limited(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* name : {"encoder.json", "vocab.bpe"}) {
     EXPECT_EQ(fs::file_size(dir / "out" / name), fs::file_size(vocabulary / name)) << name;
+  }
+
+  // A run on them keeps the files in each checkpoint, and generation reads them from there: with the data
+  // directory's copy gone and the default place empty (OCTET_DATA_DIR), it still works from any directory.
+  write_text(dir / "run.toml",
+             "[model]\nvocab_size = 50257\nmax_seq_len = 16\nlayers = 1\nheads = 2\nchannels = 16\n"
+             "[train]\nbatch_size = 2\nseq_len = 8\nsteps = 2\ndevice = \"cpu\"\n[data]\ndir = \"" +
+                 (dir / "out").string() + "\"\ntokenizer = \"gpt2\"\neval_every = 0\neval_batches = 1\n" +
+                 "[logging]\nrun_dir = \"" + (dir / "run").string() + "\"\n[telemetry]\nenabled = false\n");
+  r = run_octet_limited({"train", (dir / "run.toml").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const fs::path checkpoint = dir / "run" / "checkpoints" / "step_000002";
+  for (const char* name : {"encoder.json", "vocab.bpe"}) {
+    EXPECT_EQ(fs::file_size(checkpoint / name), fs::file_size(vocabulary / name)) << name;
+    fs::remove(dir / "out" / name);
+  }
+  fs::create_directories(dir / "empty");
+  ::setenv("OCTET_DATA_DIR", (dir / "empty").c_str(), 1);
+  r = run_octet_limited({"generate", (dir / "run").string(), "--prompt", "Document", "--max-tokens", "3"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Document", 0), 0u) << r.out;
+  // Without the checkpoint's copy either, the one line names the three places looked in.
+  fs::remove(checkpoint / "encoder.json");
+  r = run_octet_limited({"generate", (dir / "run").string(), "--prompt", "Document", "--max-tokens", "3"});
+  ::unsetenv("OCTET_DATA_DIR");
+  EXPECT_TRUE(is_refusal(r));
+  for (const fs::path& place : {checkpoint, dir / "out", dir / "empty"}) {
+    EXPECT_NE(r.err.find(place.string()), std::string::npos) << place << ": " << r.err;
   }
 }
 
