@@ -28,7 +28,7 @@ N = B*T rows, C channels, L layers, NH heads of hs = C/NH, V vocabulary, Vp padd
 Activations and gradients are float32 (4 bytes an element), FP8 codes 1 byte, BF16/FP16 copies 2 bytes;
 attention's input qkv [N, 3C] is bf16 where attention runs on BF16 tensor cores, and its output atty [N, C]
 and the gradients on either side of it (d(atty) [N, C], d(qkv) [N, 3C]) are bf16 where it runs on cuDNN (the
-device line names cuDNN; Backend::attention_output_type): then attn.c_proj's forward cast reads bf16 (fused,
+device line names cuDNN; Backend::storage_type, role attention_output): then attn.c_proj's forward cast reads bf16 (fused,
 one pass, under the delayed and static recipes; widened to float32 first under "current"), a BF16
 attn.c_proj reads atty as it lies, attn.c_proj's input gradient is written as bf16 by the GEMM (BF16, and FP8
 on FP8 tensor cores; the others write float32 and convert), and attn.c_attn's gradient cast, bias gradient
@@ -213,7 +213,7 @@ def model_of(train, source):
     m["attention_tensor_cores"] = attention_on_tensor_cores(m, line, notes)
     m["attention_bf16_outputs"] = m["attention_tensor_cores"] and "cuDNN" in line
     # Gpt2: the MLP's hidden activation and its gradient are rounded to bf16 in bf16 and fp8 modes, and the
-    # CUDA backend stores them so (Backend::bf16_storage_type).
+    # CUDA backend stores them so (Backend::storage_type, role rounded_activation).
     m["hidden_bf16"] = mode in ("bf16", "fp8")
     # train.weight_gradients (results of older builds: float32).
     m["bf16_weight_gradients"] = train.get("weight_gradients", "float32") == "bf16" and mode in ("bf16", "fp8")
@@ -431,7 +431,7 @@ def linear_backward(s, g, rows, phase, count, label, fused=False, bf16_dout=Fals
 
 
 def bf16_weight_gradient(m, g):
-    """Whether the CUDA backend stores g's weight gradient in bf16 (Backend::weight_gradient_type)."""
+    """Whether the CUDA backend stores g's weight gradient in bf16 (Backend::storage_type, role weight_gradient)."""
     wg = g["weight_gradient"]
     return (m["bf16_weight_gradients"] and g["linear"] != "lm_head"
             and (wg == "bf16" or (wg == "fp8" and m["fp8_tensor_cores"])))
@@ -457,8 +457,8 @@ def step_ops(m):
     hs = C // NH
     attention_bf16 = m["attention_tensor_cores"]
     attention_rate = ("attention", attention_bf16)
-    qkv_bytes = 2 if attention_bf16 else F32  # Backend::attention_input_type
-    bf16_outputs = m["attention_bf16_outputs"]  # Backend::attention_output_type
+    qkv_bytes = 2 if attention_bf16 else F32  # Backend::storage_type, role attention_input
+    bf16_outputs = m["attention_bf16_outputs"]  # Backend::storage_type, role attention_output
     atty_bytes = 2 if bf16_outputs else F32
     hidden_bytes = 2 if m["hidden_bf16"] else F32  # mlp.c_fc's output and mlp.c_proj's input gradient
     blocks = [g for g in m["linears"] if g["linear"] != "lm_head"]

@@ -23,13 +23,13 @@ namespace octet {
 // to BF16.
 struct Gpt2::Activations {
   struct Layer {
-    void* ln1 = nullptr;         // [N, C]
-    float* ln1_mean = nullptr;   // [N]
-    float* ln1_rstd = nullptr;   // [N]
-    void* qkv = nullptr;         // [N, 3C] in qkv_type_ (Backend::attention_input_type); null where the
-                                 // backward recomputes it (fp8.recompute_qkv)
-    void* atty = nullptr;        // [N, C] in atty_type_ (Backend::attention_output_type)
-    float* att_lse = nullptr;    // [N, NH]
+    void* ln1 = nullptr;        // [N, C]
+    float* ln1_mean = nullptr;  // [N]
+    float* ln1_rstd = nullptr;  // [N]
+    void* qkv = nullptr;  // [N, 3C] in qkv_type_ (Backend::storage_type, StorageRole::attention_input); null
+                          // where the backward recomputes it (fp8.recompute_qkv)
+    void* atty = nullptr;      // [N, C] in atty_type_ (Backend::storage_type, StorageRole::attention_output)
+    float* att_lse = nullptr;  // [N, NH]
     float* residual2 = nullptr;  // null where the backward recomputes it (fp8.recompute_residual)
     void* ln2 = nullptr;
     float* ln2_mean = nullptr;
@@ -82,7 +82,7 @@ struct Gpt2::Linear {
   LinearExecution exec;
   std::unique_ptr<WeightCopy> copy;
   // How the model stores the input that LayerNorm or GELU writes for this layer (attn.c_attn, mlp.c_fc,
-  // mlp.c_proj; Activations): Backend::bf16_storage_type where the plan runs both GEMMs that read it, the
+  // mlp.c_proj; Activations): Backend::storage_type where the plan runs both GEMMs that read it, the
   // forward and the weight gradient, in BF16, which round it to bf16 anyway, so that storing it rounded
   // changes no result; f32 otherwise, and for the LM head, whose chunked ops read float32 (attn.c_proj's
   // input is attention's output, stored as atty_type_). It stays so when the layer moves to BF16.
@@ -234,7 +234,7 @@ void Gpt2::build_parameters() {
     const bool fed_by_norm_or_gelu = ends_with(plan.name, "attn.c_attn") ||
                                      ends_with(plan.name, "mlp.c_fc") || ends_with(plan.name, "mlp.c_proj");
     if (fed_by_norm_or_gelu && e.forward == GemmMode::bf16 && e.weight_gradient == GemmMode::bf16) {
-      linear->input_type = backend_.bf16_storage_type();
+      linear->input_type = backend_.storage_type({StorageRole::rounded_activation});
     }
     e.fp8_gemms = &counters_.fp8_gemms;
     e.other_gemms = &counters_.other_gemms;
@@ -253,7 +253,7 @@ void Gpt2::plan_parameter_gradients() {
     if (!bf16_weights || l->plan->name == "lm_head" || (mode != GemmMode::bf16 && mode != GemmMode::fp8)) {
       continue;
     }
-    const Dtype type = backend_.weight_gradient_type(l->exec);
+    const Dtype type = backend_.storage_type({.role = StorageRole::weight_gradient, .layer = &l->exec});
     OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "weight gradients in f32 or bf16, got {}",
                 dtype_name(type));
     l->round_weight_gradient = type == Dtype::f32;
@@ -316,12 +316,12 @@ void Gpt2::plan_activations() {
   auto read = [&](std::string_view consumer) { return !input_cast_suffices(linear(consumer).exec); };
   auto input_type = [&](std::string_view consumer) { return linear(consumer).input_type; };
   // q, k, v in bf16 where the backend's attention rounds them to bf16 anyway.
-  qkv_type_ = backend_.attention_input_type(C, NH);
+  qkv_type_ = backend_.storage_type({StorageRole::attention_input, C, NH});
   // Its output, and the gradients on either side of it, in bf16 where the backend's attention reads and
   // writes them in bf16 anyway.
-  atty_type_ = backend_.attention_output_type(C, NH);
+  atty_type_ = backend_.storage_type({StorageRole::attention_output, C, NH});
   hidden_in_bf16_ = policy_.mode() == MixedPrecision::bf16 || policy_.mode() == MixedPrecision::fp8;
-  hidden_type_ = hidden_in_bf16_ ? backend_.bf16_storage_type() : Dtype::f32;
+  hidden_type_ = hidden_in_bf16_ ? backend_.storage_type({StorageRole::rounded_activation}) : Dtype::f32;
   acts_ = std::make_unique<Activations>();
   Activations& a = *acts_;
   a.layers.resize(static_cast<size_t>(config_.layers));
@@ -587,24 +587,27 @@ std::vector<Gpt2::WeightCopySlot> Gpt2::weight_copy_slots() {
 void Gpt2::layernorm_into(Linear& next, void* out, float* mean, float* rstd, const float* inp,
                           const float* weight, const float* bias, int64_t N, int64_t C) {
   OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "an input kept for {}", next.plan->name);
+  const ConstTensorView x(inp, {N, C});
   if (next.exec.forward != GemmMode::fp8) {
-    backend_.layernorm_forward_as(out, next.input_type, mean, rstd, inp, weight, bias, N, C);
+    backend_.normalization_forward(Normalization::layernorm, TensorView(out, next.input_type, {N, C}), mean,
+                                   rstd, x, weight, bias, nullptr);
     return;
   }
   OCTET_CHECK(next.input_type == Dtype::f32, "the float32 input of FP8 layer {}", next.plan->name);
-  backend_.layernorm_forward_cast(input_cast_suffices(next.exec) ? nullptr : static_cast<float*>(out), mean,
-                                  rstd, inp, weight, bias, N, C, next.exec);
+  const TensorView kept(input_cast_suffices(next.exec) ? nullptr : out, Dtype::f32, {N, C});
+  backend_.normalization_forward(Normalization::layernorm, kept, mean, rstd, x, weight, bias, &next.exec);
 }
 
 void Gpt2::gelu_into(Linear& next, void* out, const void* inp, int64_t N, int64_t C) {
   OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "an input kept for {}", next.plan->name);
+  const ConstTensorView x(inp, hidden_type_, {N, C});
   if (next.exec.forward != GemmMode::fp8) {
-    backend_.gelu_forward_as(out, next.input_type, inp, hidden_type_, N * C);
+    backend_.activation_forward(Activation::gelu, TensorView(out, next.input_type, {N, C}), x, nullptr);
     return;
   }
   OCTET_CHECK(next.input_type == Dtype::f32, "the float32 input of FP8 layer {}", next.plan->name);
-  backend_.gelu_forward_cast_as(input_cast_suffices(next.exec) ? nullptr : static_cast<float*>(out), inp,
-                                hidden_type_, N, C, next.exec);
+  const TensorView kept(input_cast_suffices(next.exec) ? nullptr : out, Dtype::f32, {N, C});
+  backend_.activation_forward(Activation::gelu, kept, x, &next.exec);
 }
 
 void Gpt2::round_hidden(void* x, int64_t n) {
@@ -623,7 +626,8 @@ bool rounds_input_gradient(const LinearExecution& exec) {
 }  // namespace
 
 Dtype Gpt2::layernorm_gradient_type(const Linear& consumer) const {
-  return rounds_input_gradient(consumer.exec) ? backend_.bf16_storage_type() : Dtype::f32;
+  return rounds_input_gradient(consumer.exec) ? backend_.storage_type({StorageRole::rounded_activation})
+                                              : Dtype::f32;
 }
 
 void Gpt2::round_layernorm_gradient(const Linear& consumer, Dtype type, float* dinp, int64_t n) {
@@ -637,14 +641,16 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const 
   const int64_t OC = next.plan->out_features;
   OCTET_CHECK(C == OC, "GELU's width {} is {}'s output width {}", C, next.plan->name, OC);
   float* dbias = next.bias_grad;
+  const ConstTensorView x(inp, hidden_type_, {N, C});
+  const ConstTensorView dy(dout, hidden_type_, {N, C});
   if (!casts_gradient(next.exec)) {
     // Both GEMMs that read next's output gradient in BF16 (the input and the weight gradient): GELU's
     // backward rounds it to bf16 once, as PyTorch autocast keeps it, and next's bias gradient is summed from
     // the rounded values.
     const bool rounded =
         next.exec.input_gradient == GemmMode::bf16 && next.exec.weight_gradient == GemmMode::bf16;
-    const Dtype type = rounded ? backend_.bf16_storage_type() : Dtype::f32;
-    backend_.gelu_backward_as(dinp, type, inp, dout, hidden_type_, N * C);
+    const Dtype type = rounded ? backend_.storage_type({StorageRole::rounded_activation}) : Dtype::f32;
+    backend_.activation_backward(Activation::gelu, TensorView(dinp, type, {N, C}), x, dy, nullptr, nullptr);
     if (rounded && type == Dtype::f32) backend_.round_in_place(dinp, N * C, Dtype::bf16);
     backward_linear(next, next_dinp, next_dinp_type, dbias, dinp, type, next_inp, next.input_type, N);
     return;
@@ -652,7 +658,7 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const 
   // The bias gradient is summed by the GELU backward; the float32 gradient is written only where next reads
   // it.
   float* kept = gradient_cast_suffices(next.exec) ? nullptr : dinp;
-  backend_.gelu_backward_cast_as(kept, inp, dout, hidden_type_, N, C, dbias, next.exec);
+  backend_.activation_backward(Activation::gelu, TensorView(kept, {N, C}), x, dy, dbias, &next.exec);
   backward_linear(next, next_dinp, next_dinp_type, nullptr, kept, Dtype::f32, next_inp, next.input_type, N);
 }
 
@@ -681,23 +687,26 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
     Linear& fc_proj = linear(h + "mlp.c_proj");
     layernorm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(h + "ln_1.weight"), P(h + "ln_1.bias"), N,
                    C);
-    void* qkv_out = x.qkv != nullptr ? x.qkv : a.qkv_scratch;
-    backend_.linear_forward_as(qkv_out, qkv_type_, x.ln1, qkv.input_type, p + qkv.weight_offset,
-                               qkv.copy.get(), p + qkv.bias_offset, N, C, 3 * C, qkv.exec);
-    backend_.attention_forward_as(x.atty, atty_type_, x.att_lse, qkv_out, qkv_type_, B, T, C, NH);
+    const TensorView qkv_out(x.qkv != nullptr ? x.qkv : a.qkv_scratch, qkv_type_, {B, T, 3 * C});
+    backend_.linear_forward(qkv_out, ConstTensorView(x.ln1, qkv.input_type, {N, C}), weight_of(qkv),
+                            qkv.copy.get(), {.bias = p + qkv.bias_offset}, qkv.exec);
+    const TensorView atty(x.atty, atty_type_, {B, T, C});
+    backend_.attention_forward(atty, x.att_lse, qkv_out, NH);
     float* residual2 = x.residual2 != nullptr ? x.residual2 : a.residual2_scratch;
-    backend_.linear_forward_residual_as(residual2, residual, x.atty, atty_type_, p + proj.weight_offset,
-                                        proj.copy.get(), p + proj.bias_offset, N, C, C, proj.exec);
+    backend_.linear_forward(TensorView(residual2, {N, C}), atty, weight_of(proj), proj.copy.get(),
+                            {.bias = p + proj.bias_offset, .residual = residual}, proj.exec);
     layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"), N,
                    C);
     void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
-    backend_.linear_forward_as(fch, hidden_type_, x.ln2, fc.input_type, p + fc.weight_offset, fc.copy.get(),
-                               p + fc.bias_offset, N, C, 4 * C, fc.exec);
+    backend_.linear_forward(TensorView(fch, hidden_type_, {N, 4 * C}),
+                            ConstTensorView(x.ln2, fc.input_type, {N, C}), weight_of(fc), fc.copy.get(),
+                            {.bias = p + fc.bias_offset}, fc.exec);
     round_hidden(fch, N * 4 * C);
     gelu_into(fc_proj, x.fch_gelu, fch, N, 4 * C);
-    backend_.linear_forward_residual_as(x.residual3, residual2, x.fch_gelu, fc_proj.input_type,
-                                        p + fc_proj.weight_offset, fc_proj.copy.get(),
-                                        p + fc_proj.bias_offset, N, 4 * C, C, fc_proj.exec);
+    backend_.linear_forward(TensorView(x.residual3, {N, C}),
+                            ConstTensorView(x.fch_gelu, fc_proj.input_type, {N, 4 * C}), weight_of(fc_proj),
+                            fc_proj.copy.get(), {.bias = p + fc_proj.bias_offset, .residual = residual2},
+                            fc_proj.exec);
     residual = x.residual3;
   }
   Linear& head = linear("lm_head");
@@ -715,8 +724,9 @@ void Gpt2::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
     full_logits_ = backend_.allocate(static_cast<size_t>(max_batch_ * max_seq_len_ * Vp) * sizeof(float));
   }
   Linear& head = linear("lm_head");
-  backend_.linear_forward(full_logits_->floats(), acts_->lnf, params() + head.weight_offset, head.copy.get(),
-                          nullptr, N, config_.channels, Vp, head.exec);
+  backend_.linear_forward(TensorView(full_logits_->floats(), {N, Vp}),
+                          ConstTensorView(acts_->lnf, {N, config_.channels}), weight_of(head),
+                          head.copy.get(), {}, head.exec);
   logits_valid_ = true;
 }
 
@@ -770,8 +780,9 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
                                    backward ? dloss : 0.0f);
     if (backward) {
       // The chunk now holds its logits' gradient.
-      backend_.linear_backward(dacts_->ln + r * C, dw, nullptr, a.logits_chunk, lnf, w, head.copy.get(), n, C,
-                               Vp, backward_exec(head));
+      backend_.linear_backward(TensorView(dacts_->ln + r * C, {n, C}), TensorView(dw, {Vp, C}), nullptr,
+                               ConstTensorView(a.logits_chunk, {n, Vp}), ConstTensorView(lnf, {n, C}),
+                               ConstTensorView(w, {Vp, C}), head.copy.get(), backward_exec(head));
     }
     head.exec.other_gemms = nullptr;
   }
@@ -812,16 +823,21 @@ const void* Gpt2::gradient(const ParameterInfo& p) {
 }
 
 double Gpt2::gradient_sum_of_squares() {
-  double sum = backend_.sum_of_squares(grads(), grad_f32_count_);
+  double sum = backend_.sum_of_squares(ConstTensorView(grads(), {grad_f32_count_}));
   // The bf16 slices' padding stays zero: buffers start zero-filled, and nothing writes past a gradient.
-  if (grads_bf16_) sum += backend_.sum_of_squares_as(grads_bf16(), Dtype::bf16, grad_bf16_count_);
+  if (grads_bf16_)
+    sum += backend_.sum_of_squares(ConstTensorView(grads_bf16(), Dtype::bf16, {grad_bf16_count_}));
   return sum;
 }
 
 bool Gpt2::gradient_finite(const ParameterInfo& p) {
   if (p.grad_type == Dtype::f32) return backend_.all_finite(grads() + p.grad_offset, p.count);
   // A float64 sum of float32 squares is finite exactly when every value is.
-  return std::isfinite(backend_.sum_of_squares_as(gradient(p), p.grad_type, p.count));
+  return std::isfinite(backend_.sum_of_squares(ConstTensorView(gradient(p), p.grad_type, {p.count})));
+}
+
+ConstTensorView Gpt2::weight_of(const Linear& layer) {
+  return {params() + layer.weight_offset, {layer.plan->out_features, layer.plan->in_features}};
 }
 
 LinearExecution& Gpt2::backward_exec(Linear& layer) {
@@ -833,9 +849,10 @@ LinearExecution& Gpt2::backward_exec(Linear& layer) {
 void Gpt2::backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
                            Dtype dout_type, const void* inp, Dtype inp_type, int64_t N) {
   const int64_t OC = layer.plan->out_features, IC = layer.plan->in_features;
-  backend_.linear_backward_as(dinp, dinp_type, layer.weight_grad, layer.weight_grad_type, dbias, dout,
-                              dout_type, inp, inp_type, params() + layer.weight_offset, layer.copy.get(), N,
-                              IC, OC, backward_exec(layer));
+  backend_.linear_backward(TensorView(dinp, dinp_type, {N, IC}),
+                           TensorView(layer.weight_grad, layer.weight_grad_type, {OC, IC}), dbias,
+                           ConstTensorView(dout, dout_type, {N, OC}), ConstTensorView(inp, inp_type, {N, IC}),
+                           weight_of(layer), layer.copy.get(), backward_exec(layer));
   if (layer.round_weight_gradient) {
     backend_.round_in_place(static_cast<float*>(layer.weight_grad), layer.weight_count, Dtype::bf16);
   }
@@ -869,8 +886,9 @@ void Gpt2::backward(float dloss_scale) {
   // d.ln holds d(lnf), from the head's backward. The residual stream's gradient starts at zero.
   const float* last_residual = config_.layers > 0 ? a.layers.back().residual3 : a.encoded;
   backend_.fill_zero(d.residual, N * C);
-  backend_.layernorm_backward(d.residual, G("ln_f.weight"), G("ln_f.bias"), d.ln, last_residual,
-                              P("ln_f.weight"), a.lnf_mean, a.lnf_rstd, N, C);
+  backend_.normalization_backward(Normalization::layernorm, d.residual, G("ln_f.weight"), G("ln_f.bias"),
+                                  ConstTensorView(d.ln, {N, C}), last_residual, P("ln_f.weight"), a.lnf_mean,
+                                  a.lnf_rstd);
 
   for (int64_t l = config_.layers - 1; l >= 0; --l) {
     const std::string h = fmt::format("h.{}.", l);
@@ -892,8 +910,8 @@ void Gpt2::backward(float dloss_scale) {
     const void* fch = x.fch;
     if (fch ==
         nullptr) {  // not kept (fp8.recompute_mlp): the forward's GEMM again, from its kept input codes
-      backend_.linear_recompute_as(a.fch_scratch, hidden_type_, p + fc.weight_offset, fc.copy.get(),
-                                   p + fc.bias_offset, N, C, 4 * C, fc.exec);
+      backend_.linear_recompute(TensorView(a.fch_scratch, hidden_type_, {N, 4 * C}), weight_of(fc),
+                                fc.copy.get(), {.bias = p + fc.bias_offset}, fc.exec);
       round_hidden(a.fch_scratch, N * 4 * C);
       fch = a.fch_scratch;
     }
@@ -902,27 +920,31 @@ void Gpt2::backward(float dloss_scale) {
     round_layernorm_gradient(fc, dln2_type, d.ln, N * C);
     const float* residual2 = x.residual2;
     if (residual2 == nullptr) {  // not kept (fp8.recompute_residual): attn.c_proj's forward and add again
-      backend_.linear_recompute_residual(a.residual2_scratch, residual, p + proj.weight_offset,
-                                         proj.copy.get(), p + proj.bias_offset, N, C, C, proj.exec);
+      backend_.linear_recompute(TensorView(a.residual2_scratch, {N, C}), weight_of(proj), proj.copy.get(),
+                                {.bias = p + proj.bias_offset, .residual = residual}, proj.exec);
       residual2 = a.residual2_scratch;
     }
-    backend_.layernorm_backward_as(d.residual, G(h + "ln_2.weight"), G(h + "ln_2.bias"), d.ln, dln2_type,
-                                   residual2, P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd, N, C);
+    backend_.normalization_backward(Normalization::layernorm, d.residual, G(h + "ln_2.weight"),
+                                    G(h + "ln_2.bias"), ConstTensorView(d.ln, dln2_type, {N, C}), residual2,
+                                    P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd);
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
     backward_linear(proj, datty, atty_type_, proj.bias_grad, d.residual, Dtype::f32, x.atty, atty_type_, N);
     const void* qkv_in = x.qkv;
     if (qkv_in == nullptr) {  // not kept (fp8.recompute_qkv): attn.c_attn's forward GEMM again
-      backend_.linear_recompute_as(a.qkv_scratch, qkv_type_, p + qkv.weight_offset, qkv.copy.get(),
-                                   p + qkv.bias_offset, N, C, 3 * C, qkv.exec);
+      backend_.linear_recompute(TensorView(a.qkv_scratch, qkv_type_, {N, 3 * C}), weight_of(qkv),
+                                qkv.copy.get(), {.bias = p + qkv.bias_offset}, qkv.exec);
       qkv_in = a.qkv_scratch;
     }
-    backend_.attention_backward_as(dqkv, datty, qkv_in, qkv_type_, x.atty, atty_type_, x.att_lse, B, T, C,
-                                   NH);
+    backend_.attention_backward(TensorView(dqkv, atty_type_, {B, T, 3 * C}),
+                                ConstTensorView(datty, atty_type_, {B, T, C}),
+                                ConstTensorView(qkv_in, qkv_type_, {B, T, 3 * C}),
+                                ConstTensorView(x.atty, atty_type_, {B, T, C}), x.att_lse, NH);
     const Dtype dln1_type = layernorm_gradient_type(qkv);
     backward_linear(qkv, d.ln, dln1_type, qkv.bias_grad, dqkv, atty_type_, x.ln1, qkv.input_type, N);
     round_layernorm_gradient(qkv, dln1_type, d.ln, N * C);
-    backend_.layernorm_backward_as(d.residual, G(h + "ln_1.weight"), G(h + "ln_1.bias"), d.ln, dln1_type,
-                                   residual, P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd, N, C);
+    backend_.normalization_backward(Normalization::layernorm, d.residual, G(h + "ln_1.weight"),
+                                    G(h + "ln_1.bias"), ConstTensorView(d.ln, dln1_type, {N, C}), residual,
+                                    P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd);
   }
   backend_.encoder_backward(G("wte"), G("wpe"), d.residual, tokens_->ints(), B, T, C);
 }

@@ -18,6 +18,8 @@ namespace {
 using namespace octet::testing::backend_ops;  // NOLINT(google-build-using-namespace): the harness's
                                               // vocabulary
 using octet::Backend;
+using octet::ConstTensorView;
+using octet::TensorView;
 using octet::testing::random_normal;
 
 struct AttentionShape {
@@ -112,8 +114,8 @@ std::vector<OpCase> attention_forward_cases() {
     const ForwardMagnitudes m = forward_magnitudes(attention_of(s, qkv));
     c.operands = {output("out", s.B * s.T * s.C), output("lse", s.B * s.NH * s.T), input("qkv", qkv)};
     c.run = [s](Backend& b, const std::vector<void*>& p) {
-      b.attention_forward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), octet::Dtype::f32, s.B, s.T, s.C,
-                          s.NH);
+      b.attention_forward(TensorView(floats_at(p, 0), {s.B, s.T, s.C}), floats_at(p, 1),
+                          ConstTensorView(floats_at(p, 2), octet::Dtype::f32, {s.B, s.T, 3 * s.C}), s.NH);
       return std::vector<double>{};
     };
     const int64_t hs = s.C / s.NH, K = hs + s.T + 4;
@@ -168,8 +170,10 @@ std::vector<OpCase> attention_backward_cases() {
     c.operands = {output("dqkv", qkv.size()), input("dout", dout), input("qkv", qkv), input("out", out),
                   input("lse", f.lse_values)};
     c.run = [s](Backend& b, const std::vector<void*>& p) {
-      b.attention_backward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), octet::Dtype::f32,
-                           floats_at(p, 3), floats_at(p, 4), s.B, s.T, s.C, s.NH);
+      b.attention_backward(TensorView(floats_at(p, 0), {s.B, s.T, 3 * s.C}),
+                           ConstTensorView(floats_at(p, 1), {s.B, s.T, s.C}),
+                           ConstTensorView(floats_at(p, 2), octet::Dtype::f32, {s.B, s.T, 3 * s.C}),
+                           ConstTensorView(floats_at(p, 3), {s.B, s.T, s.C}), floats_at(p, 4), s.NH);
       return std::vector<double>{};
     };
     const int64_t hs = s.C / s.NH;

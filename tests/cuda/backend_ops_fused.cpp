@@ -33,6 +33,7 @@
 
 namespace {
 
+using octet::ConstTensorView;
 using octet::Dtype;
 using octet::cuda::CastResults;
 using octet::cuda::FusedCast;
@@ -1876,12 +1877,12 @@ TEST(Bf16WeightGradients, AdamWAndTheNormReadThemAsTheirValues) {
   // The norm: the backend's sum of squares over the bf16 bits and over their float32 values.
   const auto backend = octet::make_cuda_backend();
   for (size_t k = 0; k < cases; ++k) {
-    SCOPED_TRACE(describe("sum_of_squares_as", kBf16Cases[k]));
+    SCOPED_TRACE(describe("sum_of_squares of bf16", kBf16Cases[k]));
     const auto n = static_cast<int64_t>(initial[k].grads.size());
     Guarded<float> f32(initial[k].grads.size(), kBf16Cases[k].offset * 2);
     f32.upload(initial[k].grads);
-    const double expected = backend->sum_of_squares(f32.data(), n);
-    const double got = backend->sum_of_squares_as(grads16[k]->data(), Dtype::bf16, n);
+    const double expected = backend->sum_of_squares(ConstTensorView(f32.data(), {n}));
+    const double got = backend->sum_of_squares(ConstTensorView(grads16[k]->data(), Dtype::bf16, {n}));
     if (kBf16Cases[k].plant_nan) {
       EXPECT_TRUE(std::isnan(got)) << got;
     } else {

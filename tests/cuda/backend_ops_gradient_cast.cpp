@@ -1,7 +1,8 @@
-// Backend::gelu_backward_cast on the CUDA backend, as the model drives it: a layer's prepare_weight and
-// linear_forward, then GELU's backward fused with the layer's gradient cast and bias gradient, then the
-// layer's linear_backward taking that cast (with a null dbias, and a null dout where the cast is all it
-// reads). Held against the unfused ops on a second layer with the same start: gelu_backward, then a
+// Backend::activation_backward with cast_for on the CUDA backend, as the model drives it: a layer's
+// prepare_weight and linear_forward, then GELU's backward fused with the layer's gradient cast and bias
+// gradient, then the layer's linear_backward taking that cast (with a null dbias, and a dout without data
+// where the cast is all it reads). Held against the unfused ops on a second layer with the same start:
+// activation_backward without cast_for, then a
 // linear_backward that casts its own dout and sums its own bias gradient. Over several steps (the delayed
 // recipe's history rolls over), every recipe the GPU runs, HYBRID and all-E4M3, and layers whose backward
 // GEMMs are only partly FP8: the input and weight gradients and the kept float32 gradient must be the same
@@ -32,7 +33,11 @@ namespace {
 
 using namespace octet::testing::backend_ops;  // NOLINT(google-build-using-namespace): the harness's
                                               // vocabulary
+using octet::Activation;
 using octet::Backend;
+using octet::ConstTensorView;
+using octet::Normalization;
+using octet::TensorView;
 using octet::Dtype;
 using octet::GemmMode;
 using octet::LinearExecution;
@@ -125,26 +130,34 @@ struct Inputs {
 void forward(Backend& backend, Layer& layer, Inputs& in) {
   const auto [N, C, OC] = layer.shape;
   backend.prepare_weight(layer.copy, in.weight.floats(), OC, C, layer.exec);
-  backend.linear_forward(layer.out.floats(), in.inp.floats(), in.weight.floats(), layer.copy.get(),
-                         in.bias.floats(), N, C, OC, layer.exec);
+  backend.linear_forward(TensorView(layer.out.floats(), {N, OC}), ConstTensorView(in.inp.floats(), {N, C}),
+                         ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(),
+                         {.bias = in.bias.floats()}, layer.exec);
 }
 
 void unfused_backward(Backend& backend, Layer& layer, Inputs& in) {
   const auto [N, C, OC] = layer.shape;
-  backend.gelu_backward(layer.dpre.floats(), in.pre.floats(), in.dout.floats(), N * OC);
-  backend.linear_backward(layer.dinp.floats(), layer.dweight.floats(), layer.dbias.floats(),
-                          layer.dpre.floats(), in.inp.floats(), in.weight.floats(), layer.copy.get(), N, C,
-                          OC, layer.exec);
+  backend.activation_backward(Activation::gelu, TensorView(layer.dpre.floats(), {N * OC}),
+                              ConstTensorView(in.pre.floats(), {N * OC}),
+                              ConstTensorView(in.dout.floats(), {N * OC}), nullptr, nullptr);
+  backend.linear_backward(TensorView(layer.dinp.floats(), {N, C}),
+                          TensorView(layer.dweight.floats(), {OC, C}), layer.dbias.floats(),
+                          ConstTensorView(layer.dpre.floats(), {N, OC}),
+                          ConstTensorView(in.inp.floats(), {N, C}),
+                          ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(), layer.exec);
 }
 
 void fused_backward(Backend& backend, Layer& layer, Inputs& in) {
   const auto [N, C, OC] = layer.shape;
   float* kept = octet::gradient_cast_suffices(layer.exec) ? nullptr : layer.dpre.floats();
-  backend.gelu_backward_cast(kept, in.pre.floats(), in.dout.floats(), N, OC, layer.dbias.floats(),
-                             layer.exec);
+  backend.activation_backward(Activation::gelu, TensorView(kept, {N, OC}),
+                              ConstTensorView(in.pre.floats(), {N, OC}),
+                              ConstTensorView(in.dout.floats(), {N, OC}), layer.dbias.floats(), &layer.exec);
   EXPECT_TRUE(layer.exec.gradient_cast_ready);
-  backend.linear_backward(layer.dinp.floats(), layer.dweight.floats(), nullptr, kept, in.inp.floats(),
-                          in.weight.floats(), layer.copy.get(), N, C, OC, layer.exec);
+  backend.linear_backward(TensorView(layer.dinp.floats(), {N, C}),
+                          TensorView(layer.dweight.floats(), {OC, C}), nullptr,
+                          ConstTensorView(kept, {N, OC}), ConstTensorView(in.inp.floats(), {N, C}),
+                          ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(), layer.exec);
   EXPECT_FALSE(layer.exec.gradient_cast_ready) << "linear_backward took the cast";
 }
 
@@ -254,9 +267,11 @@ void run_bias_config(Backend& backend, const Config& config, const Shape& shape)
   Layer again(backend, config, shape);
   Layer without_bias(backend, config, shape);
   const auto backward = [&](Layer& layer, Inputs& in, bool bias) {
-    backend.linear_backward(layer.dinp.floats(), layer.dweight.floats(),
-                            bias ? layer.dbias.floats() : nullptr, in.dout.floats(), in.inp.floats(),
-                            in.weight.floats(), layer.copy.get(), N, C, OC, layer.exec);
+    backend.linear_backward(TensorView(layer.dinp.floats(), {N, C}),
+                            TensorView(layer.dweight.floats(), {OC, C}),
+                            bias ? layer.dbias.floats() : nullptr, ConstTensorView(in.dout.floats(), {N, OC}),
+                            ConstTensorView(in.inp.floats(), {N, C}),
+                            ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(), layer.exec);
     EXPECT_FALSE(layer.exec.gradient_cast_ready);
   };
   for (size_t step = 0; step < kSteps; ++step) {
@@ -372,17 +387,21 @@ TEST(BackendOpsGeluBackwardCast, ServesOnlyItsOwnLayer) {
   Inputs in(*backend, step_inputs(0));
   forward(*backend, a, in);
   forward(*backend, b, in);
-  backend->gelu_backward_cast(nullptr, in.pre.floats(), in.dout.floats(), kN, kOC, a.dbias.floats(), a.exec);
+  backend->activation_backward(Activation::gelu, TensorView(nullptr, {kN, kOC}),
+                               ConstTensorView(in.pre.floats(), {kN, kOC}),
+                               ConstTensorView(in.dout.floats(), {kN, kOC}), a.dbias.floats(), &a.exec);
   unfused_backward(*backend, b, in);  // casts its own gradient into the same device memory
-  EXPECT_THROW(
-      backend->linear_backward(a.dinp.floats(), a.dweight.floats(), nullptr, nullptr, in.inp.floats(),
-                               in.weight.floats(), a.copy.get(), kN, kC, kOC, a.exec),
-      octet::Error);
+  EXPECT_THROW(backend->linear_backward(
+                   TensorView(a.dinp.floats(), {kN, kC}), TensorView(a.dweight.floats(), {kOC, kC}), nullptr,
+                   ConstTensorView(nullptr, {kN, kOC}), ConstTensorView(in.inp.floats(), {kN, kC}),
+                   ConstTensorView(in.weight.floats(), {kOC, kC}), a.copy.get(), a.exec),
+               octet::Error);
   // Without a producer's cast, linear_backward needs the float32 gradient.
-  EXPECT_THROW(
-      backend->linear_backward(a.dinp.floats(), a.dweight.floats(), nullptr, nullptr, in.inp.floats(),
-                               in.weight.floats(), a.copy.get(), kN, kC, kOC, a.exec),
-      octet::Error);
+  EXPECT_THROW(backend->linear_backward(
+                   TensorView(a.dinp.floats(), {kN, kC}), TensorView(a.dweight.floats(), {kOC, kC}), nullptr,
+                   ConstTensorView(nullptr, {kN, kOC}), ConstTensorView(in.inp.floats(), {kN, kC}),
+                   ConstTensorView(in.weight.floats(), {kOC, kC}), a.copy.get(), a.exec),
+               octet::Error);
   backend->synchronize();
 }
 

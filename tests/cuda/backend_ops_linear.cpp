@@ -3,7 +3,7 @@
 // formats, as the model drives them: prepare_weight, linear_forward, linear_backward, several steps in a row
 // so that the delayed recipe's amax history fills and rolls over, a restored (published) scaling state, and
 // an evaluation forward that must leave the activation's state alone. Odd steps run the forward as a layer
-// of the residual stream does (linear_forward_residual_as), adding a residual to the output.
+// of the residual stream does (linear_forward with a residual epilogue), adding a residual to the output.
 //
 // Each side runs the whole sequence on its own and records, after every op, the outputs, the scaling state
 // (fetched from the device) and the counters. The FP8 casts must be identical: the same states bit for bit,
@@ -32,7 +32,11 @@ namespace {
 
 using namespace octet::testing::backend_ops;  // NOLINT(google-build-using-namespace): the harness's
                                               // vocabulary
+using octet::Activation;
 using octet::Backend;
+using octet::ConstTensorView;
+using octet::Normalization;
+using octet::TensorView;
 using octet::Dtype;
 using octet::Fp8LinearState;
 using octet::GemmMode;
@@ -129,7 +133,8 @@ StepInputs step_inputs(const LinearShape& s, size_t step) {
   for (size_t i = 6; i < in.dout.size(); i += 13) in.dout[i] *= 1e-11f;
   if (in.inp.size() > 1) in.inp[0] = 0.0f;
   if (in.dout.size() > 1) in.dout[0] = 0.0f;
-  // Odd steps run the forward as a residual layer does (linear_forward_residual_as): out = residual + y.
+  // Odd steps run the forward as a residual layer does (linear_forward with a residual epilogue): out =
+  // residual + y.
   if (step % 2 == 1) in.residual = random_normal(s.N * s.OC, seed + 6, 2.0f);
   return in;
 }
@@ -242,11 +247,13 @@ Trace run_linear(Backend& backend, const LinearConfig& config, const LinearShape
         "linear_forward", step, eval,
         [&] {
           if (in.residual.empty()) {
-            backend.linear_forward(out.floats(), inp.floats(), weight.floats(), copy.get(), bias_pointer, N,
-                                   C, OC, *exec);
+            backend.linear_forward(TensorView(out.floats(), {N, OC}), ConstTensorView(inp.floats(), {N, C}),
+                                   ConstTensorView(weight.floats(), {OC, C}), copy.get(),
+                                   {.bias = bias_pointer}, *exec);
           } else {
-            backend.linear_forward_residual_as(out.floats(), residual.floats(), inp.floats(), Dtype::f32,
-                                               weight.floats(), copy.get(), bias_pointer, N, C, OC, *exec);
+            backend.linear_forward(TensorView(out.floats(), {N, OC}), ConstTensorView(inp.floats(), {N, C}),
+                                   ConstTensorView(weight.floats(), {OC, C}), copy.get(),
+                                   {.bias = bias_pointer, .residual = residual.floats()}, *exec);
           }
         },
         [&](OpRecord& r) {
@@ -262,8 +269,10 @@ Trace run_linear(Backend& backend, const LinearConfig& config, const LinearShape
     const bool backward_ok = record(
         "linear_backward", step, eval,
         [&] {
-          backend.linear_backward(dinp.floats(), dweight.floats(), dbias_pointer, dout.floats(), inp.floats(),
-                                  weight.floats(), copy.get(), N, C, OC, *exec);
+          backend.linear_backward(TensorView(dinp.floats(), {N, C}), TensorView(dweight.floats(), {OC, C}),
+                                  dbias_pointer, ConstTensorView(dout.floats(), {N, OC}),
+                                  ConstTensorView(inp.floats(), {N, C}),
+                                  ConstTensorView(weight.floats(), {OC, C}), copy.get(), *exec);
         },
         [&](OpRecord& r) {
           r.outputs.emplace_back("dinp", read(dinp, "dinp", "linear_backward"));
@@ -690,8 +699,9 @@ TEST(BackendOpsLinear, AdamWKeepsTheForwardsRoundedBias) {
     }
     const auto forward = [&](Side& side) {
       float* params = side.params->floats();
-      side.backend->linear_forward_as(side.out->data(), mode.out_type, side.inp->data(), Dtype::f32, params,
-                                      side.copy.get(), params + W, N, C, OC, side.exec);
+      side.backend->linear_forward(
+          TensorView(side.out->data(), mode.out_type, {N, OC}), ConstTensorView(side.inp->floats(), {N, C}),
+          ConstTensorView(params, {OC, C}), side.copy.get(), {.bias = params + W}, side.exec);
       const size_t bytes = static_cast<size_t>(N * OC) * (mode.out_type == Dtype::bf16 ? 2 : 4);
       std::vector<uint8_t> host(bytes);
       side.backend->copy_to_host(host.data(), side.out->data(), bytes);

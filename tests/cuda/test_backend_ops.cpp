@@ -18,7 +18,11 @@ namespace {
 
 using namespace octet::testing::backend_ops;  // NOLINT(google-build-using-namespace): the harness's
                                               // vocabulary
+using octet::Activation;
 using octet::Backend;
+using octet::ConstTensorView;
+using octet::Normalization;
+using octet::TensorView;
 using octet::testing::random_normal;
 using octet::testing::random_uniform;
 
@@ -136,8 +140,9 @@ OpCase layernorm_forward_case(int64_t N, int64_t C, std::vector<float> x, const 
   c.operands = {output("out", N * C), output("mean", N),  output("rstd", N),
                 input("inp", x),      input("weight", w), input("bias", bias)};
   c.run = [=](Backend& b, const std::vector<void*>& p) {
-    b.layernorm_forward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), floats_at(p, 3), floats_at(p, 4),
-                        floats_at(p, 5), N, C);
+    b.normalization_forward(Normalization::layernorm, TensorView(floats_at(p, 0), {N, C}), floats_at(p, 1),
+                            floats_at(p, 2), ConstTensorView(floats_at(p, 3), {N, C}), floats_at(p, 4),
+                            floats_at(p, 5), nullptr);
     return none();
   };
   c.checks = {close("mean", C, s.mean_abs, "a sum of C float32 terms: C 2^-24 of mean |x|"),
@@ -189,8 +194,9 @@ std::vector<OpCase> layernorm_backward_cases() {
     c.operands = {in_out("dinp", dinp), in_out("dweight", dw), in_out("dbias", db),   input("dout", dout),
                   input("inp", x),      input("weight", w),    input("mean", s.mean), input("rstd", s.rstd)};
     c.run = [=](Backend& b, const std::vector<void*>& p) {
-      b.layernorm_backward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), floats_at(p, 3),
-                           floats_at(p, 4), floats_at(p, 5), floats_at(p, 6), floats_at(p, 7), N, C);
+      b.normalization_backward(Normalization::layernorm, floats_at(p, 0), floats_at(p, 1), floats_at(p, 2),
+                               ConstTensorView(floats_at(p, 3), {N, C}), floats_at(p, 4), floats_at(p, 5),
+                               floats_at(p, 6), floats_at(p, 7));
       return none();
     };
     c.checks = {close("dbias", N + 1, db_terms, "a float32 sum over N rows plus the old value"),
@@ -207,8 +213,9 @@ std::vector<OpCase> layernorm_backward_cases() {
         in_out("dinp", dinp), in_out("dweight, dbias", dw_db), input("dout", dout),  input("inp", x),
         input("weight", w),   input("mean", s.mean),           input("rstd", s.rstd)};
     joint.run = [=](Backend& b, const std::vector<void*>& p) {
-      b.layernorm_backward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 1) + C, floats_at(p, 2),
-                           floats_at(p, 3), floats_at(p, 4), floats_at(p, 5), floats_at(p, 6), N, C);
+      b.normalization_backward(Normalization::layernorm, floats_at(p, 0), floats_at(p, 1),
+                               floats_at(p, 1) + C, ConstTensorView(floats_at(p, 2), {N, C}), floats_at(p, 3),
+                               floats_at(p, 4), floats_at(p, 5), floats_at(p, 6));
       return none();
     };
     joint.checks = {close("dweight, dbias", N + 4, dw_db_terms, "the sums above, side by side"),
@@ -235,7 +242,8 @@ OpCase gelu_forward_case(const std::vector<float>& x, const std::string& label) 
   const auto n = static_cast<int64_t>(x.size());
   c.operands = {output("out", x.size()), input("inp", x)};
   c.run = [=](Backend& b, const std::vector<void*>& p) {
-    b.gelu_forward(floats_at(p, 0), floats_at(p, 1), n);
+    b.activation_forward(Activation::gelu, TensorView(floats_at(p, 0), {n}),
+                         ConstTensorView(floats_at(p, 1), {n}), nullptr);
     return none();
   };
   c.checks = {
@@ -254,7 +262,9 @@ OpCase gelu_backward_case(const std::vector<float>& x, const std::vector<float>&
   const auto n = static_cast<int64_t>(x.size());
   c.operands = {output("dinp", x.size()), input("inp", x), input("dout", dout)};
   c.run = [=](Backend& b, const std::vector<void*>& p) {
-    b.gelu_backward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), n);
+    b.activation_backward(Activation::gelu, TensorView(floats_at(p, 0), {n}),
+                          ConstTensorView(floats_at(p, 1), {n}), ConstTensorView(floats_at(p, 2), {n}),
+                          nullptr, nullptr);
     return none();
   };
   c.checks = {
@@ -413,7 +423,7 @@ std::vector<OpCase> reduction_cases() {
     const std::vector<float> x = random_normal(n, seed_of("sum_of_squares", label));
     OpCase sum{"sum_of_squares", label, {input("x", x)}, {}, {}};
     sum.run = [=](Backend& b, const std::vector<void*>& p) {
-      return std::vector<double>{b.sum_of_squares(floats_at(p, 0), n)};
+      return std::vector<double>{b.sum_of_squares(ConstTensorView(floats_at(p, 0), {n}))};
     };
     sum.checks = {close("result", n, {}, "a sum of n non-negative terms: relative n 2^-24 at worst")};
     cases.push_back(std::move(sum));

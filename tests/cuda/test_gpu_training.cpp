@@ -354,7 +354,9 @@ TEST(GpuTrainingAttentionStorage, Bf16OutputsTrainBitForBitAsFloat32) {
         StorageCase{"fp8 delayed, emulated", MixedPrecision::fp8, RecipeKind::delayed, true, false}}) {
     expect_storage_changes_nothing(
         c, [](CudaBackendOptions& o, bool bf16) { o.attention_outputs_in_bf16 = bf16; },
-        [&](const Backend& b) { return b.attention_output_type(config.channels, config.heads); });
+        [&](const Backend& b) {
+          return b.storage_type({StorageRole::attention_output, config.channels, config.heads});
+        });
   }
 }
 
@@ -378,7 +380,7 @@ TEST(GpuTrainingHiddenStorage, Bf16TrainsBitForBitAsRoundedFloat32) {
                     true}}) {
     expect_storage_changes_nothing(
         c, [](CudaBackendOptions& o, bool bf16) { o.hidden_in_bf16 = bf16; },
-        [](const Backend& b) { return b.bf16_storage_type(); });
+        [](const Backend& b) { return b.storage_type({StorageRole::rounded_activation}); });
   }
 }
 
@@ -404,7 +406,7 @@ TEST(GpuTrainingWeightGradientStorage, Bf16TrainsBitForBitAsRoundedFloat32) {
         [](const Backend& b) {
           LinearExecution fp8;
           fp8.forward = fp8.input_gradient = fp8.weight_gradient = GemmMode::fp8;
-          return b.weight_gradient_type(fp8);
+          return b.storage_type({.role = StorageRole::weight_gradient, .layer = &fp8});
         });
   }
 }

@@ -30,55 +30,48 @@ class ForwardingBackend : public Backend {
                         int64_t T, int64_t C) override {
     inner_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int64_t N, int64_t C) override {
-    inner_.layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
+                             const ConstTensorView& inp, const float* weight, const float* bias,
+                             LinearExecution* cast_for) override {
+    inner_.normalization_forward(kind, out, mean, rstd, inp, weight, bias, cast_for);
   }
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int64_t N,
-                          int64_t C) override {
-    inner_.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
+                              const ConstTensorView& dout, const float* inp, const float* weight,
+                              const float* mean, const float* rstd) override {
+    inner_.normalization_backward(kind, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
   }
   void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                       LinearExecution& exec) override {
     inner_.prepare_weight(copy, weight, OC, C, exec);
   }
-  void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
-                      const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override {
-    inner_.linear_forward(out, inp, weight, copy, bias, N, C, OC, exec);
+  void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override {
+    inner_.linear_forward(out, inp, weight, copy, epilogue, exec);
   }
-  void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
-                        int64_t C, int64_t OC, LinearExecution& exec) override {
-    inner_.linear_recompute(out, weight, copy, bias, N, C, OC, exec);
+  void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
+                        const Epilogue& epilogue, LinearExecution& exec) override {
+    inner_.linear_recompute(out, weight, copy, epilogue, exec);
   }
-  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                       LinearExecution& exec) override {
-    inner_.linear_backward(dinp, dweight, dbias, dout, inp, weight, copy, N, C, OC, exec);
+  void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
+                       const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
+                       const WeightCopy* copy, LinearExecution& exec) override {
+    inner_.linear_backward(dinp, dweight, dbias, dout, inp, weight, copy, exec);
   }
-  void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
-                         int64_t C, int64_t NH) override {
-    inner_.attention_forward(out, lse, qkv, qkv_type, B, T, C, NH);
+  void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
+                         int64_t heads) override {
+    inner_.attention_forward(out, lse, qkv, heads);
   }
-  void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
-                          const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {
-    inner_.attention_backward(dqkv, dout, qkv, qkv_type, out, lse, B, T, C, NH);
+  void attention_backward(const TensorView& dqkv, const ConstTensorView& dout, const ConstTensorView& qkv,
+                          const ConstTensorView& out, const float* lse, int64_t heads) override {
+    inner_.attention_backward(dqkv, dout, qkv, out, lse, heads);
   }
-  void gelu_forward(float* out, const float* inp, int64_t n) override { inner_.gelu_forward(out, inp, n); }
-  void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer) override {
-    inner_.layernorm_forward_cast(out, mean, rstd, inp, weight, bias, N, C, consumer);
+  void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                          LinearExecution* cast_for) override {
+    inner_.activation_forward(kind, out, inp, cast_for);
   }
-  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
-                         LinearExecution& consumer) override {
-    inner_.gelu_forward_cast(out, inp, N, C, consumer);
-  }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
-    inner_.gelu_backward(dinp, inp, dout, n);
-  }
-  void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                          float* dbias, LinearExecution& consumer) override {
-    inner_.gelu_backward_cast(dinp, inp, dout, N, C, dbias, consumer);
+  void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override {
+    inner_.activation_backward(kind, dinp, inp, dout, dbias, cast_for);
   }
   void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
     inner_.residual_forward(out, a, b, n);
@@ -89,7 +82,7 @@ class ForwardingBackend : public Backend {
                              int64_t Vp, float dloss) override {
     inner_.softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss);
   }
-  double sum_of_squares(const float* x, int64_t n) override { return inner_.sum_of_squares(x, n); }
+  double sum_of_squares(const ConstTensorView& x) override { return inner_.sum_of_squares(x); }
   bool all_finite(const float* x, int64_t n) override { return inner_.all_finite(x, n); }
   void scale(float* x, int64_t n, float factor) override { inner_.scale(x, n, factor); }
   void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,

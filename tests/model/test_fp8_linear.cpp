@@ -102,9 +102,11 @@ TEST_P(Fp8Linear, EveryGemmEqualsTheEmulatedFp8Gemm) {
     const std::vector<float> dy =
         testing::random_normal(N * OC, 20 + step, 1e-3f / static_cast<float>(1 + step));
     std::vector<float> out(N * OC), dx(N * C), dw(OC * C, 0.0f), db(OC, 0.0f);
-    backend->linear_forward(out.data(), x.data(), weight.data(), copy.get(), bias.data(), N, C, OC, exec);
-    backend->linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), weight.data(), copy.get(),
-                             N, C, OC, exec);
+    backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
+                            ConstTensorView(weight.data(), {OC, C}), copy.get(), {.bias = bias.data()}, exec);
+    backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), db.data(),
+                             ConstTensorView(dy.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
+                             ConstTensorView(weight.data(), {OC, C}), copy.get(), exec);
 
     const QuantizedTensor qx = quantize(x, N, C, Dtype::e4m3, TensorRole::activation, *recipe, act);
     const QuantizedTensor qdy = quantize(dy, N, OC, Dtype::e5m2, TensorRole::gradient, *recipe, grad);
@@ -157,9 +159,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// GELU's backward fused with the gradient cast and bias gradient of the layer it feeds (gelu_backward_cast,
-// then linear_backward taking the cast, with a null dbias and, where the cast is all it reads, a null dout)
-// gives the very bits of the unfused ops (gelu_backward, then linear_backward casting and summing itself):
+// GELU's backward fused with the gradient cast and bias gradient of the layer it feeds (activation_backward
+// with cast_for, then linear_backward taking the cast, with a null dbias and, where the cast is all it reads,
+// a dout without data) gives the very bits of the unfused ops (activation_backward without cast_for, then
+// linear_backward casting and summing itself):
 // gradients, bias gradient, scaling states, counts and telemetry.
 TEST_P(Fp8Linear, GeluBackwardCastEqualsTheUnfusedOps) {
   const int64_t N = 32, C = 48, OC = 64;
@@ -205,19 +208,27 @@ TEST_P(Fp8Linear, GeluBackwardCastEqualsTheUnfusedOps) {
       for (Side* side : {&unfused, &fused}) {
         side->dx.assign(static_cast<size_t>(N * C), 0.0f);
         side->dpre.assign(static_cast<size_t>(N * OC), -1.0f);
-        backend->linear_forward(out.data(), x.data(), weight.data(), side->copy.get(), bias.data(), N, C, OC,
-                                side->exec);
+        backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
+                                ConstTensorView(weight.data(), {OC, C}), side->copy.get(),
+                                {.bias = bias.data()}, side->exec);
       }
-      backend->gelu_backward(unfused.dpre.data(), pre.data(), dy.data(), N * OC);
-      backend->linear_backward(unfused.dx.data(), unfused.dw.data(), unfused.db.data(), unfused.dpre.data(),
-                               x.data(), weight.data(), unfused.copy.get(), N, C, OC, unfused.exec);
+      backend->activation_backward(Activation::gelu, TensorView(unfused.dpre.data(), {N * OC}),
+                                   ConstTensorView(pre.data(), {N * OC}),
+                                   ConstTensorView(dy.data(), {N * OC}), nullptr, nullptr);
+      backend->linear_backward(TensorView(unfused.dx.data(), {N, C}), TensorView(unfused.dw.data(), {OC, C}),
+                               unfused.db.data(), ConstTensorView(unfused.dpre.data(), {N, OC}),
+                               ConstTensorView(x.data(), {N, C}), ConstTensorView(weight.data(), {OC, C}),
+                               unfused.copy.get(), unfused.exec);
       const bool suffices = gradient_cast_suffices(fused.exec);
       EXPECT_EQ(suffices, weight_gradient == GemmMode::fp8 && GetParam() != RecipeKind::block);
       float* kept = suffices ? nullptr : fused.dpre.data();
-      backend->gelu_backward_cast(kept, pre.data(), dy.data(), N, OC, fused.db.data(), fused.exec);
+      backend->activation_backward(Activation::gelu, TensorView(kept, {N, OC}),
+                                   ConstTensorView(pre.data(), {N, OC}), ConstTensorView(dy.data(), {N, OC}),
+                                   fused.db.data(), &fused.exec);
       EXPECT_TRUE(fused.exec.gradient_cast_ready);
-      backend->linear_backward(fused.dx.data(), fused.dw.data(), nullptr, kept, x.data(), weight.data(),
-                               fused.copy.get(), N, C, OC, fused.exec);
+      backend->linear_backward(TensorView(fused.dx.data(), {N, C}), TensorView(fused.dw.data(), {OC, C}),
+                               nullptr, ConstTensorView(kept, {N, OC}), ConstTensorView(x.data(), {N, C}),
+                               ConstTensorView(weight.data(), {OC, C}), fused.copy.get(), fused.exec);
       EXPECT_FALSE(fused.exec.gradient_cast_ready);
 
       ASSERT_TRUE(testing::has_nonzero(unfused.dx));
@@ -268,10 +279,12 @@ TEST(Fp8Linear, FrozenScalingLeavesTheStateAlone) {
   backend->prepare_weight(copy, weight.data(), OC, C, exec);
   std::vector<float> out(N * OC);
   exec.update_scaling = false;
-  backend->linear_forward(out.data(), x.data(), weight.data(), copy.get(), nullptr, N, C, OC, exec);
+  backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
+                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec);
   EXPECT_EQ(state.activation.updates, 0);
   exec.update_scaling = true;
-  backend->linear_forward(out.data(), x.data(), weight.data(), copy.get(), nullptr, N, C, OC, exec);
+  backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
+                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec);
   EXPECT_EQ(state.activation.updates, 1);
 }
 
@@ -296,30 +309,47 @@ TEST(Fp8Linear, AProducersGradientCastServesOnlyItsLayer) {
   std::vector<float> out(N * OC), dpre(N * OC), dx(N * C), dw(OC * C, 0.0f), db(OC, 0.0f);
   for (auto [exec, copy] : {std::pair{&a, &copy_a}, std::pair{&b, &copy_b}}) {
     backend->prepare_weight(*copy, weight.data(), OC, C, *exec);
-    backend->linear_forward(out.data(), x.data(), weight.data(), copy->get(), nullptr, N, C, OC, *exec);
+    backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
+                            ConstTensorView(weight.data(), {OC, C}), copy->get(), {}, *exec);
   }
-  backend->gelu_backward_cast(nullptr, pre.data(), dy.data(), N, OC, db.data(), a);
+  backend->activation_backward(Activation::gelu, TensorView(nullptr, {N, OC}),
+                               ConstTensorView(pre.data(), {N, OC}), ConstTensorView(dy.data(), {N, OC}),
+                               db.data(), &a);
   // b's flag is not set: it casts its own gradient, and a's cast is gone.
-  backend->gelu_backward(dpre.data(), pre.data(), dy.data(), N * OC);
-  backend->linear_backward(dx.data(), dw.data(), db.data(), dpre.data(), x.data(), weight.data(),
-                           copy_b.get(), N, C, OC, b);
-  EXPECT_THROW(backend->linear_backward(dx.data(), dw.data(), nullptr, nullptr, x.data(), weight.data(),
-                                        copy_a.get(), N, C, OC, a),
-               Error);
+  backend->activation_backward(Activation::gelu, TensorView(dpre.data(), {N * OC}),
+                               ConstTensorView(pre.data(), {N * OC}), ConstTensorView(dy.data(), {N * OC}),
+                               nullptr, nullptr);
+  backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), db.data(),
+                           ConstTensorView(dpre.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
+                           ConstTensorView(weight.data(), {OC, C}), copy_b.get(), b);
+  EXPECT_THROW(
+      backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), nullptr,
+                               ConstTensorView(nullptr, {N, OC}), ConstTensorView(x.data(), {N, C}),
+                               ConstTensorView(weight.data(), {OC, C}), copy_a.get(), a),
+      Error);
   // Without a producer's cast, the float32 gradient is needed; with one, a second bias sum is refused.
-  EXPECT_THROW(backend->linear_backward(dx.data(), dw.data(), nullptr, nullptr, x.data(), weight.data(),
-                                        copy_a.get(), N, C, OC, a),
-               Error);
-  backend->gelu_backward_cast(dpre.data(), pre.data(), dy.data(), N, OC, nullptr, a);
-  EXPECT_THROW(backend->linear_backward(dx.data(), dw.data(), db.data(), dpre.data(), x.data(), weight.data(),
-                                        copy_a.get(), N, C, OC, a),
-               Error);
+  EXPECT_THROW(
+      backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), nullptr,
+                               ConstTensorView(nullptr, {N, OC}), ConstTensorView(x.data(), {N, C}),
+                               ConstTensorView(weight.data(), {OC, C}), copy_a.get(), a),
+      Error);
+  backend->activation_backward(Activation::gelu, TensorView(dpre.data(), {N, OC}),
+                               ConstTensorView(pre.data(), {N, OC}), ConstTensorView(dy.data(), {N, OC}),
+                               nullptr, &a);
+  EXPECT_THROW(
+      backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), db.data(),
+                               ConstTensorView(dpre.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
+                               ConstTensorView(weight.data(), {OC, C}), copy_a.get(), a),
+      Error);
   // A consumer whose backward GEMMs are not FP8 casts nothing: there is nothing to fuse.
   LinearExecution wide;
   wide.forward = wide.input_gradient = wide.weight_gradient = GemmMode::bf16;
   EXPECT_FALSE(casts_gradient(wide));
   EXPECT_FALSE(gradient_cast_suffices(wide));
-  EXPECT_THROW(backend->gelu_backward_cast(dpre.data(), pre.data(), dy.data(), N, OC, nullptr, wide), Error);
+  EXPECT_THROW(backend->activation_backward(Activation::gelu, TensorView(dpre.data(), {N, OC}),
+                                            ConstTensorView(pre.data(), {N, OC}),
+                                            ConstTensorView(dy.data(), {N, OC}), nullptr, &wide),
+               Error);
 }
 
 }  // namespace

@@ -35,51 +35,61 @@ class UnfusedCasts final : public testing::ForwardingBackend {
   explicit UnfusedCasts(Backend& inner) : ForwardingBackend(inner) {}
   std::string_view name() const override { return "cpu, unfused casts"; }
 
-  void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer) override {
-    inner_.layernorm_forward(hold_input(consumer, out, N * C), mean, rstd, inp, weight, bias, N, C);
+  void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
+                             const ConstTensorView& inp, const float* weight, const float* bias,
+                             LinearExecution* cast_for) override {
+    const TensorView y = cast_for == nullptr ? out : hold_input(*cast_for, out);
+    inner_.normalization_forward(kind, y, mean, rstd, inp, weight, bias, nullptr);
   }
-  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
-                         LinearExecution& consumer) override {
-    inner_.gelu_forward(hold_input(consumer, out, N * C), inp, N * C);
+  void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                          LinearExecution* cast_for) override {
+    const TensorView y = cast_for == nullptr ? out : hold_input(*cast_for, out);
+    inner_.activation_forward(kind, y, inp, nullptr);
   }
-  void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
-                      const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override {
+  void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override {
     EXPECT_FALSE(exec.input_cast_ready);
+    ConstTensorView x = inp;
     if (const auto it = inputs_.find(&exec); it != inputs_.end()) {
-      inp = it->second;
+      x.data = it->second;
       inputs_.erase(it);
     }
-    inner_.linear_forward(out, inp, weight, copy, bias, N, C, OC, exec);
+    inner_.linear_forward(out, x, weight, copy, epilogue, exec);
   }
-  void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
-                        int64_t C, int64_t OC, LinearExecution& exec) override {
-    inner_.linear_recompute(out, weight, copy, bias, N, C, OC, exec);
+  void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
+                        const Epilogue& epilogue, LinearExecution& exec) override {
+    inner_.linear_recompute(out, weight, copy, epilogue, exec);
     ++recomputed_;
   }
-  void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                          float* dbias, LinearExecution& consumer) override {
-    EXPECT_TRUE(casts_gradient(consumer));
-    std::vector<float>& held = held_[&consumer];
-    if (dinp == nullptr) {
-      held.resize(static_cast<size_t>(N * C));
-      dinp = held.data();
+  void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override {
+    if (cast_for == nullptr) {
+      inner_.activation_backward(kind, dinp, inp, dout, dbias, nullptr);
+      return;
     }
-    inner_.gelu_backward(dinp, inp, dout, N * C);
-    gradients_[&consumer] = {dinp, dbias};
+    EXPECT_TRUE(casts_gradient(*cast_for));
+    TensorView d = dinp;
+    if (!d.has_data()) {
+      std::vector<float>& held = held_[cast_for];
+      held.resize(static_cast<size_t>(d.numel()));
+      d.data = held.data();
+    }
+    inner_.activation_backward(kind, d, inp, dout, nullptr, nullptr);
+    gradients_[cast_for] = {d.f32(), dbias};
     ++fused_backward_;
   }
-  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                       LinearExecution& exec) override {
+  void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
+                       const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
+                       const WeightCopy* copy, LinearExecution& exec) override {
     EXPECT_FALSE(exec.gradient_cast_ready);
+    ConstTensorView dy = dout;
     if (const auto it = gradients_.find(&exec); it != gradients_.end()) {
       EXPECT_EQ(dbias, nullptr) << "the producer summed the bias gradient";
-      dout = it->second.dout;
+      dy.data = it->second.dout;
       dbias = it->second.dbias;
       gradients_.erase(it);
     }
-    inner_.linear_backward(dinp, dweight, dbias, dout, inp, weight, copy, N, C, OC, exec);
+    inner_.linear_backward(dinp, dweight, dbias, dy, inp, weight, copy, exec);
   }
   // How many GELU backwards the model fused with a gradient cast.
   int64_t fused_backward() const { return fused_backward_; }
@@ -89,15 +99,16 @@ class UnfusedCasts final : public testing::ForwardingBackend {
  private:
   // Where a producer's float32 output goes: `out`, or a buffer held for the consumer when the model keeps
   // none. The consumer's next linear_forward reads it.
-  float* hold_input(LinearExecution& consumer, float* out, int64_t n) {
+  TensorView hold_input(LinearExecution& consumer, const TensorView& out) {
     EXPECT_EQ(consumer.forward, GemmMode::fp8);
-    if (out == nullptr) {
+    TensorView y = out;
+    if (!y.has_data()) {
       std::vector<float>& held = held_[&consumer];
-      held.resize(static_cast<size_t>(n));
-      out = held.data();
+      held.resize(static_cast<size_t>(y.numel()));
+      y.data = held.data();
     }
-    inputs_[&consumer] = out;
-    return out;
+    inputs_[&consumer] = y.f32();
+    return y;
   }
 
   struct Gradient {
@@ -313,96 +324,86 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
  public:
   explicit Bf16HiddenStorage(Backend& inner) : ForwardingBackend(inner) {}
   std::string_view name() const override { return "cpu, bf16 storage"; }
-  Dtype bf16_storage_type() const override { return Dtype::bf16; }
+  Dtype storage_type(const StorageQuery& query) const override {
+    return query.role == StorageRole::rounded_activation ? Dtype::bf16 : Dtype::f32;
+  }
 
-  void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type, const float* weight,
-                         const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                         LinearExecution& exec) override {
-    EXPECT_TRUE(inp_type == Dtype::f32 || exec.forward == GemmMode::bf16) << "a bf16 input of a BF16 GEMM";
-    float* y = out_type == Dtype::bf16 ? staged(N * OC) : static_cast<float*>(out);
-    inner_.linear_forward(y, widened(inp, inp_type, N * C, 0), weight, copy, bias, N, C, OC, exec);
-    if (out_type == Dtype::bf16) store(out, N * OC);
+  void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override {
+    EXPECT_TRUE(inp.dtype == Dtype::f32 || exec.forward == GemmMode::bf16) << "a bf16 input of a BF16 GEMM";
+    inner_.linear_forward(output(out), widened(inp, 0), weight, copy, epilogue, exec);
+    store(out);
   }
-  void linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
-                           const float* bias, int64_t N, int64_t C, int64_t OC,
-                           LinearExecution& exec) override {
-    EXPECT_EQ(out_type, Dtype::bf16) << "the recomputed output is GELU's input";
-    inner_.linear_recompute(staged(N * OC), weight, copy, bias, N, C, OC, exec);
-    store(out, N * OC);
+  void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
+                        const Epilogue& epilogue, LinearExecution& exec) override {
+    EXPECT_TRUE(out.dtype == Dtype::bf16 || epilogue.residual != nullptr)
+        << "the recomputed output is GELU's input, or joins the residual stream";
+    inner_.linear_recompute(output(out), weight, copy, epilogue, exec);
+    store(out);
   }
-  void linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type, float* dbias,
-                          const void* dout, Dtype dout_type, const void* inp, Dtype inp_type,
-                          const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                          LinearExecution& exec) override {
-    EXPECT_EQ(dweight_type, Dtype::f32) << "this backend stores weight gradients in float32";
-    EXPECT_TRUE(dout_type == Dtype::f32 || exec.input_gradient == GemmMode::bf16) << "a BF16 GEMM's dout";
-    EXPECT_TRUE(inp_type == Dtype::f32 || exec.weight_gradient == GemmMode::bf16) << "a BF16 GEMM's input";
-    float* d = dinp_type == Dtype::bf16 ? staged(N * C) : static_cast<float*>(dinp);
-    inner_.linear_backward(d, static_cast<float*>(dweight), dbias, widened(dout, dout_type, N * OC, 1),
-                           widened(inp, inp_type, N * C, 0), weight, copy, N, C, OC, exec);
-    if (dinp_type == Dtype::bf16) store(dinp, N * C);
+  void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
+                       const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
+                       const WeightCopy* copy, LinearExecution& exec) override {
+    EXPECT_EQ(dweight.dtype, Dtype::f32) << "this backend stores weight gradients in float32";
+    EXPECT_TRUE(dout.dtype == Dtype::f32 || exec.input_gradient == GemmMode::bf16) << "a BF16 GEMM's dout";
+    EXPECT_TRUE(inp.dtype == Dtype::f32 || exec.weight_gradient == GemmMode::bf16) << "a BF16 GEMM's input";
+    inner_.linear_backward(output(dinp), dweight, dbias, widened(dout, 1), widened(inp, 0), weight, copy,
+                           exec);
+    store(dinp);
   }
-  void layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
-                            const float* weight, const float* bias, int64_t N, int64_t C) override {
-    float* y = out_type == Dtype::bf16 ? staged(N * C) : static_cast<float*>(out);
-    inner_.layernorm_forward(y, mean, rstd, inp, weight, bias, N, C);
-    if (out_type == Dtype::bf16) store(out, N * C);
+  void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
+                             const ConstTensorView& inp, const float* weight, const float* bias,
+                             LinearExecution* cast_for) override {
+    inner_.normalization_forward(kind, output(out), mean, rstd, inp, weight, bias, cast_for);
+    store(out);
   }
-  void layernorm_backward_as(float* dinp, float* dweight, float* dbias, const void* dout, Dtype dout_type,
-                             const float* inp, const float* weight, const float* mean, const float* rstd,
-                             int64_t N, int64_t C) override {
-    inner_.layernorm_backward(dinp, dweight, dbias, widened(dout, dout_type, N * C, 1), inp, weight, mean,
-                              rstd, N, C);
+  void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
+                              const ConstTensorView& dout, const float* inp, const float* weight,
+                              const float* mean, const float* rstd) override {
+    inner_.normalization_backward(kind, dinp, dweight, dbias, widened(dout, 1), inp, weight, mean, rstd);
   }
-  void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) override {
-    const float* x = widened(inp, type, n, 0);
-    float* y = out_type == Dtype::bf16 ? staged(n) : static_cast<float*>(out);
-    inner_.gelu_forward(y, x, n);
-    if (out_type == Dtype::bf16) store(out, n);
+  void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                          LinearExecution* cast_for) override {
+    const ConstTensorView x = widened(inp, 0);
+    inner_.activation_forward(kind, output(out), x, cast_for);
+    store(out);
   }
-  void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
-                            LinearExecution& consumer) override {
-    inner_.gelu_forward_cast(out, widened(inp, type, N * C, 0), N, C, consumer);
-  }
-  void gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
-                        int64_t n) override {
-    const float* x = widened(inp, type, n, 0);
-    const float* d = widened(dout, type, n, 1);
-    float* y = dinp_type == Dtype::bf16 ? staged(n) : static_cast<float*>(dinp);
-    inner_.gelu_backward(y, x, d, n);
-    if (dinp_type == Dtype::bf16) store(dinp, n);
-  }
-  void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N, int64_t C,
-                             float* dbias, LinearExecution& consumer) override {
-    inner_.gelu_backward_cast(dinp, widened(inp, type, N * C, 0), widened(dout, type, N * C, 1), N, C, dbias,
-                              consumer);
+  void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override {
+    const ConstTensorView x = widened(inp, 0);
+    const ConstTensorView d = widened(dout, 1);
+    inner_.activation_backward(kind, output(dinp), x, d, dbias, cast_for);
+    store(dinp);
   }
   // How many bf16 tensors the ops wrote and read.
   int64_t stored() const { return stored_; }
   int64_t read() const { return read_; }
 
  private:
-  float* staged(int64_t n) {
-    staged_.resize(static_cast<size_t>(n));
-    return staged_.data();
+  // Where an op writes `out`: out itself, or float32 staging for a bf16 out that store() then rounds.
+  TensorView output(const TensorView& out) {
+    if (out.dtype != Dtype::bf16) return out;
+    staged_.resize(static_cast<size_t>(out.numel()));
+    return TensorView(staged_.data(), out.shape);
   }
-  void store(void* out, int64_t n) {
-    auto* bits = static_cast<uint16_t*>(out);
-    for (int64_t i = 0; i < n; ++i) bits[i] = float_to_bf16(staged_[static_cast<size_t>(i)]);
+  void store(const TensorView& out) {
+    if (out.dtype != Dtype::bf16) return;
+    auto* bits = static_cast<uint16_t*>(out.data);
+    for (int64_t i = 0; i < out.numel(); ++i) bits[i] = float_to_bf16(staged_[static_cast<size_t>(i)]);
     ++stored_;
   }
-  const float* widened(const void* x, Dtype type, int64_t n, int slot) {
-    if (type == Dtype::f32) return static_cast<const float*>(x);
-    EXPECT_EQ(type, Dtype::bf16);
+  ConstTensorView widened(const ConstTensorView& x, int slot) {
+    if (x.dtype == Dtype::f32) return x;
+    EXPECT_EQ(x.dtype, Dtype::bf16);
     std::vector<float>& w = widened_[slot];
-    w.resize(static_cast<size_t>(n));
-    const auto* bits = static_cast<const uint16_t*>(x);
-    for (int64_t i = 0; i < n; ++i) {
+    w.resize(static_cast<size_t>(x.numel()));
+    const auto* bits = static_cast<const uint16_t*>(x.data);
+    for (int64_t i = 0; i < x.numel(); ++i) {
       const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
       std::memcpy(&w[static_cast<size_t>(i)], &word, sizeof(float));
     }
     ++read_;
-    return w.data();
+    return ConstTensorView(w.data(), x.shape);
   }
 
   std::vector<float> staged_;

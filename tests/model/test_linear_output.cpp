@@ -97,11 +97,13 @@ TEST_P(LinearOutput, IsTheFloat32ProductPlusTheRoundedBias) {
   if (mode != GemmMode::f32) backend->prepare_weight(copy, kWeight.data(), OC, C, exec);
 
   std::vector<float> out(static_cast<size_t>(N * OC), NAN);
-  backend->linear_forward(out.data(), kInput.data(), kWeight.data(), copy.get(), kBias.data(), N, C, OC,
-                          exec);
+  backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(kInput.data(), {N, C}),
+                          ConstTensorView(kWeight.data(), {OC, C}), copy.get(), {.bias = kBias.data()}, exec);
   std::vector<float> dinp(static_cast<size_t>(N * C), NAN), dweight(static_cast<size_t>(OC * C), 0.0f);
-  backend->linear_backward(dinp.data(), dweight.data(), nullptr, kOutputGradient.data(), kInput.data(),
-                           kWeight.data(), copy.get(), N, C, OC, exec);
+  backend->linear_backward(TensorView(dinp.data(), {N, C}), TensorView(dweight.data(), {OC, C}), nullptr,
+                           ConstTensorView(kOutputGradient.data(), {N, OC}),
+                           ConstTensorView(kInput.data(), {N, C}), ConstTensorView(kWeight.data(), {OC, C}),
+                           copy.get(), exec);
   EXPECT_EQ(fp8_gemms, mode == GemmMode::fp8 ? 3 : 0);
 
   const std::vector<float> want_out = expected_output(mode);
@@ -158,12 +160,14 @@ TEST(LmHeadChunk, Bf16HeadRoundsItsLogitsToBf16) {
     Outputs o{std::vector<float>(n), std::vector<float>(static_cast<size_t>(n * C)),
               std::vector<float>(static_cast<size_t>(Vp * C), 0.0f)};
     std::vector<float> z(static_cast<size_t>(n * Vp));
-    backend->linear_forward(z.data(), inp.data(), weight.data(), copy.get(), nullptr, n, C, Vp, exec);
+    backend->linear_forward(TensorView(z.data(), {n, Vp}), ConstTensorView(inp.data(), {n, C}),
+                            ConstTensorView(weight.data(), {Vp, C}), copy.get(), {}, exec);
     EXPECT_NE(z[0], round_to(Dtype::bf16, z[0])) << "a logit exact in BF16 shows no rounding";
     if (round) backend->round_in_place(z.data(), n * Vp, Dtype::bf16);
     backend->softmax_cross_entropy(o.losses.data(), z.data(), targets.data(), n, V, Vp, dloss);
-    backend->linear_backward(o.dinp.data(), o.dweight.data(), nullptr, z.data(), inp.data(), weight.data(),
-                             copy.get(), n, C, Vp, exec);
+    backend->linear_backward(TensorView(o.dinp.data(), {n, C}), TensorView(o.dweight.data(), {Vp, C}),
+                             nullptr, ConstTensorView(z.data(), {n, Vp}), ConstTensorView(inp.data(), {n, C}),
+                             ConstTensorView(weight.data(), {Vp, C}), copy.get(), exec);
     return o;
   };
   const Outputs rounded = by_hand(true);

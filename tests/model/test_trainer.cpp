@@ -144,8 +144,9 @@ TEST(Trainer, ClippingScalesTheGradientToTheLimit) {
   const StepResult r = t.step(pattern_stream(1, 2, 16, c.vocab_size));
   ASSERT_GT(r.grad_norm, 0.01f);
   // After one step the first moment is (1 - beta1) * g * clip / norm.
-  const double g = std::sqrt(backend->sum_of_squares(m.grads(), m.parameter_count()));
-  const double m1 = std::sqrt(backend->sum_of_squares(t.optimizer().first_moment(), m.parameter_count()));
+  const double g = std::sqrt(backend->sum_of_squares(ConstTensorView(m.grads(), {m.parameter_count()})));
+  const double m1 = std::sqrt(
+      backend->sum_of_squares(ConstTensorView(t.optimizer().first_moment(), {m.parameter_count()})));
   EXPECT_NEAR(g, r.grad_norm, 1e-4 * g);
   EXPECT_NEAR(m1, 0.1 * 0.01, 1e-6);
 }

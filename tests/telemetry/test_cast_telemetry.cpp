@@ -81,11 +81,13 @@ TEST_P(CastTelemetryOfALayer, EqualsIndependentQuantizeCountsForEveryOperand) {
       dweight(static_cast<size_t>(OC * C));
   const CastTelemetry want_activation =
       expected_cast(input, N, C, f.activation, TensorRole::activation, recipe, state.activation);
-  backend->linear_forward(out.data(), input.data(), weight.data(), copy.get(), nullptr, N, C, OC, exec);
+  backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(input.data(), {N, C}),
+                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec);
   const CastTelemetry want_gradient =
       expected_cast(dout, N, OC, f.gradient, TensorRole::gradient, recipe, state.gradient);
-  backend->linear_backward(dinp.data(), dweight.data(), nullptr, dout.data(), input.data(), weight.data(),
-                           copy.get(), N, C, OC, exec);
+  backend->linear_backward(TensorView(dinp.data(), {N, C}), TensorView(dweight.data(), {OC, C}), nullptr,
+                           ConstTensorView(dout.data(), {N, OC}), ConstTensorView(input.data(), {N, C}),
+                           ConstTensorView(weight.data(), {OC, C}), copy.get(), exec);
 
   // The planted trouble is there: every operand saturates and underflows.
   for (const CastTelemetry* t : {&want_weight, &want_activation, &want_gradient}) {
@@ -102,7 +104,8 @@ TEST_P(CastTelemetryOfALayer, EqualsIndependentQuantizeCountsForEveryOperand) {
   expect_same(telemetry.gradient, sqnr ? want_gradient : no_energy_gradient, "gradient");
 
   // Running totals: a second forward adds a second cast.
-  backend->linear_forward(out.data(), input.data(), weight.data(), copy.get(), nullptr, N, C, OC, exec);
+  backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(input.data(), {N, C}),
+                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec);
   EXPECT_EQ(telemetry.activation.casts, 2);
   EXPECT_EQ(telemetry.activation.saturated, 2 * want_activation.saturated);
 }
@@ -137,7 +140,8 @@ TEST(CastTelemetry, WithoutATelemetryPointerOnlyThePerOperandTelemetryIsLeftOut)
     std::unique_ptr<WeightCopy> copy;
     backend->prepare_weight(copy, weight.data(), OC, C, exec);
     r.out.resize(static_cast<size_t>(N * OC));
-    backend->linear_forward(r.out.data(), input.data(), weight.data(), copy.get(), nullptr, N, C, OC, exec);
+    backend->linear_forward(TensorView(r.out.data(), {N, OC}), ConstTensorView(input.data(), {N, C}),
+                            ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec);
     return r;
   };
   Fp8LinearTelemetry collected;

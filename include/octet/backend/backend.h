@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "octet/backend/precision.h"
+#include "octet/tensor/tensor.h"
 
 namespace octet {
 
@@ -47,6 +48,47 @@ class Buffer {
 class WeightCopy {
  public:
   virtual ~WeightCopy() = default;
+};
+
+// Kinds of normalization (Backend::normalization_forward and _backward).
+enum class Normalization : uint8_t { layernorm };
+std::string_view normalization_name(Normalization kind);
+// Kinds of element-wise activation (Backend::activation_forward and _backward).
+enum class Activation : uint8_t { gelu };
+std::string_view activation_name(Activation kind);
+
+// What a linear layer's forward GEMM adds to its product before it writes its output
+// (Backend::linear_forward): the bias [OC] (null: none) and a residual [N, OC] (null: none) that the output
+// joins.
+struct Epilogue {
+  const float* bias = nullptr;
+  const float* residual = nullptr;
+};
+
+// The tensors whose storage type a backend chooses (Backend::storage_type).
+enum class StorageRole : uint8_t {
+  // A tensor the model rounds to bf16 anyway (the MLP's hidden activation and the gradient that reaches it).
+  rounded_activation,
+  // Attention's input qkv: bf16 where the backend's attention multiplies q, k and v rounded to bf16 anyway
+  // (the CUDA backend's tensor-core attention).
+  attention_input,
+  // Attention's output and the gradients on either side of it (its dout, and its dqkv, which the qkv layer's
+  // backward reads): bf16 where the backend's attention reads and writes them in bf16 anyway (the CUDA
+  // backend
+  // on cuDNN). Only where the attention input is bf16.
+  attention_output,
+  // A linear layer's weight gradient that the model keeps rounded to bf16 (train.weight_gradients = "bf16",
+  // for layers whose weight-gradient GEMM is BF16 or FP8, as PyTorch autocast's weight gradients are the BF16
+  // GEMM's output): bf16 where that GEMM writes and adds to it in bf16 itself, which halves the gradient's
+  // bytes in the GEMM, the gradient norm and AdamW. It must stay bf16 if the layer moves to BF16
+  // (move_layer_to_bf16).
+  weight_gradient,
+};
+struct StorageQuery {
+  StorageRole role = StorageRole::rounded_activation;
+  int64_t channels = 0;                    // attention: C
+  int64_t heads = 0;                       // attention: NH
+  const LinearExecution* layer = nullptr;  // weight_gradient: the layer
 };
 
 // Whether lm_head_chunk keeps the logits in BF16: when the head's three GEMMs are BF16.
@@ -101,164 +143,90 @@ class Backend {
   virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                                 int64_t T, int64_t C) = 0;
 
-  // Per row of inp [N, C]: out = (x - mean) * rstd * weight + bias; saves mean and rstd [N].
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                 const float* bias, int64_t N, int64_t C) = 0;
-  // layernorm_forward with out stored as `out_type` (bf16_storage_type, or f32): a bf16 out is the float32
-  // value rounded to bf16 once (to nearest, ties to even). The model stores so the input of a linear layer
-  // whose GEMMs round it to bf16 anyway (Gpt2). The default takes f32 only.
-  virtual void layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
-                                    const float* weight, const float* bias, int64_t N, int64_t C);
-  // Accumulates into dinp, dweight, dbias.
-  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                  const float* inp, const float* weight, const float* mean, const float* rstd,
-                                  int64_t N, int64_t C) = 0;
-  // layernorm_backward with dout stored as `dout_type` (bf16_storage_type, or f32): bf16 values are read as
-  // their float32 values. The default takes f32 only.
-  virtual void layernorm_backward_as(float* dinp, float* dweight, float* dbias, const void* dout,
-                                     Dtype dout_type, const float* inp, const float* weight,
-                                     const float* mean, const float* rstd, int64_t N, int64_t C);
+  // Normalization of each row of inp [N, C] (float32). LayerNorm: out = (x - mean) * rstd * weight + bias,
+  // saving mean and rstd [N]. out [N, C] is float32, or bf16 where the backend stores so (storage_type): the
+  // float32 value rounded to bf16 once (to nearest, ties to even).
+  // With cast_for, the op also casts its output for the forward GEMM of that FP8 linear layer, exactly as the
+  // layer's linear_forward would (same scale, same scaling-state update, same counts and telemetry); the cast
+  // is kept in cast_for->saved_input with input_cast_ready set, and the layer's next linear_forward takes it
+  // instead of casting its input. A GPU backend writes the codes in the same pass as the output. out is then
+  // float32, or has no data where nothing else reads it (input_cast_suffices(*cast_for)): the float32 output
+  // is then not written at all.
+  virtual void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
+                                     const ConstTensorView& inp, const float* weight, const float* bias,
+                                     LinearExecution* cast_for) = 0;
+  // Accumulates into dinp [N, C], dweight and dbias [C]; dout [N, C] is float32 or bf16 (read as its float32
+  // values).
+  virtual void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
+                                      const ConstTensorView& dout, const float* inp, const float* weight,
+                                      const float* mean, const float* rstd) = 0;
 
   // Makes (or refreshes) the copy of weight [OC, C] that the layer's GEMMs use, as `exec` says.
   virtual void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                               LinearExecution& exec) = 0;
-  // out [N, OC] = inp [N, C] x W^T + bias (bias may be null), in float32: the GEMM's float32 result (after
-  // its operands were rounded or cast as exec says) plus the bias, not rounded afterwards. For BF16, FP16 and
+  // out [N, OC] = inp [N, C] x weight [OC, C]^T + epilogue.bias (+ epilogue.residual [N, OC]): the GEMM's
+  // float32 result (after its operands were rounded or cast as exec says) plus the bias. For BF16, FP16 and
   // FP8 GEMMs the bias is first rounded to the GEMM's 16-bit type (BF16 for FP8), as PyTorch autocast rounds
-  // it and as cuBLASLt's FP8 epilogue takes it; a float32 GEMM adds it as it is.
-  virtual void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
-                              const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) = 0;
+  // it and as cuBLASLt's FP8 epilogue takes it; a float32 GEMM adds it as it is. inp may be bf16 (attention's
+  // output, where storage_type says so): the results of its float32 values. out is float32, or bf16 (the
+  // float32 result, bias included, rounded once) where storage_type says so and there is no residual.
+  // With a residual (a layer whose output joins the residual stream), out is float32: the reference rounds
+  // the layer's output, then adds residual + output; a backend may add the residual inside the GEMM instead
+  // (the CUDA backend's epilogue), in an order of its own. out must not overlap the residual or inp.
+  virtual void linear_forward(const TensorView& out, const ConstTensorView& inp,
+                              const ConstTensorView& weight, const WeightCopy* copy, const Epilogue& epilogue,
+                              LinearExecution& exec) = 0;
   // The last linear_forward of an FP8 layer again, for a backward that needs its output but did not keep it:
-  // the same out, bit for bit, from the input cast that forward kept (exec.keep_input_codes: the codes of
-  // x [N, C] besides the transposed ones), the same weight copy and the same bias. Casts nothing, changes
-  // no scaling state and counts no GEMM.
-  virtual void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias,
-                                int64_t N, int64_t C, int64_t OC, LinearExecution& exec) = 0;
-  // The last linear_forward_residual_as of an FP8 layer again (attn.c_proj, whose output joins the
-  // residual stream): out = residual + the layer's output, the same bits as that forward wrote, given the
-  // same residual, from the input codes it kept (exec.keep_input_codes). Casts nothing, changes no scaling
-  // state and counts no GEMM. The default runs linear_recompute into out, then residual_forward(out,
-  // residual, out), as the default linear_forward_residual_as does; a backend that overrides one overrides
-  // both.
-  virtual void linear_recompute_residual(float* out, const float* residual, const float* weight,
-                                         const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
-                                         int64_t OC, LinearExecution& exec);
+  // the same out, bit for bit (given the same residual), from the input cast that forward kept
+  // (exec.keep_input_codes: the codes of x [N, C] besides the transposed ones), the same weight copy and the
+  // same epilogue. Casts nothing, changes no scaling state and counts no GEMM.
+  virtual void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
+                                const Epilogue& epilogue, LinearExecution& exec) = 0;
   // dinp [N, C] = dout x W (overwritten, the GEMM's float32 result, not rounded); dweight [OC, C] += dout^T x
-  // inp; dbias [OC] += column sums of dout (dbias may be null). With exec.gradient_cast_ready, dout's FP8
-  // cast comes from its producer (gelu_backward_cast), which also added the bias gradient: dbias is then
-  // null, and so is dout where gradient_cast_suffices(exec).
-  virtual void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                               const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+  // inp; dbias [OC] += column sums of dout (dbias may be null). dout, inp and dinp may be bf16 where
+  // storage_type says so: bf16 values are read as their float32 values, and a bf16 dinp is the float32 result
+  // rounded to bf16 once. A bf16 dweight (storage_type's weight_gradient) is the GEMM's float32 result, plus
+  // dweight's old value where it adds to it, rounded to bf16 once. With exec.gradient_cast_ready, dout's FP8
+  // cast comes from its producer (activation_backward with cast_for), which also added the bias gradient:
+  // dbias is then null, and dout has no data where gradient_cast_suffices(exec).
+  virtual void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
+                               const ConstTensorView& dout, const ConstTensorView& inp,
+                               const ConstTensorView& weight, const WeightCopy* copy,
                                LinearExecution& exec) = 0;
 
-  // How this backend stores a tensor whose values the model rounds to bf16 (the MLP's hidden activation
-  // and the gradient that reaches it, see Gpt2): Dtype::bf16 where its ops read and write bf16 themselves
-  // (the *_as ops), which halves those tensors' bytes; Dtype::f32 otherwise (the default), the model then
-  // rounding the float32 values in place (round_in_place), so that both hold the same numbers.
-  virtual Dtype bf16_storage_type() const { return Dtype::f32; }
-  // linear_recompute with its output stored as `out_type`: a bf16 output is the float32 result, bias
-  // included, rounded to bf16 once, as linear_forward_as writes it. The default takes f32 only.
-  virtual void linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
-                                   const float* bias, int64_t N, int64_t C, int64_t OC,
-                                   LinearExecution& exec);
+  // How this backend stores a tensor the model would otherwise keep in float32 (StorageQuery says which):
+  // Dtype::bf16 where its ops read and write that tensor in bf16 and doing so changes no result (the values
+  // are rounded to bf16 anyway), which halves its bytes; Dtype::f32 otherwise (the default), the model then
+  // rounding the float32 values in place (round_in_place) where it must, so that both hold the same numbers.
+  virtual Dtype storage_type(const StorageQuery& /*query*/) const { return Dtype::f32; }
 
-  // The type attention's input qkv is stored in: Dtype::bf16 where this backend's attention multiplies q, k
-  // and v rounded to bf16 anyway (the CUDA backend's tensor-core attention), so that storing them rounded
-  // changes no result and halves their bytes; Dtype::f32 otherwise (the default).
-  virtual Dtype attention_input_type(int64_t /*C*/, int64_t /*NH*/) const { return Dtype::f32; }
-  // The type attention's output `out` and the gradients on either side of it (its dout, and its dqkv, which
-  // attn.c_attn's backward reads) are stored in: Dtype::bf16 where this backend's attention reads and writes
-  // them in bf16 anyway (the CUDA backend on cuDNN), so that storing them so changes no result and saves
-  // their conversions; Dtype::f32 otherwise (the default). Only where attention_input_type is bf16.
-  virtual Dtype attention_output_type(int64_t /*C*/, int64_t /*NH*/) const { return Dtype::f32; }
+  // Causal multi-head self-attention over qkv [B, T, 3C] (q, k, v each [C], `heads` heads of C / heads),
+  // writing out [B, T, C] and the softmax log-sum-exp per row, lse [B, heads, T]; no T x T matrix is kept.
+  // qkv and out are float32 or bf16 as storage_type says.
+  virtual void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
+                                 int64_t heads) = 0;
+  // dqkv [B, T, 3C] is overwritten; it and dout are stored as out is.
+  virtual void attention_backward(const TensorView& dqkv, const ConstTensorView& dout,
+                                  const ConstTensorView& qkv, const ConstTensorView& out, const float* lse,
+                                  int64_t heads) = 0;
 
-  // linear_forward with its input stored as `inp_type` and its output as `out_type`. Dtype::f32 for both is
-  // linear_forward itself. A bf16 input (attention's output, where attention_output_type says so) gives the
-  // results of its float32 values. A bf16 output (attention's input, where attention_input_type says so) is
-  // the float32 result, bias included, rounded to bf16 once. The default takes f32 only.
-  virtual void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type,
-                                 const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
-                                 int64_t C, int64_t OC, LinearExecution& exec);
-  // out [N, OC] = residual [N, OC] + the float32 output of linear_forward_as: a linear layer whose output
-  // joins the residual stream (attn.c_proj and mlp.c_proj). The default runs linear_forward_as into out and
-  // then residual_forward(out, residual, out), rounding the layer's output, then the sum. A backend may add
-  // the residual inside the GEMM instead (the CUDA backend's epilogue), in an order of its own. out must not
-  // overlap residual or inp.
-  virtual void linear_forward_residual_as(float* out, const float* residual, const void* inp, Dtype inp_type,
-                                          const float* weight, const WeightCopy* copy, const float* bias,
-                                          int64_t N, int64_t C, int64_t OC, LinearExecution& exec);
-  // linear_backward with dinp, dweight, dout and inp stored as the given types: bf16 values are read as their
-  // float32 values, and a bf16 dinp is the float32 result rounded to bf16 once. A bf16 dweight (only where
-  // weight_gradient_type says so) is the GEMM's float32 result, plus dweight's old value where it adds to it,
-  // rounded to bf16 once. The default takes f32 only.
-  virtual void linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type,
-                                  float* dbias, const void* dout, Dtype dout_type, const void* inp,
-                                  Dtype inp_type, const float* weight, const WeightCopy* copy, int64_t N,
-                                  int64_t C, int64_t OC, LinearExecution& exec);
-  // How this backend stores a linear layer's weight gradient that the model keeps rounded to bf16
-  // (train.weight_gradients = "bf16", for layers whose weight-gradient GEMM is BF16 or FP8, as PyTorch
-  // autocast's weight gradients are the BF16 GEMM's output): Dtype::bf16 where that GEMM writes and adds to
-  // it in bf16 itself, which halves the gradient's bytes in the GEMM, the gradient norm and AdamW; Dtype::f32
-  // otherwise (the default), the model then rounding the float32 gradient in place after each backward, so
-  // that both hold the same numbers. It must stay bf16 if the layer moves to BF16 (move_layer_to_bf16).
-  virtual Dtype weight_gradient_type(const LinearExecution& /*exec*/) const { return Dtype::f32; }
-
-  // Causal multi-head self-attention over qkv [B, T, 3C] (q, k, v each [C], NH heads of C/NH) stored as
-  // qkv_type (attention_input_type, or f32), writing out [B, T, C] and the softmax log-sum-exp per row, lse
-  // [B, NH, T]; no T x T matrix is kept.
-  virtual void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B,
-                                 int64_t T, int64_t C, int64_t NH) = 0;
-  // dqkv [B, T, 3C] (float32) is overwritten.
-  virtual void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type,
-                                  const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                                  int64_t NH) = 0;
-  // The same with out (and, in the backward, dout and dqkv) stored as out_type (attention_output_type, or
-  // f32). The defaults take f32 only.
-  virtual void attention_forward_as(void* out, Dtype out_type, float* lse, const void* qkv, Dtype qkv_type,
-                                    int64_t B, int64_t T, int64_t C, int64_t NH);
-  virtual void attention_backward_as(void* dqkv, const void* dout, const void* qkv, Dtype qkv_type,
-                                     const void* out, Dtype out_type, const float* lse, int64_t B, int64_t T,
-                                     int64_t C, int64_t NH);
-
-  // GELU, tanh approximation.
-  virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
-
-  // The producer of an FP8 linear layer's input casting it for that layer. layernorm_forward_cast and
-  // gelu_forward_cast do what layernorm_forward and gelu_forward do and also cast their output [N, C] for the
-  // forward GEMM of `consumer`, exactly as its linear_forward would (same scale, same scaling-state update,
-  // same counts and telemetry). The cast is kept in consumer.saved_input with consumer.input_cast_ready set;
-  // the next linear_forward on `consumer` takes it instead of casting its input. A GPU backend writes the
-  // codes in the same pass as the output. `out` may be null when nothing else reads the output
-  // (input_cast_suffices(consumer)); then the float32 output is not written at all.
-  virtual void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp,
-                                      const float* weight, const float* bias, int64_t N, int64_t C,
-                                      LinearExecution& consumer) = 0;
-  virtual void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
-                                 LinearExecution& consumer) = 0;
-  // dinp = dout * gelu'(inp), overwritten.
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
-  // The same for the backward: the producer of an FP8 linear layer's output gradient casting it for that
-  // layer. gelu_backward_cast does what gelu_backward does over [N, C] and also casts dinp for the backward
-  // GEMMs of `consumer` (casts_gradient(consumer)), exactly as its linear_backward would cast its dout (same
-  // scale, same scaling-state update, same counts and telemetry), and adds the column sums of dinp to dbias
-  // [C] (when not null) as that linear_backward would. The backend keeps the one cast (a GPU backend writes
-  // it in the same pass as dinp) and sets consumer.gradient_cast_ready; the next linear_backward on
-  // `consumer` must come before any other gradient cast, and takes it with a null dbias. `dinp` may be
-  // null when nothing else reads the gradient (gradient_cast_suffices(consumer)); then the float32 gradient
-  // is not written at all and linear_backward gets a null dout.
-  virtual void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                                  float* dbias, LinearExecution& consumer) = 0;
-  // The four GELU ops with their input (and, in the backward, dout) stored as `type` (bf16_storage_type,
-  // or f32): bf16 values are read as their float32 values. The outputs are float32, except gelu_forward_as's
-  // out and gelu_backward_as's dinp, stored as `out_type` and `dinp_type` (bf16: the float32 value rounded
-  // once, as layernorm_forward_as's). The defaults take f32 only.
-  virtual void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n);
-  virtual void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
-                                    LinearExecution& consumer);
-  virtual void gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
-                                int64_t n);
-  virtual void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N,
-                                     int64_t C, float* dbias, LinearExecution& consumer);
+  // An element-wise activation (GELU: the tanh approximation) of inp [N, C], float32 or bf16 (read as its
+  // float32 values), into out [N, C], float32 or bf16 (the float32 value rounded once). With cast_for, the op
+  // also casts its output for that FP8 layer, as normalization_forward does; out is then float32, or has no
+  // data where input_cast_suffices(*cast_for).
+  virtual void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                                  LinearExecution* cast_for) = 0;
+  // dinp = dout * activation'(inp) over [N, C], overwritten; inp and dout share a dtype (float32 or bf16),
+  // dinp is float32 or bf16. With cast_for (casts_gradient(*cast_for)), the op also casts dinp for that
+  // layer's backward GEMMs, exactly as its linear_backward would cast its dout (same scale, same
+  // scaling-state update, same counts and telemetry), and adds the column sums of dinp to dbias [C] (when not
+  // null) as that linear_backward would. The backend keeps the one cast (a GPU backend writes it in the same
+  // pass as dinp) and sets cast_for->gradient_cast_ready; the next linear_backward on that layer must come
+  // before any other gradient cast, and takes it with a null dbias. dinp is then float32, or has no data
+  // where gradient_cast_suffices(*cast_for): the float32 gradient is then not written at all, and
+  // linear_backward gets a dout without data. dbias is only taken with cast_for.
+  virtual void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                                   const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;
   // a += b
   virtual void accumulate(float* a, const float* b, int64_t n) = 0;
@@ -280,20 +248,12 @@ class Backend {
   // ops: linear_forward, round_in_place where the logits are BF16, softmax_cross_entropy, linear_backward.
   virtual void lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp,
                              float* dweight, const float* inp, const float* weight, const WeightCopy* copy,
-                             int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss,
-                             LinearExecution& exec) {
-    linear_forward(logits, inp, weight, copy, nullptr, n, C, Vp, exec);
-    if (logits_in_bf16(exec)) round_in_place(logits, n * Vp, Dtype::bf16);
-    softmax_cross_entropy(losses, logits, targets, n, V, Vp, dloss);
-    if (dloss != 0.0f) linear_backward(dinp, dweight, nullptr, logits, inp, weight, copy, n, C, Vp, exec);
-  }
+                             int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss, LinearExecution& exec);
 
   // Optimizer and gradient utilities.
-  virtual double sum_of_squares(const float* x, int64_t n) = 0;
-  // sum_of_squares of x [n] stored as `type` (f32, or bf16 where weight_gradient_type says so): bf16 values
-  // are summed as their float32 values, in the order sum_of_squares takes for n floats. The default takes
-  // f32 only.
-  virtual double sum_of_squares_as(const void* x, Dtype type, int64_t n);
+  // The float64 sum of x's squares, x float32 or bf16 (storage_type's weight_gradient; summed as its float32
+  // values, in the order a float32 x of the same length takes).
+  virtual double sum_of_squares(const ConstTensorView& x) = 0;
   virtual bool all_finite(const float* x, int64_t n) = 0;
   virtual void scale(float* x, int64_t n, float factor) = 0;
   // AdamW on float32 master weights: g = grads * grad_scale; m, v moments; decoupled weight decay.
@@ -345,7 +305,7 @@ class Backend {
     std::unique_ptr<WeightCopy>* copy = nullptr;
     LinearExecution* exec = nullptr;
     // Where the weight's gradient is: at grad_offset in grads (-1: at offset), or, where grads_bf16 is set,
-    // there, stored as bf16 (weight_gradient_type), read as its float32 values.
+    // there, stored as bf16 (storage_type, role weight_gradient), read as its float32 values.
     int64_t grad_offset = -1;
     const void* grads_bf16 = nullptr;
     int64_t grad_at() const { return grad_offset < 0 ? offset : grad_offset; }

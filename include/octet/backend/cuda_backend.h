@@ -41,16 +41,16 @@ struct CudaBackendOptions {
   enum class AttentionKernels { automatic, cudnn, octet };
   AttentionKernels attention = AttentionKernels::automatic;
   // Where attention runs on cuDNN, which reads and writes bf16: attention's output and the gradients on
-  // either side of it (dout, dqkv) stored in bf16 (Backend::attention_output_type), which changes no result
+  // either side of it (dout, dqkv) stored in bf16 (Backend::storage_type, role attention_output), which changes no result
   // and saves converting them around every cuDNN call; false keeps them in float32 and converts (tests
   // compare the two).
   bool attention_outputs_in_bf16 = true;
   // Tensors whose values the model rounds to bf16 (the MLP's hidden activation and its gradient in bf16 and
-  // fp8 modes) stored in bf16 (Backend::bf16_storage_type), read and written so by the GEMMs and GELU
+  // fp8 modes) stored in bf16 (Backend::storage_type, role rounded_activation), read and written so by the GEMMs and GELU
   // kernels; false stores their float32 values, rounded in place (tests compare the two).
   bool hidden_in_bf16 = true;
   // Weight gradients that the model keeps rounded to bf16 (train.weight_gradients = "bf16") stored in bf16
-  // (Backend::weight_gradient_type), written and added to so by the weight-gradient GEMMs and read so by the
+  // (Backend::storage_type, role weight_gradient), written and added to so by the weight-gradient GEMMs and read so by the
   // gradient norm and AdamW; false stores their float32 values, rounded in place (tests compare the two).
   bool weight_gradients_in_bf16 = true;
   // Each GEMM shape's cuBLASLt algorithm: the heuristic's first answer (false: reproducible bits), or the

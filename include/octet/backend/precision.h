@@ -96,11 +96,11 @@ struct LinearExecution {
   // not W's).
   bool transpose_weight_per_use = false;
   // Set by the op that produced the input when it also cast it for this layer
-  // (Backend::layernorm_forward_cast, gelu_forward_cast): saved_input already holds this forward's cast.
+  // (Backend::normalization_forward, activation_forward with cast_for): saved_input already holds this forward's cast.
   // linear_forward takes it and clears the flag.
   bool input_cast_ready = false;
   // Set by the op that produced the output gradient when it also cast it for this layer
-  // (Backend::gelu_backward_cast): the backend holds this backward's FP8 cast of dout, made exactly as
+  // (Backend::activation_backward with cast_for): the backend holds this backward's FP8 cast of dout, made exactly as
   // linear_backward would make it (scaling-state update, counts and telemetry done), and the producer has
   // added the bias gradient. linear_backward takes the cast instead of casting dout and clears the flag.
   bool gradient_cast_ready = false;
@@ -126,7 +126,7 @@ struct LinearExecution {
 bool input_cast_suffices(const LinearExecution& exec);
 
 // Whether linear_backward casts the layer's output gradient to FP8: one of its two backward GEMMs runs in
-// FP8. The producer of such a gradient may cast it for the layer (Backend::gelu_backward_cast).
+// FP8. The producer of such a gradient may cast it for the layer (Backend::activation_backward with cast_for).
 bool casts_gradient(const LinearExecution& exec);
 
 // Whether the FP8 cast of a layer's output gradient is all its backward reads of that gradient once the

@@ -24,8 +24,8 @@ struct ParameterInfo {
   int64_t count = 0;
   // Where its gradient is: grad_offset elements into the float32 gradients (Gpt2::grads()), or, with
   // grad_type bf16 (a linear layer's weight under train.weight_gradients = "bf16" where the backend stores it
-  // so, Backend::weight_gradient_type), into the bf16 ones (Gpt2::grads_bf16()). With every gradient in
-  // float32, grad_offset is offset.
+  // so, Backend::storage_type, StorageRole::weight_gradient), into the bf16 ones (Gpt2::grads_bf16()). With
+  // every gradient in float32, grad_offset is offset.
   int64_t grad_offset = 0;
   Dtype grad_type = Dtype::f32;
   bool weight_decay = false;  // matrices (every 2-D parameter, embeddings included) decay; vectors do not
@@ -166,10 +166,12 @@ class Gpt2 {
   void head_and_loss(int64_t N, float dloss, bool backward, bool recompute);
   float mean_loss(int64_t N);
   Linear& linear(std::string_view name);
+  // The float32 master weight of `layer`, [out_features, in_features].
+  ConstTensorView weight_of(const Linear& layer);
   // `layer`'s execution for its next backward: its weight-gradient GEMM writes the gradient where it is the
   // first since zero_grad, and adds to it otherwise.
   LinearExecution& backward_exec(Linear& layer);
-  // The backward of block layer `layer` (Backend::linear_backward_as) into its weight gradient, which is
+  // The backward of block layer `layer` (Backend::linear_backward) into its weight gradient, which is
   // rounded to bf16 in place afterwards where the model keeps it rounded but the backend stores it in
   // float32.
   void backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
@@ -192,7 +194,7 @@ class Gpt2 {
                           float* next_dinp, Dtype next_dinp_type, const void* next_inp);
   // How a block layer fed by LayerNorm (attn.c_attn, mlp.c_fc) stores its input gradient, which LayerNorm's
   // backward reads: rounded to bf16 where its input-gradient GEMM is BF16 or FP8, as PyTorch autocast and
-  // Transformer Engine return a BF16 layer's input gradient (Backend::bf16_storage_type, the model rounding
+  // Transformer Engine return a BF16 layer's input gradient (Backend::storage_type, the model rounding
   // in place where that is f32); float32 otherwise.
   Dtype layernorm_gradient_type(const Linear& consumer) const;
   // The input gradient of `consumer` just written as `type`: rounded in place where consumer's input-gradient
@@ -223,13 +225,15 @@ class Gpt2 {
   std::unique_ptr<Buffer> full_logits_;               // forward_logits only
   std::unique_ptr<Buffer> tokens_;
   std::unique_ptr<Activations> acts_;
-  Dtype qkv_type_ = Dtype::f32;  // how acts_ stores attention's input (Backend::attention_input_type)
+  Dtype qkv_type_ =
+      Dtype::f32;  // how acts_ stores attention's input (Backend::storage_type, StorageRole::attention_input)
   // How acts_ stores attention's output, and the gradients store d(atty) and d(qkv)
-  // (Backend::attention_output_type).
+  // (Backend::storage_type, StorageRole::attention_output).
   Dtype atty_type_ = Dtype::f32;
   // Whether the MLP's hidden activation (mlp.c_fc's output, GELU's input) and the gradient that reaches it
   // (mlp.c_proj's input gradient) are rounded to bf16, as PyTorch autocast keeps them: in bf16 and fp8
-  // modes. hidden_type_ is how they are stored: Backend::bf16_storage_type where rounded, f32 otherwise.
+  // modes. hidden_type_ is how they are stored: Backend::storage_type(rounded_activation) where rounded, f32
+  // otherwise.
   bool hidden_in_bf16_ = false;
   Dtype hidden_type_ = Dtype::f32;
   std::unique_ptr<Gradients> dacts_;

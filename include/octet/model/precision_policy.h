@@ -46,7 +46,7 @@ struct PrecisionSettings {
   bool recompute_qkv = false;
   // The same for each FP8 attn.c_proj: its input codes (C bytes a token) instead of the residual stream it
   // writes (4C bytes a token, ln_2's input), its forward GEMM and residual add run again before ln_2's
-  // backward (Backend::linear_recompute_residual).
+  // backward (Backend::linear_recompute with a residual epilogue).
   bool recompute_residual = false;
   // Keep each FP8 weight copy's codes of W only, not of W^T too: the input-gradient GEMM's W^T is transposed
   // from them just before it runs (LinearExecution::transpose_weight_per_use). One byte a block weight less

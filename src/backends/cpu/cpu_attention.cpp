@@ -9,10 +9,8 @@
 
 namespace octet::cpu {
 
-void CpuBackend::attention_forward(float* out, float* lse, const void* qkv_storage, Dtype qkv_type, int64_t B,
-                                   int64_t T, int64_t C, int64_t NH) {
-  OCTET_CHECK(qkv_type == Dtype::f32, "CPU attention: qkv in f32, got {}", dtype_name(qkv_type));
-  const auto* qkv = static_cast<const float*>(qkv_storage);
+void CpuBackend::attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                                   int64_t NH) {
   const int64_t hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   std::vector<float> scores(static_cast<size_t>(T));
@@ -46,11 +44,8 @@ void CpuBackend::attention_forward(float* out, float* lse, const void* qkv_stora
   }
 }
 
-void CpuBackend::attention_backward(float* dqkv, const float* dout, const void* qkv_storage, Dtype qkv_type,
-                                    const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                                    int64_t NH) {
-  OCTET_CHECK(qkv_type == Dtype::f32, "CPU attention: qkv in f32, got {}", dtype_name(qkv_type));
-  const auto* qkv = static_cast<const float*>(qkv_storage);
+void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                    const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) {
   const int64_t hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   fill_zero(dqkv, B * T * 3 * C);

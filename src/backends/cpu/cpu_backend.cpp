@@ -163,7 +163,10 @@ void CpuBackend::softmax_cross_entropy(float* losses, float* logits, const int32
   }
 }
 
-double CpuBackend::sum_of_squares(const float* x, int64_t n) {
+double CpuBackend::sum_of_squares(const ConstTensorView& tensor) {
+  check_dtype("sum_of_squares", "x", tensor.dtype, {Dtype::f32});
+  const float* x = tensor.f32();
+  const int64_t n = tensor.numel();
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
   return s;

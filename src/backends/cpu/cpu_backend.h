@@ -37,42 +37,39 @@ class CpuBackend final : public Backend {
                        int64_t T, int64_t C) override;
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                         int64_t T, int64_t C) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int64_t N, int64_t C) override;
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int64_t N,
-                          int64_t C) override;
+  void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
+                             const ConstTensorView& inp, const float* weight, const float* bias,
+                             LinearExecution* cast_for) override;
+  void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
+                              const ConstTensorView& dout, const float* inp, const float* weight,
+                              const float* mean, const float* rstd) override;
 
   void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                       LinearExecution& exec) override;
-  void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
-                      const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override;
-  void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
-                        int64_t C, int64_t OC, LinearExecution& exec) override;
-  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                       LinearExecution& exec) override;
+  void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override;
+  void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
+                        const Epilogue& epilogue, LinearExecution& exec) override;
+  void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
+                       const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
+                       const WeightCopy* copy, LinearExecution& exec) override;
 
-  void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
-                         int64_t C, int64_t NH) override;
-  void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
-                          const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override;
+  void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
+                         int64_t heads) override;
+  void attention_backward(const TensorView& dqkv, const ConstTensorView& dout, const ConstTensorView& qkv,
+                          const ConstTensorView& out, const float* lse, int64_t heads) override;
 
-  void gelu_forward(float* out, const float* inp, int64_t n) override;
-  void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer) override;
-  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
-                         LinearExecution& consumer) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
-  void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                          float* dbias, LinearExecution& consumer) override;
+  void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                          LinearExecution* cast_for) override;
+  void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override;
   void residual_forward(float* out, const float* a, const float* b, int64_t n) override;
   void accumulate(float* a, const float* b, int64_t n) override;
   void round_in_place(float* x, int64_t n, Dtype dtype) override;
   void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
                              int64_t Vp, float dloss) override;
 
-  double sum_of_squares(const float* x, int64_t n) override;
+  double sum_of_squares(const ConstTensorView& x) override;
   bool all_finite(const float* x, int64_t n) override;
   void scale(float* x, int64_t n, float factor) override;
   void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
@@ -80,6 +77,33 @@ class CpuBackend final : public Backend {
                     float grad_scale) override;
 
  private:
+  // The ops on float32 tensors, as the entries above take them apart (cpu_backend.cpp, cpu_linear.cpp,
+  // cpu_attention.cpp).
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                         const float* bias, int64_t N, int64_t C);
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+  void gelu_forward(float* out, const float* inp, int64_t n);
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+  // The producer-fused casts: the op, then the consumer's cast as its linear_forward or linear_backward
+  // would make it.
+  void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer);
+  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C, LinearExecution& consumer);
+  void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
+                          float* dbias, LinearExecution& consumer);
+  void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
+                      const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec);
+  void linear_recompute(float* out, const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
+                        int64_t OC, LinearExecution& exec);
+  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                       LinearExecution& exec);
+  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                         int64_t NH);
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+
   // The gradient cast gelu_backward_cast made for the linear_backward of `ready_gradient_for_`.
   QuantizedTensor ready_gradient_;
   const LinearExecution* ready_gradient_for_ = nullptr;

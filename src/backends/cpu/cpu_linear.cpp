@@ -302,9 +302,8 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
   add_forward_bias(out, bias, N, OC, exec.forward);
 }
 
-void CpuBackend::linear_recompute(float* out, const float* /*weight*/, const WeightCopy* copy,
-                                  const float* bias, int64_t N, int64_t C, int64_t OC,
-                                  LinearExecution& exec) {
+void CpuBackend::linear_recompute(float* out, const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
+                                  int64_t OC, LinearExecution& exec) {
   const auto* w = dynamic_cast<const CpuWeightCopy*>(copy);
   const auto* saved = dynamic_cast<const SavedInput*>(exec.saved_input.get());
   OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes && w != nullptr && saved != nullptr &&

@@ -491,6 +491,34 @@ class CudaBackend final : public Backend {
     cuda::fill_zero(x, n, stream_);
   }
 
+  // The tensor entries of the Backend interface: each checks its tensors and dispatches on their dtypes to
+  // the ops on raw pointers below, which the rest of this file calls directly.
+  void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
+                             const ConstTensorView& inp, const float* weight, const float* bias,
+                             LinearExecution* cast_for) override;
+  void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
+                              const ConstTensorView& dout, const float* inp, const float* weight,
+                              const float* mean, const float* rstd) override;
+  void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override;
+  void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
+                        const Epilogue& epilogue, LinearExecution& exec) override;
+  void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
+                       const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
+                       const WeightCopy* copy, LinearExecution& exec) override;
+  Dtype storage_type(const StorageQuery& query) const override;
+  void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
+                         int64_t heads) override;
+  void attention_backward(const TensorView& dqkv, const ConstTensorView& dout, const ConstTensorView& qkv,
+                          const ConstTensorView& out, const float* lse, int64_t heads) override;
+  void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                          LinearExecution* cast_for) override;
+  void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override;
+  double sum_of_squares(const ConstTensorView& x) override {
+    return sum_of_squares_as(x.data, x.dtype, x.numel());
+  }
+
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                        int64_t T, int64_t C) override {
     const OpScope scope(*this, OpKind::other);
@@ -501,13 +529,8 @@ class CudaBackend final : public Backend {
     const OpScope scope(*this, OpKind::other);
     cuda::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, workspace_, stream_);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int64_t N, int64_t C) override {
-    const OpScope scope(*this, OpKind::norm_activation);
-    cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
-  }
   void layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
-                            const float* weight, const float* bias, int64_t N, int64_t C) override {
+                            const float* weight, const float* bias, int64_t N, int64_t C) {
     check_stored(out_type, "LayerNorm's output");
     const OpScope scope(*this, OpKind::norm_activation);
     if (out_type == Dtype::bf16) {
@@ -516,15 +539,9 @@ class CudaBackend final : public Backend {
       cuda::layernorm_forward(static_cast<float*>(out), mean, rstd, inp, weight, bias, N, C, stream_);
     }
   }
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int64_t N,
-                          int64_t C) override {
-    const OpScope scope(*this, OpKind::norm_activation);
-    cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, workspace_, stream_);
-  }
   void layernorm_backward_as(float* dinp, float* dweight, float* dbias, const void* dout, Dtype dout_type,
                              const float* inp, const float* weight, const float* mean, const float* rstd,
-                             int64_t N, int64_t C) override {
+                             int64_t N, int64_t C) {
     check_stored(dout_type, "LayerNorm's output gradient");
     const OpScope scope(*this, OpKind::norm_activation);
     if (dout_type == Dtype::bf16) {
@@ -538,82 +555,53 @@ class CudaBackend final : public Backend {
 
   void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                       LinearExecution& exec) override;
-  void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
-                      const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) override;
   void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
-                        int64_t C, int64_t OC, LinearExecution& exec) override;
-  Dtype bf16_storage_type() const override { return options_.hidden_in_bf16 ? Dtype::bf16 : Dtype::f32; }
+                        int64_t C, int64_t OC, LinearExecution& exec);
+  Dtype bf16_storage_type() const { return options_.hidden_in_bf16 ? Dtype::bf16 : Dtype::f32; }
   void linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
-                           const float* bias, int64_t N, int64_t C, int64_t OC,
-                           LinearExecution& exec) override;
+                           const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec);
   void linear_recompute_residual(float* out, const float* residual, const float* weight,
                                  const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                                 LinearExecution& exec) override;
-  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                       LinearExecution& exec) override;
+                                 LinearExecution& exec);
 
-  Dtype attention_input_type(int64_t C, int64_t NH) const override {
+  Dtype attention_input_type(int64_t C, int64_t NH) const {
     return cuda::attention_uses_tensor_cores(C, NH, attention_options_) ? Dtype::bf16 : Dtype::f32;
   }
-  Dtype attention_output_type(int64_t C, int64_t NH) const override {
+  Dtype attention_output_type(int64_t C, int64_t NH) const {
     const bool cudnn = cudnn_ != nullptr && options_.attention_outputs_in_bf16;
     return cudnn && attention_input_type(C, NH) == Dtype::bf16 ? Dtype::bf16 : Dtype::f32;
   }
   void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type, const float* weight,
                          const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                         LinearExecution& exec) override;
+                         LinearExecution& exec);
   void linear_forward_residual_as(float* out, const float* residual, const void* inp, Dtype inp_type,
                                   const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
-                                  int64_t C, int64_t OC, LinearExecution& exec) override;
+                                  int64_t C, int64_t OC, LinearExecution& exec);
   void linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type, float* dbias,
                           const void* dout, Dtype dout_type, const void* inp, Dtype inp_type,
                           const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                          LinearExecution& exec) override;
+                          LinearExecution& exec);
   // The weight-gradient GEMMs write (and add to) a bf16 gradient themselves: BF16 ones, and FP8 ones on FP8
   // tensor cores (the emulation's dequantizing epilogue writes float32).
-  Dtype weight_gradient_type(const LinearExecution& exec) const override {
+  Dtype weight_gradient_type(const LinearExecution& exec) const {
     const bool bf16 =
         exec.weight_gradient == GemmMode::bf16 || (exec.weight_gradient == GemmMode::fp8 && !emulate_fp8_);
     return bf16 && options_.weight_gradients_in_bf16 ? Dtype::bf16 : Dtype::f32;
   }
-  void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
-                         int64_t C, int64_t NH) override {
-    attention_forward_as(out, Dtype::f32, lse, qkv, qkv_type, B, T, C, NH);
-  }
-  void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
-                          const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) override {
-    attention_backward_as(dqkv, dout, qkv, qkv_type, out, Dtype::f32, lse, B, T, C, NH);
-  }
   void attention_forward_as(void* out, Dtype out_type, float* lse, const void* qkv, Dtype qkv_type, int64_t B,
-                            int64_t T, int64_t C, int64_t NH) override;
+                            int64_t T, int64_t C, int64_t NH);
   void attention_backward_as(void* dqkv, const void* dout, const void* qkv, Dtype qkv_type, const void* out,
-                             Dtype out_type, const float* lse, int64_t B, int64_t T, int64_t C,
-                             int64_t NH) override;
+                             Dtype out_type, const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
 
-  void gelu_forward(float* out, const float* inp, int64_t n) override {
-    gelu_forward_as(out, Dtype::f32, inp, Dtype::f32, n);
-  }
-  void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) override;
+  void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n);
   void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer) override;
-  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
-                         LinearExecution& consumer) override {
-    gelu_forward_cast_as(out, inp, Dtype::f32, N, C, consumer);
-  }
+                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer);
   void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
-                            LinearExecution& consumer) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
-    gelu_backward_as(dinp, Dtype::f32, inp, dout, Dtype::f32, n);
-  }
+                            LinearExecution& consumer);
   void gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
-                        int64_t n) override;
-  void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                          float* dbias, LinearExecution& consumer) override {
-    gelu_backward_cast_as(dinp, inp, dout, Dtype::f32, N, C, dbias, consumer);
-  }
+                        int64_t n);
   void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N, int64_t C,
-                             float* dbias, LinearExecution& consumer) override;
+                             float* dbias, LinearExecution& consumer);
   void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
     const OpScope scope(*this, OpKind::other);
     cuda::residual_forward(out, a, b, n, stream_);
@@ -635,11 +623,11 @@ class CudaBackend final : public Backend {
                      const float* inp, const float* weight, const WeightCopy* copy, int64_t n, int64_t C,
                      int64_t V, int64_t Vp, float dloss, LinearExecution& exec) override;
 
-  double sum_of_squares(const float* x, int64_t n) override {
+  double sum_of_squares(const float* x, int64_t n) {
     const OpScope scope(*this, OpKind::optimizer);
     return cuda::sum_of_squares(x, n, workspace_, stream_);
   }
-  double sum_of_squares_as(const void* x, Dtype type, int64_t n) override {
+  double sum_of_squares_as(const void* x, Dtype type, int64_t n) {
     check_stored(type, "a gradient");
     if (type == Dtype::f32) return sum_of_squares(static_cast<const float*>(x), n);
     const OpScope scope(*this, OpKind::optimizer);
@@ -1816,11 +1804,6 @@ void CudaBackend::attention_backward_as(void* dqkv, const void* dout, const void
   convert_to_bf16(static_cast<__nv_bfloat16*>(dqkv), dqkv_f32, static_cast<int64_t>(3 * n), stream_);
 }
 
-void CudaBackend::linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
-                                 const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
-  forward_gemm(out, nullptr, {inp, Dtype::f32}, weight, copy, bias, N, C, OC, exec);
-}
-
 void CudaBackend::linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias,
                                    int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
   OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
@@ -1842,7 +1825,8 @@ void CudaBackend::linear_recompute_residual(float* out, const float* residual, c
   OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
               "an FP8 forward whose input codes were kept (keep_input_codes)");
   if (emulate_fp8_) {  // as linear_forward_residual_as: the layer's output, then the residual add
-    Backend::linear_recompute_residual(out, residual, weight, copy, bias, N, C, OC, exec);
+    linear_recompute(out, weight, copy, bias, N, C, OC, exec);
+    residual_forward(out, residual, out, N * OC);
     return;
   }
   // The forward's GEMM with the residual as its addend, as linear_forward_residual_as ran it.
@@ -1863,7 +1847,8 @@ void CudaBackend::linear_forward_residual_as(float* out, const float* residual, 
   check_stored(inp_type, "a linear layer's input");
   if (exec.forward == GemmMode::fp8 && emulate_fp8_) {
     // The emulated FP8 product is not cuBLASLt's: the layer's output, then the residual add.
-    Backend::linear_forward_residual_as(out, residual, inp, inp_type, weight, copy, bias, N, C, OC, exec);
+    linear_forward_as(out, Dtype::f32, inp, inp_type, weight, copy, bias, N, C, OC, exec);
+    residual_forward(out, residual, out, N * OC);
     return;
   }
   // The residual as the GEMM's addend: the stream is read and written once, in the GEMM's epilogue.
@@ -2000,13 +1985,6 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, 
       break;
     }
   }
-}
-
-void CudaBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                  const float* inp, const float* weight, const WeightCopy* copy, int64_t N,
-                                  int64_t C, int64_t OC, LinearExecution& exec) {
-  linear_backward_as(dinp, Dtype::f32, dweight, Dtype::f32, dbias, dout, Dtype::f32, inp, Dtype::f32, weight,
-                     copy, N, C, OC, exec);
 }
 
 void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type,
@@ -2232,6 +2210,146 @@ void CudaBackend::weight_gradient_gemm(float* dweight, GemmType type, const void
   p.accumulate = exec.accumulate_weight_gradient;
   wide_gemm(p);
   if (exec.other_gemms) *exec.other_gemms += 1;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The tensor entries: shapes and dtypes checked, then the ops on raw pointers.
+
+void require_normalization(Normalization kind) {
+  OCTET_CHECK(kind == Normalization::layernorm, "CUDA normalization: layernorm, asked for {}",
+              normalization_name(kind));
+}
+
+void require_activation(Activation kind) {
+  OCTET_CHECK(kind == Activation::gelu, "CUDA activation: gelu, asked for {}", activation_name(kind));
+}
+
+void CudaBackend::normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
+                                        const ConstTensorView& inp, const float* weight, const float* bias,
+                                        LinearExecution* cast_for) {
+  require_normalization(kind);
+  const int64_t N = inp.rows(), C = inp.cols();
+  check_matrix("normalization_forward", "out", out.shape, N, C);
+  if (cast_for != nullptr) {
+    layernorm_forward_cast(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C, *cast_for);
+  } else {
+    layernorm_forward_as(out.data, out.dtype, mean, rstd, inp.f32(), weight, bias, N, C);
+  }
+}
+
+void CudaBackend::normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
+                                         const ConstTensorView& dout, const float* inp, const float* weight,
+                                         const float* mean, const float* rstd) {
+  require_normalization(kind);
+  layernorm_backward_as(dinp, dweight, dbias, dout.data, dout.dtype, inp, weight, mean, rstd, dout.rows(),
+                        dout.cols());
+}
+
+void CudaBackend::linear_forward(const TensorView& out, const ConstTensorView& inp,
+                                 const ConstTensorView& weight, const WeightCopy* copy,
+                                 const Epilogue& epilogue, LinearExecution& exec) {
+  const int64_t N = inp.rows(), C = inp.cols(), OC = weight.rows();
+  check_matrix("linear_forward", "weight", weight.shape, OC, C);
+  check_matrix("linear_forward", "out", out.shape, N, OC);
+  if (epilogue.residual != nullptr) {
+    linear_forward_residual_as(out.f32(), epilogue.residual, inp.data, inp.dtype, weight.f32(), copy,
+                               epilogue.bias, N, C, OC, exec);
+  } else {
+    linear_forward_as(out.data, out.dtype, inp.data, inp.dtype, weight.f32(), copy, epilogue.bias, N, C, OC,
+                      exec);
+  }
+}
+
+void CudaBackend::linear_recompute(const TensorView& out, const ConstTensorView& weight,
+                                   const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) {
+  const int64_t N = out.rows(), C = weight.cols(), OC = weight.rows();
+  check_matrix("linear_recompute", "out", out.shape, N, OC);
+  if (epilogue.residual != nullptr) {
+    linear_recompute_residual(out.f32(), epilogue.residual, weight.f32(), copy, epilogue.bias, N, C, OC,
+                              exec);
+  } else {
+    linear_recompute_as(out.data, out.dtype, weight.f32(), copy, epilogue.bias, N, C, OC, exec);
+  }
+}
+
+void CudaBackend::linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
+                                  const ConstTensorView& dout, const ConstTensorView& inp,
+                                  const ConstTensorView& weight, const WeightCopy* copy,
+                                  LinearExecution& exec) {
+  const int64_t N = inp.rows(), C = inp.cols(), OC = weight.rows();
+  check_matrix("linear_backward", "weight", weight.shape, OC, C);
+  check_matrix("linear_backward", "dweight", dweight.shape, OC, C);
+  check_matrix("linear_backward", "dout", dout.shape, N, OC);
+  check_matrix("linear_backward", "dinp", dinp.shape, N, C);
+  linear_backward_as(dinp.data, dinp.dtype, dweight.data, dweight.dtype, dbias, dout.data, dout.dtype,
+                     inp.data, inp.dtype, weight.f32(), copy, N, C, OC, exec);
+}
+
+Dtype CudaBackend::storage_type(const StorageQuery& query) const {
+  switch (query.role) {
+    case StorageRole::rounded_activation:
+      return bf16_storage_type();
+    case StorageRole::attention_input:
+      return attention_input_type(query.channels, query.heads);
+    case StorageRole::attention_output:
+      return attention_output_type(query.channels, query.heads);
+    case StorageRole::weight_gradient:
+      OCTET_CHECK(query.layer != nullptr, "the layer whose weight gradient is stored");
+      return weight_gradient_type(*query.layer);
+  }
+  return Dtype::f32;
+}
+
+void CudaBackend::attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
+                                    int64_t heads) {
+  OCTET_CHECK(qkv.shape.rank() == 3, "attention_forward: qkv is [B, T, 3C], given {}", qkv.shape.to_string());
+  const int64_t B = qkv.shape[0], T = qkv.shape[1], C = out.cols();
+  check_shape("attention_forward", "qkv", qkv.shape, {B, T, 3 * C});
+  check_shape("attention_forward", "out", out.shape, {B, T, C});
+  attention_forward_as(out.data, out.dtype, lse, qkv.data, qkv.dtype, B, T, C, heads);
+}
+
+void CudaBackend::attention_backward(const TensorView& dqkv, const ConstTensorView& dout,
+                                     const ConstTensorView& qkv, const ConstTensorView& out, const float* lse,
+                                     int64_t heads) {
+  OCTET_CHECK(qkv.shape.rank() == 3, "attention_backward: qkv is [B, T, 3C], given {}",
+              qkv.shape.to_string());
+  const int64_t B = qkv.shape[0], T = qkv.shape[1], C = out.cols();
+  check_shape("attention_backward", "qkv", qkv.shape, {B, T, 3 * C});
+  check_shape("attention_backward", "dqkv", dqkv.shape, {B, T, 3 * C});
+  check_shape("attention_backward", "out", out.shape, {B, T, C});
+  check_shape("attention_backward", "dout", dout.shape, {B, T, C});
+  OCTET_CHECK(dqkv.dtype == out.dtype && dout.dtype == out.dtype,
+              "attention_backward: dqkv ({}) and dout ({}) are stored as out is ({})", dtype_name(dqkv.dtype),
+              dtype_name(dout.dtype), dtype_name(out.dtype));
+  attention_backward_as(dqkv.data, dout.data, qkv.data, qkv.dtype, out.data, out.dtype, lse, B, T, C, heads);
+}
+
+void CudaBackend::activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                                     LinearExecution* cast_for) {
+  require_activation(kind);
+  check_matrix("activation_forward", "out", out.shape, inp.rows(), inp.cols());
+  if (cast_for != nullptr) {
+    gelu_forward_cast_as(out.f32(), inp.data, inp.dtype, inp.rows(), inp.cols(), *cast_for);
+  } else {
+    gelu_forward_as(out.data, out.dtype, inp.data, inp.dtype, inp.numel());
+  }
+}
+
+void CudaBackend::activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                                      const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) {
+  require_activation(kind);
+  check_matrix("activation_backward", "dout", dout.shape, inp.rows(), inp.cols());
+  check_matrix("activation_backward", "dinp", dinp.shape, inp.rows(), inp.cols());
+  OCTET_CHECK(dout.dtype == inp.dtype, "activation_backward: dout ({}) is stored as inp is ({})",
+              dtype_name(dout.dtype), dtype_name(inp.dtype));
+  if (cast_for != nullptr) {
+    gelu_backward_cast_as(dinp.f32(), inp.data, dout.data, inp.dtype, inp.rows(), inp.cols(), dbias,
+                          *cast_for);
+  } else {
+    OCTET_CHECK(dbias == nullptr, "activation_backward sums a bias gradient only with the consumer's cast");
+    gelu_backward_as(dinp.data, dinp.dtype, inp.data, dout.data, inp.dtype, inp.numel());
+  }
 }
 
 }  // namespace

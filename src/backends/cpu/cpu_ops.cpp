@@ -1,0 +1,135 @@
+// The CPU backend's tensor entries: each checks its tensors' shapes and dtypes (the CPU stores everything in
+// float32: storage_type is f32 for every role) and runs the float32 op, fused with the consumer's cast where
+// the caller asks for it.
+#include "cpu_backend.h"
+#include "octet/check.h"
+
+namespace octet::cpu {
+
+namespace {
+
+constexpr std::initializer_list<Dtype> kF32 = {Dtype::f32};
+
+}  // namespace
+
+void CpuBackend::normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
+                                       const ConstTensorView& inp, const float* weight, const float* bias,
+                                       LinearExecution* cast_for) {
+  OCTET_CHECK(kind == Normalization::layernorm, "CPU normalization: layernorm, asked for {}",
+              normalization_name(kind));
+  check_dtype("normalization_forward", "inp", inp.dtype, kF32);
+  check_dtype("normalization_forward", "out", out.dtype, kF32);
+  const int64_t N = inp.rows(), C = inp.cols();
+  check_matrix("normalization_forward", "out", out.shape, N, C);
+  if (cast_for != nullptr) {
+    layernorm_forward_cast(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C, *cast_for);
+  } else {
+    layernorm_forward(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C);
+  }
+}
+
+void CpuBackend::normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
+                                        const ConstTensorView& dout, const float* inp, const float* weight,
+                                        const float* mean, const float* rstd) {
+  OCTET_CHECK(kind == Normalization::layernorm, "CPU normalization: layernorm, asked for {}",
+              normalization_name(kind));
+  check_dtype("normalization_backward", "dout", dout.dtype, kF32);
+  layernorm_backward(dinp, dweight, dbias, dout.f32(), inp, weight, mean, rstd, dout.rows(), dout.cols());
+}
+
+void CpuBackend::activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                                    LinearExecution* cast_for) {
+  OCTET_CHECK(kind == Activation::gelu, "CPU activation: gelu, asked for {}", activation_name(kind));
+  check_dtype("activation_forward", "inp", inp.dtype, kF32);
+  check_dtype("activation_forward", "out", out.dtype, kF32);
+  check_matrix("activation_forward", "out", out.shape, inp.rows(), inp.cols());
+  if (cast_for != nullptr) {
+    gelu_forward_cast(out.f32(), inp.f32(), inp.rows(), inp.cols(), *cast_for);
+  } else {
+    gelu_forward(out.f32(), inp.f32(), inp.numel());
+  }
+}
+
+void CpuBackend::activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                                     const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) {
+  OCTET_CHECK(kind == Activation::gelu, "CPU activation: gelu, asked for {}", activation_name(kind));
+  check_dtype("activation_backward", "inp", inp.dtype, kF32);
+  check_dtype("activation_backward", "dout", dout.dtype, kF32);
+  check_dtype("activation_backward", "dinp", dinp.dtype, kF32);
+  check_matrix("activation_backward", "dout", dout.shape, inp.rows(), inp.cols());
+  check_matrix("activation_backward", "dinp", dinp.shape, inp.rows(), inp.cols());
+  if (cast_for != nullptr) {
+    gelu_backward_cast(dinp.f32(), inp.f32(), dout.f32(), inp.rows(), inp.cols(), dbias, *cast_for);
+  } else {
+    OCTET_CHECK(dbias == nullptr, "activation_backward sums a bias gradient only with the consumer's cast");
+    gelu_backward(dinp.f32(), inp.f32(), dout.f32(), inp.numel());
+  }
+}
+
+void CpuBackend::linear_forward(const TensorView& out, const ConstTensorView& inp,
+                                const ConstTensorView& weight, const WeightCopy* copy,
+                                const Epilogue& epilogue, LinearExecution& exec) {
+  check_dtype("linear_forward", "inp", inp.dtype, kF32);
+  check_dtype("linear_forward", "out", out.dtype, kF32);
+  const int64_t N = inp.rows(), C = inp.cols(), OC = weight.rows();
+  check_matrix("linear_forward", "weight", weight.shape, OC, C);
+  check_matrix("linear_forward", "out", out.shape, N, OC);
+  linear_forward(out.f32(), inp.f32(), weight.f32(), copy, epilogue.bias, N, C, OC, exec);
+  if (epilogue.residual != nullptr) residual_forward(out.f32(), epilogue.residual, out.f32(), N * OC);
+}
+
+void CpuBackend::linear_recompute(const TensorView& out, const ConstTensorView& weight,
+                                  const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) {
+  check_dtype("linear_recompute", "out", out.dtype, kF32);
+  const int64_t N = out.rows(), C = weight.cols(), OC = weight.rows();
+  check_matrix("linear_recompute", "out", out.shape, N, OC);
+  linear_recompute(out.f32(), copy, epilogue.bias, N, C, OC, exec);
+  if (epilogue.residual != nullptr) residual_forward(out.f32(), epilogue.residual, out.f32(), N * OC);
+}
+
+void CpuBackend::linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
+                                 const ConstTensorView& dout, const ConstTensorView& inp,
+                                 const ConstTensorView& weight, const WeightCopy* copy,
+                                 LinearExecution& exec) {
+  check_dtype("linear_backward", "dinp", dinp.dtype, kF32);
+  check_dtype("linear_backward", "dweight", dweight.dtype, kF32);
+  check_dtype("linear_backward", "dout", dout.dtype, kF32);
+  check_dtype("linear_backward", "inp", inp.dtype, kF32);
+  const int64_t N = inp.rows(), C = inp.cols(), OC = weight.rows();
+  check_matrix("linear_backward", "weight", weight.shape, OC, C);
+  check_matrix("linear_backward", "dweight", dweight.shape, OC, C);
+  check_matrix("linear_backward", "dout", dout.shape, N, OC);
+  check_matrix("linear_backward", "dinp", dinp.shape, N, C);
+  linear_backward(dinp.f32(), dweight.f32(), dbias, dout.f32(), inp.f32(), weight.f32(), copy, N, C, OC,
+                  exec);
+}
+
+void CpuBackend::attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
+                                   int64_t heads) {
+  check_dtype("attention_forward", "qkv", qkv.dtype, kF32);
+  check_dtype("attention_forward", "out", out.dtype, kF32);
+  OCTET_CHECK(qkv.shape.rank() == 3, "attention_forward: qkv is [B, T, 3C], given {}", qkv.shape.to_string());
+  const int64_t B = qkv.shape[0], T = qkv.shape[1], C = out.cols();
+  check_shape("attention_forward", "qkv", qkv.shape, {B, T, 3 * C});
+  check_shape("attention_forward", "out", out.shape, {B, T, C});
+  attention_forward(out.f32(), lse, qkv.f32(), B, T, C, heads);
+}
+
+void CpuBackend::attention_backward(const TensorView& dqkv, const ConstTensorView& dout,
+                                    const ConstTensorView& qkv, const ConstTensorView& out, const float* lse,
+                                    int64_t heads) {
+  for (const auto& [what, dtype] : {std::pair{"dqkv", dqkv.dtype}, std::pair{"dout", dout.dtype},
+                                    std::pair{"qkv", qkv.dtype}, std::pair{"out", out.dtype}}) {
+    check_dtype("attention_backward", what, dtype, kF32);
+  }
+  OCTET_CHECK(qkv.shape.rank() == 3, "attention_backward: qkv is [B, T, 3C], given {}",
+              qkv.shape.to_string());
+  const int64_t B = qkv.shape[0], T = qkv.shape[1], C = out.cols();
+  check_shape("attention_backward", "qkv", qkv.shape, {B, T, 3 * C});
+  check_shape("attention_backward", "dqkv", dqkv.shape, {B, T, 3 * C});
+  check_shape("attention_backward", "out", out.shape, {B, T, C});
+  check_shape("attention_backward", "dout", dout.shape, {B, T, C});
+  attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), out.f32(), lse, B, T, C, heads);
+}
+
+}  // namespace octet::cpu
