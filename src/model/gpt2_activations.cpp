@@ -1,0 +1,226 @@
+// GPT-2's activation plan: what the forward keeps for the backward in one planned buffer, sized for the
+// largest micro-batch, in the types the backend stores them in; the gradient buffers every layer's backward
+// reuses; and the recompute choices (fp8.recompute_mlp, _qkv, _residual, _weight_transposes) with the memory
+// they save.
+#include "octet/model/gpt2.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "gpt2_internal.h"
+#include "octet/check.h"
+#include "octet/numerics/format.h"
+
+namespace octet {
+
+namespace {
+
+// Lays out slices of one buffer: take() reserves a slice for a pointer, bind() points them all into the
+// allocated buffer.
+class Planner {
+ public:
+  void take(float*& slot, int64_t count) {
+    slots_.emplace_back(&slot, next_);
+    next_ += (count + 15) / 16 * 16;  // 64-byte aligned slices
+  }
+  // `count` elements of a 32- or 16-bit type.
+  void take(void*& slot, Dtype type, int64_t count) {
+    OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "activations in f32 or bf16, got {}",
+                dtype_name(type));
+    untyped_slots_.emplace_back(&slot, next_);
+    const int64_t floats = type == Dtype::f32 ? count : (count + 1) / 2;
+    next_ += (floats + 15) / 16 * 16;
+  }
+  int64_t size() const { return next_; }
+  void bind(float* base) const {
+    for (const auto& [slot, at] : slots_) *slot = base + at;
+    for (const auto& [slot, at] : untyped_slots_) *slot = base + at;
+  }
+
+ private:
+  std::vector<std::pair<float**, int64_t>> slots_;
+  std::vector<std::pair<void**, int64_t>> untyped_slots_;
+  int64_t next_ = 0;
+};
+
+}  // namespace
+
+void Gpt2::plan_activations() {
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels, NH = config_.heads;
+  const int64_t Vp = config_.padded_vocab();
+  // The input of a linear layer, unless its FP8 cast is all that the layer reads.
+  auto read = [&](std::string_view consumer) { return !input_cast_suffices(linear(consumer).exec); };
+  auto input_type = [&](std::string_view consumer) { return linear(consumer).input_type; };
+  // q, k, v in bf16 where the backend's attention rounds them to bf16 anyway.
+  qkv_type_ = backend_.storage_type({StorageRole::attention_input, C, NH});
+  // Its output, and the gradients on either side of it, in bf16 where the backend's attention reads and
+  // writes them in bf16 anyway.
+  atty_type_ = backend_.storage_type({StorageRole::attention_output, C, NH});
+  hidden_in_bf16_ = policy_.mode() == MixedPrecision::bf16 || policy_.mode() == MixedPrecision::fp8;
+  hidden_type_ = hidden_in_bf16_ ? backend_.storage_type({StorageRole::rounded_activation}) : Dtype::f32;
+  acts_ = std::make_unique<Activations>();
+  Activations& a = *acts_;
+  a.layers.resize(static_cast<size_t>(config_.layers));
+  Planner p;
+  p.take(a.encoded, N * C);
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    Activations::Layer& x = a.layers[static_cast<size_t>(l)];
+    if (read(h + "attn.c_attn")) p.take(x.ln1, input_type(h + "attn.c_attn"), N * C);
+    p.take(x.ln1_mean, N);
+    p.take(x.ln1_rstd, N);
+    if (!recomputes(h + "attn.c_attn")) p.take(x.qkv, qkv_type_, N * 3 * C);
+    p.take(x.atty, atty_type_, N * C);
+    p.take(x.att_lse, N * NH);
+    if (!recomputes(h + "attn.c_proj")) p.take(x.residual2, N * C);
+    if (read(h + "mlp.c_fc")) p.take(x.ln2, input_type(h + "mlp.c_fc"), N * C);
+    p.take(x.ln2_mean, N);
+    p.take(x.ln2_rstd, N);
+    if (!recomputes(h + "mlp.c_fc")) p.take(x.fch, hidden_type_, N * 4 * C);
+    if (read(h + "mlp.c_proj")) p.take(x.fch_gelu, input_type(h + "mlp.c_proj"), N * 4 * C);
+    p.take(x.residual3, N * C);
+  }
+  if (recomputed_layers("mlp.c_fc") > 0) p.take(a.fch_scratch, hidden_type_, N * 4 * C);
+  if (recomputed_layers("attn.c_attn") > 0) p.take(a.qkv_scratch, qkv_type_, N * 3 * C);
+  if (recomputed_layers("attn.c_proj") > 0) p.take(a.residual2_scratch, N * C);
+  if (read("lm_head")) p.take(a.lnf, N * C);
+  p.take(a.lnf_mean, N);
+  p.take(a.lnf_rstd, N);
+  p.take(a.logits_chunk, head_chunk_rows(N) * Vp);
+  p.take(a.losses, N);
+  activations_ = backend_.allocate(static_cast<size_t>(p.size()) * sizeof(float));
+  p.bind(activations_->floats());
+
+  plan_gradients();
+}
+
+void Gpt2::plan_gradients() {
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+  bool dfch_written = false;
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    dfch_written |= !gradient_cast_suffices(linear(fmt::format("h.{}.mlp.c_fc", l)).exec);
+  }
+  const int64_t wide_b = dfch_written ? 4 * C : C;
+  if (gradient_scratch_ != nullptr && wide_b == gradient_wide_b_) return;
+  gradient_scratch_.reset();  // freed before the new plan is allocated
+  dacts_ = std::make_unique<Gradients>();
+  Planner q;
+  q.take(dacts_->residual, N * C);
+  q.take(dacts_->ln, N * C);
+  q.take(dacts_->wide_a, N * 4 * C);
+  q.take(dacts_->wide_b, N * wide_b);
+  gradient_scratch_ = backend_.allocate(static_cast<size_t>(q.size()) * sizeof(float));
+  q.bind(gradient_scratch_->floats());
+  gradient_wide_b_ = wide_b;
+}
+
+void Gpt2::keep_input_of(std::string_view layer) {
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+  // In float32: a layer that moves to BF16 was planned FP8, with input_type f32.
+  auto keep = [&](auto*& slot, int64_t width) {
+    if (slot != nullptr) return;
+    late_inputs_.push_back(backend_.allocate(static_cast<size_t>(N * width) * sizeof(float)));
+    slot = late_inputs_.back()->floats();
+  };
+  if (layer == "lm_head") return keep(acts_->lnf, C);
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    Activations::Layer& x = acts_->layers[static_cast<size_t>(l)];
+    if (layer == h + "attn.c_attn") return keep(x.ln1, C);
+    if (layer == h + "mlp.c_fc") return keep(x.ln2, C);
+    if (layer == h + "mlp.c_proj") return keep(x.fch_gelu, 4 * C);
+  }
+}
+
+bool Gpt2::recomputes(std::string_view layer) {
+  return linear(layer).exec.keep_input_codes;
+}
+
+int64_t Gpt2::recomputed_layers(std::string_view kind) {
+  int64_t count = 0;
+  for (int64_t l = 0; l < config_.layers; ++l) count += recomputes(fmt::format("h.{}.{}", l, kind)) ? 1 : 0;
+  return count;
+}
+
+void Gpt2::keep_output_of(std::string_view layer) {
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+  auto keep = [&](void*& slot, Dtype type, int64_t width) {
+    if (slot != nullptr) return;
+    late_inputs_.push_back(
+        backend_.allocate(static_cast<size_t>(N * width * dtype_info(type).storage_bits / 8)));
+    slot = late_inputs_.back()->data();
+  };
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    Activations::Layer& x = acts_->layers[static_cast<size_t>(l)];
+    if (layer == h + "mlp.c_fc") return keep(x.fch, hidden_type_, 4 * C);
+    if (layer == h + "attn.c_attn") return keep(x.qkv, qkv_type_, 3 * C);
+    if (layer == h + "attn.c_proj") {
+      void* residual2 = x.residual2;
+      keep(residual2, Dtype::f32, C);
+      x.residual2 = static_cast<float*>(residual2);
+      return;
+    }
+  }
+}
+
+std::string Gpt2::memory_line() {
+  const PrecisionSettings& s = policy_.settings();
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+  struct Kind {
+    bool on;
+    const char* key;
+    const char* layer;
+    const char* output;
+    int64_t output_bytes;  // per layer, [N, width] in its stored type
+  };
+  const int64_t bytes_of[] = {dtype_info(hidden_type_).storage_bits / 8,
+                              dtype_info(qkv_type_).storage_bits / 8};
+  const Kind kinds[] = {
+      {s.recompute_mlp, "fp8.recompute_mlp", "mlp.c_fc", "output (GELU's input)", bytes_of[0] * N * 4 * C},
+      {s.recompute_qkv, "fp8.recompute_qkv", "attn.c_attn", "output (q, k, v)", bytes_of[1] * N * 3 * C},
+      {s.recompute_residual, "fp8.recompute_residual", "attn.c_proj",
+       "output (the residual stream, ln_2's input)", int64_t{4} * N * C},
+  };
+  std::string line;
+  for (const Kind& k : kinds) {
+    if (!k.on) continue;
+    // Per layer: the output not kept, the codes of the input [N, C] kept; one output-sized buffer shared
+    // by the layers that recompute.
+    const int64_t recomputed = recomputed_layers(k.layer);
+    const double saved =
+        static_cast<double>(recomputed * (k.output_bytes - N * C) - (recomputed > 0 ? k.output_bytes : 0));
+    if (!line.empty()) line += "\n";
+    line += fmt::format(
+        "{}: {} of {} {} layers keep their FP8 input codes instead of their {} and run their forward GEMM "
+        "again in the backward ({:.0f} MiB fewer activations){}",
+        k.key, recomputed, config_.layers, k.layer, k.output, saved / (1024.0 * 1024.0),
+        recomputed == config_.layers ? ""
+                                     : "; the others keep their output (recomputing needs the forward and "
+                                       "the weight gradient in FP8 with per-tensor scaling)");
+  }
+  if (s.recompute_weight_transposes) {
+    int64_t layers = 0, weights = 0;
+    for (const auto& l : linears_) {
+      if (!l->exec.transpose_weight_per_use) continue;
+      ++layers;
+      weights += l->weight_count;
+    }
+    if (!line.empty()) line += "\n";
+    line += fmt::format(
+        "fp8.recompute_weight_transposes: {} of {} linear layers keep the FP8 codes of their weight only and "
+        "transpose them before each input-gradient GEMM ({:.1f} MiB less where the backend keeps weight "
+        "copies, the GPU)",
+        layers, linears_.size(), static_cast<double>(weights) / (1024.0 * 1024.0));
+  }
+  return line;
+}
+
+int64_t Gpt2::head_chunk_rows(int64_t N) {
+  return linear("lm_head").plan->fp8() ? N : std::min(N, kHeadChunkRows);
+}
+
+}  // namespace octet

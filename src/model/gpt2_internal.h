@@ -1,0 +1,105 @@
+// GPT-2's internal types, shared by its source files: the activation and gradient plans (pointers into one
+// buffer each) and the linear layers with their execution state. gpt2.cpp is the block (forward and
+// backward), gpt2_parameters.cpp the parameter plan (names, shapes, initialisation, gradients and weight
+// copies), gpt2_activations.cpp the activation plan (what is kept for the backward, what is recomputed).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "octet/model/gpt2.h"
+
+namespace octet {
+
+// Pointers into the activation buffer, sized for the largest micro-batch N = max_batch * max_seq_len: what
+// the backward reads, and the few things the forward passes from one op to the next. The input of a linear
+// layer (ln1, ln2, fch_gelu, lnf) is stored as that layer's input_type, and is null while its FP8 cast is
+// all the layer reads (input_cast_suffices); keep_input_of allocates it, in float32, when the layer moves
+// to BF16.
+struct Gpt2::Activations {
+  struct Layer {
+    void* ln1 = nullptr;        // [N, C]
+    float* ln1_mean = nullptr;  // [N]
+    float* ln1_rstd = nullptr;  // [N]
+    void* qkv = nullptr;   // [N, 3C] in qkv_type_ (Backend::storage_type, StorageRole::attention_input); null
+                           // where the backward recomputes it (fp8.recompute_qkv)
+    void* atty = nullptr;  // [N, C] in atty_type_ (Backend::storage_type, StorageRole::attention_output)
+    float* att_lse = nullptr;    // [N, NH]
+    float* residual2 = nullptr;  // null where the backward recomputes it (fp8.recompute_residual)
+    void* ln2 = nullptr;
+    float* ln2_mean = nullptr;
+    float* ln2_rstd = nullptr;
+    void* fch = nullptr;       // [N, 4C] in hidden_type_; null where the backward recomputes it
+                               // (fp8.recompute_mlp)
+    void* fch_gelu = nullptr;  // [N, 4C]
+    float* residual3 = nullptr;
+  };
+  float* encoded = nullptr;
+  std::vector<Layer> layers;
+  // [N, 4C] in hidden_type_: the mlp.c_fc output of a layer that does not keep it (fp8.recompute_mlp), from
+  // its GEMM to the GELU that reads it, in the forward and again in the backward. One buffer for every such
+  // layer.
+  void* fch_scratch = nullptr;
+  // The same for the outputs of attn.c_attn (q, k, v) and attn.c_proj (the residual stream after attention)
+  // where fp8.recompute_qkv and fp8.recompute_residual leave them out.
+  void* qkv_scratch = nullptr;         // [N, 3C] in qkv_type_
+  float* residual2_scratch = nullptr;  // [N, C]
+  float* lnf = nullptr;
+  float* lnf_mean = nullptr;
+  float* lnf_rstd = nullptr;
+  float* logits_chunk = nullptr;  // [head chunk rows, Vp]: a chunk's logits, then their gradient
+  float* losses = nullptr;        // [N]
+};
+
+// Gradient buffers that every layer's backward reuses, each [N, width]. In layer l's backward:
+// residual holds d(residual3), which mlp.c_proj reads; ln_2's backward adds into it, making it d(residual2),
+// which attn.c_proj reads; ln_1's backward adds into it, making it d(residual3) of layer l-1 (d(encoded)
+// after layer 0). The others hold one gradient each between its producer and its consumer:
+//   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU, in hidden_type_), then d(qkv) (attention ->
+//                   attn.c_attn, in atty_type_)
+//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention, in atty_type_);
+//                   [N, C] while d(fch) is not written, its FP8 cast being all that every mlp.c_fc reads
+//                   (gradient_cast_suffices)
+//   ln     [N, C]:  d(lnf) (lm_head -> ln_f), d(ln2) (mlp.c_fc -> ln_2), d(ln1) (attn.c_attn -> ln_1)
+struct Gpt2::Gradients {
+  float* residual = nullptr;
+  float* ln = nullptr;
+  float* wide_a = nullptr;
+  float* wide_b = nullptr;
+};
+
+struct Gpt2::Linear {
+  const LinearPlan* plan;
+  int64_t weight_offset;
+  int64_t bias_offset;  // -1: no bias
+  Fp8LinearState state;
+  Fp8LinearTelemetry telemetry;
+  LinearExecution exec;
+  std::unique_ptr<WeightCopy> copy;
+  // How the model stores the input that LayerNorm or GELU writes for this layer (attn.c_attn, mlp.c_fc,
+  // mlp.c_proj; Activations): Backend::storage_type where the plan runs both GEMMs that read it, the
+  // forward and the weight gradient, in BF16, which round it to bf16 anyway, so that storing it rounded
+  // changes no result; f32 otherwise, and for the LM head, whose chunked ops read float32 (attn.c_proj's
+  // input is attention's output, stored as atty_type_). It stays so when the layer moves to BF16.
+  Dtype input_type = Dtype::f32;
+  int64_t weight_count = 0;
+  // Whether a backward has written the weight gradient since zero_grad (the buffer starts zeroed).
+  bool weight_gradient_written = true;
+  // The weight's gradient (in grads_ or grads_bf16_, as its parameter's grad_type says), and whether the
+  // model rounds it to bf16 in place after each backward (bf16 weight gradients that the backend stores in
+  // float32).
+  void* weight_grad = nullptr;
+  Dtype weight_grad_type = Dtype::f32;
+  bool round_weight_gradient = false;
+  float* bias_grad = nullptr;  // null: no bias
+};
+
+namespace gpt2_detail {
+
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace gpt2_detail
+}  // namespace octet

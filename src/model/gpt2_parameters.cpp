@@ -1,0 +1,267 @@
+// GPT-2's parameter plan: every parameter's name, shape and place in the one parameter buffer, the
+// initialisation, where each gradient lives (float32, or bf16 for weight gradients kept so) and the linear
+// layers' weight copies that the GEMMs read.
+#include "octet/model/gpt2.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "gpt2_internal.h"
+#include "octet/check.h"
+#include "octet/numerics/format.h"
+#include "octet/numerics/random.h"
+
+namespace octet {
+
+using gpt2_detail::ends_with;
+
+namespace {
+
+// Normal(0, 1) from the counter-based generator (Box-Muller), so initialisation depends only on the seed.
+float normal_at(const CounterRng& rng, uint64_t index) {
+  const double u1 = (static_cast<double>(rng.bits(index, 0)) + 1.0) / 4294967297.0;
+  const double u2 = static_cast<double>(rng.bits(index, 1)) / 4294967296.0;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+}  // namespace
+
+void Gpt2::build_parameters() {
+  const int64_t C = config_.channels, Vp = config_.padded_vocab(), L = config_.layers;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    ParameterInfo p;
+    p.name = std::move(name);
+    p.shape = std::move(shape);
+    p.count = 1;
+    for (const int64_t d : p.shape) p.count *= d;
+    p.offset = parameter_count_;
+    p.weight_decay = p.shape.size() == 2;
+    parameter_count_ += p.count;
+    parameters_.push_back(std::move(p));
+  };
+  add("wte", {Vp, C});
+  add("wpe", {config_.max_seq_len, C});
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    add(h + "ln_1.weight", {C});
+    add(h + "ln_1.bias", {C});
+    add(h + "attn.c_attn.weight", {3 * C, C});
+    add(h + "attn.c_attn.bias", {3 * C});
+    add(h + "attn.c_proj.weight", {C, C});
+    add(h + "attn.c_proj.bias", {C});
+    add(h + "ln_2.weight", {C});
+    add(h + "ln_2.bias", {C});
+    add(h + "mlp.c_fc.weight", {4 * C, C});
+    add(h + "mlp.c_fc.bias", {4 * C});
+    add(h + "mlp.c_proj.weight", {C, 4 * C});
+    add(h + "mlp.c_proj.bias", {C});
+  }
+  add("ln_f.weight", {C});
+  add("ln_f.bias", {C});
+  params_ = backend_.allocate(static_cast<size_t>(parameter_count_) * sizeof(float));
+
+  for (const LinearPlan& plan : policy_.layers()) {
+    auto linear = std::make_unique<Linear>();
+    linear->plan = &plan;
+    if (plan.name == "lm_head") {
+      linear->weight_offset = parameter("wte").offset;  // tied to the token embedding
+      linear->weight_count = parameter("wte").count;
+      linear->bias_offset = -1;
+    } else {
+      linear->weight_offset = parameter(plan.name + ".weight").offset;
+      linear->weight_count = parameter(plan.name + ".weight").count;
+      linear->bias_offset = parameter(plan.name + ".bias").offset;
+    }
+    LinearExecution& e = linear->exec;
+    e.forward = plan.forward;
+    e.input_gradient = plan.input_gradient;
+    e.weight_gradient = plan.weight_gradient;
+    if (plan.fp8()) {
+      e.recipe = policy_.recipe();
+      e.formats = policy_.formats();
+      e.fast_accumulation_forward = policy_.settings().fast_accumulation_forward;
+      e.fast_accumulation_backward = policy_.settings().fast_accumulation_backward;
+      linear->state = {e.recipe->initial_state(), e.recipe->initial_state(), e.recipe->initial_state()};
+      e.state = &linear->state;
+      e.telemetry = &linear->telemetry;
+    }
+    // fp8.recompute_mlp, _qkv and _residual: the backward runs this forward GEMM again on its kept input
+    // codes.
+    const PrecisionSettings& settings = policy_.settings();
+    const bool recomputed = (settings.recompute_mlp && ends_with(plan.name, ".mlp.c_fc")) ||
+                            (settings.recompute_qkv && ends_with(plan.name, ".attn.c_attn")) ||
+                            (settings.recompute_residual && ends_with(plan.name, ".attn.c_proj"));
+    e.keep_input_codes = recomputed && input_cast_suffices(e);
+    e.transpose_weight_per_use = settings.recompute_weight_transposes && e.input_gradient == GemmMode::fp8 &&
+                                 e.recipe != nullptr &&
+                                 e.recipe->granularity(TensorRole::weight) == ScaleGranularity::per_tensor;
+    const bool fed_by_norm_or_gelu = ends_with(plan.name, "attn.c_attn") ||
+                                     ends_with(plan.name, "mlp.c_fc") || ends_with(plan.name, "mlp.c_proj");
+    if (fed_by_norm_or_gelu && e.forward == GemmMode::bf16 && e.weight_gradient == GemmMode::bf16) {
+      linear->input_type = backend_.storage_type({StorageRole::rounded_activation});
+    }
+    e.fp8_gemms = &counters_.fp8_gemms;
+    e.other_gemms = &counters_.other_gemms;
+    e.saturated = &counters_.saturated;
+    e.underflowed = &counters_.underflowed;
+    linears_.push_back(std::move(linear));
+  }
+  plan_parameter_gradients();
+}
+
+void Gpt2::plan_parameter_gradients() {
+  // Which weight gradients are kept rounded to bf16, and how the backend stores them.
+  const bool bf16_weights = policy_.settings().bf16_weight_gradients;
+  for (const auto& l : linears_) {
+    const GemmMode mode = l->plan->weight_gradient;
+    if (!bf16_weights || l->plan->name == "lm_head" || (mode != GemmMode::bf16 && mode != GemmMode::fp8)) {
+      continue;
+    }
+    const Dtype type = backend_.storage_type({.role = StorageRole::weight_gradient, .layer = &l->exec});
+    OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "weight gradients in f32 or bf16, got {}",
+                dtype_name(type));
+    l->round_weight_gradient = type == Dtype::f32;
+    auto it = std::find_if(parameters_.begin(), parameters_.end(),
+                           [&](const ParameterInfo& p) { return p.offset == l->weight_offset; });
+    OCTET_CHECK(it != parameters_.end(), "the weight of {} is a parameter", l->plan->name);
+    it->grad_type = type;
+  }
+  // The float32 gradients in the parameters' order, the bf16 ones in theirs (16-byte aligned slices).
+  for (ParameterInfo& p : parameters_) {
+    if (p.grad_type == Dtype::f32) {
+      p.grad_offset = grad_f32_count_;
+      grad_f32_count_ += p.count;
+    } else {
+      p.grad_offset = grad_bf16_count_;
+      grad_bf16_count_ += (p.count + 7) / 8 * 8;
+    }
+  }
+  grads_ = backend_.allocate(static_cast<size_t>(grad_f32_count_) * sizeof(float));
+  if (grad_bf16_count_ > 0) {
+    grads_bf16_ = backend_.allocate(static_cast<size_t>(grad_bf16_count_) * sizeof(uint16_t));
+  }
+  auto* bf16_base = grads_bf16_ ? static_cast<uint16_t*>(grads_bf16_->data()) : nullptr;
+  for (const auto& l : linears_) {
+    const ParameterInfo& w =
+        *std::find_if(parameters_.begin(), parameters_.end(),
+                      [&](const ParameterInfo& p) { return p.offset == l->weight_offset; });
+    if (l->bias_offset >= 0) {
+      const ParameterInfo& b =
+          *std::find_if(parameters_.begin(), parameters_.end(),
+                        [&](const ParameterInfo& p) { return p.offset == l->bias_offset; });
+      l->bias_grad = grads_->floats() + b.grad_offset;
+    }
+    l->weight_grad_type = w.grad_type;
+    l->weight_grad = w.grad_type == Dtype::bf16 ? static_cast<void*>(bf16_base + w.grad_offset)
+                                                : static_cast<void*>(grads_->floats() + w.grad_offset);
+  }
+  // zero_grad's ranges: the gaps between the float32 weight gradients of the linear layers (sorted; the LM
+  // head's is wte's).
+  std::vector<std::pair<int64_t, int64_t>> weights;
+  for (const auto& l : linears_) {
+    if (l->weight_grad_type == Dtype::f32) {
+      weights.emplace_back(static_cast<float*>(l->weight_grad) - grads_->floats(), l->weight_count);
+    }
+  }
+  std::sort(weights.begin(), weights.end());
+  int64_t at = 0;
+  for (const auto& [offset, count] : weights) {
+    OCTET_CHECK(offset >= at, "linear layers' weights overlap at {}", offset);
+    if (offset > at) zeroed_by_zero_grad_.push_back({at, offset - at});
+    at = offset + count;
+  }
+  if (grad_f32_count_ > at) zeroed_by_zero_grad_.push_back({at, grad_f32_count_ - at});
+}
+
+const ParameterInfo& Gpt2::parameter(std::string_view name) const {
+  for (const ParameterInfo& p : parameters_) {
+    if (p.name == name) return p;
+  }
+  OCTET_REQUIRE(false, "no parameter named '{}' in this model", name);
+  return parameters_.front();
+}
+
+void Gpt2::init_weights(uint64_t seed) {
+  std::vector<float> host(static_cast<size_t>(parameter_count_), 0.0f);
+  const CounterRng rng(seed);
+  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.layers));
+  for (const ParameterInfo& p : parameters_) {
+    float* out = host.data() + p.offset;
+    if (p.shape.size() == 2) {
+      const float std = (ends_with(p.name, "attn.c_proj.weight") || ends_with(p.name, "mlp.c_proj.weight"))
+                            ? residual_std
+                            : 0.02f;
+      int64_t count = p.count;
+      if (p.name == "wte") count = config_.vocab_size * config_.channels;  // padded rows stay zero
+      for (int64_t i = 0; i < count; ++i) out[i] = std * normal_at(rng, static_cast<uint64_t>(p.offset + i));
+    } else if (ends_with(p.name, ".weight")) {
+      for (int64_t i = 0; i < p.count; ++i) out[i] = 1.0f;  // LayerNorm gain
+    }
+  }
+  backend_.copy_from_host(params(), host.data(), host.size() * sizeof(float));
+  refresh_weight_copies();
+}
+
+void Gpt2::refresh_weight_copies() {
+  for (const WeightCopySlot& slot : weight_copy_slots()) {
+    backend_.prepare_weight(*slot.copy, params() + slot.offset, slot.rows, slot.cols, *slot.exec);
+  }
+}
+
+std::vector<Gpt2::WeightCopySlot> Gpt2::weight_copy_slots() {
+  std::vector<WeightCopySlot> slots;
+  for (auto& l : linears_) {
+    const LinearPlan& plan = *l->plan;
+    const bool wide = plan.forward != GemmMode::f32 || plan.input_gradient != GemmMode::f32;
+    if (wide) {
+      slots.push_back(
+          {l->weight_offset, plan.out_features, plan.in_features, &l->copy, &l->exec, l->bias_offset});
+    }
+  }
+  return slots;
+}
+
+void Gpt2::zero_grad() {
+  backend_.fill_zero_ranges(grads_->floats(), zeroed_by_zero_grad_);
+  for (const auto& l : linears_) l->weight_gradient_written = false;
+}
+
+float* Gpt2::grads() {
+  for (const auto& l : linears_) {
+    if (l->weight_gradient_written) continue;
+    // A bf16 gradient's slice is whole 16-byte words (plan_parameter_gradients).
+    const int64_t floats = l->weight_grad_type == Dtype::f32 ? l->weight_count : (l->weight_count + 1) / 2;
+    backend_.fill_zero(static_cast<float*>(l->weight_grad), floats);
+    l->weight_gradient_written = true;
+  }
+  return grads_->floats();
+}
+
+const void* Gpt2::grads_bf16() {
+  grads();
+  return grads_bf16_ ? grads_bf16_->data() : nullptr;
+}
+
+const void* Gpt2::gradient(const ParameterInfo& p) {
+  if (p.grad_type == Dtype::f32) return grads() + p.grad_offset;
+  return static_cast<const uint16_t*>(grads_bf16()) + p.grad_offset;
+}
+
+double Gpt2::gradient_sum_of_squares() {
+  double sum = backend_.sum_of_squares(ConstTensorView(grads(), {grad_f32_count_}));
+  // The bf16 slices' padding stays zero: buffers start zero-filled, and nothing writes past a gradient.
+  if (grads_bf16_)
+    sum += backend_.sum_of_squares(ConstTensorView(grads_bf16(), Dtype::bf16, {grad_bf16_count_}));
+  return sum;
+}
+
+bool Gpt2::gradient_finite(const ParameterInfo& p) {
+  if (p.grad_type == Dtype::f32) return backend_.all_finite(grads() + p.grad_offset, p.count);
+  // A float64 sum of float32 squares is finite exactly when every value is.
+  return std::isfinite(backend_.sum_of_squares(ConstTensorView(gradient(p), p.grad_type, {p.count})));
+}
+
+}  // namespace octet
