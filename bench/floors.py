@@ -20,8 +20,8 @@ and --tf32-tflops replace every rate of that precision, --bandwidth-gbs the band
 `octet bench gemm`, read + write bytes).
 
 The work is octet's, as the CUDA backend of this octet runs it (src/model/gpt2.cpp,
-src/backends/cuda/cuda_backend.cu, fused.cu, gemm.cu): the floors describe the op sequence of the octet this
-script ships with, whatever octet produced the result. A result of an older octet, which ran other ops (a
+src/backends/cuda/cuda_backend.cu, fused_*.cu, gemm.cu): the floors describe the op sequence of the octet
+this script ships with, whatever octet produced the result. A result of an older octet, which ran other ops (a
 rounding pass after every GEMM, say), gets the floors of this octet's ops next to the times of its own; the
 result's `octet_version` names the release, not the build, so the script cannot tell the two apart.
 N = B*T rows, C channels, L layers, NH heads of hs = C/NH, V vocabulary, Vp padded vocabulary, P parameters.

@@ -21,14 +21,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "../../src/backends/cuda/fused.h"
-#include "../../src/backends/cuda/ops.h"
 #include "compare.h"
+#include "fused.h"
 #include "octet/backend/cuda_backend.h"
 #include "octet/check.h"
 #include "octet/cuda/cast.h"
 #include "octet/cuda/device.h"
 #include "octet/numerics/format.h"
+#include "ops.h"
 #include "random.h"
 
 namespace {

@@ -1,5 +1,6 @@
-// cuda::softmax_cross_entropy (src/backends/cuda/ops.h) on float32 and on BF16 logits, held to the promises
-// of ops.h between its paths (test_backend_ops.cpp holds the float32 path to the CPU reference):
+// cuda::softmax_cross_entropy (src/backends/cuda/softmax_cross_entropy.h) on float32 and on BF16 logits, held
+// to the promises of its header between its paths (test_backend_ops.cpp holds the float32 path to the CPU
+// reference):
 //  - a BF16 row gives the same loss bits as the float32 row of the same values, and the float32 gradient
 //    rounded to nearest even;
 //  - the kernel that stages whole rows in shared memory (rows of whole 16-byte copies, 16-byte aligned) gives
@@ -26,12 +27,12 @@
 
 #include <cuda_bf16.h>
 
-#include "../../src/backends/cuda/ops.h"
 #include "compare.h"
 #include "octet/check.h"
 #include "octet/cuda/device.h"
 #include "octet/numerics/minifloat.h"
 #include "random.h"
+#include "softmax_cross_entropy.h"
 
 namespace {
 

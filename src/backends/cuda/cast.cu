@@ -1,7 +1,7 @@
 // The fused FP8 cast kernels (see octet/cuda/cast.h) and their launcher. Two kernels share one per-element
 // step: a flat grid-stride kernel with float4 loads for the row-major codes alone, and a tiled kernel (float4
 // loads and 32-bit code stores too) that also writes the transposed codes through shared memory. The
-// per-element step (cast_element.cuh, shared with the producer-fused casts of fused.cu) is the CPU
+// per-element step (cast_element.cuh, shared with the producer-fused casts of fused.h) is the CPU
 // reference's cast_one (src/numerics/quantize.cpp) line for line, so the bytes, amax and counts agree
 // exactly.
 #include "octet/cuda/cast.h"

@@ -1,6 +1,7 @@
 // The device side of one FP8 cast, shared by cast.cu (cast_amax) and the kernels that cast what they produce
-// (fused.cu): the per-element step, what a thread saw (Tally) and how a block adds its tallies into
-// CastResults. Keeping one copy is what makes a fused kernel's bytes, amax and counts those of cast_amax.
+// (fused_common.cuh and the fused_*.cu files): the per-element step, what a thread saw (Tally) and how a
+// block adds its tallies into CastResults. Keeping one copy is what makes a fused kernel's bytes, amax and
+// counts those of cast_amax.
 // Internal to the CUDA backend: include only from .cu files.
 #pragma once
 

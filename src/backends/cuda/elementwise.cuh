@@ -1,9 +1,10 @@
-// Device arithmetic shared by ops.cu (the ops of ops.h) and fused.cu (the same ops fused with an FP8 cast,
-// fused.h): the GELU forward value and gradient, the AdamW step (per element and per pack, and its host-side
-// constants) and LayerNorm's row statistics and normalisation, with the small helpers they need (Pack,
-// warp_sum). Both files must compute bit-identical values (fused.h promises the unfused op's exact results,
-// and the GPU tests compare both with the CPU reference bit for bit), so this is the one copy: same rounding
-// intrinsics, same order of operations, same float64 reductions as the reference.
+// Device arithmetic shared by the ops of ops.h (gelu.cu, adamw.cu, layernorm.cu, ...) and the same ops fused
+// with an FP8 cast (fused.h: fused_gelu.cu, fused_adamw.cu, fused_layernorm.cu): the GELU forward value and
+// gradient, the AdamW step (per element and per pack, and its host-side constants) and LayerNorm's row
+// statistics and normalisation, with the small helpers they need (Pack, warp_sum). Both must compute
+// bit-identical values (fused.h promises the unfused op's exact results, and the GPU tests compare both with
+// the CPU reference bit for bit), so this is the one copy: same rounding intrinsics, same order of
+// operations, same float64 reductions as the reference.
 // Internal to the CUDA backend: include only from .cu files.
 #pragma once
 

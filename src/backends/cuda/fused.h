@@ -12,7 +12,7 @@
 
 #include "device_table.h"
 #include "octet/cuda/cast.h"
-#include "ops.h"
+#include "workspace.h"
 
 namespace octet::cuda {
 

@@ -1,0 +1,17 @@
+// Element-wise float32 arithmetic on the GPU (arithmetic.cu), on device pointers, enqueued on a stream.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace octet::cuda {
+
+void residual_forward(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
+// a += b
+void accumulate(float* a, const float* b, int64_t n, cudaStream_t stream);
+// x *= factor
+void scale(float* x, int64_t n, float factor, cudaStream_t stream);
+void fill_zero(float* x, int64_t n, cudaStream_t stream);
+
+}  // namespace octet::cuda
