@@ -11,6 +11,8 @@
 #include "octet/backend/gpu_bench.h"
 #include "octet/check.h"
 #include "octet/io/data_loader.h"
+#include "octet/model/gpt2.h"
+#include "octet/train/trainer.h"
 #include "octet/train/training_run.h"
 
 namespace octet {
