@@ -24,6 +24,7 @@
 #include "octet/telemetry/recorder.h"
 #include "octet/train/checkpoint.h"
 #include "octet/train/run_directory.h"
+#include "octet/train/telemetry_source.h"
 #include "octet/version.h"
 
 namespace octet {
@@ -340,6 +341,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   // step it resumes at. Layers that alerts of the run being resumed moved to BF16 move back to BF16 here,
   // before the startup lines and the precision map say how each layer runs.
   std::unique_ptr<TelemetryStore> telemetry_store;
+  std::unique_ptr<Gpt2LayerSource> telemetry_layers;
   std::unique_ptr<TelemetryRecorder> telemetry;
   if (config.telemetry.enabled) {
     const std::optional<int64_t> resume_step =
@@ -351,8 +353,9 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
       if (options.interactive) std::fputs("\n", out);
       say(out, std::string(line));
     };
-    telemetry =
-        std::make_unique<TelemetryRecorder>(*model, *telemetry_store, config.telemetry, recorder_options);
+    telemetry_layers = std::make_unique<Gpt2LayerSource>(*model);
+    telemetry = std::make_unique<TelemetryRecorder>(*telemetry_layers, *telemetry_store, config.telemetry,
+                                                    recorder_options);
   }
   for (const std::string& line : {model->policy().startup_line(), model->memory_line()}) {
     if (!line.empty()) say(out, line);
@@ -484,7 +487,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
         say(out, line);
       }
       if (telemetry) {
-        telemetry->record_step(r, seconds * 1000.0, tokens_per_second,
+        telemetry->record_step(step_statistics(r), seconds * 1000.0, tokens_per_second,
                                telemetry->is_telemetry_step(done, config.steps));
         for (const auto& [phase, ms] : phases.totals()) telemetry_store->add(PhaseRecord{done, phase, ms});
         if (telemetry->stop_requested()) {  // fp8.on_alert = "stop"
