@@ -12,6 +12,7 @@
 
 #include "octet/backend/cpu_backend.h"
 #include "octet/telemetry/recorder.h"
+#include "octet/train/telemetry_source.h"
 
 namespace {
 
@@ -43,7 +44,8 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   TelemetryStore store(dir / kTelemetryFile);
   TelemetrySettings settings;  // the defaults: interval 10, no SQNR
-  TelemetryRecorder recorder(model, store, settings);
+  Gpt2LayerSource layers(model);
+  TelemetryRecorder recorder(layers, store, settings);
   TrainSettings train;
   train.batch_size = B;
   train.seq_len = T;
@@ -74,7 +76,7 @@ int main(int argc, char** argv) {
       if (m != off) {
         ++recorded_steps;
         // As in a run: every step's row, and the FP8 tensors every interval-th step.
-        recorder.record_step(r, 0.0, 0.0, recorded_steps % settings.interval == 0);
+        recorder.record_step(step_statistics(r), 0.0, 0.0, recorded_steps % settings.interval == 0);
       }
       ms[m].push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());

@@ -30,19 +30,29 @@ CastTelemetry difference(const CastTelemetry& now, const CastTelemetry& before) 
   return d;
 }
 
+// Whether `layer` has a GEMM in FP8 now.
+bool runs_in_fp8(const Fp8LayerSource& layers, std::string_view layer) {
+  for (const LinearLayerPrecision& l : layers.linear_layers()) {
+    if (l.name == layer) return l.fp8();
+  }
+  OCTET_CHECK(false, "a linear layer named {}", layer);
+  return false;
+}
+
 }  // namespace
 
-TelemetryRecorder::TelemetryRecorder(Gpt2& model, TelemetryStore& store, const TelemetrySettings& settings,
-                                     RecorderOptions options)
-    : model_(model), store_(store), settings_(settings), options_(std::move(options)), monitor_(settings) {
+TelemetryRecorder::TelemetryRecorder(Fp8LayerSource& layers, TelemetryStore& store,
+                                     const TelemetrySettings& settings, RecorderOptions options)
+    : layers_(layers), store_(store), settings_(settings), options_(std::move(options)), monitor_(settings) {
   OCTET_REQUIRE(settings.interval >= 1, "telemetry.interval must be at least 1, got {}", settings.interval);
-  model_.set_telemetry(true, settings.sqnr);
+  layers_.set_cast_telemetry(true, settings.sqnr);
   const TelemetryResume& resumed = store_.resumed();
   for (const auto& [layer, tensor, kind] : resumed.alerts_raised) monitor_.mark_raised(layer, tensor, kind);
   for (const auto& [layer, reason] : resumed.layers_in_bf16) {
     bool known = false;
-    for (const LinearPlan& plan : model_.policy().layers()) known |= plan.name == layer && plan.fp8();
-    if (known) model_.move_layer_to_bf16(layer, reason);
+    for (const LinearLayerPrecision& plan : layers_.linear_layers())
+      known |= plan.name == layer && plan.fp8();
+    if (known) layers_.move_layer_to_bf16(layer, reason);
   }
 }
 
@@ -52,7 +62,7 @@ void TelemetryRecorder::log(const std::string& line) const {
 
 void TelemetryRecorder::start(const std::vector<std::pair<std::string, std::string>>& run_info) {
   for (const auto& [key, value] : run_info) store_.add(RunInfoRecord{key, value, key == "started_at"});
-  store_.add(RunInfoRecord{"precision_map", model_.policy().map_json()});
+  store_.add(RunInfoRecord{"precision_map", layers_.precision_map_json()});
   // The report colours its heatmaps against the thresholds (docs/dashboard.md).
   store_.add(RunInfoRecord{"alert_saturation", fmt::format("{}", settings_.alert_saturation)});
   store_.add(RunInfoRecord{"alert_underflow", fmt::format("{}", settings_.alert_underflow)});
@@ -63,7 +73,7 @@ void TelemetryRecorder::start(const std::vector<std::pair<std::string, std::stri
     // A run resumed in another mode (a bf16 run continued in fp8): a new segment of the run, whose GEMMs are
     // written again from the first step it runs, so that the gemms table's newest rows say how it runs now.
     bool changed = false;
-    for (const LinearPlan& plan : model_.policy().layers()) {
+    for (const LinearLayerPrecision& plan : layers_.linear_layers()) {
       const GemmMode modes[] = {plan.forward, plan.input_gradient, plan.weight_gradient};
       for (int g = 0; g < 3; ++g) {
         const auto it = resumed.gemm_modes.find({plan.name, kGemmNames[g]});
@@ -82,7 +92,7 @@ void TelemetryRecorder::start(const std::vector<std::pair<std::string, std::stri
                            fmt::format("mode {} from step {} ({} before): resumed from step {}", mode, since,
                                        resumed.mode.empty() ? "?" : resumed.mode, *resumed.at)});
   }
-  for (const LinearPlan& plan : model_.policy().layers()) {
+  for (const LinearLayerPrecision& plan : layers_.linear_layers()) {
     const GemmMode modes[] = {plan.forward, plan.input_gradient, plan.weight_gradient};
     for (int g = 0; g < 3; ++g) {
       store_.add(
@@ -105,7 +115,7 @@ void TelemetryRecorder::record_validation(int64_t steps_done, float loss) {
   store_.add(ValidationRecord{steps_done, loss});
 }
 
-void TelemetryRecorder::record_step(const StepResult& r, double step_ms, double tokens_per_s,
+void TelemetryRecorder::record_step(const StepStatistics& r, double step_ms, double tokens_per_s,
                                     bool telemetry_step) {
   const int64_t done = r.step + 1;
   StepRecord row;
@@ -131,10 +141,10 @@ void TelemetryRecorder::record_step(const StepResult& r, double step_ms, double 
     // The first step's casts are left out of the first interval: under delayed scaling they use the initial
     // scale of 1, as no amax is known yet, and would raise alerts that say nothing about the run.
     // For the same reason the first step's amaxes are not among those a scale jump compares.
-    for (const LinearPlan& plan : model_.policy().layers()) {
-      if (const Fp8LinearTelemetry* totals = plan.fp8() ? model_.telemetry(plan.name) : nullptr)
+    for (const LinearLayerPrecision& plan : layers_.linear_layers()) {
+      if (const Fp8LinearTelemetry* totals = plan.fp8() ? layers_.cast_telemetry(plan.name) : nullptr)
         previous_[plan.name] = *totals;
-      if (const Fp8LinearState* state = plan.fp8() ? model_.fp8_state(plan.name) : nullptr) {
+      if (const Fp8LinearState* state = plan.fp8() ? layers_.fp8_state(plan.name) : nullptr) {
         amax_updates_[{plan.name, "activation"}] = state->activation.updates;
         amax_updates_[{plan.name, "weight"}] = state->weight.updates;
         amax_updates_[{plan.name, "gradient"}] = state->gradient.updates;
@@ -145,15 +155,16 @@ void TelemetryRecorder::record_step(const StepResult& r, double step_ms, double 
 
 void TelemetryRecorder::record_tensors(int64_t step) {
   std::vector<Alert> alerts;
-  for (const LinearPlan& plan : model_.policy().layers()) {
+  for (const LinearLayerPrecision& plan : layers_.linear_layers()) {
     if (!plan.fp8()) continue;
     // Both bring the host copies up to date from the device, where a backend keeps them there.
-    const Fp8LinearState* state = model_.fp8_state(plan.name);
-    const Fp8LinearTelemetry* totals = model_.telemetry(plan.name);
+    const Fp8LinearState* state = layers_.fp8_state(plan.name);
+    const Fp8LinearTelemetry* totals = layers_.cast_telemetry(plan.name);
     OCTET_CHECK(state != nullptr && totals != nullptr, "scaling state and telemetry of FP8 layer {}",
                 plan.name);
     Fp8LinearTelemetry& before = previous_[plan.name];
-    const ScalingRecipe& recipe = *model_.policy().recipe();
+    const ScalingRecipe* recipe = layers_.scaling_recipe();
+    OCTET_CHECK(recipe != nullptr, "the scaling recipe of FP8 layer {}", plan.name);
     struct Operand {
       const char* name;
       TensorRole role;
@@ -172,7 +183,7 @@ void TelemetryRecorder::record_tensors(int64_t step) {
       row.step = step;
       row.layer = plan.name;
       row.tensor = o.name;
-      if (recipe.granularity(o.role) == ScaleGranularity::per_tensor) {
+      if (recipe->granularity(o.role) == ScaleGranularity::per_tensor) {
         row.amax = finite_or_null(o.scaling.last_amax);
         row.scale = finite_or_null(o.scaling.scale);
       }
@@ -212,7 +223,7 @@ void TelemetryRecorder::act_on(const Alert& a) {
       consequence = fmt::format("training goes on in FP8 ({}); not repeated for this tensor", action_key);
       break;
     case AlertAction::bf16_layer: {
-      const bool still_fp8 = model_.policy().layer(a.layer).fp8();
+      const bool still_fp8 = runs_in_fp8(layers_, a.layer);
       consequence = still_fp8
                         ? fmt::format("{} runs in BF16 from step {} ({})", a.layer, a.step + 1, action_key)
                         : fmt::format("{} already moves to BF16 from step {}", a.layer, a.step + 1);
@@ -226,7 +237,7 @@ void TelemetryRecorder::act_on(const Alert& a) {
                                        a.layer, a.tensor, a.what, consequence);
   log(line);
   store_.add(EventRecord{a.step, a.kind, a.layer, a.tensor, a.value, a.threshold, line});
-  if (settings_.on_alert == AlertAction::bf16_layer && model_.policy().layer(a.layer).fp8()) {
+  if (settings_.on_alert == AlertAction::bf16_layer && runs_in_fp8(layers_, a.layer)) {
     move_to_bf16(a.layer,
                  fmt::format("BF16 from step {} after an FP8 {} alert at step {} ({} {})", a.step + 1, a.kind,
                              a.step, a.tensor,
@@ -244,13 +255,13 @@ void TelemetryRecorder::act_on(const Alert& a) {
 
 void TelemetryRecorder::move_to_bf16(const std::string& layer, const std::string& reason,
                                      int64_t since_step) {
-  model_.move_layer_to_bf16(layer, reason);
+  layers_.move_layer_to_bf16(layer, reason);
   for (const char* gemm : kGemmNames) store_.add(GemmRecord{layer, gemm, "bf16", reason, since_step});
   store_.add(EventRecord{since_step - 1, "layer_to_bf16", layer, std::nullopt, std::nullopt, std::nullopt,
                          fmt::format("{}: {}", layer, reason)});
-  store_.add(RunInfoRecord{"precision_map", model_.policy().map_json()});
+  store_.add(RunInfoRecord{"precision_map", layers_.precision_map_json()});
   if (!options_.run_directory.empty())
-    io::write_file_atomically(options_.run_directory / "precision_map.json", model_.policy().map_json());
+    io::write_file_atomically(options_.run_directory / "precision_map.json", layers_.precision_map_json());
 }
 
 }  // namespace octet

@@ -7,10 +7,11 @@
 #include <random>
 #include <vector>
 
-#include "octet/backend/cuda_backend.h"
-#include "octet/backend/gpu_bench.h"
+#include "octet/backend/registry.h"
 #include "octet/check.h"
 #include "octet/io/data_loader.h"
+#include "octet/model/gpt2.h"
+#include "octet/train/trainer.h"
 #include "octet/train/training_run.h"
 
 namespace octet {
@@ -123,8 +124,14 @@ TrainingBenchResult benchmark_training(const RunConfig& config, const TrainingBe
 
   // The GPU's memory in use before anything of the run exists (this also creates the CUDA context, which
   // is then not counted). A "cuda" or "auto" device with a GPU visible is exactly when the run trains there.
-  const bool on_gpu = config.device != "cpu" && cuda_device_count() > 0;
-  const size_t memory_before = on_gpu ? device_memory_in_use().used_bytes : 0;
+  const BackendFactory* cuda = find_backend("cuda");
+  const bool on_gpu = config.device != "cpu" && cuda != nullptr && cuda->device_count() > 0;
+  const auto gpu_memory_in_use = [cuda]() {
+    const DeviceBench* bench = cuda != nullptr ? cuda->device_bench() : nullptr;
+    OCTET_CHECK(bench != nullptr, "the CUDA backend measures its device memory");
+    return bench->memory_in_use(0).used_bytes;
+  };
+  const size_t memory_before = on_gpu ? gpu_memory_in_use() : 0;
 
   TrainingBackend device = make_training_backend(config);
   if (options.log) options.log(device.device_line);
@@ -148,7 +155,7 @@ TrainingBenchResult benchmark_training(const RunConfig& config, const TrainingBe
   };
   size_t memory_peak = memory_before;
   const auto sample_memory = [&]() {
-    if (device.cuda) memory_peak = std::max(memory_peak, device_memory_in_use().used_bytes);
+    if (device.cuda) memory_peak = std::max(memory_peak, gpu_memory_in_use());
   };
 
   TrainingBenchResult result;
@@ -197,7 +204,7 @@ TrainingBenchResult benchmark_training(const RunConfig& config, const TrainingBe
 
   result.device_line = device.device_line;
   result.backend = std::string(backend.name());
-  result.device_name = device.cuda ? cuda_device_info(0).name : "CPU";
+  result.device_name = device.cuda ? cuda->device(0).name : "CPU";
   result.model = config.model.describe();
   result.mode = std::string(mixed_precision_name(config.precision.mode));
   result.parameters = model.parameter_count();

@@ -14,8 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "octet/backend/cpu_backend.h"
-#include "octet/backend/cuda_backend.h"
+#include "octet/backend/registry.h"
 #include "octet/check.h"
 #include "octet/io/atomic_file.h"
 #include "octet/io/data_loader.h"
@@ -24,6 +23,7 @@
 #include "octet/telemetry/recorder.h"
 #include "octet/train/checkpoint.h"
 #include "octet/train/run_directory.h"
+#include "octet/train/telemetry_source.h"
 #include "octet/version.h"
 
 namespace octet {
@@ -44,25 +44,27 @@ std::string duration(double seconds) {
 
 // Where the run trains, decided (and refused) before anything is written.
 struct DeviceChoice {
+  const BackendFactory* backend = nullptr;  // the registered "cpu" or "cuda" backend
   bool cuda = false;
   bool emulate_fp8 = false;  // fp8 on a GPU without FP8 tensor cores: BF16 GEMMs on the FP8 codes
   std::string line;          // what the run says about it at start
 };
 
-CudaBackendOptions::AttentionKernels attention_kernels(const RunConfig& config) {
-  using Kernels = CudaBackendOptions::AttentionKernels;
-  return config.attention == "cudnn"   ? Kernels::cudnn
-         : config.attention == "octet" ? Kernels::octet
-                                       : Kernels::automatic;
+AttentionKernelChoice attention_kernels(const RunConfig& config) {
+  return config.attention == "cudnn"   ? AttentionKernelChoice::cudnn
+         : config.attention == "octet" ? AttentionKernelChoice::octet
+                                       : AttentionKernelChoice::automatic;
 }
 
 DeviceChoice choose_device(const RunConfig& config) {
   DeviceChoice d;
   const bool fp8 = config.precision.mode == MixedPrecision::fp8;
-  const int gpus = cuda_device_count();
+  // Null in a build without CUDA (or a program that did not register it).
+  const BackendFactory* cuda = find_backend("cuda");
+  const int gpus = cuda != nullptr ? cuda->device_count() : 0;
   if (config.device == "cuda") {
     OCTET_REQUIRE(
-        cuda_backend_built(),
+        cuda != nullptr,
         "train.device = \"cuda\": this octet was built without CUDA; rebuild where nvcc is found, or "
         "use \"cpu\" or \"auto\"");
     OCTET_REQUIRE(gpus > 0,
@@ -79,19 +81,22 @@ DeviceChoice choose_device(const RunConfig& config) {
       "train.attention = \"cudnn\" runs attention on BF16 tensor cores, and train.mixed_precision = "
       "\"fp32\" keeps it in float32; use \"auto\" or \"octet\", or another mixed_precision");
   if (!d.cuda) {
+    d.backend = find_backend("cpu");
+    OCTET_CHECK(d.backend != nullptr, "the CPU backend is registered");
     d.line = config.device == "auto"
                  ? fmt::format("train.device = \"auto\": training on the CPU backend ({}){}",
-                               cuda_backend_built() ? "no CUDA GPU visible" : "built without CUDA",
+                               cuda != nullptr ? "no CUDA GPU visible" : "built without CUDA",
                                fp8 ? ", FP8 emulated bit for bit" : "")
                  : std::string(fp8 ? "training on the CPU backend, FP8 emulated bit for bit"
                                    : "training on the CPU backend");
     if (config.time_gemm_algorithms) d.line += " (train.gemm_algorithms = \"timed\" applies to the GPU only)";
     return d;
   }
-  const CudaDeviceInfo info = cuda_device_info(0);
+  d.backend = cuda;
+  const BackendDevice info = cuda->device(0);
   if (fp8) {
     const RecipeKind kind = config.precision.recipe;
-    OCTET_REQUIRE(kind != RecipeKind::block && kind != RecipeKind::mxfp8,
+    OCTET_REQUIRE(cuda->supports_recipe(kind),
                   "fp8.recipe = \"{}\" is not supported on the CUDA backend yet; use \"delayed\", "
                   "\"current\" or \"static\" on the GPU, or train.device = \"cpu\"",
                   recipe_name(kind));
@@ -103,8 +108,7 @@ DeviceChoice choose_device(const RunConfig& config) {
       d.emulate_fp8 = true;
     }
   }
-  d.line = fmt::format("training on {} (CUDA device 0, compute capability {}.{}){}", info.name, info.major,
-                       info.minor,
+  d.line = fmt::format("training on {}{}", cuda->describe_device(0),
                        !fp8            ? ""
                        : d.emulate_fp8 ? "; WARNING: no FP8 tensor cores, FP8 GEMMs run as BF16 GEMMs on "
                                          "the FP8 values (FP8 numerics, no FP8 speed)"
@@ -113,10 +117,10 @@ DeviceChoice choose_device(const RunConfig& config) {
   // Every mode but fp32 asks for attention on BF16 tensor cores (make_backend); say where it really runs.
   if (config.precision.mode != MixedPrecision::fp32) {
     const int64_t C = config.model.channels, NH = config.model.heads;
-    d.line += cuda_attention_on_tensor_cores(C, NH)
+    d.line += cuda->attention_on_tensor_cores(C, NH)
                   ? fmt::format("; attention on BF16 tensor cores: {}",
-                                cuda_attention_kernels(config.train.batch_size, config.train.seq_len, C, NH,
-                                                       attention_kernels(config)))
+                                cuda->attention_kernels(config.train.batch_size, config.train.seq_len, C, NH,
+                                                        attention_kernels(config)))
                   : fmt::format(
                         "; WARNING: attention in float32, not on BF16 tensor cores (head size {} is not "
                         "a multiple of 16 up to 128, or the GPU predates compute capability 8.0): "
@@ -127,13 +131,12 @@ DeviceChoice choose_device(const RunConfig& config) {
 }
 
 std::unique_ptr<Backend> make_backend(const DeviceChoice& device, const RunConfig& config) {
-  if (!device.cuda) return make_cpu_backend();
-  CudaBackendOptions cuda_options;
-  cuda_options.emulate_fp8 = device.emulate_fp8;
-  cuda_options.bf16_attention = config.precision.mode != MixedPrecision::fp32;
-  cuda_options.attention = attention_kernels(config);
-  cuda_options.time_gemm_algorithms = config.time_gemm_algorithms;
-  return make_cuda_backend(cuda_options);
+  BackendOptions options;  // the CPU backend takes none of them
+  options.emulate_fp8 = device.emulate_fp8;
+  options.bf16_attention = config.precision.mode != MixedPrecision::fp32;
+  options.attention = attention_kernels(config);
+  options.time_gemm_algorithms = config.time_gemm_algorithms;
+  return device.backend->make(options);
 }
 
 // Milliseconds per phase of one step, summed over the phase's stretches (the optimizer phase opens the step,
@@ -340,6 +343,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   // step it resumes at. Layers that alerts of the run being resumed moved to BF16 move back to BF16 here,
   // before the startup lines and the precision map say how each layer runs.
   std::unique_ptr<TelemetryStore> telemetry_store;
+  std::unique_ptr<Gpt2LayerSource> telemetry_layers;
   std::unique_ptr<TelemetryRecorder> telemetry;
   if (config.telemetry.enabled) {
     const std::optional<int64_t> resume_step =
@@ -351,8 +355,9 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
       if (options.interactive) std::fputs("\n", out);
       say(out, std::string(line));
     };
-    telemetry =
-        std::make_unique<TelemetryRecorder>(*model, *telemetry_store, config.telemetry, recorder_options);
+    telemetry_layers = std::make_unique<Gpt2LayerSource>(*model);
+    telemetry = std::make_unique<TelemetryRecorder>(*telemetry_layers, *telemetry_store, config.telemetry,
+                                                    recorder_options);
   }
   for (const std::string& line : {model->policy().startup_line(), model->memory_line()}) {
     if (!line.empty()) say(out, line);
@@ -484,7 +489,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
         say(out, line);
       }
       if (telemetry) {
-        telemetry->record_step(r, seconds * 1000.0, tokens_per_second,
+        telemetry->record_step(step_statistics(r), seconds * 1000.0, tokens_per_second,
                                telemetry->is_telemetry_step(done, config.steps));
         for (const auto& [phase, ms] : phases.totals()) telemetry_store->add(PhaseRecord{done, phase, ms});
         if (telemetry->stop_requested()) {  // fp8.on_alert = "stop"

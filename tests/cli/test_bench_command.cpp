@@ -15,8 +15,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_output.h"
-#include "octet/backend/cuda_backend.h"
+#include "octet/backend/registry.h"
 #include "process.h"
+#ifdef OCTET_HAVE_CUDA
+#include "octet/backend/cuda_registration.h"
+#endif
 
 namespace octet {
 namespace {
@@ -37,6 +40,20 @@ using testing::run_octet;
       return ::testing::AssertionFailure() << "the error line does not mention '" << m << "': " << r.err;
   }
   return ::testing::AssertionSuccess();
+}
+
+// The CUDA backend as the `octet` binary sees it: registered in a CUDA build, null in a build without CUDA.
+const BackendFactory* cuda_backend() {
+#ifdef OCTET_HAVE_CUDA
+  register_cuda_backend();
+#endif
+  return find_backend("cuda");
+}
+
+// GPUs the `octet` binary can use.
+int visible_gpus() {
+  const BackendFactory* cuda = cuda_backend();
+  return cuda != nullptr ? cuda->device_count() : 0;
 }
 
 // A two-layer model small enough for a few steps on the CPU backend in milliseconds.
@@ -94,10 +111,11 @@ TEST(BenchCommand, BenchWithoutASubcommandIsAUsageError) {
 }
 
 TEST(BenchCommand, GemmWithoutAGpuSaysSo) {
-  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA GPU is visible: tests/cuda/test_gpu_bench.cpp runs it";
+  if (visible_gpus() > 0) GTEST_SKIP() << "a CUDA GPU is visible: tests/cuda/test_gpu_bench.cpp runs it";
   const ProcessResult r = run_octet({"bench", "gemm", "--shapes", "64,64,64"});
-  EXPECT_TRUE(is_usage_error(r, {"octet bench gemm: error:",
-                                 cuda_backend_built() ? "no CUDA GPU is visible" : "built without CUDA"}));
+  EXPECT_TRUE(
+      is_usage_error(r, {"octet bench gemm: error:",
+                         cuda_backend() != nullptr ? "no CUDA GPU is visible" : "built without CUDA"}));
 }
 
 TEST(BenchCommand, GemmHelpDescribesTheBandwidthMeasurement) {
@@ -109,7 +127,7 @@ TEST(BenchCommand, GemmHelpDescribesTheBandwidthMeasurement) {
 
 // On a GPU: the bandwidth after the table, and as `memory_bandwidth` in the JSON, positive and finite.
 TEST(BenchCommand, GemmReportsTheMemoryBandwidth) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  if (visible_gpus() == 0) GTEST_SKIP() << "no CUDA GPU";
   const ProcessResult text = run_octet({"bench", "gemm", "--shapes", "64,64,64", "--iterations", "1"});
   ASSERT_EQ(text.exit_code, 0) << text.err;
   const double copy_gbs = field(text.out, "memory bandwidth");
@@ -242,7 +260,7 @@ TEST_F(BenchTrain, JsonSaysWhichGemmsRunInFp8) {
 
 // Every mode but fp32 asks for attention on BF16 tensor cores; the device line says whether it got them.
 TEST_F(BenchTrain, SaysWhereAttentionRunsOnTheGpu) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  if (visible_gpus() == 0) GTEST_SKIP() << "no CUDA GPU";
   const auto run = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = {
         "bench",         "train", config_.string(), "--steps",          "1", "--warmup", "0",

@@ -14,6 +14,7 @@
 
 #include "model_fixture.h"
 #include "octet/telemetry/recorder.h"
+#include "octet/train/telemetry_source.h"
 #include "process.h"
 
 namespace octet {
@@ -77,7 +78,8 @@ PlantedRun run_planted(AlertAction action, PlantOptions plan = {RecipeKind::stat
   RecorderOptions options;
   options.run_directory = run.dir;
   options.log = [&run](std::string_view line) { run.log.emplace_back(line); };
-  TelemetryRecorder recorder(model, store, telemetry, options);
+  Gpt2LayerSource layers(model);
+  TelemetryRecorder recorder(layers, store, telemetry, options);
   TrainSettings settings;
   settings.batch_size = 2;
   settings.seq_len = 16;
@@ -91,7 +93,8 @@ PlantedRun run_planted(AlertAction action, PlantOptions plan = {RecipeKind::stat
   for (int64_t i = 0; i < kSteps; ++i) {
     if (plan.planted_after && *plan.planted_after > 0 && i == *plan.planted_after) plant(model, *backend);
     run.steps.push_back(trainer.step(data));
-    recorder.record_step(run.steps.back(), 1.0, 1.0, recorder.is_telemetry_step(i + 1, kSteps));
+    recorder.record_step(step_statistics(run.steps.back()), 1.0, 1.0,
+                         recorder.is_telemetry_step(i + 1, kSteps));
   }
   store.close();
   return run;

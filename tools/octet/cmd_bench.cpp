@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "octet/backend/cuda_backend.h"
 #include "octet/backend/gpu_bench.h"
+#include "octet/backend/registry.h"
 #include "octet/check.h"
 #include "octet/config/run_config.h"
 #include "octet/model/gpt2.h"
@@ -92,13 +92,17 @@ std::vector<GemmBenchShape> shapes_of(const RunConfig& config) {
   return shapes;
 }
 
-void require_gpu(const char* command) {
-  OCTET_REQUIRE(cuda_backend_built(),
+// The CUDA backend, which has a GPU to measure.
+const BackendFactory& require_gpu(const char* command) {
+  const BackendFactory* cuda = find_backend("cuda");
+  OCTET_REQUIRE(cuda != nullptr,
                 "this octet was built without CUDA: `{}` needs a CUDA build (configure where nvcc is found) "
                 "and a GPU",
                 command);
-  OCTET_REQUIRE(cuda_device_count() > 0, "no CUDA GPU is visible (no driver, or no device): `{}` needs one",
+  OCTET_REQUIRE(cuda->device_count() > 0, "no CUDA GPU is visible (no driver, or no device): `{}` needs one",
                 command);
+  OCTET_CHECK(cuda->device_bench() != nullptr, "the CUDA backend has device measurements");
+  return *cuda;
 }
 
 // The fastest FP8 kind over BF16; none when either is missing.
@@ -268,15 +272,16 @@ int BenchCommands::run_gemm() const {
   if (!shapes_.empty())
     source = config_file_.empty() ? "the given shapes" : source + ", and the given shapes";
   if (shapes.empty()) shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
-  require_gpu("octet bench gemm");
+  const BackendFactory& cuda = require_gpu("octet bench gemm");
+  const DeviceBench& gpu = *cuda.device_bench();
 
   if (!gemm_algorithms_.empty()) settings.timed_algorithms = gemm_algorithms_ == "timed";
   const char* algorithms = settings.timed_algorithms ? "timed" : "heuristic";
-  const CudaDeviceInfo device = cuda_device_info(0);
+  const BackendDevice device = cuda.device(0);
   const BandwidthBenchSettings bandwidth_settings;
   if (json_) {
-    const std::vector<GemmBenchRow> rows = bench_gemms(shapes, settings);
-    const BandwidthBenchResult bandwidth = bench_memory_bandwidth(bandwidth_settings);
+    const std::vector<GemmBenchRow> rows = gpu.bench_gemms(shapes, settings, {});
+    const BandwidthBenchResult bandwidth = gpu.bench_memory_bandwidth(bandwidth_settings);
     json kinds = json::array();
     for (GemmBenchKind kind : kGemmBenchKinds) kinds.push_back(std::string(gemm_bench_kind_key(kind)));
     json out_rows = json::array();
@@ -314,7 +319,7 @@ int BenchCommands::run_gemm() const {
   std::printf("%s fp8/bf16 |\n%s---|\n", header.c_str(), rule.c_str());
   std::fflush(stdout);
   std::set<std::string> reasons;
-  bench_gemms(shapes, settings, [&reasons](const GemmBenchRow& row) {
+  gpu.bench_gemms(shapes, settings, [&reasons](const GemmBenchRow& row) {
     std::printf("%s\n", row_text(row).c_str());
     std::fflush(stdout);
     for (const GemmBenchResult& r : row.results) {
@@ -325,7 +330,7 @@ int BenchCommands::run_gemm() const {
   if (!reasons.empty()) std::printf("\nnot measured (-):\n");
   for (const std::string& reason : reasons) std::printf("  %s\n", reason.c_str());
   std::printf("\n%s\n",
-              bandwidth_text(bench_memory_bandwidth(bandwidth_settings), bandwidth_settings).c_str());
+              bandwidth_text(gpu.bench_memory_bandwidth(bandwidth_settings), bandwidth_settings).c_str());
   return 0;
 }
 

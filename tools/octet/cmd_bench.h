@@ -2,8 +2,8 @@
 //   octet bench gemm [--config CONFIG [--set key=value ...]] [--shapes M,N,K ...] [--iterations N] [--json]
 //   octet bench train CONFIG [--steps N] [--warmup N] [--phase-steps N] [--set key=value ...]
 //                     [--random-tokens | --data] [--json]
-// The measuring is done by the library (octet/backend/gpu_bench.h, octet/train/training_bench.h); this file
-// parses the arguments and prints tables or JSON.
+// The measuring is done by the library (the registered CUDA backend's DeviceBench, octet/backend/registry.h
+// and gpu_bench.h; octet/train/training_bench.h); this file parses the arguments and prints tables or JSON.
 #pragma once
 
 #include <cstdint>

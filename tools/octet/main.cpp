@@ -21,6 +21,9 @@
 #include "io.h"
 #include "octet/check.h"
 #include "octet/version.h"
+#ifdef OCTET_HAVE_CUDA
+#include "octet/backend/cuda_registration.h"
+#endif
 
 namespace {
 
@@ -140,6 +143,9 @@ int main(int argc, char** argv) {
   // Anything that escapes the command itself (building the command tree, formatting a message) is still
   // reported in one line rather than through std::terminate.
   try {
+#ifdef OCTET_HAVE_CUDA
+    octet::register_cuda_backend();  // the engine finds "cuda" in the backend registry
+#endif
     return run_command_line(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "octet: internal error: %s\n", e.what());

@@ -1,6 +1,8 @@
 // The CUDA backend: the Backend interface on an NVIDIA GPU, held to the CPU reference op by op. FP8 GEMMs run
 // on FP8 tensor cores through cuBLASLt where the GPU has them (compute capability 8.9 and up); the scaling
-// state of every FP8 operand lives on the device, so that no step waits for the host.
+// state of every FP8 operand lives on the device, so that no step waits for the host. Defined in the
+// octet_cuda library, which only a CUDA build has; the engine and the `octet` tool reach it through the
+// backend registry (registry.h, cuda_registration.h), and tests of the CUDA backend call it directly.
 #pragma once
 
 #include <memory>
@@ -20,9 +22,9 @@ struct CudaDeviceInfo {
   size_t memory_bytes = 0;
 };
 
-// Usable CUDA devices: 0 when octet was built without CUDA, or without a driver or a GPU.
+// Usable CUDA devices: 0 without a driver or a GPU.
 int cuda_device_count();
-// Whether this build of octet has the CUDA backend at all.
+// True: the CUDA backend is linked in (a build without CUDA has no octet_cuda, and the registry no "cuda").
 bool cuda_backend_built();
 
 struct CudaBackendOptions {
@@ -59,7 +61,7 @@ struct CudaBackendOptions {
   bool time_gemm_algorithms = false;
 };
 
-// Throws octet::Error (invalid_input) when octet was built without CUDA or the device does not exist.
+// Throws octet::Error (invalid_input) when the device does not exist.
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
 // The device behind a backend made by make_cuda_backend.
 CudaDeviceInfo cuda_device_info(int device);

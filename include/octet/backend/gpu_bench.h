@@ -1,7 +1,8 @@
 // Measurements on the GPU for `octet bench`: the throughput of the matrix products octet runs, timed through
 // the CUDA backend's own GEMM engine (octet/cuda/gemm.h), the device memory bandwidth, and the device memory
-// in use. Declarations only, and no CUDA header, so that CPU-only code (the command-line tool) can call them;
-// in a build without CUDA the functions that need a GPU throw octet::Error (invalid_input) saying so.
+// in use. No CUDA header: the types are shared with the backend registry (registry.h), whose DeviceBench is
+// how code above the backends (the command-line tool, `octet bench train`) reaches these measurements; the
+// functions are defined in the octet_cuda library, which only a CUDA build has.
 #pragma once
 
 #include <array>
@@ -104,8 +105,8 @@ struct GemmBenchRow {
 };
 
 // Times every kind on every shape on CUDA device 0, on random operands in [-1, 1). `on_row` (optional) sees
-// each row as soon as it is measured. Throws octet::Error: invalid_input without CUDA in the build or without
-// a GPU, or for a shape with a dimension below 1.
+// each row as soon as it is measured. Throws octet::Error: invalid_input without a GPU, or for a shape with
+// a dimension below 1.
 std::vector<GemmBenchRow> bench_gemms(const std::vector<GemmBenchShape>& shapes,
                                       const GemmBenchSettings& settings,
                                       const std::function<void(const GemmBenchRow&)>& on_row = {});
@@ -129,12 +130,12 @@ struct BandwidthBenchResult {
   double read_gbs = 0.0;  // bytes / read_median_ms
 };
 
-// Measures the bandwidth of CUDA device 0. Throws octet::Error (invalid_input) without CUDA in the build or
-// without a GPU, or for settings with no repeat or a buffer under 1 MiB.
+// Measures the bandwidth of CUDA device 0. Throws octet::Error (invalid_input) without a GPU, or for settings
+// with no repeat or a buffer under 1 MiB.
 BandwidthBenchResult bench_memory_bandwidth(const BandwidthBenchSettings& settings = {});
 
 // Device memory in use on the whole device (cudaMemGetInfo: total less free, every process and the CUDA
-// context included). Throws octet::Error (invalid_input) without CUDA in the build or without a GPU.
+// context included). Throws octet::Error (invalid_input) without a GPU.
 struct DeviceMemoryUse {
   size_t used_bytes = 0;
   size_t total_bytes = 0;

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "octet/config/train_settings.h"
 #include "octet/model/config.h"
 #include "octet/model/precision_policy.h"
 #include "octet/telemetry/settings.h"
-#include "octet/train/trainer.h"
 
 namespace octet {
 

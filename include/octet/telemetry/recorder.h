@@ -1,7 +1,7 @@
 // The training run's telemetry: after every optimizer step it queues the step's row; every N steps it reads
 // each FP8 layer's scaling state and cast telemetry (from the device, where the backend keeps them there),
 // queues one row per FP8 tensor, and checks the alert thresholds; an alert prints one warning line, queues an
-// event row and acts as fp8.on_alert says (docs/telemetry.md).
+// event row and acts as fp8.on_alert says (docs/telemetry.md). It reads the run through source.h only.
 #pragma once
 
 #include <cstdint>
@@ -13,11 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "octet/model/gpt2.h"
 #include "octet/telemetry/alerts.h"
 #include "octet/telemetry/settings.h"
+#include "octet/telemetry/source.h"
 #include "octet/telemetry/store.h"
-#include "octet/train/trainer.h"
 
 namespace octet {
 
@@ -29,10 +28,10 @@ struct RecorderOptions {
 
 class TelemetryRecorder {
  public:
-  // Switches the model's cast telemetry (and SQNR measurement) on as `settings` say. A resumed store's layers
-  // in BF16 move to BF16 now (call before the Trainer is made, so that its startup line and precision map
-  // say so) and its raised alerts are not raised again.
-  TelemetryRecorder(Gpt2& model, TelemetryStore& store, const TelemetrySettings& settings,
+  // Switches the layers' cast telemetry (and SQNR measurement) on as `settings` say. A resumed store's
+  // layers in BF16 move to BF16 now (call before the Trainer is made, so that its startup line and precision
+  // map say so) and its raised alerts are not raised again. `layers` must outlive the recorder.
+  TelemetryRecorder(Fp8LayerSource& layers, TelemetryStore& store, const TelemetrySettings& settings,
                     RecorderOptions options = {});
 
   // Queues the run table's rows (key, value) and, unless the store has them, one gemms row per GEMM of every
@@ -44,7 +43,7 @@ class TelemetryRecorder {
   bool is_telemetry_step(int64_t steps_done, int64_t total_steps) const;
   // After each optimizer step: the step row, a skipped step's event, and on telemetry steps the tensors and
   // the alerts (which may move layers to BF16 or ask the run to stop).
-  void record_step(const StepResult& result, double step_ms, double tokens_per_s, bool telemetry_step);
+  void record_step(const StepStatistics& result, double step_ms, double tokens_per_s, bool telemetry_step);
   void record_validation(int64_t steps_done, float loss);
   void record_event(EventRecord event);
 
@@ -60,7 +59,7 @@ class TelemetryRecorder {
   void move_to_bf16(const std::string& layer, const std::string& reason, int64_t since_step);
   void log(const std::string& line) const;
 
-  Gpt2& model_;
+  Fp8LayerSource& layers_;
   TelemetryStore& store_;
   TelemetrySettings settings_;
   RecorderOptions options_;

@@ -8,16 +8,10 @@
 #include <vector>
 
 #include "octet/backend/backend.h"
+#include "octet/config/train_settings.h"
 #include "octet/model/gpt2.h"
 
 namespace octet {
-
-struct AdamWSettings {
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.1f;
-};
 
 class AdamW {
  public:

@@ -4,39 +4,15 @@
 #pragma once
 
 #include <cstdint>
-#include <filesystem>
 #include <functional>
 #include <string>
-#include <string_view>
 
+#include "octet/config/train_settings.h"
 #include "octet/model/gpt2.h"
 #include "octet/train/optimizer.h"
 #include "octet/train/schedule.h"
 
 namespace octet {
-
-// The parts of an optimizer step, for profiling. Zeroing the gradients counts with the optimizer, as
-// PyTorch's optimizer.zero_grad() does; the non-finite checks and the gradient norm count with it too. The
-// LM head's backward counts with the forward, which runs it chunk by chunk right after each chunk's loss.
-enum class StepPhase : uint8_t { optimizer, data, forward, backward, done };
-
-struct TrainSettings {
-  int64_t batch_size = 8;        // B of a micro-batch
-  int64_t seq_len = 64;          // T
-  int64_t grad_accum_steps = 1;  // micro-batches per optimizer step
-  LearningRateSchedule schedule;
-  float grad_clip = 1.0f;  // maximum global gradient norm; 0 disables clipping
-  AdamWSettings adamw;
-  LossScaleSettings loss_scale;
-  int64_t max_consecutive_skips = 10;  // then the run stops with a diagnostic
-  // Where the run keeps its records; when set, the trainer writes precision_map.json there at start.
-  std::filesystem::path run_directory;
-  // Receives the lines the trainer reports (the FP8 startup line); none when unset.
-  std::function<void(std::string_view)> log;
-  // Called as each phase of a step begins, and with StepPhase::done when the step ends (`octet bench train`
-  // synchronises the backend there to time the phases); none when unset.
-  std::function<void(StepPhase)> phase_began;
-};
 
 // Fills tokens and targets [B, T] (host memory) for the next micro-batch.
 using BatchSource = std::function<void(int32_t* tokens, int32_t* targets)>;

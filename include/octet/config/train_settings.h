@@ -1,0 +1,62 @@
+// What a training run's configuration says about its optimizer steps: batch shape, gradient accumulation, the
+// learning-rate schedule, AdamW, loss scaling and clipping ([train], [optimizer], [scheduler], [loss_scale]).
+// Plain settings, so that the run configuration (run_config.h) holds them without depending on the trainer
+// that reads them (train/trainer.h): config sits below train, and train includes this header.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string_view>
+
+namespace octet {
+
+// The parts of an optimizer step, for profiling. Zeroing the gradients counts with the optimizer, as
+// PyTorch's optimizer.zero_grad() does; the non-finite checks and the gradient norm count with it too. The
+// LM head's backward counts with the forward, which runs it chunk by chunk right after each chunk's loss.
+enum class StepPhase : uint8_t { optimizer, data, forward, backward, done };
+
+struct LearningRateSchedule {
+  float max_learning_rate = 6e-4f;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  float final_fraction = 0.1f;  // the floor, as a fraction of the maximum
+  // Learning rate of step `step` (0-based): (step + 1) / warmup * max during warm-up, then
+  // floor + (max - floor) * (1 + cos(pi * progress)) / 2 with progress from 0 to 1 over the remaining steps.
+  float at(int64_t step) const;
+};
+
+struct LossScaleSettings {
+  bool dynamic = false;  // true for fp16 mode
+  float initial_scale = 65536.0f;
+  int64_t growth_interval = 2000;  // clean steps before the scale doubles
+  float backoff_factor = 0.5f;     // applied on overflow
+  float growth_factor = 2.0f;
+};
+
+struct AdamWSettings {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+};
+
+struct TrainSettings {
+  int64_t batch_size = 8;        // B of a micro-batch
+  int64_t seq_len = 64;          // T
+  int64_t grad_accum_steps = 1;  // micro-batches per optimizer step
+  LearningRateSchedule schedule;
+  float grad_clip = 1.0f;  // maximum global gradient norm; 0 disables clipping
+  AdamWSettings adamw;
+  LossScaleSettings loss_scale;
+  int64_t max_consecutive_skips = 10;  // then the run stops with a diagnostic
+  // Where the run keeps its records; when set, the trainer writes precision_map.json there at start.
+  std::filesystem::path run_directory;
+  // Receives the lines the trainer reports (the FP8 startup line); none when unset.
+  std::function<void(std::string_view)> log;
+  // Called as each phase of a step begins, and with StepPhase::done when the step ends (`octet bench train`
+  // synchronises the backend there to time the phases); none when unset.
+  std::function<void(StepPhase)> phase_began;
+};
+
+}  // namespace octet

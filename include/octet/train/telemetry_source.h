@@ -1,0 +1,35 @@
+// The training side of telemetry's source (telemetry/source.h): a GPT's linear layers as an Fp8LayerSource,
+// and a trainer's step result as the step's statistics. Thin adapters, so that telemetry reads a run without
+// knowing the model or the trainer.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "octet/model/gpt2.h"
+#include "octet/telemetry/source.h"
+#include "octet/train/trainer.h"
+
+namespace octet {
+
+class Gpt2LayerSource final : public Fp8LayerSource {
+ public:
+  // `model` must outlive this source.
+  explicit Gpt2LayerSource(Gpt2& model) : model_(model) {}
+
+  std::vector<LinearLayerPrecision> linear_layers() const override;
+  std::string precision_map_json() const override;
+  const ScalingRecipe* scaling_recipe() const override;
+  void set_cast_telemetry(bool collect, bool measure_sqnr) override;
+  const Fp8LinearState* fp8_state(std::string_view layer) override;
+  const Fp8LinearTelemetry* cast_telemetry(std::string_view layer) override;
+  void move_layer_to_bf16(std::string_view layer, std::string reason) override;
+
+ private:
+  Gpt2& model_;
+};
+
+StepStatistics step_statistics(const StepResult& result);
+
+}  // namespace octet

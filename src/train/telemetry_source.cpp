@@ -1,0 +1,58 @@
+// A GPT and its trainer as telemetry's source (see telemetry_source.h).
+#include "octet/train/telemetry_source.h"
+
+#include <utility>
+
+namespace octet {
+
+std::vector<LinearLayerPrecision> Gpt2LayerSource::linear_layers() const {
+  std::vector<LinearLayerPrecision> layers;
+  layers.reserve(model_.policy().layers().size());
+  for (const LinearPlan& plan : model_.policy().layers()) {
+    layers.push_back({.name = plan.name,
+                      .forward = plan.forward,
+                      .input_gradient = plan.input_gradient,
+                      .weight_gradient = plan.weight_gradient,
+                      .reason = plan.reason});
+  }
+  return layers;
+}
+
+std::string Gpt2LayerSource::precision_map_json() const {
+  return model_.policy().map_json();
+}
+
+const ScalingRecipe* Gpt2LayerSource::scaling_recipe() const {
+  return model_.policy().recipe();
+}
+
+void Gpt2LayerSource::set_cast_telemetry(bool collect, bool measure_sqnr) {
+  model_.set_telemetry(collect, measure_sqnr);
+}
+
+const Fp8LinearState* Gpt2LayerSource::fp8_state(std::string_view layer) {
+  return model_.fp8_state(layer);
+}
+
+const Fp8LinearTelemetry* Gpt2LayerSource::cast_telemetry(std::string_view layer) {
+  return model_.telemetry(layer);
+}
+
+void Gpt2LayerSource::move_layer_to_bf16(std::string_view layer, std::string reason) {
+  model_.move_layer_to_bf16(layer, std::move(reason));
+}
+
+StepStatistics step_statistics(const StepResult& r) {
+  return {.step = r.step,
+          .loss = r.loss,
+          .learning_rate = r.learning_rate,
+          .grad_norm = r.grad_norm,
+          .loss_scale = r.loss_scale,
+          .skipped = r.skipped,
+          .skip_reason = r.skip_reason,
+          .fp8_gemms = r.fp8_gemms,
+          .other_gemms = r.other_gemms,
+          .tokens = r.tokens};
+}
+
+}  // namespace octet
