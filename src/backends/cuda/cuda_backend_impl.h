@@ -1,0 +1,572 @@
+// The CUDA backend's class, CudaBackend, and what its files share: device scratch memory, a layer's weight
+// copy (which owns the layer's device scaling state, device_scaling.h) and the forward's saved FP8 input.
+// The class's methods are defined by responsibility: cuda_backend.cu (construction, memory, op timing, the
+// tensor entries), device_scaling.cu, operand_casts.cu, linear.cu, weight_update.cu, attention_dispatch.cu.
+// Internal to the CUDA backend: include only from its .cu files.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "attention.h"
+#include "cudnn_attention.h"
+#include "device_scaling.h"
+#include "device_table.h"
+#include "fused.h"
+#include "octet/backend/cuda_backend.h"
+#include "octet/check.h"
+#include "octet/cuda/cast.h"
+#include "octet/cuda/device.h"
+#include "octet/cuda/gemm.h"
+#include "octet/numerics/format.h"
+#include "ops.h"
+
+namespace octet::cuda::backend_internal {
+
+// Blocks of 256 threads for a grid-stride loop over n elements: at least 1, at most 4096.
+inline unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 4096 ? 4096 : b));
+}
+
+// Device memory that grows on demand. Growing waits for the stream, so memory still in use by enqueued work
+// is never freed under it.
+class DeviceScratch {
+ public:
+  ~DeviceScratch() { cudaFree(data_); }
+  void* get(size_t bytes, cudaStream_t stream) {
+    if (bytes > bytes_) {
+      OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+      cudaFree(data_);
+      data_ = nullptr;
+      OCTET_CUDA_CHECK(cudaMalloc(&data_, bytes));
+      bytes_ = bytes;
+    }
+    return data_;
+  }
+  template <typename T>
+  T* as(size_t count, cudaStream_t stream) {
+    return static_cast<T*>(get(count * sizeof(T), stream));
+  }
+  // Frees the memory once the stream's work is done with it.
+  void release(cudaStream_t stream) {
+    if (data_ == nullptr) return;
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaFree(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class CudaBackend;
+void forget_layer(CudaBackend* backend, const DeviceLayer* layer);
+
+// How a forward GEMM's epilogue reads a bias (CudaBackend::epilogue_bias) where it is rounded: bf16 bits (FP8
+// GEMMs, and GEMMs writing bf16), or float32 values rounded to bf16 (BF16 GEMMs writing float32).
+enum class BiasCopy { none, bf16_bits, bf16_values };
+
+// A linear layer's weight as its GEMMs read it. It also owns the layer's device state, so that the state
+// lives exactly as long as the layer (a host state is only an address, which a later layer may reuse).
+struct CudaWeightCopy final : public WeightCopy {
+  DeviceScratch fp8;             // codes of W [OC, C]
+  DeviceScratch fp8_transposed;  // codes of W^T [C, OC]; empty with LinearExecution::transpose_weight_per_use
+  DeviceScratch wide;            // BF16/FP16 W [OC, C]
+  bool has_fp8 = false;
+  bool has_wide = false;
+  // The layer's bias as the last forward's epilogue read it: bias_count values of bias_source in the form
+  // bias_form. bias_current: `bias` holds them for the bias's present values, which holds from AdamW's pass
+  // over the bias that wrote them (adamw_update_segments) until the weight is updated or prepared again, so
+  // that the forwards in between round nothing.
+  DeviceScratch bias;
+  const float* bias_source = nullptr;
+  int64_t bias_count = 0;
+  BiasCopy bias_form = BiasCopy::none;
+  bool bias_current = false;
+  std::unique_ptr<DeviceLayer> layer;  // FP8 layers
+  CudaBackend* owner = nullptr;        // the backend that maps host states to `layer`; outlives the copy
+  ~CudaWeightCopy() override {
+    if (layer != nullptr && owner != nullptr) forget_layer(owner, layer.get());
+  }
+};
+
+// The forward's FP8 input, kept for the weight-gradient GEMM: the codes of x^T [C, N] and their scale_inv.
+// The codes of x [N, C], which only the forward GEMM reads, live in the backend's input_codes_ until then,
+// unless the layer's backward recomputes its forward (LinearExecution::keep_input_codes): then here.
+struct CudaSavedInput final : public WeightCopy {
+  DeviceScratch codes;             // x [N, C] where kept
+  DeviceScratch codes_transposed;  // x^T [C, N]
+  uint8_t* row_codes = nullptr;    // where the last cast wrote x [N, C]: codes or the backend's input_codes_
+  DeviceScratch scale_inv;         // one float
+  Dtype format = Dtype::e4m3;
+};
+
+class CudaBackend final : public Backend {
+  // Times the ops enqueued while it lives, as one op of `kind`, when timing is on. Scopes nest: the
+  // outermost one counts (prepare_weight is a cast as a whole, its inner cast not separately).
+  class OpScope {
+   public:
+    OpScope(CudaBackend& backend, OpKind kind) : backend_(backend.timing_ ? &backend : nullptr) {
+      // A bias gradient's sum on the second stream may overlap GEMMs only (see PartialSumsAside).
+      if (kind != OpKind::gemm_fp8 && kind != OpKind::gemm_wide) backend.sums_aside_.join(backend.stream_);
+      if (backend_ != nullptr && backend_->timing_depth_++ == 0) backend_->begin_op(kind);
+    }
+    ~OpScope() {
+      if (backend_ != nullptr && --backend_->timing_depth_ == 0) backend_->end_op();
+    }
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+
+   private:
+    CudaBackend* backend_;
+  };
+
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+
+  void set_op_timing(bool on) override {
+    timing_ = on;
+    if (!on) timed_used_ = 0;
+  }
+  OpTimes take_op_times() override;
+  void synchronize() override {
+    sums_aside_.join(stream_);
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  std::unique_ptr<Buffer> allocate(size_t bytes) override;
+  void copy_to_host(void* host, const void* source, size_t bytes) override {
+    sums_aside_.join(stream_);
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(host, source, bytes, cudaMemcpyDeviceToHost, stream_));
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void copy_from_host(void* destination, const void* host, size_t bytes) override {
+    sums_aside_.join(stream_);
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(destination, host, bytes, cudaMemcpyHostToDevice, stream_));
+    // The host memory may be reused as soon as this returns.
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void fill_zero_ranges(float* x, std::span<const Range> ranges) override;
+  void fill_zero(float* x, int64_t n) override {
+    const OpScope scope(*this, OpKind::other);
+    cuda::fill_zero(x, n, stream_);
+  }
+
+  // The tensor entries of the Backend interface: each checks its tensors and dispatches on their dtypes to
+  // the ops on raw pointers below, which the backend's files call directly.
+  void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
+                             const ConstTensorView& inp, const float* weight, const float* bias,
+                             LinearExecution* cast_for) override;
+  void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
+                              const ConstTensorView& dout, const float* inp, const float* weight,
+                              const float* mean, const float* rstd) override;
+  void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override;
+  void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
+                        const Epilogue& epilogue, LinearExecution& exec) override;
+  void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
+                       const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
+                       const WeightCopy* copy, LinearExecution& exec) override;
+  Dtype storage_type(const StorageQuery& query) const override;
+  void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
+                         int64_t heads) override;
+  void attention_backward(const TensorView& dqkv, const ConstTensorView& dout, const ConstTensorView& qkv,
+                          const ConstTensorView& out, const float* lse, int64_t heads) override;
+  void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                          LinearExecution* cast_for) override;
+  void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override;
+  double sum_of_squares(const ConstTensorView& x) override {
+    return sum_of_squares_as(x.data, x.dtype, x.numel());
+  }
+
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                       int64_t T, int64_t C) override {
+    const OpScope scope(*this, OpKind::other);
+    cuda::encoder_forward(out, tokens, wte, wpe, B, T, C, stream_);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                        int64_t T, int64_t C) override {
+    const OpScope scope(*this, OpKind::other);
+    cuda::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, workspace_, stream_);
+  }
+  void layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int64_t N, int64_t C);
+  void layernorm_backward_as(float* dinp, float* dweight, float* dbias, const void* dout, Dtype dout_type,
+                             const float* inp, const float* weight, const float* mean, const float* rstd,
+                             int64_t N, int64_t C);
+
+  void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
+                      LinearExecution& exec) override;
+  void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
+                        int64_t C, int64_t OC, LinearExecution& exec);
+  Dtype bf16_storage_type() const { return options_.hidden_in_bf16 ? Dtype::bf16 : Dtype::f32; }
+  void linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
+                           const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec);
+  void linear_recompute_residual(float* out, const float* residual, const float* weight,
+                                 const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                                 LinearExecution& exec);
+
+  Dtype attention_input_type(int64_t C, int64_t NH) const {
+    return cuda::attention_uses_tensor_cores(C, NH, attention_options_) ? Dtype::bf16 : Dtype::f32;
+  }
+  Dtype attention_output_type(int64_t C, int64_t NH) const {
+    const bool cudnn = cudnn_ != nullptr && options_.attention_outputs_in_bf16;
+    return cudnn && attention_input_type(C, NH) == Dtype::bf16 ? Dtype::bf16 : Dtype::f32;
+  }
+  void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type, const float* weight,
+                         const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                         LinearExecution& exec);
+  void linear_forward_residual_as(float* out, const float* residual, const void* inp, Dtype inp_type,
+                                  const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
+                                  int64_t C, int64_t OC, LinearExecution& exec);
+  void linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type, float* dbias,
+                          const void* dout, Dtype dout_type, const void* inp, Dtype inp_type,
+                          const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                          LinearExecution& exec);
+  // The weight-gradient GEMMs write (and add to) a bf16 gradient themselves: BF16 ones, and FP8 ones on FP8
+  // tensor cores (the emulation's dequantizing epilogue writes float32).
+  Dtype weight_gradient_type(const LinearExecution& exec) const {
+    const bool bf16 =
+        exec.weight_gradient == GemmMode::bf16 || (exec.weight_gradient == GemmMode::fp8 && !emulate_fp8_);
+    return bf16 && options_.weight_gradients_in_bf16 ? Dtype::bf16 : Dtype::f32;
+  }
+  void attention_forward_as(void* out, Dtype out_type, float* lse, const void* qkv, Dtype qkv_type, int64_t B,
+                            int64_t T, int64_t C, int64_t NH);
+  void attention_backward_as(void* dqkv, const void* dout, const void* qkv, Dtype qkv_type, const void* out,
+                             Dtype out_type, const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+
+  void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n);
+  void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer);
+  void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
+                            LinearExecution& consumer);
+  void gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
+                        int64_t n);
+  void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N, int64_t C,
+                             float* dbias, LinearExecution& consumer);
+  void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
+    const OpScope scope(*this, OpKind::other);
+    cuda::residual_forward(out, a, b, n, stream_);
+  }
+  void accumulate(float* a, const float* b, int64_t n) override {
+    const OpScope scope(*this, OpKind::other);
+    cuda::accumulate(a, b, n, stream_);
+  }
+  void round_in_place(float* x, int64_t n, Dtype dtype) override {
+    const OpScope scope(*this, OpKind::casts);
+    cuda::round_in_place(x, n, dtype, stream_);
+  }
+  void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                             int64_t Vp, float dloss) override {
+    const OpScope scope(*this, OpKind::loss);
+    cuda::softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss, stream_);
+  }
+  void lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp, float* dweight,
+                     const float* inp, const float* weight, const WeightCopy* copy, int64_t n, int64_t C,
+                     int64_t V, int64_t Vp, float dloss, LinearExecution& exec) override;
+
+  double sum_of_squares(const float* x, int64_t n) {
+    const OpScope scope(*this, OpKind::optimizer);
+    return cuda::sum_of_squares(x, n, workspace_, stream_);
+  }
+  double sum_of_squares_as(const void* x, Dtype type, int64_t n) {
+    check_stored(type, "a gradient");
+    if (type == Dtype::f32) return sum_of_squares(static_cast<const float*>(x), n);
+    const OpScope scope(*this, OpKind::optimizer);
+    return cuda::sum_of_squares(static_cast<const uint16_t*>(x), n, workspace_, stream_);
+  }
+  bool all_finite(const float* x, int64_t n) override {
+    const OpScope scope(*this, OpKind::optimizer);
+    return cuda::all_finite(x, n, workspace_, stream_);
+  }
+  void scale(float* x, int64_t n, float factor) override {
+    const OpScope scope(*this, OpKind::optimizer);
+    cuda::scale(x, n, factor, stream_);
+  }
+  void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
+                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                    float grad_scale) override {
+    const OpScope scope(*this, OpKind::optimizer);
+    cuda::adamw_update(params, m, v, grads, n, learning_rate, beta1, beta2, eps, weight_decay, step,
+                       grad_scale, stream_);
+  }
+
+  void adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC, int64_t C,
+                           float learning_rate, float beta1, float beta2, float eps, float weight_decay,
+                           int64_t step, float grad_scale, std::unique_ptr<WeightCopy>& copy,
+                           LinearExecution& exec) override;
+  void adamw_update_weights(float* params, float* m, float* v, const float* grads,
+                            std::span<const WeightUpdate> weights, float learning_rate, float beta1,
+                            float beta2, float eps, int64_t step, float grad_scale) override;
+  void adamw_update_segments(float* params, float* m, float* v, const float* grads,
+                             std::span<const AdamWSegment> segments, float learning_rate, float beta1,
+                             float beta2, float eps, int64_t step, float grad_scale) override;
+
+  void fetch_scaling(Fp8LinearState& state) override;
+  void publish_scaling(const Fp8LinearState& state) override;
+  void fetch_telemetry(Fp8LinearTelemetry& telemetry) override;
+
+  // Drops the host-state and telemetry mappings of a layer whose weight copy is going away.
+  void forget(const DeviceLayer* layer) {
+    if (layer->pending != 0) apply_scaling_updates();
+    std::erase_if(layers_, [layer](const auto& entry) { return entry.second == layer; });
+    std::erase_if(telemetry_layers_, [layer](const auto& entry) { return entry.second == layer; });
+  }
+
+ private:
+  using Layer = DeviceLayer;
+  // The device state of an FP8 layer, made with its weight copy (from the host state as it is then).
+  Layer& layer_of(LinearExecution& exec, CudaWeightCopy& copy);
+  Layer& prepared_layer(LinearExecution& exec, const CudaWeightCopy* copy);
+  // The scale a cast of `operand` uses, in device memory. Applies the pending updates first when this operand
+  // has one. Delayed scaling reads the state's scale itself; current scaling takes x's amax (x [n]) first;
+  // the others write it to `slot`.
+  const float* begin_cast(Layer& layer, int operand, Dtype format, const float* x, int64_t n, float* slot);
+  // Records the cast's scaling update and telemetry, applied with the others by apply_scaling_updates.
+  void end_cast(Layer& layer, int operand, Dtype format, int64_t n, bool update, bool count);
+  // One kernel for every pending scaling update.
+  void apply_scaling_updates();
+  // Casts x [rows, cols] as `operand` of the layer, writing codes and their transpose.
+  void cast_operand(Layer& layer, int operand, Dtype format, const float* x, int64_t rows, int64_t cols,
+                    uint8_t* codes, uint8_t* codes_transposed, float* scale_out, float* scale_inv_out,
+                    bool update, const LinearExecution& exec);
+  // The device state of an FP8 layer whose weight copy exists (prepare_weight made it).
+  Layer& mapped_layer(LinearExecution& exec);
+  // The forward's saved input of an FP8 layer, sized for x [N, C].
+  CudaSavedInput& saved_input(LinearExecution& exec, int64_t N, int64_t C);
+  // Casts the forward's input x [N, C] into exec.saved_input.
+  void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec);
+  // The same for a bf16 input (its bits): in one pass that reads the bf16 values where producer_casts(exec),
+  // else cast_input of their float32 values.
+  void cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec);
+  // A tensor stored as float32 or as bf16 (attention's output and the gradients on either side of it, the
+  // MLP's hidden activation and its gradient).
+  struct Stored {
+    const void* data;
+    Dtype type;
+  };
+  // Refuses a storage type other than f32 and bf16 for `what`.
+  static void check_stored(Dtype type, std::string_view what) {
+    OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "{} stored in f32 or bf16, got {}", what,
+                dtype_name(type));
+  }
+  // x [n] as float32: itself, or its bf16 values widened into widened_[slot].
+  const float* as_f32(Stored x, int64_t n, int slot);
+  // x [n] as a GEMM in `mode` (BF16 or FP16) reads it: a 16-byte aligned bf16 x itself in BF16 mode, else
+  // its wide_copy (in wide_[slot]).
+  const void* as_wide(Stored x, int64_t n, GemmMode mode, int slot);
+  // Whether a producer may write the layer's input cast in its own pass: the recipe knows the scale before
+  // the cast (delayed, static; current scaling needs the amax first) and no SQNR pass needs the float values.
+  bool producer_casts(const LinearExecution& exec) const;
+  // The input cast written by a producer kernel: prepares the scale, lets `write` run the producer with the
+  // FusedCast it is given, then updates the scaling state and telemetry as cast_operand does.
+  template <typename Write>
+  void producer_cast(int64_t N, int64_t C, LinearExecution& exec, Write write);
+  // Casts the backward's output gradient dout [N, OC] as the layer's gradient operand into dy_codes_ and
+  // dy_codes_transposed_ (linear_backward's cast; gelu_backward_cast's where it cannot fuse), and adds the
+  // column sums of dout to dbias when given: in the cast's own pass where producer_casts(exec), else by
+  // bias_backward before the cast.
+  void cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC, const LinearExecution& exec,
+                     float* dbias = nullptr);
+  // The same for a bf16 dout (its bits): in one pass that reads the bf16 values where producer_casts(exec),
+  // else cast_gradient of their float32 values.
+  void cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t N, int64_t OC,
+                          const LinearExecution& exec, float* dbias);
+  // The FusedCast of a gradient dout [N, C] as the layer's gradient operand in `format`, for a kernel that
+  // writes the cast in its own pass (bias_backward_cast, gelu_backward_cast): the scale from begin_cast, the
+  // codes into dy_codes_ and dy_codes_transposed_, scale_inv and results in the layer's state. The caller
+  // runs the kernel and then end_cast.
+  FusedCast gradient_fused_cast(Layer& layer, Dtype format, int64_t N, int64_t C);
+  // D [M, N] (=|+=) A [M, K] x B [N, K]^T on FP8 codes with dequantizing scales (device pointers), plus
+  // a BF16 bias [N] when not null (never with accumulate).
+  // With d_bf16 (FP8 tensor cores only; d null, no accumulate) the result is written as bf16 there instead.
+  void fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv, const uint8_t* b,
+                Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N, int64_t K, bool accumulate,
+                bool fast_accumulation, const __nv_bfloat16* bias = nullptr, __nv_bfloat16* d_bf16 = nullptr,
+                const float* addend = nullptr);
+  // The bias [OC] of a forward GEMM in `mode` as its epilogue adds it (GemmProblem::bias): rounded to BF16
+  // (FP8 and BF16 GEMMs) or FP16, or float32 for float32 GEMMs; in 16-byte aligned scratch where it is
+  // converted or misaligned. Null for a null bias. A GEMM writing bf16 takes a bf16 bias in every mode
+  // (bf16_output).
+  // With the layer's weight copy, made there (CudaWeightCopy::bias), and taken from there where AdamW
+  // wrote it.
+  const void* epilogue_bias(const float* bias, int64_t OC, GemmMode mode, bool bf16_output = false,
+                            CudaWeightCopy* copy = nullptr);
+  const void* wide_copy(const float* x, int64_t n, GemmMode mode, int slot);
+  // linear_forward's GEMM, writing float32 to out or, with out_bf16 instead (BF16 GEMMs, and FP8 ones on FP8
+  // tensor cores), bf16 there. With `recompute` (FP8 only): linear_recompute's, on the kept codes, uncounted.
+  // With an addend (float32 out only, not with emulated FP8): out = addend + the product, in the epilogue.
+  void forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
+                    const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                    LinearExecution& exec, bool recompute = false, const float* addend = nullptr);
+  // forward_gemm with its output stored as `out_type`: a bf16 output from the GEMM's epilogue where the GEMM
+  // can write bf16 (16-byte aligned, BF16 or FP8 on FP8 tensor cores), else the float32 result rounded to
+  // bf16 after.
+  void forward_gemm_as(void* out, Dtype out_type, Stored x, const float* weight, const WeightCopy* copy,
+                       const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
+                       bool recompute);
+  // A BF16, FP16 or FP32 GEMM.
+  void wide_gemm(const GemmProblem& p) {
+    const OpScope scope(*this, OpKind::gemm_wide);
+    gemm_->run(p, stream_);
+  }
+  // dinp [N, C] = dout [N, OC] x W [OC, C] with dout and the weight copy already in `mode`'s type (BF16 or
+  // FP16); dinp is the GEMM's float32 result, or, with dinp_bf16 instead (BF16 mode), that rounded to bf16.
+  void wide_input_gradient(float* dinp, const void* dout_wide, const void* weight_wide, int64_t N, int64_t C,
+                           int64_t OC, GemmMode mode, LinearExecution& exec,
+                           __nv_bfloat16* dinp_bf16 = nullptr);
+  // dweight [OC, C] += dout^T [OC, N] x inp [N, C] (= where exec.accumulate_weight_gradient is false), both
+  // operands of `type`; accumulated in float32. With dweight_bf16 instead (BF16 operands), the sum is
+  // rounded to bf16 there.
+  void weight_gradient_gemm(float* dweight, GemmType type, const void* dout, const void* inp, int64_t N,
+                            int64_t C, int64_t OC, LinearExecution& exec,
+                            __nv_bfloat16* dweight_bf16 = nullptr);
+  // The BF16/FP16 copy of a weight, where one of the layer's GEMMs on it runs in that type.
+  void make_wide_weight(CudaWeightCopy& w, const float* weight, int64_t OC, int64_t C,
+                        const LinearExecution& exec);
+  // The FP8 cast of a weight that the AdamW pass writes (where fuses_weight_cast): begin_weight_cast before
+  // the kernel, end_weight_cast after it.
+  FusedCast begin_weight_cast(std::unique_ptr<WeightCopy>& copy, int64_t OC, int64_t C,
+                              LinearExecution& exec);
+  void end_weight_cast(WeightCopy& copy, const float* params, int64_t OC, int64_t C, LinearExecution& exec);
+  // A weight copy's BF16 half of n values, for the AdamW kernel that writes it (where writes_bf16_copy).
+  __nv_bfloat16* bf16_weight_copy(std::unique_ptr<WeightCopy>& copy, int64_t n);
+  // Where a weight cast writes the codes of W^T (n of them): the copy's own buffer, or null (not written;
+  // the buffer freed) with exec.transpose_weight_per_use.
+  uint8_t* weight_codes_transposed(CudaWeightCopy& w, size_t n, const LinearExecution& exec);
+  // The codes of W^T [C, OC] for the input-gradient GEMM: the copy's own, or W's transposed into
+  // weight_transposed_ now (exec.transpose_weight_per_use).
+  const uint8_t* weight_transposed_for_gemm(CudaWeightCopy& w, int64_t OC, int64_t C,
+                                            const LinearExecution& exec);
+
+  struct TimedOp {
+    OpKind kind;
+    cudaEvent_t start;
+    cudaEvent_t stop;
+  };
+  void begin_op(OpKind kind);
+  void end_op() { OCTET_CUDA_CHECK(cudaEventRecord(timed_[timed_used_++].stop, stream_)); }
+
+  bool timing_ = false;
+  int timing_depth_ = 0;
+  std::vector<TimedOp> timed_;  // events reused from take to take
+  size_t timed_used_ = 0;
+
+  // The second stage of the fused bias gradients (cuda::PartialSums): a small launch that adds the tile sums,
+  // run on a second stream beside the backward GEMMs that follow the cast, instead of between them on the
+  // training stream. The training stream waits for it (join) before every op but a GEMM, before anything
+  // that reads device memory from the host, and before column_partials_ is written again (each such op
+  // opens an OpScope of another kind first).
+  class PartialSumsAside {
+   public:
+    PartialSumsAside() = default;
+    PartialSumsAside(const PartialSumsAside&) = delete;
+    PartialSumsAside& operator=(const PartialSumsAside&) = delete;
+    ~PartialSumsAside() {
+      if (written_ != nullptr) (void)cudaEventDestroy(written_);
+      if (done_ != nullptr) (void)cudaEventDestroy(done_);
+    }
+    // For one fused kernel's second stage; the caller's stream must join before dbias is read.
+    cuda::PartialSums next() {
+      if (stream_ == nullptr) {
+        stream_ = std::make_unique<cuda::Stream>();
+        OCTET_CUDA_CHECK(cudaEventCreateWithFlags(&written_, cudaEventDisableTiming));
+        OCTET_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+      }
+      pending_ = true;
+      return {stream_->get(), written_, done_, &workspace_};
+    }
+    // `stream` waits for the last second stage queued, if any since the last join.
+    void join(cudaStream_t stream) {
+      if (!pending_) return;
+      OCTET_CUDA_CHECK(cudaStreamWaitEvent(stream, done_, 0));
+      pending_ = false;
+    }
+    void synchronize() {
+      if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_->get());
+    }
+
+   private:
+    std::unique_ptr<cuda::Stream> stream_;
+    cudaEvent_t written_ = nullptr;
+    cudaEvent_t done_ = nullptr;
+    Workspace workspace_;
+    bool pending_ = false;
+  };
+
+  CudaBackendOptions options_;
+  CudaDeviceInfo info_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<GemmEngine> gemm_;
+  Workspace workspace_;
+  PartialSumsAside sums_aside_;
+  AttentionOptions attention_options_;
+  AttentionWorkspace attention_workspace_;
+  // cuDNN's fused attention where it was loaded (CudaBackendOptions::attention), the reason where not, the
+  // shapes it refused (each warned about once), and the bf16 staging of out, dout and dqkv.
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  std::string cudnn_why_not_;
+  std::set<std::tuple<int64_t, int64_t, int64_t, int64_t>> cudnn_refused_;
+  DeviceScratch attention_bf16_[3];
+  // Where octet's kernels run attention whose output and gradients are stored in bf16: float32 staging of
+  // out, dout and dqkv.
+  DeviceScratch attention_f32_[3];
+
+  // Whether this attention call runs on cuDNN: loaded, bf16 q, k, v at 16-byte aligned addresses, and an
+  // engine for the shape (a refused shape runs octet's kernels, with one warning per shape on stderr).
+  bool use_cudnn(const void* qkv, Dtype qkv_type, int64_t B, int64_t T, int64_t C, int64_t NH);
+  bool emulate_fp8_ = false;
+  std::vector<ScalingUpdate> pending_updates_;
+  std::vector<Layer*> pending_layers_;
+  std::unordered_map<const Fp8LinearState*, Layer*> layers_;
+  std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
+  DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_, column_partials_;
+  // A bf16 weight gradient widened for an AdamW update that reads float32 (adamw_update_weights).
+  DeviceScratch widened_gradient_;
+  DeviceScratch bias_;  // a forward GEMM's bias as its epilogue reads it
+  // The chunks of the segmented AdamW update and of the segmented zeroing.
+  DeviceTable<Chunk> adamw_chunks_;
+  DeviceTable<Chunk> zero_chunks_;
+  // The weights of the multi-weight AdamW cast (adamw_update_weights).
+  cuda::AdamWCastTable adamw_casts_;
+  cuda::AdamWConvertTable adamw_converts_;
+  // bf16 operands of a linear layer widened to float32 where a GEMM or cast cannot read them as they are
+  // (as_f32): slot 0 for dout (or the forward's input), 1 for the backward's input; slot 2 stages a float32
+  // input gradient that is stored in bf16.
+  DeviceScratch widened_[3];
+  // The row-major codes of the last input cast (cast_input, producer_cast), x [N, C], for its forward GEMM,
+  // and whose they are: one buffer for every layer, as each forward GEMM follows its input's cast and only
+  // the transposed codes are kept for the backward.
+  DeviceScratch input_codes_;
+  const LinearExecution* input_codes_for_ = nullptr;
+  // The codes of W^T of the layer whose input-gradient GEMM runs next, transposed from W's just before it,
+  // for every layer with transpose_weight_per_use.
+  DeviceScratch weight_transposed_;
+  // The gradient cast that dy_codes_ holds when gelu_backward_cast made it: for whose linear_backward, of
+  // what shape. The consumer is null once a linear_backward has cast into dy_codes_ itself.
+  struct ReadyGradient {
+    const LinearExecution* consumer = nullptr;
+    int64_t rows = 0;
+    int64_t cols = 0;
+  };
+  ReadyGradient ready_gradient_;
+};
+
+}  // namespace octet::cuda::backend_internal

@@ -1,0 +1,359 @@
+// The FP8 layers' scaling states on the device (device_scaling.h): made with a layer's weight copy from the
+// host state, mapped from the host states and telemetry, moved to and from the host when asked
+// (fetch_scaling, publish_scaling, fetch_telemetry), and updated after each cast: begin_cast prepares the
+// scale a cast reads from device memory, end_cast records its update, and one kernel applies every pending
+// update (apply_scaling_updates), so that nothing waits for the host inside a step. cast_operand is the
+// unfused cast of a layer's operand between the two.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <iterator>
+
+#include "cuda_backend_impl.h"
+
+namespace octet::cuda::backend_internal {
+namespace {
+
+RecipeParameters recipe_parameters(const ScalingRecipe& recipe) {
+  RecipeParameters p{recipe.kind(), 0, false, 1.0f};
+  switch (recipe.kind()) {
+    case RecipeKind::current:
+      p.margin = static_cast<const CurrentScaling&>(recipe).margin();
+      break;
+    case RecipeKind::delayed: {
+      const auto& d = static_cast<const DelayedScaling&>(recipe);
+      OCTET_REQUIRE(d.history_length() <= kMaxHistory,
+                    "the CUDA backend keeps amax histories of at most {} steps, the recipe asks for {}",
+                    kMaxHistory, d.history_length());
+      p.margin = d.margin();
+      p.most_recent = d.algorithm() == AmaxAlgorithm::most_recent;
+      break;
+    }
+    case RecipeKind::static_scale:
+      p.static_scale = static_cast<const StaticScaling&>(recipe).scale();
+      break;
+    case RecipeKind::block:
+    case RecipeKind::mxfp8:
+      OCTET_REQUIRE(false,
+                    "fp8.recipe = \"{}\" is not supported on the CUDA backend yet (its GEMMs need per-block "
+                    "scales in the tensor cores' main loop); use \"delayed\", \"current\" or \"static\" on "
+                    "the GPU, or train.device = \"cpu\"",
+                    recipe_name(recipe.kind()));
+      break;
+  }
+  return p;
+}
+
+// scale_from_amax of src/numerics/scaling.cpp, in the same double arithmetic.
+__device__ float device_scale_from_amax(float amax, float fp8_max, int margin, float previous,
+                                        bool* degenerate) {
+  if (!(amax > 0.0f) || !isfinite(amax)) {
+    *degenerate = true;
+    return previous;
+  }
+  *degenerate = false;
+  const double scale = static_cast<double>(fp8_max) / static_cast<double>(amax) / ldexp(1.0, margin);
+  return scale > static_cast<double>(FLT_MAX) ? FLT_MAX : static_cast<float>(scale);
+}
+
+// ScalingRecipe::cast_scale: the scale this cast uses. `pre` holds the tensor's amax for current scaling.
+__global__ void prepare_scale_kernel(DeviceLayerState* s, int operand, RecipeParameters r, float fp8_max,
+                                     const CastResults* pre, float* out) {
+  const DeviceTensorScaling& t = s->tensor[operand];
+  bool unused = false;
+  switch (r.kind) {
+    case RecipeKind::current:
+      *out = device_scale_from_amax(pre->amax, fp8_max, r.margin, t.scale, &unused);
+      break;
+    case RecipeKind::static_scale:
+      *out = r.static_scale;
+      break;
+    default:
+      *out = t.scale;
+      break;
+  }
+}
+
+// ScalingRecipe::update after a cast, and the cast's telemetry.
+__device__ void apply_scaling_update(DeviceLayerState* s, int operand, RecipeParameters r, float fp8_max,
+                                     unsigned long long elements, bool update, bool count) {
+  DeviceTensorScaling& t = s->tensor[operand];
+  const CastResults& c = s->results[operand];
+  if (count) {
+    DeviceCastTelemetry& tel = s->telemetry[operand];
+    tel.casts += 1;
+    tel.elements += elements;
+    tel.nonzero += c.nonzero;
+    tel.saturated += c.saturated;
+    tel.underflowed += c.underflowed;
+  }
+  if (!update) return;
+  const float amax = c.amax;
+  bool degenerate = false;
+  switch (r.kind) {
+    case RecipeKind::current:
+      t.scale = device_scale_from_amax(amax, fp8_max, r.margin, t.scale, &degenerate);
+      t.scale_inv = __fdiv_rn(1.0f, t.scale);
+      t.last_amax = amax;
+      t.updates += 1;
+      if (degenerate) t.degenerate += 1;
+      break;
+    case RecipeKind::delayed: {
+      t.last_amax = amax;
+      t.updates += 1;
+      if (!isfinite(amax)) {
+        t.degenerate += 1;
+        break;
+      }
+      for (int i = t.history_length - 1; i > 0; --i) t.history[i] = t.history[i - 1];
+      t.history[0] = amax;
+      float window = t.history[0];
+      if (!r.most_recent) {
+        for (int i = 1; i < t.history_length; ++i) window = t.history[i] > window ? t.history[i] : window;
+      }
+      t.scale = device_scale_from_amax(window, fp8_max, r.margin, t.scale, &degenerate);
+      t.scale_inv = __fdiv_rn(1.0f, t.scale);
+      if (degenerate) t.degenerate += 1;
+      break;
+    }
+    case RecipeKind::static_scale:
+      t.scale = r.static_scale;
+      t.scale_inv = __fdiv_rn(1.0f, r.static_scale);
+      t.last_amax = amax;
+      t.updates += 1;
+      if (!(amax > 0.0f) || !isfinite(amax)) t.degenerate += 1;
+      break;
+    default:
+      break;
+  }
+}
+
+// As many as fit a kernel's parameters (32 KB on Hopper): one launch covers a 1.5B model's every operand.
+constexpr int kMaxScalingUpdates = 640;
+struct ScalingUpdates {
+  int count;
+  ScalingUpdate entry[kMaxScalingUpdates];
+};
+
+// Every pending scaling update at once, one thread each: each entry is a different operand (an operand is
+// never cast twice before its update is applied), so the threads touch disjoint state.
+__global__ void update_scaling_kernel(const ScalingUpdates updates) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= updates.count) return;
+  const ScalingUpdate& u = updates.entry[i];
+  if (u.record_copy_scale) u.state->weight_copy_scale = u.state->tensor[u.operand].scale;
+  apply_scaling_update(u.state, u.operand, u.recipe, u.fp8_max, u.elements, u.update, u.count);
+  u.state->results[u.operand] = CastResults{};  // read: ready for the operand's next cast
+}
+
+// The cast's signal and quantization-noise energies over its finite inputs (noise = x - code * scale_inv, the
+// dequantized value in float32 as octet::dequantize computes it), added to the operand's telemetry. Only
+// when telemetry asks for the SQNR: it is one more read of the tensor.
+__global__ void sqnr_kernel(const float* x, const uint8_t* codes, int64_t n, Dtype format,
+                            const float* scale_inv, DeviceCastTelemetry* telemetry) {
+  const MinifloatSpec spec = minifloat_spec(format);
+  const float inverse = *scale_inv;
+  double signal = 0.0, noise = 0.0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    if (!isfinite(v)) continue;
+    const double e = static_cast<double>(v) - static_cast<double>(__fmul_rn(decode(spec, codes[i]), inverse));
+    signal += static_cast<double>(v) * static_cast<double>(v);
+    noise += e * e;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    signal += __shfl_xor_sync(0xFFFFFFFFu, signal, offset);
+    noise += __shfl_xor_sync(0xFFFFFFFFu, noise, offset);
+  }
+  if (threadIdx.x % 32 == 0) {
+    atomicAdd(&telemetry->signal_energy, signal);
+    atomicAdd(&telemetry->noise_energy, noise);
+  }
+}
+
+}  // namespace
+
+void forget_layer(CudaBackend* backend, const DeviceLayer* layer) {
+  backend->forget(layer);
+}
+
+CudaBackend::Layer& CudaBackend::layer_of(LinearExecution& exec, CudaWeightCopy& copy) {
+  OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
+  if (copy.layer == nullptr) {
+    const RecipeParameters recipe = recipe_parameters(*exec.recipe);  // refuses recipes the GPU lacks
+    copy.layer = std::make_unique<Layer>();
+    copy.layer->recipe = recipe;
+    copy.owner = this;
+    OCTET_CUDA_CHECK(cudaMemsetAsync(copy.layer->device, 0, sizeof(DeviceLayerState), stream_));
+    copy.layer->results_zeroed = (1u << kActivation) | (1u << kWeight) | (1u << kGradient);
+    layers_[exec.state] = copy.layer.get();
+    publish_scaling(*exec.state);
+  }
+  layers_[exec.state] = copy.layer.get();
+  if (exec.telemetry != nullptr) telemetry_layers_[exec.telemetry] = copy.layer.get();
+  return *copy.layer;
+}
+
+CudaBackend::Layer& CudaBackend::prepared_layer(LinearExecution& exec, const CudaWeightCopy* copy) {
+  OCTET_CHECK(copy != nullptr && copy->layer != nullptr, "an FP8 weight copy with its device state");
+  layers_[exec.state] = copy->layer.get();
+  if (exec.telemetry != nullptr) telemetry_layers_[exec.telemetry] = copy->layer.get();
+  return *copy->layer;
+}
+
+CudaBackend::Layer& CudaBackend::mapped_layer(LinearExecution& exec) {
+  const auto it = layers_.find(exec.state);
+  OCTET_CHECK(it != layers_.end(), "an FP8 layer whose weight copy was prepared");
+  if (exec.telemetry != nullptr) telemetry_layers_[exec.telemetry] = it->second;
+  return *it->second;
+}
+
+void CudaBackend::publish_scaling(const Fp8LinearState& state) {
+  apply_scaling_updates();
+  auto it = layers_.find(&state);
+  if (it == layers_.end()) return;  // made with the layer's weight copy, from the host state as it is then
+  DeviceLayerState host{};
+  OCTET_CUDA_CHECK(
+      cudaMemcpyAsync(&host, it->second->device, sizeof(DeviceLayerState), cudaMemcpyDeviceToHost, stream_));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const ScalingState* operands[3] = {&state.activation, &state.weight, &state.gradient};
+  for (int i = 0; i < 3; ++i) {
+    const ScalingState& s = *operands[i];
+    DeviceTensorScaling& d = host.tensor[i];
+    OCTET_REQUIRE(s.amax_history.size() <= static_cast<size_t>(kMaxHistory),
+                  "an amax history of {} steps; the CUDA backend keeps at most {}", s.amax_history.size(),
+                  kMaxHistory);
+    d.scale = s.scale;
+    d.scale_inv = s.scale_inv;
+    d.last_amax = s.last_amax;
+    d.history_length = static_cast<int32_t>(s.amax_history.size());
+    d.updates = static_cast<unsigned long long>(s.updates);
+    d.degenerate = static_cast<unsigned long long>(s.degenerate_amax);
+    std::fill(std::begin(d.history), std::end(d.history), 0.0f);
+    std::copy(s.amax_history.begin(), s.amax_history.end(), d.history);
+  }
+  host.weight_copy_scale = state.weight_copy_scale;
+  OCTET_CUDA_CHECK(
+      cudaMemcpyAsync(it->second->device, &host, sizeof(DeviceLayerState), cudaMemcpyHostToDevice, stream_));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::fetch_scaling(Fp8LinearState& state) {
+  apply_scaling_updates();
+  auto it = layers_.find(&state);
+  if (it == layers_.end()) return;  // never used on the device: the host copy is the state
+  DeviceLayerState host{};
+  OCTET_CUDA_CHECK(
+      cudaMemcpyAsync(&host, it->second->device, sizeof(DeviceLayerState), cudaMemcpyDeviceToHost, stream_));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  ScalingState* operands[3] = {&state.activation, &state.weight, &state.gradient};
+  for (int i = 0; i < 3; ++i) {
+    ScalingState& s = *operands[i];
+    const DeviceTensorScaling& d = host.tensor[i];
+    s.scale = d.scale;
+    s.scale_inv = d.scale_inv;
+    s.last_amax = d.last_amax;
+    s.amax_history.assign(d.history, d.history + d.history_length);
+    s.updates = static_cast<int64_t>(d.updates);
+    s.degenerate_amax = static_cast<int64_t>(d.degenerate);
+  }
+  state.weight_copy_scale = host.weight_copy_scale;
+}
+
+void CudaBackend::fetch_telemetry(Fp8LinearTelemetry& telemetry) {
+  apply_scaling_updates();
+  auto it = telemetry_layers_.find(&telemetry);
+  if (it == telemetry_layers_.end()) return;
+  DeviceCastTelemetry device[3];
+  DeviceLayerState* d = it->second->device;
+  OCTET_CUDA_CHECK(cudaMemcpyAsync(device, d->telemetry, sizeof(device), cudaMemcpyDeviceToHost, stream_));
+  OCTET_CUDA_CHECK(cudaMemsetAsync(d->telemetry, 0, sizeof(device), stream_));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  CastTelemetry* host[3] = {&telemetry.activation, &telemetry.weight, &telemetry.gradient};
+  for (int i = 0; i < 3; ++i) {
+    host[i]->casts += static_cast<int64_t>(device[i].casts);
+    host[i]->elements += static_cast<int64_t>(device[i].elements);
+    host[i]->nonzero += static_cast<int64_t>(device[i].nonzero);
+    host[i]->saturated += static_cast<int64_t>(device[i].saturated);
+    host[i]->underflowed += static_cast<int64_t>(device[i].underflowed);
+    host[i]->signal_energy += device[i].signal_energy;
+    host[i]->noise_energy += device[i].noise_energy;
+  }
+}
+
+const float* CudaBackend::begin_cast(Layer& layer, int operand, Dtype format, const float* x, int64_t n,
+                                     float* slot) {
+  if ((layer.pending & (1u << operand)) != 0) apply_scaling_updates();
+  DeviceLayerState* s = layer.device;
+  if (layer.recipe.kind == RecipeKind::delayed) return &s->tensor[operand].scale;
+  if (layer.recipe.kind == RecipeKind::current) {
+    amax_only(x, n, &s->results[operand], stream_);
+    layer.results_zeroed &= ~(1u << operand);
+  }
+  prepare_scale_kernel<<<1, 1, 0, stream_>>>(s, operand, layer.recipe, dtype_info(format).max_finite,
+                                             &s->results[operand], slot);
+  OCTET_CUDA_CHECK_LAUNCH("prepare_scale_kernel");
+  return slot;
+}
+
+void CudaBackend::end_cast(Layer& layer, int operand, Dtype format, int64_t n, bool update, bool count) {
+  if (!update && !count) return;
+  ScalingUpdate u{};
+  u.state = layer.device;
+  u.recipe = layer.recipe;
+  u.fp8_max = dtype_info(format).max_finite;
+  u.operand = operand;
+  u.elements = static_cast<unsigned long long>(n);
+  u.update = update;
+  u.count = count;
+  u.record_copy_scale = operand == kWeight && layer.recipe.kind == RecipeKind::delayed;
+  pending_updates_.push_back(u);
+  if (layer.pending == 0) pending_layers_.push_back(&layer);
+  layer.pending |= 1u << operand;
+}
+
+void CudaBackend::apply_scaling_updates() {
+  for (size_t first = 0; first < pending_updates_.size(); first += kMaxScalingUpdates) {
+    ScalingUpdates batch;
+    batch.count = static_cast<int>(std::min<size_t>(kMaxScalingUpdates, pending_updates_.size() - first));
+    std::copy_n(pending_updates_.begin() + static_cast<ptrdiff_t>(first), batch.count, batch.entry);
+    update_scaling_kernel<<<(batch.count + 127) / 128, 128, 0, stream_>>>(batch);
+    OCTET_CUDA_CHECK_LAUNCH("update_scaling_kernel");
+  }
+  pending_updates_.clear();
+  for (Layer* layer : pending_layers_) {
+    layer->results_zeroed |= layer->pending;  // update_scaling_kernel cleared what it read
+    layer->pending = 0;
+  }
+  pending_layers_.clear();
+}
+
+void CudaBackend::cast_operand(Layer& layer, int operand, Dtype format, const float* x, int64_t rows,
+                               int64_t cols, uint8_t* codes, uint8_t* codes_transposed, float* scale_out,
+                               float* scale_inv_out, bool update, const LinearExecution& exec) {
+  const OpScope scope(*this, OpKind::casts);
+  DeviceLayerState* s = layer.device;
+  CastAmaxArguments a;
+  a.input = x;
+  a.rows = rows;
+  a.cols = cols;
+  a.format = format;
+  a.scale = begin_cast(layer, operand, format, x, rows * cols, scale_out);
+  a.output = codes;
+  a.output_transposed = codes_transposed;
+  a.scale_inv = scale_inv_out;
+  a.results = &s->results[operand];
+  a.results_zeroed = layer.take_zeroed_results(operand);
+  cast_amax(a, stream_);
+  // Telemetry counts a cast only where the layer collects it (not while evaluating, not when off).
+  const bool count = exec.telemetry != nullptr;
+  end_cast(layer, operand, format, rows * cols, update, count);
+  if (count && exec.measure_sqnr && rows * cols > 0) {
+    sqnr_kernel<<<blocks_for(rows * cols), 256, 0, stream_>>>(x, codes, rows * cols, format, scale_inv_out,
+                                                              &s->telemetry[operand]);
+    OCTET_CUDA_CHECK_LAUNCH("sqnr_kernel");
+  }
+}
+
+}  // namespace octet::cuda::backend_internal

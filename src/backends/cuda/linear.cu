@@ -1,0 +1,530 @@
+// The linear layers' GEMMs: the forward (with its bias and residual in the GEMM's epilogue, and its rerun
+// from kept FP8 input codes), the backward's input-gradient and weight-gradient GEMMs, and the LM head's
+// chunk; FP8 GEMMs on FP8 tensor cores or emulated through BF16 ones (fp8_gemm), and the operands' 16-bit
+// copies (wide_copy, as_wide) and float32 widenings (as_f32).
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda_backend_impl.h"
+
+namespace octet::cuda::backend_internal {
+namespace {
+
+// D [M, N] = D_tmp * sa * sb (+ bias [N]) (or D += ...): the FP8 GEMM's dequantization and epilogue where
+// the GEMM ran in BF16 on the codes' values (GPUs without FP8 tensor cores).
+__global__ void dequantize_product_kernel(float* d, const float* tmp, int64_t M, int64_t N, const float* sa,
+                                          const float* sb, const __nv_bfloat16* bias, bool accumulate) {
+  const float s = __fmul_rn(*sa, *sb);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = __fmul_rn(tmp[i], s);
+    if (bias != nullptr) v = __fadd_rn(v, __bfloat162float(bias[i % N]));
+    d[i] = accumulate ? d[i] + v : v;
+  }
+}
+
+// FP8 codes to their BF16 values (exact: every E4M3 and E5M2 value is a BF16 value).
+__global__ void decode_fp8_kernel(__nv_bfloat16* out, const uint8_t* codes, int64_t n, Dtype format) {
+  const MinifloatSpec spec = minifloat_spec(format);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16_rn(decode(spec, codes[i]));
+  }
+}
+
+GemmType wide_type(GemmMode m) {
+  return m == GemmMode::f16 ? GemmType::f16 : GemmType::bf16;
+}
+GemmType fp8_type(Dtype d) {
+  return d == Dtype::e5m2 ? GemmType::e5m2 : GemmType::e4m3;
+}
+
+}  // namespace
+
+void CudaBackend::fp8_gemm(float* d, const uint8_t* a, Dtype a_format, const float* a_scale_inv,
+                           const uint8_t* b, Dtype b_format, const float* b_scale_inv, int64_t M, int64_t N,
+                           int64_t K, bool accumulate, bool fast_accumulation, const __nv_bfloat16* bias,
+                           __nv_bfloat16* d_bf16, const float* addend) {
+  const OpScope scope(*this, OpKind::gemm_fp8);
+  OCTET_CHECK(d_bf16 == nullptr || (!emulate_fp8_ && d == nullptr && (bias == nullptr || !accumulate)),
+              "a bf16 FP8 GEMM output needs FP8 tensor cores, no float32 output, and no bias where it "
+              "accumulates");
+  OCTET_CHECK(addend == nullptr || !emulate_fp8_,
+              "an addend in the FP8 GEMM's epilogue needs FP8 tensor cores");
+  if (!emulate_fp8_) {
+    GemmProblem p;
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.a_type = fp8_type(a_format);
+    p.b_type = fp8_type(b_format);
+    p.a = a;
+    p.b = b;
+    p.d = d;
+    p.d_bf16 = d_bf16;
+    p.accumulate = accumulate;
+    p.a_scale_inv = a_scale_inv;
+    p.b_scale_inv = b_scale_inv;
+    p.fast_accumulation = fast_accumulation;
+    p.bias = bias;
+    p.bias_type = GemmType::bf16;
+    p.addend = addend;
+    gemm_->run(p, stream_);
+    return;
+  }
+  // No FP8 tensor cores: the same codes, as BF16 values, through a BF16 GEMM; then the two scales.
+  auto* a16 = emulation_[0].as<__nv_bfloat16>(static_cast<size_t>(M * K), stream_);
+  auto* b16 = emulation_[1].as<__nv_bfloat16>(static_cast<size_t>(N * K), stream_);
+  auto* tmp = emulation_[2].as<float>(static_cast<size_t>(M * N), stream_);
+  decode_fp8_kernel<<<blocks_for(M * K), 256, 0, stream_>>>(a16, a, M * K, a_format);
+  OCTET_CUDA_CHECK_LAUNCH("decode_fp8_kernel");
+  decode_fp8_kernel<<<blocks_for(N * K), 256, 0, stream_>>>(b16, b, N * K, b_format);
+  OCTET_CUDA_CHECK_LAUNCH("decode_fp8_kernel");
+  GemmProblem p;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.a_type = GemmType::bf16;
+  p.b_type = GemmType::bf16;
+  p.a = a16;
+  p.b = b16;
+  p.d = tmp;
+  p.accumulate = false;
+  gemm_->run(p, stream_);
+  dequantize_product_kernel<<<blocks_for(M * N), 256, 0, stream_>>>(d, tmp, M, N, a_scale_inv, b_scale_inv,
+                                                                    bias, accumulate);
+  OCTET_CUDA_CHECK_LAUNCH("dequantize_product_kernel");
+}
+
+const void* CudaBackend::wide_copy(const float* x, int64_t n, GemmMode mode, int slot) {
+  const OpScope scope(*this, OpKind::casts);
+  if (mode == GemmMode::f16) {
+    auto* out = wide_[slot].as<__half>(static_cast<size_t>(n), stream_);
+    convert_to_f16(out, x, n, stream_);
+    return out;
+  }
+  auto* out = wide_[slot].as<__nv_bfloat16>(static_cast<size_t>(n), stream_);
+  convert_to_bf16(out, x, n, stream_);
+  return out;
+}
+
+const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode mode, bool bf16_output,
+                                       CudaWeightCopy* copy) {
+  const bool aligned = reinterpret_cast<uintptr_t>(bias) % 16 == 0;
+  if (bias == nullptr || (mode == GemmMode::f32 && aligned && !bf16_output)) return bias;
+  const BiasCopy form = bf16_output || mode == GemmMode::fp8 ? BiasCopy::bf16_bits
+                        : mode == GemmMode::bf16             ? BiasCopy::bf16_values
+                                                             : BiasCopy::none;
+  if (copy != nullptr && form != BiasCopy::none) {
+    if (copy->bias_current && copy->bias_source == bias && copy->bias_count == OC && copy->bias_form == form)
+      return copy->bias.get(0, stream_);
+    copy->bias_source = bias;  // made below, into the copy; AdamW keeps it current from its next pass
+    copy->bias_count = OC;
+    copy->bias_form = form;
+    copy->bias_current = false;
+  }
+  const bool into_copy = copy != nullptr && form != BiasCopy::none;
+  const OpScope scope(*this, OpKind::other);
+  switch (bf16_output ? GemmMode::fp8 : mode) {
+    case GemmMode::f32: {
+      auto* out = bias_.as<float>(static_cast<size_t>(OC), stream_);
+      const size_t bytes = static_cast<size_t>(OC) * sizeof(float);
+      OCTET_CUDA_CHECK(cudaMemcpyAsync(out, bias, bytes, cudaMemcpyDeviceToDevice, stream_));
+      return out;
+    }
+    case GemmMode::bf16:
+    case GemmMode::f16: {
+      // Rounded to the operands' type, handed over as float32 (what cuBLASLt takes with a float32 output).
+      auto* out = (into_copy ? copy->bias : bias_).as<float>(static_cast<size_t>(OC), stream_);
+      cuda::round_copy(out, bias, OC, mode == GemmMode::f16 ? Dtype::f16 : Dtype::bf16, stream_);
+      return out;
+    }
+    case GemmMode::fp8:
+      break;
+  }
+  auto* out = (into_copy ? copy->bias : bias_).as<__nv_bfloat16>(static_cast<size_t>(OC), stream_);
+  convert_to_bf16(out, bias, OC, stream_);
+  return out;
+}
+
+void CudaBackend::linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias,
+                                   int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
+  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
+              "an FP8 forward whose input codes were kept (keep_input_codes)");
+  forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true);
+}
+
+void CudaBackend::linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
+                                      const float* bias, int64_t N, int64_t C, int64_t OC,
+                                      LinearExecution& exec) {
+  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
+              "an FP8 forward whose input codes were kept (keep_input_codes)");
+  forward_gemm_as(out, out_type, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true);
+}
+
+void CudaBackend::linear_recompute_residual(float* out, const float* residual, const float* weight,
+                                            const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
+                                            int64_t OC, LinearExecution& exec) {
+  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
+              "an FP8 forward whose input codes were kept (keep_input_codes)");
+  if (emulate_fp8_) {  // as linear_forward_residual_as: the layer's output, then the residual add
+    linear_recompute(out, weight, copy, bias, N, C, OC, exec);
+    residual_forward(out, residual, out, N * OC);
+    return;
+  }
+  // The forward's GEMM with the residual as its addend, as linear_forward_residual_as ran it.
+  forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true, residual);
+}
+
+void CudaBackend::linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type,
+                                    const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
+                                    int64_t C, int64_t OC, LinearExecution& exec) {
+  check_stored(inp_type, "a linear layer's input");
+  forward_gemm_as(out, out_type, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, false);
+}
+
+void CudaBackend::linear_forward_residual_as(float* out, const float* residual, const void* inp,
+                                             Dtype inp_type, const float* weight, const WeightCopy* copy,
+                                             const float* bias, int64_t N, int64_t C, int64_t OC,
+                                             LinearExecution& exec) {
+  check_stored(inp_type, "a linear layer's input");
+  if (exec.forward == GemmMode::fp8 && emulate_fp8_) {
+    // The emulated FP8 product is not cuBLASLt's: the layer's output, then the residual add.
+    linear_forward_as(out, Dtype::f32, inp, inp_type, weight, copy, bias, N, C, OC, exec);
+    residual_forward(out, residual, out, N * OC);
+    return;
+  }
+  // The residual as the GEMM's addend: the stream is read and written once, in the GEMM's epilogue.
+  forward_gemm(out, nullptr, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, false, residual);
+}
+
+void CudaBackend::forward_gemm_as(void* out, Dtype out_type, Stored x, const float* weight,
+                                  const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                                  LinearExecution& exec, bool recompute) {
+  check_stored(out_type, "a linear layer's output");
+  if (out_type == Dtype::f32) {
+    forward_gemm(static_cast<float*>(out), nullptr, x, weight, copy, bias, N, C, OC, exec, recompute);
+    return;
+  }
+  auto* out_bf16 = static_cast<__nv_bfloat16*>(out);
+  const bool direct = reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                      (exec.forward == GemmMode::bf16 || (exec.forward == GemmMode::fp8 && !emulate_fp8_));
+  if (direct) {
+    forward_gemm(nullptr, out_bf16, x, weight, copy, bias, N, C, OC, exec, recompute);
+    return;
+  }
+  // Modes whose GEMMs cannot write bf16 (float32, FP16, FP8 without FP8 tensor cores): the float32 result,
+  // then rounded to bf16 (to nearest even), as the epilogue's bf16 output rounds it.
+  auto* y = producer_output_.as<float>(static_cast<size_t>(N * OC), stream_);
+  forward_gemm(y, nullptr, x, weight, copy, bias, N, C, OC, exec, recompute);
+  const OpScope scope(*this, OpKind::casts);
+  convert_to_bf16(out_bf16, y, N * OC, stream_);
+}
+
+const float* CudaBackend::as_f32(Stored x, int64_t n, int slot) {
+  if (x.type == Dtype::f32 || x.data == nullptr) return static_cast<const float*>(x.data);
+  const OpScope scope(*this, OpKind::casts);
+  auto* out = widened_[slot].as<float>(static_cast<size_t>(n), stream_);
+  cuda::convert_from_bf16(out, static_cast<const uint16_t*>(x.data), n, stream_);
+  return out;
+}
+
+const void* CudaBackend::as_wide(Stored x, int64_t n, GemmMode mode, int slot) {
+  if (x.type == Dtype::bf16 && mode == GemmMode::bf16 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
+    return x.data;
+  }
+  return wide_copy(as_f32(x, n, slot), n, mode, slot);
+}
+
+void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
+                               const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                               LinearExecution& exec, bool recompute, const float* addend) {
+  const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
+  const bool bf16_output = out_bf16 != nullptr;
+  // The bias goes into the GEMM's epilogue: the output is written once, in the GEMM.
+  const void* gemm_bias = epilogue_bias(bias, OC, exec.forward, bf16_output, const_cast<CudaWeightCopy*>(w));
+  GemmProblem p;
+  p.M = N;
+  p.N = OC;
+  p.K = C;
+  p.d = out;
+  p.d_bf16 = out_bf16;
+  p.bias = gemm_bias;
+  p.addend = addend;
+  switch (exec.forward) {
+    case GemmMode::f32:
+      p.bias_type = GemmType::f32;
+      p.a_type = p.b_type = GemmType::f32;
+      p.a = as_f32(inp, N * C, 0);
+      p.b = weight;
+      wide_gemm(p);
+      if (exec.other_gemms) *exec.other_gemms += 1;
+      break;
+    case GemmMode::bf16:
+    case GemmMode::f16:
+      OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
+      p.a_type = p.b_type = wide_type(exec.forward);
+      p.bias_type = bf16_output ? GemmType::bf16 : GemmType::f32;
+      p.a = as_wide(inp, N * C, exec.forward, 0);
+      p.b = const_cast<CudaWeightCopy*>(w)->wide.get(0, stream_);
+      wide_gemm(p);
+      if (exec.other_gemms) *exec.other_gemms += 1;
+      break;
+    case GemmMode::fp8: {
+      OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
+      Layer& layer = prepared_layer(exec, w);
+      if (!recompute) {
+        if (!exec.input_cast_ready) {
+          if (inp.type == Dtype::bf16) {
+            cast_input_bf16(static_cast<const uint16_t*>(inp.data), N, C, exec);
+          } else {
+            cast_input(static_cast<const float*>(inp.data), N, C, exec);
+          }
+        }
+        exec.input_cast_ready = false;
+      }
+      auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
+      OCTET_CHECK(saved != nullptr && saved->row_codes != nullptr, "the forward's FP8 input cast");
+      // Shared codes are the last cast's: this layer's own, right before its forward GEMM.
+      OCTET_CHECK(exec.keep_input_codes || (!recompute && input_codes_for_ == &exec),
+                  "input codes that this layer's own cast wrote");
+      const auto* scale_inv = static_cast<const float*>(saved->scale_inv.get(0, stream_));
+      fp8_gemm(out, saved->row_codes, saved->format, scale_inv,
+               static_cast<const uint8_t*>(const_cast<CudaWeightCopy*>(w)->fp8.get(0, stream_)),
+               exec.formats.weight, &layer.device->weight_scale_inv, N, OC, C, false,
+               exec.fast_accumulation_forward, static_cast<const __nv_bfloat16*>(gemm_bias), out_bf16,
+               addend);
+      if (exec.fp8_gemms && !recompute) *exec.fp8_gemms += 1;
+      break;
+    }
+  }
+}
+
+void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type,
+                                     float* dbias, const void* dout_data, Dtype dout_type,
+                                     const void* inp_data, Dtype inp_type, const float* weight,
+                                     const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
+                                     LinearExecution& exec) {
+  check_stored(dinp_type, "a linear layer's input gradient");
+  OCTET_CHECK(dweight_type == Dtype::f32 || dweight_type == weight_gradient_type(exec),
+              "a linear layer's weight gradient is stored as {} only where its GEMM writes it so",
+              dtype_name(dweight_type));
+  check_stored(dout_type, "a linear layer's output gradient");
+  check_stored(inp_type, "a linear layer's input");
+  auto* w = const_cast<CudaWeightCopy*>(dynamic_cast<const CudaWeightCopy*>(copy));
+  const Stored dout{dout_data, dout_type};
+  const Stored inp{inp_data, inp_type};
+  const auto* dout_bf16 = dout_type == Dtype::bf16 ? static_cast<const uint16_t*>(dout_data) : nullptr;
+  const auto* dout_f32 = dout_type == Dtype::f32 ? static_cast<const float*>(dout_data) : nullptr;
+  const bool fp8 = casts_gradient(exec);
+  const bool ready = take_gradient_cast(exec, dout_data, dbias);
+  const void* dout_wide = nullptr;  // dout rounded to BF16/FP16 (slot 0), once for both GEMMs
+  // An FP8 backward sums the bias gradient with its gradient cast (cast_gradient), in one pass over dout
+  // where it can; a BF16 one with the conversion of a float32 dout for its input-gradient GEMM.
+  if (dbias != nullptr && !fp8) {
+    if (dout_f32 != nullptr && exec.input_gradient == GemmMode::bf16) {
+      const OpScope scope(*this, OpKind::casts);
+      auto* converted = wide_[0].as<__nv_bfloat16>(static_cast<size_t>(N * OC), stream_);
+      bias_backward_convert(dbias, converted, dout_f32, N, OC, workspace_, stream_);
+      dout_wide = converted;
+    } else {
+      const OpScope scope(*this, OpKind::other);
+      if (dout_bf16 != nullptr) {
+        bias_backward(dbias, dout_bf16, N, OC, workspace_, stream_);
+      } else {
+        bias_backward(dbias, dout_f32, N, OC, workspace_, stream_);
+      }
+    }
+  }
+  const size_t ny = static_cast<size_t>(N * OC);
+  uint8_t* dy = nullptr;
+  uint8_t* dy_t = nullptr;
+  Layer* layer = nullptr;
+  if (fp8) {
+    layer = &prepared_layer(exec, w);
+    if (ready) {
+      OCTET_CHECK(
+          ready_gradient_.consumer == &exec && ready_gradient_.rows == N && ready_gradient_.cols == OC,
+          "the gradient cast its producer made for this layer, [{}, {}]", N, OC);
+      ready_gradient_ = {};
+    } else if (dout_bf16 != nullptr) {
+      cast_gradient_bf16(*layer, dout_bf16, N, OC, exec, dbias);
+    } else {
+      cast_gradient(*layer, dout_f32, N, OC, exec, dbias);
+    }
+    dy = static_cast<uint8_t*>(dy_codes_.get(ny, stream_));
+    dy_t = static_cast<uint8_t*>(dy_codes_transposed_.get(ny, stream_));
+  }
+
+  // dinp: float32, or bf16, which BF16 GEMMs and FP8 ones on FP8 tensor cores write themselves (rounding
+  // their float32 result once); the others write float32 to widened_[2], rounded to bf16 afterwards.
+  auto* dinp_f32 = dinp_type == Dtype::f32 ? static_cast<float*>(dinp) : nullptr;
+  auto* dinp_bf16 = dinp_type == Dtype::bf16 ? static_cast<__nv_bfloat16*>(dinp) : nullptr;
+  const bool bf16_direct =
+      dinp_bf16 != nullptr && reinterpret_cast<uintptr_t>(dinp) % 16 == 0 &&
+      (exec.input_gradient == GemmMode::bf16 || (exec.input_gradient == GemmMode::fp8 && !emulate_fp8_));
+  if (dinp_bf16 != nullptr && !bf16_direct) {
+    dinp_f32 = widened_[2].as<float>(static_cast<size_t>(N * C), stream_);
+  }
+  __nv_bfloat16* gemm_bf16 = bf16_direct ? dinp_bf16 : nullptr;
+
+  // Input gradient: dinp [N, C] = dout [N, OC] x W [OC, C], i.e. A = dout (K = OC), B = W^T.
+  switch (exec.input_gradient) {
+    case GemmMode::f32: {
+      GemmProblem p;
+      p.M = N;
+      p.N = C;
+      p.K = OC;
+      p.a_type = p.b_type = GemmType::f32;
+      p.a = as_f32(dout, N * OC, 0);
+      p.b = weight;
+      p.b_transposed = true;
+      p.d = dinp_f32;
+      wide_gemm(p);
+      if (exec.other_gemms) *exec.other_gemms += 1;
+      break;
+    }
+    case GemmMode::bf16:
+    case GemmMode::f16: {
+      OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
+      if (dout_wide == nullptr) dout_wide = as_wide(dout, N * OC, exec.input_gradient, 0);
+      wide_input_gradient(gemm_bf16 != nullptr ? nullptr : dinp_f32, dout_wide, w->wide.get(0, stream_), N, C,
+                          OC, exec.input_gradient, exec, gemm_bf16);
+      break;
+    }
+    case GemmMode::fp8:
+      OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
+      fp8_gemm(gemm_bf16 != nullptr ? nullptr : dinp_f32, dy, exec.formats.gradient,
+               &layer->device->gradient_scale_inv, weight_transposed_for_gemm(*w, OC, C, exec),
+               exec.formats.weight, &layer->device->weight_scale_inv, N, C, OC, false,
+               exec.fast_accumulation_backward, nullptr, gemm_bf16);
+      if (exec.fp8_gemms) *exec.fp8_gemms += 1;
+      break;
+  }
+  if (dinp_bf16 != nullptr && !bf16_direct) {
+    const OpScope scope(*this, OpKind::casts);
+    convert_to_bf16(dinp_bf16, dinp_f32, N * C, stream_);
+  }
+
+  // Weight gradient, accumulated in float32: dweight [OC, C] += dout^T [OC, N] x inp [N, C] (K = N); written
+  // (=) where exec.accumulate_weight_gradient is false. A bf16 dweight is the GEMM's own bf16 output (the
+  // float32 sum, old value included, rounded once).
+  auto* dweight_f32 = dweight_type == Dtype::f32 ? static_cast<float*>(dweight) : nullptr;
+  auto* dweight_bf16 = dweight_type == Dtype::bf16 ? static_cast<__nv_bfloat16*>(dweight) : nullptr;
+  switch (exec.weight_gradient) {
+    case GemmMode::f32:
+    case GemmMode::bf16:
+    case GemmMode::f16: {
+      if (exec.weight_gradient == GemmMode::f32) {
+        weight_gradient_gemm(dweight_f32, GemmType::f32, as_f32(dout, N * OC, 0), as_f32(inp, N * C, 1), N, C,
+                             OC, exec);
+      } else {
+        // The input gradient's rounded copy of dout, when it made one of the same type.
+        const void* a = exec.input_gradient == exec.weight_gradient
+                            ? dout_wide
+                            : as_wide(dout, N * OC, exec.weight_gradient, 0);
+        weight_gradient_gemm(dweight_f32, wide_type(exec.weight_gradient), a,
+                             as_wide(inp, N * C, exec.weight_gradient, 1), N, C, OC, exec, dweight_bf16);
+      }
+      break;
+    }
+    case GemmMode::fp8: {
+      auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
+      OCTET_CHECK(saved != nullptr, "the forward's FP8 input, kept for the backward");
+      // Evaluation and generation run any number of rows; only this GEMM has them as K.
+      OCTET_REQUIRE(fp8_shape_supported(OC, C, N),
+                    "an FP8 weight gradient over {} rows: FP8 GEMMs need a multiple of 16 (the precision "
+                    "policy keeps such layers in BF16)",
+                    N);
+      fp8_gemm(dweight_f32, dy_t, exec.formats.gradient, &layer->device->gradient_scale_inv,
+               static_cast<const uint8_t*>(saved->codes_transposed.get(0, stream_)), saved->format,
+               static_cast<const float*>(saved->scale_inv.get(0, stream_)), OC, C, N,
+               exec.accumulate_weight_gradient, exec.fast_accumulation_backward, nullptr, dweight_bf16);
+      if (exec.fp8_gemms) *exec.fp8_gemms += 1;
+      break;
+    }
+  }
+}
+
+// A BF16 head (the precision policy's default, in fp8 and bf16 modes alike) keeps its logits in BF16 from
+// the GEMM on (Backend::lm_head_chunk: such a head's logits are rounded to BF16): the GEMM writes them in
+// BF16 (the values the default's round_in_place makes of the float32 output), the cross-entropy reads them
+// and writes the gradient back in BF16 over them (what linear_backward would make of the float32 gradient
+// before its BF16 GEMMs), and the backward GEMMs read that directly. Against the default's ops this saves
+// the rounding pass over the logits, half of the loss's traffic and the gradient's conversion pass. Any
+// other head runs the default.
+void CudaBackend::lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp,
+                                float* dweight, const float* inp, const float* weight, const WeightCopy* copy,
+                                int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss,
+                                LinearExecution& exec) {
+  const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
+  const bool bf16 = logits_in_bf16(exec) && w != nullptr && w->has_wide && inp != nullptr;
+  if (!bf16) {
+    Backend::lm_head_chunk(losses, logits, targets, dinp, dweight, inp, weight, copy, n, C, V, Vp, dloss,
+                           exec);
+    return;
+  }
+  // The float32 chunk has room for the BF16 logits twice over.
+  auto* logits_bf16 = reinterpret_cast<__nv_bfloat16*>(logits);
+  const void* wide_weight = const_cast<CudaWeightCopy*>(w)->wide.get(0, stream_);
+  const void* inp_bf16 = wide_copy(inp, n * C, GemmMode::bf16, 1);
+  GemmProblem p;
+  p.M = n;
+  p.N = Vp;
+  p.K = C;
+  p.a_type = p.b_type = GemmType::bf16;
+  p.a = inp_bf16;
+  p.b = wide_weight;
+  p.d_bf16 = logits_bf16;
+  wide_gemm(p);
+  if (exec.other_gemms) *exec.other_gemms += 1;
+  {
+    const OpScope scope(*this, OpKind::loss);
+    cuda::softmax_cross_entropy(losses, logits_bf16, targets, n, V, Vp, dloss, stream_);
+  }
+  if (dloss == 0.0f) return;
+
+  // The backward as linear_backward runs it, from the BF16 gradient as it is.
+  wide_input_gradient(dinp, logits_bf16, wide_weight, n, C, Vp, GemmMode::bf16, exec);
+  weight_gradient_gemm(dweight, GemmType::bf16, logits_bf16, inp_bf16, n, C, Vp, exec);
+}
+
+void CudaBackend::wide_input_gradient(float* dinp, const void* dout_wide, const void* weight_wide, int64_t N,
+                                      int64_t C, int64_t OC, GemmMode mode, LinearExecution& exec,
+                                      __nv_bfloat16* dinp_bf16) {
+  GemmProblem p;
+  p.M = N;
+  p.N = C;
+  p.K = OC;
+  p.a_type = p.b_type = wide_type(mode);
+  p.a = dout_wide;
+  p.b = weight_wide;
+  p.b_transposed = true;
+  p.d = dinp;
+  p.d_bf16 = dinp_bf16;
+  wide_gemm(p);
+  if (exec.other_gemms) *exec.other_gemms += 1;
+}
+
+void CudaBackend::weight_gradient_gemm(float* dweight, GemmType type, const void* dout, const void* inp,
+                                       int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
+                                       __nv_bfloat16* dweight_bf16) {
+  GemmProblem p;
+  p.M = OC;
+  p.N = C;
+  p.K = N;
+  p.a_type = p.b_type = type;
+  p.a = dout;
+  p.a_transposed = true;
+  p.b = inp;
+  p.b_transposed = true;
+  p.d = dweight;
+  p.d_bf16 = dweight_bf16;
+  p.accumulate = exec.accumulate_weight_gradient;
+  wide_gemm(p);
+  if (exec.other_gemms) *exec.other_gemms += 1;
+}
+
+}  // namespace octet::cuda::backend_internal

@@ -1,0 +1,276 @@
+// The FP8 casts of a linear layer's input (into its saved input, CudaSavedInput) and output gradient (into
+// the backend's dy_codes_), and the LayerNorm and GELU ops that produce those tensors: where the recipe knows
+// the scale before the cast (producer_casts), the producing kernel writes the cast in its own pass
+// (producer_cast, gradient_fused_cast; the kernels in fused_*.cu), else the op runs and the cast follows
+// (cast_operand).
+#include <cstdint>
+
+#include "cuda_backend_impl.h"
+
+namespace octet::cuda::backend_internal {
+
+CudaSavedInput& CudaBackend::saved_input(LinearExecution& exec, int64_t N, int64_t C) {
+  auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
+  if (saved == nullptr) {
+    exec.saved_input = std::make_unique<CudaSavedInput>();
+    saved = static_cast<CudaSavedInput*>(exec.saved_input.get());
+  }
+  const size_t n = static_cast<size_t>(N * C);
+  saved->format = exec.formats.activation;
+  saved->codes_transposed.as<uint8_t>(n, stream_);
+  saved->scale_inv.as<float>(1, stream_);
+  saved->row_codes =
+      exec.keep_input_codes ? saved->codes.as<uint8_t>(n, stream_) : input_codes_.as<uint8_t>(n, stream_);
+  input_codes_for_ = &exec;
+  return *saved;
+}
+
+void CudaBackend::cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec) {
+  Layer& layer = mapped_layer(exec);
+  CudaSavedInput& saved = saved_input(exec, N, C);
+  cast_operand(layer, kActivation, exec.formats.activation, x, N, C, saved.row_codes,
+               static_cast<uint8_t*>(saved.codes_transposed.get(0, stream_)),
+               &layer.device->cast_scale[kActivation], static_cast<float*>(saved.scale_inv.get(0, stream_)),
+               exec.update_scaling, exec);
+}
+
+bool CudaBackend::producer_casts(const LinearExecution& exec) const {
+  const RecipeKind kind = exec.recipe->kind();
+  const bool sqnr = exec.telemetry != nullptr && exec.measure_sqnr;
+  return (kind == RecipeKind::delayed || kind == RecipeKind::static_scale) && !sqnr;
+}
+
+template <typename Write>
+void CudaBackend::producer_cast(int64_t N, int64_t C, LinearExecution& exec, Write write) {
+  Layer& layer = mapped_layer(exec);
+  CudaSavedInput& saved = saved_input(exec, N, C);
+  DeviceLayerState* s = layer.device;
+  const Dtype format = exec.formats.activation;
+  FusedCast cast;
+  cast.format = format;
+  cast.scale = begin_cast(layer, kActivation, format, nullptr, N * C, &s->cast_scale[kActivation]);
+  cast.output = saved.row_codes;
+  cast.output_transposed = static_cast<uint8_t*>(saved.codes_transposed.get(0, stream_));
+  cast.scale_inv = static_cast<float*>(saved.scale_inv.get(0, stream_));
+  cast.results = &s->results[kActivation];
+  cast.results_zeroed = layer.take_zeroed_results(kActivation);
+  write(cast);
+  end_cast(layer, kActivation, format, N * C, exec.update_scaling, exec.telemetry != nullptr);
+  exec.input_cast_ready = true;
+}
+
+void CudaBackend::layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, int64_t N, int64_t C) {
+  check_stored(out_type, "LayerNorm's output");
+  const OpScope scope(*this, OpKind::norm_activation);
+  if (out_type == Dtype::bf16) {
+    cuda::layernorm_forward(static_cast<uint16_t*>(out), mean, rstd, inp, weight, bias, N, C, stream_);
+  } else {
+    cuda::layernorm_forward(static_cast<float*>(out), mean, rstd, inp, weight, bias, N, C, stream_);
+  }
+}
+
+void CudaBackend::layernorm_backward_as(float* dinp, float* dweight, float* dbias, const void* dout,
+                                        Dtype dout_type, const float* inp, const float* weight,
+                                        const float* mean, const float* rstd, int64_t N, int64_t C) {
+  check_stored(dout_type, "LayerNorm's output gradient");
+  const OpScope scope(*this, OpKind::norm_activation);
+  if (dout_type == Dtype::bf16) {
+    cuda::layernorm_backward(dinp, dweight, dbias, static_cast<const uint16_t*>(dout), inp, weight, mean,
+                             rstd, N, C, workspace_, stream_);
+  } else {
+    cuda::layernorm_backward(dinp, dweight, dbias, static_cast<const float*>(dout), inp, weight, mean, rstd,
+                             N, C, workspace_, stream_);
+  }
+}
+
+void CudaBackend::layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp,
+                                         const float* weight, const float* bias, int64_t N, int64_t C,
+                                         LinearExecution& consumer) {
+  const OpScope scope(*this, OpKind::norm_activation);
+  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
+              "the output kept for a consumer that reads it");
+  if (producer_casts(consumer)) {
+    producer_cast(N, C, consumer, [&](const FusedCast& cast) {
+      cuda::layernorm_forward_cast(out, mean, rstd, inp, weight, bias, N, C, cast, stream_);
+    });
+    return;
+  }
+  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
+  cuda::layernorm_forward(y, mean, rstd, inp, weight, bias, N, C, stream_);
+  cast_input(y, N, C, consumer);
+  consumer.input_cast_ready = true;
+}
+
+void CudaBackend::gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) {
+  check_stored(out_type, "GELU's output");
+  check_stored(type, "GELU's input");
+  const OpScope scope(*this, OpKind::norm_activation);
+  auto run = [&](auto* o) {
+    if (type == Dtype::bf16) {
+      cuda::gelu_forward(o, static_cast<const uint16_t*>(inp), n, stream_);
+    } else {
+      cuda::gelu_forward(o, static_cast<const float*>(inp), n, stream_);
+    }
+  };
+  if (out_type == Dtype::bf16) {
+    run(static_cast<uint16_t*>(out));
+  } else {
+    run(static_cast<float*>(out));
+  }
+}
+
+void CudaBackend::gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
+                                       LinearExecution& consumer) {
+  check_stored(type, "GELU's input");
+  const OpScope scope(*this, OpKind::norm_activation);
+  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
+              "the output kept for a consumer that reads it");
+  if (producer_casts(consumer)) {
+    producer_cast(N, C, consumer, [&](const FusedCast& cast) {
+      if (type == Dtype::bf16) {
+        cuda::gelu_forward_cast(out, static_cast<const uint16_t*>(inp), N, C, cast, stream_);
+      } else {
+        cuda::gelu_forward_cast(out, static_cast<const float*>(inp), N, C, cast, stream_);
+      }
+    });
+    return;
+  }
+  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
+  gelu_forward_as(y, Dtype::f32, inp, type, N * C);
+  cast_input(y, N, C, consumer);
+  consumer.input_cast_ready = true;
+}
+
+FusedCast CudaBackend::gradient_fused_cast(Layer& layer, Dtype format, int64_t N, int64_t C) {
+  const size_t n = static_cast<size_t>(N * C);
+  DeviceLayerState* s = layer.device;
+  FusedCast cast;
+  cast.format = format;
+  cast.scale = begin_cast(layer, kGradient, format, nullptr, N * C, &s->cast_scale[kGradient]);
+  cast.output = dy_codes_.as<uint8_t>(n, stream_);
+  cast.output_transposed = dy_codes_transposed_.as<uint8_t>(n, stream_);
+  cast.scale_inv = &s->gradient_scale_inv;
+  cast.results = &s->results[kGradient];
+  cast.results_zeroed = layer.take_zeroed_results(kGradient);
+  return cast;
+}
+
+void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC,
+                                const LinearExecution& exec, float* dbias) {
+  const size_t n = static_cast<size_t>(N * OC);
+  // The backward never runs with frozen scaling: the gradient's state moves on with every cast, as on the
+  // CPU.
+  if (dbias != nullptr && producer_casts(exec)) {
+    // cast_operand's cast (the same codes, scale, scaling update, counts and telemetry), with the bias
+    // gradient summed in the same pass over dout: per-tile column sums, then those added up, so its float32
+    // additions come in another order than bias_backward's. The whole pass counts as a cast.
+    const OpScope scope(*this, OpKind::casts);
+    const Dtype format = exec.formats.gradient;
+    const FusedCast cast = gradient_fused_cast(layer, format, N, OC);
+    float* partials =
+        column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
+    cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_, sums_aside_.next());
+    end_cast(layer, kGradient, format, N * OC, true, exec.telemetry != nullptr);
+  } else {
+    if (dbias != nullptr) {
+      const OpScope scope(*this, OpKind::other);
+      bias_backward(dbias, dout, N, OC, workspace_, stream_);
+    }
+    cast_operand(layer, kGradient, exec.formats.gradient, dout, N, OC, dy_codes_.as<uint8_t>(n, stream_),
+                 dy_codes_transposed_.as<uint8_t>(n, stream_), &layer.device->cast_scale[kGradient],
+                 &layer.device->gradient_scale_inv, true, exec);
+  }
+  ready_gradient_ = {};
+}
+
+void CudaBackend::gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
+                                   int64_t n) {
+  check_stored(dinp_type, "GELU's input gradient");
+  check_stored(type, "GELU's input and output gradient");
+  const OpScope scope(*this, OpKind::norm_activation);
+  auto run = [&](auto* d) {
+    if (type == Dtype::bf16) {
+      cuda::gelu_backward(d, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout), n,
+                          stream_);
+    } else {
+      cuda::gelu_backward(d, static_cast<const float*>(inp), static_cast<const float*>(dout), n, stream_);
+    }
+  };
+  if (dinp_type == Dtype::bf16) {
+    run(static_cast<uint16_t*>(dinp));
+  } else {
+    run(static_cast<float*>(dinp));
+  }
+}
+
+void CudaBackend::gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N,
+                                        int64_t C, float* dbias, LinearExecution& consumer) {
+  check_stored(type, "GELU's input and output gradient");
+  const OpScope scope(*this, OpKind::norm_activation);
+  OCTET_CHECK(casts_gradient(consumer), "a consumer with an FP8 backward GEMM");
+  OCTET_CHECK(dinp != nullptr || gradient_cast_suffices(consumer),
+              "the gradient kept for a consumer that reads it");
+  Layer& layer = mapped_layer(consumer);
+  const size_t n = static_cast<size_t>(N * C);
+  if (producer_casts(consumer)) {
+    // linear_backward's cast_operand, with the codes written by the GELU backward kernel.
+    const Dtype format = consumer.formats.gradient;
+    const FusedCast cast = gradient_fused_cast(layer, format, N, C);
+    float* partials = dbias == nullptr
+                          ? nullptr
+                          : column_partials_.as<float>(
+                                static_cast<size_t>(gelu_backward_cast_partial_rows(N) * C), stream_);
+    const cuda::PartialSums sums = dbias != nullptr ? sums_aside_.next() : cuda::PartialSums{};
+    if (type == Dtype::bf16) {
+      cuda::gelu_backward_cast(dinp, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout), N,
+                               C, cast, dbias, partials, workspace_, stream_, sums);
+    } else {
+      cuda::gelu_backward_cast(dinp, static_cast<const float*>(inp), static_cast<const float*>(dout), N, C,
+                               cast, dbias, partials, workspace_, stream_, sums);
+    }
+    end_cast(layer, kGradient, format, N * C, true, consumer.telemetry != nullptr);
+  } else {
+    // The unfused ops, in linear_backward's order: the bias gradient, then the cast.
+    float* d = dinp != nullptr ? dinp : producer_output_.as<float>(n, stream_);
+    gelu_backward_as(d, Dtype::f32, inp, dout, type, N * C);
+    if (dbias != nullptr) bias_backward(dbias, d, N, C, workspace_, stream_);
+    cast_gradient(layer, d, N, C, consumer);
+  }
+  ready_gradient_ = {&consumer, N, C};
+  consumer.gradient_cast_ready = true;
+}
+
+void CudaBackend::cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec) {
+  if (!producer_casts(exec)) {
+    cast_input(as_f32({x, Dtype::bf16}, N * C, 0), N, C, exec);
+    return;
+  }
+  const OpScope scope(*this, OpKind::casts);
+  producer_cast(N, C, exec, [&](const FusedCast& cast) { cuda::cast_bf16(x, N, C, cast, stream_); });
+}
+
+void CudaBackend::cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t N, int64_t OC,
+                                     const LinearExecution& exec, float* dbias) {
+  if (!producer_casts(exec)) {
+    cast_gradient(layer, as_f32({dout, Dtype::bf16}, N * OC, 0), N, OC, exec, dbias);
+    return;
+  }
+  // cast_gradient's fused cast (and bias gradient), reading the bf16 values.
+  const OpScope scope(*this, OpKind::casts);
+  const Dtype format = exec.formats.gradient;
+  const FusedCast cast = gradient_fused_cast(layer, format, N, OC);
+  if (dbias != nullptr) {
+    float* partials =
+        column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
+    cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_, sums_aside_.next());
+  } else {
+    cuda::cast_bf16(dout, N, OC, cast, stream_);
+  }
+  end_cast(layer, kGradient, format, N * OC, true, exec.telemetry != nullptr);
+  ready_gradient_ = {};
+}
+
+}  // namespace octet::cuda::backend_internal

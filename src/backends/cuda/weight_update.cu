@@ -1,0 +1,318 @@
+// The weights' copies and their updates: prepare_weight's FP8 cast and BF16/FP16 copy of a linear layer's
+// weight, the AdamW updates that write those copies in their own pass (adamw_update_weight, the batched
+// adamw_update_weights) and the rounded bias copies (adamw_update_segments), and the segmented zeroing
+// (fill_zero_ranges).
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda_backend_impl.h"
+
+namespace octet::cuda::backend_internal {
+namespace {
+
+// Elements offset .. offset + count - 1, split into chunks of at most kChunkElements.
+void append_chunks(std::vector<Chunk>& chunks, int64_t offset, int64_t count, bool flag) {
+  OCTET_CHECK(offset >= 0 && count >= 0, "a segment at {} of {} elements", offset, count);
+  for (int64_t at = 0; at < count; at += kChunkElements) {
+    chunks.push_back({offset + at, static_cast<int32_t>(std::min(kChunkElements, count - at)), flag ? 1 : 0});
+  }
+}
+
+// Whether the AdamW pass over this layer's weight writes its FP8 copy: delayed or static scaling (the scale
+// is known before the update), and no SQNR measurement (which needs the unfused cast).
+bool fuses_weight_cast(const LinearExecution& exec) {
+  const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
+  const bool sqnr = exec.telemetry != nullptr && exec.measure_sqnr;
+  return any_fp8 && !sqnr && exec.recipe != nullptr &&
+         (exec.recipe->kind() == RecipeKind::delayed || exec.recipe->kind() == RecipeKind::static_scale);
+}
+
+// Whether the AdamW pass over this layer's weight writes its BF16 copy (a layer with no FP8 GEMM on the
+// weight and a BF16 one).
+bool writes_bf16_copy(const LinearExecution& exec) {
+  const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
+  const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
+  return !any_fp8 && wide == GemmMode::bf16;
+}
+
+CudaWeightCopy& cuda_weight_copy(std::unique_ptr<WeightCopy>& copy) {
+  auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
+  if (w == nullptr) {
+    copy = std::make_unique<CudaWeightCopy>();
+    w = static_cast<CudaWeightCopy*>(copy.get());
+  }
+  return *w;
+}
+
+// An optimizer step has begun on the layer: its bias is current again only where AdamW's pass over it writes
+// the rounded copy (adamw_update_segments).
+void forget_bias_copy(std::unique_ptr<WeightCopy>& copy) {
+  if (auto* w = dynamic_cast<CudaWeightCopy*>(copy.get())) w->bias_current = false;
+}
+
+// Where a batched AdamW weight reads its gradient: float32 in grads, or bf16 (WeightUpdate::grads_bf16).
+template <typename Weight>
+void set_gradient(Weight& w, const float* grads, const Backend::WeightUpdate& u) {
+  if (u.grads_bf16 != nullptr) {
+    w.grads_bf16 = static_cast<const uint16_t*>(u.grads_bf16);
+  } else {
+    w.grads = grads + u.grad_at();
+  }
+}
+
+}  // namespace
+
+void CudaBackend::adamw_update_segments(float* params, float* m, float* v, const float* grads,
+                                        std::span<const AdamWSegment> segments, float learning_rate,
+                                        float beta1, float beta2, float eps, int64_t step, float grad_scale) {
+  // The biases change: their rounded copies are current again only where the chunks below write them.
+  for (const AdamWSegment& s : segments) {
+    if (auto* copy = dynamic_cast<CudaWeightCopy*>(s.bias_of)) copy->bias_current = false;
+  }
+  // The chunk kernel takes one weight decay besides none (the optimizer's case); others go one by one.
+  float decay = 0.0f;
+  for (const AdamWSegment& s : segments) {
+    if (s.weight_decay == 0.0f) continue;
+    if (decay != 0.0f && s.weight_decay != decay) {
+      Backend::adamw_update_segments(params, m, v, grads, segments, learning_rate, beta1, beta2, eps, step,
+                                     grad_scale);
+      return;
+    }
+    decay = s.weight_decay;
+  }
+  std::vector<Chunk> chunks;
+  for (const AdamWSegment& s : segments) {
+    const size_t first = chunks.size();
+    append_chunks(chunks, s.offset, s.count, s.weight_decay != 0.0f);
+    for (size_t i = first; i < chunks.size(); ++i)
+      chunks[i].grad_offset = chunks[i].offset - s.offset + s.grad_at();
+    // A bias whose rounded copy the forward reads: written in the same pass, current until the weight's
+    // next update.
+    auto* copy = dynamic_cast<CudaWeightCopy*>(s.bias_of);
+    if (copy == nullptr || copy->bias_form == BiasCopy::none || copy->bias_source != params + s.offset ||
+        copy->bias_count != s.count) {
+      continue;
+    }
+    const bool bits = copy->bias_form == BiasCopy::bf16_bits;
+    auto* rounded =
+        static_cast<char*>(copy->bias.get(static_cast<size_t>(s.count) * (bits ? 2 : 4), stream_));
+    for (size_t i = first; i < chunks.size(); ++i) {
+      chunks[i].rounded = rounded + (chunks[i].offset - s.offset) * (bits ? 2 : 4);
+      chunks[i].rounded_bits = bits ? 1 : 0;
+    }
+    copy->bias_current = true;
+  }
+  if (chunks.empty()) return;
+  const Chunk* table = adamw_chunks_.upload(std::move(chunks), stream_);
+  const OpScope scope(*this, OpKind::optimizer);
+  cuda::adamw_update_chunks(params, m, v, grads, table, adamw_chunks_.size(), learning_rate, beta1, beta2,
+                            eps, decay, step, grad_scale, stream_);
+}
+
+void CudaBackend::fill_zero_ranges(float* x, std::span<const Range> ranges) {
+  std::vector<Chunk> chunks;
+  for (const Range& r : ranges) append_chunks(chunks, r.offset, r.count, false);
+  if (chunks.empty()) return;
+  const Chunk* table = zero_chunks_.upload(std::move(chunks), stream_);
+  const OpScope scope(*this, OpKind::other);
+  cuda::fill_zero_chunks(x, table, zero_chunks_.size(), stream_);
+}
+
+void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC,
+                                      int64_t C, float learning_rate, float beta1, float beta2, float eps,
+                                      float weight_decay, int64_t step, float grad_scale,
+                                      std::unique_ptr<WeightCopy>& copy, LinearExecution& exec) {
+  const OpScope scope(*this, OpKind::optimizer);
+  forget_bias_copy(copy);
+  if (writes_bf16_copy(exec)) {
+    // prepare_weight's BF16 copy, written by the AdamW kernel from the updated weights.
+    cuda::adamw_update_convert(params, m, v, grads, bf16_weight_copy(copy, OC * C), OC * C, learning_rate,
+                               beta1, beta2, eps, weight_decay, step, grad_scale, stream_);
+    return;
+  }
+  if (!fuses_weight_cast(exec)) {
+    Backend::adamw_update_weight(params, m, v, grads, OC, C, learning_rate, beta1, beta2, eps, weight_decay,
+                                 step, grad_scale, copy, exec);
+    return;
+  }
+  const FusedCast cast = begin_weight_cast(copy, OC, C, exec);
+  cuda::adamw_update_cast(params, m, v, grads, OC, C, learning_rate, beta1, beta2, eps, weight_decay, step,
+                          grad_scale, cast, stream_);
+  end_weight_cast(*copy, params, OC, C, exec);
+}
+
+void CudaBackend::adamw_update_weights(float* params, float* m, float* v, const float* grads,
+                                       std::span<const WeightUpdate> weights, float learning_rate,
+                                       float beta1, float beta2, float eps, int64_t step, float grad_scale) {
+  // The weights whose AdamW pass writes their FP8 copies in one launch, those that write BF16 copies in
+  // another, with one weight decay besides none; the rest one by one.
+  float decay = 0.0f;
+  std::vector<const WeightUpdate*> casts, converts;
+  for (const WeightUpdate& u : weights) {
+    forget_bias_copy(*u.copy);
+    const bool cast = fuses_weight_cast(*u.exec), convert = writes_bf16_copy(*u.exec);
+    const bool other_decay = u.weight_decay != 0.0f && decay != 0.0f && u.weight_decay != decay;
+    if ((!cast && !convert) || other_decay) {
+      if (u.grads_bf16 != nullptr && !cast && !convert) {
+        // A weight whose copy is made apart (the current recipe's cast, say): AdamW over the bf16 gradient as
+        // it lies, then the copy, as adamw_update_weight's default runs them.
+        {
+          const OpScope scope(*this, OpKind::optimizer);
+          cuda::adamw_update(params + u.offset, m + u.offset, v + u.offset,
+                             static_cast<const uint16_t*>(u.grads_bf16), u.rows * u.cols, learning_rate,
+                             beta1, beta2, eps, u.weight_decay, step, grad_scale, stream_);
+        }
+        prepare_weight(*u.copy, params + u.offset, u.rows, u.cols, *u.exec);
+        continue;
+      }
+      // A bf16 gradient of a weight with another weight decay than the batch's: widened to float32 first,
+      // for the one-weight passes that read float32.
+      const float* g = grads + u.grad_at();
+      if (u.grads_bf16 != nullptr) {
+        const OpScope scope(*this, OpKind::optimizer);
+        auto* widened = widened_gradient_.as<float>(static_cast<size_t>(u.rows * u.cols), stream_);
+        convert_from_bf16(widened, static_cast<const uint16_t*>(u.grads_bf16), u.rows * u.cols, stream_);
+        g = widened;
+      }
+      adamw_update_weight(params + u.offset, m + u.offset, v + u.offset, g, u.rows, u.cols, learning_rate,
+                          beta1, beta2, eps, u.weight_decay, step, grad_scale, *u.copy, *u.exec);
+      continue;
+    }
+    if (u.weight_decay != 0.0f) decay = u.weight_decay;
+    (cast ? casts : converts).push_back(&u);
+  }
+  const OpScope scope(*this, OpKind::optimizer);
+  if (!converts.empty()) {
+    std::vector<cuda::AdamWConvertWeight> batch;
+    for (const WeightUpdate* u : converts) {
+      const int64_t n = u->rows * u->cols;
+      cuda::AdamWConvertWeight w{
+          params + u->offset,     m + u->offset, v + u->offset, nullptr, bf16_weight_copy(*u->copy, n), n,
+          u->weight_decay != 0.0f};
+      set_gradient(w, grads, *u);
+      batch.push_back(w);
+    }
+    cuda::adamw_update_converts(batch, learning_rate, beta1, beta2, eps, decay, step, grad_scale,
+                                adamw_converts_, stream_);
+  }
+  if (casts.empty()) return;
+  std::vector<cuda::AdamWCastWeight> batch;
+  for (const WeightUpdate* u : casts) {
+    cuda::AdamWCastWeight w{params + u->offset,
+                            m + u->offset,
+                            v + u->offset,
+                            nullptr,
+                            u->rows,
+                            u->cols,
+                            u->weight_decay != 0.0f,
+                            begin_weight_cast(*u->copy, u->rows, u->cols, *u->exec)};
+    set_gradient(w, grads, *u);
+    batch.push_back(w);
+  }
+  cuda::adamw_update_casts(batch, learning_rate, beta1, beta2, eps, decay, step, grad_scale, adamw_casts_,
+                           stream_);
+  for (const WeightUpdate* u : casts)
+    end_weight_cast(**u->copy, params + u->offset, u->rows, u->cols, *u->exec);
+}
+
+// prepare_weight's BF16 copy of n values, for the AdamW kernel that writes it from the updated weights.
+__nv_bfloat16* CudaBackend::bf16_weight_copy(std::unique_ptr<WeightCopy>& copy, int64_t n) {
+  CudaWeightCopy& w = cuda_weight_copy(copy);
+  w.has_fp8 = false;
+  w.has_wide = true;
+  return w.wide.as<__nv_bfloat16>(static_cast<size_t>(n), stream_);
+}
+
+// prepare_weight's FP8 half, for the AdamW kernel that writes the cast from the updated weights: the copy's
+// buffers and the layer's scale, before the kernel; its scaling update and BF16 half after it.
+FusedCast CudaBackend::begin_weight_cast(std::unique_ptr<WeightCopy>& copy, int64_t OC, int64_t C,
+                                         LinearExecution& exec) {
+  CudaWeightCopy* w = &cuda_weight_copy(copy);
+  OCTET_REQUIRE(fp8_shape_supported(OC, C, C) && fp8_shape_supported(C, OC, OC),
+                "an FP8 layer of {} x {} weights: FP8 GEMMs need both dimensions multiples of 16 (the "
+                "precision policy keeps such layers in BF16)",
+                OC, C);
+  const size_t n = static_cast<size_t>(OC * C);
+  Layer& layer = layer_of(exec, *w);
+  DeviceLayerState* s = layer.device;
+  FusedCast cast;
+  cast.format = exec.formats.weight;
+  cast.scale = begin_cast(layer, kWeight, exec.formats.weight, nullptr, OC * C, &s->weight_copy_scale);
+  cast.output = w->fp8.as<uint8_t>(n, stream_);
+  cast.output_transposed = weight_codes_transposed(*w, n, exec);
+  cast.scale_inv = &s->weight_scale_inv;
+  cast.results = &s->results[kWeight];
+  cast.results_zeroed = layer.take_zeroed_results(kWeight);
+  return cast;
+}
+
+uint8_t* CudaBackend::weight_codes_transposed(CudaWeightCopy& w, size_t n, const LinearExecution& exec) {
+  if (!exec.transpose_weight_per_use) return w.fp8_transposed.as<uint8_t>(n, stream_);
+  OCTET_CHECK(
+      exec.recipe != nullptr && exec.recipe->granularity(TensorRole::weight) == ScaleGranularity::per_tensor,
+      "weight transposes per use need a per-tensor weight scale");
+  w.fp8_transposed.release(stream_);
+  return nullptr;
+}
+
+const uint8_t* CudaBackend::weight_transposed_for_gemm(CudaWeightCopy& w, int64_t OC, int64_t C,
+                                                       const LinearExecution& exec) {
+  if (!exec.transpose_weight_per_use) return static_cast<const uint8_t*>(w.fp8_transposed.get(0, stream_));
+  const OpScope scope(*this, OpKind::casts);
+  auto* transposed = weight_transposed_.as<uint8_t>(static_cast<size_t>(OC * C), stream_);
+  cuda::transpose_codes(static_cast<const uint8_t*>(w.fp8.get(0, stream_)), transposed, OC, C, stream_);
+  return transposed;
+}
+
+void CudaBackend::end_weight_cast(WeightCopy& copy, const float* params, int64_t OC, int64_t C,
+                                  LinearExecution& exec) {
+  auto& w = static_cast<CudaWeightCopy&>(copy);
+  end_cast(*w.layer, kWeight, exec.formats.weight, OC * C, true, exec.telemetry != nullptr);
+  w.has_fp8 = true;
+  make_wide_weight(w, params, OC, C, exec);
+}
+
+void CudaBackend::make_wide_weight(CudaWeightCopy& w, const float* weight, int64_t OC, int64_t C,
+                                   const LinearExecution& exec) {
+  const size_t n = static_cast<size_t>(OC * C);
+  const GemmMode wide = exec.forward != GemmMode::fp8 ? exec.forward : exec.input_gradient;
+  w.has_wide = wide == GemmMode::bf16 || wide == GemmMode::f16;
+  if (w.has_wide) {
+    if (wide == GemmMode::f16) {
+      convert_to_f16(w.wide.as<__half>(n, stream_), weight, OC * C, stream_);
+    } else {
+      convert_to_bf16(w.wide.as<__nv_bfloat16>(n, stream_), weight, OC * C, stream_);
+    }
+  }
+}
+
+void CudaBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC,
+                                 int64_t C, LinearExecution& exec) {
+  const OpScope scope(*this, OpKind::casts);
+  CudaWeightCopy* w = &cuda_weight_copy(copy);
+  w->bias_current = false;  // the parameters may have changed in any way: the next forward rounds the bias
+  const size_t n = static_cast<size_t>(OC * C);
+  const bool any_fp8 = exec.forward == GemmMode::fp8 || exec.input_gradient == GemmMode::fp8;
+  w->has_fp8 = any_fp8;
+  if (any_fp8) {
+    OCTET_REQUIRE(fp8_shape_supported(OC, C, C) && fp8_shape_supported(C, OC, OC),
+                  "an FP8 layer of {} x {} weights: FP8 GEMMs need both dimensions multiples of 16 (the "
+                  "precision policy keeps such layers in BF16)",
+                  OC, C);
+    Layer& layer = layer_of(exec, *w);
+    DeviceLayerState* s = layer.device;
+    // The weight's state moves on with every cast, as on the CPU (prepare_weight there updates it always).
+    cast_operand(layer, kWeight, exec.formats.weight, weight, OC, C, w->fp8.as<uint8_t>(n, stream_),
+                 weight_codes_transposed(*w, n, exec), &s->weight_copy_scale, &s->weight_scale_inv, true,
+                 exec);
+  }
+  make_wide_weight(*w, weight, OC, C, exec);
+}
+
+}  // namespace octet::cuda::backend_internal
