@@ -61,4 +61,12 @@ const BackendFactory* find_backend(std::string_view name) {
   return nullptr;
 }
 
+std::vector<const BackendFactory*> registered_backends() {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<const BackendFactory*> all;
+  for (const auto& registered : r.factories) all.push_back(registered.get());
+  return all;
+}
+
 }  // namespace octet

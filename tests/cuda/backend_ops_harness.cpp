@@ -13,12 +13,22 @@
 
 #include "octet/backend/cpu_backend.h"
 #include "octet/backend/cuda_backend.h"
+#include "octet/backend/cuda_registration.h"
 #include "random.h"
 
 namespace octet::testing::backend_ops {
 
+std::vector<const BackendFactory*> tested_backends() {
+  register_cuda_backend();
+  std::vector<const BackendFactory*> tested;
+  for (const BackendFactory* factory : registered_backends()) {
+    if (factory->name() != "cpu" && factory->device_count() > 0) tested.push_back(factory);
+  }
+  return tested;
+}
+
 bool tested_backend_available() {
-  return cuda_device_count() > 0;
+  return cuda_device_count() > 0 && !tested_backends().empty();
 }
 std::unique_ptr<Backend> make_tested_backend() {
   return make_cuda_backend();

@@ -19,11 +19,17 @@
 
 #include "compare.h"
 #include "octet/backend/backend.h"
+#include "octet/backend/registry.h"
 
 namespace octet::testing::backend_ops {
 
-// The backend held to the reference: the CUDA backend. Without a GPU the tests skip.
+// The backends held to the reference: every registered backend (octet/backend/registry.h) but the CPU
+// reference itself that has a device on this machine. The generic op cases (test_backend_ops.cpp) run on
+// each of them, so that a backend is tested by registering it; the cases that drive one backend's own
+// options and fusions (the CUDA backend's) make it with make_tested_backend(). Without any, the tests skip.
+std::vector<const BackendFactory*> tested_backends();
 bool tested_backend_available();
+// The CUDA backend with its default options.
 std::unique_ptr<Backend> make_tested_backend();
 std::unique_ptr<Backend> make_reference_backend();
 

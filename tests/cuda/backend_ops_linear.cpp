@@ -35,14 +35,15 @@ using namespace octet::testing::backend_ops;  // NOLINT(google-build-using-names
 using octet::Activation;
 using octet::Backend;
 using octet::ConstTensorView;
-using octet::Normalization;
-using octet::TensorView;
 using octet::Dtype;
+using octet::Epilogue;
 using octet::Fp8LinearState;
 using octet::GemmMode;
 using octet::LinearExecution;
+using octet::Normalization;
 using octet::ScalingRecipe;
 using octet::ScalingState;
+using octet::TensorView;
 using octet::testing::CompareOptions;
 using octet::testing::random_normal;
 
@@ -737,6 +738,93 @@ TEST(BackendOpsLinear, AdamWKeepsTheForwardsRoundedBias) {
       // The same copy again: a second forward reads what the first read.
       EXPECT_TRUE(bytes_identical(forward(sides[0]), kept, "the forward again"));
       previous = kept;
+    }
+  }
+}
+
+// linear_recompute runs an FP8 layer's last forward GEMM again from the input codes that forward kept
+// (LinearExecution::keep_input_codes), for a backward that did not keep the output: it must write the very
+// bits of that forward, with the residual epilogue of a layer whose output joins the residual stream
+// (fp8.recompute_residual) and with the bf16 output of the MLP's hidden activation (fp8.recompute_mlp),
+// cast nothing and count no GEMM. Under delayed and current scaling, for two steps (the second forward casts
+// with the scale the first one's amax moved).
+TEST(BackendOpsLinear, RecomputeGivesTheBitsOfTheForwardItRepeats) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  const int64_t N = 64, C = 128, OC = 96, W = OC * C;
+  const auto delayed = std::make_shared<octet::DelayedScaling>(16, octet::AmaxAlgorithm::max, 0);
+  const auto current = std::make_shared<octet::CurrentScaling>(0);
+  struct Output {
+    const char* name;
+    Dtype type;
+    bool residual;
+  };
+  for (const LinearConfig& config :
+       {fp8("fp8 delayed hybrid", delayed), fp8("fp8 current hybrid", current)}) {
+    for (const Output& output :
+         {Output{"float32 output with a residual", Dtype::f32, true},
+          Output{"bf16 output", Dtype::bf16, false}, Output{"float32 output", Dtype::f32, false}}) {
+      SCOPED_TRACE(config.name + ", " + output.name);
+      const auto backend = make_tested_backend();
+      Backend& b = *backend;
+      const auto buffer = [&](const std::vector<float>& values) {
+        auto buf = b.allocate(values.size() * sizeof(float));
+        b.copy_from_host(buf->data(), values.data(), values.size() * sizeof(float));
+        return buf;
+      };
+      const std::vector<float> params = random_normal(W + OC, 7301, 0.05f);
+      const std::vector<float> residual = random_normal(N * OC, 7302, 1.0f);
+      const auto weights = buffer(params);
+      const auto residual_buffer = buffer(residual);
+      const auto out = b.allocate(static_cast<size_t>(N * OC) * sizeof(float));
+      const auto again = b.allocate(static_cast<size_t>(N * OC) * sizeof(float));
+      const float* residual_data = output.residual ? residual_buffer->floats() : nullptr;
+      Fp8LinearState state;
+      const ScalingState initial = config.recipe->initial_state();
+      state = {initial, initial, initial};
+      int64_t fp8_gemms = 0;
+      LinearExecution exec;
+      exec.forward = config.forward;
+      exec.input_gradient = config.input_gradient;
+      exec.weight_gradient = config.weight_gradient;
+      exec.recipe = config.recipe.get();
+      exec.formats = config.formats;
+      exec.state = &state;
+      exec.keep_input_codes = true;
+      exec.fp8_gemms = &fp8_gemms;
+      std::unique_ptr<octet::WeightCopy> copy;
+      b.prepare_weight(copy, weights->floats(), OC, C, exec);
+      const ConstTensorView weight(weights->floats(), {OC, C});
+      const Epilogue epilogue{.bias = weights->floats() + W, .residual = residual_data};
+      const size_t bytes = static_cast<size_t>(N * OC) * (output.type == Dtype::bf16 ? 2 : 4);
+      for (int step = 0; step < 2; ++step) {
+        const auto inp = buffer(random_normal(N * C, 7310 + static_cast<uint64_t>(step), 1.0f));
+        b.linear_forward(TensorView(out->data(), output.type, {N, OC}),
+                         ConstTensorView(inp->floats(), {N, C}), weight, copy.get(), epilogue, exec);
+        const int64_t counted = fp8_gemms;
+        b.fetch_scaling(state);
+        const Fp8LinearState before = state;
+        b.linear_recompute(TensorView(again->data(), output.type, {N, OC}), weight, copy.get(), epilogue,
+                           exec);
+        std::vector<uint8_t> forward_bytes(bytes), recomputed_bytes(bytes);
+        b.copy_to_host(forward_bytes.data(), out->data(), bytes);
+        b.copy_to_host(recomputed_bytes.data(), again->data(), bytes);
+        EXPECT_TRUE(bytes_identical(recomputed_bytes, forward_bytes, "the recomputed output"));
+        EXPECT_EQ(fp8_gemms, counted) << "a recompute counts no GEMM";
+        EXPECT_EQ(counted, step + 1) << "each forward counts its FP8 GEMM";
+        b.fetch_scaling(state);
+        EXPECT_EQ(state.activation.scale, before.activation.scale) << "a recompute changes no scaling state";
+        EXPECT_EQ(state.activation.updates, before.activation.updates) << "a recompute records no amax";
+        EXPECT_EQ(state.activation.amax_history, before.activation.amax_history);
+        if (output.type == Dtype::f32) {
+          const std::vector<float> values = as_floats(forward_bytes);
+          bool differs_from_residual = false;
+          for (size_t i = 0; i < values.size(); ++i) {
+            ASSERT_TRUE(std::isfinite(values[i])) << i;
+            differs_from_residual = differs_from_residual || values[i] != residual[i];
+          }
+          EXPECT_TRUE(differs_from_residual) << "the layer's output was added";
+        }
+      }
     }
   }
 }

@@ -94,5 +94,8 @@ class BackendFactory {
 void register_backend(std::unique_ptr<const BackendFactory> factory);
 // The backend registered under `name`; null when this program has none by that name.
 const BackendFactory* find_backend(std::string_view name);
+// Every registered backend, in the order registered (the CPU first): what the op harness holds to the CPU
+// reference, so that a new backend is tested by registering it.
+std::vector<const BackendFactory*> registered_backends();
 
 }  // namespace octet
