@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "octet/backend/cpu_backend.h"
+#include "octet/model/model.h"
 #include "octet/telemetry/recorder.h"
 #include "octet/train/telemetry_source.h"
 
@@ -37,14 +38,16 @@ int main(int argc, char** argv) {
   PrecisionSettings precision;
   precision.mode = MixedPrecision::fp8;
   auto backend = make_cpu_backend();
-  Gpt2 model(config, *backend, PrecisionPolicy(precision, config, B * T), B, T);
+  const std::unique_ptr<Model> built =
+      make_model(ModelArchitecture::gpt2, config, *backend, PrecisionPolicy(precision, config, B * T), B, T);
+  Model& model = *built;
   model.init_weights(1337);
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "octet-bench-telemetry";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   TelemetryStore store(dir / kTelemetryFile);
   TelemetrySettings settings;  // the defaults: interval 10, no SQNR
-  Gpt2LayerSource layers(model);
+  ModelLayerSource layers(model);
   TelemetryRecorder recorder(layers, store, settings);
   TrainSettings train;
   train.batch_size = B;

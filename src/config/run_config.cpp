@@ -127,8 +127,8 @@ Key number(std::string name, std::function<float&(RunConfig&)> ref, double lo, b
             // a double can hold (1e300, 1e-50) is refused rather than trained on as inf or 0.
             const float f = static_cast<float>(v);
             const double held = f;
-            const bool ok =
-                std::isfinite(held) && (lo_open ? held > lo : held >= lo) && (hi_open ? held < hi : held <= hi);
+            const bool ok = std::isfinite(held) && (lo_open ? held > lo : held >= lo) &&
+                            (hi_open ? held < hi : held <= hi);
             if (!ok) {
               const std::string as_float =
                   std::isfinite(v) && held != v ? fmt::format(", which is {} as float32", f) : "";
@@ -180,8 +180,8 @@ Key text(std::string name, std::function<std::string(const RunConfig&)> get,
             });
             if (control != value.end()) {
               fail(fmt::format(
-                  "{}: {} holds a control character (byte {} of the value); paths must be printable text", where,
-                  name, control - value.begin()));
+                  "{}: {} holds a control character (byte {} of the value); paths must be printable text",
+                  where, name, control - value.begin()));
             }
             put(c, value);
           },
@@ -279,12 +279,17 @@ const std::vector<Key>& keys() {
     const double inf = std::numeric_limits<double>::infinity();
     std::vector<Key> k;
     // [model]
+    k.push_back(choice<ModelArchitecture>(
+        "model.arch", [](RunConfig& c) -> ModelArchitecture& { return c.model_arch; },
+        {{"gpt2", ModelArchitecture::gpt2}},
+        "Model architecture: GPT-2 (learned positions, LayerNorm, GELU MLP, LM head tied to the "
+        "embedding)."));
     k.push_back(integer<int64_t>(
         "model.vocab_size", [](RunConfig& c) -> int64_t& { return c.model.vocab_size; }, 2, kMaxTokenId,
         "Tokens the model predicts (the loss covers exactly these)."));
     k.push_back(integer<int64_t>(
-        "model.padded_vocab_size", [](RunConfig& c) -> int64_t& { return c.model.padded_vocab_size; }, 0, kMaxTokenId,
-        "Rows of the token embedding; 0 rounds vocab_size up to a multiple of 64."));
+        "model.padded_vocab_size", [](RunConfig& c) -> int64_t& { return c.model.padded_vocab_size; }, 0,
+        kMaxTokenId, "Rows of the token embedding; 0 rounds vocab_size up to a multiple of 64."));
     k.push_back(integer<int64_t>(
         "model.max_seq_len", [](RunConfig& c) -> int64_t& { return c.model.max_seq_len; }, 1, kMaxSequence,
         "Positions of the learned position embedding (the context length)."));
@@ -292,7 +297,8 @@ const std::vector<Key>& keys() {
         "model.layers", [](RunConfig& c) -> int64_t& { return c.model.layers; }, 1, kMaxLayers,
         "Transformer blocks."));
     k.push_back(integer<int64_t>(
-        "model.heads", [](RunConfig& c) -> int64_t& { return c.model.heads; }, 1, kMaxHeads, "Attention heads."));
+        "model.heads", [](RunConfig& c) -> int64_t& { return c.model.heads; }, 1, kMaxHeads,
+        "Attention heads."));
     k.push_back(integer<int64_t>(
         "model.channels", [](RunConfig& c) -> int64_t& { return c.model.channels; }, 1, kMaxChannels,
         "Width of the residual stream; a multiple of heads."));
@@ -311,8 +317,8 @@ const std::vector<Key>& keys() {
         "train.seq_len", [](RunConfig& c) -> int64_t& { return c.train.seq_len; }, 1, kMaxSequence,
         "Tokens per sequence (T); at most model.max_seq_len."));
     k.push_back(integer<int64_t>(
-        "train.grad_accum_steps", [](RunConfig& c) -> int64_t& { return c.train.grad_accum_steps; }, 1, kMaxBatch,
-        "Micro-batches per optimizer step."));
+        "train.grad_accum_steps", [](RunConfig& c) -> int64_t& { return c.train.grad_accum_steps; }, 1,
+        kMaxBatch, "Micro-batches per optimizer step."));
     k.push_back(integer<int64_t>(
         "train.steps", [](RunConfig& c) -> int64_t& { return c.steps; }, 1, big,
         "Optimizer steps of the run."));
@@ -581,8 +587,8 @@ std::vector<std::string> sections() {
 void unknown_key(const std::string& where, const std::string& name) {
   std::vector<std::string> names;
   for (const Key& k : keys()) names.push_back(k.name);
-  fail(fmt::format("{}: unknown key {}; did you mean {}? (docs/config.md lists every key)", where, shown(name),
-                   nearest(name, names)));
+  fail(fmt::format("{}: unknown key {}; did you mean {}? (docs/config.md lists every key)", where,
+                   shown(name), nearest(name, names)));
 }
 
 void apply_table(RunConfig& config, const toml::table& root, const std::string& origin) {
@@ -682,10 +688,11 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
                   tokens * C * L * 16},
         std::pair{"attention scores (train.batch_size x train.seq_len^2 x model.heads x model.layers)",
                   tokens * T * NH * L}}) {
-    require(count <= kMaxElements,
-            fmt::format("a step needs {:.3g} {}, more than the 2^56 elements octet can address; make the batch, "
-                        "the sequence or the model smaller",
-                        count, what));
+    require(
+        count <= kMaxElements,
+        fmt::format("a step needs {:.3g} {}, more than the 2^56 elements octet can address; make the batch, "
+                    "the sequence or the model smaller",
+                    count, what));
   }
   const int64_t tokenizer_vocab = c.tokenizer == "gpt2" ? 50257 : 256;
   require(c.model.vocab_size >= tokenizer_vocab,
@@ -721,9 +728,10 @@ RunConfig parse_run_config(std::string_view toml_text, std::string_view origin,
   }
   const int64_t non_ascii_line = check_toml_text(toml_text, std::string(origin));
   if (non_ascii_line != 0) {
-    fail(fmt::format("{}:{}: not valid TOML: a non-ASCII character outside a string or comment (keys, numbers "
-                     "and booleans are ASCII; put text in quotes)",
-                     origin, non_ascii_line));
+    fail(
+        fmt::format("{}:{}: not valid TOML: a non-ASCII character outside a string or comment (keys, numbers "
+                    "and booleans are ASCII; put text in quotes)",
+                    origin, non_ascii_line));
   }
   toml::table root;
   try {

@@ -184,6 +184,10 @@ const ParameterInfo& Gpt2::parameter(std::string_view name) const {
   return parameters_.front();
 }
 
+int64_t Gpt2::flop_parameter_count() const {
+  return parameter_count_ - parameter("wpe").count;
+}
+
 void Gpt2::init_weights(uint64_t seed) {
   std::vector<float> host(static_cast<size_t>(parameter_count_), 0.0f);
   const CounterRng rng(seed);

@@ -11,7 +11,7 @@
 
 namespace octet {
 
-std::vector<int32_t> generate(Gpt2& model, std::span<const int32_t> prompt, const SamplingSettings& s,
+std::vector<int32_t> generate(Model& model, std::span<const int32_t> prompt, const SamplingSettings& s,
                               int32_t stop_token) {
   OCTET_REQUIRE(!prompt.empty(), "generation needs a prompt of at least one token");
   OCTET_REQUIRE(s.temperature >= 0.0f && std::isfinite(s.temperature),
@@ -19,8 +19,7 @@ std::vector<int32_t> generate(Gpt2& model, std::span<const int32_t> prompt, cons
   OCTET_REQUIRE(s.top_k >= 0, "top_k must be 0 (all tokens) or positive, got {}", s.top_k);
   OCTET_REQUIRE(s.max_new_tokens >= 0, "the number of new tokens must not be negative, got {}",
                 s.max_new_tokens);
-  const Gpt2Config& c = model.config();
-  const int64_t V = c.vocab_size, Vp = c.padded_vocab();
+  const int64_t V = model.vocab_size(), Vp = model.padded_vocab_size();
   std::vector<int32_t> context(prompt.begin(), prompt.end());
   std::vector<int32_t> out;
   std::vector<float> row(static_cast<size_t>(Vp));
@@ -28,7 +27,7 @@ std::vector<int32_t> generate(Gpt2& model, std::span<const int32_t> prompt, cons
   const CounterRng rng(s.seed);
   model.set_scaling_updates(false);  // generating must not move an FP8 model's scaling state
   for (int64_t i = 0; i < s.max_new_tokens; ++i) {
-    const int64_t T = std::min<int64_t>(static_cast<int64_t>(context.size()), c.max_seq_len);
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(context.size()), model.max_seq_len());
     const int32_t* window = context.data() + context.size() - static_cast<size_t>(T);
     model.forward_logits(window, 1, T);
     model.backend().copy_to_host(row.data(), model.logits() + (T - 1) * Vp,

@@ -40,43 +40,6 @@ constexpr int64_t kMaxStateDepth = 64;
 
 // ---- names and layouts ----------------------------------------------------------------------------------
 
-// Hugging Face GPT-2's name for an octet parameter.
-std::string hf_name(const std::string& name) {
-  if (name == "wte" || name == "wpe") return "transformer." + name + ".weight";
-  return "transformer." + name;
-}
-
-// HF GPT-2's Conv1D layers store the weight [in, out], the transpose of octet's [out, in].
-bool is_conv1d_weight(const ParameterInfo& p) {
-  if (p.shape.size() != 2 || p.name.rfind("h.", 0) != 0) return false;
-  for (const char* suffix :
-       {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
-    const std::string_view s(suffix);
-    if (p.name.size() > s.size() && p.name.compare(p.name.size() - s.size(), s.size(), s) == 0) return true;
-  }
-  return false;
-}
-
-// The shape a parameter has in model.safetensors.
-std::vector<int64_t> hf_shape(const ParameterInfo& p, const Gpt2Config& c) {
-  if (p.name == "wte") return {c.vocab_size, c.channels};  // only the real vocabulary rows
-  if (is_conv1d_weight(p)) return {p.shape[1], p.shape[0]};
-  return p.shape;
-}
-
-// The parameter `p` of the host copy `params` in model.safetensors' layout.
-std::vector<float> to_hf(const ParameterInfo& p, const Gpt2Config& c, const std::vector<float>& params) {
-  const float* source = params.data() + p.offset;
-  if (p.name == "wte") return {source, source + c.vocab_size * c.channels};
-  if (!is_conv1d_weight(p)) return {source, source + p.count};
-  const int64_t out = p.shape[0], in = p.shape[1];
-  std::vector<float> t(static_cast<size_t>(p.count));
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t i = 0; i < in; ++i) t[static_cast<size_t>(i * out + o)] = source[o * in + i];
-  }
-  return t;
-}
-
 std::string shape_text(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
@@ -203,13 +166,9 @@ io::LoaderPosition position_from_json(const json& j, const std::string& field) {
   return p;
 }
 
-json model_json(const Gpt2Config& c) {
-  return {{"n_layer", c.layers},
-          {"n_head", c.heads},
-          {"n_embd", c.channels},
-          {"vocab_size", c.vocab_size},
-          {"padded_vocab_size", c.padded_vocab()},
-          {"n_positions", c.max_seq_len}};
+// The model's description (Model::model_json) as a JSON object.
+json model_json(const Model& model) {
+  return json::parse(model.model_json());
 }
 
 // Everything state.json holds, parsed and checked before anything is loaded.
@@ -271,7 +230,8 @@ SavedState parse_state(const fs::path& path) {
       }
     }
     const json& data = j.at("data");
-    if (data.contains("train")) s.progress.train_position = position_from_json(data.at("train"), "data.train");
+    if (data.contains("train"))
+      s.progress.train_position = position_from_json(data.at("train"), "data.train");
     if (data.contains("validation"))
       s.progress.validation_position = position_from_json(data.at("validation"), "data.validation");
     s.progress.seed = j.at("seed").get<uint64_t>();
@@ -285,7 +245,7 @@ SavedState parse_state(const fs::path& path) {
   return s;
 }
 
-std::string state_text(Gpt2& model, Trainer& trainer, const TrainingProgress& progress) {
+std::string state_text(Model& model, Trainer& trainer, const TrainingProgress& progress) {
   json j;
   j["format"] = kFormat;
   j["format_version"] = kFormatVersion;
@@ -293,7 +253,7 @@ std::string state_text(Gpt2& model, Trainer& trainer, const TrainingProgress& pr
   j["step"] = trainer.steps_done();
   j["optimizer_steps"] = trainer.optimizer().steps();
   j["consecutive_skips"] = trainer.consecutive_skips();
-  j["model"] = model_json(model.config());
+  j["model"] = model_json(model);
   j["mixed_precision"] = std::string(mixed_precision_name(model.policy().mode()));
   j["loss_scale"] = {{"dynamic", trainer.settings().loss_scale.dynamic},
                      {"scale", float_json(trainer.loss_scaler().scale())},
@@ -382,14 +342,14 @@ std::optional<fs::path> checkpoint_to_continue(const fs::path& run_dir) {
                     e.path().string(), saved, remedy);
     } catch (const Error& problem) {
       if (problem.kind() != ErrorKind::invalid_input) throw;
-      throw Error(ErrorKind::invalid_input,
-                  fmt::format("checkpoint {} is damaged ({}); {}", e.path().string(), problem.what(), remedy));
+      throw Error(ErrorKind::invalid_input, fmt::format("checkpoint {} is damaged ({}); {}",
+                                                        e.path().string(), problem.what(), remedy));
     }
   }
   return latest;
 }
 
-fs::path save_checkpoint(const fs::path& run_dir, Gpt2& model, Trainer& trainer,
+fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer,
                          const TrainingProgress& progress, const CheckpointOptions& options) {
   OCTET_REQUIRE(options.keep_last >= 1, "checkpoint keep_last must be at least 1, got {}", options.keep_last);
   const fs::path final_dir = checkpoint_directory(run_dir, trainer.steps_done());
@@ -403,7 +363,6 @@ fs::path save_checkpoint(const fs::path& run_dir, Gpt2& model, Trainer& trainer,
     if (name.rfind(".tmp_step_", 0) == 0 || name.rfind(".old_step_", 0) == 0) fs::remove_all(e.path());
   }
 
-  const Gpt2Config& c = model.config();
   Backend& backend = model.backend();
   const std::vector<float> params = to_host(backend, model.params(), model.parameter_count());
   const std::vector<float> m = to_host(backend, trainer.optimizer().first_moment(), model.parameter_count());
@@ -418,13 +377,13 @@ fs::path save_checkpoint(const fs::path& run_dir, Gpt2& model, Trainer& trainer,
 
   std::vector<std::vector<float>> hf_data;
   std::vector<io::SafetensorsEntry> hf;
-  for (const ParameterInfo& p : model.parameters()) hf_data.push_back(to_hf(p, c, params));
+  for (const ParameterInfo& p : model.parameters()) hf_data.push_back(model.to_hf(p, params));
   for (size_t i = 0; i < model.parameters().size(); ++i) {
     const ParameterInfo& p = model.parameters()[i];
-    hf.push_back({hf_name(p.name), hf_shape(p, c), hf_data[i]});
+    hf.push_back({model.hf_name(p), model.hf_shape(p), hf_data[i]});
   }
   const std::map<std::string, std::string> metadata = {
-      {"format", "pt"}, {"octet_version", kVersion}, {"config", model_json(c).dump()}};
+      {"format", "pt"}, {"octet_version", kVersion}, {"config", model_json(model).dump()}};
   io::write_safetensors(temporary / kModelFile, hf, metadata);
   written(temporary / kModelFile);
 
@@ -479,15 +438,14 @@ std::string checkpoint_config(const fs::path& checkpoint_dir) {
   return parse_state(checkpoint_dir / kStateFile).progress.config;
 }
 
-CheckpointLoad load_checkpoint(const fs::path& dir, Gpt2& model, Trainer& trainer) {
+CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& trainer) {
   for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
     OCTET_REQUIRE(fs::is_regular_file(dir / name), "checkpoint {} is incomplete: {} is missing", dir.string(),
                   name);
   }
-  const Gpt2Config& c = model.config();
   const fs::path state_path = dir / kStateFile;
   const SavedState saved = parse_state(state_path);
-  const json expected_model = model_json(c);
+  const json expected_model = model_json(model);
   for (const auto& [key, value] : expected_model.items()) {
     OCTET_REQUIRE(saved.model.contains(key) && saved.model[key] == value,
                   "{}: the checkpoint's model has {} {}, this model has {}", state_path.string(), key,
@@ -512,8 +470,8 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Gpt2& model, Trainer& traine
       for (size_t i = 0; i < t->data.size(); ++i) {
         const float x = t->data[i];
         OCTET_REQUIRE(std::isfinite(x) && (!second_moment || x >= 0.0f),
-                      "{}: tensor '{}' holds {} at index {}; {} must be finite{}", optimizer_path.string(), name,
-                      x, i, prefix[0] == '\0' ? "master weights" : "AdamW moments",
+                      "{}: tensor '{}' holds {} at index {}; {} must be finite{}", optimizer_path.string(),
+                      name, x, i, prefix[0] == '\0' ? "master weights" : "AdamW moments",
                       second_moment ? " and second moments at least 0" : "");
       }
       std::copy(t->data.begin(), t->data.end(), target->begin() + p.offset);
@@ -523,13 +481,13 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Gpt2& model, Trainer& traine
   const fs::path model_path = dir / kModelFile;
   const io::SafetensorsFile hf = io::read_safetensors(model_path);
   for (const ParameterInfo& p : model.parameters()) {
-    const std::string name = hf_name(p.name);
+    const std::string name = model.hf_name(p);
     const io::SafetensorsTensor* t = hf.find(name);
     OCTET_REQUIRE(t != nullptr, "{}: tensor '{}' is missing", model_path.string(), name);
-    const std::vector<int64_t> shape = hf_shape(p, c);
+    const std::vector<int64_t> shape = model.hf_shape(p);
     OCTET_REQUIRE(t->shape == shape, "{}: tensor '{}' has shape {}, this model needs {}", model_path.string(),
                   name, shape_text(t->shape), shape_text(shape));
-    const std::vector<float> expected = to_hf(p, c, params);
+    const std::vector<float> expected = model.to_hf(p, params);
     OCTET_REQUIRE(std::memcmp(expected.data(), t->data.data(), expected.size() * sizeof(float)) == 0,
                   "{}: tensor '{}' differs from the master weights in {}", model_path.string(), name,
                   optimizer_path.string());

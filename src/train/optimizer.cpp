@@ -16,7 +16,7 @@ AdamW::AdamW(Backend& backend, const std::vector<ParameterInfo>& parameters, int
 }
 
 void AdamW::step(float* params, const float* grads, float learning_rate, float grad_scale,
-                 std::span<const Gpt2::WeightCopySlot> copies, const void* grads_bf16) {
+                 std::span<const Model::WeightCopySlot> copies, const void* grads_bf16) {
   ++steps_;
   // The weights with copies in one call (each update remakes its copy); every other tensor in another.
   std::vector<Backend::WeightUpdate> weights;
@@ -24,10 +24,10 @@ void AdamW::step(float* params, const float* grads, float learning_rate, float g
   for (const ParameterInfo& p : parameters_) {
     const float decay = p.weight_decay ? settings_.weight_decay : 0.0f;
     const auto slot = std::find_if(copies.begin(), copies.end(),
-                                   [&](const Gpt2::WeightCopySlot& s) { return s.offset == p.offset; });
+                                   [&](const Model::WeightCopySlot& s) { return s.offset == p.offset; });
     if (slot == copies.end()) {
       // A linear layer's bias names its layer's copy, where the backend may keep the bias's GEMM copy.
-      const auto layer = std::find_if(copies.begin(), copies.end(), [&](const Gpt2::WeightCopySlot& s) {
+      const auto layer = std::find_if(copies.begin(), copies.end(), [&](const Model::WeightCopySlot& s) {
         return s.bias_offset == p.offset;
       });
       OCTET_CHECK(p.grad_type == Dtype::f32, "the gradient of {} in float32", p.name);

@@ -5,7 +5,7 @@
 
 namespace octet {
 
-std::vector<LinearLayerPrecision> Gpt2LayerSource::linear_layers() const {
+std::vector<LinearLayerPrecision> ModelLayerSource::linear_layers() const {
   std::vector<LinearLayerPrecision> layers;
   layers.reserve(model_.policy().layers().size());
   for (const LinearPlan& plan : model_.policy().layers()) {
@@ -18,27 +18,27 @@ std::vector<LinearLayerPrecision> Gpt2LayerSource::linear_layers() const {
   return layers;
 }
 
-std::string Gpt2LayerSource::precision_map_json() const {
+std::string ModelLayerSource::precision_map_json() const {
   return model_.policy().map_json();
 }
 
-const ScalingRecipe* Gpt2LayerSource::scaling_recipe() const {
+const ScalingRecipe* ModelLayerSource::scaling_recipe() const {
   return model_.policy().recipe();
 }
 
-void Gpt2LayerSource::set_cast_telemetry(bool collect, bool measure_sqnr) {
+void ModelLayerSource::set_cast_telemetry(bool collect, bool measure_sqnr) {
   model_.set_telemetry(collect, measure_sqnr);
 }
 
-const Fp8LinearState* Gpt2LayerSource::fp8_state(std::string_view layer) {
+const Fp8LinearState* ModelLayerSource::fp8_state(std::string_view layer) {
   return model_.fp8_state(layer);
 }
 
-const Fp8LinearTelemetry* Gpt2LayerSource::cast_telemetry(std::string_view layer) {
+const Fp8LinearTelemetry* ModelLayerSource::cast_telemetry(std::string_view layer) {
   return model_.telemetry(layer);
 }
 
-void Gpt2LayerSource::move_layer_to_bf16(std::string_view layer, std::string reason) {
+void ModelLayerSource::move_layer_to_bf16(std::string_view layer, std::string reason) {
   model_.move_layer_to_bf16(layer, std::move(reason));
 }
 

@@ -12,7 +12,7 @@
 
 namespace octet {
 
-Trainer::Trainer(Gpt2& model, TrainSettings settings)
+Trainer::Trainer(Model& model, TrainSettings settings)
     : model_(model),
       settings_(settings),
       optimizer_(model.backend(), model.parameters(), model.parameter_count(), settings.adamw),
@@ -119,7 +119,7 @@ StepResult Trainer::step(const BatchSource& data) {
                          ? settings_.grad_clip / r.grad_norm
                          : 1.0f;
   // The weight copies for the next step are remade by the update itself.
-  const std::vector<Gpt2::WeightCopySlot> copies = model_.weight_copy_slots();
+  const std::vector<Model::WeightCopySlot> copies = model_.weight_copy_slots();
   optimizer_.step(model_.params(), model_.grads(), r.learning_rate, clip / r.loss_scale, copies,
                   model_.grads_bf16());
   scaler_.update(false);

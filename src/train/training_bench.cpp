@@ -10,7 +10,7 @@
 #include "octet/backend/registry.h"
 #include "octet/check.h"
 #include "octet/io/data_loader.h"
-#include "octet/model/gpt2.h"
+#include "octet/model/model.h"
 #include "octet/train/trainer.h"
 #include "octet/train/training_run.h"
 
@@ -136,7 +136,10 @@ TrainingBenchResult benchmark_training(const RunConfig& config, const TrainingBe
   TrainingBackend device = make_training_backend(config);
   if (options.log) options.log(device.device_line);
   Backend& backend = *device.backend;
-  Gpt2 model(config.model, backend, PrecisionPolicy(config.precision, config.model, tokens_per_batch), B, T);
+  const std::unique_ptr<Model> built =
+      make_model(config.model_arch, config.model, backend,
+                 PrecisionPolicy(config.precision, config.model, tokens_per_batch), B, T);
+  Model& model = *built;
   model.init_weights(config.seed);
   model.set_telemetry(false, false);
   PhaseClock phase_clock(backend);
@@ -205,10 +208,10 @@ TrainingBenchResult benchmark_training(const RunConfig& config, const TrainingBe
   result.device_line = device.device_line;
   result.backend = std::string(backend.name());
   result.device_name = device.cuda ? cuda->device(0).name : "CPU";
-  result.model = config.model.describe();
+  result.model = model.describe();
   result.mode = std::string(mixed_precision_name(config.precision.mode));
   result.parameters = model.parameter_count();
-  result.flop_parameters = model.parameter_count() - model.parameter("wpe").count;
+  result.flop_parameters = model.flop_parameter_count();
   result.tokens_per_step = tokens_per_batch * config.train.grad_accum_steps;
   result.steps = options.steps;
   result.warmup_steps = options.warmup_steps;

@@ -19,6 +19,7 @@
 #include "octet/io/atomic_file.h"
 #include "octet/io/data_loader.h"
 #include "octet/io/tokenizer.h"
+#include "octet/model/model.h"
 #include "octet/model/sampling.h"
 #include "octet/telemetry/recorder.h"
 #include "octet/train/checkpoint.h"
@@ -292,7 +293,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   // the device's and not just the time taken to enqueue it.
   PhaseTimer phases;
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Gpt2> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<Trainer> trainer;
   // No run directory and no log for the trainer: its startup lines and precision map come below, once every
   // check has passed and telemetry has put back the layers a resumed run had moved to BF16.
@@ -302,8 +303,8 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   }
   allocate_or_refuse(config, [&] {
     backend = make_backend(device, config);
-    model = std::make_unique<Gpt2>(config.model, *backend,
-                                   PrecisionPolicy(config.precision, config.model, B * T), B, T);
+    model = make_model(config.model_arch, config.model, *backend,
+                       PrecisionPolicy(config.precision, config.model, B * T), B, T);
     model->init_weights(config.seed);
     if (!config.telemetry.enabled) model->set_telemetry(false, false);
     trainer = std::make_unique<Trainer>(*model, settings);
@@ -332,9 +333,8 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   std::FILE* out = options.out;
   // Said every time, so that nobody takes a CPU run for a GPU one or an emulated FP8 GEMM for a real one.
   say(out, device.line);
-  say(out,
-      fmt::format("octet {}: {}; {} on the {} backend; run directory {}", kVersion, config.model.describe(),
-                  mixed_precision_name(config.precision.mode), backend->name(), run_dir.string()));
+  say(out, fmt::format("octet {}: {}; {} on the {} backend; run directory {}", kVersion, model->describe(),
+                       mixed_precision_name(config.precision.mode), backend->name(), run_dir.string()));
   if (start.remove_present) {
     say(out, fmt::format("--overwrite: removed the previous run's {} from {}; other files there are kept",
                          fmt::join(start.present, ", "), run_dir.string()));
@@ -343,7 +343,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   // step it resumes at. Layers that alerts of the run being resumed moved to BF16 move back to BF16 here,
   // before the startup lines and the precision map say how each layer runs.
   std::unique_ptr<TelemetryStore> telemetry_store;
-  std::unique_ptr<Gpt2LayerSource> telemetry_layers;
+  std::unique_ptr<ModelLayerSource> telemetry_layers;
   std::unique_ptr<TelemetryRecorder> telemetry;
   if (config.telemetry.enabled) {
     const std::optional<int64_t> resume_step =
@@ -355,7 +355,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
       if (options.interactive) std::fputs("\n", out);
       say(out, std::string(line));
     };
-    telemetry_layers = std::make_unique<Gpt2LayerSource>(*model);
+    telemetry_layers = std::make_unique<ModelLayerSource>(*model);
     telemetry = std::make_unique<TelemetryRecorder>(*telemetry_layers, *telemetry_store, config.telemetry,
                                                     recorder_options);
   }
@@ -540,7 +540,7 @@ namespace {
 struct Restored {
   RunConfig config;
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Gpt2> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<Trainer> trainer;
 };
 
@@ -562,8 +562,8 @@ Restored restore(const fs::path& checkpoint, int64_t batch, int64_t seq_len, con
   settings.batch_size = B;
   settings.seq_len = T;
   allocate_or_refuse(r.config, [&] {
-    r.model = std::make_unique<Gpt2>(r.config.model, *r.backend,
-                                     PrecisionPolicy(r.config.precision, r.config.model, B * T), B, T);
+    r.model = make_model(r.config.model_arch, r.config.model, *r.backend,
+                         PrecisionPolicy(r.config.precision, r.config.model, B * T), B, T);
     r.trainer = std::make_unique<Trainer>(*r.model, settings);
   });
   load_checkpoint(checkpoint, *r.model, *r.trainer);

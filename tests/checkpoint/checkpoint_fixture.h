@@ -72,7 +72,8 @@ inline TrainSettings checkpoint_settings() {
 struct TrainingProcess {
   TrainingProcess(const Gpt2Config& config, MixedPrecision precision, const std::filesystem::path& shard)
       : backend(make_cpu_backend()),
-        model(std::make_unique<Gpt2>(config, *backend, PrecisionPolicy(mode(precision), config, 32), 2, 16)),
+        model(make_model(ModelArchitecture::gpt2, config, *backend,
+                         PrecisionPolicy(mode(precision), config, 32), 2, 16)),
         trainer(nullptr),
         loader({shard}, loader_options(config)) {
     model->init_weights(11);
@@ -113,7 +114,7 @@ struct TrainingProcess {
   }
 
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Gpt2> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<Trainer> trainer;
   io::DataLoader loader;
 };

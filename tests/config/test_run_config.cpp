@@ -12,9 +12,9 @@
 
 #include <gtest/gtest.h>
 
+#include "files.h"
 #include "octet/check.h"
 #include "octet/config/run_config.h"
-#include "files.h"
 
 namespace octet {
 namespace {
@@ -38,6 +38,17 @@ TEST(RunConfig, DefaultsRoundTripThroughToml) {
   EXPECT_EQ(defaults.precision.recipe, RecipeKind::delayed);
   EXPECT_EQ(defaults.precision.amax_history, 16);
   EXPECT_NE(shown.find("[fp8]\nrecipe = \"delayed\""), std::string::npos) << shown;
+}
+
+TEST(RunConfig, ModelArchIsGpt2UnlessSaidAndRefusesOthers) {
+  EXPECT_EQ(parse_run_config("", "empty.toml").model_arch, ModelArchitecture::gpt2);
+  EXPECT_EQ(parse_run_config("[model]\narch = \"gpt2\"\n", "run.toml").model_arch, ModelArchitecture::gpt2);
+  EXPECT_NE(to_toml(parse_run_config("", "empty.toml")).find("[model]\narch = \"gpt2\"\n"),
+            std::string::npos);
+  EXPECT_EQ(error_of("[model]\narch = \"llama\"\n"),
+            "run.toml:2: model.arch = \"llama\" is not valid; expected one of \"gpt2\"");
+  EXPECT_EQ(error_of("", {"model.arch=gpt3"}),
+            "--set model.arch=gpt3: model.arch = \"gpt3\" is not valid; expected one of \"gpt2\"");
 }
 
 TEST(RunConfig, ValuesReachTheirSettings) {
@@ -132,7 +143,8 @@ TEST(RunConfig, WrongTypesAndRangesSayWhatWasExpected) {
             "run.toml:2: train.batch_size must be an integer (1 to 1048576), got string \"eight\"");
   EXPECT_EQ(error_of("[train]\nbatch_size = 2.5\n"),
             "run.toml:2: train.batch_size must be an integer (1 to 1048576), got number 2.5");
-  EXPECT_EQ(error_of("[train]\nbatch_size = 0\n"), "run.toml:2: train.batch_size must be 1 to 1048576, got 0");
+  EXPECT_EQ(error_of("[train]\nbatch_size = 0\n"),
+            "run.toml:2: train.batch_size must be 1 to 1048576, got 0");
   EXPECT_EQ(error_of("[optimizer]\nbeta2 = 1.0\n"), "run.toml:2: optimizer.beta2 must be [0, 1), got 1");
   EXPECT_EQ(error_of("[fp8]\namax_history = 0\n"), "run.toml:2: fp8.amax_history must be 1 to 1024, got 0");
   EXPECT_EQ(error_of("[fp8]\nlm_head = \"yes\"\n"),
@@ -175,10 +187,12 @@ TEST(RunConfig, DeepNestingIsRefusedBeforeParsing) {
   EXPECT_NE(error_of("", {"fp8.exclude=" + std::string(1000, '[')}).find("nested more than 16 deep"),
             std::string::npos);
   // Ordinary dotted keys, strings holding brackets and dots, and comments are not nesting.
-  EXPECT_EQ(error_of("train.steps = 5 # a.b.c.d.e.f.g.h.i.j [[[[[[[[[[[[[[[[[[\n"
-                     "[data]\ndir = \"a.b.c.d.e.f.g.h.i.j.[[[[[[[[[[[[[[[[[[[[[[\"\n"
-                     "[fp8]\nexclude = ['[[[[[[[[[[[[[[[[[[[[[[[[.......', \"\"\"\n.....[[[[[[[[[[[[[[[[[[[\"\"\"]\n"),
-            "");
+  EXPECT_EQ(
+      error_of(
+          "train.steps = 5 # a.b.c.d.e.f.g.h.i.j [[[[[[[[[[[[[[[[[[\n"
+          "[data]\ndir = \"a.b.c.d.e.f.g.h.i.j.[[[[[[[[[[[[[[[[[[[[[[\"\n"
+          "[fp8]\nexclude = ['[[[[[[[[[[[[[[[[[[[[[[[[.......', \"\"\"\n.....[[[[[[[[[[[[[[[[[[[\"\"\"]\n"),
+      "");
 }
 
 TEST(RunConfig, ShapeKeysAreBoundedSoThatEverySizeFits) {
@@ -191,7 +205,8 @@ TEST(RunConfig, ShapeKeysAreBoundedSoThatEverySizeFits) {
   EXPECT_EQ(error_of("[train]\nbatch_size = 4294967296\n"),
             "run.toml:2: train.batch_size must be 1 to 1048576, got 4294967296");
   // Each key within its range, but their products beyond what octet can address.
-  const std::string big_model = "[model]\nvocab_size = 2147483647\nchannels = 1048576\nheads = 1\nlayers = 65536\n";
+  const std::string big_model =
+      "[model]\nvocab_size = 2147483647\nchannels = 1048576\nheads = 1\nlayers = 65536\n";
   EXPECT_NE(error_of(big_model).find("parameters, more than"), std::string::npos) << error_of(big_model);
   const std::string big_batch =
       "[model]\nvocab_size = 2147483647\nmax_seq_len = 1048576\n[train]\nbatch_size = 1048576\nseq_len = "
@@ -200,21 +215,24 @@ TEST(RunConfig, ShapeKeysAreBoundedSoThatEverySizeFits) {
 }
 
 TEST(RunConfig, NumbersMustBeFiniteAsFloat32) {
-  EXPECT_EQ(error_of("[optimizer]\nlearning_rate = 1e300\n"),
-            "run.toml:2: optimizer.learning_rate must be greater than 0, got 1e+300, which is inf as float32");
+  EXPECT_EQ(
+      error_of("[optimizer]\nlearning_rate = 1e300\n"),
+      "run.toml:2: optimizer.learning_rate must be greater than 0, got 1e+300, which is inf as float32");
   EXPECT_EQ(error_of("", {"optimizer.learning_rate=1e-50"}),
             "--set optimizer.learning_rate=1e-50: optimizer.learning_rate must be greater than 0, got 1e-50, "
             "which is 0 as float32");
   EXPECT_NE(error_of("[optimizer]\nbeta1 = 0.999999999\n").find("which is 1 as float32"), std::string::npos);
-  EXPECT_NE(error_of("[optimizer]\nweight_decay = 4e38\n").find("which is inf as float32"), std::string::npos);
+  EXPECT_NE(error_of("[optimizer]\nweight_decay = 4e38\n").find("which is inf as float32"),
+            std::string::npos);
   EXPECT_NE(error_of("[loss_scale]\ngrowth_factor = inf\n").find("got inf"), std::string::npos);
   EXPECT_EQ(error_of("[optimizer]\nlearning_rate = 3e38\n"), "");
 }
 
 TEST(RunConfig, OverridesAreOneLine) {
-  EXPECT_EQ(error_of("", {"data.dir=shards\nlogging.run_dir = \"elsewhere\""}),
-            "--set data.dir=shards\\x0alogging.run_dir = \"elsewhere\": the value must be one line (it holds a "
-            "line break)");
+  EXPECT_EQ(
+      error_of("", {"data.dir=shards\nlogging.run_dir = \"elsewhere\""}),
+      "--set data.dir=shards\\x0alogging.run_dir = \"elsewhere\": the value must be one line (it holds a "
+      "line break)");
   EXPECT_NE(error_of("", {"train.steps=5\r"}).find("must be one line"), std::string::npos);
 }
 
@@ -234,31 +252,36 @@ TEST(RunConfig, PathsWithQuotesAndBackslashesRoundTrip) {
 }
 
 TEST(RunConfig, PathsMustBeValidUtf8WithoutControlCharacters) {
-  EXPECT_EQ(error_of("", {"data.dir=shards\xff"}),
-            "--set data.dir=shards\\xff: data.dir is not valid UTF-8 (byte 6 of the value); paths must be UTF-8 "
-            "text");
+  EXPECT_EQ(
+      error_of("", {"data.dir=shards\xff"}),
+      "--set data.dir=shards\\xff: data.dir is not valid UTF-8 (byte 6 of the value); paths must be UTF-8 "
+      "text");
   EXPECT_EQ(error_of("[logging]\nrun_dir = \"runs\\u0007x\"\n"),
             "run.toml:2: logging.run_dir holds a control character (byte 4 of the value); paths must be "
             "printable text");
 }
 
 TEST(RunConfig, StringsAreBoundedSoThatTheSavedConfigStaysReadable) {
-  EXPECT_EQ(error_of("", {"data.dir=" + std::string(5000, 'd')}),
-            "--set data.dir=" + std::string(91, 'd') + "...: data.dir is 5000 bytes long; a path has at most 4096");
+  EXPECT_EQ(
+      error_of("", {"data.dir=" + std::string(5000, 'd')}),
+      "--set data.dir=" + std::string(91, 'd') + "...: data.dir is 5000 bytes long; a path has at most 4096");
   std::string many = "[fp8]\nexclude = [";
   for (int i = 0; i < 300; ++i) many += "\"h.0.*\", ";
   EXPECT_EQ(error_of(many + "]\n"), "run.toml:2: fp8.exclude holds 300 globs; at most 256 are allowed");
-  EXPECT_NE(error_of("[fp8]\ninclude = [\"h.\\u0001\"]\n").find("a glob is printable text of at most 256 bytes"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of("[fp8]\ninclude = [\"h.\\u0001\"]\n").find("a glob is printable text of at most 256 bytes"),
+      std::string::npos);
 }
 
 TEST(RunConfig, NonAsciiOutsideStringsNeverReachesTheParser) {
   // toml++ 3.3 reaches __builtin_unreachable testing such characters for whitespace (UBSan reports it).
-  EXPECT_EQ(error_of("[data]\ndir = \"d\"\neval_every = 5 \u00e9\n"),
-            "run.toml:3: not valid TOML: a non-ASCII character outside a string or comment (keys, numbers and "
-            "booleans are ASCII; put text in quotes)");
+  EXPECT_EQ(
+      error_of("[data]\ndir = \"d\"\neval_every = 5 \u00e9\n"),
+      "run.toml:3: not valid TOML: a non-ASCII character outside a string or comment (keys, numbers and "
+      "booleans are ASCII; put text in quotes)");
   EXPECT_EQ(error_of("# caf\u00e9\n[data] # \u00e9\ndir = \"caf\u00e9\"\n"), "");
-  const RunConfig c = parse_run_config("", "run.toml", {"data.dir=d\u00e9j\u00e0 vu", "logging.run_dir=\u00e9"});
+  const RunConfig c =
+      parse_run_config("", "run.toml", {"data.dir=d\u00e9j\u00e0 vu", "logging.run_dir=\u00e9"});
   EXPECT_EQ(c.data_dir.string(), "d\u00e9j\u00e0 vu");
   EXPECT_EQ(c.run_dir.string(), "\u00e9");
 }

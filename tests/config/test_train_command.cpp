@@ -135,6 +135,49 @@ TEST_F(TrainCommand, ResumeAfterSigtermContinuesTheRunExactly) {
       << "every step's loss, before and after the resume, equals the uninterrupted run's";
 }
 
+// A checkpoint and run directory saved before model.arch existed (no arch in the saved configuration) load as
+// GPT-2: the run resumes exactly, and eval reads the checkpoint.
+TEST_F(TrainCommand, ACheckpointWithoutModelArchResumesAsGpt2) {
+  const fs::path config = write_config("fp32", 6);
+  const std::vector<std::string> quiet = {"--set", "data.eval_every=0", "--set", "checkpoint.every=3"};
+  std::vector<std::string> whole = {"train", config.string(), "--set",
+                                    "logging.run_dir=" + (root_ / "whole").string()};
+  whole.insert(whole.end(), quiet.begin(), quiet.end());
+  ASSERT_EQ(run_octet(whole).exit_code, 0);
+  std::vector<std::string> first = {"train", config.string()};
+  first.insert(first.end(), quiet.begin(), quiet.end());
+  ASSERT_EQ(run_octet(first).exit_code, 0);
+
+  // Back to the files of a run from before the key: step 3 is the newest checkpoint, and neither its
+  // state.json nor the run's config.toml names an architecture.
+  const fs::path checkpoints = root_ / "run" / "checkpoints";
+  fs::remove_all(checkpoints / "step_000006");
+  const auto drop = [](const fs::path& file, const std::string& line) {
+    std::string text = read(file);
+    const size_t at = text.find(line);
+    ASSERT_NE(at, std::string::npos) << file << " should hold " << line;
+    text.erase(at, line.size());
+    ASSERT_EQ(text.find("arch"), std::string::npos) << text;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
+  };
+  drop(checkpoints / "step_000003" / "state.json", R"(arch = \"gpt2\"\n)");
+  drop(root_ / "run" / "config.toml", "arch = \"gpt2\"\n");
+
+  const testing::ProcessResult eval = run_octet({"eval", (checkpoints / "step_000003").string()});
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  EXPECT_NE(eval.out.find("(step 3, fp32): validation loss "), std::string::npos) << eval.out;
+
+  std::vector<std::string> again = {"train", config.string(), "--resume"};
+  again.insert(again.end(), quiet.begin(), quiet.end());
+  const testing::ProcessResult resumed = run_octet(again);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from "), std::string::npos) << resumed.out;
+  const auto expected = step_losses(read(root_ / "whole" / "metrics.jsonl"));
+  ASSERT_EQ(expected.size(), 6u);
+  EXPECT_EQ(step_losses(read(root_ / "run" / "metrics.jsonl")), expected)
+      << "every step's loss, before and after the resume, equals the uninterrupted run's";
+}
+
 TEST_F(TrainCommand, EvalAndGenerateUseTheCheckpoint) {
   const testing::ProcessResult trained = run_octet({"train", write_config("bf16", 6).string()});
   ASSERT_EQ(trained.exit_code, 0) << trained.err;

@@ -15,6 +15,7 @@
 #include "octet/io/corpus.h"
 #include "octet/io/data_loader.h"
 #include "octet/io/tokenizer.h"
+#include "octet/model/model.h"
 #include "octet/train/trainer.h"
 
 namespace octet {
@@ -53,7 +54,10 @@ Outcome train(MixedPrecision mode, const fs::path& shards) {
   auto backend = make_cpu_backend();
   PrecisionSettings precision;
   precision.mode = mode;
-  Gpt2 model(config, *backend, PrecisionPolicy(precision, config, kBatch * kSeq), kBatch, kSeq);
+  const std::unique_ptr<Model> built =
+      make_model(ModelArchitecture::gpt2, config, *backend, PrecisionPolicy(precision, config, kBatch * kSeq),
+                 kBatch, kSeq);
+  Model& model = *built;
   model.init_weights(1337);
   TrainSettings settings;
   settings.batch_size = kBatch;

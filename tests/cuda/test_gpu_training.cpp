@@ -16,7 +16,7 @@
 
 #include "octet/backend/cpu_backend.h"
 #include "octet/backend/cuda_backend.h"
-#include "octet/model/gpt2.h"
+#include "octet/model/model.h"
 #include "octet/train/trainer.h"
 
 namespace octet {
@@ -64,7 +64,9 @@ struct TrainingRun {
 TrainingRun train(Backend& backend, const PrecisionSettings& precision, int64_t grad_accum_steps = 1,
                   float grad_clip = 1.0f) {
   const Gpt2Config config = small_config();
-  Gpt2 model(config, backend, PrecisionPolicy(precision, config, kB * kT), kB, kT);
+  const std::unique_ptr<Model> model_owner = make_model(ModelArchitecture::gpt2, config, backend,
+                                                        PrecisionPolicy(precision, config, kB * kT), kB, kT);
+  Model& model = *model_owner;
   model.init_weights(1234);
   TrainSettings settings;
   settings.batch_size = kB;

@@ -37,6 +37,44 @@ TEST(Gpt2, Gpt2SmallHasTheKnownParameterCount) {
   EXPECT_FALSE(m.parameter("h.0.ln_1.weight").weight_decay);
 }
 
+TEST(Gpt2, HuggingFaceMapNamesShapesAndConvertsBothWays) {
+  const Gpt2Config c = tiny_config();  // V 61 padded to 64, C 64
+  auto backend = make_cpu_backend();
+  const std::unique_ptr<Model> built = make_model(ModelArchitecture::gpt2, c, *backend,
+                                                  PrecisionPolicy(mode(MixedPrecision::fp32), c, 16), 1, 16);
+  const Model& m = *built;
+  EXPECT_EQ(m.architecture(), "gpt2");
+  EXPECT_EQ(m.describe(), c.describe());
+  EXPECT_EQ(m.vocab_size(), 61);
+  EXPECT_EQ(m.padded_vocab_size(), 64);
+  EXPECT_EQ(m.max_seq_len(), 16);
+  EXPECT_EQ(m.flop_parameter_count(), m.parameter_count() - 16 * 64);
+  EXPECT_EQ(m.hf_name(m.parameter("wte")), "transformer.wte.weight");
+  EXPECT_EQ(m.hf_name(m.parameter("wpe")), "transformer.wpe.weight");
+  EXPECT_EQ(m.hf_name(m.parameter("h.1.attn.c_attn.weight")), "transformer.h.1.attn.c_attn.weight");
+  EXPECT_EQ(m.hf_name(m.parameter("ln_f.bias")), "transformer.ln_f.bias");
+  EXPECT_EQ(m.hf_shape(m.parameter("wte")), (std::vector<int64_t>{61, 64}));
+  EXPECT_EQ(m.hf_shape(m.parameter("h.0.mlp.c_fc.weight")), (std::vector<int64_t>{64, 256}));
+  EXPECT_EQ(m.hf_shape(m.parameter("h.0.mlp.c_fc.bias")), (std::vector<int64_t>{256}));
+  EXPECT_EQ(
+      m.model_json(),
+      R"({"n_embd":64,"n_head":4,"n_layer":2,"n_positions":16,"padded_vocab_size":64,"vocab_size":61})");
+
+  // Small integers, every one distinct, so that any misplaced element shows; wte's padded rows are zero.
+  std::vector<float> params(static_cast<size_t>(m.parameter_count()));
+  for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i % 4093) + 1.0f;
+  const ParameterInfo& wte = m.parameter("wte");
+  std::fill(params.begin() + wte.offset + 61 * 64, params.begin() + wte.offset + wte.count, 0.0f);
+  const ParameterInfo& fc = m.parameter("h.0.mlp.c_fc.weight");  // octet [256, 64], Hugging Face [64, 256]
+  const std::vector<float> fc_hf = m.to_hf(fc, params);
+  ASSERT_EQ(fc_hf.size(), 256u * 64u);
+  EXPECT_EQ(fc_hf[static_cast<size_t>(3 * 256 + 5)], params[static_cast<size_t>(fc.offset + 5 * 64 + 3)]);
+  EXPECT_EQ(m.to_hf(wte, params).size(), 61u * 64u);
+  std::vector<float> back(params.size(), -1.0f);
+  for (const ParameterInfo& p : m.parameters()) m.from_hf(p, m.to_hf(p, params), back);
+  EXPECT_EQ(back, params);
+}
+
 TEST(Gpt2, InitialisationFollowsGpt2) {
   const Gpt2Config c = tiny_config();
   auto backend = make_cpu_backend();

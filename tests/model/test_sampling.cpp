@@ -11,7 +11,10 @@ namespace {
 TEST(Sampling, GreedyTopOneAndSeeds) {
   const Gpt2Config c = testing::tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 m(c, *backend, PrecisionPolicy(testing::mode(MixedPrecision::fp32), c, 16), 1, 16);
+  const std::unique_ptr<Model> m_owner =
+      make_model(ModelArchitecture::gpt2, c, *backend,
+                 PrecisionPolicy(testing::mode(MixedPrecision::fp32), c, 16), 1, 16);
+  Model& m = *m_owner;
   m.init_weights(9);
   for (int64_t i = 0; i < m.parameter_count(); ++i) m.params()[i] *= 20.0f;  // a peaked distribution
   const std::vector<int32_t> prompt = {3, 14, 15};
@@ -46,7 +49,10 @@ TEST(Sampling, GreedyTopOneAndSeeds) {
 TEST(Sampling, ATrainedModelContinuesItsPattern) {
   const Gpt2Config c = testing::tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 m(c, *backend, PrecisionPolicy(testing::mode(MixedPrecision::fp32), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner =
+      make_model(ModelArchitecture::gpt2, c, *backend,
+                 PrecisionPolicy(testing::mode(MixedPrecision::fp32), c, 32), 2, 16);
+  Model& m = *m_owner;
   m.init_weights(1);
   TrainSettings s;
   s.batch_size = 2;

@@ -68,7 +68,9 @@ std::vector<float> run(MixedPrecision mp, int steps, int64_t accumulation = 1, i
   s.batch_size = batch;
   s.grad_accum_steps = accumulation;
   s.loss_scale.dynamic = mp == MixedPrecision::fp16;
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(mp), c, batch * 16), batch, 16);
+  const std::unique_ptr<Model> m_owner =
+      make_model(ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(mode(mp), c, batch * 16), batch, 16);
+  Model& m = *m_owner;
   m.init_weights(11);
   Trainer t(m, s);
   const BatchSource data = pattern_stream(5, batch, 16, c.vocab_size);
@@ -103,7 +105,10 @@ TEST(Trainer, AccumulatingMicroBatchesEqualsOneLargeBatch) {
     TrainSettings s = small_settings();
     s.batch_size = batch;
     s.grad_accum_steps = accumulation;
-    Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, batch * 16), batch, 16);
+    const std::unique_ptr<Model> m_owner =
+        make_model(ModelArchitecture::gpt2, c, *backend,
+                   PrecisionPolicy(mode(MixedPrecision::fp32), c, batch * 16), batch, 16);
+    Model& m = *m_owner;
     m.init_weights(11);
     Trainer t(m, s);
     const BatchSource data = pattern_stream(5, 2, 16, c.vocab_size);  // always pairs of sequences
@@ -138,7 +143,9 @@ TEST(Trainer, ClippingScalesTheGradientToTheLimit) {
   auto backend = make_cpu_backend();
   TrainSettings s = small_settings();
   s.grad_clip = 0.01f;
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner = make_model(
+      ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  Model& m = *m_owner;
   m.init_weights(2);
   Trainer t(m, s);
   const StepResult r = t.step(pattern_stream(1, 2, 16, c.vocab_size));
@@ -154,7 +161,9 @@ TEST(Trainer, ClippingScalesTheGradientToTheLimit) {
 TEST(Trainer, NonFiniteLossSkipsTheStepAndNamesIt) {
   const Gpt2Config c = tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner = make_model(
+      ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  Model& m = *m_owner;
   m.init_weights(2);
   m.params()[m.parameter("h.1.mlp.c_fc.weight").offset + 5] = NAN;
   const std::vector<float> before(m.params(), m.params() + m.parameter_count());
@@ -181,7 +190,9 @@ TEST(Trainer, NonFiniteLossSkipsTheStepAndNamesIt) {
 TEST(Trainer, Fp16OverflowSkipsNamesTheTensorAndBacksOff) {
   const Gpt2Config c = tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp16), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner = make_model(
+      ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(mode(MixedPrecision::fp16), c, 32), 2, 16);
+  Model& m = *m_owner;
   m.init_weights(2);
   TrainSettings s = small_settings();
   s.loss_scale.dynamic = true;
@@ -203,7 +214,9 @@ TEST(Trainer, Fp16OverflowSkipsNamesTheTensorAndBacksOff) {
 TEST(Trainer, EvaluationLeavesTheFp8StateAlone) {
   const Gpt2Config c = tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner = make_model(ModelArchitecture::gpt2, c, *backend,
+                                                    PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
+  Model& m = *m_owner;
   m.init_weights(2);
   Trainer t(m, small_settings());
   const BatchSource data = pattern_stream(1, 2, 16, c.vocab_size);
@@ -218,7 +231,9 @@ TEST(Trainer, EvaluationLeavesTheFp8StateAlone) {
 TEST(Trainer, WeightAmaxHistoryRecordsEachStepsWeights) {
   const Gpt2Config c = tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner = make_model(ModelArchitecture::gpt2, c, *backend,
+                                                    PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
+  Model& m = *m_owner;
   m.init_weights(2);
   Trainer t(m, small_settings());
   const BatchSource data = pattern_stream(1, 2, 16, c.vocab_size);
@@ -253,7 +268,9 @@ TEST(Trainer, Fp8RunsPrintTheStartupLineAndWriteTheMap) {
        std::to_string(reinterpret_cast<uintptr_t>(&c)));
   for (const MixedPrecision mp : {MixedPrecision::fp8, MixedPrecision::bf16}) {
     std::filesystem::remove_all(dir);
-    Gpt2 m(c, *backend, PrecisionPolicy(testing::mode(mp), c, 32), 2, 16);
+    const std::unique_ptr<Model> m_owner =
+        make_model(ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(testing::mode(mp), c, 32), 2, 16);
+    Model& m = *m_owner;
     TrainSettings s;
     s.batch_size = 2;
     s.seq_len = 16;
@@ -285,7 +302,9 @@ TEST(Trainer, PerGemmChoicesRunAndAreCounted) {
   auto backend = make_cpu_backend();
   PrecisionSettings p = testing::mode(MixedPrecision::fp8);
   p.fp8_weight_gradient = false;
-  Gpt2 m(c, *backend, PrecisionPolicy(p, c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner =
+      make_model(ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(p, c, 32), 2, 16);
+  Model& m = *m_owner;
   m.init_weights(4);
   TrainSettings s;
   s.batch_size = 2;

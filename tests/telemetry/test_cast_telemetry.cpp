@@ -164,7 +164,10 @@ TEST(CastTelemetry, WithoutATelemetryPointerOnlyThePerOperandTelemetryIsLeftOut)
 TEST(ModelTelemetry, OneSetPerFp8LayerCountingTrainingCastsOnly) {
   const Gpt2Config config = testing::tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 model(config, *backend, PrecisionPolicy(testing::mode(MixedPrecision::fp8), config, 32), 2, 16);
+  const std::unique_ptr<Model> model_owner =
+      make_model(ModelArchitecture::gpt2, config, *backend,
+                 PrecisionPolicy(testing::mode(MixedPrecision::fp8), config, 32), 2, 16);
+  Model& model = *model_owner;
   model.init_weights(7);
   TrainSettings settings;
   settings.batch_size = 2;
@@ -199,7 +202,10 @@ TEST(ModelTelemetry, OneSetPerFp8LayerCountingTrainingCastsOnly) {
 TEST(ModelTelemetry, MovingALayerToBf16RunsItsThreeGemmsInBf16) {
   const Gpt2Config config = testing::tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 model(config, *backend, PrecisionPolicy(testing::mode(MixedPrecision::fp8), config, 32), 2, 16);
+  const std::unique_ptr<Model> model_owner =
+      make_model(ModelArchitecture::gpt2, config, *backend,
+                 PrecisionPolicy(testing::mode(MixedPrecision::fp8), config, 32), 2, 16);
+  Model& model = *model_owner;
   model.init_weights(7);
   TrainSettings settings;
   settings.batch_size = 2;

@@ -35,7 +35,7 @@ struct PlantedRun {
 
 // The planted layer: its LayerNorm gain times 64 and its weight divided by 64, so that the layer computes the
 // same function with activations 64 times larger.
-void plant(Gpt2& model, Backend& backend) {
+void plant(Model& model, Backend& backend) {
   std::vector<float> params(static_cast<size_t>(model.parameter_count()));
   backend.copy_to_host(params.data(), model.params(), params.size() * sizeof(float));
   const ParameterInfo& gain = model.parameter("h.1.ln_2.weight");
@@ -64,7 +64,9 @@ PlantedRun run_planted(AlertAction action, PlantOptions plan = {RecipeKind::stat
   precision.recipe = plan.recipe;
   precision.static_scale = 16.0f;  // LayerNorm outputs (|x| < ~5) x 16 stay well below E4M3's 448
   auto backend = make_cpu_backend();
-  Gpt2 model(config, *backend, PrecisionPolicy(precision, config, 32), 2, 16);
+  const std::unique_ptr<Model> model_owner =
+      make_model(ModelArchitecture::gpt2, config, *backend, PrecisionPolicy(precision, config, 32), 2, 16);
+  Model& model = *model_owner;
   model.init_weights(7);
   if (plan.planted_after == 0) plant(model, *backend);
 
@@ -78,7 +80,7 @@ PlantedRun run_planted(AlertAction action, PlantOptions plan = {RecipeKind::stat
   RecorderOptions options;
   options.run_directory = run.dir;
   options.log = [&run](std::string_view line) { run.log.emplace_back(line); };
-  Gpt2LayerSource layers(model);
+  ModelLayerSource layers(model);
   TelemetryRecorder recorder(layers, store, telemetry, options);
   TrainSettings settings;
   settings.batch_size = 2;

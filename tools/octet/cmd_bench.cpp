@@ -15,7 +15,7 @@
 #include "octet/backend/registry.h"
 #include "octet/check.h"
 #include "octet/config/run_config.h"
-#include "octet/model/gpt2.h"
+#include "octet/model/model.h"
 #include "octet/model/precision_policy.h"
 #include "octet/numerics/scaling.h"
 #include "octet/train/training_bench.h"
@@ -53,7 +53,8 @@ GemmBenchShape parse_shape(const std::string& text) {
 
 // Per linear layer of the model: forward (M = B*T, N = OC, K = C), input gradient (M = B*T, N = C, K = OC)
 // and weight gradient (M = OC, N = C, K = B*T). An LM head without FP8 GEMMs runs them on chunks of
-// Gpt2::kHeadChunkRows rows instead of B*T: those shapes too. Products of the same shape share one row.
+// lm_head_chunk_rows(model.arch) rows instead of B*T: those shapes too. Products of the same shape share one
+// row.
 std::vector<GemmBenchShape> shapes_of(const RunConfig& config) {
   const int64_t BT = config.train.batch_size * config.train.seq_len;
   const int64_t C = config.model.channels;
@@ -83,7 +84,7 @@ std::vector<GemmBenchShape> shapes_of(const RunConfig& config) {
     add(l.out, l.in, BT, fmt::format("{} weight grad", l.name));
   }
   const int64_t Vp = config.model.padded_vocab();
-  const int64_t rows = Gpt2::kHeadChunkRows;
+  const int64_t rows = lm_head_chunk_rows(config.model_arch);
   if (BT > rows && !PrecisionPolicy(config.precision, config.model, BT).layer("lm_head").fp8()) {
     add(rows, Vp, C, fmt::format("lm_head forward, {}-row chunk", rows));
     add(rows, C, Vp, fmt::format("lm_head input grad, {}-row chunk", rows));

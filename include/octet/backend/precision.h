@@ -104,7 +104,7 @@ struct LinearExecution {
   // linear_backward would make it (scaling-state update, counts and telemetry done), and the producer has
   // added the bias gradient. linear_backward takes the cast instead of casting dout and clears the flag.
   bool gradient_cast_ready = false;
-  // False for the first backward since the gradients were zeroed (Gpt2::zero_grad leaves the linear layers'
+  // False for the first backward since the gradients were zeroed (Model::zero_grad leaves the linear layers'
   // weight gradients to their first backward): the weight-gradient GEMM writes dweight instead of adding to
   // it, which saves zeroing it and reading the zeros. The input gradient is always written.
   bool accumulate_weight_gradient = true;

@@ -17,7 +17,8 @@
 namespace octet {
 
 struct RunConfig {
-  Gpt2Config model;
+  ModelArchitecture model_arch = ModelArchitecture::gpt2;  // which Model make_model builds
+  Gpt2Config model;                                        // its shape
   PrecisionSettings precision;  // mode from train.mixed_precision, the rest from [fp8]
   bool fp8_strict = false;      // refuse to start when FP8 cannot run as configured
   TrainSettings train;          // batch, sequence, accumulation, schedule, optimizer, loss scale

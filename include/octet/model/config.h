@@ -7,6 +7,9 @@
 
 namespace octet {
 
+// The model architectures octet builds (model.arch; make_model in model.h).
+enum class ModelArchitecture : uint8_t { gpt2 };
+
 struct Gpt2Config {
   int64_t vocab_size = 50257;     // V: real tokens; the loss covers only these
   int64_t padded_vocab_size = 0;  // Vp: rows of the embedding; 0 means V rounded up to a multiple of 64

@@ -13,81 +13,59 @@
 
 #include "octet/backend/backend.h"
 #include "octet/model/config.h"
+#include "octet/model/model.h"
 #include "octet/model/precision_policy.h"
 
 namespace octet {
 
-struct ParameterInfo {
-  std::string name;            // "wte", "wpe", "h.0.ln_1.weight", "h.0.attn.c_attn.weight", ..., "ln_f.bias"
-  std::vector<int64_t> shape;  // linear weights are [out_features, in_features]
-  int64_t offset = 0;          // into the parameter buffer (and AdamW's moments), in floats
-  int64_t count = 0;
-  // Where its gradient is: grad_offset elements into the float32 gradients (Gpt2::grads()), or, with
-  // grad_type bf16 (a linear layer's weight under train.weight_gradients = "bf16" where the backend stores it
-  // so, Backend::storage_type, StorageRole::weight_gradient), into the bf16 ones (Gpt2::grads_bf16()). With
-  // every gradient in float32, grad_offset is offset.
-  int64_t grad_offset = 0;
-  Dtype grad_type = Dtype::f32;
-  bool weight_decay = false;  // matrices (every 2-D parameter, embeddings included) decay; vectors do not
-};
-
-// Counters of what the GEMMs did since the last reset.
-struct GemmCounters {
-  int64_t fp8_gemms = 0;
-  int64_t other_gemms = 0;
-  int64_t saturated = 0;
-  int64_t underflowed = 0;
-};
-
-class Gpt2 {
+class Gpt2 final : public Model {
  public:
   // max_batch and max_seq_len size the activation plan; forward accepts any B <= max_batch, T <= max_seq_len.
   Gpt2(const Gpt2Config& config, Backend& backend, PrecisionPolicy policy, int64_t max_batch,
        int64_t max_seq_len);
-  ~Gpt2();
+  ~Gpt2() override;
   Gpt2(const Gpt2&) = delete;
   Gpt2& operator=(const Gpt2&) = delete;
 
   const Gpt2Config& config() const { return config_; }
-  const PrecisionPolicy& policy() const { return policy_; }
-  Backend& backend() { return backend_; }
+  std::string_view architecture() const override { return "gpt2"; }
+  std::string describe() const override { return config_.describe(); }
+  const PrecisionPolicy& policy() const override { return policy_; }
+  Backend& backend() override { return backend_; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t padded_vocab_size() const override { return config_.padded_vocab(); }
+  int64_t max_seq_len() const override { return config_.max_seq_len; }
 
   // GPT-2 initialisation: weights normal(0, 0.02), residual projections normal(0, 0.02 / sqrt(2 L)), biases
   // zero, LayerNorm weight one; deterministic from the seed. Padded vocabulary rows are zero.
-  void init_weights(uint64_t seed);
+  void init_weights(uint64_t seed) override;
 
-  const std::vector<ParameterInfo>& parameters() const { return parameters_; }
-  const ParameterInfo& parameter(std::string_view name) const;
-  int64_t parameter_count() const { return parameter_count_; }
-  float* params() { return params_->floats(); }
+  const std::vector<ParameterInfo>& parameters() const override { return parameters_; }
+  const ParameterInfo& parameter(std::string_view name) const override;
+  int64_t parameter_count() const override { return parameter_count_; }
+  // Every parameter but wpe, the learned position embedding.
+  int64_t flop_parameter_count() const override;
+  float* params() override { return params_->floats(); }
   // The float32 gradients, each at its parameter's grad_offset. A linear layer's weight gradient that no
   // backward has written since zero_grad is zeroed here first (zero_grad leaves those to their layer's first
   // backward), in both gradient buffers.
-  float* grads();
+  float* grads() override;
   // The bf16 gradients (parameters whose grad_type is bf16; null when there are none), zeroed as grads().
-  const void* grads_bf16();
+  const void* grads_bf16() override;
   // A parameter's gradient, in the buffer of its grad_type (after grads()' zeroing).
-  const void* gradient(const ParameterInfo& p);
+  const void* gradient(const ParameterInfo& p) override;
   // The sum of the squares of every gradient, in float64, bf16 ones as their float32 values: in a fixed
   // order, and finite exactly when every gradient is.
-  double gradient_sum_of_squares();
+  double gradient_sum_of_squares() override;
   // Whether every element of a parameter's gradient is finite.
-  bool gradient_finite(const ParameterInfo& p);
+  bool gradient_finite(const ParameterInfo& p) override;
 
   // Remakes the GEMMs' weight copies (BF16/FP16 rounding, FP8 casts); call after every change of params().
-  void refresh_weight_copies();
+  void refresh_weight_copies() override;
   // The weights whose copies the GEMMs read, with what remakes them: an optimizer that updates one of these
   // parameters can remake its copy in the same pass (Backend::adamw_update_weight) instead of calling
   // refresh_weight_copies afterwards.
-  struct WeightCopySlot {
-    int64_t offset;  // of the weight in params()
-    int64_t rows;    // [out_features, in_features]
-    int64_t cols;
-    std::unique_ptr<WeightCopy>* copy;
-    LinearExecution* exec;
-    int64_t bias_offset = -1;  // of the layer's bias in params(); -1: none
-  };
-  std::vector<WeightCopySlot> weight_copy_slots();
+  std::vector<WeightCopySlot> weight_copy_slots() override;
 
   // Rows of logits the LM head computes at a time in forward and backward (kHeadChunkRows, or all B*T rows
   // when the head runs a GEMM in FP8, so that its casts and scaling see the whole micro-batch at once).
@@ -98,43 +76,55 @@ class Gpt2 {
   // chunk right after its loss: the gradient of dloss * sum(losses) is added to the head's weight gradient
   // (wte's in grads(): zero the gradients before this forward, not after it) and backward(dloss) goes on
   // from there. With dloss = 0 (evaluation) only the loss is computed.
-  float forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss = 0.0f);
+  float forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                float dloss = 0.0f) override;
   // Logits-only forward (no targets); logits() then holds [B*T, Vp] (a buffer made on the first call).
-  void forward_logits(const int32_t* tokens, int64_t B, int64_t T);
+  void forward_logits(const int32_t* tokens, int64_t B, int64_t T) override;
   // Backward of the last forward with targets, accumulating into grads(): the gradient of
   // dloss_scale * sum(losses). Use dloss_scale = loss_scale / (B * T * accumulation_steps) for the mean over
   // an accumulated step. After forward(..., dloss) it takes the same dloss and starts below the LM head;
   // after a loss-only forward it runs the head's backward first (recomputing the logits when they took more
   // than one chunk).
-  void backward(float dloss_scale);
+  void backward(float dloss_scale) override;
   // Zeroes the gradients: the linear layers' weight gradients by their next backward, which writes them
   // instead of adding to them (LinearExecution::accumulate_weight_gradient), the others here.
-  void zero_grad();
+  void zero_grad() override;
 
   // Backend memory: [B*T, Vp] logits of the last forward_logits (only that forward keeps them all), and the
   // [B*T] losses of the last forward with targets.
-  const float* logits() const;
-  const float* losses() const;
+  const float* logits() const override;
+  const float* losses() const override;
 
-  GemmCounters& counters() { return counters_; }
+  GemmCounters& counters() override { return counters_; }
   // Whether forwards update the FP8 scaling state (amax histories); off while evaluating.
-  void set_scaling_updates(bool on);
+  void set_scaling_updates(bool on) override;
   // FP8 scaling state of a linear layer (null when the layer is not in FP8).
-  Fp8LinearState* fp8_state(std::string_view layer);
+  Fp8LinearState* fp8_state(std::string_view layer) override;
   // FP8 cast telemetry of a linear layer: running totals of its training casts since construction or the
   // last reset_telemetry (null when the layer is not in FP8), brought up to date from the backend (a copy
   // from the device on a GPU: call it on telemetry steps only). reset_telemetry zeroes the host copies.
-  Fp8LinearTelemetry* telemetry(std::string_view layer);
-  void reset_telemetry();
+  Fp8LinearTelemetry* telemetry(std::string_view layer) override;
+  void reset_telemetry() override;
   // Whether training casts add to the telemetry (on by default), and whether they also add the signal and
   // noise energies behind the SQNR (off by default: a dequantizing pass per cast).
-  void set_telemetry(bool collect, bool measure_sqnr);
+  void set_telemetry(bool collect, bool measure_sqnr) override;
   // Runs all three GEMMs of `layer` in BF16 from the next forward on, remakes its weight copy to match, and
   // records `reason` in the precision policy (and so in its map).
-  void move_layer_to_bf16(std::string_view layer, std::string reason);
+  void move_layer_to_bf16(std::string_view layer, std::string reason) override;
   // A line for each of fp8.recompute_mlp, _qkv, _residual and _weight_transposes that is on: what it does in
   // this model (which layers recompute, the memory it saves), lines joined by '\n'; empty when all are off.
-  std::string memory_line();
+  std::string memory_line() override;
+
+  // Hugging Face GPT-2's names and layout (gpt2_hf.cpp): "transformer." before every name ("wte" and
+  // "wpe" become "transformer.wte.weight" and "transformer.wpe.weight"), wte cut to the V real vocabulary
+  // rows, and the blocks' linear weights (Conv1D in transformers) stored [in_features, out_features], the
+  // transpose of octet's.
+  std::string hf_name(const ParameterInfo& p) const override;
+  std::vector<int64_t> hf_shape(const ParameterInfo& p) const override;
+  std::vector<float> to_hf(const ParameterInfo& p, std::span<const float> params) const override;
+  void from_hf(const ParameterInfo& p, std::span<const float> hf, std::span<float> params) const override;
+  // n_layer, n_head, n_embd, vocab_size, padded_vocab_size and n_positions.
+  std::string model_json() const override;
 
  private:
   struct Activations;

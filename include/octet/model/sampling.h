@@ -5,7 +5,7 @@
 #include <span>
 #include <vector>
 
-#include "octet/model/gpt2.h"
+#include "octet/model/model.h"
 
 namespace octet {
 
@@ -18,7 +18,7 @@ struct SamplingSettings {
 
 // Continues `prompt` (at least one token); returns the new tokens only. The model must have been built for a
 // batch of 1; the context is the last max_seq_len tokens. Stops early at `stop_token` when it is >= 0.
-std::vector<int32_t> generate(Gpt2& model, std::span<const int32_t> prompt, const SamplingSettings& settings,
+std::vector<int32_t> generate(Model& model, std::span<const int32_t> prompt, const SamplingSettings& settings,
                               int32_t stop_token = -1);
 
 }  // namespace octet

@@ -1,21 +1,22 @@
 // Checkpoints: one directory per checkpoint (RUN_DIR/checkpoints/step_000100/) holding model.safetensors
-// (the weights under Hugging Face GPT-2's names and layout, loadable by transformers), optimizer.safetensors
-// (octet's exact float32 master weights and the AdamW moments) and state.json (step counts, loss scaler,
-// every FP8 layer's scaling state, data loader positions, the resolved config). Saves are atomic; loads
-// validate everything before changing anything, and resume bit for bit. See docs/checkpoints.md.
+// (the weights under the model's Hugging Face names and layout, Model::hf_name, loadable by transformers),
+// optimizer.safetensors (octet's exact float32 master weights and the AdamW moments) and state.json (step
+// counts, loss scaler, every FP8 layer's scaling state, data loader positions, the resolved config). Saves
+// are atomic; loads validate everything before changing anything, and resume bit for bit. See
+// docs/checkpoints.md.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <optional>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "octet/backend/precision.h"
 #include "octet/io/data_loader.h"
-#include "octet/model/gpt2.h"
+#include "octet/model/model.h"
 #include "octet/train/trainer.h"
 
 namespace octet {
@@ -34,7 +35,8 @@ struct TrainingProgress {
 // Where a run's tokenizer files are, for TrainingProgress::tokenizer_dir: for "gpt2", the data directory when
 // `octet data prepare` put them there, else io::default_gpt2_vocabulary_dir() when it holds them, else
 // empty; empty for other tokenizers.
-std::filesystem::path training_tokenizer_files(std::string_view tokenizer, const std::filesystem::path& data_dir);
+std::filesystem::path training_tokenizer_files(std::string_view tokenizer,
+                                               const std::filesystem::path& data_dir);
 
 // The directory of the gpt2 tokenizer files that text for a checkpoint goes through: the checkpoint's own
 // copy, else the data directory's, else io::default_gpt2_vocabulary_dir(). Throws invalid_input naming
@@ -56,7 +58,7 @@ std::filesystem::path checkpoint_directory(const std::filesystem::path& run_dir,
 // RUN_DIR/checkpoints/.tmp_step_N, each flushed to disk, and the directory is then renamed into place, so
 // a checkpoint is either complete or absent. Afterwards only the newest keep_last complete checkpoints and
 // no temporary directories remain. Saving changes nothing in the running model.
-std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, Gpt2& model, Trainer& trainer,
+std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, Model& model, Trainer& trainer,
                                       const TrainingProgress& progress,
                                       const CheckpointOptions& options = {});
 
@@ -90,6 +92,6 @@ struct CheckpointLoad {
 // field: negative step counts or positions, a loss scale or FP8 scale that is not positive and finite, a
 // negative or NaN amax in a history, a negative last amax (NaN or Inf there is legitimate: it records what
 // an overflowing step's cast saw), non-finite master weights or moments, and negative second moments.
-CheckpointLoad load_checkpoint(const std::filesystem::path& checkpoint_dir, Gpt2& model, Trainer& trainer);
+CheckpointLoad load_checkpoint(const std::filesystem::path& checkpoint_dir, Model& model, Trainer& trainer);
 
 }  // namespace octet

@@ -9,7 +9,7 @@
 
 #include "octet/backend/backend.h"
 #include "octet/config/train_settings.h"
-#include "octet/model/gpt2.h"
+#include "octet/model/model.h"
 
 namespace octet {
 
@@ -20,9 +20,9 @@ class AdamW {
   // One update of params from grads * grad_scale (grad_scale undoes loss scaling and applies clipping). The
   // weights of `copies` have their copies remade in the same pass (Backend::adamw_update_weight). Each
   // parameter's gradient is at its grad_offset in grads, or in grads_bf16 where its grad_type is bf16
-  // (Gpt2::grads(), Gpt2::grads_bf16()).
+  // (Model::grads(), Model::grads_bf16()).
   void step(float* params, const float* grads, float learning_rate, float grad_scale,
-            std::span<const Gpt2::WeightCopySlot> copies = {}, const void* grads_bf16 = nullptr);
+            std::span<const Model::WeightCopySlot> copies = {}, const void* grads_bf16 = nullptr);
   int64_t steps() const { return steps_; }
   // For resuming from a checkpoint: the number of updates already made (the bias correction depends on it).
   void restore_steps(int64_t steps) { steps_ = steps; }

@@ -1,4 +1,4 @@
-// The training side of telemetry's source (telemetry/source.h): a GPT's linear layers as an Fp8LayerSource,
+// The training side of telemetry's source (telemetry/source.h): a model's linear layers as an Fp8LayerSource,
 // and a trainer's step result as the step's statistics. Thin adapters, so that telemetry reads a run without
 // knowing the model or the trainer.
 #pragma once
@@ -7,16 +7,16 @@
 #include <string_view>
 #include <vector>
 
-#include "octet/model/gpt2.h"
+#include "octet/model/model.h"
 #include "octet/telemetry/source.h"
 #include "octet/train/trainer.h"
 
 namespace octet {
 
-class Gpt2LayerSource final : public Fp8LayerSource {
+class ModelLayerSource final : public Fp8LayerSource {
  public:
   // `model` must outlive this source.
-  explicit Gpt2LayerSource(Gpt2& model) : model_(model) {}
+  explicit ModelLayerSource(Model& model) : model_(model) {}
 
   std::vector<LinearLayerPrecision> linear_layers() const override;
   std::string precision_map_json() const override;
@@ -27,7 +27,7 @@ class Gpt2LayerSource final : public Fp8LayerSource {
   void move_layer_to_bf16(std::string_view layer, std::string reason) override;
 
  private:
-  Gpt2& model_;
+  Model& model_;
 };
 
 StepStatistics step_statistics(const StepResult& result);

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "octet/config/train_settings.h"
-#include "octet/model/gpt2.h"
+#include "octet/model/model.h"
 #include "octet/train/optimizer.h"
 #include "octet/train/schedule.h"
 
@@ -34,7 +34,7 @@ class Trainer {
  public:
   // Reports the FP8 startup line through settings.log (fp8 mode only) and writes the per-layer precision map
   // to settings.run_directory/precision_map.json when a run directory is set.
-  Trainer(Gpt2& model, TrainSettings settings);
+  Trainer(Model& model, TrainSettings settings);
   // Runs one optimizer step. Throws octet::Error (ErrorKind::training_failed) after
   // max_consecutive_skips skipped steps in a row.
   StepResult step(const BatchSource& data);
@@ -59,7 +59,7 @@ class Trainer {
   std::string first_non_finite_gradient();
   void write_precision_map();
 
-  Gpt2& model_;
+  Model& model_;
   TrainSettings settings_;
   AdamW optimizer_;
   LossScaler scaler_;

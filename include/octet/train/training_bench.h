@@ -58,7 +58,7 @@ struct TrainingBenchResult {
   std::string device_line;      // what `octet train` would print about the device
   std::string backend;          // "cpu" or "cuda"
   std::string device_name;      // the GPU's name; "CPU" on the CPU backend
-  std::string model;            // Gpt2Config::describe()
+  std::string model;            // Model::describe()
   std::string mode;             // mixed-precision mode
   int64_t parameters = 0;       // every parameter of the model as built (padded vocabulary)
   int64_t flop_parameters = 0;  // N of the FLOP estimate: parameters less the position embedding
