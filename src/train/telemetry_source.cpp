@@ -42,17 +42,4 @@ void ModelLayerSource::move_layer_to_bf16(std::string_view layer, std::string re
   model_.move_layer_to_bf16(layer, std::move(reason));
 }
 
-StepStatistics step_statistics(const StepResult& r) {
-  return {.step = r.step,
-          .loss = r.loss,
-          .learning_rate = r.learning_rate,
-          .grad_norm = r.grad_norm,
-          .loss_scale = r.loss_scale,
-          .skipped = r.skipped,
-          .skip_reason = r.skip_reason,
-          .fp8_gemms = r.fp8_gemms,
-          .other_gemms = r.other_gemms,
-          .tokens = r.tokens};
-}
-
 }  // namespace octet

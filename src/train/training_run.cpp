@@ -489,7 +489,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
         say(out, line);
       }
       if (telemetry) {
-        telemetry->record_step(step_statistics(r), seconds * 1000.0, tokens_per_second,
+        telemetry->record_step(r, seconds * 1000.0, tokens_per_second,
                                telemetry->is_telemetry_step(done, config.steps));
         for (const auto& [phase, ms] : phases.totals()) telemetry_store->add(PhaseRecord{done, phase, ms});
         if (telemetry->stop_requested()) {  // fp8.on_alert = "stop"

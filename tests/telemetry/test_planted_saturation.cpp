@@ -95,8 +95,7 @@ PlantedRun run_planted(AlertAction action, PlantOptions plan = {RecipeKind::stat
   for (int64_t i = 0; i < kSteps; ++i) {
     if (plan.planted_after && *plan.planted_after > 0 && i == *plan.planted_after) plant(model, *backend);
     run.steps.push_back(trainer.step(data));
-    recorder.record_step(step_statistics(run.steps.back()), 1.0, 1.0,
-                         recorder.is_telemetry_step(i + 1, kSteps));
+    recorder.record_step(run.steps.back(), 1.0, 1.0, recorder.is_telemetry_step(i + 1, kSteps));
   }
   store.close();
   return run;

@@ -30,6 +30,4 @@ class ModelLayerSource final : public Fp8LayerSource {
   Model& model_;
 };
 
-StepStatistics step_statistics(const StepResult& result);
-
 }  // namespace octet

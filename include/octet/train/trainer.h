@@ -9,6 +9,7 @@
 
 #include "octet/config/train_settings.h"
 #include "octet/model/model.h"
+#include "octet/telemetry/source.h"
 #include "octet/train/optimizer.h"
 #include "octet/train/schedule.h"
 
@@ -17,18 +18,9 @@ namespace octet {
 // Fills tokens and targets [B, T] (host memory) for the next micro-batch.
 using BatchSource = std::function<void(int32_t* tokens, int32_t* targets)>;
 
-struct StepResult {
-  int64_t step = 0;   // 0-based index of this optimizer step
-  float loss = 0.0f;  // mean over the step's micro-batches
-  float learning_rate = 0.0f;
-  float grad_norm = 0.0f;   // global norm of the unscaled gradient, before clipping
-  float loss_scale = 1.0f;  // used by this step
-  bool skipped = false;
-  std::string skip_reason;  // e.g. "non-finite gradient in h.3.mlp.c_fc.weight"
-  int64_t fp8_gemms = 0;    // GEMMs of this step that ran in FP8
-  int64_t other_gemms = 0;  // and the others
-  int64_t tokens = 0;
-};
+// What one optimizer step did: the numbers the run's step table records (telemetry/source.h), as the trainer
+// returns them.
+using StepResult = StepStatistics;
 
 class Trainer {
  public:
