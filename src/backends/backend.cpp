@@ -21,6 +21,22 @@ std::string_view activation_name(Activation kind) {
   return "unknown";
 }
 
+LinearSizes linear_sizes(std::string_view op, const Shape& inp, const Shape& weight, const Shape& out,
+                         std::string_view out_name) {
+  const LinearSizes s{inp.rows(), inp.cols(), weight.rows()};
+  check_matrix(op, "weight", weight, s.OC, s.C);
+  check_matrix(op, out_name, out, s.N, s.OC);
+  return s;
+}
+
+AttentionSizes attention_sizes(std::string_view op, const Shape& qkv, const Shape& out) {
+  OCTET_CHECK(qkv.rank() == 3, "{}: qkv is [B, T, 3C], given {}", op, qkv.to_string());
+  const AttentionSizes s{qkv[0], qkv[1], out.cols()};
+  check_shape(op, "qkv", qkv, {s.B, s.T, 3 * s.C});
+  check_shape(op, "out", out, {s.B, s.T, s.C});
+  return s;
+}
+
 void Backend::lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp, float* dweight,
                             const float* inp, const float* weight, const WeightCopy* copy, int64_t n,
                             int64_t C, int64_t V, int64_t Vp, float dloss, LinearExecution& exec) {

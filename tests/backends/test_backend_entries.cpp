@@ -8,21 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include "errors.h"
 #include "octet/backend/cpu_backend.h"
-#include "octet/check.h"
 
 namespace octet {
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;

@@ -6,22 +6,13 @@
 
 #include <gtest/gtest.h>
 
-#include "octet/check.h"
+#include "errors.h"
 #include "octet/tensor/tensor.h"
 
 namespace octet {
 namespace {
 
-// The message of the octet::Error that `f` throws ("" when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Shape, CountsItsElementsAndSeesItselfAsAMatrix) {
   const Shape s{2, 3, 5};

@@ -65,6 +65,24 @@ struct Epilogue {
   const float* residual = nullptr;
 };
 
+// The sizes a linear layer's tensors share, checked against each other the same way by every backend: its
+// input inp [N, C] (of any rank, seen as a matrix), weight [OC, C] and output (or output gradient) `out`
+// [N, OC]. A mismatch throws, naming `op` and the tensor.
+struct LinearSizes {
+  int64_t N = 0;
+  int64_t C = 0;
+  int64_t OC = 0;
+};
+LinearSizes linear_sizes(std::string_view op, const Shape& inp, const Shape& weight, const Shape& out,
+                         std::string_view out_name);
+// The same for attention's qkv [B, T, 3C] and out (or its gradient) [B, T, C].
+struct AttentionSizes {
+  int64_t B = 0;
+  int64_t T = 0;
+  int64_t C = 0;
+};
+AttentionSizes attention_sizes(std::string_view op, const Shape& qkv, const Shape& out);
+
 // The tensors whose storage type a backend chooses (Backend::storage_type).
 enum class StorageRole : uint8_t {
   // A tensor the model rounds to bf16 anyway (the MLP's hidden activation and the gradient that reaches it).

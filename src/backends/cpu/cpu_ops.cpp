@@ -71,9 +71,7 @@ void CpuBackend::linear_forward(const TensorView& out, const ConstTensorView& in
                                 const Epilogue& epilogue, LinearExecution& exec) {
   check_dtype("linear_forward", "inp", inp.dtype, kF32);
   check_dtype("linear_forward", "out", out.dtype, kF32);
-  const int64_t N = inp.rows(), C = inp.cols(), OC = weight.rows();
-  check_matrix("linear_forward", "weight", weight.shape, OC, C);
-  check_matrix("linear_forward", "out", out.shape, N, OC);
+  const auto [N, C, OC] = linear_sizes("linear_forward", inp.shape, weight.shape, out.shape, "out");
   linear_forward(out.f32(), inp.f32(), weight.f32(), copy, epilogue.bias, N, C, OC, exec);
   if (epilogue.residual != nullptr) residual_forward(out.f32(), epilogue.residual, out.f32(), N * OC);
 }
@@ -95,10 +93,8 @@ void CpuBackend::linear_backward(const TensorView& dinp, const TensorView& dweig
   check_dtype("linear_backward", "dweight", dweight.dtype, kF32);
   check_dtype("linear_backward", "dout", dout.dtype, kF32);
   check_dtype("linear_backward", "inp", inp.dtype, kF32);
-  const int64_t N = inp.rows(), C = inp.cols(), OC = weight.rows();
-  check_matrix("linear_backward", "weight", weight.shape, OC, C);
+  const auto [N, C, OC] = linear_sizes("linear_backward", inp.shape, weight.shape, dout.shape, "dout");
   check_matrix("linear_backward", "dweight", dweight.shape, OC, C);
-  check_matrix("linear_backward", "dout", dout.shape, N, OC);
   check_matrix("linear_backward", "dinp", dinp.shape, N, C);
   linear_backward(dinp.f32(), dweight.f32(), dbias, dout.f32(), inp.f32(), weight.f32(), copy, N, C, OC,
                   exec);
@@ -108,10 +104,7 @@ void CpuBackend::attention_forward(const TensorView& out, float* lse, const Cons
                                    int64_t heads) {
   check_dtype("attention_forward", "qkv", qkv.dtype, kF32);
   check_dtype("attention_forward", "out", out.dtype, kF32);
-  OCTET_CHECK(qkv.shape.rank() == 3, "attention_forward: qkv is [B, T, 3C], given {}", qkv.shape.to_string());
-  const int64_t B = qkv.shape[0], T = qkv.shape[1], C = out.cols();
-  check_shape("attention_forward", "qkv", qkv.shape, {B, T, 3 * C});
-  check_shape("attention_forward", "out", out.shape, {B, T, C});
+  const auto [B, T, C] = attention_sizes("attention_forward", qkv.shape, out.shape);
   attention_forward(out.f32(), lse, qkv.f32(), B, T, C, heads);
 }
 
@@ -122,12 +115,8 @@ void CpuBackend::attention_backward(const TensorView& dqkv, const ConstTensorVie
                                     std::pair{"qkv", qkv.dtype}, std::pair{"out", out.dtype}}) {
     check_dtype("attention_backward", what, dtype, kF32);
   }
-  OCTET_CHECK(qkv.shape.rank() == 3, "attention_backward: qkv is [B, T, 3C], given {}",
-              qkv.shape.to_string());
-  const int64_t B = qkv.shape[0], T = qkv.shape[1], C = out.cols();
-  check_shape("attention_backward", "qkv", qkv.shape, {B, T, 3 * C});
+  const auto [B, T, C] = attention_sizes("attention_backward", qkv.shape, out.shape);
   check_shape("attention_backward", "dqkv", dqkv.shape, {B, T, 3 * C});
-  check_shape("attention_backward", "out", out.shape, {B, T, C});
   check_shape("attention_backward", "dout", dout.shape, {B, T, C});
   attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), out.f32(), lse, B, T, C, heads);
 }

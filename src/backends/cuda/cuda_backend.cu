@@ -129,9 +129,7 @@ void CudaBackend::normalization_backward(Normalization kind, float* dinp, float*
 void CudaBackend::linear_forward(const TensorView& out, const ConstTensorView& inp,
                                  const ConstTensorView& weight, const WeightCopy* copy,
                                  const Epilogue& epilogue, LinearExecution& exec) {
-  const int64_t N = inp.rows(), C = inp.cols(), OC = weight.rows();
-  check_matrix("linear_forward", "weight", weight.shape, OC, C);
-  check_matrix("linear_forward", "out", out.shape, N, OC);
+  const auto [N, C, OC] = linear_sizes("linear_forward", inp.shape, weight.shape, out.shape, "out");
   if (epilogue.residual != nullptr) {
     linear_forward_residual_as(out.f32(), epilogue.residual, inp.data, inp.dtype, weight.f32(), copy,
                                epilogue.bias, N, C, OC, exec);
@@ -157,10 +155,8 @@ void CudaBackend::linear_backward(const TensorView& dinp, const TensorView& dwei
                                   const ConstTensorView& dout, const ConstTensorView& inp,
                                   const ConstTensorView& weight, const WeightCopy* copy,
                                   LinearExecution& exec) {
-  const int64_t N = inp.rows(), C = inp.cols(), OC = weight.rows();
-  check_matrix("linear_backward", "weight", weight.shape, OC, C);
+  const auto [N, C, OC] = linear_sizes("linear_backward", inp.shape, weight.shape, dout.shape, "dout");
   check_matrix("linear_backward", "dweight", dweight.shape, OC, C);
-  check_matrix("linear_backward", "dout", dout.shape, N, OC);
   check_matrix("linear_backward", "dinp", dinp.shape, N, C);
   linear_backward_as(dinp.data, dinp.dtype, dweight.data, dweight.dtype, dbias, dout.data, dout.dtype,
                      inp.data, inp.dtype, weight.f32(), copy, N, C, OC, exec);
@@ -183,22 +179,15 @@ Dtype CudaBackend::storage_type(const StorageQuery& query) const {
 
 void CudaBackend::attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
                                     int64_t heads) {
-  OCTET_CHECK(qkv.shape.rank() == 3, "attention_forward: qkv is [B, T, 3C], given {}", qkv.shape.to_string());
-  const int64_t B = qkv.shape[0], T = qkv.shape[1], C = out.cols();
-  check_shape("attention_forward", "qkv", qkv.shape, {B, T, 3 * C});
-  check_shape("attention_forward", "out", out.shape, {B, T, C});
+  const auto [B, T, C] = attention_sizes("attention_forward", qkv.shape, out.shape);
   attention_forward_as(out.data, out.dtype, lse, qkv.data, qkv.dtype, B, T, C, heads);
 }
 
 void CudaBackend::attention_backward(const TensorView& dqkv, const ConstTensorView& dout,
                                      const ConstTensorView& qkv, const ConstTensorView& out, const float* lse,
                                      int64_t heads) {
-  OCTET_CHECK(qkv.shape.rank() == 3, "attention_backward: qkv is [B, T, 3C], given {}",
-              qkv.shape.to_string());
-  const int64_t B = qkv.shape[0], T = qkv.shape[1], C = out.cols();
-  check_shape("attention_backward", "qkv", qkv.shape, {B, T, 3 * C});
+  const auto [B, T, C] = attention_sizes("attention_backward", qkv.shape, out.shape);
   check_shape("attention_backward", "dqkv", dqkv.shape, {B, T, 3 * C});
-  check_shape("attention_backward", "out", out.shape, {B, T, C});
   check_shape("attention_backward", "dout", dout.shape, {B, T, C});
   OCTET_CHECK(dqkv.dtype == out.dtype && dout.dtype == out.dtype,
               "attention_backward: dqkv ({}) and dout ({}) are stored as out is ({})", dtype_name(dqkv.dtype),
