@@ -1,6 +1,8 @@
 // The names of the backend's op kinds and the default implementations of its optional ops.
 #include "octet/backend/backend.h"
 
+#include <fmt/format.h>
+
 #include "octet/check.h"
 
 namespace octet {
@@ -19,6 +21,36 @@ std::string_view activation_name(Activation kind) {
       return "gelu";
   }
   return "unknown";
+}
+
+std::string_view fusion_name(Fusion fusion) {
+  switch (fusion) {
+    case Fusion::input_cast:
+      return "input_cast";
+    case Fusion::gradient_cast:
+      return "gradient_cast";
+    case Fusion::residual_add:
+      return "residual_add";
+  }
+  return "unknown";
+}
+
+std::string separate_passes(Fusion fusion) {
+  switch (fusion) {
+    case Fusion::input_cast:
+      return "the producer writes its output, then the FP8 cast reads it in a pass of its own";
+    case Fusion::gradient_cast:
+      return "the producer writes the gradient, then the bias sum and the FP8 cast read it in passes of "
+             "their own";
+    case Fusion::residual_add:
+      return "the GEMM writes the layer's output, then a residual add reads it in a pass of its own";
+  }
+  return "separate passes";
+}
+
+FusionSupport Backend::supports(Fusion fusion, const LinearExecution& /*layer*/) const {
+  return {false, fmt::format("the {} backend runs each op in passes of its own: {}", name(),
+                             separate_passes(fusion))};
 }
 
 LinearSizes linear_sizes(std::string_view op, const Shape& inp, const Shape& weight, const Shape& out,

@@ -65,6 +65,24 @@ std::string_view op_kind_name(OpKind kind) {
   return "?";
 }
 
+LinearExecution settings_of(const LinearExecution& exec) {
+  LinearExecution e;
+  e.forward = exec.forward;
+  e.input_gradient = exec.input_gradient;
+  e.weight_gradient = exec.weight_gradient;
+  e.recipe = exec.recipe;
+  e.fast_accumulation_forward = exec.fast_accumulation_forward;
+  e.fast_accumulation_backward = exec.fast_accumulation_backward;
+  e.formats = exec.formats;
+  e.update_scaling = exec.update_scaling;
+  e.keep_input_codes = exec.keep_input_codes;
+  e.transpose_weight_per_use = exec.transpose_weight_per_use;
+  e.accumulate_weight_gradient = exec.accumulate_weight_gradient;
+  e.telemetry = exec.telemetry;
+  e.measure_sqnr = exec.measure_sqnr;
+  return e;
+}
+
 bool input_cast_suffices(const LinearExecution& exec) {
   return exec.forward == GemmMode::fp8 && exec.weight_gradient == GemmMode::fp8 && exec.recipe != nullptr &&
          exec.recipe->granularity(TensorRole::activation) == ScaleGranularity::per_tensor;

@@ -88,6 +88,41 @@ void Gpt2::move_layer_to_bf16(std::string_view layer, std::string reason) {
   plan_gradients();      // and their float32 output gradient
 }
 
+std::vector<FusionRecord> Gpt2::fusions() const {
+  using gpt2_detail::ends_with;
+  std::vector<FusionRecord> out;
+  auto add = [&](const Linear& l, Fusion fusion, std::string producer) {
+    LinearExecution e = settings_of(l.exec);
+    e.measure_sqnr = false;
+    FusionRecord r{l.plan->name, fusion, std::move(producer), backend_.supports(fusion, e), std::nullopt};
+    if (l.plan->fp8()) {
+      Fp8LinearTelemetry counted;
+      e.telemetry = &counted;
+      e.measure_sqnr = true;
+      FusionSupport on_sqnr_steps = backend_.supports(fusion, e);
+      if (on_sqnr_steps.fused != r.support.fused) r.on_sqnr_steps = std::move(on_sqnr_steps);
+    }
+    out.push_back(std::move(r));
+  };
+  // The ops of the block and the head that take a fusion: layernorm_into and gelu_into cast an FP8 layer's
+  // input, gelu_backward_into casts mlp.c_fc's output gradient, and both c_proj layers add the residual in
+  // their forward GEMM.
+  for (const auto& l : linears_) {
+    const std::string& name = l->plan->name;
+    const std::string block = name.substr(0, name.find('.', name.find('.') + 1) + 1);  // "h.3."
+    const bool fp8_forward = l->exec.forward == GemmMode::fp8;
+    if (ends_with(name, "attn.c_attn") && fp8_forward) add(*l, Fusion::input_cast, block + "ln_1");
+    if (ends_with(name, "mlp.c_fc")) {
+      if (fp8_forward) add(*l, Fusion::input_cast, block + "ln_2");
+      if (casts_gradient(l->exec)) add(*l, Fusion::gradient_cast, block + "mlp.gelu");
+    }
+    if (ends_with(name, "mlp.c_proj") && fp8_forward) add(*l, Fusion::input_cast, block + "mlp.gelu");
+    if (ends_with(name, "c_proj")) add(*l, Fusion::residual_add, name);
+    if (name == "lm_head" && fp8_forward) add(*l, Fusion::input_cast, "ln_f");
+  }
+  return out;
+}
+
 void Gpt2::layernorm_into(Linear& next, void* out, float* mean, float* rstd, const float* inp,
                           const float* weight, const float* bias, int64_t N, int64_t C) {
   OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "an input kept for {}", next.plan->name);

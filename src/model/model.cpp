@@ -3,6 +3,8 @@
 
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "octet/check.h"
 #include "octet/model/gpt2.h"
 
@@ -16,6 +18,26 @@ std::unique_ptr<Model> make_model(ModelArchitecture architecture, const Gpt2Conf
   }
   OCTET_CHECK(false, "a known model architecture, got {}", static_cast<int>(architecture));
   return nullptr;
+}
+
+std::string fusion_summary(const FusionRecord& record) {
+  auto answer = [](const FusionSupport& s) { return s.fused ? std::string("fused") : "not fused: " + s.fallback; };
+  std::string out = record.producer + ", " + answer(record.support);
+  if (record.on_sqnr_steps) out += "; on steps that measure SQNR " + answer(*record.on_sqnr_steps);
+  return out;
+}
+
+std::string precision_map_json(const Model& model) {
+  const std::vector<FusionRecord> records = model.fusions();
+  // Flat members, one per fusion the layer takes (readers of the map take flat objects). The fallbacks are
+  // the backends' fixed sentences, with no character that JSON escapes.
+  return model.policy().map_json([&](const LinearPlan& layer) {
+    std::string members;
+    for (const FusionRecord& r : records) {
+      if (r.layer == layer.name) members += fmt::format(R"(, "{}": "{}")", fusion_name(r.fusion), fusion_summary(r));
+    }
+    return members;
+  });
 }
 
 int64_t lm_head_chunk_rows(ModelArchitecture architecture) {

@@ -184,15 +184,16 @@ std::string PrecisionPolicy::startup_line() const {
                      settings_.bf16_weight_gradients ? "; weight gradients in bf16" : "");
 }
 
-std::string PrecisionPolicy::map_json() const {
+std::string PrecisionPolicy::map_json(const std::function<std::string(const LinearPlan&)>& more) const {
   std::string out = "[\n";
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LinearPlan& p = layers_[i];
     out += fmt::format(
         "  {{\"layer\": \"{}\", \"in_features\": {}, \"out_features\": {}, \"forward\": \"{}\", "
-        "\"input_gradient\": \"{}\", \"weight_gradient\": \"{}\", \"reason\": \"{}\"}}{}\n",
+        "\"input_gradient\": \"{}\", \"weight_gradient\": \"{}\", \"reason\": \"{}\"{}}}{}\n",
         p.name, p.in_features, p.out_features, gemm_mode_name(p.forward), gemm_mode_name(p.input_gradient),
-        gemm_mode_name(p.weight_gradient), p.reason, i + 1 < layers_.size() ? "," : "");
+        gemm_mode_name(p.weight_gradient), p.reason, more ? more(p) : std::string(),
+        i + 1 < layers_.size() ? "," : "");
   }
   return out + "]\n";
 }

@@ -19,7 +19,7 @@ std::vector<LinearLayerPrecision> ModelLayerSource::linear_layers() const {
 }
 
 std::string ModelLayerSource::precision_map_json() const {
-  return model_.policy().map_json();
+  return octet::precision_map_json(model_);
 }
 
 const ScalingRecipe* ModelLayerSource::scaling_recipe() const {

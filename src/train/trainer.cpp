@@ -36,7 +36,7 @@ void Trainer::write_precision_map() {
   std::filesystem::create_directories(settings_.run_directory, ec);
   OCTET_REQUIRE(!ec, "cannot create the run directory {}: {}", settings_.run_directory.string(),
                 ec.message());
-  io::write_file_atomically(settings_.run_directory / "precision_map.json", model_.policy().map_json());
+  io::write_file_atomically(settings_.run_directory / "precision_map.json", precision_map_json(model_));
 }
 
 std::string Trainer::first_non_finite_gradient() {

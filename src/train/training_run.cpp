@@ -362,7 +362,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   for (const std::string& line : {model->policy().startup_line(), model->memory_line()}) {
     if (!line.empty()) say(out, line);
   }
-  io::write_file_atomically(run_dir / "precision_map.json", model->policy().map_json());
+  io::write_file_atomically(run_dir / "precision_map.json", precision_map_json(*model));
   if (load) {
     const std::string from = start.checkpoint->string();
     const std::string line =

@@ -14,6 +14,9 @@ class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(Backend& inner) : inner_(inner) {}
 
+  FusionSupport supports(Fusion fusion, const LinearExecution& layer) const override {
+    return inner_.supports(fusion, layer);
+  }
   std::unique_ptr<Buffer> allocate(size_t bytes) override { return inner_.allocate(bytes); }
   void copy_to_host(void* host, const void* source, size_t bytes) override {
     inner_.copy_to_host(host, source, bytes);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "octet/backend/precision.h"
@@ -109,6 +110,31 @@ struct StorageQuery {
   const LinearExecution* layer = nullptr;  // weight_gradient: the layer
 };
 
+// Work a backend may do inside a neighbouring op's pass instead of in a pass of its own. A caller that
+// relies on one asks Backend::supports first and records the answer (Model::fusions): the ops take the same
+// arguments either way and give the same results, but where the backend does not fuse, the work runs as the
+// separate passes the answer names. No fallback goes unrecorded.
+enum class Fusion : uint8_t {
+  // A normalization or activation forward (cast_for) writes its consumer's FP8 input cast in the pass that
+  // writes its output.
+  input_cast,
+  // An activation backward (cast_for) writes its consumer's FP8 output-gradient cast, and sums the bias
+  // gradient, in the pass that writes the gradient.
+  gradient_cast,
+  // A linear layer's forward GEMM adds the residual (Epilogue::residual) in its epilogue.
+  residual_add,
+};
+inline constexpr Fusion kFusions[] = {Fusion::input_cast, Fusion::gradient_cast, Fusion::residual_add};
+std::string_view fusion_name(Fusion fusion);
+// What runs instead of `fusion`: the separate passes, in words.
+std::string separate_passes(Fusion fusion);
+
+// A backend's answer for one fusion on one linear layer: fused, or why not and what runs instead.
+struct FusionSupport {
+  bool fused = false;
+  std::string fallback;  // empty where fused
+};
+
 // Whether lm_head_chunk keeps the logits in BF16: when the head's three GEMMs are BF16.
 inline bool logits_in_bf16(const LinearExecution& exec) {
   return exec.forward == GemmMode::bf16 && exec.input_gradient == GemmMode::bf16 &&
@@ -138,6 +164,10 @@ class Backend {
   // benchmarks. A backend that cannot time returns zeros.
   virtual void set_op_timing(bool /*on*/) {}
   virtual OpTimes take_op_times() { return {}; }
+
+  // Whether this backend fuses `fusion` for the linear layer `layer` as it runs now (its modes, recipe and
+  // telemetry): Backend::supports says no, with the fallback that every backend runs.
+  virtual FusionSupport supports(Fusion fusion, const LinearExecution& layer) const;
 
   // Memory. Buffers are zero-filled.
   virtual std::unique_ptr<Buffer> allocate(size_t bytes) = 0;

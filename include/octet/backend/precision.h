@@ -120,6 +120,11 @@ struct LinearExecution {
   bool measure_sqnr = false;
 };
 
+// What says how exec's layer runs (its modes, recipe, formats, accumulation, weight transpose, telemetry
+// pointer and SQNR setting), without its scaling state, saved input, hand-overs or counters: a copy for
+// questions about how the layer runs (Backend::supports).
+LinearExecution settings_of(const LinearExecution& exec);
+
 // Whether the FP8 cast of a layer's input is all its GEMMs read of that input: the forward and the weight
 // gradient run in FP8 with a per-tensor scaled activation (whose transposed codes are the forward's codes
 // transposed). The producer of such an input need not keep its float32 values.

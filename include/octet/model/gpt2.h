@@ -114,6 +114,7 @@ class Gpt2 final : public Model {
   // A line for each of fp8.recompute_mlp, _qkv, _residual and _weight_transposes that is on: what it does in
   // this model (which layers recompute, the memory it saves), lines joined by '\n'; empty when all are off.
   std::string memory_line() override;
+  std::vector<FusionRecord> fusions() const override;
 
   // Hugging Face GPT-2's names and layout (gpt2_hf.cpp): "transformer." before every name ("wte" and
   // "wpe" become "transformer.wte.weight" and "transformer.wpe.weight"), wte cut to the V real vocabulary

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,6 +39,18 @@ struct GemmCounters {
   int64_t other_gemms = 0;
   int64_t saturated = 0;
   int64_t underflowed = 0;
+};
+
+// A fusion the model relies on for one linear layer (Backend::supports), and how it runs: the layer, the op
+// whose pass would do the work (the producer of the layer's input or output gradient; the layer itself for
+// its GEMM's epilogue), the backend's answer on ordinary steps, and its answer on the steps that measure the
+// casts' SQNR (telemetry) where that differs.
+struct FusionRecord {
+  std::string layer;
+  Fusion fusion = Fusion::input_cast;
+  std::string producer;
+  FusionSupport support;
+  std::optional<FusionSupport> on_sqnr_steps;
 };
 
 class Model {
@@ -135,6 +148,8 @@ class Model {
   // Lines about the memory that the fp8.recompute_* settings save in this model, joined by '\n'; empty when
   // there is nothing to say.
   virtual std::string memory_line() = 0;
+  // Every fusion the model's ops rely on, with the backend's answers as the layers run now.
+  virtual std::vector<FusionRecord> fusions() const = 0;
 
   // The Hugging Face map, which checkpoints write model.safetensors with (loadable by transformers):
   // each parameter's name there, its shape there, and its conversion from and to octet's layout.
@@ -155,6 +170,13 @@ class Model {
 // activation plan holds (B <= max_batch, T <= max_seq_len).
 std::unique_ptr<Model> make_model(ModelArchitecture architecture, const Gpt2Config& shape, Backend& backend,
                                   PrecisionPolicy policy, int64_t max_batch, int64_t max_seq_len);
+
+// A fusion record in words: "h.0.ln_1, fused", "h.0.ln_1, not fused: FALLBACK", "h.0.ln_1, fused; on steps
+// that measure SQNR not fused: FALLBACK".
+std::string fusion_summary(const FusionRecord& record);
+// The precision policy's map (PrecisionPolicy::map_json) with each layer's fusions as members named after
+// them ("input_cast": fusion_summary): what precision_map.json holds.
+std::string precision_map_json(const Model& model);
 
 // Rows of logits the LM head of `architecture` computes at a time in training when it does not run in FP8,
 // for benchmarks that size the head's GEMMs without building a model.

@@ -3,6 +3,7 @@
 // records (the per-layer map), and the backend executes without changing it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,8 +97,9 @@ class PrecisionPolicy {
   // history 16, margin 0); 48 of 49 linear layers in FP8; lm_head: excluded by config", ending "; weight
   // gradients in bf16" under train.weight_gradients = "bf16". Empty otherwise.
   std::string startup_line() const;
-  // The per-layer map as JSON (one object per layer: name, shape, the three GEMM modes, reason).
-  std::string map_json() const;
+  // The per-layer map as JSON (one object per layer: name, shape, the three GEMM modes, reason). With
+  // `more`, each object also holds the members more(layer) returns (", \"key\": value" text, or empty).
+  std::string map_json(const std::function<std::string(const LinearPlan&)>& more = nullptr) const;
 
  private:
   PrecisionSettings settings_;

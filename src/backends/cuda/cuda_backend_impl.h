@@ -139,6 +139,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
+  FusionSupport supports(Fusion fusion, const LinearExecution& layer) const override;  // fusions.cu
 
   void set_op_timing(bool on) override {
     timing_ = on;
@@ -372,8 +373,9 @@ class CudaBackend final : public Backend {
   // x [n] as a GEMM in `mode` (BF16 or FP16) reads it: a 16-byte aligned bf16 x itself in BF16 mode, else
   // its wide_copy (in wide_[slot]).
   const void* as_wide(Stored x, int64_t n, GemmMode mode, int slot);
-  // Whether a producer may write the layer's input cast in its own pass: the recipe knows the scale before
-  // the cast (delayed, static; current scaling needs the amax first) and no SQNR pass needs the float values.
+  // Whether a producer may write the layer's input cast in its own pass: supports(Fusion::input_cast), which
+  // holds where the recipe knows the scale before the cast (delayed, static) and no SQNR pass needs the
+  // float values. The output gradient's cast fuses on the same terms.
   bool producer_casts(const LinearExecution& exec) const;
   // The input cast written by a producer kernel: prepares the scale, lets `write` run the producer with the
   // FusedCast it is given, then updates the scaling state and telemetry as cast_operand does.

@@ -169,7 +169,7 @@ void CudaBackend::linear_recompute_residual(float* out, const float* residual, c
                                             int64_t OC, LinearExecution& exec) {
   OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
               "an FP8 forward whose input codes were kept (keep_input_codes)");
-  if (emulate_fp8_) {  // as linear_forward_residual_as: the layer's output, then the residual add
+  if (!supports(Fusion::residual_add, exec).fused) {  // as linear_forward_residual_as: output, then add
     linear_recompute(out, weight, copy, bias, N, C, OC, exec);
     residual_forward(out, residual, out, N * OC);
     return;
@@ -190,7 +190,7 @@ void CudaBackend::linear_forward_residual_as(float* out, const float* residual, 
                                              const float* bias, int64_t N, int64_t C, int64_t OC,
                                              LinearExecution& exec) {
   check_stored(inp_type, "a linear layer's input");
-  if (exec.forward == GemmMode::fp8 && emulate_fp8_) {
+  if (!supports(Fusion::residual_add, exec).fused) {
     // The emulated FP8 product is not cuBLASLt's: the layer's output, then the residual add.
     linear_forward_as(out, Dtype::f32, inp, inp_type, weight, copy, bias, N, C, OC, exec);
     residual_forward(out, residual, out, N * OC);

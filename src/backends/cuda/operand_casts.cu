@@ -35,9 +35,7 @@ void CudaBackend::cast_input(const float* x, int64_t N, int64_t C, LinearExecuti
 }
 
 bool CudaBackend::producer_casts(const LinearExecution& exec) const {
-  const RecipeKind kind = exec.recipe->kind();
-  const bool sqnr = exec.telemetry != nullptr && exec.measure_sqnr;
-  return (kind == RecipeKind::delayed || kind == RecipeKind::static_scale) && !sqnr;
+  return supports(Fusion::input_cast, exec).fused;
 }
 
 template <typename Write>
