@@ -1,4 +1,5 @@
-// The names of the backend's op kinds and the default implementations of its optional ops.
+// The names of the backend's op kinds, the default implementations of its optional ops, and the checks of
+// an op's arguments that every backend makes alike.
 #include "octet/backend/backend.h"
 
 #include <fmt/format.h>
@@ -83,9 +84,23 @@ void Backend::lm_head_chunk(float* losses, float* logits, const int32_t* targets
   }
 }
 
-void Backend::require_f32_gradient(const WeightUpdate& w) const {
-  OCTET_CHECK(w.grads_bf16 == nullptr, "backend {}: a weight gradient is stored in f32 only, asked for bf16",
-              name());
+void Backend::check_segments(std::span<const UpdateSegment> segments, bool bf16_gradients) const {
+  for (const UpdateSegment& s : segments) {
+    OCTET_CHECK(s.offset >= 0 && s.count >= 0, "backend {}: an optimizer segment at {} of {} elements",
+                name(), s.offset, s.count);
+    if (!s.is_weight()) {
+      OCTET_CHECK(s.grads_bf16 == nullptr, "backend {}: a bf16 gradient only for a weight, the segment at {}",
+                  name(), s.offset);
+      continue;
+    }
+    OCTET_CHECK(s.exec != nullptr && s.bias_of == nullptr,
+                "backend {}: the weight at {} with its layer's execution, and not a bias", name(), s.offset);
+    OCTET_CHECK(s.rows >= 0 && s.cols >= 0 && s.rows * s.cols == s.count,
+                "backend {}: the weight at {} of [{}, {}] covers its {} elements", name(), s.offset, s.rows,
+                s.cols, s.count);
+    OCTET_CHECK(bf16_gradients || s.grads_bf16 == nullptr,
+                "backend {}: a weight gradient is stored in f32 only, asked for bf16", name());
+  }
 }
 
 }  // namespace octet

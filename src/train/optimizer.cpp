@@ -1,5 +1,5 @@
-// AdamW (see optimizer.h): weight decay on matrices only; the weights with copies are updated in one call,
-// every other tensor in one segmented update.
+// AdamW (see optimizer.h): weight decay on matrices only; every parameter in one backend call, a segment
+// each, the weights with copies remaking them.
 #include "octet/train/optimizer.h"
 
 #include <algorithm>
@@ -18,11 +18,14 @@ AdamW::AdamW(Backend& backend, const std::vector<ParameterInfo>& parameters, int
 void AdamW::step(float* params, const float* grads, float learning_rate, float grad_scale,
                  std::span<const Model::WeightCopySlot> copies, const void* grads_bf16) {
   ++steps_;
-  // The weights with copies in one call (each update remakes its copy); every other tensor in another.
-  std::vector<Backend::WeightUpdate> weights;
-  std::vector<Backend::AdamWSegment> others;
+  // The weights with copies first (each update remakes its copy), then every other tensor, in one call.
+  std::vector<Backend::UpdateSegment> weights;
+  std::vector<Backend::UpdateSegment> others;
   for (const ParameterInfo& p : parameters_) {
-    const float decay = p.weight_decay ? settings_.weight_decay : 0.0f;
+    Backend::UpdateSegment segment{.offset = p.offset,
+                                   .count = p.count,
+                                   .weight_decay = p.weight_decay ? settings_.weight_decay : 0.0f,
+                                   .grad_offset = p.grad_offset};
     const auto slot = std::find_if(copies.begin(), copies.end(),
                                    [&](const Model::WeightCopySlot& s) { return s.offset == p.offset; });
     if (slot == copies.end()) {
@@ -31,25 +34,31 @@ void AdamW::step(float* params, const float* grads, float learning_rate, float g
         return s.bias_offset == p.offset;
       });
       OCTET_CHECK(p.grad_type == Dtype::f32, "the gradient of {} in float32", p.name);
-      others.push_back(
-          {p.offset, p.count, decay, layer == copies.end() ? nullptr : layer->copy->get(), p.grad_offset});
+      if (layer != copies.end()) segment.bias_of = layer->copy->get();
+      others.push_back(segment);
       continue;
     }
     OCTET_CHECK(slot->rows * slot->cols == p.count, "the weight copy of {} covers the whole parameter",
                 p.name);
-    Backend::WeightUpdate w{p.offset, slot->rows, slot->cols, decay, slot->copy, slot->exec};
+    segment.copy = slot->copy;
+    segment.exec = slot->exec;
+    segment.rows = slot->rows;
+    segment.cols = slot->cols;
     if (p.grad_type == Dtype::bf16) {
       OCTET_CHECK(grads_bf16 != nullptr, "the bf16 gradients of {}", p.name);
-      w.grads_bf16 = static_cast<const uint16_t*>(grads_bf16) + p.grad_offset;
-    } else {
-      w.grad_offset = p.grad_offset;
+      segment.grads_bf16 = static_cast<const uint16_t*>(grads_bf16) + p.grad_offset;
+      segment.grad_offset = -1;
     }
-    weights.push_back(w);
+    weights.push_back(segment);
   }
-  backend_.adamw_update_weights(params, m_->floats(), v_->floats(), grads, weights, learning_rate,
-                                settings_.beta1, settings_.beta2, settings_.eps, steps_, grad_scale);
-  backend_.adamw_update_segments(params, m_->floats(), v_->floats(), grads, others, learning_rate,
-                                 settings_.beta1, settings_.beta2, settings_.eps, steps_, grad_scale);
+  weights.insert(weights.end(), others.begin(), others.end());
+  const Backend::AdamWStep hyper{.learning_rate = learning_rate,
+                                 .beta1 = settings_.beta1,
+                                 .beta2 = settings_.beta2,
+                                 .eps = settings_.eps,
+                                 .step = steps_,
+                                 .grad_scale = grad_scale};
+  backend_.optimizer_update(hyper, {params, m_->floats(), v_->floats(), grads}, weights);
 }
 
 }  // namespace octet

@@ -563,6 +563,10 @@ struct Hyper {
   int64_t step = 7;
   float grad_scale = 0.37f;
 };
+// The same hyperparameters as Backend::optimizer_update takes them (the weight decay goes per segment).
+octet::Backend::AdamWStep step_of(const Hyper& h) {
+  return {h.learning_rate, h.beta1, h.beta2, h.eps, h.step, h.grad_scale};
+}
 
 // The optimizer state of one matrix on the device.
 struct DeviceAdamW {
@@ -1664,9 +1668,9 @@ TEST(Bf16Outputs, LayerNormBackwardReadsBf16AsItsFloat32Values) {
 
 // adamw_update on each segment of `state` alone, one call per segment (the segments' gradients at their
 // offsets in state.grads), finished before it returns.
-void adamw_each_segment(DeviceAdamW& state, std::span<const octet::Backend::AdamWSegment> segments,
+void adamw_each_segment(DeviceAdamW& state, std::span<const octet::Backend::UpdateSegment> segments,
                         const Hyper& h, octet::cuda::Stream& stream) {
-  for (const octet::Backend::AdamWSegment& s : segments) {
+  for (const octet::Backend::UpdateSegment& s : segments) {
     octet::cuda::adamw_update(state.params.data() + s.offset, state.m.data() + s.offset,
                               state.v.data() + s.offset, state.grads.data() + s.offset, s.count,
                               h.learning_rate, h.beta1, h.beta2, h.eps, s.weight_decay, h.step, h.grad_scale,
@@ -1675,12 +1679,12 @@ void adamw_each_segment(DeviceAdamW& state, std::span<const octet::Backend::Adam
   stream.synchronize();
 }
 
-// The segmented AdamW (one launch over many tensors) gives adamw_update's bits on each segment, with its
-// own weight decay, at any offset and length, and leaves the gaps between segments alone.
+// The optimizer update over plain segments (one launch over many tensors) gives adamw_update's bits on each
+// segment, with its own weight decay, at any offset and length, and leaves the gaps between segments alone.
 TEST(AdamWSegments, OneLaunchGivesEachSegmentsOwnUpdate) {
   SKIP_WITHOUT_GPU();
   const Hyper h;
-  using Segment = octet::Backend::AdamWSegment;
+  using Segment = octet::Backend::UpdateSegment;
   // Lengths around the kernel's chunk, offsets off 16 bytes, a gap, decay on some; 40000 + 5 elements.
   const std::vector<Segment> segments = {
       {0, 768, 0.0f},  {768, 3, h.weight_decay},      {771, 4096, 0.0f},   {4867, 4097, h.weight_decay},
@@ -1698,8 +1702,8 @@ TEST(AdamWSegments, OneLaunchGivesEachSegmentsOwnUpdate) {
     SCOPED_TRACE(run == 0 ? "first run" : "second run");
     state.upload(initial);
     if (run == 0) adamw_each_segment(expected, segments, h, stream);
-    backend->adamw_update_segments(state.params.data(), state.m.data(), state.v.data(), state.grads.data(),
-                                   segments, h.learning_rate, h.beta1, h.beta2, h.eps, h.step, h.grad_scale);
+    backend->optimizer_update(
+        step_of(h), {state.params.data(), state.m.data(), state.v.data(), state.grads.data()}, segments);
     backend->synchronize();
     const std::vector<float> params = state.params.read();
     EXPECT_TRUE(identical(params, expected.params.read(), "params"));
@@ -1712,13 +1716,13 @@ TEST(AdamWSegments, OneLaunchGivesEachSegmentsOwnUpdate) {
   }
 }
 
-// The segmented AdamW with each segment's gradient at its own offset (AdamWSegment::grad_offset, where the
+// The segmented AdamW with each segment's gradient at its own offset (UpdateSegment::grad_offset, where the
 // model keeps some gradients apart): the bits of adamw_update over the gradient found there, with the
 // gradients shifted by whole float4s (vector loads) and by one float (scalar loads).
 TEST(AdamWSegments, GradientsAtTheirOwnOffsets) {
   SKIP_WITHOUT_GPU();
   const Hyper h;
-  using Segment = octet::Backend::AdamWSegment;
+  using Segment = octet::Backend::UpdateSegment;
   const size_t n = 12000;
   Variant variant;
   variant.seed = 2650;
@@ -1728,8 +1732,8 @@ TEST(AdamWSegments, GradientsAtTheirOwnOffsets) {
   for (const int64_t shift : {int64_t{8}, int64_t{1}}) {
     SCOPED_TRACE("gradients shifted by " + std::to_string(shift));
     // The segments' gradients in reverse order, `shift` floats into their buffer.
-    const std::vector<Segment> segments = {{0, 5000, h.weight_decay, nullptr, shift + 7000},
-                                           {5000, 7000, 0.0f, nullptr, shift}};
+    const std::vector<Segment> segments = {{0, 5000, h.weight_decay, shift + 7000},
+                                           {5000, 7000, 0.0f, shift}};
     std::vector<float> moved(n + static_cast<size_t>(shift), 0.0f);
     std::copy_n(initial.grads.begin(), 5000, moved.begin() + shift + 7000);
     std::copy_n(initial.grads.begin() + 5000, 7000, moved.begin() + shift);
@@ -1739,8 +1743,8 @@ TEST(AdamWSegments, GradientsAtTheirOwnOffsets) {
     expected.upload(initial);
     state.upload(initial);
     adamw_each_segment(expected, segments, h, stream);
-    backend->adamw_update_segments(state.params.data(), state.m.data(), state.v.data(), grads.data(),
-                                   segments, h.learning_rate, h.beta1, h.beta2, h.eps, h.step, h.grad_scale);
+    backend->optimizer_update(step_of(h), {state.params.data(), state.m.data(), state.v.data(), grads.data()},
+                              segments);
     backend->synchronize();
     EXPECT_TRUE(identical(state.params.read(), expected.params.read(), "params"));
     EXPECT_TRUE(identical(state.m.read(), expected.m.read(), "m"));

@@ -224,6 +224,41 @@ Check close(std::string target, int64_t reduction_length, std::vector<float> mag
   return c;
 }
 
+::testing::AssertionResult check_output(const std::string& label, const Check& check,
+                                        std::span<const float> actual, std::span<const float> expected) {
+  if (check.exact) return exact_with_report(label, actual, expected) << "\ntolerance: " << check.why;
+  CompareOptions options = check.options;
+  options.magnitude = check.magnitude;
+  return close_with_report(label, actual, expected, options) << "\ntolerance: " << check.why;
+}
+
+std::vector<Check> adamw_checks(const Backend::AdamWStep& h, std::span<const Backend::UpdateSegment> segments,
+                                std::span<const float> params, std::span<const float> m,
+                                std::span<const float> v, std::span<const float> grads) {
+  // Elements in no segment keep their values: a magnitude of 0 bounds an error of 0.
+  std::vector<float> p_terms(params.size(), 0.0f), m_terms(m.size(), 0.0f), v_terms(v.size(), 0.0f);
+  const double beta1 = h.beta1, beta2 = h.beta2;
+  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(h.step));
+  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(h.step));
+  for (const Backend::UpdateSegment& s : segments) {
+    for (int64_t k = 0; k < s.count; ++k) {
+      const auto i = static_cast<size_t>(s.offset + k);
+      const double g = grads[static_cast<size_t>(s.grad_at() + k)] * h.grad_scale;
+      const double m_new = beta1 * m[i] + (1.0 - beta1) * g, v_new = beta2 * v[i] + (1.0 - beta2) * g * g;
+      m_terms[i] = static_cast<float>(beta1 * std::fabs(m[i]) + (1.0 - beta1) * std::fabs(g));
+      v_terms[i] = static_cast<float>(v_new);
+      const double update = h.learning_rate / bias1 * std::fabs(m_new) / (std::sqrt(v_new / bias2) + h.eps);
+      p_terms[i] = static_cast<float>(std::fabs(params[i]) + update);
+    }
+  }
+  return {
+      close("m", 4, m_terms, "grad scaling, two products and a sum (FMA or not)"),
+      close("v", 6, v_terms, "grad scaling, a square, two products and a sum (FMA or not)"),
+      close("params", 16, p_terms,
+            "a dozen roundings incl. powf and sqrt (<= 2 ulps), 1 - beta^step amplifying powf's by <= 2.3 "
+            "from step 7 on")};
+}
+
 uint64_t seed_of(const std::string& op, const std::string& shape) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (const char ch : op + "|" + shape) {
@@ -317,14 +352,7 @@ void run_case(Backend& reference, Backend& tested, const OpCase& c) {
       a = as_floats(actual.operands[i]);
       e = as_floats(expected.operands[i]);
     }
-    const std::string label = c.op + " " + c.shape + " " + check.target;
-    if (check.exact) {
-      EXPECT_TRUE(exact_with_report(label, a, e)) << "tolerance: " << check.why;
-    } else {
-      CompareOptions options = check.options;
-      options.magnitude = check.magnitude;
-      EXPECT_TRUE(close_with_report(label, a, e, options)) << "tolerance: " << check.why;
-    }
+    EXPECT_TRUE(check_output(c.op + " " + c.shape + " " + check.target, check, a, e));
   }
 
   // Determinism: the same inputs again, fresh buffers, the same bits.

@@ -121,6 +121,18 @@ struct OpCase {
   std::vector<Check> checks;
 };
 
+// One check applied to an output: `label` names the op, shape and output in the report.
+::testing::AssertionResult check_output(const std::string& label, const Check& check,
+                                        std::span<const float> actual, std::span<const float> expected);
+
+// optimizer_update's checks of params, m and v, given their values before the update ([n] each), the
+// gradients it reads (each segment's at its grad_at() in grads) and its segments: per element, the
+// magnitudes of its float32 roundings; an element in no segment must keep its value. For h.step >= 7 (the
+// bias correction amplifies powf's error more in the first steps).
+std::vector<Check> adamw_checks(const Backend::AdamWStep& h, std::span<const Backend::UpdateSegment> segments,
+                                std::span<const float> params, std::span<const float> m,
+                                std::span<const float> v, std::span<const float> grads);
+
 // Helpers for writing cases: a seed from the case's name (so every case has its own inputs and a failure
 // reproduces), a shape label such as "B=2 T=37 C=24", and the operand pointers a `run` receives.
 uint64_t seed_of(const std::string& op, const std::string& shape);

@@ -638,7 +638,7 @@ TEST(BackendOpsLinear, BlockAndMxRecipesAreRefusedClearly) {
   }
 }
 
-// AdamW over a linear layer's bias, told whose weight copy it belongs to (AdamWSegment::bias_of), may keep
+// AdamW over a linear layer's bias, told whose weight copy it belongs to (UpdateSegment::bias_of), may keep
 // the bias as the next forward's epilogue reads it (rounded to BF16). That forward must give the bits of one
 // that rounds the bias afresh (bias_of null), step after step: in FP8, and in BF16 with float32 and bf16
 // outputs. A bias that AdamW updates without being told whose it is must be read anew, and so must one
@@ -712,12 +712,18 @@ TEST(BackendOpsLinear, AdamWKeepsTheForwardsRoundedBias) {
       Backend& b = *side.backend;
       const std::vector<float> grads = random_normal(W + OC, 7100 + static_cast<uint64_t>(step), 1.0f);
       b.copy_from_host(side.grads->data(), grads.data(), grads.size() * sizeof(float));
-      const Backend::WeightUpdate weight{0, OC, C, 0.1f, &side.copy, &side.exec};
-      b.adamw_update_weights(side.params->floats(), side.m->floats(), side.v->floats(), side.grads->floats(),
-                             {&weight, 1}, 1e-2f, 0.9f, 0.95f, 1e-8f, step, 1.0f);
-      const Backend::AdamWSegment bias{W, OC, 0.0f, name_layer ? side.copy.get() : nullptr};
-      b.adamw_update_segments(side.params->floats(), side.m->floats(), side.v->floats(), side.grads->floats(),
-                              {&bias, 1}, 1e-2f, 0.9f, 0.95f, 1e-8f, step, 1.0f);
+      const Backend::UpdateSegment segments[] = {
+          {.offset = 0,
+           .count = W,
+           .weight_decay = 0.1f,
+           .copy = &side.copy,
+           .exec = &side.exec,
+           .rows = OC,
+           .cols = C},
+          {.offset = W, .count = OC, .bias_of = name_layer ? side.copy.get() : nullptr}};
+      b.optimizer_update({1e-2f, 0.9f, 0.95f, 1e-8f, step, 1.0f},
+                         {side.params->floats(), side.m->floats(), side.v->floats(), side.grads->floats()},
+                         segments);
     };
     std::vector<uint8_t> previous = forward(sides[0]);
     EXPECT_TRUE(bytes_identical(previous, forward(sides[1]), "the first forward"));

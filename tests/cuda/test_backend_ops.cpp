@@ -458,37 +458,40 @@ std::vector<OpCase> reduction_cases() {
   return cases;
 }
 
+// optimizer_update over plain segments of params, m and v [n] (no weight copies: backend_ops_optimizer.cpp
+// has those), each segment's gradient at its grad_at() in grads [n].
+OpCase adamw_case(const std::string& label, int64_t n, const std::vector<Backend::UpdateSegment>& segments) {
+  OpCase c{"optimizer_update", label, {}, {}, {}};
+  const uint64_t seed = seed_of(c.op, c.shape);
+  const std::vector<float> params = random_normal(n, seed), m = random_normal(n, seed + 1, 0.1f);
+  const std::vector<float> v = random_uniform(n, seed + 2, 0.0f, 0.01f), grads = random_normal(n, seed + 3);
+  const Backend::AdamWStep h{
+      .learning_rate = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .step = 7, .grad_scale = 0.5f};
+  c.operands = {in_out("params", params), in_out("m", m), in_out("v", v), input("grads", grads)};
+  c.run = [=](Backend& b, const std::vector<void*>& p) {
+    b.optimizer_update(h, {floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), floats_at(p, 3)}, segments);
+    return none();
+  };
+  c.checks = adamw_checks(h, segments, params, m, v, grads);
+  return c;
+}
+
 std::vector<OpCase> adamw_cases() {
   std::vector<OpCase> cases;
+  // One segment over the whole tensor, with weight decay.
   for (const int64_t n : kCounts) {
-    OpCase c{"adamw_update", shape_label({{"n", n}}), {}, {}, {}};
-    const uint64_t seed = seed_of(c.op, c.shape);
-    const std::vector<float> params = random_normal(n, seed), m = random_normal(n, seed + 1, 0.1f);
-    const std::vector<float> v = random_uniform(n, seed + 2, 0.0f, 0.01f), grads = random_normal(n, seed + 3);
-    const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, decay = 0.1f, grad_scale = 0.5f;
-    const int64_t step = 7;
-    std::vector<float> p_terms(n), m_terms(n), v_terms(n);
-    const double bias1 = 1.0 - std::pow(beta1, 7.0), bias2 = 1.0 - std::pow(beta2, 7.0);
-    for (int64_t i = 0; i < n; ++i) {
-      const double g = grads[i] * grad_scale;
-      const double m_new = beta1 * m[i] + (1.0 - beta1) * g, v_new = beta2 * v[i] + (1.0 - beta2) * g * g;
-      m_terms[i] = static_cast<float>(beta1 * std::fabs(m[i]) + (1.0 - beta1) * std::fabs(g));
-      v_terms[i] = static_cast<float>(v_new);
-      const double update = lr / bias1 * std::fabs(m_new) / (std::sqrt(v_new / bias2) + eps);
-      p_terms[i] = static_cast<float>(std::fabs(params[i]) + update);
-    }
-    c.operands = {in_out("params", params), in_out("m", m), in_out("v", v), input("grads", grads)};
-    c.run = [=](Backend& b, const std::vector<void*>& p) {
-      b.adamw_update(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), floats_at(p, 3), n, lr, beta1, beta2,
-                     eps, decay, step, grad_scale);
-      return none();
-    };
-    c.checks = {
-        close("m", 4, m_terms, "grad scaling, two products and a sum (FMA or not)"),
-        close("v", 6, v_terms, "grad scaling, a square, two products and a sum (FMA or not)"),
-        close("params", 16, p_terms,
-              "a dozen roundings incl. powf and sqrt (<= 2 ulps), 1 - beta^7 amplifying powf's by <= 2.3")};
-    cases.push_back(std::move(c));
+    cases.push_back(
+        adamw_case(shape_label({{"n", n}}), n, {{.offset = 0, .count = n, .weight_decay = 0.1f}}));
+  }
+  // Segments as the optimizer passes a model's biases and LayerNorms: odd lengths and offsets, one decay
+  // besides none, a gap left alone, and the gradients in another order than the tensors (grad_offset).
+  for (const int64_t n : {int64_t{3221}, int64_t{65537}}) {
+    const int64_t a = n / 3, gap = 5, b = n - a - gap;
+    const std::vector<Backend::UpdateSegment> segments = {
+        {.offset = 0, .count = a, .weight_decay = 0.1f, .grad_offset = b + gap},
+        {.offset = a + gap, .count = b, .weight_decay = 0.0f, .grad_offset = 0}};
+    cases.push_back(
+        adamw_case(shape_label({{"n", n}}) + " two segments, a gap, gradients swapped", n, segments));
   }
   return cases;
 }

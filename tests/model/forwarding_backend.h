@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 
 #include "octet/backend/backend.h"
@@ -88,11 +89,9 @@ class ForwardingBackend : public Backend {
   double sum_of_squares(const ConstTensorView& x) override { return inner_.sum_of_squares(x); }
   bool all_finite(const float* x, int64_t n) override { return inner_.all_finite(x, n); }
   void scale(float* x, int64_t n, float factor) override { inner_.scale(x, n, factor); }
-  void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
-                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                    float grad_scale) override {
-    inner_.adamw_update(params, m, v, grads, n, learning_rate, beta1, beta2, eps, weight_decay, step,
-                        grad_scale);
+  void optimizer_update(const AdamWStep& step, const OptimizerTensors& tensors,
+                        std::span<const UpdateSegment> segments) override {
+    inner_.optimizer_update(step, tensors, segments);
   }
 
  protected:

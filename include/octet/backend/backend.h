@@ -304,74 +304,63 @@ class Backend {
   virtual double sum_of_squares(const ConstTensorView& x) = 0;
   virtual bool all_finite(const float* x, int64_t n) = 0;
   virtual void scale(float* x, int64_t n, float factor) = 0;
-  // AdamW on float32 master weights: g = grads * grad_scale; m, v moments; decoupled weight decay.
-  virtual void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
-                            float learning_rate, float beta1, float beta2, float eps, float weight_decay,
-                            int64_t step, float grad_scale) = 0;
-  // adamw_update on each segment of the four tensors (the elements offset .. offset + count - 1 of each,
-  // with the segment's weight decay): the same results as one call per segment. A GPU backend updates them
-  // all in one pass (one launch for the model's many small tensors). Segments must not overlap.
-  struct AdamWSegment {
+  // AdamW on float32 master weights, p -= lr * wd * p, then the Adam step with bias-corrected moments
+  // (g = grads * grad_scale), over the segments of the four tensors, each with its own weight decay: the
+  // same results as one update per segment in turn. A segment that is a linear layer's weight also has its
+  // copy remade, exactly as prepare_weight remakes it from the updated values. A GPU backend groups the
+  // segments by what its pass writes besides params, m and v (nothing; a weight's BF16 copy; its FP8 copy
+  // and transpose) and updates each group in one launch (one launch for the model's many small tensors).
+  // Segments must not overlap.
+  struct AdamWStep {
+    float learning_rate = 0.0f;
+    float beta1 = 0.0f;
+    float beta2 = 0.0f;
+    float eps = 0.0f;
+    int64_t step = 0;         // the update's number, from 1 (the bias correction)
+    float grad_scale = 1.0f;  // undoes loss scaling and applies clipping
+  };
+  // The float32 tensors the update reads and writes: a segment lies at the same offset in params, m and v,
+  // and its gradient in grads (UpdateSegment::grad_at).
+  struct OptimizerTensors {
+    float* params = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+    const float* grads = nullptr;
+  };
+  // The elements offset .. offset + count - 1 of the tensors: a plain tensor, a linear layer's bias
+  // (bias_of), or a linear layer's weight [rows, cols] whose copy the update remakes (copy and exec set).
+  struct UpdateSegment {
     int64_t offset = 0;
-    int64_t count = 0;
+    int64_t count = 0;  // rows * cols for a weight
     float weight_decay = 0.0f;
+    // Where the segment's gradient starts in grads; -1: at offset, as in the other three tensors.
+    int64_t grad_offset = -1;
     // Where the segment is a linear layer's bias: that layer's weight copy, in which a GPU backend keeps the
     // bias as its forward GEMM's epilogue reads it (rounded to BF16) and writes it again in the AdamW pass.
     // Null otherwise, and ignored by backends that keep no such copy.
     WeightCopy* bias_of = nullptr;
-    // Where the segment's gradient starts in grads; -1: at offset, as in the other three tensors.
-    int64_t grad_offset = -1;
-    int64_t grad_at() const { return grad_offset < 0 ? offset : grad_offset; }
-  };
-  virtual void adamw_update_segments(float* params, float* m, float* v, const float* grads,
-                                     std::span<const AdamWSegment> segments, float learning_rate, float beta1,
-                                     float beta2, float eps, int64_t step, float grad_scale) {
-    for (const AdamWSegment& s : segments) {
-      adamw_update(params + s.offset, m + s.offset, v + s.offset, grads + s.grad_at(), s.count, learning_rate,
-                   beta1, beta2, eps, s.weight_decay, step, grad_scale);
-    }
-  }
-  // AdamW on a linear layer's weight [OC, C], then prepare_weight of its copy: the same results as the two
-  // calls in turn. A GPU backend writes the FP8 copy and its transpose, or a BF16 layer's BF16 copy, in the
-  // AdamW pass.
-  virtual void adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC,
-                                   int64_t C, float learning_rate, float beta1, float beta2, float eps,
-                                   float weight_decay, int64_t step, float grad_scale,
-                                   std::unique_ptr<WeightCopy>& copy, LinearExecution& exec) {
-    adamw_update(params, m, v, grads, OC * C, learning_rate, beta1, beta2, eps, weight_decay, step,
-                 grad_scale);
-    prepare_weight(copy, params, OC, C, exec);
-  }
-  // adamw_update_weight on each of `weights` (linear layers' weights at their offsets in the four tensors;
-  // they must not overlap): the same results as one call per weight. A GPU backend updates the weights whose
-  // FP8 copies it writes in one launch across them all.
-  struct WeightUpdate {
-    int64_t offset = 0;
-    int64_t rows = 0;  // OC
-    int64_t cols = 0;  // C
-    float weight_decay = 0.0f;
+    // Where the segment is a linear layer's weight [rows, cols]: the copy the update remakes as
+    // prepare_weight (copy, OC = rows, C = cols, exec) would.
     std::unique_ptr<WeightCopy>* copy = nullptr;
     LinearExecution* exec = nullptr;
-    // Where the weight's gradient is: at grad_offset in grads (-1: at offset), or, where grads_bf16 is set,
-    // there, stored as bf16 (storage_type, role weight_gradient), read as its float32 values.
-    int64_t grad_offset = -1;
+    int64_t rows = 0;  // OC
+    int64_t cols = 0;  // C
+    // A weight's gradient stored as bf16 (storage_type, role weight_gradient), read as its float32 values,
+    // instead of the one in grads; null: in grads. Only for a weight, on a backend that stores such
+    // gradients.
     const void* grads_bf16 = nullptr;
+
+    bool is_weight() const { return copy != nullptr; }
     int64_t grad_at() const { return grad_offset < 0 ? offset : grad_offset; }
   };
-  virtual void adamw_update_weights(float* params, float* m, float* v, const float* grads,
-                                    std::span<const WeightUpdate> weights, float learning_rate, float beta1,
-                                    float beta2, float eps, int64_t step, float grad_scale) {
-    for (const WeightUpdate& w : weights) {
-      require_f32_gradient(w);
-      adamw_update_weight(params + w.offset, m + w.offset, v + w.offset, grads + w.grad_at(), w.rows, w.cols,
-                          learning_rate, beta1, beta2, eps, w.weight_decay, step, grad_scale, *w.copy,
-                          *w.exec);
-    }
-  }
+  virtual void optimizer_update(const AdamWStep& step, const OptimizerTensors& tensors,
+                                std::span<const UpdateSegment> segments) = 0;
 
  protected:
-  // Refuses a bf16 weight gradient (WeightUpdate::grads_bf16) where a backend's update reads float32 only.
-  void require_f32_gradient(const WeightUpdate& w) const;
+  // The checks every backend makes of optimizer_update's segments (a weight's copy, execution and shape, a
+  // count that is its rows * cols, no bf16 gradient but a weight's); `bf16_gradients`: whether this backend
+  // reads a weight gradient stored as bf16.
+  void check_segments(std::span<const UpdateSegment> segments, bool bf16_gradients) const;
 };
 
 }  // namespace octet

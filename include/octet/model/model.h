@@ -98,7 +98,7 @@ class Model {
   // Remakes the GEMMs' weight copies (BF16/FP16 rounding, FP8 casts); call after every change of params().
   virtual void refresh_weight_copies() = 0;
   // The weights whose copies the GEMMs read, with what remakes them: an optimizer that updates one of these
-  // parameters can remake its copy in the same pass (Backend::adamw_update_weight) instead of calling
+  // parameters can remake its copy in the same pass (Backend::optimizer_update) instead of calling
   // refresh_weight_copies afterwards.
   struct WeightCopySlot {
     int64_t offset;  // of the weight in params()

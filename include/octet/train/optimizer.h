@@ -18,7 +18,7 @@ class AdamW {
   AdamW(Backend& backend, const std::vector<ParameterInfo>& parameters, int64_t parameter_count,
         AdamWSettings settings);
   // One update of params from grads * grad_scale (grad_scale undoes loss scaling and applies clipping). The
-  // weights of `copies` have their copies remade in the same pass (Backend::adamw_update_weight). Each
+  // weights of `copies` have their copies remade in the same pass (Backend::optimizer_update). Each
   // parameter's gradient is at its grad_offset in grads, or in grads_bf16 where its grad_type is bf16
   // (Model::grads(), Model::grads_bf16()).
   void step(float* params, const float* grads, float learning_rate, float grad_scale,

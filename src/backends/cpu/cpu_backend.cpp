@@ -183,11 +183,23 @@ void CpuBackend::scale(float* x, int64_t n, float factor) {
   for (int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
+void CpuBackend::optimizer_update(const AdamWStep& step, const OptimizerTensors& tensors,
+                                  std::span<const UpdateSegment> segments) {
+  check_segments(segments, false);
+  for (const UpdateSegment& s : segments) {
+    float* params = tensors.params + s.offset;
+    adamw_update(params, tensors.m + s.offset, tensors.v + s.offset, tensors.grads + s.grad_at(), s.count,
+                 step, s.weight_decay);
+    if (s.is_weight()) prepare_weight(*s.copy, params, s.rows, s.cols, *s.exec);
+  }
+}
+
 void CpuBackend::adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
-                              float learning_rate, float beta1, float beta2, float eps, float weight_decay,
-                              int64_t step, float grad_scale) {
-  const float bias1 = 1.0f - std::pow(beta1, static_cast<float>(step));
-  const float bias2 = 1.0f - std::pow(beta2, static_cast<float>(step));
+                              const AdamWStep& step, float weight_decay) {
+  const float learning_rate = step.learning_rate, beta1 = step.beta1, beta2 = step.beta2, eps = step.eps;
+  const float grad_scale = step.grad_scale;
+  const float bias1 = 1.0f - std::pow(beta1, static_cast<float>(step.step));
+  const float bias2 = 1.0f - std::pow(beta2, static_cast<float>(step.step));
   const float bias2_sqrt = std::sqrt(bias2);
   const float step_size = learning_rate / bias1;
   for (int64_t i = 0; i < n; ++i) {

@@ -72,11 +72,13 @@ class CpuBackend final : public Backend {
   double sum_of_squares(const ConstTensorView& x) override;
   bool all_finite(const float* x, int64_t n) override;
   void scale(float* x, int64_t n, float factor) override;
-  void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
-                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                    float grad_scale) override;
+  void optimizer_update(const AdamWStep& step, const OptimizerTensors& tensors,
+                        std::span<const UpdateSegment> segments) override;
 
  private:
+  // AdamW on the n elements of one segment.
+  static void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
+                           const AdamWStep& step, float weight_decay);
   // The ops on float32 tensors, as the entries above take them apart (cpu_backend.cpp, cpu_linear.cpp,
   // cpu_attention.cpp).
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,

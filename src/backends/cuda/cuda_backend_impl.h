@@ -89,7 +89,7 @@ struct CudaWeightCopy final : public WeightCopy {
   bool has_wide = false;
   // The layer's bias as the last forward's epilogue read it: bias_count values of bias_source in the form
   // bias_form. bias_current: `bias` holds them for the bias's present values, which holds from AdamW's pass
-  // over the bias that wrote them (adamw_update_segments) until the weight is updated or prepared again, so
+  // over the bias that wrote them (optimizer_update) until the weight is updated or prepared again, so
   // that the forwards in between round nothing.
   DeviceScratch bias;
   const float* bias_source = nullptr;
@@ -301,24 +301,8 @@ class CudaBackend final : public Backend {
     const OpScope scope(*this, OpKind::optimizer);
     cuda::scale(x, n, factor, stream_);
   }
-  void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float learning_rate,
-                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                    float grad_scale) override {
-    const OpScope scope(*this, OpKind::optimizer);
-    cuda::adamw_update(params, m, v, grads, n, learning_rate, beta1, beta2, eps, weight_decay, step,
-                       grad_scale, stream_);
-  }
-
-  void adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC, int64_t C,
-                           float learning_rate, float beta1, float beta2, float eps, float weight_decay,
-                           int64_t step, float grad_scale, std::unique_ptr<WeightCopy>& copy,
-                           LinearExecution& exec) override;
-  void adamw_update_weights(float* params, float* m, float* v, const float* grads,
-                            std::span<const WeightUpdate> weights, float learning_rate, float beta1,
-                            float beta2, float eps, int64_t step, float grad_scale) override;
-  void adamw_update_segments(float* params, float* m, float* v, const float* grads,
-                             std::span<const AdamWSegment> segments, float learning_rate, float beta1,
-                             float beta2, float eps, int64_t step, float grad_scale) override;
+  void optimizer_update(const AdamWStep& step, const OptimizerTensors& tensors,
+                        std::span<const UpdateSegment> segments) override;
 
   void fetch_scaling(Fp8LinearState& state) override;
   void publish_scaling(const Fp8LinearState& state) override;
@@ -448,6 +432,16 @@ class CudaBackend final : public Backend {
   FusedCast begin_weight_cast(std::unique_ptr<WeightCopy>& copy, int64_t OC, int64_t C,
                               LinearExecution& exec);
   void end_weight_cast(WeightCopy& copy, const float* params, int64_t OC, int64_t C, LinearExecution& exec);
+  // optimizer_update's passes that do not join a launch across segments: a weight by itself (its copy made
+  // in the AdamW pass where it can be, else by prepare_weight after it), and the plain AdamW of one segment.
+  void update_weight_alone(const AdamWStep& step, const OptimizerTensors& tensors,
+                           const UpdateSegment& weight);
+  void update_segment_alone(const AdamWStep& step, const OptimizerTensors& tensors,
+                            const UpdateSegment& segment);
+  // optimizer_update's one launch over the segments without a weight copy (plain tensors and biases, whose
+  // rounded copies it writes where the layer's forward keeps one).
+  void update_tensors(const AdamWStep& step, const OptimizerTensors& tensors,
+                      std::span<const UpdateSegment* const> segments);
   // A weight copy's BF16 half of n values, for the AdamW kernel that writes it (where writes_bf16_copy).
   __nv_bfloat16* bf16_weight_copy(std::unique_ptr<WeightCopy>& copy, int64_t n);
   // Where a weight cast writes the codes of W^T (n of them): the copy's own buffer, or null (not written;
@@ -540,13 +534,13 @@ class CudaBackend final : public Backend {
   std::unordered_map<const Fp8LinearState*, Layer*> layers_;
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
   DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_, column_partials_;
-  // A bf16 weight gradient widened for an AdamW update that reads float32 (adamw_update_weights).
+  // A bf16 weight gradient widened for an AdamW update that reads float32 (update_weight_alone).
   DeviceScratch widened_gradient_;
   DeviceScratch bias_;  // a forward GEMM's bias as its epilogue reads it
   // The chunks of the segmented AdamW update and of the segmented zeroing.
   DeviceTable<Chunk> adamw_chunks_;
   DeviceTable<Chunk> zero_chunks_;
-  // The weights of the multi-weight AdamW cast (adamw_update_weights).
+  // The weights of the multi-weight AdamW cast and BF16 copy (optimizer_update).
   cuda::AdamWCastTable adamw_casts_;
   cuda::AdamWConvertTable adamw_converts_;
   // bf16 operands of a linear layer widened to float32 where a GEMM or cast cannot read them as they are

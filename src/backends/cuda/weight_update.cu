@@ -1,7 +1,6 @@
 // The weights' copies and their updates: prepare_weight's FP8 cast and BF16/FP16 copy of a linear layer's
-// weight, the AdamW updates that write those copies in their own pass (adamw_update_weight, the batched
-// adamw_update_weights) and the rounded bias copies (adamw_update_segments), and the segmented zeroing
-// (fill_zero_ranges).
+// weight, the optimizer update (optimizer_update), whose AdamW passes also write those copies and the rounded
+// bias copies, and the segmented zeroing (fill_zero_ranges).
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -51,14 +50,14 @@ CudaWeightCopy& cuda_weight_copy(std::unique_ptr<WeightCopy>& copy) {
 }
 
 // An optimizer step has begun on the layer: its bias is current again only where AdamW's pass over it writes
-// the rounded copy (adamw_update_segments).
+// the rounded copy (update_tensors).
 void forget_bias_copy(std::unique_ptr<WeightCopy>& copy) {
   if (auto* w = dynamic_cast<CudaWeightCopy*>(copy.get())) w->bias_current = false;
 }
 
-// Where a batched AdamW weight reads its gradient: float32 in grads, or bf16 (WeightUpdate::grads_bf16).
+// Where a batched AdamW weight reads its gradient: float32 in grads, or bf16 (UpdateSegment::grads_bf16).
 template <typename Weight>
-void set_gradient(Weight& w, const float* grads, const Backend::WeightUpdate& u) {
+void set_gradient(Weight& w, const float* grads, const Backend::UpdateSegment& u) {
   if (u.grads_bf16 != nullptr) {
     w.grads_bf16 = static_cast<const uint16_t*>(u.grads_bf16);
   } else {
@@ -68,42 +67,110 @@ void set_gradient(Weight& w, const float* grads, const Backend::WeightUpdate& u)
 
 }  // namespace
 
-void CudaBackend::adamw_update_segments(float* params, float* m, float* v, const float* grads,
-                                        std::span<const AdamWSegment> segments, float learning_rate,
-                                        float beta1, float beta2, float eps, int64_t step, float grad_scale) {
-  // The biases change: their rounded copies are current again only where the chunks below write them.
-  for (const AdamWSegment& s : segments) {
-    if (auto* copy = dynamic_cast<CudaWeightCopy*>(s.bias_of)) copy->bias_current = false;
+void CudaBackend::optimizer_update(const AdamWStep& step, const OptimizerTensors& tensors,
+                                   std::span<const UpdateSegment> segments) {
+  check_segments(segments, true);
+  // Every layer's rounded bias changes: current again only where update_tensors writes it.
+  for (const UpdateSegment& s : segments) {
+    if (s.is_weight()) {
+      forget_bias_copy(*s.copy);
+    } else if (auto* copy = dynamic_cast<CudaWeightCopy*>(s.bias_of)) {
+      copy->bias_current = false;
+    }
   }
+  // The segments by what their pass writes besides params, m and v: a weight's FP8 copy and transpose (one
+  // launch), a weight's BF16 copy (another), nothing (a third, update_tensors). A launch takes one weight
+  // decay besides none; a weight with another, or whose copy is made apart, goes by itself, first.
+  float decay = 0.0f;
+  std::vector<const UpdateSegment*> casts, converts, plain;
+  for (const UpdateSegment& u : segments) {
+    if (!u.is_weight()) {
+      plain.push_back(&u);
+      continue;
+    }
+    const bool cast = fuses_weight_cast(*u.exec), convert = writes_bf16_copy(*u.exec);
+    const bool other_decay = u.weight_decay != 0.0f && decay != 0.0f && u.weight_decay != decay;
+    if ((!cast && !convert) || other_decay) {
+      update_weight_alone(step, tensors, u);
+      continue;
+    }
+    if (u.weight_decay != 0.0f) decay = u.weight_decay;
+    (cast ? casts : converts).push_back(&u);
+  }
+  float* params = tensors.params;
+  float* m = tensors.m;
+  float* v = tensors.v;
+  if (!converts.empty() || !casts.empty()) {
+    const OpScope scope(*this, OpKind::optimizer);
+    if (!converts.empty()) {
+      std::vector<cuda::AdamWConvertWeight> batch;
+      for (const UpdateSegment* u : converts) {
+        cuda::AdamWConvertWeight w{params + u->offset,
+                                   m + u->offset,
+                                   v + u->offset,
+                                   nullptr,
+                                   bf16_weight_copy(*u->copy, u->count),
+                                   u->count,
+                                   u->weight_decay != 0.0f};
+        set_gradient(w, tensors.grads, *u);
+        batch.push_back(w);
+      }
+      cuda::adamw_update_converts(batch, step.learning_rate, step.beta1, step.beta2, step.eps, decay,
+                                  step.step, step.grad_scale, adamw_converts_, stream_);
+    }
+    if (!casts.empty()) {
+      std::vector<cuda::AdamWCastWeight> batch;
+      for (const UpdateSegment* u : casts) {
+        cuda::AdamWCastWeight w{params + u->offset,
+                                m + u->offset,
+                                v + u->offset,
+                                nullptr,
+                                u->rows,
+                                u->cols,
+                                u->weight_decay != 0.0f,
+                                begin_weight_cast(*u->copy, u->rows, u->cols, *u->exec)};
+        set_gradient(w, tensors.grads, *u);
+        batch.push_back(w);
+      }
+      cuda::adamw_update_casts(batch, step.learning_rate, step.beta1, step.beta2, step.eps, decay, step.step,
+                               step.grad_scale, adamw_casts_, stream_);
+      for (const UpdateSegment* u : casts)
+        end_weight_cast(**u->copy, params + u->offset, u->rows, u->cols, *u->exec);
+    }
+  }
+  update_tensors(step, tensors, plain);
+}
+
+void CudaBackend::update_tensors(const AdamWStep& step, const OptimizerTensors& tensors,
+                                 std::span<const UpdateSegment* const> segments) {
   // The chunk kernel takes one weight decay besides none (the optimizer's case); others go one by one.
   float decay = 0.0f;
-  for (const AdamWSegment& s : segments) {
-    if (s.weight_decay == 0.0f) continue;
-    if (decay != 0.0f && s.weight_decay != decay) {
-      Backend::adamw_update_segments(params, m, v, grads, segments, learning_rate, beta1, beta2, eps, step,
-                                     grad_scale);
+  for (const UpdateSegment* s : segments) {
+    if (s->weight_decay == 0.0f) continue;
+    if (decay != 0.0f && s->weight_decay != decay) {
+      for (const UpdateSegment* each : segments) update_segment_alone(step, tensors, *each);
       return;
     }
-    decay = s.weight_decay;
+    decay = s->weight_decay;
   }
   std::vector<Chunk> chunks;
-  for (const AdamWSegment& s : segments) {
+  for (const UpdateSegment* s : segments) {
     const size_t first = chunks.size();
-    append_chunks(chunks, s.offset, s.count, s.weight_decay != 0.0f);
+    append_chunks(chunks, s->offset, s->count, s->weight_decay != 0.0f);
     for (size_t i = first; i < chunks.size(); ++i)
-      chunks[i].grad_offset = chunks[i].offset - s.offset + s.grad_at();
+      chunks[i].grad_offset = chunks[i].offset - s->offset + s->grad_at();
     // A bias whose rounded copy the forward reads: written in the same pass, current until the weight's
     // next update.
-    auto* copy = dynamic_cast<CudaWeightCopy*>(s.bias_of);
-    if (copy == nullptr || copy->bias_form == BiasCopy::none || copy->bias_source != params + s.offset ||
-        copy->bias_count != s.count) {
+    auto* copy = dynamic_cast<CudaWeightCopy*>(s->bias_of);
+    if (copy == nullptr || copy->bias_form == BiasCopy::none ||
+        copy->bias_source != tensors.params + s->offset || copy->bias_count != s->count) {
       continue;
     }
     const bool bits = copy->bias_form == BiasCopy::bf16_bits;
     auto* rounded =
-        static_cast<char*>(copy->bias.get(static_cast<size_t>(s.count) * (bits ? 2 : 4), stream_));
+        static_cast<char*>(copy->bias.get(static_cast<size_t>(s->count) * (bits ? 2 : 4), stream_));
     for (size_t i = first; i < chunks.size(); ++i) {
-      chunks[i].rounded = rounded + (chunks[i].offset - s.offset) * (bits ? 2 : 4);
+      chunks[i].rounded = rounded + (chunks[i].offset - s->offset) * (bits ? 2 : 4);
       chunks[i].rounded_bits = bits ? 1 : 0;
     }
     copy->bias_current = true;
@@ -111,8 +178,17 @@ void CudaBackend::adamw_update_segments(float* params, float* m, float* v, const
   if (chunks.empty()) return;
   const Chunk* table = adamw_chunks_.upload(std::move(chunks), stream_);
   const OpScope scope(*this, OpKind::optimizer);
-  cuda::adamw_update_chunks(params, m, v, grads, table, adamw_chunks_.size(), learning_rate, beta1, beta2,
-                            eps, decay, step, grad_scale, stream_);
+  cuda::adamw_update_chunks(tensors.params, tensors.m, tensors.v, tensors.grads, table, adamw_chunks_.size(),
+                            step.learning_rate, step.beta1, step.beta2, step.eps, decay, step.step,
+                            step.grad_scale, stream_);
+}
+
+void CudaBackend::update_segment_alone(const AdamWStep& step, const OptimizerTensors& tensors,
+                                       const UpdateSegment& s) {
+  const OpScope scope(*this, OpKind::optimizer);
+  cuda::adamw_update(tensors.params + s.offset, tensors.m + s.offset, tensors.v + s.offset,
+                     tensors.grads + s.grad_at(), s.count, step.learning_rate, step.beta1, step.beta2,
+                     step.eps, s.weight_decay, step.step, step.grad_scale, stream_);
 }
 
 void CudaBackend::fill_zero_ranges(float* x, std::span<const Range> ranges) {
@@ -124,101 +200,51 @@ void CudaBackend::fill_zero_ranges(float* x, std::span<const Range> ranges) {
   cuda::fill_zero_chunks(x, table, zero_chunks_.size(), stream_);
 }
 
-void CudaBackend::adamw_update_weight(float* params, float* m, float* v, const float* grads, int64_t OC,
-                                      int64_t C, float learning_rate, float beta1, float beta2, float eps,
-                                      float weight_decay, int64_t step, float grad_scale,
-                                      std::unique_ptr<WeightCopy>& copy, LinearExecution& exec) {
+void CudaBackend::update_weight_alone(const AdamWStep& step, const OptimizerTensors& tensors,
+                                      const UpdateSegment& u) {
+  float* params = tensors.params + u.offset;
+  float* m = tensors.m + u.offset;
+  float* v = tensors.v + u.offset;
+  const bool cast = fuses_weight_cast(*u.exec), convert = writes_bf16_copy(*u.exec);
+  if (u.grads_bf16 != nullptr && !cast && !convert) {
+    // A weight whose copy is made apart (the current recipe's cast, say): AdamW over the bf16 gradient as it
+    // lies, then the copy.
+    {
+      const OpScope scope(*this, OpKind::optimizer);
+      cuda::adamw_update(params, m, v, static_cast<const uint16_t*>(u.grads_bf16), u.count,
+                         step.learning_rate, step.beta1, step.beta2, step.eps, u.weight_decay, step.step,
+                         step.grad_scale, stream_);
+    }
+    prepare_weight(*u.copy, params, u.rows, u.cols, *u.exec);
+    return;
+  }
+  // A bf16 gradient of a weight with another weight decay than the launch's: widened to float32 first, for
+  // the one-weight passes that read float32.
+  const float* grads = tensors.grads + u.grad_at();
+  if (u.grads_bf16 != nullptr) {
+    const OpScope scope(*this, OpKind::optimizer);
+    auto* widened = widened_gradient_.as<float>(static_cast<size_t>(u.count), stream_);
+    convert_from_bf16(widened, static_cast<const uint16_t*>(u.grads_bf16), u.count, stream_);
+    grads = widened;
+  }
   const OpScope scope(*this, OpKind::optimizer);
-  forget_bias_copy(copy);
-  if (writes_bf16_copy(exec)) {
+  if (convert) {
     // prepare_weight's BF16 copy, written by the AdamW kernel from the updated weights.
-    cuda::adamw_update_convert(params, m, v, grads, bf16_weight_copy(copy, OC * C), OC * C, learning_rate,
-                               beta1, beta2, eps, weight_decay, step, grad_scale, stream_);
+    cuda::adamw_update_convert(params, m, v, grads, bf16_weight_copy(*u.copy, u.count), u.count,
+                               step.learning_rate, step.beta1, step.beta2, step.eps, u.weight_decay,
+                               step.step, step.grad_scale, stream_);
     return;
   }
-  if (!fuses_weight_cast(exec)) {
-    Backend::adamw_update_weight(params, m, v, grads, OC, C, learning_rate, beta1, beta2, eps, weight_decay,
-                                 step, grad_scale, copy, exec);
+  if (!cast) {
+    cuda::adamw_update(params, m, v, grads, u.count, step.learning_rate, step.beta1, step.beta2, step.eps,
+                       u.weight_decay, step.step, step.grad_scale, stream_);
+    prepare_weight(*u.copy, params, u.rows, u.cols, *u.exec);
     return;
   }
-  const FusedCast cast = begin_weight_cast(copy, OC, C, exec);
-  cuda::adamw_update_cast(params, m, v, grads, OC, C, learning_rate, beta1, beta2, eps, weight_decay, step,
-                          grad_scale, cast, stream_);
-  end_weight_cast(*copy, params, OC, C, exec);
-}
-
-void CudaBackend::adamw_update_weights(float* params, float* m, float* v, const float* grads,
-                                       std::span<const WeightUpdate> weights, float learning_rate,
-                                       float beta1, float beta2, float eps, int64_t step, float grad_scale) {
-  // The weights whose AdamW pass writes their FP8 copies in one launch, those that write BF16 copies in
-  // another, with one weight decay besides none; the rest one by one.
-  float decay = 0.0f;
-  std::vector<const WeightUpdate*> casts, converts;
-  for (const WeightUpdate& u : weights) {
-    forget_bias_copy(*u.copy);
-    const bool cast = fuses_weight_cast(*u.exec), convert = writes_bf16_copy(*u.exec);
-    const bool other_decay = u.weight_decay != 0.0f && decay != 0.0f && u.weight_decay != decay;
-    if ((!cast && !convert) || other_decay) {
-      if (u.grads_bf16 != nullptr && !cast && !convert) {
-        // A weight whose copy is made apart (the current recipe's cast, say): AdamW over the bf16 gradient as
-        // it lies, then the copy, as adamw_update_weight's default runs them.
-        {
-          const OpScope scope(*this, OpKind::optimizer);
-          cuda::adamw_update(params + u.offset, m + u.offset, v + u.offset,
-                             static_cast<const uint16_t*>(u.grads_bf16), u.rows * u.cols, learning_rate,
-                             beta1, beta2, eps, u.weight_decay, step, grad_scale, stream_);
-        }
-        prepare_weight(*u.copy, params + u.offset, u.rows, u.cols, *u.exec);
-        continue;
-      }
-      // A bf16 gradient of a weight with another weight decay than the batch's: widened to float32 first,
-      // for the one-weight passes that read float32.
-      const float* g = grads + u.grad_at();
-      if (u.grads_bf16 != nullptr) {
-        const OpScope scope(*this, OpKind::optimizer);
-        auto* widened = widened_gradient_.as<float>(static_cast<size_t>(u.rows * u.cols), stream_);
-        convert_from_bf16(widened, static_cast<const uint16_t*>(u.grads_bf16), u.rows * u.cols, stream_);
-        g = widened;
-      }
-      adamw_update_weight(params + u.offset, m + u.offset, v + u.offset, g, u.rows, u.cols, learning_rate,
-                          beta1, beta2, eps, u.weight_decay, step, grad_scale, *u.copy, *u.exec);
-      continue;
-    }
-    if (u.weight_decay != 0.0f) decay = u.weight_decay;
-    (cast ? casts : converts).push_back(&u);
-  }
-  const OpScope scope(*this, OpKind::optimizer);
-  if (!converts.empty()) {
-    std::vector<cuda::AdamWConvertWeight> batch;
-    for (const WeightUpdate* u : converts) {
-      const int64_t n = u->rows * u->cols;
-      cuda::AdamWConvertWeight w{
-          params + u->offset,     m + u->offset, v + u->offset, nullptr, bf16_weight_copy(*u->copy, n), n,
-          u->weight_decay != 0.0f};
-      set_gradient(w, grads, *u);
-      batch.push_back(w);
-    }
-    cuda::adamw_update_converts(batch, learning_rate, beta1, beta2, eps, decay, step, grad_scale,
-                                adamw_converts_, stream_);
-  }
-  if (casts.empty()) return;
-  std::vector<cuda::AdamWCastWeight> batch;
-  for (const WeightUpdate* u : casts) {
-    cuda::AdamWCastWeight w{params + u->offset,
-                            m + u->offset,
-                            v + u->offset,
-                            nullptr,
-                            u->rows,
-                            u->cols,
-                            u->weight_decay != 0.0f,
-                            begin_weight_cast(*u->copy, u->rows, u->cols, *u->exec)};
-    set_gradient(w, grads, *u);
-    batch.push_back(w);
-  }
-  cuda::adamw_update_casts(batch, learning_rate, beta1, beta2, eps, decay, step, grad_scale, adamw_casts_,
-                           stream_);
-  for (const WeightUpdate* u : casts)
-    end_weight_cast(**u->copy, params + u->offset, u->rows, u->cols, *u->exec);
+  const FusedCast fused = begin_weight_cast(*u.copy, u.rows, u.cols, *u.exec);
+  cuda::adamw_update_cast(params, m, v, grads, u.rows, u.cols, step.learning_rate, step.beta1, step.beta2,
+                          step.eps, u.weight_decay, step.step, step.grad_scale, fused, stream_);
+  end_weight_cast(**u.copy, params, u.rows, u.cols, *u.exec);
 }
 
 // prepare_weight's BF16 copy of n values, for the AdamW kernel that writes it from the updated weights.
