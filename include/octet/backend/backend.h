@@ -1,7 +1,9 @@
 // The backend interface: the small, explicit set of ops the training engine is written against. The CPU
 // backend (cpu_backend.h) is the reference; a GPU backend implements the same ops and is held to it. Buffers
-// are allocated by the backend and addressed by raw pointers into them (host memory on the CPU, device memory
-// on a GPU). Shape letters as in llm.c: N = B*T rows, C channels, OC output channels, NH heads.
+// are allocated by the backend and addressed by tensor views (or raw pointers) into them (host memory on the
+// CPU, device memory on a GPU). The ops are primitives named for what they compute, never after a model's
+// layer: a model composes them (its LM head: src/model/lm_head.h). Shape letters as in llm.c: N = B*T rows,
+// C channels, OC output channels, NH heads, V vocabulary (Vp padded).
 #pragma once
 
 #include <array>
