@@ -63,11 +63,8 @@ std::vector<OpCase> embedding_forward_cases() {
   std::vector<OpCase> cases;
   for (const bool positions : {true, false}) {
     for (const auto& [B, T, C, V] : kEmbeddingShapes) {
-      OpCase c{positions ? "embedding_forward" : "embedding_forward without positions",
-               shape_label({{"B", B}, {"T", T}, {"C", C}, {"V", V}}),
-               {},
-               {},
-               {}};
+      const std::string op = positions ? "embedding_forward" : "embedding_forward without positions";
+      OpCase c{op, shape_label({{"B", B}, {"T", T}, {"C", C}, {"V", V}}), {}, {}, {}};
       const uint64_t seed = seed_of(c.op, c.shape);
       std::vector<float> table = random_normal(V * C, seed + 1);
       table[0] = -0.0f;  // copied as it is where there are no positions (not -0 + 0 = +0)
@@ -93,11 +90,8 @@ std::vector<OpCase> embedding_backward_cases() {
   std::vector<OpCase> cases;
   for (const bool positions : {true, false}) {
     for (const auto& [B, T, C, V] : kEmbeddingShapes) {
-      OpCase c{positions ? "embedding_backward" : "embedding_backward without positions",
-               shape_label({{"B", B}, {"T", T}, {"C", C}, {"V", V}}),
-               {},
-               {},
-               {}};
+      const std::string op = positions ? "embedding_backward" : "embedding_backward without positions";
+      OpCase c{op, shape_label({{"B", B}, {"T", T}, {"C", C}, {"V", V}}), {}, {}, {}};
       const uint64_t seed = seed_of(c.op, c.shape);
       const std::vector<int32_t> tokens = random_indices(B * T, seed, V);  // few V: tokens repeat
       const std::vector<float> dwte = random_normal(V * C, seed + 1), dwpe = random_normal(T * C, seed + 2);
