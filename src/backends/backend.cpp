@@ -1,5 +1,5 @@
-// The names of the backend's op kinds, the default implementations of its optional ops, and the checks of
-// an op's arguments that every backend makes alike.
+// The names of the backend's op kinds, the size checks its backends share, the default implementations of
+// its optional ops, and the checks of an op's arguments that every backend makes alike.
 #include "octet/backend/backend.h"
 
 #include <fmt/format.h>
@@ -70,18 +70,22 @@ AttentionSizes attention_sizes(std::string_view op, const Shape& qkv, const Shap
   return s;
 }
 
-void Backend::lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp, float* dweight,
-                            const float* inp, const float* weight, const WeightCopy* copy, int64_t n,
-                            int64_t C, int64_t V, int64_t Vp, float dloss, LinearExecution& exec) {
-  const ConstTensorView w(weight, {Vp, C});
-  const ConstTensorView x(inp, {n, C});
-  linear_forward(TensorView(logits, {n, Vp}), x, w, copy, {}, exec);
-  if (logits_in_bf16(exec)) round_in_place(logits, n * Vp, Dtype::bf16);
-  softmax_cross_entropy(losses, logits, targets, n, V, Vp, dloss);
-  if (dloss != 0.0f) {
-    linear_backward(TensorView(dinp, {n, C}), TensorView(dweight, {Vp, C}), nullptr,
-                    ConstTensorView(logits, {n, Vp}), x, w, copy, exec);
-  }
+EmbeddingSizes embedding_sizes(std::string_view op, const Shape& out, std::string_view out_name,
+                               const Shape& table, const Shape& positions, bool has_positions) {
+  OCTET_CHECK(out.rank() == 3, "{}: {} is [B, T, C], given {}", op, out_name, out.to_string());
+  OCTET_CHECK(table.rank() == 2, "{}: the table is [V, C], given {}", op, table.to_string());
+  const EmbeddingSizes s{out[0], out[1], out[2], table[0]};
+  check_shape(op, "table", table, {s.V, s.C});
+  if (has_positions) check_shape(op, "positions", positions, {s.T, s.C});
+  return s;
+}
+
+LossSizes loss_sizes(std::string_view op, const Shape& logits, int64_t V) {
+  OCTET_CHECK(logits.rank() == 2, "{}: logits are [N, Vp], given {}", op, logits.to_string());
+  const LossSizes s{logits[0], logits[1]};
+  OCTET_CHECK(V >= 1 && V <= s.Vp, "{}: the vocabulary V is 1 .. Vp = {} (the logits' row), given {}", op,
+              s.Vp, V);
+  return s;
 }
 
 void Backend::check_segments(std::span<const UpdateSegment> segments, bool bf16_gradients) const {

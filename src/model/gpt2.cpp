@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "gpt2_internal.h"
+#include "lm_head.h"
 #include "octet/check.h"
 #include "octet/numerics/format.h"
 
@@ -215,7 +216,9 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
   float* p = params();
   auto P = [&](const std::string& name) { return p + parameter(name).offset; };
   Activations& a = *acts_;
-  backend_.encoder_forward(a.encoded, tokens_->ints(), P("wte"), P("wpe"), B, T, C);
+  backend_.embedding_forward(TensorView(a.encoded, {B, T, C}), tokens_->ints(),
+                             ConstTensorView(P("wte"), {config_.padded_vocab(), C}),
+                             ConstTensorView(P("wpe"), {T, C}));
   const float* residual = a.encoded;
   for (int64_t l = 0; l < config_.layers; ++l) {
     const std::string h = fmt::format("h.{}.", l);
@@ -264,8 +267,8 @@ void Gpt2::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
   }
   Linear& head = linear("lm_head");
   backend_.linear_forward(TensorView(full_logits_->floats(), {N, Vp}),
-                          ConstTensorView(acts_->lnf, {N, config_.channels}), weight_of(head),
-                          head.copy.get(), {}, head.exec);
+                          ConstTensorView(acts_->lnf, head.input_type, {N, config_.channels}),
+                          weight_of(head), head.copy.get(), {}, head.exec);
   logits_valid_ = true;
 }
 
@@ -305,22 +308,33 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
   for (int64_t r = 0; r < N; r += rows) {
     const int64_t n = std::min(rows, N - r);
     // Null (FP8 head, single chunk) when the cast is all the head reads of ln_f.
-    const float* lnf = a.lnf != nullptr ? a.lnf + r * C : nullptr;
+    const void* lnf =
+        a.lnf != nullptr ? static_cast<const char*>(a.lnf) + storage_bytes(head.input_type, r * C) : nullptr;
+    const ConstTensorView inp(lnf, head.input_type, {n, C});
+    const TensorView dinp(backward ? dacts_->ln + r * C : nullptr, {n, C});
     if (recompute) {
-      // GEMM, loss and the head's backward in one call, so that a backend may keep the logits in the GEMM's
-      // output type throughout.
-      backend_.lm_head_chunk(a.losses + r, a.logits_chunk, targets + r,
-                             backward ? dacts_->ln + r * C : nullptr, dw, lnf, w, head.copy.get(), n, C, V,
-                             Vp, backward ? dloss : 0.0f, backward ? backward_exec(head) : head.exec);
+      // GEMM, loss and the head's backward in turn (lm_head.h), the logits in the type the backend keeps them
+      // in throughout.
+      lm_head_chunk(backend_,
+                    {.losses = a.losses + r,
+                     .logits = a.logits_chunk,
+                     .targets = targets + r,
+                     .dinp = dinp,
+                     .dweight = TensorView(dw, {Vp, C}),
+                     .inp = inp,
+                     .weight = ConstTensorView(w, {Vp, C}),
+                     .copy = head.copy.get(),
+                     .V = V,
+                     .dloss = backward ? dloss : 0.0f},
+                    backward ? backward_exec(head) : head.exec);
       head.exec.other_gemms = nullptr;
       continue;
     }
-    backend_.softmax_cross_entropy(a.losses + r, a.logits_chunk, targets + r, n, V, Vp,
-                                   backward ? dloss : 0.0f);
+    const TensorView logits(a.logits_chunk, {n, Vp});
+    backend_.softmax_cross_entropy(a.losses + r, logits, targets + r, V, backward ? dloss : 0.0f);
     if (backward) {
       // The chunk now holds its logits' gradient.
-      backend_.linear_backward(TensorView(dacts_->ln + r * C, {n, C}), TensorView(dw, {Vp, C}), nullptr,
-                               ConstTensorView(a.logits_chunk, {n, Vp}), ConstTensorView(lnf, {n, C}),
+      backend_.linear_backward(dinp, TensorView(dw, {Vp, C}), nullptr, logits, inp,
                                ConstTensorView(w, {Vp, C}), head.copy.get(), backward_exec(head));
     }
     head.exec.other_gemms = nullptr;
@@ -365,8 +379,8 @@ void Gpt2::backward(float dloss_scale) {
                   "backward's loss gradient scale ({}) differs from the one the forward's LM head used ({})",
                   dloss_scale, head_dloss_);
   } else {
-    // A single chunk's float32 logits are still there; more chunks', or logits a backend kept in BF16 (see
-    // Backend::lm_head_chunk), are made again.
+    // A single chunk's float32 logits are still there; more chunks', or logits rounded to BF16 (which a
+    // backend may keep in BF16: lm_head.h), are made again.
     const bool recompute = head_chunk_rows(N) < N || logits_in_bf16(linear("lm_head").exec);
     head_and_loss(N, dloss_scale, true, recompute);
   }
@@ -445,7 +459,8 @@ void Gpt2::backward(float dloss_scale) {
                                     G(h + "ln_1.bias"), ConstTensorView(d.ln, dln1_type, {N, C}), residual,
                                     P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd);
   }
-  backend_.encoder_backward(G("wte"), G("wpe"), d.residual, tokens_->ints(), B, T, C);
+  backend_.embedding_backward(TensorView(G("wte"), {config_.padded_vocab(), C}), TensorView(G("wpe"), {T, C}),
+                              ConstTensorView(d.residual, {B, T, C}), tokens_->ints());
 }
 
 void Gpt2::set_scaling_updates(bool on) {

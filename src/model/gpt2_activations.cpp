@@ -86,7 +86,7 @@ void Gpt2::plan_activations() {
   if (recomputed_layers("mlp.c_fc") > 0) p.take(a.fch_scratch, hidden_type_, N * 4 * C);
   if (recomputed_layers("attn.c_attn") > 0) p.take(a.qkv_scratch, qkv_type_, N * 3 * C);
   if (recomputed_layers("attn.c_proj") > 0) p.take(a.residual2_scratch, N * C);
-  if (read("lm_head")) p.take(a.lnf, N * C);
+  if (read("lm_head")) p.take(a.lnf, input_type("lm_head"), N * C);
   p.take(a.lnf_mean, N);
   p.take(a.lnf_rstd, N);
   p.take(a.logits_chunk, head_chunk_rows(N) * Vp);

@@ -45,11 +45,13 @@ struct Gpt2::Activations {
   // where fp8.recompute_qkv and fp8.recompute_residual leave them out.
   void* qkv_scratch = nullptr;         // [N, 3C] in qkv_type_
   float* residual2_scratch = nullptr;  // [N, C]
-  float* lnf = nullptr;
+  void* lnf = nullptr;                 // [N, C] in the LM head's input_type
   float* lnf_mean = nullptr;
   float* lnf_rstd = nullptr;
-  float* logits_chunk = nullptr;  // [head chunk rows, Vp]: a chunk's logits, then their gradient
-  float* losses = nullptr;        // [N]
+  // [head chunk rows, Vp] floats: a chunk's logits, then their gradient, in lm_head_logits_type (a bf16
+  // chunk uses the first half)
+  float* logits_chunk = nullptr;
+  float* losses = nullptr;  // [N]
 };
 
 // Gradient buffers that every layer's backward reuses, each [N, width]. In layer l's backward:
@@ -78,10 +80,10 @@ struct Gpt2::Linear {
   LinearExecution exec;
   std::unique_ptr<WeightCopy> copy;
   // How the model stores the input that LayerNorm or GELU writes for this layer (attn.c_attn, mlp.c_fc,
-  // mlp.c_proj; Activations): Backend::storage_type where the plan runs both GEMMs that read it, the
-  // forward and the weight gradient, in BF16, which round it to bf16 anyway, so that storing it rounded
-  // changes no result; f32 otherwise, and for the LM head, whose chunked ops read float32 (attn.c_proj's
-  // input is attention's output, stored as atty_type_). It stays so when the layer moves to BF16.
+  // mlp.c_proj, lm_head; Activations): Backend::storage_type where the plan runs both GEMMs that read it,
+  // the forward and the weight gradient, in BF16, which round it to bf16 anyway, so that storing it rounded
+  // changes no result; f32 otherwise (attn.c_proj's input is attention's output, stored as atty_type_). It
+  // stays so when the layer moves to BF16.
   Dtype input_type = Dtype::f32;
   int64_t weight_count = 0;
   // Whether a backward has written the weight gradient since zero_grad (the buffer starts zeroed).

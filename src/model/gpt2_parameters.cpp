@@ -99,7 +99,8 @@ void Gpt2::build_parameters() {
                                  e.recipe != nullptr &&
                                  e.recipe->granularity(TensorRole::weight) == ScaleGranularity::per_tensor;
     const bool fed_by_norm_or_gelu = ends_with(plan.name, "attn.c_attn") ||
-                                     ends_with(plan.name, "mlp.c_fc") || ends_with(plan.name, "mlp.c_proj");
+                                     ends_with(plan.name, "mlp.c_fc") || ends_with(plan.name, "mlp.c_proj") ||
+                                     plan.name == "lm_head";
     if (fed_by_norm_or_gelu && e.forward == GemmMode::bf16 && e.weight_gradient == GemmMode::bf16) {
       linear->input_type = backend_.storage_type({StorageRole::rounded_activation});
     }

@@ -51,57 +51,77 @@ const std::vector<int64_t> kCounts = {1, 7, 91, 3221, 65537, (1 << 20) + 3};
 
 // --- embeddings ---
 
-struct EncoderShape {
+struct EmbeddingShape {
   int64_t B, T, C, V;
 };
 // The last has few tokens for many positions, so that the backward's sums over repeated tokens are long.
-const std::vector<EncoderShape> kEncoderShapes = {
+const std::vector<EmbeddingShape> kEmbeddingShapes = {
     {1, 1, 1, 1}, {1, 1, 8, 3}, {2, 37, 24, 11}, {3, 64, 48, 97}, {2, 257, 96, 5}};
 
-std::vector<OpCase> encoder_forward_cases() {
+// With learned positions (GPT-2's wpe) and without (a view without data: a model with rotary positions).
+std::vector<OpCase> embedding_forward_cases() {
   std::vector<OpCase> cases;
-  for (const auto& [B, T, C, V] : kEncoderShapes) {
-    OpCase c{"encoder_forward", shape_label({{"B", B}, {"T", T}, {"C", C}, {"V", V}}), {}, {}, {}};
-    const uint64_t seed = seed_of(c.op, c.shape);
-    c.operands = {output("out", B * T * C), input_ints("tokens", random_indices(B * T, seed, V)),
-                  input("wte", random_normal(V * C, seed + 1)), input("wpe", random_normal(T * C, seed + 2))};
-    c.run = [=](Backend& b, const std::vector<void*>& p) {
-      b.encoder_forward(floats_at(p, 0), ints_at(p, 1), floats_at(p, 2), floats_at(p, 3), B, T, C);
-      return none();
-    };
-    c.checks = {exact("out", "one float32 addition per element: the same bits on any IEEE machine")};
-    cases.push_back(std::move(c));
+  for (const bool positions : {true, false}) {
+    for (const auto& [B, T, C, V] : kEmbeddingShapes) {
+      const std::string op = positions ? "embedding_forward" : "embedding_forward without positions";
+      OpCase c{op, shape_label({{"B", B}, {"T", T}, {"C", C}, {"V", V}}), {}, {}, {}};
+      const uint64_t seed = seed_of(c.op, c.shape);
+      std::vector<float> table = random_normal(V * C, seed + 1);
+      table[0] = -0.0f;  // copied as it is where there are no positions (not -0 + 0 = +0)
+      c.operands = {output("out", B * T * C), input_ints("tokens", random_indices(B * T, seed, V)),
+                    input("table", table), input("positions", random_normal(T * C, seed + 2))};
+      c.run = [=](Backend& b, const std::vector<void*>& p) {
+        const ConstTensorView position_table(positions ? floats_at(p, 3) : nullptr, octet::Dtype::f32,
+                                             {T, C});
+        b.embedding_forward(TensorView(floats_at(p, 0), {B, T, C}), ints_at(p, 1),
+                            ConstTensorView(floats_at(p, 2), {V, C}), position_table);
+        return none();
+      };
+      c.checks = {exact("out", positions
+                                   ? "one float32 addition per element: the same bits on any IEEE machine"
+                                   : "the table's rows, copied")};
+      cases.push_back(std::move(c));
+    }
   }
   return cases;
 }
 
-std::vector<OpCase> encoder_backward_cases() {
+std::vector<OpCase> embedding_backward_cases() {
   std::vector<OpCase> cases;
-  for (const auto& [B, T, C, V] : kEncoderShapes) {
-    OpCase c{"encoder_backward", shape_label({{"B", B}, {"T", T}, {"C", C}, {"V", V}}), {}, {}, {}};
-    const uint64_t seed = seed_of(c.op, c.shape);
-    const std::vector<int32_t> tokens = random_indices(B * T, seed, V);  // few V: tokens repeat
-    const std::vector<float> dwte = random_normal(V * C, seed + 1), dwpe = random_normal(T * C, seed + 2);
-    const std::vector<float> dout = random_normal(B * T * C, seed + 3);
-    // What flows into each accumulated element: its old value and every dout row added to it.
-    std::vector<float> wte_terms(dwte.size()), wpe_terms(dwpe.size());
-    for (size_t i = 0; i < dwte.size(); ++i) wte_terms[i] = std::fabs(dwte[i]);
-    for (size_t i = 0; i < dwpe.size(); ++i) wpe_terms[i] = std::fabs(dwpe[i]);
-    for (int64_t n = 0; n < B * T; ++n) {
-      for (int64_t i = 0; i < C; ++i) {
-        wte_terms[tokens[n] * C + i] += std::fabs(dout[n * C + i]);
-        wpe_terms[(n % T) * C + i] += std::fabs(dout[n * C + i]);
+  for (const bool positions : {true, false}) {
+    for (const auto& [B, T, C, V] : kEmbeddingShapes) {
+      const std::string op = positions ? "embedding_backward" : "embedding_backward without positions";
+      OpCase c{op, shape_label({{"B", B}, {"T", T}, {"C", C}, {"V", V}}), {}, {}, {}};
+      const uint64_t seed = seed_of(c.op, c.shape);
+      const std::vector<int32_t> tokens = random_indices(B * T, seed, V);  // few V: tokens repeat
+      const std::vector<float> dwte = random_normal(V * C, seed + 1), dwpe = random_normal(T * C, seed + 2);
+      const std::vector<float> dout = random_normal(B * T * C, seed + 3);
+      // What flows into each accumulated element: its old value and every dout row added to it.
+      std::vector<float> wte_terms(dwte.size()), wpe_terms(dwpe.size());
+      for (size_t i = 0; i < dwte.size(); ++i) wte_terms[i] = std::fabs(dwte[i]);
+      for (size_t i = 0; i < dwpe.size(); ++i) wpe_terms[i] = std::fabs(dwpe[i]);
+      for (int64_t n = 0; n < B * T; ++n) {
+        for (int64_t i = 0; i < C; ++i) {
+          wte_terms[tokens[n] * C + i] += std::fabs(dout[n * C + i]);
+          wpe_terms[(n % T) * C + i] += std::fabs(dout[n * C + i]);
+        }
       }
+      c.operands = {in_out("dtable", dwte), in_out("dpositions", dwpe), input("dout", dout),
+                    input_ints("tokens", tokens)};
+      c.run = [=](Backend& b, const std::vector<void*>& p) {
+        const TensorView dpositions(positions ? floats_at(p, 1) : nullptr, octet::Dtype::f32, {T, C});
+        b.embedding_backward(TensorView(floats_at(p, 0), {V, C}), dpositions,
+                             ConstTensorView(floats_at(p, 2), {B, T, C}), ints_at(p, 3));
+        return none();
+      };
+      c.checks = {close("dtable", B * T + 1, wte_terms, "a float32 sum of at most B*T+1 terms in any order")};
+      if (positions) {
+        c.checks.push_back(close("dpositions", B + 1, wpe_terms, "a float32 sum of B+1 terms in any order"));
+      } else {
+        c.checks.push_back(exact("dpositions", "no positions: left as they were"));
+      }
+      cases.push_back(std::move(c));
     }
-    c.operands = {in_out("dwte", dwte), in_out("dwpe", dwpe), input("dout", dout),
-                  input_ints("tokens", tokens)};
-    c.run = [=](Backend& b, const std::vector<void*>& p) {
-      b.encoder_backward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), ints_at(p, 3), B, T, C);
-      return none();
-    };
-    c.checks = {close("dwte", B * T + 1, wte_terms, "a float32 sum of at most B*T+1 terms in any order"),
-                close("dwpe", B + 1, wpe_terms, "a float32 sum of B+1 terms in any order")};
-    cases.push_back(std::move(c));
   }
   return cases;
 }
@@ -279,13 +299,13 @@ OpCase gelu_backward_case(const std::vector<float>& x, const std::vector<float>&
   return c;
 }
 
-OpCase residual_case(const std::vector<float>& a, const std::vector<float>& b_values,
-                     const std::string& label) {
-  OpCase c{"residual_forward", label, {}, {}, {}};
+OpCase add_case(const std::vector<float>& a, const std::vector<float>& b_values, const std::string& label) {
+  OpCase c{"add", label, {}, {}, {}};
   const auto n = static_cast<int64_t>(a.size());
   c.operands = {output("out", a.size()), input("a", a), input("b", b_values)};
   c.run = [=](Backend& b, const std::vector<void*>& p) {
-    b.residual_forward(floats_at(p, 0), floats_at(p, 1), floats_at(p, 2), n);
+    b.add(TensorView(floats_at(p, 0), {n}), ConstTensorView(floats_at(p, 1), {n}),
+          ConstTensorView(floats_at(p, 2), {n}));
     return none();
   };
   c.checks = {exact("out", "one float32 addition per element")};
@@ -300,11 +320,12 @@ std::vector<OpCase> elementwise_cases() {
     const std::vector<float> x = random_normal(n, seed, 3.0f), y = random_normal(n, seed + 1);
     cases.push_back(gelu_forward_case(x, label));
     cases.push_back(gelu_backward_case(x, y, label));
-    cases.push_back(residual_case(x, y, label));
+    cases.push_back(add_case(x, y, label));
 
-    OpCase acc{"accumulate", label, {in_out("a", x), input("b", y)}, {}, {}};
+    OpCase acc{"add into a", label, {in_out("a", x), input("b", y)}, {}, {}};
     acc.run = [=](Backend& b, const std::vector<void*>& p) {
-      b.accumulate(floats_at(p, 0), floats_at(p, 1), n);
+      b.add(TensorView(floats_at(p, 0), {n}), ConstTensorView(floats_at(p, 0), {n}),
+            ConstTensorView(floats_at(p, 1), {n}));
       return none();
     };
     acc.checks = {exact("a", "one float32 addition per element")};
@@ -382,7 +403,7 @@ OpCase softmax_cross_entropy_case(int64_t N, int64_t V, int64_t Vp, float dloss,
   }
   c.operands = {output("losses", N), in_out("logits", logits), input_ints("targets", targets)};
   c.run = [=](Backend& b, const std::vector<void*>& p) {
-    b.softmax_cross_entropy(floats_at(p, 0), floats_at(p, 1), ints_at(p, 2), N, V, Vp, dloss);
+    b.softmax_cross_entropy(floats_at(p, 0), TensorView(floats_at(p, 1), {N, Vp}), ints_at(p, 2), V, dloss);
     return none();
   };
   c.checks = {close("losses", V + 4, loss_terms, "a sum of V exponentials: absolute (V+4) 2^-24 on the log")};
@@ -508,7 +529,7 @@ std::vector<OpCase> non_finite_cases() {
   y[2] = kNaN, y[3] = -kInf, y[5] = kInf, y[8] = kNaN;
   cases.push_back(gelu_forward_case(x, label));
   cases.push_back(gelu_backward_case(x, y, label));
-  cases.push_back(residual_case(x, y, label));  // includes Inf + -Inf
+  cases.push_back(add_case(x, y, label));  // includes Inf + -Inf
 
   // LayerNorm with a NaN in row 2 of 5: that row all NaN (mean and rstd too), the others untouched.
   std::vector<float> rows = random_normal(5 * 7, seed_of("non-finite layernorm", label));
@@ -528,14 +549,14 @@ std::vector<OpCase> non_finite_cases() {
   return cases;
 }
 
-TEST(BackendOps, EncoderForward) {
+TEST(BackendOps, EmbeddingForward) {
   SKIP_WITHOUT_TESTED_BACKEND();
-  run_all(encoder_forward_cases());
+  run_all(embedding_forward_cases());
 }
 
-TEST(BackendOps, EncoderBackward) {
+TEST(BackendOps, EmbeddingBackward) {
   SKIP_WITHOUT_TESTED_BACKEND();
-  run_all(encoder_backward_cases());
+  run_all(embedding_backward_cases());
 }
 
 TEST(BackendOps, LayerNormForward) {
@@ -548,7 +569,7 @@ TEST(BackendOps, LayerNormBackward) {
   run_all(layernorm_backward_cases());
 }
 
-TEST(BackendOps, ElementwiseGeluResidualAccumulateScaleFillZero) {
+TEST(BackendOps, ElementwiseGeluAddScaleFillZero) {
   SKIP_WITHOUT_TESTED_BACKEND();
   run_all(elementwise_cases());
 }

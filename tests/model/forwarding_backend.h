@@ -26,13 +26,13 @@ class ForwardingBackend : public Backend {
     inner_.copy_from_host(destination, host, bytes);
   }
   void fill_zero(float* x, int64_t n) override { inner_.fill_zero(x, n); }
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
-                       int64_t T, int64_t C) override {
-    inner_.encoder_forward(out, tokens, wte, wpe, B, T, C);
+  void embedding_forward(const TensorView& out, const int32_t* tokens, const ConstTensorView& table,
+                         const ConstTensorView& positions) override {
+    inner_.embedding_forward(out, tokens, table, positions);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                        int64_t T, int64_t C) override {
-    inner_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+  void embedding_backward(const TensorView& dtable, const TensorView& dpositions, const ConstTensorView& dout,
+                          const int32_t* tokens) override {
+    inner_.embedding_backward(dtable, dpositions, dout, tokens);
   }
   void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                              const ConstTensorView& inp, const float* weight, const float* bias,
@@ -77,14 +77,13 @@ class ForwardingBackend : public Backend {
                            const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override {
     inner_.activation_backward(kind, dinp, inp, dout, dbias, cast_for);
   }
-  void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
-    inner_.residual_forward(out, a, b, n);
+  void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) override {
+    inner_.add(out, a, b);
   }
-  void accumulate(float* a, const float* b, int64_t n) override { inner_.accumulate(a, b, n); }
   void round_in_place(float* x, int64_t n, Dtype dtype) override { inner_.round_in_place(x, n, dtype); }
-  void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
-                             int64_t Vp, float dloss) override {
-    inner_.softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss);
+  void softmax_cross_entropy(float* losses, const TensorView& logits, const int32_t* targets, int64_t V,
+                             float dloss) override {
+    inner_.softmax_cross_entropy(losses, logits, targets, V, dloss);
   }
   double sum_of_squares(const ConstTensorView& x) override { return inner_.sum_of_squares(x); }
   bool all_finite(const float* x, int64_t n) override { return inner_.all_finite(x, n); }

@@ -456,16 +456,19 @@ TEST_P(HiddenInBf16, StoredAsBf16TrainsBitForBitAsRoundedFloat32) {
   // GELU's) are bf16 too: each written and read by the forward, read again by the weight gradient; and so
   // is GELU's input gradient, mlp.c_fc's output gradient: written by GELU's backward, read by mlp.c_fc's.
   // In both modes the input gradients of attn.c_attn and mlp.c_fc (BF16 or FP8 input-gradient GEMMs) are
-  // bf16: written by those GEMMs, read by ln_1's and ln_2's backward.
+  // bf16: written by those GEMMs, read by ln_1's and ln_2's backward. And in both the LM head is BF16, so its
+  // input (ln_f's output) is bf16: written by every forward, read by the head's forward and weight-gradient
+  // GEMMs in a training step, by its forward alone in the evaluation.
   const int64_t steps = 4, blocks = 2;
+  const int64_t head_stored = steps + 1, head_read = 2 * steps + 1;
   const int64_t recomputes = c.recompute && c.recipe != RecipeKind::block ? 2 * 2 + 2 * 1 : 0;
   const int64_t inputs = c.mode == MixedPrecision::bf16 ? 3 : 0;
   const int64_t gradients = (c.mode == MixedPrecision::bf16 ? 1 : 0) + 2;
-  EXPECT_EQ(bf16_backend.stored(),
-            steps * blocks * (2 + inputs + gradients) + moved_steps + recomputes + blocks * (1 + inputs))
+  EXPECT_EQ(bf16_backend.stored(), steps * blocks * (2 + inputs + gradients) + moved_steps + recomputes +
+                                       blocks * (1 + inputs) + head_stored)
       << c.name;
   EXPECT_EQ(bf16_backend.read(),
-            steps * blocks * (3 + 2 * inputs + gradients) + moved_steps + blocks * (1 + inputs))
+            steps * blocks * (3 + 2 * inputs + gradients) + moved_steps + blocks * (1 + inputs) + head_read)
       << c.name;
 }
 

@@ -317,8 +317,8 @@ TEST(Gpt2, TheLmHeadRunsInChunks) {
   backend->copy_from_host(logits->floats(), host_copy(*backend, fused->logits(), N * Vp).data(),
                           logits->bytes());
   backend->copy_from_host(device_targets->ints(), targets.data(), device_targets->bytes());
-  backend->softmax_cross_entropy(expected_losses->floats(), logits->floats(), device_targets->ints(), N,
-                                 c.vocab_size, Vp, 0.0f);
+  backend->softmax_cross_entropy(expected_losses->floats(), TensorView(logits->floats(), {N, Vp}),
+                                 device_targets->ints(), c.vocab_size, 0.0f);
   fused->counters() = {};
   const float loss = fused->forward(tokens.data(), targets.data(), B, T, dloss);
   // Equal up to the last bits of the logits: OpenBLAS blocks a product by its row count, so on some CPUs a

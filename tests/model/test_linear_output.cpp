@@ -3,7 +3,8 @@
 // GEMMs), and the input gradient is the GEMM's float32 result; neither is rounded afterwards. The operands
 // are exact in every format involved (BF16, FP16, E4M3, E5M2) and their sums exact in float32 but not in
 // BF16 or FP16, so each output must be one known value, and a rounding of the output or an unrounded bias
-// would show. A head whose GEMMs are all BF16 rounds its logits to BF16 in lm_head_chunk, and only there.
+// would show. A head whose GEMMs are all BF16 rounds its logits to BF16 in the model's lm_head_chunk
+// (src/model/lm_head.h), and only there.
 #include <cmath>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "compare.h"
+#include "lm_head.h"
 #include "octet/backend/cpu_backend.h"
 #include "octet/check.h"
 #include "octet/numerics/format.h"
@@ -149,8 +151,19 @@ TEST(LmHeadChunk, Bf16HeadRoundsItsLogitsToBf16) {
   std::vector<float> losses(n, NAN), logits(static_cast<size_t>(n * Vp), NAN),
       dinp(static_cast<size_t>(n * C));
   std::vector<float> dweight(static_cast<size_t>(Vp * C), 0.0f);
-  backend->lm_head_chunk(losses.data(), logits.data(), targets.data(), dinp.data(), dweight.data(),
-                         inp.data(), weight.data(), copy.get(), n, C, V, Vp, dloss, exec);
+  EXPECT_EQ(lm_head_logits_type(*backend, exec), Dtype::f32) << "the CPU keeps its logits in float32";
+  lm_head_chunk(*backend,
+                {.losses = losses.data(),
+                 .logits = logits.data(),
+                 .targets = targets.data(),
+                 .dinp = TensorView(dinp.data(), {n, C}),
+                 .dweight = TensorView(dweight.data(), {Vp, C}),
+                 .inp = ConstTensorView(inp.data(), {n, C}),
+                 .weight = ConstTensorView(weight.data(), {Vp, C}),
+                 .copy = copy.get(),
+                 .V = V,
+                 .dloss = dloss},
+                exec);
 
   // The same ops by hand, from the float32 logits with and without the rounding.
   struct Outputs {
@@ -164,7 +177,7 @@ TEST(LmHeadChunk, Bf16HeadRoundsItsLogitsToBf16) {
                             ConstTensorView(weight.data(), {Vp, C}), copy.get(), {}, exec);
     EXPECT_NE(z[0], round_to(Dtype::bf16, z[0])) << "a logit exact in BF16 shows no rounding";
     if (round) backend->round_in_place(z.data(), n * Vp, Dtype::bf16);
-    backend->softmax_cross_entropy(o.losses.data(), z.data(), targets.data(), n, V, Vp, dloss);
+    backend->softmax_cross_entropy(o.losses.data(), TensorView(z.data(), {n, Vp}), targets.data(), V, dloss);
     backend->linear_backward(TensorView(o.dinp.data(), {n, C}), TensorView(o.dweight.data(), {Vp, C}),
                              nullptr, ConstTensorView(z.data(), {n, Vp}), ConstTensorView(inp.data(), {n, C}),
                              ConstTensorView(weight.data(), {Vp, C}), copy.get(), exec);

@@ -1,7 +1,9 @@
 // The backend interface: the small, explicit set of ops the training engine is written against. The CPU
 // backend (cpu_backend.h) is the reference; a GPU backend implements the same ops and is held to it. Buffers
-// are allocated by the backend and addressed by raw pointers into them (host memory on the CPU, device memory
-// on a GPU). Shape letters as in llm.c: N = B*T rows, C channels, OC output channels, NH heads.
+// are allocated by the backend and addressed by tensor views (or raw pointers) into them (host memory on the
+// CPU, device memory on a GPU). The ops are primitives named for what they compute, never after a model's
+// layer: a model composes them (its LM head: src/model/lm_head.h). Shape letters as in llm.c: N = B*T rows,
+// C channels, OC output channels, NH heads, V vocabulary (Vp padded).
 #pragma once
 
 #include <array>
@@ -84,6 +86,23 @@ struct AttentionSizes {
 };
 AttentionSizes attention_sizes(std::string_view op, const Shape& qkv, const Shape& out);
 
+// The same for an embedding: out (or its gradient) [B, T, C], the table [V, C], and the positions [T, C]
+// where has_positions.
+struct EmbeddingSizes {
+  int64_t B = 0;
+  int64_t T = 0;
+  int64_t C = 0;
+  int64_t V = 0;
+};
+EmbeddingSizes embedding_sizes(std::string_view op, const Shape& out, std::string_view out_name,
+                               const Shape& table, const Shape& positions, bool has_positions);
+// The same for the loss's logits [N, Vp], of which the first V (1 .. Vp) are the vocabulary's.
+struct LossSizes {
+  int64_t N = 0;
+  int64_t Vp = 0;
+};
+LossSizes loss_sizes(std::string_view op, const Shape& logits, int64_t V);
+
 // The tensors whose storage type a backend chooses (Backend::storage_type).
 enum class StorageRole : uint8_t {
   // A tensor the model rounds to bf16 anyway (the MLP's hidden activation and the gradient that reaches it).
@@ -102,12 +121,19 @@ enum class StorageRole : uint8_t {
   // bytes in the GEMM, the gradient norm and AdamW. It must stay bf16 if the layer moves to BF16
   // (move_layer_to_bf16).
   weight_gradient,
+  // A language model's logits [N, Vp] from its head's forward GEMM (`layer`: the head), which the loss
+  // overwrites with their gradient for the head's backward GEMMs (the model's lm_head.h). Only where
+  // logits_in_bf16(*layer), whose logits the model rounds to bf16 anyway (round_in_place on an f32
+  // answer): bf16 where the backend's linear_forward writes them in bf16 from its GEMM, its
+  // softmax_cross_entropy reads and writes them in bf16, and its linear_backward's BF16 GEMMs read the bf16
+  // gradient as it is, which halves the loss's traffic and saves the rounding and conversion passes.
+  logits,
 };
 struct StorageQuery {
   StorageRole role = StorageRole::rounded_activation;
   int64_t channels = 0;                    // attention: C
   int64_t heads = 0;                       // attention: NH
-  const LinearExecution* layer = nullptr;  // weight_gradient: the layer
+  const LinearExecution* layer = nullptr;  // weight_gradient, logits: the layer
 };
 
 // Work a backend may do inside a neighbouring op's pass instead of in a pass of its own. A caller that
@@ -135,7 +161,8 @@ struct FusionSupport {
   std::string fallback;  // empty where fused
 };
 
-// Whether lm_head_chunk keeps the logits in BF16: when the head's three GEMMs are BF16.
+// Whether a language model's head rounds its logits to BF16 before the loss (StorageRole::logits): when the
+// head's three GEMMs are BF16, whose backward GEMMs would round their gradient to BF16 anyway.
 inline bool logits_in_bf16(const LinearExecution& exec) {
   return exec.forward == GemmMode::bf16 && exec.input_gradient == GemmMode::bf16 &&
          exec.weight_gradient == GemmMode::bf16;
@@ -184,12 +211,16 @@ class Backend {
     for (const Range& r : ranges) fill_zero(x + r.offset, r.count);
   }
 
-  // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                               int64_t B, int64_t T, int64_t C) = 0;
-  // Accumulates into dwte and dwpe.
-  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                                int64_t T, int64_t C) = 0;
+  // Token embedding: out [B, T, C] row (b, t) = table [V, C] row tokens[b, t] (tokens [B, T] on the
+  // backend), plus positions [T, C] row t where positions has data (learned absolute positions, as GPT-2's
+  // wpe; a view without data: none, as in a model with rotary positions, whose out rows are then the table's
+  // rows exactly).
+  virtual void embedding_forward(const TensorView& out, const int32_t* tokens, const ConstTensorView& table,
+                                 const ConstTensorView& positions) = 0;
+  // Accumulates dout [B, T, C] into dtable [V, C] (row tokens[b, t]) and into dpositions [T, C] (row t) where
+  // dpositions has data; each element's sum in (b, t) order.
+  virtual void embedding_backward(const TensorView& dtable, const TensorView& dpositions,
+                                  const ConstTensorView& dout, const int32_t* tokens) = 0;
 
   // Normalization of each row of inp [N, C] (float32). LayerNorm: out = (x - mean) * rstd * weight + bias,
   // saving mean and rstd [N]. out [N, C] is float32, or bf16 where the backend stores so (storage_type): the
@@ -275,28 +306,19 @@ class Backend {
   // linear_backward gets a dout without data. dbias is only taken with cast_for.
   virtual void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
                                    const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) = 0;
-  virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;
-  // a += b
-  virtual void accumulate(float* a, const float* b, int64_t n) = 0;
+  // out = a + b, element by element, over float32 tensors of the same shape; out may be a (a += b) but must
+  // not overlap b otherwise.
+  virtual void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) = 0;
   // x [n] rounded in place to `dtype`, Dtype::bf16 or Dtype::f16 (to nearest, ties to even), kept as float32.
   virtual void round_in_place(float* x, int64_t n, Dtype dtype) = 0;
 
-  // Softmax cross-entropy over the first V of Vp logits per row: losses [N] = -log p[target]. When
-  // dloss != 0, logits are overwritten with d(dloss * sum(losses))/dlogits (zero in the padded columns).
-  virtual void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N,
-                                     int64_t V, int64_t Vp, float dloss) = 0;
-
-  // One chunk of the LM head in training: logits [n, Vp] = inp [n, C] x weight [Vp, C]^T (the head's forward
-  // GEMM, no bias), losses [n] from softmax_cross_entropy, and, when dloss != 0, the head's backward from
-  // the logits' gradient: dinp [n, C] overwritten, dweight accumulated, as linear_backward. `logits` is
-  // scratch of [n, Vp] floats. A head whose three GEMMs are BF16 (logits_in_bf16) rounds its logits to BF16
-  // before the loss, unlike linear_forward, so that a backend may keep the logits and their gradient in BF16
-  // throughout (its GEMM writes BF16 logits, and its backward GEMMs read the gradient in BF16, which
-  // linear_backward would round it to anyway) and still compute the same values. The default runs those
-  // ops: linear_forward, round_in_place where the logits are BF16, softmax_cross_entropy, linear_backward.
-  virtual void lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp,
-                             float* dweight, const float* inp, const float* weight, const WeightCopy* copy,
-                             int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss, LinearExecution& exec);
+  // Softmax cross-entropy over the first V of the Vp logits in each row of logits [N, Vp]: losses [N] =
+  // -log p[target], targets [N] in 0 .. V - 1. When dloss != 0, the logits are overwritten with
+  // d(dloss * sum(losses))/dlogits (zero in the padded columns). The logits are float32, or bf16 where
+  // storage_type says so (StorageRole::logits): read as their float32 values, the gradient written rounded to
+  // bf16 once.
+  virtual void softmax_cross_entropy(float* losses, const TensorView& logits, const int32_t* targets,
+                                     int64_t V, float dloss) = 0;
 
   // Optimizer and gradient utilities.
   // The float64 sum of x's squares, x float32 or bf16 (storage_type's weight_gradient; summed as its float32

@@ -41,29 +41,32 @@ void CpuBackend::fill_zero(float* x, int64_t n) {
   std::memset(x, 0, static_cast<size_t>(n) * sizeof(float));
 }
 
-void CpuBackend::encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                                 int64_t B, int64_t T, int64_t C) {
+void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* table,
+                                   const float* positions, int64_t B, int64_t T, int64_t C) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       float* o = out + (b * T + t) * C;
-      const float* e = wte + static_cast<int64_t>(tokens[b * T + t]) * C;
-      const float* p = wpe + t * C;
+      const float* e = table + static_cast<int64_t>(tokens[b * T + t]) * C;
+      if (positions == nullptr) {
+        for (int64_t i = 0; i < C; ++i) o[i] = e[i];
+        continue;
+      }
+      const float* p = positions + t * C;
       for (int64_t i = 0; i < C; ++i) o[i] = e[i] + p[i];
     }
   }
 }
 
-void CpuBackend::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                                  int64_t B, int64_t T, int64_t C) {
+void CpuBackend::embedding_backward(float* dtable, float* dpositions, const float* dout,
+                                    const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const float* d = dout + (b * T + t) * C;
-      float* e = dwte + static_cast<int64_t>(tokens[b * T + t]) * C;
-      float* p = dwpe + t * C;
-      for (int64_t i = 0; i < C; ++i) {
-        e[i] += d[i];
-        p[i] += d[i];
-      }
+      float* e = dtable + static_cast<int64_t>(tokens[b * T + t]) * C;
+      for (int64_t i = 0; i < C; ++i) e[i] += d[i];
+      if (dpositions == nullptr) continue;
+      float* p = dpositions + t * C;
+      for (int64_t i = 0; i < C; ++i) p[i] += d[i];
     }
   }
 }
@@ -134,12 +137,8 @@ void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout,
   }
 }
 
-void CpuBackend::residual_forward(float* out, const float* a, const float* b, int64_t n) {
+void CpuBackend::add(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
-
-void CpuBackend::accumulate(float* a, const float* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
 void CpuBackend::softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N,

@@ -33,10 +33,10 @@ class CpuBackend final : public Backend {
   void copy_from_host(void* destination, const void* host, size_t bytes) override;
   void fill_zero(float* x, int64_t n) override;
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
-                       int64_t T, int64_t C) override;
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                        int64_t T, int64_t C) override;
+  void embedding_forward(const TensorView& out, const int32_t* tokens, const ConstTensorView& table,
+                         const ConstTensorView& positions) override;
+  void embedding_backward(const TensorView& dtable, const TensorView& dpositions, const ConstTensorView& dout,
+                          const int32_t* tokens) override;
   void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                              const ConstTensorView& inp, const float* weight, const float* bias,
                              LinearExecution* cast_for) override;
@@ -63,11 +63,10 @@ class CpuBackend final : public Backend {
                           LinearExecution* cast_for) override;
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
                            const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override;
-  void residual_forward(float* out, const float* a, const float* b, int64_t n) override;
-  void accumulate(float* a, const float* b, int64_t n) override;
+  void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) override;
   void round_in_place(float* x, int64_t n, Dtype dtype) override;
-  void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
-                             int64_t Vp, float dloss) override;
+  void softmax_cross_entropy(float* losses, const TensorView& logits, const int32_t* targets, int64_t V,
+                             float dloss) override;
 
   double sum_of_squares(const ConstTensorView& x) override;
   bool all_finite(const float* x, int64_t n) override;
@@ -81,6 +80,13 @@ class CpuBackend final : public Backend {
                            const AdamWStep& step, float weight_decay);
   // The ops on float32 tensors, as the entries above take them apart (cpu_backend.cpp, cpu_linear.cpp,
   // cpu_attention.cpp).
+  void embedding_forward(float* out, const int32_t* tokens, const float* table, const float* positions,
+                         int64_t B, int64_t T, int64_t C);
+  void embedding_backward(float* dtable, float* dpositions, const float* dout, const int32_t* tokens,
+                          int64_t B, int64_t T, int64_t C);
+  void add(float* out, const float* a, const float* b, int64_t n);
+  void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                             int64_t Vp, float dloss);
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                          const float* bias, int64_t N, int64_t C);
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

@@ -12,6 +12,45 @@ constexpr std::initializer_list<Dtype> kF32 = {Dtype::f32};
 
 }  // namespace
 
+void CpuBackend::embedding_forward(const TensorView& out, const int32_t* tokens, const ConstTensorView& table,
+                                   const ConstTensorView& positions) {
+  check_dtype("embedding_forward", "out", out.dtype, kF32);
+  check_dtype("embedding_forward", "table", table.dtype, kF32);
+  if (positions.has_data()) check_dtype("embedding_forward", "positions", positions.dtype, kF32);
+  const auto [B, T, C, V] = embedding_sizes("embedding_forward", out.shape, "out", table.shape,
+                                            positions.shape, positions.has_data());
+  embedding_forward(out.f32(), tokens, table.f32(), positions.has_data() ? positions.f32() : nullptr, B, T,
+                    C);
+}
+
+void CpuBackend::embedding_backward(const TensorView& dtable, const TensorView& dpositions,
+                                    const ConstTensorView& dout, const int32_t* tokens) {
+  check_dtype("embedding_backward", "dout", dout.dtype, kF32);
+  check_dtype("embedding_backward", "dtable", dtable.dtype, kF32);
+  if (dpositions.has_data()) check_dtype("embedding_backward", "dpositions", dpositions.dtype, kF32);
+  const auto [B, T, C, V] = embedding_sizes("embedding_backward", dout.shape, "dout", dtable.shape,
+                                            dpositions.shape, dpositions.has_data());
+  embedding_backward(dtable.f32(), dpositions.has_data() ? dpositions.f32() : nullptr, dout.f32(), tokens, B,
+                     T, C);
+}
+
+void CpuBackend::add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) {
+  for (const auto& [what, dtype] :
+       {std::pair{"out", out.dtype}, std::pair{"a", a.dtype}, std::pair{"b", b.dtype}}) {
+    check_dtype("add", what, dtype, kF32);
+  }
+  check_shape("add", "b", b.shape, a.shape);
+  check_shape("add", "out", out.shape, a.shape);
+  add(out.f32(), a.f32(), b.f32(), a.numel());
+}
+
+void CpuBackend::softmax_cross_entropy(float* losses, const TensorView& logits, const int32_t* targets,
+                                       int64_t V, float dloss) {
+  check_dtype("softmax_cross_entropy", "logits", logits.dtype, kF32);
+  const auto [N, Vp] = loss_sizes("softmax_cross_entropy", logits.shape, V);
+  softmax_cross_entropy(losses, logits.f32(), targets, N, V, Vp, dloss);
+}
+
 void CpuBackend::normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                                        const ConstTensorView& inp, const float* weight, const float* bias,
                                        LinearExecution* cast_for) {
@@ -73,7 +112,7 @@ void CpuBackend::linear_forward(const TensorView& out, const ConstTensorView& in
   check_dtype("linear_forward", "out", out.dtype, kF32);
   const auto [N, C, OC] = linear_sizes("linear_forward", inp.shape, weight.shape, out.shape, "out");
   linear_forward(out.f32(), inp.f32(), weight.f32(), copy, epilogue.bias, N, C, OC, exec);
-  if (epilogue.residual != nullptr) residual_forward(out.f32(), epilogue.residual, out.f32(), N * OC);
+  if (epilogue.residual != nullptr) add(out.f32(), epilogue.residual, out.f32(), N * OC);
 }
 
 void CpuBackend::linear_recompute(const TensorView& out, const ConstTensorView& weight,
@@ -82,7 +121,7 @@ void CpuBackend::linear_recompute(const TensorView& out, const ConstTensorView& 
   const int64_t N = out.rows(), C = weight.cols(), OC = weight.rows();
   check_matrix("linear_recompute", "out", out.shape, N, OC);
   linear_recompute(out.f32(), copy, epilogue.bias, N, C, OC, exec);
-  if (epilogue.residual != nullptr) residual_forward(out.f32(), epilogue.residual, out.f32(), N * OC);
+  if (epilogue.residual != nullptr) add(out.f32(), epilogue.residual, out.f32(), N * OC);
 }
 
 void CpuBackend::linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,

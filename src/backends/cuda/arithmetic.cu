@@ -1,5 +1,5 @@
-// Element-wise float32 arithmetic (arithmetic.h): the residual sum, accumulation, scaling and zeroing, each
-// value rounded once, as the CPU reference rounds it.
+// Element-wise float32 arithmetic (arithmetic.h): the sum (residual adds, accumulation), scaling and zeroing,
+// each value rounded once, as the CPU reference rounds it.
 #include "arithmetic.h"
 
 #include "octet/cuda/device.h"
@@ -24,18 +24,11 @@ struct Multiply {
 
 }  // namespace
 
-void residual_forward(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
-  check_size(n, "residual_forward");
+void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
+  check_size(n, "add");
   if (n == 0) return;
   for_each(Map2<Add>{out, a, b, Add{}}, n, aligned16(out) && aligned16(a) && aligned16(b), stream);
-  OCTET_CUDA_CHECK_LAUNCH("residual_forward");
-}
-
-void accumulate(float* a, const float* b, int64_t n, cudaStream_t stream) {
-  check_size(n, "accumulate");
-  if (n == 0) return;
-  for_each(Map2<Add>{a, a, b, Add{}}, n, aligned16(a) && aligned16(b), stream);
-  OCTET_CUDA_CHECK_LAUNCH("accumulate");
+  OCTET_CUDA_CHECK_LAUNCH("add");
 }
 
 void scale(float* x, int64_t n, float factor, cudaStream_t stream) {

@@ -7,9 +7,8 @@
 
 namespace octet::cuda {
 
-void residual_forward(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
-// a += b
-void accumulate(float* a, const float* b, int64_t n, cudaStream_t stream);
+// out = a + b; out may be a (a += b).
+void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 // x *= factor
 void scale(float* x, int64_t n, float factor, cudaStream_t stream);
 void fill_zero(float* x, int64_t n, cudaStream_t stream);

@@ -162,6 +162,43 @@ void CudaBackend::linear_backward(const TensorView& dinp, const TensorView& dwei
                      inp.data, inp.dtype, weight.f32(), copy, N, C, OC, exec);
 }
 
+void CudaBackend::embedding_forward(const TensorView& out, const int32_t* tokens,
+                                    const ConstTensorView& table, const ConstTensorView& positions) {
+  const auto [B, T, C, V] = embedding_sizes("embedding_forward", out.shape, "out", table.shape,
+                                            positions.shape, positions.has_data());
+  const OpScope scope(*this, OpKind::other);
+  cuda::embedding_forward(out.f32(), tokens, table.f32(), positions.has_data() ? positions.f32() : nullptr, B,
+                          T, C, stream_);
+}
+
+void CudaBackend::embedding_backward(const TensorView& dtable, const TensorView& dpositions,
+                                     const ConstTensorView& dout, const int32_t* tokens) {
+  const auto [B, T, C, V] = embedding_sizes("embedding_backward", dout.shape, "dout", dtable.shape,
+                                            dpositions.shape, dpositions.has_data());
+  const OpScope scope(*this, OpKind::other);
+  cuda::embedding_backward(dtable.f32(), dpositions.has_data() ? dpositions.f32() : nullptr, dout.f32(),
+                           tokens, B, T, C, workspace_, stream_);
+}
+
+void CudaBackend::add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) {
+  check_shape("add", "b", b.shape, a.shape);
+  check_shape("add", "out", out.shape, a.shape);
+  add(out.f32(), a.f32(), b.f32(), a.numel());
+}
+
+void CudaBackend::softmax_cross_entropy(float* losses, const TensorView& logits, const int32_t* targets,
+                                        int64_t V, float dloss) {
+  check_dtype("softmax_cross_entropy", "logits", logits.dtype, {Dtype::f32, Dtype::bf16});
+  const auto [N, Vp] = loss_sizes("softmax_cross_entropy", logits.shape, V);
+  const OpScope scope(*this, OpKind::loss);
+  if (logits.dtype == Dtype::bf16) {
+    cuda::softmax_cross_entropy(losses, static_cast<__nv_bfloat16*>(logits.data), targets, N, V, Vp, dloss,
+                                stream_);
+  } else {
+    cuda::softmax_cross_entropy(losses, logits.f32(), targets, N, V, Vp, dloss, stream_);
+  }
+}
+
 Dtype CudaBackend::storage_type(const StorageQuery& query) const {
   switch (query.role) {
     case StorageRole::rounded_activation:
@@ -173,6 +210,11 @@ Dtype CudaBackend::storage_type(const StorageQuery& query) const {
     case StorageRole::weight_gradient:
       OCTET_CHECK(query.layer != nullptr, "the layer whose weight gradient is stored");
       return weight_gradient_type(*query.layer);
+    case StorageRole::logits:
+      // A BF16 head's GEMM writes the logits in BF16 from its epilogue, the loss has BF16 kernels, and the
+      // backward's BF16 GEMMs read the BF16 gradient as it is (linear.cu).
+      OCTET_CHECK(query.layer != nullptr, "the LM head whose logits are stored");
+      return logits_in_bf16(*query.layer) ? Dtype::bf16 : Dtype::f32;
   }
   return Dtype::f32;
 }

@@ -197,16 +197,10 @@ class CudaBackend final : public Backend {
     return sum_of_squares_as(x.data, x.dtype, x.numel());
   }
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
-                       int64_t T, int64_t C) override {
-    const OpScope scope(*this, OpKind::other);
-    cuda::encoder_forward(out, tokens, wte, wpe, B, T, C, stream_);
-  }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                        int64_t T, int64_t C) override {
-    const OpScope scope(*this, OpKind::other);
-    cuda::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, workspace_, stream_);
-  }
+  void embedding_forward(const TensorView& out, const int32_t* tokens, const ConstTensorView& table,
+                         const ConstTensorView& positions) override;
+  void embedding_backward(const TensorView& dtable, const TensorView& dpositions, const ConstTensorView& dout,
+                          const int32_t* tokens) override;
   void layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
                             const float* weight, const float* bias, int64_t N, int64_t C);
   void layernorm_backward_as(float* dinp, float* dweight, float* dbias, const void* dout, Dtype dout_type,
@@ -262,26 +256,17 @@ class CudaBackend final : public Backend {
                         int64_t n);
   void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N, int64_t C,
                              float* dbias, LinearExecution& consumer);
-  void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
+  void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) override;
+  void add(float* out, const float* a, const float* b, int64_t n) {
     const OpScope scope(*this, OpKind::other);
-    cuda::residual_forward(out, a, b, n, stream_);
-  }
-  void accumulate(float* a, const float* b, int64_t n) override {
-    const OpScope scope(*this, OpKind::other);
-    cuda::accumulate(a, b, n, stream_);
+    cuda::add(out, a, b, n, stream_);
   }
   void round_in_place(float* x, int64_t n, Dtype dtype) override {
     const OpScope scope(*this, OpKind::casts);
     cuda::round_in_place(x, n, dtype, stream_);
   }
-  void softmax_cross_entropy(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
-                             int64_t Vp, float dloss) override {
-    const OpScope scope(*this, OpKind::loss);
-    cuda::softmax_cross_entropy(losses, logits, targets, N, V, Vp, dloss, stream_);
-  }
-  void lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp, float* dweight,
-                     const float* inp, const float* weight, const WeightCopy* copy, int64_t n, int64_t C,
-                     int64_t V, int64_t Vp, float dloss, LinearExecution& exec) override;
+  void softmax_cross_entropy(float* losses, const TensorView& logits, const int32_t* targets, int64_t V,
+                             float dloss) override;
 
   double sum_of_squares(const float* x, int64_t n) {
     const OpScope scope(*this, OpKind::optimizer);

@@ -1,6 +1,7 @@
-// GPT-2's token and position embeddings (embedding.h): the forward adds each position's rows of wte and
-// wpe; the backward adds the gradient into both in the CPU reference's (b, t) order, so that its results
-// are the reference's bits. The conventions that every op follows are ops_common.cuh's.
+// Token embeddings with learned positions or without (embedding.h): the forward adds each position's rows of
+// the token table and the position table (or copies the token's row where there are no positions); the
+// backward adds the gradient into both in the CPU reference's (b, t) order, so that its results are the
+// reference's bits. The conventions that every op follows are ops_common.cuh's.
 #include "embedding.h"
 
 #include <algorithm>
@@ -26,11 +27,11 @@ using ops_internal::for_each;
 using ops_internal::kThreads;
 using ops_internal::Layout;
 
-struct EncoderForward {
+struct EmbeddingForward {
   float* out;
   const int32_t* tokens;
-  const float* wte;
-  const float* wpe;
+  const float* table;
+  const float* positions;  // null: none
   int64_t T;
   int64_t C;
   // With W = 4, C is a multiple of 4, so the group lies in one row.
@@ -39,30 +40,34 @@ struct EncoderForward {
     const int64_t row = i / C;
     const int64_t c = i - row * C;
     const int64_t t = row % T;
-    const Pack<W> e = load_pack<W>(wte + static_cast<int64_t>(tokens[row]) * C + c);
-    Pack<W> p = load_pack<W>(wpe + t * C + c);
+    const Pack<W> e = load_pack<W>(table + static_cast<int64_t>(tokens[row]) * C + c);
+    if (positions == nullptr) {  // a copy, not + 0.0f, which would turn -0 into +0
+      store_pack<W>(out + i, e);
+      return;
+    }
+    Pack<W> p = load_pack<W>(positions + t * C + c);
 #pragma unroll
     for (int k = 0; k < W; ++k) p.v[k] = __fadd_rn(e.v[k], p.v[k]);
     store_pack<W>(out + i, p);
   }
 };
 
-// dwpe[t, c] += dout[b, t, c] for b = 0, 1, ...: the reference's order. Element i of dwpe [T*C] gathers
-// element b*T*C + i of dout, so groups of four stay aligned when T*C is a multiple of 4.
-struct EncoderBackwardPosition {
-  float* dwpe;
+// dpositions[t, c] += dout[b, t, c] for b = 0, 1, ...: the reference's order. Element i of dpositions [T*C]
+// gathers element b*T*C + i of dout, so groups of four stay aligned when T*C is a multiple of 4.
+struct EmbeddingBackwardPosition {
+  float* dpositions;
   const float* dout;
   int64_t B;
   int64_t TC;
   template <int W>
   __device__ void apply(int64_t i) const {
-    Pack<W> acc = load_pack<W>(dwpe + i);
+    Pack<W> acc = load_pack<W>(dpositions + i);
     for (int64_t b = 0; b < B; ++b) {
       const Pack<W> d = load_pack<W>(dout + b * TC + i);
 #pragma unroll
       for (int k = 0; k < W; ++k) acc.v[k] = __fadd_rn(acc.v[k], d.v[k]);
     }
-    store_pack<W>(dwpe + i, acc);
+    store_pack<W>(dpositions + i, acc);
   }
 };
 
@@ -72,11 +77,12 @@ __global__ void iota_kernel(int32_t* x, int n) {
 }
 
 // One block per sorted position; the block at the start of a token's run adds the run's rows of dout into
-// that token's row of dwte in position order, i.e. in the reference's (b, t) order (the sort is stable).
+// that token's row of dtable in position order, i.e. in the reference's (b, t) order (the sort is stable).
 // blockIdx.y picks a chunk of channels.
 template <int W>
-__global__ void encoder_backward_token_kernel(float* dwte, const float* dout, const int32_t* sorted_tokens,
-                                              const int32_t* sorted_positions, int n, int64_t C) {
+__global__ void embedding_backward_token_kernel(float* dtable, const float* dout,
+                                                const int32_t* sorted_tokens, const int32_t* sorted_positions,
+                                                int n, int64_t C) {
   const int first = static_cast<int>(blockIdx.x);
   const int32_t token = sorted_tokens[first];
   if (first > 0 && sorted_tokens[first - 1] == token) return;
@@ -95,7 +101,7 @@ __global__ void encoder_backward_token_kernel(float* dwte, const float* dout, co
     }
   }
   const int end = low;
-  float* e = dwte + static_cast<int64_t>(token) * C + c;
+  float* e = dtable + static_cast<int64_t>(token) * C + c;
   Pack<W> acc = load_pack<W>(e);
 #pragma unroll 8
   for (int j = first; j < end; ++j) {
@@ -108,22 +114,23 @@ __global__ void encoder_backward_token_kernel(float* dwte, const float* dout, co
 
 }  // namespace
 
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
-                     int64_t T, int64_t C, cudaStream_t stream) {
-  OCTET_CHECK(B >= 0 && T >= 0 && C >= 0, "encoder_forward: non-negative B, T, C, got {} {} {}", B, T, C);
+void embedding_forward(float* out, const int32_t* tokens, const float* table, const float* positions,
+                       int64_t B, int64_t T, int64_t C, cudaStream_t stream) {
+  OCTET_CHECK(B >= 0 && T >= 0 && C >= 0, "embedding_forward: non-negative B, T, C, got {} {} {}", B, T, C);
   const int64_t n = B * T * C;
   if (n == 0) return;
-  const bool vectorize = C % 4 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
-  for_each(EncoderForward{out, tokens, wte, wpe, T, C}, n, vectorize, stream);
-  OCTET_CUDA_CHECK_LAUNCH("encoder_forward");
+  const bool vectorize =
+      C % 4 == 0 && aligned16(out) && aligned16(table) && (positions == nullptr || aligned16(positions));
+  for_each(EmbeddingForward{out, tokens, table, positions, T, C}, n, vectorize, stream);
+  OCTET_CUDA_CHECK_LAUNCH("embedding_forward");
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                      int64_t T, int64_t C, Workspace& workspace, cudaStream_t stream) {
-  OCTET_CHECK(B >= 0 && T >= 0 && C >= 0, "encoder_backward: non-negative B, T, C, got {} {} {}", B, T, C);
+void embedding_backward(float* dtable, float* dpositions, const float* dout, const int32_t* tokens, int64_t B,
+                        int64_t T, int64_t C, Workspace& workspace, cudaStream_t stream) {
+  OCTET_CHECK(B >= 0 && T >= 0 && C >= 0, "embedding_backward: non-negative B, T, C, got {} {} {}", B, T, C);
   const int64_t rows = B * T;
   if (rows == 0 || C == 0) return;
-  OCTET_CHECK(rows <= INT32_MAX, "encoder_backward: at most 2^31 - 1 positions, got {}", rows);
+  OCTET_CHECK(rows <= INT32_MAX, "embedding_backward: at most 2^31 - 1 positions, got {}", rows);
   const int n = static_cast<int>(rows);
 
   // Positions sorted by token id, stably, so that each token's positions keep the reference's (b, t) order.
@@ -147,24 +154,25 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
                                                    sorted_tokens, positions, sorted_positions, n, 0, 32,
                                                    stream));
 
-  const bool vectorize = C % 4 == 0 && aligned16(dwte) && aligned16(dout);
+  const bool vectorize = C % 4 == 0 && aligned16(dtable) && aligned16(dout);
   const int width = vectorize ? 4 : 1;
   const int64_t lanes = ceil_div(C, width);
   const int threads = static_cast<int>(std::min<int64_t>(kThreads, ceil_div(lanes, kWarp) * kWarp));
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(ceil_div(lanes, threads)));
   if (vectorize) {
-    encoder_backward_token_kernel<4>
-        <<<grid, threads, 0, stream>>>(dwte, dout, sorted_tokens, sorted_positions, n, C);
+    embedding_backward_token_kernel<4>
+        <<<grid, threads, 0, stream>>>(dtable, dout, sorted_tokens, sorted_positions, n, C);
   } else {
-    encoder_backward_token_kernel<1>
-        <<<grid, threads, 0, stream>>>(dwte, dout, sorted_tokens, sorted_positions, n, C);
+    embedding_backward_token_kernel<1>
+        <<<grid, threads, 0, stream>>>(dtable, dout, sorted_tokens, sorted_positions, n, C);
   }
-  OCTET_CUDA_CHECK_LAUNCH("encoder_backward_token_kernel");
+  OCTET_CUDA_CHECK_LAUNCH("embedding_backward_token_kernel");
 
+  if (dpositions == nullptr) return;
   const int64_t TC = T * C;
-  for_each(EncoderBackwardPosition{dwpe, dout, B, TC}, TC, TC % 4 == 0 && aligned16(dwpe) && aligned16(dout),
-           stream);
-  OCTET_CUDA_CHECK_LAUNCH("encoder_backward (positions)");
+  for_each(EmbeddingBackwardPosition{dpositions, dout, B, TC}, TC,
+           TC % 4 == 0 && aligned16(dpositions) && aligned16(dout), stream);
+  OCTET_CUDA_CHECK_LAUNCH("embedding_backward (positions)");
 }
 
 }  // namespace octet::cuda

@@ -1,4 +1,5 @@
-// GPT-2's token and position embeddings on the GPU (embedding.cu), on device pointers, enqueued on a stream.
+// Token embeddings, with learned positions or without, on the GPU (embedding.cu), on device pointers,
+// enqueued on a stream.
 #pragma once
 
 #include <cstdint>
@@ -9,12 +10,12 @@
 
 namespace octet::cuda {
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
-                     int64_t T, int64_t C, cudaStream_t stream);
-// dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[t,:] += dout[b,t,:], each sum taken in (b, t) order, as the CPU
-// reference takes it, so the results are bit-identical to it.
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                      int64_t T, int64_t C, Workspace& workspace, cudaStream_t stream);
+// out[b,t,:] = table[tokens[b,t],:] + positions[t,:]; the table's row as it is where positions is null.
+void embedding_forward(float* out, const int32_t* tokens, const float* table, const float* positions,
+                       int64_t B, int64_t T, int64_t C, cudaStream_t stream);
+// dtable[tokens[b,t],:] += dout[b,t,:] and dpositions[t,:] += dout[b,t,:] (where dpositions is not null),
+// each sum taken in (b, t) order, as the CPU reference takes it, so the results are bit-identical to it.
+void embedding_backward(float* dtable, float* dpositions, const float* dout, const int32_t* tokens, int64_t B,
+                        int64_t T, int64_t C, Workspace& workspace, cudaStream_t stream);
 
 }  // namespace octet::cuda

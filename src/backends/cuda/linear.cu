@@ -1,7 +1,8 @@
-// The linear layers' GEMMs: the forward (with its bias and residual in the GEMM's epilogue, and its rerun
-// from kept FP8 input codes), the backward's input-gradient and weight-gradient GEMMs, and the LM head's
-// chunk; FP8 GEMMs on FP8 tensor cores or emulated through BF16 ones (fp8_gemm), and the operands' 16-bit
-// copies (wide_copy, as_wide) and float32 widenings (as_f32).
+// The linear layers' GEMMs: the forward (with its bias and residual in the GEMM's epilogue, its rerun from
+// kept FP8 input codes, and a bf16 output such as a BF16 LM head's logits), the backward's input-gradient and
+// weight-gradient GEMMs (reading a bf16 output gradient as it is); FP8 GEMMs on FP8 tensor cores or emulated
+// through BF16 ones (fp8_gemm), and the operands' 16-bit copies (wide_copy, as_wide) and float32 widenings
+// (as_f32).
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -171,7 +172,7 @@ void CudaBackend::linear_recompute_residual(float* out, const float* residual, c
               "an FP8 forward whose input codes were kept (keep_input_codes)");
   if (!supports(Fusion::residual_add, exec).fused) {  // as linear_forward_residual_as: output, then add
     linear_recompute(out, weight, copy, bias, N, C, OC, exec);
-    residual_forward(out, residual, out, N * OC);
+    add(out, residual, out, N * OC);
     return;
   }
   // The forward's GEMM with the residual as its addend, as linear_forward_residual_as ran it.
@@ -193,7 +194,7 @@ void CudaBackend::linear_forward_residual_as(float* out, const float* residual, 
   if (!supports(Fusion::residual_add, exec).fused) {
     // The emulated FP8 product is not cuBLASLt's: the layer's output, then the residual add.
     linear_forward_as(out, Dtype::f32, inp, inp_type, weight, copy, bias, N, C, OC, exec);
-    residual_forward(out, residual, out, N * OC);
+    add(out, residual, out, N * OC);
     return;
   }
   // The residual as the GEMM's addend: the stream is read and written once, in the GEMM's epilogue.
@@ -446,49 +447,6 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight,
       break;
     }
   }
-}
-
-// A BF16 head (the precision policy's default, in fp8 and bf16 modes alike) keeps its logits in BF16 from
-// the GEMM on (Backend::lm_head_chunk: such a head's logits are rounded to BF16): the GEMM writes them in
-// BF16 (the values the default's round_in_place makes of the float32 output), the cross-entropy reads them
-// and writes the gradient back in BF16 over them (what linear_backward would make of the float32 gradient
-// before its BF16 GEMMs), and the backward GEMMs read that directly. Against the default's ops this saves
-// the rounding pass over the logits, half of the loss's traffic and the gradient's conversion pass. Any
-// other head runs the default.
-void CudaBackend::lm_head_chunk(float* losses, float* logits, const int32_t* targets, float* dinp,
-                                float* dweight, const float* inp, const float* weight, const WeightCopy* copy,
-                                int64_t n, int64_t C, int64_t V, int64_t Vp, float dloss,
-                                LinearExecution& exec) {
-  const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
-  const bool bf16 = logits_in_bf16(exec) && w != nullptr && w->has_wide && inp != nullptr;
-  if (!bf16) {
-    Backend::lm_head_chunk(losses, logits, targets, dinp, dweight, inp, weight, copy, n, C, V, Vp, dloss,
-                           exec);
-    return;
-  }
-  // The float32 chunk has room for the BF16 logits twice over.
-  auto* logits_bf16 = reinterpret_cast<__nv_bfloat16*>(logits);
-  const void* wide_weight = const_cast<CudaWeightCopy*>(w)->wide.get(0, stream_);
-  const void* inp_bf16 = wide_copy(inp, n * C, GemmMode::bf16, 1);
-  GemmProblem p;
-  p.M = n;
-  p.N = Vp;
-  p.K = C;
-  p.a_type = p.b_type = GemmType::bf16;
-  p.a = inp_bf16;
-  p.b = wide_weight;
-  p.d_bf16 = logits_bf16;
-  wide_gemm(p);
-  if (exec.other_gemms) *exec.other_gemms += 1;
-  {
-    const OpScope scope(*this, OpKind::loss);
-    cuda::softmax_cross_entropy(losses, logits_bf16, targets, n, V, Vp, dloss, stream_);
-  }
-  if (dloss == 0.0f) return;
-
-  // The backward as linear_backward runs it, from the BF16 gradient as it is.
-  wide_input_gradient(dinp, logits_bf16, wide_weight, n, C, Vp, GemmMode::bf16, exec);
-  weight_gradient_gemm(dweight, GemmType::bf16, logits_bf16, inp_bf16, n, C, Vp, exec);
 }
 
 void CudaBackend::wide_input_gradient(float* dinp, const void* dout_wide, const void* weight_wide, int64_t N,
