@@ -74,12 +74,13 @@ void Backend::lm_head_chunk(float* losses, float* logits, const int32_t* targets
                             int64_t C, int64_t V, int64_t Vp, float dloss, LinearExecution& exec) {
   const ConstTensorView w(weight, {Vp, C});
   const ConstTensorView x(inp, {n, C});
-  linear_forward(TensorView(logits, {n, Vp}), x, w, copy, {}, exec);
+  std::unique_ptr<Fp8Tensor> input_codes, gradient_codes;
+  linear_forward(TensorView(logits, {n, Vp}), x, w, copy, {}, exec, {&input_codes});
   if (logits_in_bf16(exec)) round_in_place(logits, n * Vp, Dtype::bf16);
   softmax_cross_entropy(losses, logits, targets, n, V, Vp, dloss);
   if (dloss != 0.0f) {
     linear_backward(TensorView(dinp, {n, C}), TensorView(dweight, {Vp, C}), nullptr,
-                    ConstTensorView(logits, {n, Vp}), x, w, copy, exec);
+                    ConstTensorView(logits, {n, Vp}), x, w, copy, exec, input_codes.get(), {&gradient_codes});
   }
 }
 
