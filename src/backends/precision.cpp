@@ -65,24 +65,6 @@ std::string_view op_kind_name(OpKind kind) {
   return "?";
 }
 
-LinearExecution settings_of(const LinearExecution& exec) {
-  LinearExecution e;
-  e.forward = exec.forward;
-  e.input_gradient = exec.input_gradient;
-  e.weight_gradient = exec.weight_gradient;
-  e.recipe = exec.recipe;
-  e.fast_accumulation_forward = exec.fast_accumulation_forward;
-  e.fast_accumulation_backward = exec.fast_accumulation_backward;
-  e.formats = exec.formats;
-  e.update_scaling = exec.update_scaling;
-  e.keep_input_codes = exec.keep_input_codes;
-  e.transpose_weight_per_use = exec.transpose_weight_per_use;
-  e.accumulate_weight_gradient = exec.accumulate_weight_gradient;
-  e.telemetry = exec.telemetry;
-  e.measure_sqnr = exec.measure_sqnr;
-  return e;
-}
-
 bool input_cast_suffices(const LinearExecution& exec) {
   return exec.forward == GemmMode::fp8 && exec.weight_gradient == GemmMode::fp8 && exec.recipe != nullptr &&
          exec.recipe->granularity(TensorRole::activation) == ScaleGranularity::per_tensor;
@@ -98,13 +80,12 @@ bool gradient_cast_suffices(const LinearExecution& exec) {
          exec.recipe->granularity(TensorRole::gradient) == ScaleGranularity::per_tensor;
 }
 
-bool take_gradient_cast(LinearExecution& exec, const void* dout, const float* dbias) {
-  const bool ready = exec.gradient_cast_ready;
-  exec.gradient_cast_ready = false;
-  OCTET_CHECK(!ready || (casts_gradient(exec) && dbias == nullptr),
+void check_gradient_cast(const LinearExecution& exec, bool cast_by_producer, const void* dout,
+                         const float* dbias) {
+  OCTET_CHECK(!cast_by_producer || (casts_gradient(exec) && dbias == nullptr),
               "a producer's gradient cast for a layer with an FP8 backward GEMM, and no second bias sum");
-  OCTET_CHECK(dout != nullptr || (ready && gradient_cast_suffices(exec)), "the float32 output gradient");
-  return ready;
+  OCTET_CHECK(dout != nullptr || (cast_by_producer && gradient_cast_suffices(exec)),
+              "the float32 output gradient");
 }
 
 }  // namespace octet

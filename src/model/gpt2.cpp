@@ -81,7 +81,7 @@ void Gpt2::move_layer_to_bf16(std::string_view layer, std::string reason) {
   l.exec.keep_input_codes = false;
   l.exec.transpose_weight_per_use = false;
   l.exec.telemetry = nullptr;
-  l.exec.saved_input.reset();
+  l.input_codes.reset();
   l.copy.reset();  // an FP8 copy holds no rounded weight: make a fresh one
   backend_.prepare_weight(l.copy, params() + l.weight_offset, l.plan->out_features, l.plan->in_features,
                           l.exec);
@@ -93,7 +93,7 @@ std::vector<FusionRecord> Gpt2::fusions() const {
   using gpt2_detail::ends_with;
   std::vector<FusionRecord> out;
   auto add = [&](const Linear& l, Fusion fusion, std::string producer) {
-    LinearExecution e = settings_of(l.exec);
+    LinearExecution e = l.exec;
     e.measure_sqnr = false;
     FusionRecord r{l.plan->name, fusion, std::move(producer), backend_.supports(fusion, e), std::nullopt};
     if (l.plan->fp8()) {
@@ -130,24 +130,25 @@ void Gpt2::layernorm_into(Linear& next, void* out, float* mean, float* rstd, con
   const ConstTensorView x(inp, {N, C});
   if (next.exec.forward != GemmMode::fp8) {
     backend_.normalization_forward(Normalization::layernorm, TensorView(out, next.input_type, {N, C}), mean,
-                                   rstd, x, weight, bias, nullptr);
+                                   rstd, x, weight, bias, {});
     return;
   }
   OCTET_CHECK(next.input_type == Dtype::f32, "the float32 input of FP8 layer {}", next.plan->name);
   const TensorView kept(input_cast_suffices(next.exec) ? nullptr : out, Dtype::f32, {N, C});
-  backend_.normalization_forward(Normalization::layernorm, kept, mean, rstd, x, weight, bias, &next.exec);
+  backend_.normalization_forward(Normalization::layernorm, kept, mean, rstd, x, weight, bias,
+                                 {&next.exec, &next.input_codes});
 }
 
 void Gpt2::gelu_into(Linear& next, void* out, const void* inp, int64_t N, int64_t C) {
   OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "an input kept for {}", next.plan->name);
   const ConstTensorView x(inp, hidden_type_, {N, C});
   if (next.exec.forward != GemmMode::fp8) {
-    backend_.activation_forward(Activation::gelu, TensorView(out, next.input_type, {N, C}), x, nullptr);
+    backend_.activation_forward(Activation::gelu, TensorView(out, next.input_type, {N, C}), x, {});
     return;
   }
   OCTET_CHECK(next.input_type == Dtype::f32, "the float32 input of FP8 layer {}", next.plan->name);
   const TensorView kept(input_cast_suffices(next.exec) ? nullptr : out, Dtype::f32, {N, C});
-  backend_.activation_forward(Activation::gelu, kept, x, &next.exec);
+  backend_.activation_forward(Activation::gelu, kept, x, {&next.exec, &next.input_codes});
 }
 
 void Gpt2::round_hidden(void* x, int64_t n) {
@@ -190,7 +191,7 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const 
     const bool rounded =
         next.exec.input_gradient == GemmMode::bf16 && next.exec.weight_gradient == GemmMode::bf16;
     const Dtype type = rounded ? backend_.storage_type({StorageRole::rounded_activation}) : Dtype::f32;
-    backend_.activation_backward(Activation::gelu, TensorView(dinp, type, {N, C}), x, dy, nullptr, nullptr);
+    backend_.activation_backward(Activation::gelu, TensorView(dinp, type, {N, C}), x, dy, nullptr, {});
     if (rounded && type == Dtype::f32) backend_.round_in_place(dinp, N * C, Dtype::bf16);
     backward_linear(next, next_dinp, next_dinp_type, dbias, dinp, type, next_inp, next.input_type, N);
     return;
@@ -198,8 +199,10 @@ void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const 
   // The bias gradient is summed by the GELU backward; the float32 gradient is written only where next reads
   // it.
   float* kept = gradient_cast_suffices(next.exec) ? nullptr : dinp;
-  backend_.activation_backward(Activation::gelu, TensorView(kept, {N, C}), x, dy, dbias, &next.exec);
-  backward_linear(next, next_dinp, next_dinp_type, nullptr, kept, Dtype::f32, next_inp, next.input_type, N);
+  backend_.activation_backward(Activation::gelu, TensorView(kept, {N, C}), x, dy, dbias,
+                               {&next.exec, &gradient_codes_});
+  backward_linear(next, next_dinp, next_dinp_type, nullptr, kept, Dtype::f32, next_inp, next.input_type, N,
+                  true);
 }
 
 void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
@@ -231,24 +234,25 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
                    C);
     const TensorView qkv_out(x.qkv != nullptr ? x.qkv : a.qkv_scratch, qkv_type_, {B, T, 3 * C});
     backend_.linear_forward(qkv_out, ConstTensorView(x.ln1, qkv.input_type, {N, C}), weight_of(qkv),
-                            qkv.copy.get(), {.bias = p + qkv.bias_offset}, qkv.exec);
+                            qkv.copy.get(), {.bias = p + qkv.bias_offset}, qkv.exec, fp8_input(qkv, true));
     const TensorView atty(x.atty, atty_type_, {B, T, C});
     backend_.attention_forward(atty, x.att_lse, qkv_out, NH);
     float* residual2 = x.residual2 != nullptr ? x.residual2 : a.residual2_scratch;
     backend_.linear_forward(TensorView(residual2, {N, C}), atty, weight_of(proj), proj.copy.get(),
-                            {.bias = p + proj.bias_offset, .residual = residual}, proj.exec);
+                            {.bias = p + proj.bias_offset, .residual = residual}, proj.exec,
+                            fp8_input(proj, false));
     layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"), N,
                    C);
     void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
     backend_.linear_forward(TensorView(fch, hidden_type_, {N, 4 * C}),
                             ConstTensorView(x.ln2, fc.input_type, {N, C}), weight_of(fc), fc.copy.get(),
-                            {.bias = p + fc.bias_offset}, fc.exec);
+                            {.bias = p + fc.bias_offset}, fc.exec, fp8_input(fc, true));
     round_hidden(fch, N * 4 * C);
     gelu_into(fc_proj, x.fch_gelu, fch, N, 4 * C);
     backend_.linear_forward(TensorView(x.residual3, {N, C}),
                             ConstTensorView(x.fch_gelu, fc_proj.input_type, {N, 4 * C}), weight_of(fc_proj),
                             fc_proj.copy.get(), {.bias = p + fc_proj.bias_offset, .residual = residual2},
-                            fc_proj.exec);
+                            fc_proj.exec, fp8_input(fc_proj, true));
     residual = x.residual3;
   }
   Linear& head = linear("lm_head");
@@ -268,7 +272,7 @@ void Gpt2::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
   Linear& head = linear("lm_head");
   backend_.linear_forward(TensorView(full_logits_->floats(), {N, Vp}),
                           ConstTensorView(acts_->lnf, head.input_type, {N, config_.channels}),
-                          weight_of(head), head.copy.get(), {}, head.exec);
+                          weight_of(head), head.copy.get(), {}, head.exec, fp8_input(head, true));
   logits_valid_ = true;
 }
 
@@ -324,6 +328,8 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
                      .inp = inp,
                      .weight = ConstTensorView(w, {Vp, C}),
                      .copy = head.copy.get(),
+                     .input = fp8_input(head, r == 0),
+                     .gradient = {&gradient_codes_},
                      .V = V,
                      .dloss = backward ? dloss : 0.0f},
                     backward ? backward_exec(head) : head.exec);
@@ -335,7 +341,8 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
     if (backward) {
       // The chunk now holds its logits' gradient.
       backend_.linear_backward(dinp, TensorView(dw, {Vp, C}), nullptr, logits, inp,
-                               ConstTensorView(w, {Vp, C}), head.copy.get(), backward_exec(head));
+                               ConstTensorView(w, {Vp, C}), head.copy.get(), backward_exec(head),
+                               head.input_codes.get(), {&gradient_codes_});
     }
     head.exec.other_gemms = nullptr;
   }
@@ -359,13 +366,24 @@ LinearExecution& Gpt2::backward_exec(Linear& layer) {
   return layer.exec;
 }
 
+Fp8Operand Gpt2::fp8_input(Linear& layer, bool cast_by_producer) {
+  return {&layer.input_codes, cast_by_producer && layer.exec.forward == GemmMode::fp8};
+}
+
+const Fp8Tensor& Gpt2::kept_input(const Linear& layer) {
+  OCTET_CHECK(layer.input_codes != nullptr, "{}'s FP8 input, kept by its forward", layer.plan->name);
+  return *layer.input_codes;
+}
+
 void Gpt2::backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
-                           Dtype dout_type, const void* inp, Dtype inp_type, int64_t N) {
+                           Dtype dout_type, const void* inp, Dtype inp_type, int64_t N,
+                           bool gradient_cast_by_producer) {
   const int64_t OC = layer.plan->out_features, IC = layer.plan->in_features;
   backend_.linear_backward(TensorView(dinp, dinp_type, {N, IC}),
                            TensorView(layer.weight_grad, layer.weight_grad_type, {OC, IC}), dbias,
                            ConstTensorView(dout, dout_type, {N, OC}), ConstTensorView(inp, inp_type, {N, IC}),
-                           weight_of(layer), layer.copy.get(), backward_exec(layer));
+                           weight_of(layer), layer.copy.get(), backward_exec(layer), layer.input_codes.get(),
+                           {&gradient_codes_, gradient_cast_by_producer});
   if (layer.round_weight_gradient) {
     backend_.round_in_place(static_cast<float*>(layer.weight_grad), layer.weight_count, Dtype::bf16);
   }
@@ -424,7 +442,7 @@ void Gpt2::backward(float dloss_scale) {
     if (fch ==
         nullptr) {  // not kept (fp8.recompute_mlp): the forward's GEMM again, from its kept input codes
       backend_.linear_recompute(TensorView(a.fch_scratch, hidden_type_, {N, 4 * C}), weight_of(fc),
-                                fc.copy.get(), {.bias = p + fc.bias_offset}, fc.exec);
+                                fc.copy.get(), {.bias = p + fc.bias_offset}, fc.exec, kept_input(fc));
       round_hidden(a.fch_scratch, N * 4 * C);
       fch = a.fch_scratch;
     }
@@ -434,7 +452,8 @@ void Gpt2::backward(float dloss_scale) {
     const float* residual2 = x.residual2;
     if (residual2 == nullptr) {  // not kept (fp8.recompute_residual): attn.c_proj's forward and add again
       backend_.linear_recompute(TensorView(a.residual2_scratch, {N, C}), weight_of(proj), proj.copy.get(),
-                                {.bias = p + proj.bias_offset, .residual = residual}, proj.exec);
+                                {.bias = p + proj.bias_offset, .residual = residual}, proj.exec,
+                                kept_input(proj));
       residual2 = a.residual2_scratch;
     }
     backend_.normalization_backward(Normalization::layernorm, d.residual, G(h + "ln_2.weight"),
@@ -445,7 +464,7 @@ void Gpt2::backward(float dloss_scale) {
     const void* qkv_in = x.qkv;
     if (qkv_in == nullptr) {  // not kept (fp8.recompute_qkv): attn.c_attn's forward GEMM again
       backend_.linear_recompute(TensorView(a.qkv_scratch, qkv_type_, {N, 3 * C}), weight_of(qkv),
-                                qkv.copy.get(), {.bias = p + qkv.bias_offset}, qkv.exec);
+                                qkv.copy.get(), {.bias = p + qkv.bias_offset}, qkv.exec, kept_input(qkv));
       qkv_in = a.qkv_scratch;
     }
     backend_.attention_backward(TensorView(dqkv, atty_type_, {B, T, 3 * C}),

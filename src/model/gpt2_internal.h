@@ -79,6 +79,9 @@ struct Gpt2::Linear {
   Fp8LinearTelemetry telemetry;
   LinearExecution exec;
   std::unique_ptr<WeightCopy> copy;
+  // The FP8 cast of the layer's input (FP8 forward): made by its producer (layernorm_into, gelu_into) or its
+  // forward, read by its forward GEMM and kept for its backward.
+  std::unique_ptr<Fp8Tensor> input_codes;
   // How the model stores the input that LayerNorm or GELU writes for this layer (attn.c_attn, mlp.c_fc,
   // mlp.c_proj, lm_head; Activations): Backend::storage_type where the plan runs both GEMMs that read it,
   // the forward and the weight gradient, in BF16, which round it to bf16 anyway, so that storing it rounded

@@ -20,14 +20,15 @@ void lm_head_chunk(Backend& backend, const LmHeadChunk& chunk, LinearExecution& 
   // A BF16 backend's GEMM writes the rounded logits itself, its loss writes their gradient back in BF16 and
   // its backward GEMMs read that as it is; otherwise the float32 logits are rounded here.
   const TensorView logits(chunk.logits, type, {n, Vp});
-  backend.linear_forward(logits, chunk.inp, chunk.weight, chunk.copy, {}, exec);
+  backend.linear_forward(logits, chunk.inp, chunk.weight, chunk.copy, {}, exec, chunk.input);
   if (logits_in_bf16(exec) && type == Dtype::f32) {
     backend.round_in_place(static_cast<float*>(chunk.logits), n * Vp, Dtype::bf16);
   }
   backend.softmax_cross_entropy(chunk.losses, logits, chunk.targets, chunk.V, chunk.dloss);
   if (chunk.dloss == 0.0f) return;
+  const Fp8Tensor* input_codes = chunk.input.tensor != nullptr ? chunk.input.tensor->get() : nullptr;
   backend.linear_backward(chunk.dinp, chunk.dweight, nullptr, logits, chunk.inp, chunk.weight, chunk.copy,
-                          exec);
+                          exec, input_codes, chunk.gradient);
 }
 
 }  // namespace octet

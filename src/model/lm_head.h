@@ -19,6 +19,10 @@ struct LmHeadChunk {
   ConstTensorView inp;               // [n, C]
   ConstTensorView weight;            // [Vp, C]
   const WeightCopy* copy = nullptr;
+  // An FP8 head's input cast (its producer's, or made by the forward into the slot), and the slot for its
+  // output gradient's cast (linear_forward's and linear_backward's Fp8Operand).
+  Fp8Operand input;
+  Fp8Operand gradient;
   int64_t V = 0;       // the vocabulary: the first V of the Vp columns
   float dloss = 0.0f;  // 0: the losses only
 };

@@ -46,19 +46,19 @@ TEST(CpuTensorEntries, RefuseWhatTheyCannotRun) {
                          cpu->normalization_forward(Normalization::layernorm,
                                                     TensorView(half.data(), Dtype::bf16, {4, 6}), mean.data(),
                                                     rstd.data(), ConstTensorView(x.data(), {4, 6}), w.data(),
-                                                    b.data(), nullptr);
+                                                    b.data(), {});
                        }),
                        "normalization_forward: out is stored as bf16, this backend takes f32 there"));
   EXPECT_TRUE(contains(error_of([&] {
                          cpu->normalization_forward(
                              Normalization::layernorm, TensorView(y.data(), {6, 4}), mean.data(), rstd.data(),
-                             ConstTensorView(x.data(), {4, 6}), w.data(), b.data(), nullptr);
+                             ConstTensorView(x.data(), {4, 6}), w.data(), b.data(), {});
                        }),
                        "normalization_forward: out has shape [6, 4], expected 4 rows of 6"));
   EXPECT_TRUE(contains(error_of([&] {
                          cpu->activation_backward(Activation::gelu, TensorView(y.data(), {4, 6}),
                                                   ConstTensorView(x.data(), {4, 6}),
-                                                  ConstTensorView(x.data(), {4, 6}), b.data(), nullptr);
+                                                  ConstTensorView(x.data(), {4, 6}), b.data(), {});
                        }),
                        "sums a bias gradient only with the consumer's cast"));
   std::vector<float> lse(8);

@@ -1,8 +1,8 @@
-// Backend::activation_backward with cast_for on the CUDA backend, as the model drives it: a layer's
+// Backend::activation_backward with a cast target on the CUDA backend, as the model drives it: a layer's
 // prepare_weight and linear_forward, then GELU's backward fused with the layer's gradient cast and bias
 // gradient, then the layer's linear_backward taking that cast (with a null dbias, and a dout without data
 // where the cast is all it reads). Held against the unfused ops on a second layer with the same start:
-// activation_backward without cast_for, then a
+// activation_backward without one, then a
 // linear_backward that casts its own dout and sums its own bias gradient. Over several steps (the delayed
 // recipe's history rolls over), every recipe the GPU runs, HYBRID and all-E4M3, and layers whose backward
 // GEMMs are only partly FP8: the input and weight gradients and the kept float32 gradient must be the same
@@ -90,6 +90,7 @@ struct Layer {
   octet::Fp8LinearTelemetry telemetry;
   LinearExecution exec;
   std::unique_ptr<octet::WeightCopy> copy;
+  std::unique_ptr<octet::Fp8Tensor> input_codes, gradient_codes;
   int64_t fp8_gemms = 0, other_gemms = 0, saturated = 0, underflowed = 0;
   GuardedBuffer out, dpre, dinp, dweight, dbias;
 
@@ -132,19 +133,20 @@ void forward(Backend& backend, Layer& layer, Inputs& in) {
   backend.prepare_weight(layer.copy, in.weight.floats(), OC, C, layer.exec);
   backend.linear_forward(TensorView(layer.out.floats(), {N, OC}), ConstTensorView(in.inp.floats(), {N, C}),
                          ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(),
-                         {.bias = in.bias.floats()}, layer.exec);
+                         {.bias = in.bias.floats()}, layer.exec, {&layer.input_codes});
 }
 
 void unfused_backward(Backend& backend, Layer& layer, Inputs& in) {
   const auto [N, C, OC] = layer.shape;
   backend.activation_backward(Activation::gelu, TensorView(layer.dpre.floats(), {N * OC}),
                               ConstTensorView(in.pre.floats(), {N * OC}),
-                              ConstTensorView(in.dout.floats(), {N * OC}), nullptr, nullptr);
+                              ConstTensorView(in.dout.floats(), {N * OC}), nullptr, {});
   backend.linear_backward(TensorView(layer.dinp.floats(), {N, C}),
                           TensorView(layer.dweight.floats(), {OC, C}), layer.dbias.floats(),
                           ConstTensorView(layer.dpre.floats(), {N, OC}),
                           ConstTensorView(in.inp.floats(), {N, C}),
-                          ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(), layer.exec);
+                          ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(), layer.exec,
+                          layer.input_codes.get(), {&layer.gradient_codes});
 }
 
 void fused_backward(Backend& backend, Layer& layer, Inputs& in) {
@@ -152,13 +154,20 @@ void fused_backward(Backend& backend, Layer& layer, Inputs& in) {
   float* kept = octet::gradient_cast_suffices(layer.exec) ? nullptr : layer.dpre.floats();
   backend.activation_backward(Activation::gelu, TensorView(kept, {N, OC}),
                               ConstTensorView(in.pre.floats(), {N, OC}),
-                              ConstTensorView(in.dout.floats(), {N, OC}), layer.dbias.floats(), &layer.exec);
-  EXPECT_TRUE(layer.exec.gradient_cast_ready);
+                              ConstTensorView(in.dout.floats(), {N, OC}), layer.dbias.floats(),
+                              {&layer.exec, &layer.gradient_codes});
+  ASSERT_NE(layer.gradient_codes, nullptr);
+  const octet::Fp8TensorView cast = layer.gradient_codes->view();
+  EXPECT_EQ(cast.shape, octet::Shape({N, OC}));
+  EXPECT_EQ(cast.role, octet::TensorRole::gradient);
+  EXPECT_EQ(cast.state, &layer.state.gradient);
+  EXPECT_NE(cast.codes, nullptr);
+  EXPECT_NE(cast.codes_transposed, nullptr);
   backend.linear_backward(TensorView(layer.dinp.floats(), {N, C}),
                           TensorView(layer.dweight.floats(), {OC, C}), nullptr,
                           ConstTensorView(kept, {N, OC}), ConstTensorView(in.inp.floats(), {N, C}),
-                          ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(), layer.exec);
-  EXPECT_FALSE(layer.exec.gradient_cast_ready) << "linear_backward took the cast";
+                          ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(), layer.exec,
+                          layer.input_codes.get(), {&layer.gradient_codes, true});
 }
 
 std::vector<float> read(const GuardedBuffer& buffer, const std::string& name) {
@@ -271,8 +280,8 @@ void run_bias_config(Backend& backend, const Config& config, const Shape& shape)
                             TensorView(layer.dweight.floats(), {OC, C}),
                             bias ? layer.dbias.floats() : nullptr, ConstTensorView(in.dout.floats(), {N, OC}),
                             ConstTensorView(in.inp.floats(), {N, C}),
-                            ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(), layer.exec);
-    EXPECT_FALSE(layer.exec.gradient_cast_ready);
+                            ConstTensorView(in.weight.floats(), {OC, C}), layer.copy.get(), layer.exec,
+                            layer.input_codes.get(), {&layer.gradient_codes});
   };
   for (size_t step = 0; step < kSteps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
@@ -377,7 +386,8 @@ TEST(BackendOpsLinearBackwardBiasCast, SameCastsAsWithoutTheBias) {
   }
 }
 
-// The cast a producer made serves the layer it was made for, and only the linear_backward that follows.
+// The cast a producer made serves the layer it was made for only: a linear_backward handed another layer's
+// cast refuses it, and without a producer's cast it needs the float32 gradient.
 TEST(BackendOpsGeluBackwardCast, ServesOnlyItsOwnLayer) {
   SKIP_WITHOUT_TESTED_BACKEND();
   const auto backend = make_tested_backend();
@@ -389,20 +399,22 @@ TEST(BackendOpsGeluBackwardCast, ServesOnlyItsOwnLayer) {
   forward(*backend, b, in);
   backend->activation_backward(Activation::gelu, TensorView(nullptr, {kN, kOC}),
                                ConstTensorView(in.pre.floats(), {kN, kOC}),
-                               ConstTensorView(in.dout.floats(), {kN, kOC}), a.dbias.floats(), &a.exec);
-  unfused_backward(*backend, b, in);  // casts its own gradient into the same device memory
-  EXPECT_THROW(backend->linear_backward(
-                   TensorView(a.dinp.floats(), {kN, kC}), TensorView(a.dweight.floats(), {kOC, kC}), nullptr,
-                   ConstTensorView(nullptr, {kN, kOC}), ConstTensorView(in.inp.floats(), {kN, kC}),
-                   ConstTensorView(in.weight.floats(), {kOC, kC}), a.copy.get(), a.exec),
-               octet::Error);
+                               ConstTensorView(in.dout.floats(), {kN, kOC}), a.dbias.floats(),
+                               {&a.exec, &a.gradient_codes});
+  unfused_backward(*backend, b, in);  // casts its own gradient into b's tensor
+  const auto a_backward = [&](std::unique_ptr<octet::Fp8Tensor>* gradient, bool cast_by_producer) {
+    backend->linear_backward(TensorView(a.dinp.floats(), {kN, kC}), TensorView(a.dweight.floats(), {kOC, kC}),
+                             nullptr, ConstTensorView(nullptr, {kN, kOC}),
+                             ConstTensorView(in.inp.floats(), {kN, kC}),
+                             ConstTensorView(in.weight.floats(), {kOC, kC}), a.copy.get(), a.exec,
+                             a.input_codes.get(), {gradient, cast_by_producer});
+  };
+  EXPECT_THROW(a_backward(&b.gradient_codes, true), octet::Error);
   // Without a producer's cast, linear_backward needs the float32 gradient.
-  EXPECT_THROW(backend->linear_backward(
-                   TensorView(a.dinp.floats(), {kN, kC}), TensorView(a.dweight.floats(), {kOC, kC}), nullptr,
-                   ConstTensorView(nullptr, {kN, kOC}), ConstTensorView(in.inp.floats(), {kN, kC}),
-                   ConstTensorView(in.weight.floats(), {kOC, kC}), a.copy.get(), a.exec),
-               octet::Error);
+  EXPECT_THROW(a_backward(&a.gradient_codes, false), octet::Error);
+  a_backward(&a.gradient_codes, true);
   backend->synchronize();
+  EXPECT_TRUE(octet::testing::has_nonzero(read(a.dinp, "dinp"))) << "a's backward ran on its own cast";
 }
 
 }  // namespace

@@ -176,6 +176,7 @@ Trace run_linear(Backend& backend, const LinearConfig& config, const LinearShape
       out(backend, floats(N * OC)), residual(backend, floats(N * OC)), dout(backend, floats(N * OC)),
       dinp(backend, floats(N * C)), dweight(backend, floats(OC * C)), dbias(backend, floats(OC));
   std::unique_ptr<octet::WeightCopy> copy;
+  std::unique_ptr<octet::Fp8Tensor> input_codes, gradient_codes;
   Fp8LinearState restore_point;
   Trace trace;
 
@@ -250,11 +251,12 @@ Trace run_linear(Backend& backend, const LinearConfig& config, const LinearShape
           if (in.residual.empty()) {
             backend.linear_forward(TensorView(out.floats(), {N, OC}), ConstTensorView(inp.floats(), {N, C}),
                                    ConstTensorView(weight.floats(), {OC, C}), copy.get(),
-                                   {.bias = bias_pointer}, *exec);
+                                   {.bias = bias_pointer}, *exec, {&input_codes});
           } else {
             backend.linear_forward(TensorView(out.floats(), {N, OC}), ConstTensorView(inp.floats(), {N, C}),
                                    ConstTensorView(weight.floats(), {OC, C}), copy.get(),
-                                   {.bias = bias_pointer, .residual = residual.floats()}, *exec);
+                                   {.bias = bias_pointer, .residual = residual.floats()}, *exec,
+                                   {&input_codes});
           }
         },
         [&](OpRecord& r) {
@@ -273,7 +275,8 @@ Trace run_linear(Backend& backend, const LinearConfig& config, const LinearShape
           backend.linear_backward(TensorView(dinp.floats(), {N, C}), TensorView(dweight.floats(), {OC, C}),
                                   dbias_pointer, ConstTensorView(dout.floats(), {N, OC}),
                                   ConstTensorView(inp.floats(), {N, C}),
-                                  ConstTensorView(weight.floats(), {OC, C}), copy.get(), *exec);
+                                  ConstTensorView(weight.floats(), {OC, C}), copy.get(), *exec,
+                                  input_codes.get(), {&gradient_codes});
         },
         [&](OpRecord& r) {
           r.outputs.emplace_back("dinp", read(dinp, "dinp", "linear_backward"));
@@ -661,6 +664,7 @@ TEST(BackendOpsLinear, AdamWKeepsTheForwardsRoundedBias) {
       std::unique_ptr<Backend> backend;
       std::unique_ptr<octet::Buffer> params, m, v, grads, inp, out;
       std::unique_ptr<octet::WeightCopy> copy;
+      std::unique_ptr<octet::Fp8Tensor> input_codes;
       Fp8LinearState state;
       LinearExecution exec;
     };
@@ -702,7 +706,8 @@ TEST(BackendOpsLinear, AdamWKeepsTheForwardsRoundedBias) {
       float* params = side.params->floats();
       side.backend->linear_forward(
           TensorView(side.out->data(), mode.out_type, {N, OC}), ConstTensorView(side.inp->floats(), {N, C}),
-          ConstTensorView(params, {OC, C}), side.copy.get(), {.bias = params + W}, side.exec);
+          ConstTensorView(params, {OC, C}), side.copy.get(), {.bias = params + W}, side.exec,
+          {&side.input_codes});
       const size_t bytes = static_cast<size_t>(N * OC) * (mode.out_type == Dtype::bf16 ? 2 : 4);
       std::vector<uint8_t> host(bytes);
       side.backend->copy_to_host(host.data(), side.out->data(), bytes);
@@ -798,6 +803,7 @@ TEST(BackendOpsLinear, RecomputeGivesTheBitsOfTheForwardItRepeats) {
       exec.keep_input_codes = true;
       exec.fp8_gemms = &fp8_gemms;
       std::unique_ptr<octet::WeightCopy> copy;
+      std::unique_ptr<octet::Fp8Tensor> input_codes;
       b.prepare_weight(copy, weights->floats(), OC, C, exec);
       const ConstTensorView weight(weights->floats(), {OC, C});
       const Epilogue epilogue{.bias = weights->floats() + W, .residual = residual_data};
@@ -805,12 +811,13 @@ TEST(BackendOpsLinear, RecomputeGivesTheBitsOfTheForwardItRepeats) {
       for (int step = 0; step < 2; ++step) {
         const auto inp = buffer(random_normal(N * C, 7310 + static_cast<uint64_t>(step), 1.0f));
         b.linear_forward(TensorView(out->data(), output.type, {N, OC}),
-                         ConstTensorView(inp->floats(), {N, C}), weight, copy.get(), epilogue, exec);
+                         ConstTensorView(inp->floats(), {N, C}), weight, copy.get(), epilogue, exec,
+                         {&input_codes});
         const int64_t counted = fp8_gemms;
         b.fetch_scaling(state);
         const Fp8LinearState before = state;
         b.linear_recompute(TensorView(again->data(), output.type, {N, OC}), weight, copy.get(), epilogue,
-                           exec);
+                           exec, *input_codes);
         std::vector<uint8_t> forward_bytes(bytes), recomputed_bytes(bytes);
         b.copy_to_host(forward_bytes.data(), out->data(), bytes);
         b.copy_to_host(recomputed_bytes.data(), again->data(), bytes);

@@ -97,6 +97,7 @@ HeadResult run_head(Backend& backend, const HeadShape& s, float dloss, GemmMode 
   exec.fp8_gemms = &r.fp8_gemms;
   exec.other_gemms = &r.other_gemms;
   std::unique_ptr<octet::WeightCopy> copy;
+  std::unique_ptr<octet::Fp8Tensor> input_codes, gradient_codes;
   backend.prepare_weight(copy, d_weight->floats(), s.Vp, s.C, exec);
   octet::lm_head_chunk(backend,
                        {.losses = d_losses->floats(),
@@ -107,6 +108,8 @@ HeadResult run_head(Backend& backend, const HeadShape& s, float dloss, GemmMode 
                         .inp = ConstTensorView(d_inp->floats(), {s.n, s.C}),
                         .weight = ConstTensorView(d_weight->floats(), {s.Vp, s.C}),
                         .copy = copy.get(),
+                        .input = {&input_codes},
+                        .gradient = {&gradient_codes},
                         .V = s.V,
                         .dloss = dloss},
                        exec);

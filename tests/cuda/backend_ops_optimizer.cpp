@@ -44,6 +44,7 @@ struct Layer {
 // A layer's execution state on one side.
 struct LayerSide {
   std::unique_ptr<octet::WeightCopy> copy;
+  std::unique_ptr<octet::Fp8Tensor> input_codes;
   Fp8LinearState state;
   LinearExecution exec;
 };
@@ -214,7 +215,8 @@ void run_update(const std::vector<Layer>& layers, bool bf16_gradients) {
         side.backend->linear_forward(
             TensorView(side.out->floats(), {N, l.OC}), ConstTensorView(side.inp->floats(), {N, l.C}),
             ConstTensorView(weight, {l.OC, l.C}), side.layers[i].copy.get(),
-            {.bias = l.bias ? side.params->floats() + bias_at[i] : nullptr}, side.layers[i].exec);
+            {.bias = l.bias ? side.params->floats() + bias_at[i] : nullptr}, side.layers[i].exec,
+            {&side.layers[i].input_codes});
         side.backend->synchronize();
         side.backend->fetch_scaling(side.layers[i].state);
         outputs[k] = download(*side.backend, *side.out, static_cast<size_t>(N * l.OC));

@@ -169,7 +169,7 @@ OpCase layernorm_forward_case(int64_t N, int64_t C, std::vector<float> x, const 
   c.run = [=](Backend& b, const std::vector<void*>& p) {
     b.normalization_forward(Normalization::layernorm, TensorView(floats_at(p, 0), {N, C}), floats_at(p, 1),
                             floats_at(p, 2), ConstTensorView(floats_at(p, 3), {N, C}), floats_at(p, 4),
-                            floats_at(p, 5), nullptr);
+                            floats_at(p, 5), {});
     return none();
   };
   c.checks = {close("mean", C, s.mean_abs, "a sum of C float32 terms: C 2^-24 of mean |x|"),
@@ -270,7 +270,7 @@ OpCase gelu_forward_case(const std::vector<float>& x, const std::string& label) 
   c.operands = {output("out", x.size()), input("inp", x)};
   c.run = [=](Backend& b, const std::vector<void*>& p) {
     b.activation_forward(Activation::gelu, TensorView(floats_at(p, 0), {n}),
-                         ConstTensorView(floats_at(p, 1), {n}), nullptr);
+                         ConstTensorView(floats_at(p, 1), {n}), {});
     return none();
   };
   c.checks = {
@@ -291,7 +291,7 @@ OpCase gelu_backward_case(const std::vector<float>& x, const std::vector<float>&
   c.run = [=](Backend& b, const std::vector<void*>& p) {
     b.activation_backward(Activation::gelu, TensorView(floats_at(p, 0), {n}),
                           ConstTensorView(floats_at(p, 1), {n}), ConstTensorView(floats_at(p, 2), {n}),
-                          nullptr, nullptr);
+                          nullptr, {});
     return none();
   };
   c.checks = {

@@ -36,7 +36,7 @@ class ForwardingBackend : public Backend {
   }
   void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                              const ConstTensorView& inp, const float* weight, const float* bias,
-                             LinearExecution* cast_for) override {
+                             const Fp8CastTarget& cast_for) override {
     inner_.normalization_forward(kind, out, mean, rstd, inp, weight, bias, cast_for);
   }
   void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
@@ -49,17 +49,19 @@ class ForwardingBackend : public Backend {
     inner_.prepare_weight(copy, weight, OC, C, exec);
   }
   void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
-                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override {
-    inner_.linear_forward(out, inp, weight, copy, epilogue, exec);
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec,
+                      const Fp8Operand& input) override {
+    inner_.linear_forward(out, inp, weight, copy, epilogue, exec, input);
   }
   void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
-                        const Epilogue& epilogue, LinearExecution& exec) override {
-    inner_.linear_recompute(out, weight, copy, epilogue, exec);
+                        const Epilogue& epilogue, LinearExecution& exec, const Fp8Tensor& input) override {
+    inner_.linear_recompute(out, weight, copy, epilogue, exec, input);
   }
   void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
                        const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
-                       const WeightCopy* copy, LinearExecution& exec) override {
-    inner_.linear_backward(dinp, dweight, dbias, dout, inp, weight, copy, exec);
+                       const WeightCopy* copy, LinearExecution& exec, const Fp8Tensor* input,
+                       const Fp8Operand& gradient) override {
+    inner_.linear_backward(dinp, dweight, dbias, dout, inp, weight, copy, exec, input, gradient);
   }
   void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
                          int64_t heads) override {
@@ -70,11 +72,11 @@ class ForwardingBackend : public Backend {
     inner_.attention_backward(dqkv, dout, qkv, out, lse, heads);
   }
   void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
-                          LinearExecution* cast_for) override {
+                          const Fp8CastTarget& cast_for) override {
     inner_.activation_forward(kind, out, inp, cast_for);
   }
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override {
+                           const ConstTensorView& dout, float* dbias, const Fp8CastTarget& cast_for) override {
     inner_.activation_backward(kind, dinp, inp, dout, dbias, cast_for);
   }
   void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) override {

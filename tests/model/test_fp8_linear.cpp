@@ -4,10 +4,12 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "compare.h"
+#include "errors.h"
 #include "octet/backend/cpu_backend.h"
 #include "octet/check.h"
 #include "octet/numerics/fp8_gemm.h"
@@ -17,7 +19,10 @@
 namespace octet {
 namespace {
 
+using testing::error_of;
 using testing::expect_same_telemetry;
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 QuantizedTensor transpose_codes(const QuantizedTensor& q) {
   QuantizedTensor t = q;
@@ -89,6 +94,7 @@ TEST_P(Fp8Linear, EveryGemmEqualsTheEmulatedFp8Gemm) {
   exec.state = &state;
   exec.fp8_gemms = &fp8_gemms;
   std::unique_ptr<WeightCopy> copy;
+  std::unique_ptr<Fp8Tensor> input_codes, gradient_codes;
   backend->prepare_weight(copy, weight.data(), OC, C, exec);
 
   // The test's own scaling state, driven through the same sequence of casts.
@@ -103,10 +109,12 @@ TEST_P(Fp8Linear, EveryGemmEqualsTheEmulatedFp8Gemm) {
         testing::random_normal(N * OC, 20 + step, 1e-3f / static_cast<float>(1 + step));
     std::vector<float> out(N * OC), dx(N * C), dw(OC * C, 0.0f), db(OC, 0.0f);
     backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
-                            ConstTensorView(weight.data(), {OC, C}), copy.get(), {.bias = bias.data()}, exec);
+                            ConstTensorView(weight.data(), {OC, C}), copy.get(), {.bias = bias.data()}, exec,
+                            {&input_codes});
     backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), db.data(),
                              ConstTensorView(dy.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
-                             ConstTensorView(weight.data(), {OC, C}), copy.get(), exec);
+                             ConstTensorView(weight.data(), {OC, C}), copy.get(), exec, input_codes.get(),
+                             {&gradient_codes});
 
     const QuantizedTensor qx = quantize(x, N, C, Dtype::e4m3, TensorRole::activation, *recipe, act);
     const QuantizedTensor qdy = quantize(dy, N, OC, Dtype::e5m2, TensorRole::gradient, *recipe, grad);
@@ -178,6 +186,7 @@ TEST_P(Fp8Linear, GeluBackwardCastEqualsTheUnfusedOps) {
       Fp8LinearTelemetry telemetry;
       LinearExecution exec;
       std::unique_ptr<WeightCopy> copy;
+      std::unique_ptr<Fp8Tensor> input_codes, gradient_codes;
       int64_t fp8_gemms = 0, other_gemms = 0, saturated = 0, underflowed = 0;
       std::vector<float> dx, dw, db, dpre;
     };
@@ -210,26 +219,32 @@ TEST_P(Fp8Linear, GeluBackwardCastEqualsTheUnfusedOps) {
         side->dpre.assign(static_cast<size_t>(N * OC), -1.0f);
         backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
                                 ConstTensorView(weight.data(), {OC, C}), side->copy.get(),
-                                {.bias = bias.data()}, side->exec);
+                                {.bias = bias.data()}, side->exec, {&side->input_codes});
       }
       backend->activation_backward(Activation::gelu, TensorView(unfused.dpre.data(), {N * OC}),
                                    ConstTensorView(pre.data(), {N * OC}),
-                                   ConstTensorView(dy.data(), {N * OC}), nullptr, nullptr);
+                                   ConstTensorView(dy.data(), {N * OC}), nullptr, {});
       backend->linear_backward(TensorView(unfused.dx.data(), {N, C}), TensorView(unfused.dw.data(), {OC, C}),
                                unfused.db.data(), ConstTensorView(unfused.dpre.data(), {N, OC}),
                                ConstTensorView(x.data(), {N, C}), ConstTensorView(weight.data(), {OC, C}),
-                               unfused.copy.get(), unfused.exec);
+                               unfused.copy.get(), unfused.exec, unfused.input_codes.get(),
+                               {&unfused.gradient_codes});
       const bool suffices = gradient_cast_suffices(fused.exec);
       EXPECT_EQ(suffices, weight_gradient == GemmMode::fp8 && GetParam() != RecipeKind::block);
       float* kept = suffices ? nullptr : fused.dpre.data();
       backend->activation_backward(Activation::gelu, TensorView(kept, {N, OC}),
                                    ConstTensorView(pre.data(), {N, OC}), ConstTensorView(dy.data(), {N, OC}),
-                                   fused.db.data(), &fused.exec);
-      EXPECT_TRUE(fused.exec.gradient_cast_ready);
+                                   fused.db.data(), {&fused.exec, &fused.gradient_codes});
+      ASSERT_NE(fused.gradient_codes, nullptr);
+      const Fp8TensorView cast = fused.gradient_codes->view();
+      EXPECT_EQ(cast.shape, Shape({N, OC}));
+      EXPECT_EQ(cast.role, TensorRole::gradient);
+      EXPECT_EQ(cast.state, &fused.state.gradient);
+      EXPECT_EQ(cast.format, Dtype::e5m2);
       backend->linear_backward(TensorView(fused.dx.data(), {N, C}), TensorView(fused.dw.data(), {OC, C}),
                                nullptr, ConstTensorView(kept, {N, OC}), ConstTensorView(x.data(), {N, C}),
-                               ConstTensorView(weight.data(), {OC, C}), fused.copy.get(), fused.exec);
-      EXPECT_FALSE(fused.exec.gradient_cast_ready);
+                               ConstTensorView(weight.data(), {OC, C}), fused.copy.get(), fused.exec,
+                               fused.input_codes.get(), {&fused.gradient_codes, true});
 
       ASSERT_TRUE(testing::has_nonzero(unfused.dx));
       ASSERT_TRUE(testing::has_nonzero(unfused.db));
@@ -276,20 +291,24 @@ TEST(Fp8Linear, FrozenScalingLeavesTheStateAlone) {
   exec.recipe = &recipe;
   exec.state = &state;
   std::unique_ptr<WeightCopy> copy;
+  std::unique_ptr<Fp8Tensor> input_codes;
   backend->prepare_weight(copy, weight.data(), OC, C, exec);
   std::vector<float> out(N * OC);
   exec.update_scaling = false;
   backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
-                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec);
+                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec, {&input_codes});
   EXPECT_EQ(state.activation.updates, 0);
   exec.update_scaling = true;
   backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
-                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec);
+                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec, {&input_codes});
   EXPECT_EQ(state.activation.updates, 1);
 }
 
-// A producer's gradient cast serves the next linear_backward of the layer it was made for, nothing else.
-TEST(Fp8Linear, AProducersGradientCastServesOnlyItsLayer) {
+// The hand-over between the ops of FP8 layers is explicit and checked: a linear op reads an FP8 tensor only
+// where it holds the cast of that layer's own operand, of the right shape; it needs a slot for every cast
+// it reads; it takes a producer's gradient cast without a second bias sum, and its own cast needs the float
+// values.
+TEST(Fp8Linear, TheFp8TensorsHandedOverAreCheckedAgainstTheLayer) {
   const int64_t N = 16, C = 16, OC = 32;
   DelayedScaling recipe(4);
   auto backend = make_cpu_backend();
@@ -306,41 +325,65 @@ TEST(Fp8Linear, AProducersGradientCastServesOnlyItsLayer) {
     exec->state = state;
   }
   std::unique_ptr<WeightCopy> copy_a, copy_b;
+  std::unique_ptr<Fp8Tensor> input_a, input_b, gradient_a, gradient_b, none;
   std::vector<float> out(N * OC), dpre(N * OC), dx(N * C), dw(OC * C, 0.0f), db(OC, 0.0f);
-  for (auto [exec, copy] : {std::pair{&a, &copy_a}, std::pair{&b, &copy_b}}) {
+  const ConstTensorView w(weight.data(), {OC, C});
+  for (auto [exec, copy, input] : {std::tuple{&a, &copy_a, &input_a}, std::tuple{&b, &copy_b, &input_b}}) {
     backend->prepare_weight(*copy, weight.data(), OC, C, *exec);
-    backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
-                            ConstTensorView(weight.data(), {OC, C}), copy->get(), {}, *exec);
+    backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(x.data(), {N, C}), w,
+                            copy->get(), {}, *exec, {input});
   }
-  backend->activation_backward(Activation::gelu, TensorView(nullptr, {N, OC}),
-                               ConstTensorView(pre.data(), {N, OC}), ConstTensorView(dy.data(), {N, OC}),
-                               db.data(), &a);
-  // b's flag is not set: it casts its own gradient, and a's cast is gone.
-  backend->activation_backward(Activation::gelu, TensorView(dpre.data(), {N * OC}),
-                               ConstTensorView(pre.data(), {N * OC}), ConstTensorView(dy.data(), {N * OC}),
-                               nullptr, nullptr);
-  backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), db.data(),
-                           ConstTensorView(dpre.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
-                           ConstTensorView(weight.data(), {OC, C}), copy_b.get(), b);
-  EXPECT_THROW(
-      backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), nullptr,
-                               ConstTensorView(nullptr, {N, OC}), ConstTensorView(x.data(), {N, C}),
-                               ConstTensorView(weight.data(), {OC, C}), copy_a.get(), a),
-      Error);
+  // Each forward kept its own input's cast, described by its view.
+  const Fp8TensorView kept = input_a->view();
+  EXPECT_EQ(kept.shape, Shape({N, C}));
+  EXPECT_EQ(kept.role, TensorRole::activation);
+  EXPECT_EQ(kept.state, &state_a.activation);
+  EXPECT_NE(kept.codes, nullptr);
+  EXPECT_NE(kept.scale_inv, nullptr);
+  auto backward = [&](LinearExecution& exec, const WeightCopy* copy, const Fp8Tensor* input, float* dbias,
+                      const float* dout, Fp8Operand gradient) {
+    backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), dbias,
+                             ConstTensorView(dout, {N, OC}), ConstTensorView(x.data(), {N, C}), w, copy, exec,
+                             input, gradient);
+  };
+  // An FP8 forward and backward need a slot for each cast.
+  EXPECT_TRUE(contains(error_of([&] {
+                         backend->linear_forward(TensorView(out.data(), {N, OC}),
+                                                 ConstTensorView(x.data(), {N, C}), w, copy_a.get(), {}, a);
+                       }),
+                       "a slot for the FP8 input's cast"));
+  EXPECT_TRUE(contains(error_of([&] { backward(a, copy_a.get(), input_a.get(), nullptr, dy.data(), {}); }),
+                       "a slot for the FP8 output gradient's cast"));
+  // The weight gradient reads this layer's input cast, not another layer's, and not none.
+  EXPECT_TRUE(contains(
+      error_of([&] { backward(a, copy_a.get(), input_b.get(), nullptr, dy.data(), {&gradient_a}); }),
+      "linear_backward: the FP8 cast of this layer's input [16, 16]"));
+  EXPECT_TRUE(contains(error_of([&] { backward(a, copy_a.get(), nullptr, nullptr, dy.data(), {&gradient_a}); }),
+                       "linear_backward: the FP8 cast of this layer's input [16, 16]"));
+  // A producer's gradient cast made for b does not serve a.
+  backend->activation_backward(Activation::gelu, TensorView(nullptr, {N, OC}), ConstTensorView(pre.data(), {N, OC}),
+                               ConstTensorView(dy.data(), {N, OC}), db.data(), {&b, &gradient_b});
+  EXPECT_TRUE(contains(
+      error_of([&] { backward(a, copy_a.get(), input_a.get(), nullptr, nullptr, {&gradient_b, true}); }),
+      "linear_backward: the FP8 cast of this layer's output gradient [16, 32]"));
+  backward(b, copy_b.get(), input_b.get(), nullptr, nullptr, {&gradient_b, true});
   // Without a producer's cast, the float32 gradient is needed; with one, a second bias sum is refused.
-  EXPECT_THROW(
-      backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), nullptr,
-                               ConstTensorView(nullptr, {N, OC}), ConstTensorView(x.data(), {N, C}),
-                               ConstTensorView(weight.data(), {OC, C}), copy_a.get(), a),
-      Error);
+  EXPECT_TRUE(contains(
+      error_of([&] { backward(a, copy_a.get(), input_a.get(), nullptr, nullptr, {&gradient_a}); }),
+      "the float32 output gradient"));
   backend->activation_backward(Activation::gelu, TensorView(dpre.data(), {N, OC}),
                                ConstTensorView(pre.data(), {N, OC}), ConstTensorView(dy.data(), {N, OC}),
-                               nullptr, &a);
-  EXPECT_THROW(
-      backend->linear_backward(TensorView(dx.data(), {N, C}), TensorView(dw.data(), {OC, C}), db.data(),
-                               ConstTensorView(dpre.data(), {N, OC}), ConstTensorView(x.data(), {N, C}),
-                               ConstTensorView(weight.data(), {OC, C}), copy_a.get(), a),
-      Error);
+                               nullptr, {&a, &gradient_a});
+  EXPECT_TRUE(contains(
+      error_of([&] { backward(a, copy_a.get(), input_a.get(), db.data(), dpre.data(), {&gradient_a, true}); }),
+      "no second bias sum"));
+  backward(a, copy_a.get(), input_a.get(), nullptr, dpre.data(), {&gradient_a, true});
+  // Recomputing a forward needs the codes of x, which only a layer that keeps them has.
+  EXPECT_TRUE(contains(error_of([&] {
+                         backend->linear_recompute(TensorView(out.data(), {N, OC}), w, copy_a.get(), {}, a,
+                                                   *input_a);
+                       }),
+                       "whose input codes were kept"));
   // A consumer whose backward GEMMs are not FP8 casts nothing: there is nothing to fuse.
   LinearExecution wide;
   wide.forward = wide.input_gradient = wide.weight_gradient = GemmMode::bf16;
@@ -348,7 +391,7 @@ TEST(Fp8Linear, AProducersGradientCastServesOnlyItsLayer) {
   EXPECT_FALSE(gradient_cast_suffices(wide));
   EXPECT_THROW(backend->activation_backward(Activation::gelu, TensorView(dpre.data(), {N, OC}),
                                             ConstTensorView(pre.data(), {N, OC}),
-                                            ConstTensorView(dy.data(), {N, OC}), nullptr, &wide),
+                                            ConstTensorView(dy.data(), {N, OC}), nullptr, {&wide, &none}),
                Error);
 }
 

@@ -37,59 +37,64 @@ class UnfusedCasts final : public testing::ForwardingBackend {
 
   void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                              const ConstTensorView& inp, const float* weight, const float* bias,
-                             LinearExecution* cast_for) override {
-    const TensorView y = cast_for == nullptr ? out : hold_input(*cast_for, out);
-    inner_.normalization_forward(kind, y, mean, rstd, inp, weight, bias, nullptr);
+                             const Fp8CastTarget& cast_for) override {
+    const TensorView y = cast_for.given() ? hold_input(*cast_for.layer, out) : out;
+    inner_.normalization_forward(kind, y, mean, rstd, inp, weight, bias, {});
   }
   void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
-                          LinearExecution* cast_for) override {
-    const TensorView y = cast_for == nullptr ? out : hold_input(*cast_for, out);
-    inner_.activation_forward(kind, y, inp, nullptr);
+                          const Fp8CastTarget& cast_for) override {
+    const TensorView y = cast_for.given() ? hold_input(*cast_for.layer, out) : out;
+    inner_.activation_forward(kind, y, inp, {});
   }
+  // The consumer's own cast of the values its producer was asked to cast.
   void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
-                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override {
-    EXPECT_FALSE(exec.input_cast_ready);
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec,
+                      const Fp8Operand& input) override {
     ConstTensorView x = inp;
-    if (const auto it = inputs_.find(&exec); it != inputs_.end()) {
+    const auto it = inputs_.find(&exec);
+    EXPECT_EQ(input.cast_by_producer, it != inputs_.end()) << "the model says whose cast the forward takes";
+    if (it != inputs_.end()) {
       x.data = it->second;
       inputs_.erase(it);
     }
-    inner_.linear_forward(out, x, weight, copy, epilogue, exec);
+    inner_.linear_forward(out, x, weight, copy, epilogue, exec, {input.tensor, false});
   }
   void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
-                        const Epilogue& epilogue, LinearExecution& exec) override {
-    inner_.linear_recompute(out, weight, copy, epilogue, exec);
+                        const Epilogue& epilogue, LinearExecution& exec, const Fp8Tensor& input) override {
+    inner_.linear_recompute(out, weight, copy, epilogue, exec, input);
     ++recomputed_;
   }
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override {
-    if (cast_for == nullptr) {
-      inner_.activation_backward(kind, dinp, inp, dout, dbias, nullptr);
+                           const ConstTensorView& dout, float* dbias, const Fp8CastTarget& cast_for) override {
+    if (!cast_for.given()) {
+      inner_.activation_backward(kind, dinp, inp, dout, dbias, {});
       return;
     }
-    EXPECT_TRUE(casts_gradient(*cast_for));
+    EXPECT_TRUE(casts_gradient(*cast_for.layer));
     TensorView d = dinp;
     if (!d.has_data()) {
-      std::vector<float>& held = held_[cast_for];
+      std::vector<float>& held = held_[cast_for.layer];
       held.resize(static_cast<size_t>(d.numel()));
       d.data = held.data();
     }
-    inner_.activation_backward(kind, d, inp, dout, nullptr, nullptr);
-    gradients_[cast_for] = {d.f32(), dbias};
+    inner_.activation_backward(kind, d, inp, dout, nullptr, {});
+    gradients_[cast_for.layer] = {d.f32(), dbias};
     ++fused_backward_;
   }
   void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
                        const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
-                       const WeightCopy* copy, LinearExecution& exec) override {
-    EXPECT_FALSE(exec.gradient_cast_ready);
+                       const WeightCopy* copy, LinearExecution& exec, const Fp8Tensor* input,
+                       const Fp8Operand& gradient) override {
     ConstTensorView dy = dout;
-    if (const auto it = gradients_.find(&exec); it != gradients_.end()) {
+    const auto it = gradients_.find(&exec);
+    EXPECT_EQ(gradient.cast_by_producer, it != gradients_.end()) << "the model says whose cast it takes";
+    if (it != gradients_.end()) {
       EXPECT_EQ(dbias, nullptr) << "the producer summed the bias gradient";
       dy.data = it->second.dout;
       dbias = it->second.dbias;
       gradients_.erase(it);
     }
-    inner_.linear_backward(dinp, dweight, dbias, dy, inp, weight, copy, exec);
+    inner_.linear_backward(dinp, dweight, dbias, dy, inp, weight, copy, exec, input, {gradient.tensor, false});
   }
   // How many GELU backwards the model fused with a gradient cast.
   int64_t fused_backward() const { return fused_backward_; }
@@ -329,31 +334,33 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
   }
 
   void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
-                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override {
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec,
+                      const Fp8Operand& input) override {
     EXPECT_TRUE(inp.dtype == Dtype::f32 || exec.forward == GemmMode::bf16) << "a bf16 input of a BF16 GEMM";
-    inner_.linear_forward(output(out), widened(inp, 0), weight, copy, epilogue, exec);
+    inner_.linear_forward(output(out), widened(inp, 0), weight, copy, epilogue, exec, input);
     store(out);
   }
   void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
-                        const Epilogue& epilogue, LinearExecution& exec) override {
+                        const Epilogue& epilogue, LinearExecution& exec, const Fp8Tensor& input) override {
     EXPECT_TRUE(out.dtype == Dtype::bf16 || epilogue.residual != nullptr)
         << "the recomputed output is GELU's input, or joins the residual stream";
-    inner_.linear_recompute(output(out), weight, copy, epilogue, exec);
+    inner_.linear_recompute(output(out), weight, copy, epilogue, exec, input);
     store(out);
   }
   void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
                        const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
-                       const WeightCopy* copy, LinearExecution& exec) override {
+                       const WeightCopy* copy, LinearExecution& exec, const Fp8Tensor* input,
+                       const Fp8Operand& gradient) override {
     EXPECT_EQ(dweight.dtype, Dtype::f32) << "this backend stores weight gradients in float32";
     EXPECT_TRUE(dout.dtype == Dtype::f32 || exec.input_gradient == GemmMode::bf16) << "a BF16 GEMM's dout";
     EXPECT_TRUE(inp.dtype == Dtype::f32 || exec.weight_gradient == GemmMode::bf16) << "a BF16 GEMM's input";
     inner_.linear_backward(output(dinp), dweight, dbias, widened(dout, 1), widened(inp, 0), weight, copy,
-                           exec);
+                           exec, input, gradient);
     store(dinp);
   }
   void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                              const ConstTensorView& inp, const float* weight, const float* bias,
-                             LinearExecution* cast_for) override {
+                             const Fp8CastTarget& cast_for) override {
     inner_.normalization_forward(kind, output(out), mean, rstd, inp, weight, bias, cast_for);
     store(out);
   }
@@ -363,13 +370,13 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
     inner_.normalization_backward(kind, dinp, dweight, dbias, widened(dout, 1), inp, weight, mean, rstd);
   }
   void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
-                          LinearExecution* cast_for) override {
+                          const Fp8CastTarget& cast_for) override {
     const ConstTensorView x = widened(inp, 0);
     inner_.activation_forward(kind, output(out), x, cast_for);
     store(out);
   }
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override {
+                           const ConstTensorView& dout, float* dbias, const Fp8CastTarget& cast_for) override {
     const ConstTensorView x = widened(inp, 0);
     const ConstTensorView d = widened(dout, 1);
     inner_.activation_backward(kind, output(dinp), x, d, dbias, cast_for);

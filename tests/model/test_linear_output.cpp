@@ -96,16 +96,18 @@ TEST_P(LinearOutput, IsTheFloat32ProductPlusTheRoundedBias) {
     exec.state = &state;
   }
   std::unique_ptr<WeightCopy> copy;
+  std::unique_ptr<Fp8Tensor> input_codes, gradient_codes;
   if (mode != GemmMode::f32) backend->prepare_weight(copy, kWeight.data(), OC, C, exec);
 
   std::vector<float> out(static_cast<size_t>(N * OC), NAN);
   backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(kInput.data(), {N, C}),
-                          ConstTensorView(kWeight.data(), {OC, C}), copy.get(), {.bias = kBias.data()}, exec);
+                          ConstTensorView(kWeight.data(), {OC, C}), copy.get(), {.bias = kBias.data()}, exec,
+                          {&input_codes});
   std::vector<float> dinp(static_cast<size_t>(N * C), NAN), dweight(static_cast<size_t>(OC * C), 0.0f);
   backend->linear_backward(TensorView(dinp.data(), {N, C}), TensorView(dweight.data(), {OC, C}), nullptr,
                            ConstTensorView(kOutputGradient.data(), {N, OC}),
                            ConstTensorView(kInput.data(), {N, C}), ConstTensorView(kWeight.data(), {OC, C}),
-                           copy.get(), exec);
+                           copy.get(), exec, input_codes.get(), {&gradient_codes});
   EXPECT_EQ(fp8_gemms, mode == GemmMode::fp8 ? 3 : 0);
 
   const std::vector<float> want_out = expected_output(mode);

@@ -74,6 +74,7 @@ TEST_P(CastTelemetryOfALayer, EqualsIndependentQuantizeCountsForEveryOperand) {
   const Fp8Formats f;
 
   std::unique_ptr<WeightCopy> copy;
+  std::unique_ptr<Fp8Tensor> input_codes, gradient_codes;
   const CastTelemetry want_weight =
       expected_cast(weight, OC, C, f.weight, TensorRole::weight, recipe, state.weight);
   backend->prepare_weight(copy, weight.data(), OC, C, exec);
@@ -82,12 +83,13 @@ TEST_P(CastTelemetryOfALayer, EqualsIndependentQuantizeCountsForEveryOperand) {
   const CastTelemetry want_activation =
       expected_cast(input, N, C, f.activation, TensorRole::activation, recipe, state.activation);
   backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(input.data(), {N, C}),
-                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec);
+                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec, {&input_codes});
   const CastTelemetry want_gradient =
       expected_cast(dout, N, OC, f.gradient, TensorRole::gradient, recipe, state.gradient);
   backend->linear_backward(TensorView(dinp.data(), {N, C}), TensorView(dweight.data(), {OC, C}), nullptr,
                            ConstTensorView(dout.data(), {N, OC}), ConstTensorView(input.data(), {N, C}),
-                           ConstTensorView(weight.data(), {OC, C}), copy.get(), exec);
+                           ConstTensorView(weight.data(), {OC, C}), copy.get(), exec, input_codes.get(),
+                           {&gradient_codes});
 
   // The planted trouble is there: every operand saturates and underflows.
   for (const CastTelemetry* t : {&want_weight, &want_activation, &want_gradient}) {
@@ -105,7 +107,7 @@ TEST_P(CastTelemetryOfALayer, EqualsIndependentQuantizeCountsForEveryOperand) {
 
   // Running totals: a second forward adds a second cast.
   backend->linear_forward(TensorView(out.data(), {N, OC}), ConstTensorView(input.data(), {N, C}),
-                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec);
+                          ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec, {&input_codes});
   EXPECT_EQ(telemetry.activation.casts, 2);
   EXPECT_EQ(telemetry.activation.saturated, 2 * want_activation.saturated);
 }
@@ -138,10 +140,11 @@ TEST(CastTelemetry, WithoutATelemetryPointerOnlyThePerOperandTelemetryIsLeftOut)
     exec.underflowed = &r.underflowed;
     exec.telemetry = telemetry;
     std::unique_ptr<WeightCopy> copy;
+    std::unique_ptr<Fp8Tensor> input_codes;
     backend->prepare_weight(copy, weight.data(), OC, C, exec);
     r.out.resize(static_cast<size_t>(N * OC));
     backend->linear_forward(TensorView(r.out.data(), {N, OC}), ConstTensorView(input.data(), {N, C}),
-                            ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec);
+                            ConstTensorView(weight.data(), {OC, C}), copy.get(), {}, exec, {&input_codes});
     return r;
   };
   Fp8LinearTelemetry collected;

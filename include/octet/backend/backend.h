@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "octet/backend/precision.h"
+#include "octet/tensor/fp8_tensor.h"
 #include "octet/tensor/tensor.h"
 
 namespace octet {
@@ -59,6 +60,25 @@ std::string_view normalization_name(Normalization kind);
 // Kinds of element-wise activation (Backend::activation_forward and _backward).
 enum class Activation : uint8_t { gelu };
 std::string_view activation_name(Activation kind);
+
+// Where an op that produces a linear layer's input (Fusion::input_cast) or output gradient
+// (Fusion::gradient_cast) also casts it for that layer: the layer (its modes, recipe, scaling state,
+// telemetry and counters) and the caller's slot for the FP8 tensor the cast goes to (the backend makes the
+// tensor where the slot is empty). No layer: no cast.
+struct Fp8CastTarget {
+  LinearExecution* layer = nullptr;
+  std::unique_ptr<Fp8Tensor>* tensor = nullptr;
+  bool given() const { return layer != nullptr; }
+};
+
+// A linear layer's FP8 operand as one of its ops takes it (the input in the forward, the output gradient in
+// the backward): the caller's slot for its FP8 tensor, and whether the op that produced the values cast
+// them into it already (given an Fp8CastTarget), so that the GEMM takes the cast as it is; otherwise the
+// linear op casts the values into the slot itself.
+struct Fp8Operand {
+  std::unique_ptr<Fp8Tensor>* tensor = nullptr;
+  bool cast_by_producer = false;
+};
 
 // What a linear layer's forward GEMM adds to its product before it writes its output
 // (Backend::linear_forward): the bias [OC] (null: none) and a residual [N, OC] (null: none) that the output
@@ -225,15 +245,15 @@ class Backend {
   // Normalization of each row of inp [N, C] (float32). LayerNorm: out = (x - mean) * rstd * weight + bias,
   // saving mean and rstd [N]. out [N, C] is float32, or bf16 where the backend stores so (storage_type): the
   // float32 value rounded to bf16 once (to nearest, ties to even).
-  // With cast_for, the op also casts its output for the forward GEMM of that FP8 linear layer, exactly as the
-  // layer's linear_forward would (same scale, same scaling-state update, same counts and telemetry); the cast
-  // is kept in cast_for->saved_input with input_cast_ready set, and the layer's next linear_forward takes it
-  // instead of casting its input. A GPU backend writes the codes in the same pass as the output. out is then
-  // float32, or has no data where nothing else reads it (input_cast_suffices(*cast_for)): the float32 output
-  // is then not written at all.
+  // With a cast target, the op also casts its output for the forward GEMM of that FP8 linear layer into the
+  // target's tensor, exactly as the layer's linear_forward would (same scale, same scaling-state update, same
+  // counts and telemetry); the layer's next linear_forward takes that tensor with cast_by_producer instead
+  // of casting its input. A backend that fuses Fusion::input_cast writes the codes in the same pass as the
+  // output. out is then float32, or has no data where nothing else reads it (input_cast_suffices): the
+  // float32 output is then not written at all.
   virtual void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                                      const ConstTensorView& inp, const float* weight, const float* bias,
-                                     LinearExecution* cast_for) = 0;
+                                     const Fp8CastTarget& cast_for) = 0;
   // Accumulates into dinp [N, C], dweight and dbias [C]; dout [N, C] is float32 or bf16 (read as its float32
   // values).
   virtual void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
@@ -252,26 +272,31 @@ class Backend {
   // With a residual (a layer whose output joins the residual stream), out is float32: the reference rounds
   // the layer's output, then adds residual + output; a backend may add the residual inside the GEMM instead
   // (the CUDA backend's epilogue), in an order of its own. out must not overlap the residual or inp.
+  // An FP8 forward reads its input's cast from `input` (required there): the producer's (cast_by_producer;
+  // inp may then have no data, where input_cast_suffices), or the one this op makes of inp into that slot.
+  // The tensor keeps the cast for the layer's backward.
   virtual void linear_forward(const TensorView& out, const ConstTensorView& inp,
                               const ConstTensorView& weight, const WeightCopy* copy, const Epilogue& epilogue,
-                              LinearExecution& exec) = 0;
+                              LinearExecution& exec, const Fp8Operand& input = {}) = 0;
   // The last linear_forward of an FP8 layer again, for a backward that needs its output but did not keep it:
-  // the same out, bit for bit (given the same residual), from the input cast that forward kept
+  // the same out, bit for bit (given the same residual), from the input cast that forward kept in `input`
   // (exec.keep_input_codes: the codes of x [N, C] besides the transposed ones), the same weight copy and the
   // same epilogue. Casts nothing, changes no scaling state and counts no GEMM.
   virtual void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
-                                const Epilogue& epilogue, LinearExecution& exec) = 0;
+                                const Epilogue& epilogue, LinearExecution& exec, const Fp8Tensor& input) = 0;
   // dinp [N, C] = dout x W (overwritten, the GEMM's float32 result, not rounded); dweight [OC, C] += dout^T x
   // inp; dbias [OC] += column sums of dout (dbias may be null). dout, inp and dinp may be bf16 where
   // storage_type says so: bf16 values are read as their float32 values, and a bf16 dinp is the float32 result
   // rounded to bf16 once. A bf16 dweight (storage_type's weight_gradient) is the GEMM's float32 result, plus
-  // dweight's old value where it adds to it, rounded to bf16 once. With exec.gradient_cast_ready, dout's FP8
-  // cast comes from its producer (activation_backward with cast_for), which also added the bias gradient:
-  // dbias is then null, and dout has no data where gradient_cast_suffices(exec).
+  // dweight's old value where it adds to it, rounded to bf16 once. An FP8 weight-gradient GEMM reads the
+  // input's cast that the forward kept in `input`. Where a backward GEMM is FP8 (casts_gradient), dout's
+  // cast is in `gradient` (required there): the producer's (cast_by_producer: activation_backward with a
+  // cast target, which also added the bias gradient, so dbias is then null, and dout has no data where
+  // gradient_cast_suffices), or the one this op makes of dout into that slot.
   virtual void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
                                const ConstTensorView& dout, const ConstTensorView& inp,
-                               const ConstTensorView& weight, const WeightCopy* copy,
-                               LinearExecution& exec) = 0;
+                               const ConstTensorView& weight, const WeightCopy* copy, LinearExecution& exec,
+                               const Fp8Tensor* input = nullptr, const Fp8Operand& gradient = {}) = 0;
 
   // How this backend stores a tensor the model would otherwise keep in float32 (StorageQuery says which):
   // Dtype::bf16 where its ops read and write that tensor in bf16 and doing so changes no result (the values
@@ -290,22 +315,23 @@ class Backend {
                                   int64_t heads) = 0;
 
   // An element-wise activation (GELU: the tanh approximation) of inp [N, C], float32 or bf16 (read as its
-  // float32 values), into out [N, C], float32 or bf16 (the float32 value rounded once). With cast_for, the op
-  // also casts its output for that FP8 layer, as normalization_forward does; out is then float32, or has no
-  // data where input_cast_suffices(*cast_for).
+  // float32 values), into out [N, C], float32 or bf16 (the float32 value rounded once). With a cast target,
+  // the op also casts its output for that FP8 layer, as normalization_forward does; out is then float32, or
+  // has no data where input_cast_suffices.
   virtual void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
-                                  LinearExecution* cast_for) = 0;
+                                  const Fp8CastTarget& cast_for) = 0;
   // dinp = dout * activation'(inp) over [N, C], overwritten; inp and dout share a dtype (float32 or bf16),
-  // dinp is float32 or bf16. With cast_for (casts_gradient(*cast_for)), the op also casts dinp for that
-  // layer's backward GEMMs, exactly as its linear_backward would cast its dout (same scale, same
-  // scaling-state update, same counts and telemetry), and adds the column sums of dinp to dbias [C] (when not
-  // null) as that linear_backward would. The backend keeps the one cast (a GPU backend writes it in the same
-  // pass as dinp) and sets cast_for->gradient_cast_ready; the next linear_backward on that layer must come
-  // before any other gradient cast, and takes it with a null dbias. dinp is then float32, or has no data
-  // where gradient_cast_suffices(*cast_for): the float32 gradient is then not written at all, and
-  // linear_backward gets a dout without data. dbias is only taken with cast_for.
+  // dinp is float32 or bf16. With a cast target (a layer that casts_gradient), the op also casts dinp for
+  // that layer's backward GEMMs into the target's tensor, exactly as its linear_backward would cast its dout
+  // (same scale, same scaling-state update, same counts and telemetry), and adds the column sums of dinp to
+  // dbias [C] (when not null) as that linear_backward would; that layer's linear_backward then takes the
+  // tensor with cast_by_producer and a null dbias. A backend that fuses Fusion::gradient_cast writes the
+  // cast in the same pass as dinp. dinp is then float32, or has no data where gradient_cast_suffices: the
+  // float32 gradient is then not written at all, and linear_backward gets a dout without data. dbias is only
+  // taken with a cast target.
   virtual void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                                   const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) = 0;
+                                   const ConstTensorView& dout, float* dbias,
+                                   const Fp8CastTarget& cast_for) = 0;
   // out = a + b, element by element, over float32 tensors of the same shape; out may be a (a += b) but must
   // not overlap b otherwise.
   virtual void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) = 0;

@@ -43,8 +43,6 @@ struct Fp8LinearState {
   float weight_copy_scale = 1.0f;
 };
 
-class WeightCopy;  // backend.h
-
 // What the casts of one FP8 operand saw, as running totals (a backend only ever adds to them; the run reads
 // them every N steps and takes the differences, so nothing on a device needs resetting): the counts behind
 // the saturation and underflow fractions, and, when asked for, the signal and quantization-noise energies
@@ -83,11 +81,8 @@ struct LinearExecution {
   // False during evaluation: casts use the current scales but leave the scaling state (amax histories)
   // untouched, so that evaluating never changes what training does next.
   bool update_scaling = true;
-  // What the forward kept for the backward: the FP8 cast of the input (so the backward uses the very codes
-  // and scale the forward used, and FP8 rather than wider activations are kept).
-  std::unique_ptr<WeightCopy> saved_input;
-  // The backward runs the forward GEMM again (Backend::linear_recompute): saved_input keeps the codes of the
-  // input x [N, C] too, not only those of x^T that the weight gradient reads.
+  // The backward runs the forward GEMM again (Backend::linear_recompute): the input's FP8 tensor keeps the
+  // codes of x [N, C] too, not only those of x^T that the weight gradient reads.
   bool keep_input_codes = false;
   // The weight copy keeps the codes of W [OC, C] only, not those of W^T [C, OC] too: the input-gradient GEMM
   // reads W's codes transposed into a buffer shared by every layer, just before it runs
@@ -95,15 +90,6 @@ struct LinearExecution {
   // transpose per layer and backward. Only where the weight's scale is per tensor (block scales of W^T are
   // not W's).
   bool transpose_weight_per_use = false;
-  // Set by the op that produced the input when it also cast it for this layer
-  // (Backend::normalization_forward, activation_forward with cast_for): saved_input already holds this forward's cast.
-  // linear_forward takes it and clears the flag.
-  bool input_cast_ready = false;
-  // Set by the op that produced the output gradient when it also cast it for this layer
-  // (Backend::activation_backward with cast_for): the backend holds this backward's FP8 cast of dout, made exactly as
-  // linear_backward would make it (scaling-state update, counts and telemetry done), and the producer has
-  // added the bias gradient. linear_backward takes the cast instead of casting dout and clears the flag.
-  bool gradient_cast_ready = false;
   // False for the first backward since the gradients were zeroed (Model::zero_grad leaves the linear layers'
   // weight gradients to their first backward): the weight-gradient GEMM writes dweight instead of adding to
   // it, which saves zeroing it and reading the zeros. The input gradient is always written.
@@ -120,11 +106,6 @@ struct LinearExecution {
   bool measure_sqnr = false;
 };
 
-// What says how exec's layer runs (its modes, recipe, formats, accumulation, weight transpose, telemetry
-// pointer and SQNR setting), without its scaling state, saved input, hand-overs or counters: a copy for
-// questions about how the layer runs (Backend::supports).
-LinearExecution settings_of(const LinearExecution& exec);
-
 // Whether the FP8 cast of a layer's input is all its GEMMs read of that input: the forward and the weight
 // gradient run in FP8 with a per-tensor scaled activation (whose transposed codes are the forward's codes
 // transposed). The producer of such an input need not keep its float32 values.
@@ -140,10 +121,11 @@ bool casts_gradient(const LinearExecution& exec);
 // float32 values). The producer of such a gradient need not write its float32 values.
 bool gradient_cast_suffices(const LinearExecution& exec);
 
-// linear_backward's start, the same in every backend: takes the producer's hand-over
-// (exec.gradient_cast_ready, cleared here) and checks it against what the call was given: a producer's cast
-// only for a layer with an FP8 backward GEMM and never with a second bias sum (dbias), and dout null only
-// where that cast is all the layer reads. Returns whether the producer cast the gradient.
-bool take_gradient_cast(LinearExecution& exec, const void* dout, const float* dbias);
+// linear_backward's start, the same in every backend: checks the producer's hand-over (cast_by_producer:
+// the output gradient's FP8 cast came with it) against what the call was given: a producer's cast only for
+// a layer with an FP8 backward GEMM and never with a second bias sum (dbias), and dout null only where that
+// cast is all the layer reads.
+void check_gradient_cast(const LinearExecution& exec, bool cast_by_producer, const void* dout,
+                         const float* dbias);
 
 }  // namespace octet

@@ -165,8 +165,15 @@ class Gpt2 final : public Model {
   // The backward of block layer `layer` (Backend::linear_backward) into its weight gradient, which is
   // rounded to bf16 in place afterwards where the model keeps it rounded but the backend stores it in
   // float32.
+  // With gradient_cast_by_producer, the layer's output-gradient cast is in gradient_codes_ already
+  // (gelu_backward_into).
   void backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
-                       Dtype dout_type, const void* inp, Dtype inp_type, int64_t N);
+                       Dtype dout_type, const void* inp, Dtype inp_type, int64_t N,
+                       bool gradient_cast_by_producer = false);
+  // The layer's FP8 input as its linear_forward takes it: input_codes, cast by its producer or not.
+  static Fp8Operand fp8_input(Linear& layer, bool cast_by_producer);
+  // The FP8 input cast that the layer's forward kept, for linear_recompute.
+  static const Fp8Tensor& kept_input(const Linear& layer);
   // Sets every parameter's grad_offset and grad_type, and allocates the two gradient buffers.
   void plan_parameter_gradients();
   // LayerNorm and GELU feeding the linear layer `next`: where `next` runs its forward GEMM in FP8, the op
@@ -214,6 +221,8 @@ class Gpt2 final : public Model {
   int64_t gradient_wide_b_ = 0;                       // the width of Gradients::wide_b in gradient_scratch_
   std::vector<std::unique_ptr<Buffer>> late_inputs_;  // keep_input_of
   std::unique_ptr<Buffer> full_logits_;               // forward_logits only
+  // The FP8 cast of the output gradient that each FP8 layer's backward reads, one for all layers in turn.
+  std::unique_ptr<Fp8Tensor> gradient_codes_;
   std::unique_ptr<Buffer> tokens_;
   std::unique_ptr<Activations> acts_;
   Dtype qkv_type_ =

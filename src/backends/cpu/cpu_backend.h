@@ -39,7 +39,7 @@ class CpuBackend final : public Backend {
                           const int32_t* tokens) override;
   void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                              const ConstTensorView& inp, const float* weight, const float* bias,
-                             LinearExecution* cast_for) override;
+                             const Fp8CastTarget& cast_for) override;
   void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
                               const ConstTensorView& dout, const float* inp, const float* weight,
                               const float* mean, const float* rstd) override;
@@ -47,12 +47,14 @@ class CpuBackend final : public Backend {
   void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                       LinearExecution& exec) override;
   void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
-                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override;
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec,
+                      const Fp8Operand& input) override;
   void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
-                        const Epilogue& epilogue, LinearExecution& exec) override;
+                        const Epilogue& epilogue, LinearExecution& exec, const Fp8Tensor& input) override;
   void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
                        const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
-                       const WeightCopy* copy, LinearExecution& exec) override;
+                       const WeightCopy* copy, LinearExecution& exec, const Fp8Tensor* input,
+                       const Fp8Operand& gradient) override;
 
   void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
                          int64_t heads) override;
@@ -60,9 +62,9 @@ class CpuBackend final : public Backend {
                           const ConstTensorView& out, const float* lse, int64_t heads) override;
 
   void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
-                          LinearExecution* cast_for) override;
+                          const Fp8CastTarget& cast_for) override;
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override;
+                           const ConstTensorView& dout, float* dbias, const Fp8CastTarget& cast_for) override;
   void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) override;
   void round_in_place(float* x, int64_t n, Dtype dtype) override;
   void softmax_cross_entropy(float* losses, const TensorView& logits, const int32_t* targets, int64_t V,
@@ -96,25 +98,24 @@ class CpuBackend final : public Backend {
   // The producer-fused casts: the op, then the consumer's cast as its linear_forward or linear_backward
   // would make it.
   void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer);
-  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C, LinearExecution& consumer);
+                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer,
+                              std::unique_ptr<Fp8Tensor>* into);
+  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C, LinearExecution& consumer,
+                         std::unique_ptr<Fp8Tensor>* into);
   void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                          float* dbias, LinearExecution& consumer);
+                          float* dbias, LinearExecution& consumer, std::unique_ptr<Fp8Tensor>* into);
   void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
-                      const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec);
+                      const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
+                      const Fp8Operand& input);
   void linear_recompute(float* out, const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
-                        int64_t OC, LinearExecution& exec);
+                        int64_t OC, LinearExecution& exec, const Fp8Tensor& input);
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                       LinearExecution& exec);
+                       LinearExecution& exec, const Fp8Tensor* input, const Fp8Operand& gradient);
   void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
                          int64_t NH);
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
-
-  // The gradient cast gelu_backward_cast made for the linear_backward of `ready_gradient_for_`.
-  QuantizedTensor ready_gradient_;
-  const LinearExecution* ready_gradient_for_ = nullptr;
 };
 
 // out [M, N] = a [M, K] x b [N, K]^T (+= when accumulate), float32 accumulation; BLAS when present.

@@ -92,9 +92,47 @@ QuantizedTensor transposed(const QuantizedTensor& q, const float* values, Tensor
   return quantize(transpose(values, q.rows, q.cols), q.cols, q.rows, q.format, role, recipe, unused);
 }
 
-struct SavedInput final : public WeightCopy {
-  QuantizedTensor fp8;
+// The CPU's FP8 tensor: the emulated codes of x [rows, cols] with their scales (the transposed codes are
+// made where a GEMM reads them: transposed).
+struct CpuFp8Tensor final : public Fp8Tensor {
+  QuantizedTensor q;
+  TensorRole role = TensorRole::activation;
+  const ScalingState* state = nullptr;
+  Fp8TensorView view() const override {
+    Fp8TensorView v;
+    v.codes = q.data.empty() ? nullptr : q.data.data();
+    v.scale_inv = q.scale_inv.empty() ? nullptr : q.scale_inv.data();
+    v.format = q.format;
+    if (!q.data.empty()) v.shape = Shape{q.rows, q.cols};
+    v.role = role;
+    v.granularity = q.granularity;
+    v.state = state;
+    return v;
+  }
 };
+
+// The CPU tensor in a caller's slot, made where the slot is empty.
+CpuFp8Tensor& cpu_tensor(std::unique_ptr<Fp8Tensor>* slot, std::string_view what) {
+  OCTET_CHECK(slot != nullptr, "a slot for {}'s FP8 tensor", what);
+  auto* t = dynamic_cast<CpuFp8Tensor*>(slot->get());
+  if (t == nullptr) {
+    *slot = std::make_unique<CpuFp8Tensor>();
+    t = static_cast<CpuFp8Tensor*>(slot->get());
+  }
+  return *t;
+}
+
+// The codes a cast left in `tensor` for a GEMM of `exec`'s layer: [rows, cols], cast as `role` of that
+// layer.
+const QuantizedTensor& cast_codes(const Fp8Tensor* tensor, const LinearExecution& exec, TensorRole role,
+                                  int64_t rows, int64_t cols, std::string_view what) {
+  const auto* t = dynamic_cast<const CpuFp8Tensor*>(tensor);
+  const ScalingState* state = role == TensorRole::activation ? &exec.state->activation : &exec.state->gradient;
+  OCTET_CHECK(t != nullptr && t->role == role && t->state == state && t->q.rows == rows && t->q.cols == cols,
+              "{}: the FP8 cast of this layer's {} [{}, {}]", what,
+              role == TensorRole::activation ? "input" : "output gradient", rows, cols);
+  return t->q;
+}
 
 // D = A x B^T through the emulated FP8 GEMM (float32 values out); counts the GEMM.
 std::vector<float> fp8_product(const QuantizedTensor& a, const QuantizedTensor& b, LinearExecution& exec) {
@@ -143,29 +181,31 @@ void count_other(LinearExecution& exec) {
   if (exec.other_gemms) *exec.other_gemms += 1;
 }
 
-// The forward's FP8 cast of its input x [N, C], kept in exec.saved_input for the GEMMs that read it.
-void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec) {
+// The forward's FP8 cast of its input x [N, C], into the slot the layer's GEMMs read it from.
+void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot) {
   OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
-  auto saved = std::make_unique<SavedInput>();
+  CpuFp8Tensor& t = cpu_tensor(slot, "a linear layer's input");
   ScalingState frozen = exec.state->activation;
-  saved->fp8 =
-      quantize(std::span<const float>(x, static_cast<size_t>(N * C)), N, C, exec.formats.activation,
-               TensorRole::activation, *exec.recipe, exec.update_scaling ? exec.state->activation : frozen);
-  count_cast(saved->fp8, exec);
-  record_cast(saved->fp8, x, N * C, &Fp8LinearTelemetry::activation, exec);
-  exec.saved_input = std::move(saved);
+  t.q = quantize(std::span<const float>(x, static_cast<size_t>(N * C)), N, C, exec.formats.activation,
+                 TensorRole::activation, *exec.recipe, exec.update_scaling ? exec.state->activation : frozen);
+  t.role = TensorRole::activation;
+  t.state = &exec.state->activation;
+  count_cast(t.q, exec);
+  record_cast(t.q, x, N * C, &Fp8LinearTelemetry::activation, exec);
 }
 
-// The backward's FP8 cast of the output gradient dout [N, OC]: the gradient's scaling state moves on with
-// every cast (the backward never runs with frozen scaling).
-QuantizedTensor cast_gradient(const float* dout, int64_t N, int64_t OC, LinearExecution& exec) {
+// The backward's FP8 cast of the output gradient dout [N, OC] into the slot: the gradient's scaling state
+// moves on with every cast (the backward never runs with frozen scaling).
+void cast_gradient(const float* dout, int64_t N, int64_t OC, LinearExecution& exec,
+                   std::unique_ptr<Fp8Tensor>* slot) {
   OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
-  QuantizedTensor dy =
-      quantize(std::span<const float>(dout, static_cast<size_t>(N * OC)), N, OC, exec.formats.gradient,
-               TensorRole::gradient, *exec.recipe, exec.state->gradient);
-  count_cast(dy, exec);
-  record_cast(dy, dout, N * OC, &Fp8LinearTelemetry::gradient, exec);
-  return dy;
+  CpuFp8Tensor& t = cpu_tensor(slot, "a linear layer's output gradient");
+  t.q = quantize(std::span<const float>(dout, static_cast<size_t>(N * OC)), N, OC, exec.formats.gradient,
+                 TensorRole::gradient, *exec.recipe, exec.state->gradient);
+  t.role = TensorRole::gradient;
+  t.state = &exec.state->gradient;
+  count_cast(t.q, exec);
+  record_cast(t.q, dout, N * OC, &Fp8LinearTelemetry::gradient, exec);
 }
 
 // dbias [OC] += column sums of dout [N, OC], each column summed in row order.
@@ -197,40 +237,37 @@ float* output_or_scratch(float* out, int64_t n) {
 
 void CpuBackend::layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp,
                                         const float* weight, const float* bias, int64_t N, int64_t C,
-                                        LinearExecution& consumer) {
+                                        LinearExecution& consumer, std::unique_ptr<Fp8Tensor>* into) {
   OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
   OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
               "the output kept for a consumer that reads it");
   float* y = output_or_scratch(out, N * C);
   layernorm_forward(y, mean, rstd, inp, weight, bias, N, C);
-  cast_input(y, N, C, consumer);
-  consumer.input_cast_ready = true;
+  cast_input(y, N, C, consumer, into);
 }
 
 void CpuBackend::gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
-                                   LinearExecution& consumer) {
+                                   LinearExecution& consumer, std::unique_ptr<Fp8Tensor>* into) {
   OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
   OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
               "the output kept for a consumer that reads it");
   float* y = output_or_scratch(out, N * C);
   gelu_forward(y, inp, N * C);
-  cast_input(y, N, C, consumer);
-  consumer.input_cast_ready = true;
+  cast_input(y, N, C, consumer, into);
 }
 
 // gelu_backward, then linear_backward's bias sum and gradient cast, in that order: the same bits as the two
 // ops in turn.
 void CpuBackend::gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                                    float* dbias, LinearExecution& consumer) {
+                                    float* dbias, LinearExecution& consumer,
+                                    std::unique_ptr<Fp8Tensor>* into) {
   OCTET_CHECK(casts_gradient(consumer), "a consumer with an FP8 backward GEMM");
   OCTET_CHECK(dinp != nullptr || gradient_cast_suffices(consumer),
               "the gradient kept for a consumer that reads it");
   float* d = output_or_scratch(dinp, N * C);
   gelu_backward(d, inp, dout, N * C);
   if (dbias != nullptr) add_column_sums(dbias, d, N, C);
-  ready_gradient_ = cast_gradient(d, N, C, consumer);
-  ready_gradient_for_ = &consumer;
-  consumer.gradient_cast_ready = true;
+  cast_gradient(d, N, C, consumer, into);
 }
 
 void CpuBackend::round_in_place(float* x, int64_t n, Dtype dtype) {
@@ -274,7 +311,8 @@ void CpuBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* 
 }
 
 void CpuBackend::linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
-                                const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
+                                const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
+                                const Fp8Operand& input) {
   const auto* w = dynamic_cast<const CpuWeightCopy*>(copy);
   switch (exec.forward) {
     case GemmMode::f32:
@@ -291,10 +329,11 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
     }
     case GemmMode::fp8: {
       OCTET_CHECK(w != nullptr && !w->fp8.data.empty(), "an FP8 weight copy (prepare_weight)");
-      if (!exec.input_cast_ready) cast_input(inp, N, C, exec);
-      exec.input_cast_ready = false;
-      const auto* saved = static_cast<const SavedInput*>(exec.saved_input.get());
-      const std::vector<float> d = fp8_product(saved->fp8, w->fp8, exec);
+      OCTET_CHECK(input.tensor != nullptr, "a slot for the FP8 input's cast");
+      if (!input.cast_by_producer) cast_input(inp, N, C, exec, input.tensor);
+      const QuantizedTensor& x = cast_codes(input.tensor->get(), exec, TensorRole::activation, N, C,
+                                            "linear_forward");
+      const std::vector<float> d = fp8_product(x, w->fp8, exec);
       std::copy(d.begin(), d.end(), out);
       break;
     }
@@ -303,14 +342,13 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
 }
 
 void CpuBackend::linear_recompute(float* out, const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
-                                  int64_t OC, LinearExecution& exec) {
+                                  int64_t OC, LinearExecution& exec, const Fp8Tensor& input) {
   const auto* w = dynamic_cast<const CpuWeightCopy*>(copy);
-  const auto* saved = dynamic_cast<const SavedInput*>(exec.saved_input.get());
-  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes && w != nullptr && saved != nullptr &&
-                  saved->fp8.rows == N && saved->fp8.cols == C && w->fp8.rows == OC,
+  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes && w != nullptr && w->fp8.rows == OC,
               "an FP8 forward of [{}, {}] x [{}, {}]^T whose input codes were kept", N, C, OC, C);
+  const QuantizedTensor& x = cast_codes(&input, exec, TensorRole::activation, N, C, "linear_recompute");
   int64_t* const counted = std::exchange(exec.fp8_gemms, nullptr);
-  const std::vector<float> d = fp8_product(saved->fp8, w->fp8, exec);
+  const std::vector<float> d = fp8_product(x, w->fp8, exec);
   exec.fp8_gemms = counted;
   std::copy(d.begin(), d.end(), out);
   add_forward_bias(out, bias, N, OC, exec.forward);
@@ -318,23 +356,20 @@ void CpuBackend::linear_recompute(float* out, const WeightCopy* copy, const floa
 
 void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, const WeightCopy* copy, int64_t N,
-                                 int64_t C, int64_t OC, LinearExecution& exec) {
+                                 int64_t C, int64_t OC, LinearExecution& exec, const Fp8Tensor* input,
+                                 const Fp8Operand& gradient) {
   const auto* w = dynamic_cast<const CpuWeightCopy*>(copy);
   const bool fp8 = casts_gradient(exec);
-  const bool ready = take_gradient_cast(exec, dout, dbias);
+  check_gradient_cast(exec, gradient.cast_by_producer, dout, dbias);
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
-  QuantizedTensor dy;
-  if (ready) {
-    OCTET_CHECK(ready_gradient_for_ == &exec && ready_gradient_.rows == N && ready_gradient_.cols == OC,
-                "the gradient cast its producer made for this layer, [{}, {}]", N, OC);
-    dy = std::move(ready_gradient_);
-    ready_gradient_ = {};
-    ready_gradient_for_ = nullptr;
-  } else if (fp8) {
-    dy = cast_gradient(dout, N, OC, exec);
-    // As on a GPU, where the casts share one buffer: a producer's cast serves only the gradient cast next.
-    ready_gradient_for_ = nullptr;
+  const QuantizedTensor* dy_codes = nullptr;
+  if (fp8) {
+    OCTET_CHECK(gradient.tensor != nullptr, "linear_backward: a slot for the FP8 output gradient's cast");
+    if (!gradient.cast_by_producer) cast_gradient(dout, N, OC, exec, gradient.tensor);
+    dy_codes = &cast_codes(gradient.tensor->get(), exec, TensorRole::gradient, N, OC, "linear_backward");
   }
+  static const QuantizedTensor kNoCast;
+  const QuantizedTensor& dy = fp8 ? *dy_codes : kNoCast;
 
   // Input gradient: dinp [N, C] = dout [N, OC] x W [OC, C].
   switch (exec.input_gradient) {
@@ -373,11 +408,10 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
       break;
     }
     case GemmMode::fp8: {
-      const auto* saved = dynamic_cast<const SavedInput*>(exec.saved_input.get());
-      OCTET_CHECK(saved != nullptr, "the forward's FP8 input, kept for the backward");
+      const QuantizedTensor& x = cast_codes(input, exec, TensorRole::activation, N, C, "linear_backward");
       // K-major operands: A = dy^T [OC, N], B = x^T [C, N].
       const QuantizedTensor dy_t = transposed(dy, dout, TensorRole::gradient, *exec.recipe);
-      const QuantizedTensor x_t = transposed(saved->fp8, inp, TensorRole::activation, *exec.recipe);
+      const QuantizedTensor x_t = transposed(x, inp, TensorRole::activation, *exec.recipe);
       const std::vector<float> d = fp8_product(dy_t, x_t, exec);
       if (exec.accumulate_weight_gradient) {
         for (size_t i = 0; i < d.size(); ++i) dweight[i] += d[i];

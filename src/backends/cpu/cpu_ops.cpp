@@ -53,15 +53,16 @@ void CpuBackend::softmax_cross_entropy(float* losses, const TensorView& logits, 
 
 void CpuBackend::normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                                        const ConstTensorView& inp, const float* weight, const float* bias,
-                                       LinearExecution* cast_for) {
+                                       const Fp8CastTarget& cast_for) {
   OCTET_CHECK(kind == Normalization::layernorm, "CPU normalization: layernorm, asked for {}",
               normalization_name(kind));
   check_dtype("normalization_forward", "inp", inp.dtype, kF32);
   check_dtype("normalization_forward", "out", out.dtype, kF32);
   const int64_t N = inp.rows(), C = inp.cols();
   check_matrix("normalization_forward", "out", out.shape, N, C);
-  if (cast_for != nullptr) {
-    layernorm_forward_cast(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C, *cast_for);
+  if (cast_for.given()) {
+    layernorm_forward_cast(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C, *cast_for.layer,
+                           cast_for.tensor);
   } else {
     layernorm_forward(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C);
   }
@@ -77,28 +78,30 @@ void CpuBackend::normalization_backward(Normalization kind, float* dinp, float* 
 }
 
 void CpuBackend::activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
-                                    LinearExecution* cast_for) {
+                                    const Fp8CastTarget& cast_for) {
   OCTET_CHECK(kind == Activation::gelu, "CPU activation: gelu, asked for {}", activation_name(kind));
   check_dtype("activation_forward", "inp", inp.dtype, kF32);
   check_dtype("activation_forward", "out", out.dtype, kF32);
   check_matrix("activation_forward", "out", out.shape, inp.rows(), inp.cols());
-  if (cast_for != nullptr) {
-    gelu_forward_cast(out.f32(), inp.f32(), inp.rows(), inp.cols(), *cast_for);
+  if (cast_for.given()) {
+    gelu_forward_cast(out.f32(), inp.f32(), inp.rows(), inp.cols(), *cast_for.layer, cast_for.tensor);
   } else {
     gelu_forward(out.f32(), inp.f32(), inp.numel());
   }
 }
 
 void CpuBackend::activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                                     const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) {
+                                     const ConstTensorView& dout, float* dbias,
+                                     const Fp8CastTarget& cast_for) {
   OCTET_CHECK(kind == Activation::gelu, "CPU activation: gelu, asked for {}", activation_name(kind));
   check_dtype("activation_backward", "inp", inp.dtype, kF32);
   check_dtype("activation_backward", "dout", dout.dtype, kF32);
   check_dtype("activation_backward", "dinp", dinp.dtype, kF32);
   check_matrix("activation_backward", "dout", dout.shape, inp.rows(), inp.cols());
   check_matrix("activation_backward", "dinp", dinp.shape, inp.rows(), inp.cols());
-  if (cast_for != nullptr) {
-    gelu_backward_cast(dinp.f32(), inp.f32(), dout.f32(), inp.rows(), inp.cols(), dbias, *cast_for);
+  if (cast_for.given()) {
+    gelu_backward_cast(dinp.f32(), inp.f32(), dout.f32(), inp.rows(), inp.cols(), dbias, *cast_for.layer,
+                       cast_for.tensor);
   } else {
     OCTET_CHECK(dbias == nullptr, "activation_backward sums a bias gradient only with the consumer's cast");
     gelu_backward(dinp.f32(), inp.f32(), dout.f32(), inp.numel());
@@ -107,27 +110,28 @@ void CpuBackend::activation_backward(Activation kind, const TensorView& dinp, co
 
 void CpuBackend::linear_forward(const TensorView& out, const ConstTensorView& inp,
                                 const ConstTensorView& weight, const WeightCopy* copy,
-                                const Epilogue& epilogue, LinearExecution& exec) {
+                                const Epilogue& epilogue, LinearExecution& exec, const Fp8Operand& input) {
   check_dtype("linear_forward", "inp", inp.dtype, kF32);
   check_dtype("linear_forward", "out", out.dtype, kF32);
   const auto [N, C, OC] = linear_sizes("linear_forward", inp.shape, weight.shape, out.shape, "out");
-  linear_forward(out.f32(), inp.f32(), weight.f32(), copy, epilogue.bias, N, C, OC, exec);
+  linear_forward(out.f32(), inp.f32(), weight.f32(), copy, epilogue.bias, N, C, OC, exec, input);
   if (epilogue.residual != nullptr) add(out.f32(), epilogue.residual, out.f32(), N * OC);
 }
 
 void CpuBackend::linear_recompute(const TensorView& out, const ConstTensorView& weight,
-                                  const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) {
+                                  const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec,
+                                  const Fp8Tensor& input) {
   check_dtype("linear_recompute", "out", out.dtype, kF32);
   const int64_t N = out.rows(), C = weight.cols(), OC = weight.rows();
   check_matrix("linear_recompute", "out", out.shape, N, OC);
-  linear_recompute(out.f32(), copy, epilogue.bias, N, C, OC, exec);
+  linear_recompute(out.f32(), copy, epilogue.bias, N, C, OC, exec, input);
   if (epilogue.residual != nullptr) add(out.f32(), epilogue.residual, out.f32(), N * OC);
 }
 
 void CpuBackend::linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
                                  const ConstTensorView& dout, const ConstTensorView& inp,
-                                 const ConstTensorView& weight, const WeightCopy* copy,
-                                 LinearExecution& exec) {
+                                 const ConstTensorView& weight, const WeightCopy* copy, LinearExecution& exec,
+                                 const Fp8Tensor* input, const Fp8Operand& gradient) {
   check_dtype("linear_backward", "dinp", dinp.dtype, kF32);
   check_dtype("linear_backward", "dweight", dweight.dtype, kF32);
   check_dtype("linear_backward", "dout", dout.dtype, kF32);
@@ -136,7 +140,7 @@ void CpuBackend::linear_backward(const TensorView& dinp, const TensorView& dweig
   check_matrix("linear_backward", "dweight", dweight.shape, OC, C);
   check_matrix("linear_backward", "dinp", dinp.shape, N, C);
   linear_backward(dinp.f32(), dweight.f32(), dbias, dout.f32(), inp.f32(), weight.f32(), copy, N, C, OC,
-                  exec);
+                  exec, input, gradient);
 }
 
 void CpuBackend::attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,

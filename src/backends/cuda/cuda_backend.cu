@@ -107,12 +107,12 @@ std::unique_ptr<Buffer> CudaBackend::allocate(size_t bytes) {
 
 void CudaBackend::normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                                         const ConstTensorView& inp, const float* weight, const float* bias,
-                                        LinearExecution* cast_for) {
+                                        const Fp8CastTarget& cast_for) {
   require_normalization(kind);
   const int64_t N = inp.rows(), C = inp.cols();
   check_matrix("normalization_forward", "out", out.shape, N, C);
-  if (cast_for != nullptr) {
-    layernorm_forward_cast(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C, *cast_for);
+  if (cast_for.given()) {
+    layernorm_forward_cast(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C, cast_for);
   } else {
     layernorm_forward_as(out.data, out.dtype, mean, rstd, inp.f32(), weight, bias, N, C);
   }
@@ -128,38 +128,39 @@ void CudaBackend::normalization_backward(Normalization kind, float* dinp, float*
 
 void CudaBackend::linear_forward(const TensorView& out, const ConstTensorView& inp,
                                  const ConstTensorView& weight, const WeightCopy* copy,
-                                 const Epilogue& epilogue, LinearExecution& exec) {
+                                 const Epilogue& epilogue, LinearExecution& exec, const Fp8Operand& input) {
   const auto [N, C, OC] = linear_sizes("linear_forward", inp.shape, weight.shape, out.shape, "out");
   if (epilogue.residual != nullptr) {
     linear_forward_residual_as(out.f32(), epilogue.residual, inp.data, inp.dtype, weight.f32(), copy,
-                               epilogue.bias, N, C, OC, exec);
+                               epilogue.bias, N, C, OC, exec, input);
   } else {
     linear_forward_as(out.data, out.dtype, inp.data, inp.dtype, weight.f32(), copy, epilogue.bias, N, C, OC,
-                      exec);
+                      exec, input);
   }
 }
 
 void CudaBackend::linear_recompute(const TensorView& out, const ConstTensorView& weight,
-                                   const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) {
+                                   const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec,
+                                   const Fp8Tensor& input) {
   const int64_t N = out.rows(), C = weight.cols(), OC = weight.rows();
   check_matrix("linear_recompute", "out", out.shape, N, OC);
   if (epilogue.residual != nullptr) {
     linear_recompute_residual(out.f32(), epilogue.residual, weight.f32(), copy, epilogue.bias, N, C, OC,
-                              exec);
+                              exec, input);
   } else {
-    linear_recompute_as(out.data, out.dtype, weight.f32(), copy, epilogue.bias, N, C, OC, exec);
+    linear_recompute_as(out.data, out.dtype, weight.f32(), copy, epilogue.bias, N, C, OC, exec, input);
   }
 }
 
 void CudaBackend::linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
                                   const ConstTensorView& dout, const ConstTensorView& inp,
-                                  const ConstTensorView& weight, const WeightCopy* copy,
-                                  LinearExecution& exec) {
+                                  const ConstTensorView& weight, const WeightCopy* copy, LinearExecution& exec,
+                                  const Fp8Tensor* input, const Fp8Operand& gradient) {
   const auto [N, C, OC] = linear_sizes("linear_backward", inp.shape, weight.shape, dout.shape, "dout");
   check_matrix("linear_backward", "dweight", dweight.shape, OC, C);
   check_matrix("linear_backward", "dinp", dinp.shape, N, C);
   linear_backward_as(dinp.data, dinp.dtype, dweight.data, dweight.dtype, dbias, dout.data, dout.dtype,
-                     inp.data, inp.dtype, weight.f32(), copy, N, C, OC, exec);
+                     inp.data, inp.dtype, weight.f32(), copy, N, C, OC, exec, input, gradient);
 }
 
 void CudaBackend::embedding_forward(const TensorView& out, const int32_t* tokens,
@@ -238,26 +239,27 @@ void CudaBackend::attention_backward(const TensorView& dqkv, const ConstTensorVi
 }
 
 void CudaBackend::activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
-                                     LinearExecution* cast_for) {
+                                     const Fp8CastTarget& cast_for) {
   require_activation(kind);
   check_matrix("activation_forward", "out", out.shape, inp.rows(), inp.cols());
-  if (cast_for != nullptr) {
-    gelu_forward_cast_as(out.f32(), inp.data, inp.dtype, inp.rows(), inp.cols(), *cast_for);
+  if (cast_for.given()) {
+    gelu_forward_cast_as(out.f32(), inp.data, inp.dtype, inp.rows(), inp.cols(), cast_for);
   } else {
     gelu_forward_as(out.data, out.dtype, inp.data, inp.dtype, inp.numel());
   }
 }
 
 void CudaBackend::activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                                      const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) {
+                                      const ConstTensorView& dout, float* dbias,
+                                      const Fp8CastTarget& cast_for) {
   require_activation(kind);
   check_matrix("activation_backward", "dout", dout.shape, inp.rows(), inp.cols());
   check_matrix("activation_backward", "dinp", dinp.shape, inp.rows(), inp.cols());
   OCTET_CHECK(dout.dtype == inp.dtype, "activation_backward: dout ({}) is stored as inp is ({})",
               dtype_name(dout.dtype), dtype_name(inp.dtype));
-  if (cast_for != nullptr) {
+  if (cast_for.given()) {
     gelu_backward_cast_as(dinp.f32(), inp.data, dout.data, inp.dtype, inp.rows(), inp.cols(), dbias,
-                          *cast_for);
+                          cast_for);
   } else {
     OCTET_CHECK(dbias == nullptr, "activation_backward sums a bias gradient only with the consumer's cast");
     gelu_backward_as(dinp.data, dinp.dtype, inp.data, dout.data, inp.dtype, inp.numel());

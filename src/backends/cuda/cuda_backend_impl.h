@@ -103,15 +103,37 @@ struct CudaWeightCopy final : public WeightCopy {
   }
 };
 
-// The forward's FP8 input, kept for the weight-gradient GEMM: the codes of x^T [C, N] and their scale_inv.
-// The codes of x [N, C], which only the forward GEMM reads, live in the backend's input_codes_ until then,
-// unless the layer's backward recomputes its forward (LinearExecution::keep_input_codes): then here.
-struct CudaSavedInput final : public WeightCopy {
-  DeviceScratch codes;             // x [N, C] where kept
-  DeviceScratch codes_transposed;  // x^T [C, N]
-  uint8_t* row_codes = nullptr;    // where the last cast wrote x [N, C]: codes or the backend's input_codes_
-  DeviceScratch scale_inv;         // one float
+// The CUDA backend's FP8 tensor: the codes of x [rows, cols] and of x^T in device memory, and the scale_inv
+// its cast wrote. A layer's input cast (role activation) keeps x^T's codes for the weight-gradient GEMM and
+// its own scale_inv; the codes of x, which only the forward GEMM reads, live in the backend's input_codes_
+// until the next input cast, unless the layer's backward recomputes its forward
+// (LinearExecution::keep_input_codes): then here. An output-gradient cast (role gradient) keeps both here;
+// its scale_inv is the layer's device state's gradient_scale_inv.
+struct CudaFp8Tensor final : public Fp8Tensor {
+  DeviceScratch codes;
+  DeviceScratch codes_transposed;
+  DeviceScratch own_scale_inv;  // one float (input casts)
+  // Where the last cast wrote, and what: the codes of x (codes or the backend's input_codes_), of x^T, and
+  // the scale_inv.
+  uint8_t* row_codes = nullptr;
+  uint8_t* transposed = nullptr;
+  float* scale_inv = nullptr;
   Dtype format = Dtype::e4m3;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  TensorRole role = TensorRole::activation;
+  const ScalingState* state = nullptr;
+  Fp8TensorView view() const override {
+    Fp8TensorView v;
+    v.codes = row_codes;
+    v.codes_transposed = transposed;
+    v.scale_inv = scale_inv;
+    v.format = format;
+    if (row_codes != nullptr || transposed != nullptr) v.shape = Shape{rows, cols};
+    v.role = role;
+    v.state = state;
+    return v;
+  }
 };
 
 class CudaBackend final : public Backend {
@@ -173,26 +195,28 @@ class CudaBackend final : public Backend {
   // the ops on raw pointers below, which the backend's files call directly.
   void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                              const ConstTensorView& inp, const float* weight, const float* bias,
-                             LinearExecution* cast_for) override;
+                             const Fp8CastTarget& cast_for) override;
   void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
                               const ConstTensorView& dout, const float* inp, const float* weight,
                               const float* mean, const float* rstd) override;
   void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
-                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec) override;
+                      const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec,
+                      const Fp8Operand& input) override;
   void linear_recompute(const TensorView& out, const ConstTensorView& weight, const WeightCopy* copy,
-                        const Epilogue& epilogue, LinearExecution& exec) override;
+                        const Epilogue& epilogue, LinearExecution& exec, const Fp8Tensor& input) override;
   void linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
                        const ConstTensorView& dout, const ConstTensorView& inp, const ConstTensorView& weight,
-                       const WeightCopy* copy, LinearExecution& exec) override;
+                       const WeightCopy* copy, LinearExecution& exec, const Fp8Tensor* input,
+                       const Fp8Operand& gradient) override;
   Dtype storage_type(const StorageQuery& query) const override;
   void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
                          int64_t heads) override;
   void attention_backward(const TensorView& dqkv, const ConstTensorView& dout, const ConstTensorView& qkv,
                           const ConstTensorView& out, const float* lse, int64_t heads) override;
   void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
-                          LinearExecution* cast_for) override;
+                          const Fp8CastTarget& cast_for) override;
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                           const ConstTensorView& dout, float* dbias, LinearExecution* cast_for) override;
+                           const ConstTensorView& dout, float* dbias, const Fp8CastTarget& cast_for) override;
   double sum_of_squares(const ConstTensorView& x) override {
     return sum_of_squares_as(x.data, x.dtype, x.numel());
   }
@@ -210,13 +234,14 @@ class CudaBackend final : public Backend {
   void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                       LinearExecution& exec) override;
   void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
-                        int64_t C, int64_t OC, LinearExecution& exec);
+                        int64_t C, int64_t OC, LinearExecution& exec, const Fp8Tensor& input);
   Dtype bf16_storage_type() const { return options_.hidden_in_bf16 ? Dtype::bf16 : Dtype::f32; }
   void linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
-                           const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec);
+                           const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
+                           const Fp8Tensor& input);
   void linear_recompute_residual(float* out, const float* residual, const float* weight,
                                  const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                                 LinearExecution& exec);
+                                 LinearExecution& exec, const Fp8Tensor& input);
 
   Dtype attention_input_type(int64_t C, int64_t NH) const {
     return cuda::attention_uses_tensor_cores(C, NH, attention_options_) ? Dtype::bf16 : Dtype::f32;
@@ -227,14 +252,14 @@ class CudaBackend final : public Backend {
   }
   void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type, const float* weight,
                          const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                         LinearExecution& exec);
+                         LinearExecution& exec, const Fp8Operand& input);
   void linear_forward_residual_as(float* out, const float* residual, const void* inp, Dtype inp_type,
                                   const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
-                                  int64_t C, int64_t OC, LinearExecution& exec);
+                                  int64_t C, int64_t OC, LinearExecution& exec, const Fp8Operand& input);
   void linear_backward_as(void* dinp, Dtype dinp_type, void* dweight, Dtype dweight_type, float* dbias,
                           const void* dout, Dtype dout_type, const void* inp, Dtype inp_type,
                           const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                          LinearExecution& exec);
+                          LinearExecution& exec, const Fp8Tensor* input, const Fp8Operand& gradient);
   // The weight-gradient GEMMs write (and add to) a bf16 gradient themselves: BF16 ones, and FP8 ones on FP8
   // tensor cores (the emulation's dequantizing epilogue writes float32).
   Dtype weight_gradient_type(const LinearExecution& exec) const {
@@ -249,13 +274,13 @@ class CudaBackend final : public Backend {
 
   void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n);
   void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer);
+                              const float* bias, int64_t N, int64_t C, const Fp8CastTarget& cast);
   void gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
-                            LinearExecution& consumer);
+                            const Fp8CastTarget& cast);
   void gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
                         int64_t n);
   void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N, int64_t C,
-                             float* dbias, LinearExecution& consumer);
+                             float* dbias, const Fp8CastTarget& cast);
   void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) override;
   void add(float* out, const float* a, const float* b, int64_t n) {
     const OpScope scope(*this, OpKind::other);
@@ -319,13 +344,27 @@ class CudaBackend final : public Backend {
                     bool update, const LinearExecution& exec);
   // The device state of an FP8 layer whose weight copy exists (prepare_weight made it).
   Layer& mapped_layer(LinearExecution& exec);
-  // The forward's saved input of an FP8 layer, sized for x [N, C].
-  CudaSavedInput& saved_input(LinearExecution& exec, int64_t N, int64_t C);
-  // Casts the forward's input x [N, C] into exec.saved_input.
-  void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec);
+  // The CUDA tensor in a caller's slot, made where the slot is empty.
+  static CudaFp8Tensor& cuda_tensor(std::unique_ptr<Fp8Tensor>* slot, std::string_view what);
+  // The cast in `tensor` that a GEMM of exec's layer reads: [rows, cols], cast as `role` of that layer;
+  // refused otherwise, naming `op`.
+  static const CudaFp8Tensor& cast_of(const Fp8Tensor* tensor, const LinearExecution& exec, TensorRole role,
+                                      int64_t rows, int64_t cols, std::string_view op);
+  // The cast that an FP8 layer's forward kept with the codes of x [N, C], for linear_recompute.
+  static const CudaFp8Tensor* recomputed_input(const Fp8Tensor& input, const LinearExecution& exec, int64_t N,
+                                               int64_t C);
+  // The input tensor in `slot` of an FP8 layer, sized for a cast of x [N, C].
+  CudaFp8Tensor& input_tensor(std::unique_ptr<Fp8Tensor>* slot, const LinearExecution& exec, int64_t N,
+                              int64_t C);
+  // The output-gradient tensor in `slot` of an FP8 layer, sized for a cast of dout [N, OC].
+  CudaFp8Tensor& gradient_tensor(std::unique_ptr<Fp8Tensor>* slot, Layer& layer, const LinearExecution& exec,
+                                 int64_t N, int64_t OC);
+  // Casts the forward's input x [N, C] into the tensor in `slot`.
+  void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot);
   // The same for a bf16 input (its bits): in one pass that reads the bf16 values where producer_casts(exec),
   // else cast_input of their float32 values.
-  void cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec);
+  void cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec,
+                       std::unique_ptr<Fp8Tensor>* slot);
   // A tensor stored as float32 or as bf16 (attention's output and the gradients on either side of it, the
   // MLP's hidden activation and its gradient).
   struct Stored {
@@ -337,6 +376,9 @@ class CudaBackend final : public Backend {
     OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "{} stored in f32 or bf16, got {}", what,
                 dtype_name(type));
   }
+  // An FP8 forward's input cast (null for other forwards): the producer's, or made of inp now (Fp8Operand).
+  const CudaFp8Tensor* forward_input(Stored inp, int64_t N, int64_t C, const CudaWeightCopy* copy,
+                                     LinearExecution& exec, const Fp8Operand& input);
   // x [n] as float32: itself, or its bf16 values widened into widened_[slot].
   const float* as_f32(Stored x, int64_t n, int slot);
   // x [n] as a GEMM in `mode` (BF16 or FP16) reads it: a 16-byte aligned bf16 x itself in BF16 mode, else
@@ -349,22 +391,24 @@ class CudaBackend final : public Backend {
   // The input cast written by a producer kernel: prepares the scale, lets `write` run the producer with the
   // FusedCast it is given, then updates the scaling state and telemetry as cast_operand does.
   template <typename Write>
-  void producer_cast(int64_t N, int64_t C, LinearExecution& exec, Write write);
-  // Casts the backward's output gradient dout [N, OC] as the layer's gradient operand into dy_codes_ and
-  // dy_codes_transposed_ (linear_backward's cast; gelu_backward_cast's where it cannot fuse), and adds the
-  // column sums of dout to dbias when given: in the cast's own pass where producer_casts(exec), else by
-  // bias_backward before the cast.
+  void producer_cast(int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot,
+                     Write write);
+  // Casts the backward's output gradient dout [N, OC] as the layer's gradient operand into the tensor in
+  // `slot` (linear_backward's cast; gelu_backward_cast's where it cannot fuse), and adds the column sums of
+  // dout to dbias when given: in the cast's own pass where producer_casts(exec), else by bias_backward
+  // before the cast.
   void cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC, const LinearExecution& exec,
-                     float* dbias = nullptr);
+                     std::unique_ptr<Fp8Tensor>* slot, float* dbias = nullptr);
   // The same for a bf16 dout (its bits): in one pass that reads the bf16 values where producer_casts(exec),
   // else cast_gradient of their float32 values.
   void cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t N, int64_t OC,
-                          const LinearExecution& exec, float* dbias);
-  // The FusedCast of a gradient dout [N, C] as the layer's gradient operand in `format`, for a kernel that
-  // writes the cast in its own pass (bias_backward_cast, gelu_backward_cast): the scale from begin_cast, the
-  // codes into dy_codes_ and dy_codes_transposed_, scale_inv and results in the layer's state. The caller
-  // runs the kernel and then end_cast.
-  FusedCast gradient_fused_cast(Layer& layer, Dtype format, int64_t N, int64_t C);
+                          const LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot, float* dbias);
+  // The FusedCast of a gradient dout [N, C] as the layer's gradient operand, for a kernel that writes the
+  // cast in its own pass (bias_backward_cast, gelu_backward_cast): the scale from begin_cast, the codes into
+  // the tensor in `slot`, scale_inv and results in the layer's state. The caller runs the kernel and then
+  // end_cast.
+  FusedCast gradient_fused_cast(Layer& layer, const LinearExecution& exec, int64_t N, int64_t C,
+                                std::unique_ptr<Fp8Tensor>* slot);
   // D [M, N] (=|+=) A [M, K] x B [N, K]^T on FP8 codes with dequantizing scales (device pointers), plus
   // a BF16 bias [N] when not null (never with accumulate).
   // With d_bf16 (FP8 tensor cores only; d null, no accumulate) the result is written as bf16 there instead.
@@ -382,17 +426,19 @@ class CudaBackend final : public Backend {
                             CudaWeightCopy* copy = nullptr);
   const void* wide_copy(const float* x, int64_t n, GemmMode mode, int slot);
   // linear_forward's GEMM, writing float32 to out or, with out_bf16 instead (BF16 GEMMs, and FP8 ones on FP8
-  // tensor cores), bf16 there. With `recompute` (FP8 only): linear_recompute's, on the kept codes, uncounted.
+  // tensor cores), bf16 there. An FP8 GEMM reads its input's cast `codes` (forward_input); with `recompute`:
+  // linear_recompute's, on the kept codes, uncounted.
   // With an addend (float32 out only, not with emulated FP8): out = addend + the product, in the epilogue.
   void forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
                     const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                    LinearExecution& exec, bool recompute = false, const float* addend = nullptr);
+                    LinearExecution& exec, const CudaFp8Tensor* codes, bool recompute = false,
+                    const float* addend = nullptr);
   // forward_gemm with its output stored as `out_type`: a bf16 output from the GEMM's epilogue where the GEMM
   // can write bf16 (16-byte aligned, BF16 or FP8 on FP8 tensor cores), else the float32 result rounded to
   // bf16 after.
   void forward_gemm_as(void* out, Dtype out_type, Stored x, const float* weight, const WeightCopy* copy,
                        const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
-                       bool recompute);
+                       const CudaFp8Tensor* codes, bool recompute);
   // A BF16, FP16 or FP32 GEMM.
   void wide_gemm(const GemmProblem& p) {
     const OpScope scope(*this, OpKind::gemm_wide);
@@ -518,7 +564,7 @@ class CudaBackend final : public Backend {
   std::vector<Layer*> pending_layers_;
   std::unordered_map<const Fp8LinearState*, Layer*> layers_;
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
-  DeviceScratch dy_codes_, dy_codes_transposed_, wide_[2], emulation_[3], producer_output_, column_partials_;
+  DeviceScratch wide_[2], emulation_[3], producer_output_, column_partials_;
   // A bf16 weight gradient widened for an AdamW update that reads float32 (update_weight_alone).
   DeviceScratch widened_gradient_;
   DeviceScratch bias_;  // a forward GEMM's bias as its epilogue reads it
@@ -536,18 +582,10 @@ class CudaBackend final : public Backend {
   // and whose they are: one buffer for every layer, as each forward GEMM follows its input's cast and only
   // the transposed codes are kept for the backward.
   DeviceScratch input_codes_;
-  const LinearExecution* input_codes_for_ = nullptr;
+  const CudaFp8Tensor* input_codes_for_ = nullptr;
   // The codes of W^T of the layer whose input-gradient GEMM runs next, transposed from W's just before it,
   // for every layer with transpose_weight_per_use.
   DeviceScratch weight_transposed_;
-  // The gradient cast that dy_codes_ holds when gelu_backward_cast made it: for whose linear_backward, of
-  // what shape. The consumer is null once a linear_backward has cast into dy_codes_ itself.
-  struct ReadyGradient {
-    const LinearExecution* consumer = nullptr;
-    int64_t rows = 0;
-    int64_t cols = 0;
-  };
-  ReadyGradient ready_gradient_;
 };
 
 }  // namespace octet::cuda::backend_internal

@@ -150,76 +150,102 @@ const void* CudaBackend::epilogue_bias(const float* bias, int64_t OC, GemmMode m
   return out;
 }
 
-void CudaBackend::linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias,
-                                   int64_t N, int64_t C, int64_t OC, LinearExecution& exec) {
+// The recomputing GEMM's input: the cast the layer's forward kept, with its codes of x.
+const CudaFp8Tensor* CudaBackend::recomputed_input(const Fp8Tensor& input, const LinearExecution& exec,
+                                                   int64_t N, int64_t C) {
   OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
               "an FP8 forward whose input codes were kept (keep_input_codes)");
-  forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true);
+  return &cast_of(&input, exec, TensorRole::activation, N, C, "linear_recompute");
+}
+
+void CudaBackend::linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias,
+                                   int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
+                                   const Fp8Tensor& input) {
+  forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec,
+               recomputed_input(input, exec, N, C), true);
 }
 
 void CudaBackend::linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
                                       const float* bias, int64_t N, int64_t C, int64_t OC,
-                                      LinearExecution& exec) {
-  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
-              "an FP8 forward whose input codes were kept (keep_input_codes)");
-  forward_gemm_as(out, out_type, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true);
+                                      LinearExecution& exec, const Fp8Tensor& input) {
+  forward_gemm_as(out, out_type, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec,
+                  recomputed_input(input, exec, N, C), true);
 }
 
 void CudaBackend::linear_recompute_residual(float* out, const float* residual, const float* weight,
                                             const WeightCopy* copy, const float* bias, int64_t N, int64_t C,
-                                            int64_t OC, LinearExecution& exec) {
-  OCTET_CHECK(exec.forward == GemmMode::fp8 && exec.keep_input_codes,
-              "an FP8 forward whose input codes were kept (keep_input_codes)");
+                                            int64_t OC, LinearExecution& exec, const Fp8Tensor& input) {
   if (!supports(Fusion::residual_add, exec).fused) {  // as linear_forward_residual_as: output, then add
-    linear_recompute(out, weight, copy, bias, N, C, OC, exec);
+    linear_recompute(out, weight, copy, bias, N, C, OC, exec, input);
     add(out, residual, out, N * OC);
     return;
   }
   // The forward's GEMM with the residual as its addend, as linear_forward_residual_as ran it.
-  forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec, true, residual);
+  forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec,
+               recomputed_input(input, exec, N, C), true, residual);
+}
+
+const CudaFp8Tensor* CudaBackend::forward_input(Stored inp, int64_t N, int64_t C, const CudaWeightCopy* copy,
+                                                LinearExecution& exec, const Fp8Operand& input) {
+  if (exec.forward != GemmMode::fp8) return nullptr;
+  OCTET_CHECK(copy != nullptr && copy->has_fp8, "an FP8 weight copy (prepare_weight)");
+  prepared_layer(exec, copy);
+  OCTET_CHECK(input.tensor != nullptr, "linear_forward: a slot for the FP8 input's cast");
+  if (!input.cast_by_producer) {
+    if (inp.type == Dtype::bf16) {
+      cast_input_bf16(static_cast<const uint16_t*>(inp.data), N, C, exec, input.tensor);
+    } else {
+      cast_input(static_cast<const float*>(inp.data), N, C, exec, input.tensor);
+    }
+  }
+  return &cast_of(input.tensor->get(), exec, TensorRole::activation, N, C, "linear_forward");
 }
 
 void CudaBackend::linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type,
                                     const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
-                                    int64_t C, int64_t OC, LinearExecution& exec) {
+                                    int64_t C, int64_t OC, LinearExecution& exec, const Fp8Operand& input) {
   check_stored(inp_type, "a linear layer's input");
-  forward_gemm_as(out, out_type, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, false);
+  const CudaFp8Tensor* codes =
+      forward_input({inp, inp_type}, N, C, dynamic_cast<const CudaWeightCopy*>(copy), exec, input);
+  forward_gemm_as(out, out_type, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, codes, false);
 }
 
 void CudaBackend::linear_forward_residual_as(float* out, const float* residual, const void* inp,
                                              Dtype inp_type, const float* weight, const WeightCopy* copy,
                                              const float* bias, int64_t N, int64_t C, int64_t OC,
-                                             LinearExecution& exec) {
+                                             LinearExecution& exec, const Fp8Operand& input) {
   check_stored(inp_type, "a linear layer's input");
   if (!supports(Fusion::residual_add, exec).fused) {
     // The emulated FP8 product is not cuBLASLt's: the layer's output, then the residual add.
-    linear_forward_as(out, Dtype::f32, inp, inp_type, weight, copy, bias, N, C, OC, exec);
+    linear_forward_as(out, Dtype::f32, inp, inp_type, weight, copy, bias, N, C, OC, exec, input);
     add(out, residual, out, N * OC);
     return;
   }
   // The residual as the GEMM's addend: the stream is read and written once, in the GEMM's epilogue.
-  forward_gemm(out, nullptr, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, false, residual);
+  const CudaFp8Tensor* codes =
+      forward_input({inp, inp_type}, N, C, dynamic_cast<const CudaWeightCopy*>(copy), exec, input);
+  forward_gemm(out, nullptr, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, codes, false, residual);
 }
 
 void CudaBackend::forward_gemm_as(void* out, Dtype out_type, Stored x, const float* weight,
                                   const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                                  LinearExecution& exec, bool recompute) {
+                                  LinearExecution& exec, const CudaFp8Tensor* codes, bool recompute) {
   check_stored(out_type, "a linear layer's output");
   if (out_type == Dtype::f32) {
-    forward_gemm(static_cast<float*>(out), nullptr, x, weight, copy, bias, N, C, OC, exec, recompute);
+    forward_gemm(static_cast<float*>(out), nullptr, x, weight, copy, bias, N, C, OC, exec, codes, recompute);
     return;
   }
   auto* out_bf16 = static_cast<__nv_bfloat16*>(out);
   const bool direct = reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
                       (exec.forward == GemmMode::bf16 || (exec.forward == GemmMode::fp8 && !emulate_fp8_));
   if (direct) {
-    forward_gemm(nullptr, out_bf16, x, weight, copy, bias, N, C, OC, exec, recompute);
+    forward_gemm(nullptr, out_bf16, x, weight, copy, bias, N, C, OC, exec, codes, recompute);
     return;
   }
   // Modes whose GEMMs cannot write bf16 (float32, FP16, FP8 without FP8 tensor cores): the float32 result,
   // then rounded to bf16 (to nearest even), as the epilogue's bf16 output rounds it.
   auto* y = producer_output_.as<float>(static_cast<size_t>(N * OC), stream_);
-  forward_gemm(y, nullptr, x, weight, copy, bias, N, C, OC, exec, recompute);
+  forward_gemm(y, nullptr, x, weight, copy, bias, N, C, OC, exec, codes, recompute);
   const OpScope scope(*this, OpKind::casts);
   convert_to_bf16(out_bf16, y, N * OC, stream_);
 }
@@ -241,7 +267,8 @@ const void* CudaBackend::as_wide(Stored x, int64_t n, GemmMode mode, int slot) {
 
 void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
                                const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
-                               LinearExecution& exec, bool recompute, const float* addend) {
+                               LinearExecution& exec, const CudaFp8Tensor* codes, bool recompute,
+                               const float* addend) {
   const auto* w = dynamic_cast<const CudaWeightCopy*>(copy);
   const bool bf16_output = out_bf16 != nullptr;
   // The bias goes into the GEMM's epilogue: the output is written once, in the GEMM.
@@ -276,23 +303,11 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, 
     case GemmMode::fp8: {
       OCTET_CHECK(w != nullptr && w->has_fp8, "an FP8 weight copy (prepare_weight)");
       Layer& layer = prepared_layer(exec, w);
-      if (!recompute) {
-        if (!exec.input_cast_ready) {
-          if (inp.type == Dtype::bf16) {
-            cast_input_bf16(static_cast<const uint16_t*>(inp.data), N, C, exec);
-          } else {
-            cast_input(static_cast<const float*>(inp.data), N, C, exec);
-          }
-        }
-        exec.input_cast_ready = false;
-      }
-      auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
-      OCTET_CHECK(saved != nullptr && saved->row_codes != nullptr, "the forward's FP8 input cast");
+      OCTET_CHECK(codes != nullptr && codes->row_codes != nullptr, "the forward's FP8 input cast");
       // Shared codes are the last cast's: this layer's own, right before its forward GEMM.
-      OCTET_CHECK(exec.keep_input_codes || (!recompute && input_codes_for_ == &exec),
+      OCTET_CHECK(exec.keep_input_codes || (!recompute && input_codes_for_ == codes),
                   "input codes that this layer's own cast wrote");
-      const auto* scale_inv = static_cast<const float*>(saved->scale_inv.get(0, stream_));
-      fp8_gemm(out, saved->row_codes, saved->format, scale_inv,
+      fp8_gemm(out, codes->row_codes, codes->format, codes->scale_inv,
                static_cast<const uint8_t*>(const_cast<CudaWeightCopy*>(w)->fp8.get(0, stream_)),
                exec.formats.weight, &layer.device->weight_scale_inv, N, OC, C, false,
                exec.fast_accumulation_forward, static_cast<const __nv_bfloat16*>(gemm_bias), out_bf16,
@@ -307,7 +322,8 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight,
                                      float* dbias, const void* dout_data, Dtype dout_type,
                                      const void* inp_data, Dtype inp_type, const float* weight,
                                      const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
-                                     LinearExecution& exec) {
+                                     LinearExecution& exec, const Fp8Tensor* input,
+                                     const Fp8Operand& gradient) {
   check_stored(dinp_type, "a linear layer's input gradient");
   OCTET_CHECK(dweight_type == Dtype::f32 || dweight_type == weight_gradient_type(exec),
               "a linear layer's weight gradient is stored as {} only where its GEMM writes it so",
@@ -320,7 +336,7 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight,
   const auto* dout_bf16 = dout_type == Dtype::bf16 ? static_cast<const uint16_t*>(dout_data) : nullptr;
   const auto* dout_f32 = dout_type == Dtype::f32 ? static_cast<const float*>(dout_data) : nullptr;
   const bool fp8 = casts_gradient(exec);
-  const bool ready = take_gradient_cast(exec, dout_data, dbias);
+  check_gradient_cast(exec, gradient.cast_by_producer, dout_data, dbias);
   const void* dout_wide = nullptr;  // dout rounded to BF16/FP16 (slot 0), once for both GEMMs
   // An FP8 backward sums the bias gradient with its gradient cast (cast_gradient), in one pass over dout
   // where it can; a BF16 one with the conversion of a float32 dout for its input-gradient GEMM.
@@ -339,24 +355,23 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight,
       }
     }
   }
-  const size_t ny = static_cast<size_t>(N * OC);
-  uint8_t* dy = nullptr;
-  uint8_t* dy_t = nullptr;
+  const uint8_t* dy = nullptr;
+  const uint8_t* dy_t = nullptr;
   Layer* layer = nullptr;
   if (fp8) {
     layer = &prepared_layer(exec, w);
-    if (ready) {
-      OCTET_CHECK(
-          ready_gradient_.consumer == &exec && ready_gradient_.rows == N && ready_gradient_.cols == OC,
-          "the gradient cast its producer made for this layer, [{}, {}]", N, OC);
-      ready_gradient_ = {};
-    } else if (dout_bf16 != nullptr) {
-      cast_gradient_bf16(*layer, dout_bf16, N, OC, exec, dbias);
-    } else {
-      cast_gradient(*layer, dout_f32, N, OC, exec, dbias);
+    OCTET_CHECK(gradient.tensor != nullptr, "linear_backward: a slot for the FP8 output gradient's cast");
+    if (!gradient.cast_by_producer) {
+      if (dout_bf16 != nullptr) {
+        cast_gradient_bf16(*layer, dout_bf16, N, OC, exec, gradient.tensor, dbias);
+      } else {
+        cast_gradient(*layer, dout_f32, N, OC, exec, gradient.tensor, dbias);
+      }
     }
-    dy = static_cast<uint8_t*>(dy_codes_.get(ny, stream_));
-    dy_t = static_cast<uint8_t*>(dy_codes_transposed_.get(ny, stream_));
+    const CudaFp8Tensor& g =
+        cast_of(gradient.tensor->get(), exec, TensorRole::gradient, N, OC, "linear_backward");
+    dy = g.row_codes;
+    dy_t = g.transposed;
   }
 
   // dinp: float32, or bf16, which BF16 GEMMs and FP8 ones on FP8 tensor cores write themselves (rounding
@@ -432,16 +447,14 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight,
       break;
     }
     case GemmMode::fp8: {
-      auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
-      OCTET_CHECK(saved != nullptr, "the forward's FP8 input, kept for the backward");
+      const CudaFp8Tensor& saved = cast_of(input, exec, TensorRole::activation, N, C, "linear_backward");
       // Evaluation and generation run any number of rows; only this GEMM has them as K.
       OCTET_REQUIRE(fp8_shape_supported(OC, C, N),
                     "an FP8 weight gradient over {} rows: FP8 GEMMs need a multiple of 16 (the precision "
                     "policy keeps such layers in BF16)",
                     N);
       fp8_gemm(dweight_f32, dy_t, exec.formats.gradient, &layer->device->gradient_scale_inv,
-               static_cast<const uint8_t*>(saved->codes_transposed.get(0, stream_)), saved->format,
-               static_cast<const float*>(saved->scale_inv.get(0, stream_)), OC, C, N,
+               saved.transposed, saved.format, saved.scale_inv, OC, C, N,
                exec.accumulate_weight_gradient, exec.fast_accumulation_backward, nullptr, dweight_bf16);
       if (exec.fp8_gemms) *exec.fp8_gemms += 1;
       break;

@@ -1,5 +1,5 @@
-// The FP8 casts of a linear layer's input (into its saved input, CudaSavedInput) and output gradient (into
-// the backend's dy_codes_), and the LayerNorm and GELU ops that produce those tensors: where the recipe knows
+// The FP8 casts of a linear layer's input and output gradient (into the caller's FP8 tensors,
+// CudaFp8Tensor), and the LayerNorm and GELU ops that produce those tensors: where the recipe knows
 // the scale before the cast (producer_casts), the producing kernel writes the cast in its own pass
 // (producer_cast, gradient_fused_cast; the kernels in fused_*.cu), else the op runs and the cast follows
 // (cast_operand).
@@ -9,29 +9,64 @@
 
 namespace octet::cuda::backend_internal {
 
-CudaSavedInput& CudaBackend::saved_input(LinearExecution& exec, int64_t N, int64_t C) {
-  auto* saved = dynamic_cast<CudaSavedInput*>(exec.saved_input.get());
-  if (saved == nullptr) {
-    exec.saved_input = std::make_unique<CudaSavedInput>();
-    saved = static_cast<CudaSavedInput*>(exec.saved_input.get());
+CudaFp8Tensor& CudaBackend::cuda_tensor(std::unique_ptr<Fp8Tensor>* slot, std::string_view what) {
+  OCTET_CHECK(slot != nullptr, "a slot for {}'s FP8 tensor", what);
+  auto* t = dynamic_cast<CudaFp8Tensor*>(slot->get());
+  if (t == nullptr) {
+    *slot = std::make_unique<CudaFp8Tensor>();
+    t = static_cast<CudaFp8Tensor*>(slot->get());
   }
-  const size_t n = static_cast<size_t>(N * C);
-  saved->format = exec.formats.activation;
-  saved->codes_transposed.as<uint8_t>(n, stream_);
-  saved->scale_inv.as<float>(1, stream_);
-  saved->row_codes =
-      exec.keep_input_codes ? saved->codes.as<uint8_t>(n, stream_) : input_codes_.as<uint8_t>(n, stream_);
-  input_codes_for_ = &exec;
-  return *saved;
+  return *t;
 }
 
-void CudaBackend::cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec) {
+const CudaFp8Tensor& CudaBackend::cast_of(const Fp8Tensor* tensor, const LinearExecution& exec,
+                                          TensorRole role, int64_t rows, int64_t cols, std::string_view op) {
+  const auto* t = dynamic_cast<const CudaFp8Tensor*>(tensor);
+  const ScalingState* state =
+      role == TensorRole::activation ? &exec.state->activation : &exec.state->gradient;
+  OCTET_CHECK(t != nullptr && t->role == role && t->state == state && t->rows == rows && t->cols == cols,
+              "{}: the FP8 cast of this layer's {} [{}, {}]", op,
+              role == TensorRole::activation ? "input" : "output gradient", rows, cols);
+  return *t;
+}
+
+CudaFp8Tensor& CudaBackend::input_tensor(std::unique_ptr<Fp8Tensor>* slot, const LinearExecution& exec,
+                                         int64_t N, int64_t C) {
+  CudaFp8Tensor& t = cuda_tensor(slot, "a linear layer's input");
+  const size_t n = static_cast<size_t>(N * C);
+  t.format = exec.formats.activation;
+  t.rows = N;
+  t.cols = C;
+  t.role = TensorRole::activation;
+  t.state = &exec.state->activation;
+  t.transposed = t.codes_transposed.as<uint8_t>(n, stream_);
+  t.scale_inv = t.own_scale_inv.as<float>(1, stream_);
+  t.row_codes = exec.keep_input_codes ? t.codes.as<uint8_t>(n, stream_) : input_codes_.as<uint8_t>(n, stream_);
+  input_codes_for_ = &t;
+  return t;
+}
+
+CudaFp8Tensor& CudaBackend::gradient_tensor(std::unique_ptr<Fp8Tensor>* slot, Layer& layer,
+                                            const LinearExecution& exec, int64_t N, int64_t OC) {
+  CudaFp8Tensor& t = cuda_tensor(slot, "a linear layer's output gradient");
+  const size_t n = static_cast<size_t>(N * OC);
+  t.format = exec.formats.gradient;
+  t.rows = N;
+  t.cols = OC;
+  t.role = TensorRole::gradient;
+  t.state = &exec.state->gradient;
+  t.row_codes = t.codes.as<uint8_t>(n, stream_);
+  t.transposed = t.codes_transposed.as<uint8_t>(n, stream_);
+  t.scale_inv = &layer.device->gradient_scale_inv;
+  return t;
+}
+
+void CudaBackend::cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec,
+                             std::unique_ptr<Fp8Tensor>* slot) {
   Layer& layer = mapped_layer(exec);
-  CudaSavedInput& saved = saved_input(exec, N, C);
-  cast_operand(layer, kActivation, exec.formats.activation, x, N, C, saved.row_codes,
-               static_cast<uint8_t*>(saved.codes_transposed.get(0, stream_)),
-               &layer.device->cast_scale[kActivation], static_cast<float*>(saved.scale_inv.get(0, stream_)),
-               exec.update_scaling, exec);
+  CudaFp8Tensor& t = input_tensor(slot, exec, N, C);
+  cast_operand(layer, kActivation, exec.formats.activation, x, N, C, t.row_codes, t.transposed,
+               &layer.device->cast_scale[kActivation], t.scale_inv, exec.update_scaling, exec);
 }
 
 bool CudaBackend::producer_casts(const LinearExecution& exec) const {
@@ -39,22 +74,22 @@ bool CudaBackend::producer_casts(const LinearExecution& exec) const {
 }
 
 template <typename Write>
-void CudaBackend::producer_cast(int64_t N, int64_t C, LinearExecution& exec, Write write) {
+void CudaBackend::producer_cast(int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot,
+                                Write write) {
   Layer& layer = mapped_layer(exec);
-  CudaSavedInput& saved = saved_input(exec, N, C);
+  CudaFp8Tensor& saved = input_tensor(slot, exec, N, C);
   DeviceLayerState* s = layer.device;
   const Dtype format = exec.formats.activation;
   FusedCast cast;
   cast.format = format;
   cast.scale = begin_cast(layer, kActivation, format, nullptr, N * C, &s->cast_scale[kActivation]);
   cast.output = saved.row_codes;
-  cast.output_transposed = static_cast<uint8_t*>(saved.codes_transposed.get(0, stream_));
-  cast.scale_inv = static_cast<float*>(saved.scale_inv.get(0, stream_));
+  cast.output_transposed = saved.transposed;
+  cast.scale_inv = saved.scale_inv;
   cast.results = &s->results[kActivation];
   cast.results_zeroed = layer.take_zeroed_results(kActivation);
   write(cast);
   end_cast(layer, kActivation, format, N * C, exec.update_scaling, exec.telemetry != nullptr);
-  exec.input_cast_ready = true;
 }
 
 void CudaBackend::layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,
@@ -84,21 +119,21 @@ void CudaBackend::layernorm_backward_as(float* dinp, float* dweight, float* dbia
 
 void CudaBackend::layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp,
                                          const float* weight, const float* bias, int64_t N, int64_t C,
-                                         LinearExecution& consumer) {
+                                         const Fp8CastTarget& target) {
   const OpScope scope(*this, OpKind::norm_activation);
+  LinearExecution& consumer = *target.layer;
   OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
   OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
               "the output kept for a consumer that reads it");
   if (producer_casts(consumer)) {
-    producer_cast(N, C, consumer, [&](const FusedCast& cast) {
+    producer_cast(N, C, consumer, target.tensor, [&](const FusedCast& cast) {
       cuda::layernorm_forward_cast(out, mean, rstd, inp, weight, bias, N, C, cast, stream_);
     });
     return;
   }
   float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
   cuda::layernorm_forward(y, mean, rstd, inp, weight, bias, N, C, stream_);
-  cast_input(y, N, C, consumer);
-  consumer.input_cast_ready = true;
+  cast_input(y, N, C, consumer, target.tensor);
 }
 
 void CudaBackend::gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) {
@@ -120,14 +155,15 @@ void CudaBackend::gelu_forward_as(void* out, Dtype out_type, const void* inp, Dt
 }
 
 void CudaBackend::gelu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
-                                       LinearExecution& consumer) {
+                                       const Fp8CastTarget& target) {
   check_stored(type, "GELU's input");
   const OpScope scope(*this, OpKind::norm_activation);
+  LinearExecution& consumer = *target.layer;
   OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
   OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
               "the output kept for a consumer that reads it");
   if (producer_casts(consumer)) {
-    producer_cast(N, C, consumer, [&](const FusedCast& cast) {
+    producer_cast(N, C, consumer, target.tensor, [&](const FusedCast& cast) {
       if (type == Dtype::bf16) {
         cuda::gelu_forward_cast(out, static_cast<const uint16_t*>(inp), N, C, cast, stream_);
       } else {
@@ -138,27 +174,27 @@ void CudaBackend::gelu_forward_cast_as(float* out, const void* inp, Dtype type, 
   }
   float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
   gelu_forward_as(y, Dtype::f32, inp, type, N * C);
-  cast_input(y, N, C, consumer);
-  consumer.input_cast_ready = true;
+  cast_input(y, N, C, consumer, target.tensor);
 }
 
-FusedCast CudaBackend::gradient_fused_cast(Layer& layer, Dtype format, int64_t N, int64_t C) {
-  const size_t n = static_cast<size_t>(N * C);
+FusedCast CudaBackend::gradient_fused_cast(Layer& layer, const LinearExecution& exec, int64_t N, int64_t C,
+                                           std::unique_ptr<Fp8Tensor>* slot) {
+  CudaFp8Tensor& t = gradient_tensor(slot, layer, exec, N, C);
   DeviceLayerState* s = layer.device;
+  const Dtype format = exec.formats.gradient;
   FusedCast cast;
   cast.format = format;
   cast.scale = begin_cast(layer, kGradient, format, nullptr, N * C, &s->cast_scale[kGradient]);
-  cast.output = dy_codes_.as<uint8_t>(n, stream_);
-  cast.output_transposed = dy_codes_transposed_.as<uint8_t>(n, stream_);
-  cast.scale_inv = &s->gradient_scale_inv;
+  cast.output = t.row_codes;
+  cast.output_transposed = t.transposed;
+  cast.scale_inv = t.scale_inv;
   cast.results = &s->results[kGradient];
   cast.results_zeroed = layer.take_zeroed_results(kGradient);
   return cast;
 }
 
 void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int64_t OC,
-                                const LinearExecution& exec, float* dbias) {
-  const size_t n = static_cast<size_t>(N * OC);
+                                const LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot, float* dbias) {
   // The backward never runs with frozen scaling: the gradient's state moves on with every cast, as on the
   // CPU.
   if (dbias != nullptr && producer_casts(exec)) {
@@ -167,7 +203,7 @@ void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int6
     // additions come in another order than bias_backward's. The whole pass counts as a cast.
     const OpScope scope(*this, OpKind::casts);
     const Dtype format = exec.formats.gradient;
-    const FusedCast cast = gradient_fused_cast(layer, format, N, OC);
+    const FusedCast cast = gradient_fused_cast(layer, exec, N, OC, slot);
     float* partials =
         column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
     cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_, sums_aside_.next());
@@ -177,11 +213,10 @@ void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int6
       const OpScope scope(*this, OpKind::other);
       bias_backward(dbias, dout, N, OC, workspace_, stream_);
     }
-    cast_operand(layer, kGradient, exec.formats.gradient, dout, N, OC, dy_codes_.as<uint8_t>(n, stream_),
-                 dy_codes_transposed_.as<uint8_t>(n, stream_), &layer.device->cast_scale[kGradient],
-                 &layer.device->gradient_scale_inv, true, exec);
+    CudaFp8Tensor& t = gradient_tensor(slot, layer, exec, N, OC);
+    cast_operand(layer, kGradient, exec.formats.gradient, dout, N, OC, t.row_codes, t.transposed,
+                 &layer.device->cast_scale[kGradient], t.scale_inv, true, exec);
   }
-  ready_gradient_ = {};
 }
 
 void CudaBackend::gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
@@ -205,9 +240,10 @@ void CudaBackend::gelu_backward_as(void* dinp, Dtype dinp_type, const void* inp,
 }
 
 void CudaBackend::gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N,
-                                        int64_t C, float* dbias, LinearExecution& consumer) {
+                                        int64_t C, float* dbias, const Fp8CastTarget& target) {
   check_stored(type, "GELU's input and output gradient");
   const OpScope scope(*this, OpKind::norm_activation);
+  LinearExecution& consumer = *target.layer;
   OCTET_CHECK(casts_gradient(consumer), "a consumer with an FP8 backward GEMM");
   OCTET_CHECK(dinp != nullptr || gradient_cast_suffices(consumer),
               "the gradient kept for a consumer that reads it");
@@ -216,7 +252,7 @@ void CudaBackend::gelu_backward_cast_as(float* dinp, const void* inp, const void
   if (producer_casts(consumer)) {
     // linear_backward's cast_operand, with the codes written by the GELU backward kernel.
     const Dtype format = consumer.formats.gradient;
-    const FusedCast cast = gradient_fused_cast(layer, format, N, C);
+    const FusedCast cast = gradient_fused_cast(layer, consumer, N, C, target.tensor);
     float* partials = dbias == nullptr
                           ? nullptr
                           : column_partials_.as<float>(
@@ -235,31 +271,31 @@ void CudaBackend::gelu_backward_cast_as(float* dinp, const void* inp, const void
     float* d = dinp != nullptr ? dinp : producer_output_.as<float>(n, stream_);
     gelu_backward_as(d, Dtype::f32, inp, dout, type, N * C);
     if (dbias != nullptr) bias_backward(dbias, d, N, C, workspace_, stream_);
-    cast_gradient(layer, d, N, C, consumer);
+    cast_gradient(layer, d, N, C, consumer, target.tensor);
   }
-  ready_gradient_ = {&consumer, N, C};
-  consumer.gradient_cast_ready = true;
 }
 
-void CudaBackend::cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec) {
+void CudaBackend::cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec,
+                                  std::unique_ptr<Fp8Tensor>* slot) {
   if (!producer_casts(exec)) {
-    cast_input(as_f32({x, Dtype::bf16}, N * C, 0), N, C, exec);
+    cast_input(as_f32({x, Dtype::bf16}, N * C, 0), N, C, exec, slot);
     return;
   }
   const OpScope scope(*this, OpKind::casts);
-  producer_cast(N, C, exec, [&](const FusedCast& cast) { cuda::cast_bf16(x, N, C, cast, stream_); });
+  producer_cast(N, C, exec, slot, [&](const FusedCast& cast) { cuda::cast_bf16(x, N, C, cast, stream_); });
 }
 
 void CudaBackend::cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t N, int64_t OC,
-                                     const LinearExecution& exec, float* dbias) {
+                                     const LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot,
+                                     float* dbias) {
   if (!producer_casts(exec)) {
-    cast_gradient(layer, as_f32({dout, Dtype::bf16}, N * OC, 0), N, OC, exec, dbias);
+    cast_gradient(layer, as_f32({dout, Dtype::bf16}, N * OC, 0), N, OC, exec, slot, dbias);
     return;
   }
   // cast_gradient's fused cast (and bias gradient), reading the bf16 values.
   const OpScope scope(*this, OpKind::casts);
   const Dtype format = exec.formats.gradient;
-  const FusedCast cast = gradient_fused_cast(layer, format, N, OC);
+  const FusedCast cast = gradient_fused_cast(layer, exec, N, OC, slot);
   if (dbias != nullptr) {
     float* partials =
         column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
@@ -268,7 +304,6 @@ void CudaBackend::cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t
     cuda::cast_bf16(dout, N, OC, cast, stream_);
   }
   end_cast(layer, kGradient, format, N * OC, true, exec.telemetry != nullptr);
-  ready_gradient_ = {};
 }
 
 }  // namespace octet::cuda::backend_internal
