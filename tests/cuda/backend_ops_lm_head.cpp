@@ -138,7 +138,14 @@ double error_of(const std::vector<float>& a, const std::vector<float>& b, const 
   return worst / std::max(std::sqrt(squares / static_cast<double>(std::max<size_t>(b.size(), 1))), 1e-30);
 }
 
-void expect_close(const HeadResult& tested, const HeadResult& reference, const char* against) {
+// The gradients' tolerances, relative to the reference's root mean square (error_of).
+struct GradientTolerance {
+  double dinp = 0.05;
+  double dweight = 0.02;
+};
+
+void expect_close(const HeadResult& tested, const HeadResult& reference, const char* against,
+                  GradientTolerance tolerance = {}) {
   // Losses near log(V) (a few units): one BF16 step of a logit (2^-8 relative) moves one by well under 0.02.
   double loss = 0.0;
   for (size_t i = 0; i < reference.losses.size(); ++i) {
@@ -147,8 +154,8 @@ void expect_close(const HeadResult& tested, const HeadResult& reference, const c
   }
   EXPECT_LE(loss, 0.02) << against;
   if (!reference.dinp.empty()) {
-    EXPECT_LE(error_of(tested.dinp, reference.dinp, "dinp"), 0.05) << against;
-    EXPECT_LE(error_of(tested.dweight, reference.dweight, "dweight"), 0.02) << against;
+    EXPECT_LE(error_of(tested.dinp, reference.dinp, "dinp"), tolerance.dinp) << against;
+    EXPECT_LE(error_of(tested.dweight, reference.dweight, "dweight"), tolerance.dweight) << against;
   }
   EXPECT_EQ(tested.other_gemms, reference.other_gemms) << against;
   EXPECT_EQ(tested.fp8_gemms, reference.fp8_gemms) << against;
@@ -189,7 +196,12 @@ TEST(BackendOpsLmHead, Fp8HeadMatchesTheReference) {
       SCOPED_TRACE(::testing::Message()
                    << "n=" << s.n << " C=" << s.C << " V=" << s.V << " Vp=" << s.Vp << " dloss=" << dloss);
       const HeadResult kept = run_head(*tested, s, dloss, GemmMode::fp8);
-      expect_close(kept, run_head(*reference, s, dloss, GemmMode::fp8), "the CPU reference");
+      // Both backward GEMMs read the logits' gradient cast to E5M2 (two mantissa bits): where the GPU's and
+      // the CPU's float32 gradients fall on either side of a rounding boundary, a code lands one step (up to
+      // a quarter of the value) away, and the sums over the rows carry that. A wrong scale or a transposed
+      // operand is off by far more.
+      expect_close(kept, run_head(*reference, s, dloss, GemmMode::fp8), "the CPU reference",
+                   {.dinp = 0.25, .dweight = 0.25});
       EXPECT_EQ(kept.fp8_gemms, dloss != 0.0f ? 3 : 1);
       EXPECT_EQ(kept.other_gemms, 0);
     }
@@ -260,7 +272,12 @@ TEST(BackendOpsLmHead, LossOnBf16LogitsMatchesTheReference) {
         EXPECT_EQ(got_codes, codes) << "dloss 0: the logits are left as they are";
       } else {
         EXPECT_TRUE(octet::testing::all_close(got, want, {.dtype = Dtype::bf16, .reduction_length = V + 4}));
-        EXPECT_TRUE(octet::testing::has_nonzero(got));
+        if (V == 1) {
+          // One class: its probability is 1 and its gradient 0, as every padded column's.
+          EXPECT_EQ(got, std::vector<float>(got.size(), 0.0f));
+        } else {
+          EXPECT_TRUE(octet::testing::has_nonzero(got));
+        }
       }
     }
   }
