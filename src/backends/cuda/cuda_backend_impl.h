@@ -365,25 +365,21 @@ class CudaBackend final : public Backend {
   // else cast_input of their float32 values.
   void cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec,
                        std::unique_ptr<Fp8Tensor>* slot);
-  // A tensor stored as float32 or as bf16 (attention's output and the gradients on either side of it, the
-  // MLP's hidden activation and its gradient).
-  struct Stored {
-    const void* data;
-    Dtype type;
-  };
   // Refuses a storage type other than f32 and bf16 for `what`.
   static void check_stored(Dtype type, std::string_view what) {
     OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "{} stored in f32 or bf16, got {}", what,
                 dtype_name(type));
   }
   // An FP8 forward's input cast (null for other forwards): the producer's, or made of inp now (Fp8Operand).
-  const CudaFp8Tensor* forward_input(Stored inp, int64_t N, int64_t C, const CudaWeightCopy* copy,
+  const CudaFp8Tensor* forward_input(const ConstTensorView& inp, const CudaWeightCopy* copy,
                                      LinearExecution& exec, const Fp8Operand& input);
-  // x [n] as float32: itself, or its bf16 values widened into widened_[slot].
-  const float* as_f32(Stored x, int64_t n, int slot);
-  // x [n] as a GEMM in `mode` (BF16 or FP16) reads it: a 16-byte aligned bf16 x itself in BF16 mode, else
+  // x as float32: itself, or its bf16 values widened into widened_[slot]. (The tensors stored as float32 or
+  // bf16: attention's output and the gradients on either side of it, the MLP's hidden activation and its
+  // gradient, a linear layer's input where its GEMMs are BF16.)
+  const float* as_f32(const ConstTensorView& x, int slot);
+  // x as a GEMM in `mode` (BF16 or FP16) reads it: a 16-byte aligned bf16 x itself in BF16 mode, else
   // its wide_copy (in wide_[slot]).
-  const void* as_wide(Stored x, int64_t n, GemmMode mode, int slot);
+  const void* as_wide(const ConstTensorView& x, GemmMode mode, int slot);
   // Whether a producer may write the layer's input cast in its own pass: supports(Fusion::input_cast), which
   // holds where the recipe knows the scale before the cast (delayed, static) and no SQNR pass needs the
   // float values. The output gradient's cast fuses on the same terms.
@@ -429,16 +425,16 @@ class CudaBackend final : public Backend {
   // tensor cores), bf16 there. An FP8 GEMM reads its input's cast `codes` (forward_input); with `recompute`:
   // linear_recompute's, on the kept codes, uncounted.
   // With an addend (float32 out only, not with emulated FP8): out = addend + the product, in the epilogue.
-  void forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
+  void forward_gemm(float* out, __nv_bfloat16* out_bf16, const ConstTensorView& inp, const float* weight,
                     const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                     LinearExecution& exec, const CudaFp8Tensor* codes, bool recompute = false,
                     const float* addend = nullptr);
   // forward_gemm with its output stored as `out_type`: a bf16 output from the GEMM's epilogue where the GEMM
   // can write bf16 (16-byte aligned, BF16 or FP8 on FP8 tensor cores), else the float32 result rounded to
   // bf16 after.
-  void forward_gemm_as(void* out, Dtype out_type, Stored x, const float* weight, const WeightCopy* copy,
-                       const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
-                       const CudaFp8Tensor* codes, bool recompute);
+  void forward_gemm_as(void* out, Dtype out_type, const ConstTensorView& x, const float* weight,
+                       const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
+                       LinearExecution& exec, const CudaFp8Tensor* codes, bool recompute);
   // A BF16, FP16 or FP32 GEMM.
   void wide_gemm(const GemmProblem& p) {
     const OpScope scope(*this, OpKind::gemm_wide);

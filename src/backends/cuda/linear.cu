@@ -161,14 +161,14 @@ const CudaFp8Tensor* CudaBackend::recomputed_input(const Fp8Tensor& input, const
 void CudaBackend::linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias,
                                    int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
                                    const Fp8Tensor& input) {
-  forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec,
+  forward_gemm(out, nullptr, ConstTensorView(nullptr, Dtype::f32, {N, C}), weight, copy, bias, N, C, OC, exec,
                recomputed_input(input, exec, N, C), true);
 }
 
 void CudaBackend::linear_recompute_as(void* out, Dtype out_type, const float* weight, const WeightCopy* copy,
                                       const float* bias, int64_t N, int64_t C, int64_t OC,
                                       LinearExecution& exec, const Fp8Tensor& input) {
-  forward_gemm_as(out, out_type, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec,
+  forward_gemm_as(out, out_type, ConstTensorView(nullptr, Dtype::f32, {N, C}), weight, copy, bias, N, C, OC, exec,
                   recomputed_input(input, exec, N, C), true);
 }
 
@@ -181,18 +181,19 @@ void CudaBackend::linear_recompute_residual(float* out, const float* residual, c
     return;
   }
   // The forward's GEMM with the residual as its addend, as linear_forward_residual_as ran it.
-  forward_gemm(out, nullptr, {nullptr, Dtype::f32}, weight, copy, bias, N, C, OC, exec,
+  forward_gemm(out, nullptr, ConstTensorView(nullptr, Dtype::f32, {N, C}), weight, copy, bias, N, C, OC, exec,
                recomputed_input(input, exec, N, C), true, residual);
 }
 
-const CudaFp8Tensor* CudaBackend::forward_input(Stored inp, int64_t N, int64_t C, const CudaWeightCopy* copy,
+const CudaFp8Tensor* CudaBackend::forward_input(const ConstTensorView& inp, const CudaWeightCopy* copy,
                                                 LinearExecution& exec, const Fp8Operand& input) {
+  const int64_t N = inp.rows(), C = inp.cols();
   if (exec.forward != GemmMode::fp8) return nullptr;
   OCTET_CHECK(copy != nullptr && copy->has_fp8, "an FP8 weight copy (prepare_weight)");
   prepared_layer(exec, copy);
   OCTET_CHECK(input.tensor != nullptr, "linear_forward: a slot for the FP8 input's cast");
   if (!input.cast_by_producer) {
-    if (inp.type == Dtype::bf16) {
+    if (inp.dtype == Dtype::bf16) {
       cast_input_bf16(static_cast<const uint16_t*>(inp.data), N, C, exec, input.tensor);
     } else {
       cast_input(static_cast<const float*>(inp.data), N, C, exec, input.tensor);
@@ -205,9 +206,9 @@ void CudaBackend::linear_forward_as(void* out, Dtype out_type, const void* inp, 
                                     const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
                                     int64_t C, int64_t OC, LinearExecution& exec, const Fp8Operand& input) {
   check_stored(inp_type, "a linear layer's input");
-  const CudaFp8Tensor* codes =
-      forward_input({inp, inp_type}, N, C, dynamic_cast<const CudaWeightCopy*>(copy), exec, input);
-  forward_gemm_as(out, out_type, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, codes, false);
+  const ConstTensorView x(inp, inp_type, {N, C});
+  const CudaFp8Tensor* codes = forward_input(x, dynamic_cast<const CudaWeightCopy*>(copy), exec, input);
+  forward_gemm_as(out, out_type, x, weight, copy, bias, N, C, OC, exec, codes, false);
 }
 
 void CudaBackend::linear_forward_residual_as(float* out, const float* residual, const void* inp,
@@ -222,12 +223,12 @@ void CudaBackend::linear_forward_residual_as(float* out, const float* residual, 
     return;
   }
   // The residual as the GEMM's addend: the stream is read and written once, in the GEMM's epilogue.
-  const CudaFp8Tensor* codes =
-      forward_input({inp, inp_type}, N, C, dynamic_cast<const CudaWeightCopy*>(copy), exec, input);
-  forward_gemm(out, nullptr, {inp, inp_type}, weight, copy, bias, N, C, OC, exec, codes, false, residual);
+  const ConstTensorView x(inp, inp_type, {N, C});
+  const CudaFp8Tensor* codes = forward_input(x, dynamic_cast<const CudaWeightCopy*>(copy), exec, input);
+  forward_gemm(out, nullptr, x, weight, copy, bias, N, C, OC, exec, codes, false, residual);
 }
 
-void CudaBackend::forward_gemm_as(void* out, Dtype out_type, Stored x, const float* weight,
+void CudaBackend::forward_gemm_as(void* out, Dtype out_type, const ConstTensorView& x, const float* weight,
                                   const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                                   LinearExecution& exec, const CudaFp8Tensor* codes, bool recompute) {
   check_stored(out_type, "a linear layer's output");
@@ -250,22 +251,23 @@ void CudaBackend::forward_gemm_as(void* out, Dtype out_type, Stored x, const flo
   convert_to_bf16(out_bf16, y, N * OC, stream_);
 }
 
-const float* CudaBackend::as_f32(Stored x, int64_t n, int slot) {
-  if (x.type == Dtype::f32 || x.data == nullptr) return static_cast<const float*>(x.data);
+const float* CudaBackend::as_f32(const ConstTensorView& x, int slot) {
+  if (x.dtype == Dtype::f32 || x.data == nullptr) return static_cast<const float*>(x.data);
+  const int64_t n = x.numel();
   const OpScope scope(*this, OpKind::casts);
   auto* out = widened_[slot].as<float>(static_cast<size_t>(n), stream_);
   cuda::convert_from_bf16(out, static_cast<const uint16_t*>(x.data), n, stream_);
   return out;
 }
 
-const void* CudaBackend::as_wide(Stored x, int64_t n, GemmMode mode, int slot) {
-  if (x.type == Dtype::bf16 && mode == GemmMode::bf16 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
+const void* CudaBackend::as_wide(const ConstTensorView& x, GemmMode mode, int slot) {
+  if (x.dtype == Dtype::bf16 && mode == GemmMode::bf16 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
     return x.data;
   }
-  return wide_copy(as_f32(x, n, slot), n, mode, slot);
+  return wide_copy(as_f32(x, slot), x.numel(), mode, slot);
 }
 
-void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, const float* weight,
+void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, const ConstTensorView& inp, const float* weight,
                                const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                                LinearExecution& exec, const CudaFp8Tensor* codes, bool recompute,
                                const float* addend) {
@@ -285,7 +287,7 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, 
     case GemmMode::f32:
       p.bias_type = GemmType::f32;
       p.a_type = p.b_type = GemmType::f32;
-      p.a = as_f32(inp, N * C, 0);
+      p.a = as_f32(inp, 0);
       p.b = weight;
       wide_gemm(p);
       if (exec.other_gemms) *exec.other_gemms += 1;
@@ -295,7 +297,7 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, Stored inp, 
       OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
       p.a_type = p.b_type = wide_type(exec.forward);
       p.bias_type = bf16_output ? GemmType::bf16 : GemmType::f32;
-      p.a = as_wide(inp, N * C, exec.forward, 0);
+      p.a = as_wide(inp, exec.forward, 0);
       p.b = const_cast<CudaWeightCopy*>(w)->wide.get(0, stream_);
       wide_gemm(p);
       if (exec.other_gemms) *exec.other_gemms += 1;
@@ -331,8 +333,8 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight,
   check_stored(dout_type, "a linear layer's output gradient");
   check_stored(inp_type, "a linear layer's input");
   auto* w = const_cast<CudaWeightCopy*>(dynamic_cast<const CudaWeightCopy*>(copy));
-  const Stored dout{dout_data, dout_type};
-  const Stored inp{inp_data, inp_type};
+  const ConstTensorView dout(dout_data, dout_type, {N, OC});
+  const ConstTensorView inp(inp_data, inp_type, {N, C});
   const auto* dout_bf16 = dout_type == Dtype::bf16 ? static_cast<const uint16_t*>(dout_data) : nullptr;
   const auto* dout_f32 = dout_type == Dtype::f32 ? static_cast<const float*>(dout_data) : nullptr;
   const bool fp8 = casts_gradient(exec);
@@ -394,7 +396,7 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight,
       p.N = C;
       p.K = OC;
       p.a_type = p.b_type = GemmType::f32;
-      p.a = as_f32(dout, N * OC, 0);
+      p.a = as_f32(dout, 0);
       p.b = weight;
       p.b_transposed = true;
       p.d = dinp_f32;
@@ -405,7 +407,7 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight,
     case GemmMode::bf16:
     case GemmMode::f16: {
       OCTET_CHECK(w != nullptr && w->has_wide, "a rounded weight copy (prepare_weight)");
-      if (dout_wide == nullptr) dout_wide = as_wide(dout, N * OC, exec.input_gradient, 0);
+      if (dout_wide == nullptr) dout_wide = as_wide(dout, exec.input_gradient, 0);
       wide_input_gradient(gemm_bf16 != nullptr ? nullptr : dinp_f32, dout_wide, w->wide.get(0, stream_), N, C,
                           OC, exec.input_gradient, exec, gemm_bf16);
       break;
@@ -434,15 +436,15 @@ void CudaBackend::linear_backward_as(void* dinp, Dtype dinp_type, void* dweight,
     case GemmMode::bf16:
     case GemmMode::f16: {
       if (exec.weight_gradient == GemmMode::f32) {
-        weight_gradient_gemm(dweight_f32, GemmType::f32, as_f32(dout, N * OC, 0), as_f32(inp, N * C, 1), N, C,
+        weight_gradient_gemm(dweight_f32, GemmType::f32, as_f32(dout, 0), as_f32(inp, 1), N, C,
                              OC, exec);
       } else {
         // The input gradient's rounded copy of dout, when it made one of the same type.
         const void* a = exec.input_gradient == exec.weight_gradient
                             ? dout_wide
-                            : as_wide(dout, N * OC, exec.weight_gradient, 0);
+                            : as_wide(dout, exec.weight_gradient, 0);
         weight_gradient_gemm(dweight_f32, wide_type(exec.weight_gradient), a,
-                             as_wide(inp, N * C, exec.weight_gradient, 1), N, C, OC, exec, dweight_bf16);
+                             as_wide(inp, exec.weight_gradient, 1), N, C, OC, exec, dweight_bf16);
       }
       break;
     }

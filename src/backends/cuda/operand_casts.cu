@@ -278,7 +278,7 @@ void CudaBackend::gelu_backward_cast_as(float* dinp, const void* inp, const void
 void CudaBackend::cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec,
                                   std::unique_ptr<Fp8Tensor>* slot) {
   if (!producer_casts(exec)) {
-    cast_input(as_f32({x, Dtype::bf16}, N * C, 0), N, C, exec, slot);
+    cast_input(as_f32(ConstTensorView(x, Dtype::bf16, {N, C}), 0), N, C, exec, slot);
     return;
   }
   const OpScope scope(*this, OpKind::casts);
@@ -289,7 +289,7 @@ void CudaBackend::cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t
                                      const LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot,
                                      float* dbias) {
   if (!producer_casts(exec)) {
-    cast_gradient(layer, as_f32({dout, Dtype::bf16}, N * OC, 0), N, OC, exec, slot, dbias);
+    cast_gradient(layer, as_f32(ConstTensorView(dout, Dtype::bf16, {N, OC}), 0), N, OC, exec, slot, dbias);
     return;
   }
   // cast_gradient's fused cast (and bias gradient), reading the bf16 values.
