@@ -54,6 +54,19 @@ FusionSupport Backend::supports(Fusion fusion, const LinearExecution& /*layer*/)
                              separate_passes(fusion))};
 }
 
+void check_fp8_operand(std::string_view op, const Fp8Tensor* tensor, const LinearExecution& exec,
+                       TensorRole role, int64_t rows, int64_t cols) {
+  const bool input = role == TensorRole::activation;
+  const Fp8TensorView v = tensor != nullptr ? tensor->view() : Fp8TensorView{};
+  const ScalingState* state = exec.state == nullptr ? nullptr : input ? &exec.state->activation
+                                                                      : &exec.state->gradient;
+  OCTET_CHECK(tensor != nullptr && state != nullptr && v.role == role && v.state == state &&
+                  v.shape == Shape({rows, cols}),
+              "{}: the FP8 cast of this layer's {} [{}, {}], given {}", op, input ? "input" : "output gradient",
+              rows, cols,
+              tensor == nullptr ? std::string("none") : fmt::format("a cast of shape {}", v.shape.to_string()));
+}
+
 LinearSizes linear_sizes(std::string_view op, const Shape& inp, const Shape& weight, const Shape& out,
                          std::string_view out_name) {
   const LinearSizes s{inp.rows(), inp.cols(), weight.rows()};

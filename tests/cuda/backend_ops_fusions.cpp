@@ -11,6 +11,7 @@
 #include "backend_ops_harness.h"
 #include "octet/backend/cuda_backend.h"
 #include "octet/model/model.h"
+#include "tiny_model.h"
 
 namespace {
 
@@ -94,13 +95,7 @@ TEST(CudaFusions, TheGemmAddsTheResidualUnlessFp8IsEmulated) {
 TEST(CudaFusions, Gpt2RecordsThemInItsPrecisionMap) {
   SKIP_WITHOUT_TESTED_BACKEND();
   const std::unique_ptr<Backend> backend = octet::testing::backend_ops::make_tested_backend();
-  octet::Gpt2Config c;
-  c.vocab_size = 61;
-  c.padded_vocab_size = 64;
-  c.max_seq_len = 16;
-  c.layers = 2;
-  c.heads = 4;
-  c.channels = 64;
+  const octet::Gpt2Config c = octet::testing::tiny_config();
   octet::PrecisionSettings precision;
   precision.mode = octet::MixedPrecision::fp8;
   for (const octet::RecipeKind kind : {octet::RecipeKind::delayed, octet::RecipeKind::current}) {

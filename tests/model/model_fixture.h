@@ -9,20 +9,9 @@
 #include "octet/check.h"
 #include "octet/model/gpt2.h"
 #include "octet/train/trainer.h"
+#include "tiny_model.h"
 
 namespace octet::testing {
-
-// Every dimension a multiple of 16 (B*T = 32), so FP8 takes every block GEMM.
-inline Gpt2Config tiny_config() {
-  Gpt2Config c;
-  c.vocab_size = 61;
-  c.padded_vocab_size = 64;
-  c.max_seq_len = 16;
-  c.layers = 2;
-  c.heads = 4;
-  c.channels = 64;
-  return c;
-}
 
 inline PrecisionSettings mode(MixedPrecision m) {
   PrecisionSettings s;

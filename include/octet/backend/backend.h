@@ -80,6 +80,11 @@ struct Fp8Operand {
   bool cast_by_producer = false;
 };
 
+// The check every backend makes of an FP8 tensor handed to a linear op of exec's layer: it holds the cast
+// of that layer's `role` operand (its scaling state), of shape [rows, cols]. A refusal names `op`.
+void check_fp8_operand(std::string_view op, const Fp8Tensor* tensor, const LinearExecution& exec,
+                       TensorRole role, int64_t rows, int64_t cols);
+
 // What a linear layer's forward GEMM adds to its product before it writes its output
 // (Backend::linear_forward): the bias [OC] (null: none) and a residual [N, OC] (null: none) that the output
 // joins.

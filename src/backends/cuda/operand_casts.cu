@@ -21,24 +21,31 @@ CudaFp8Tensor& CudaBackend::cuda_tensor(std::unique_ptr<Fp8Tensor>* slot, std::s
 
 const CudaFp8Tensor& CudaBackend::cast_of(const Fp8Tensor* tensor, const LinearExecution& exec,
                                           TensorRole role, int64_t rows, int64_t cols, std::string_view op) {
+  check_fp8_operand(op, tensor, exec, role, rows, cols);
   const auto* t = dynamic_cast<const CudaFp8Tensor*>(tensor);
-  const ScalingState* state =
-      role == TensorRole::activation ? &exec.state->activation : &exec.state->gradient;
-  OCTET_CHECK(t != nullptr && t->role == role && t->state == state && t->rows == rows && t->cols == cols,
-              "{}: the FP8 cast of this layer's {} [{}, {}]", op,
-              role == TensorRole::activation ? "input" : "output gradient", rows, cols);
+  OCTET_CHECK(t != nullptr, "{}: an FP8 tensor of the CUDA backend", op);
   return *t;
 }
+
+namespace {
+
+// What the cast about to be written into t is: `role` of exec's layer, [rows, cols].
+void describe(CudaFp8Tensor& t, const LinearExecution& exec, TensorRole role, int64_t rows, int64_t cols) {
+  const bool input = role == TensorRole::activation;
+  t.format = input ? exec.formats.activation : exec.formats.gradient;
+  t.rows = rows;
+  t.cols = cols;
+  t.role = role;
+  t.state = input ? &exec.state->activation : &exec.state->gradient;
+}
+
+}  // namespace
 
 CudaFp8Tensor& CudaBackend::input_tensor(std::unique_ptr<Fp8Tensor>* slot, const LinearExecution& exec,
                                          int64_t N, int64_t C) {
   CudaFp8Tensor& t = cuda_tensor(slot, "a linear layer's input");
   const size_t n = static_cast<size_t>(N * C);
-  t.format = exec.formats.activation;
-  t.rows = N;
-  t.cols = C;
-  t.role = TensorRole::activation;
-  t.state = &exec.state->activation;
+  describe(t, exec, TensorRole::activation, N, C);
   t.transposed = t.codes_transposed.as<uint8_t>(n, stream_);
   t.scale_inv = t.own_scale_inv.as<float>(1, stream_);
   t.row_codes = exec.keep_input_codes ? t.codes.as<uint8_t>(n, stream_) : input_codes_.as<uint8_t>(n, stream_);
@@ -50,11 +57,7 @@ CudaFp8Tensor& CudaBackend::gradient_tensor(std::unique_ptr<Fp8Tensor>* slot, La
                                             const LinearExecution& exec, int64_t N, int64_t OC) {
   CudaFp8Tensor& t = cuda_tensor(slot, "a linear layer's output gradient");
   const size_t n = static_cast<size_t>(N * OC);
-  t.format = exec.formats.gradient;
-  t.rows = N;
-  t.cols = OC;
-  t.role = TensorRole::gradient;
-  t.state = &exec.state->gradient;
+  describe(t, exec, TensorRole::gradient, N, OC);
   t.row_codes = t.codes.as<uint8_t>(n, stream_);
   t.transposed = t.codes_transposed.as<uint8_t>(n, stream_);
   t.scale_inv = &layer.device->gradient_scale_inv;
