@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -597,6 +598,58 @@ TEST(BackendOps, AdamW) {
 TEST(BackendOps, NanAndInfPropagateAlike) {
   SKIP_WITHOUT_TESTED_BACKEND();
   run_all(non_finite_cases());
+}
+
+// Op timing (set_op_timing, take_op_times), which `octet bench train` reads: with timing on, the work
+// enqueued since the last take comes back as device milliseconds under its kind (a linear layer's BF16 GEMM
+// under gemm_wide, the loss under loss, an add under other; nothing under a kind that did not run), every
+// value finite and not negative; a take with nothing enqueued since, and every take while timing is off,
+// is all zeros. The CPU backend, which cannot time, always returns zeros.
+TEST(BackendOps, OpTimingAddsEachOpToItsKind) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  const auto reference = make_reference_backend();
+  EXPECT_EQ(reference->take_op_times(), octet::OpTimes{});
+  for (const octet::BackendFactory* factory : tested_backends()) {
+    SCOPED_TRACE(std::string("backend ") + std::string(factory->name()));
+    const auto b = factory->make(octet::BackendOptions{});
+    const int64_t N = 256, C = 512, OC = 512, V = 1000, Vp = 1024;
+    auto inp = b->allocate(static_cast<size_t>(N * C) * sizeof(float));
+    auto weight = b->allocate(static_cast<size_t>(OC * C) * sizeof(float));
+    auto out = b->allocate(static_cast<size_t>(N * OC) * sizeof(float));
+    auto logits = b->allocate(static_cast<size_t>(N * Vp) * sizeof(float));
+    auto losses = b->allocate(static_cast<size_t>(N) * sizeof(float));
+    auto targets = b->allocate(static_cast<size_t>(N) * sizeof(int32_t));  // zeros: token 0
+    octet::LinearExecution exec;
+    exec.forward = exec.input_gradient = exec.weight_gradient = octet::GemmMode::bf16;
+    std::unique_ptr<octet::WeightCopy> copy;
+    b->prepare_weight(copy, weight->floats(), OC, C, exec);
+    const auto run_ops = [&] {
+      b->linear_forward(TensorView(out->floats(), {N, OC}), ConstTensorView(inp->floats(), {N, C}),
+                        ConstTensorView(weight->floats(), {OC, C}), copy.get(), {}, exec);
+      b->softmax_cross_entropy(losses->floats(), TensorView(logits->floats(), {N, Vp}), targets->ints(), V,
+                               0.0f);
+      b->add(TensorView(out->floats(), {N, OC}), ConstTensorView(out->floats(), {N, OC}),
+             ConstTensorView(out->floats(), {N, OC}));
+    };
+    const auto kind = [](const octet::OpTimes& t, octet::OpKind k) { return t[static_cast<size_t>(k)]; };
+    b->set_op_timing(true);
+    b->take_op_times();
+    run_ops();
+    const octet::OpTimes timed = b->take_op_times();
+    for (size_t k = 0; k < octet::kOpKinds; ++k) {
+      SCOPED_TRACE(std::string(octet::op_kind_name(static_cast<octet::OpKind>(k))));
+      EXPECT_TRUE(std::isfinite(timed[k]) && timed[k] >= 0.0) << timed[k];
+    }
+    EXPECT_GT(kind(timed, octet::OpKind::gemm_wide), 0.0);
+    EXPECT_GT(kind(timed, octet::OpKind::loss), 0.0);
+    EXPECT_GT(kind(timed, octet::OpKind::other), 0.0);
+    EXPECT_EQ(kind(timed, octet::OpKind::gemm_fp8), 0.0);
+    EXPECT_EQ(kind(timed, octet::OpKind::attention), 0.0);
+    EXPECT_EQ(b->take_op_times(), octet::OpTimes{}) << "nothing enqueued since the last take";
+    b->set_op_timing(false);
+    run_ops();
+    EXPECT_EQ(b->take_op_times(), octet::OpTimes{}) << "timing off";
+  }
 }
 
 }  // namespace
