@@ -175,7 +175,6 @@ enum class Fusion : uint8_t {
   // A linear layer's forward GEMM adds the residual (Epilogue::residual) in its epilogue.
   residual_add,
 };
-inline constexpr Fusion kFusions[] = {Fusion::input_cast, Fusion::gradient_cast, Fusion::residual_add};
 std::string_view fusion_name(Fusion fusion);
 // What runs instead of `fusion`: the separate passes, in words.
 std::string separate_passes(Fusion fusion);

@@ -11,7 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string_view>
 
+#include "octet/check.h"
 #include "octet/numerics/scaling.h"
 #include "octet/tensor/tensor.h"
 
@@ -40,5 +43,18 @@ class Fp8Tensor {
   virtual ~Fp8Tensor() = default;
   virtual Fp8TensorView view() const = 0;
 };
+
+// A backend's own tensor type T in a caller's slot for `what`'s FP8 tensor: the one there, or a new one where
+// the slot is empty (or holds another backend's).
+template <typename T>
+T& fp8_tensor_in(std::unique_ptr<Fp8Tensor>* slot, std::string_view what) {
+  OCTET_CHECK(slot != nullptr, "a slot for {}'s FP8 tensor", what);
+  auto* t = dynamic_cast<T*>(slot->get());
+  if (t == nullptr) {
+    *slot = std::make_unique<T>();
+    t = static_cast<T*>(slot->get());
+  }
+  return *t;
+}
 
 }  // namespace octet

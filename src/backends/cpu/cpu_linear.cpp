@@ -111,17 +111,6 @@ struct CpuFp8Tensor final : public Fp8Tensor {
   }
 };
 
-// The CPU tensor in a caller's slot, made where the slot is empty.
-CpuFp8Tensor& cpu_tensor(std::unique_ptr<Fp8Tensor>* slot, std::string_view what) {
-  OCTET_CHECK(slot != nullptr, "a slot for {}'s FP8 tensor", what);
-  auto* t = dynamic_cast<CpuFp8Tensor*>(slot->get());
-  if (t == nullptr) {
-    *slot = std::make_unique<CpuFp8Tensor>();
-    t = static_cast<CpuFp8Tensor*>(slot->get());
-  }
-  return *t;
-}
-
 // The codes a cast left in `tensor` for a GEMM of `exec`'s layer: [rows, cols], cast as `role` of that
 // layer.
 const QuantizedTensor& cast_codes(const Fp8Tensor* tensor, const LinearExecution& exec, TensorRole role,
@@ -182,7 +171,7 @@ void count_other(LinearExecution& exec) {
 // The forward's FP8 cast of its input x [N, C], into the slot the layer's GEMMs read it from.
 void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot) {
   OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
-  CpuFp8Tensor& t = cpu_tensor(slot, "a linear layer's input");
+  CpuFp8Tensor& t = fp8_tensor_in<CpuFp8Tensor>(slot, "a linear layer's input");
   ScalingState frozen = exec.state->activation;
   t.q = quantize(std::span<const float>(x, static_cast<size_t>(N * C)), N, C, exec.formats.activation,
                  TensorRole::activation, *exec.recipe, exec.update_scaling ? exec.state->activation : frozen);
@@ -197,7 +186,7 @@ void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec, std
 void cast_gradient(const float* dout, int64_t N, int64_t OC, LinearExecution& exec,
                    std::unique_ptr<Fp8Tensor>* slot) {
   OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
-  CpuFp8Tensor& t = cpu_tensor(slot, "a linear layer's output gradient");
+  CpuFp8Tensor& t = fp8_tensor_in<CpuFp8Tensor>(slot, "a linear layer's output gradient");
   t.q = quantize(std::span<const float>(dout, static_cast<size_t>(N * OC)), N, OC, exec.formats.gradient,
                  TensorRole::gradient, *exec.recipe, exec.state->gradient);
   t.role = TensorRole::gradient;

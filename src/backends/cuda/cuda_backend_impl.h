@@ -344,8 +344,6 @@ class CudaBackend final : public Backend {
                     bool update, const LinearExecution& exec);
   // The device state of an FP8 layer whose weight copy exists (prepare_weight made it).
   Layer& mapped_layer(LinearExecution& exec);
-  // The CUDA tensor in a caller's slot, made where the slot is empty.
-  static CudaFp8Tensor& cuda_tensor(std::unique_ptr<Fp8Tensor>* slot, std::string_view what);
   // The cast in `tensor` that a GEMM of exec's layer reads: [rows, cols], cast as `role` of that layer;
   // refused otherwise, naming `op`.
   static const CudaFp8Tensor& cast_of(const Fp8Tensor* tensor, const LinearExecution& exec, TensorRole role,
@@ -405,6 +403,9 @@ class CudaBackend final : public Backend {
   // end_cast.
   FusedCast gradient_fused_cast(Layer& layer, const LinearExecution& exec, int64_t N, int64_t C,
                                 std::unique_ptr<Fp8Tensor>* slot);
+  // The FusedCast of n values as `operand` of the layer in `format` into t, as producer_cast and
+  // gradient_fused_cast take it: the scale from begin_cast, t's codes and scale_inv, the layer's results.
+  FusedCast fused_cast_into(Layer& layer, int operand, Dtype format, const CudaFp8Tensor& t, int64_t n);
   // D [M, N] (=|+=) A [M, K] x B [N, K]^T on FP8 codes with dequantizing scales (device pointers), plus
   // a BF16 bias [N] when not null (never with accumulate).
   // With d_bf16 (FP8 tensor cores only; d null, no accumulate) the result is written as bf16 there instead.

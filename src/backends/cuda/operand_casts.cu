@@ -9,16 +9,6 @@
 
 namespace octet::cuda::backend_internal {
 
-CudaFp8Tensor& CudaBackend::cuda_tensor(std::unique_ptr<Fp8Tensor>* slot, std::string_view what) {
-  OCTET_CHECK(slot != nullptr, "a slot for {}'s FP8 tensor", what);
-  auto* t = dynamic_cast<CudaFp8Tensor*>(slot->get());
-  if (t == nullptr) {
-    *slot = std::make_unique<CudaFp8Tensor>();
-    t = static_cast<CudaFp8Tensor*>(slot->get());
-  }
-  return *t;
-}
-
 const CudaFp8Tensor& CudaBackend::cast_of(const Fp8Tensor* tensor, const LinearExecution& exec,
                                           TensorRole role, int64_t rows, int64_t cols, std::string_view op) {
   check_fp8_operand(op, tensor, exec, role, rows, cols);
@@ -43,7 +33,7 @@ void describe(CudaFp8Tensor& t, const LinearExecution& exec, TensorRole role, in
 
 CudaFp8Tensor& CudaBackend::input_tensor(std::unique_ptr<Fp8Tensor>* slot, const LinearExecution& exec,
                                          int64_t N, int64_t C) {
-  CudaFp8Tensor& t = cuda_tensor(slot, "a linear layer's input");
+  CudaFp8Tensor& t = fp8_tensor_in<CudaFp8Tensor>(slot, "a linear layer's input");
   const size_t n = static_cast<size_t>(N * C);
   describe(t, exec, TensorRole::activation, N, C);
   t.transposed = t.codes_transposed.as<uint8_t>(n, stream_);
@@ -55,7 +45,7 @@ CudaFp8Tensor& CudaBackend::input_tensor(std::unique_ptr<Fp8Tensor>* slot, const
 
 CudaFp8Tensor& CudaBackend::gradient_tensor(std::unique_ptr<Fp8Tensor>* slot, Layer& layer,
                                             const LinearExecution& exec, int64_t N, int64_t OC) {
-  CudaFp8Tensor& t = cuda_tensor(slot, "a linear layer's output gradient");
+  CudaFp8Tensor& t = fp8_tensor_in<CudaFp8Tensor>(slot, "a linear layer's output gradient");
   const size_t n = static_cast<size_t>(N * OC);
   describe(t, exec, TensorRole::gradient, N, OC);
   t.row_codes = t.codes.as<uint8_t>(n, stream_);
@@ -80,18 +70,8 @@ template <typename Write>
 void CudaBackend::producer_cast(int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot,
                                 Write write) {
   Layer& layer = mapped_layer(exec);
-  CudaFp8Tensor& saved = input_tensor(slot, exec, N, C);
-  DeviceLayerState* s = layer.device;
   const Dtype format = exec.formats.activation;
-  FusedCast cast;
-  cast.format = format;
-  cast.scale = begin_cast(layer, kActivation, format, nullptr, N * C, &s->cast_scale[kActivation]);
-  cast.output = saved.row_codes;
-  cast.output_transposed = saved.transposed;
-  cast.scale_inv = saved.scale_inv;
-  cast.results = &s->results[kActivation];
-  cast.results_zeroed = layer.take_zeroed_results(kActivation);
-  write(cast);
+  write(fused_cast_into(layer, kActivation, format, input_tensor(slot, exec, N, C), N * C));
   end_cast(layer, kActivation, format, N * C, exec.update_scaling, exec.telemetry != nullptr);
 }
 
@@ -182,17 +162,21 @@ void CudaBackend::gelu_forward_cast_as(float* out, const void* inp, Dtype type, 
 
 FusedCast CudaBackend::gradient_fused_cast(Layer& layer, const LinearExecution& exec, int64_t N, int64_t C,
                                            std::unique_ptr<Fp8Tensor>* slot) {
-  CudaFp8Tensor& t = gradient_tensor(slot, layer, exec, N, C);
+  return fused_cast_into(layer, kGradient, exec.formats.gradient, gradient_tensor(slot, layer, exec, N, C),
+                         N * C);
+}
+
+FusedCast CudaBackend::fused_cast_into(Layer& layer, int operand, Dtype format, const CudaFp8Tensor& t,
+                                       int64_t n) {
   DeviceLayerState* s = layer.device;
-  const Dtype format = exec.formats.gradient;
   FusedCast cast;
   cast.format = format;
-  cast.scale = begin_cast(layer, kGradient, format, nullptr, N * C, &s->cast_scale[kGradient]);
+  cast.scale = begin_cast(layer, operand, format, nullptr, n, &s->cast_scale[operand]);
   cast.output = t.row_codes;
   cast.output_transposed = t.transposed;
   cast.scale_inv = t.scale_inv;
-  cast.results = &s->results[kGradient];
-  cast.results_zeroed = layer.take_zeroed_results(kGradient);
+  cast.results = &s->results[operand];
+  cast.results_zeroed = layer.take_zeroed_results(operand);
   return cast;
 }
 
