@@ -12,6 +12,8 @@ std::string_view normalization_name(Normalization kind) {
   switch (kind) {
     case Normalization::layernorm:
       return "layernorm";
+    case Normalization::rmsnorm:
+      return "rmsnorm";
   }
   return "unknown";
 }
@@ -20,8 +22,14 @@ std::string_view activation_name(Activation kind) {
   switch (kind) {
     case Activation::gelu:
       return "gelu";
+    case Activation::swiglu:
+      return "swiglu";
   }
   return "unknown";
+}
+
+int64_t activation_inputs(Activation kind) {
+  return kind == Activation::swiglu ? 2 : 1;
 }
 
 std::string_view fusion_name(Fusion fusion) {
@@ -58,13 +66,14 @@ void check_fp8_operand(std::string_view op, const Fp8Tensor* tensor, const Linea
                        TensorRole role, int64_t rows, int64_t cols) {
   const bool input = role == TensorRole::activation;
   const Fp8TensorView v = tensor != nullptr ? tensor->view() : Fp8TensorView{};
-  const ScalingState* state = exec.state == nullptr ? nullptr : input ? &exec.state->activation
-                                                                      : &exec.state->gradient;
-  OCTET_CHECK(tensor != nullptr && state != nullptr && v.role == role && v.state == state &&
-                  v.shape == Shape({rows, cols}),
-              "{}: the FP8 cast of this layer's {} [{}, {}], given {}", op, input ? "input" : "output gradient",
-              rows, cols,
-              tensor == nullptr ? std::string("none") : fmt::format("a cast of shape {}", v.shape.to_string()));
+  const ScalingState* state = exec.state == nullptr ? nullptr
+                              : input               ? &exec.state->activation
+                                                    : &exec.state->gradient;
+  OCTET_CHECK(
+      tensor != nullptr && state != nullptr && v.role == role && v.state == state &&
+          v.shape == Shape({rows, cols}),
+      "{}: the FP8 cast of this layer's {} [{}, {}], given {}", op, input ? "input" : "output gradient", rows,
+      cols, tensor == nullptr ? std::string("none") : fmt::format("a cast of shape {}", v.shape.to_string()));
 }
 
 LinearSizes linear_sizes(std::string_view op, const Shape& inp, const Shape& weight, const Shape& out,
@@ -75,10 +84,16 @@ LinearSizes linear_sizes(std::string_view op, const Shape& inp, const Shape& wei
   return s;
 }
 
-AttentionSizes attention_sizes(std::string_view op, const Shape& qkv, const Shape& out) {
-  OCTET_CHECK(qkv.rank() == 3, "{}: qkv is [B, T, 3C], given {}", op, qkv.to_string());
-  const AttentionSizes s{qkv[0], qkv[1], out.cols()};
-  check_shape(op, "qkv", qkv, {s.B, s.T, 3 * s.C});
+AttentionSizes attention_sizes(std::string_view op, const Shape& qkv, const Shape& out,
+                               AttentionHeads heads) {
+  OCTET_CHECK(qkv.rank() == 3, "{}: qkv is [B, T, (heads + 2 kv_heads) hs], given {}", op, qkv.to_string());
+  OCTET_CHECK(heads.heads >= 1 && heads.kv_heads >= 1 && heads.heads % heads.kv_heads == 0,
+              "{}: kv_heads ({}) divides heads ({})", op, heads.kv_heads, heads.heads);
+  const int64_t C = out.cols();
+  OCTET_CHECK(C % heads.heads == 0, "{}: out's width {} is a multiple of heads ({})", op, C, heads.heads);
+  const int64_t hs = C / heads.heads;
+  const AttentionSizes s{qkv[0], qkv[1], C, hs, heads.kv_heads * hs, C + 2 * heads.kv_heads * hs};
+  check_shape(op, "qkv", qkv, {s.B, s.T, s.qkv_C});
   check_shape(op, "out", out, {s.B, s.T, s.C});
   return s;
 }
@@ -91,6 +106,33 @@ EmbeddingSizes embedding_sizes(std::string_view op, const Shape& out, std::strin
   check_shape(op, "table", table, {s.V, s.C});
   if (has_positions) check_shape(op, "positions", positions, {s.T, s.C});
   return s;
+}
+
+RotarySizes rotary_sizes(std::string_view op, const Shape& x, const Shape& table, int64_t heads) {
+  OCTET_CHECK(x.rank() == 3, "{}: x is [B, T, W], given {}", op, x.to_string());
+  OCTET_CHECK(table.rank() == 2, "{}: the table is [positions, head size], given {}", op, table.to_string());
+  const RotarySizes s{x[0], x[1], table[1]};
+  OCTET_CHECK(s.hs >= 2 && s.hs % 2 == 0, "{}: the head size (the table's width) is even, given {}", op,
+              s.hs);
+  OCTET_CHECK(table[0] >= s.T, "{}: the table has a row for each of the {} positions, given {}", op, s.T,
+              table.to_string());
+  OCTET_CHECK(heads >= 1 && heads * s.hs <= x[2], "{}: {} heads of {} fit in a row of x, given {}", op, heads,
+              s.hs, x.to_string());
+  return s;
+}
+
+int64_t activation_width(std::string_view op, Activation kind, const Shape& inp) {
+  const int64_t k = activation_inputs(kind);
+  OCTET_CHECK(inp.cols() % k == 0, "{}: {}'s input is [N, {} C], given {}", op, activation_name(kind), k,
+              inp.to_string());
+  return inp.cols() / k;
+}
+
+void check_normalization_arguments(std::string_view op, Normalization kind, const float* mean,
+                                   const float* bias) {
+  const bool layernorm = kind == Normalization::layernorm;
+  OCTET_CHECK(layernorm == (mean != nullptr) && layernorm == (bias != nullptr), "{}: {} takes {}", op,
+              normalization_name(kind), layernorm ? "a mean and a bias" : "no mean and no bias");
 }
 
 LossSizes loss_sizes(std::string_view op, const Shape& logits, int64_t V) {

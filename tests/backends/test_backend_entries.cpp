@@ -66,7 +66,7 @@ TEST(CpuTensorEntries, RefuseWhatTheyCannotRun) {
                          cpu->attention_forward(TensorView(y.data(), {4, 6}), lse.data(),
                                                 ConstTensorView(x.data(), {4, 6}), 2);
                        }),
-                       "attention_forward: qkv is [B, T, 3C], given [4, 6]"));
+                       "attention_forward: qkv is [B, T, (heads + 2 kv_heads) hs], given [4, 6]"));
   LinearExecution exec;
   EXPECT_TRUE(contains(error_of([&] {
                          cpu->linear_forward(TensorView(y.data(), {4, 5}), ConstTensorView(x.data(), {4, 6}),

@@ -64,19 +64,24 @@ class ForwardingBackend : public Backend {
     inner_.linear_backward(dinp, dweight, dbias, dout, inp, weight, copy, exec, input, gradient);
   }
   void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
-                         int64_t heads) override {
+                         AttentionHeads heads) override {
     inner_.attention_forward(out, lse, qkv, heads);
   }
   void attention_backward(const TensorView& dqkv, const ConstTensorView& dout, const ConstTensorView& qkv,
-                          const ConstTensorView& out, const float* lse, int64_t heads) override {
+                          const ConstTensorView& out, const float* lse, AttentionHeads heads) override {
     inner_.attention_backward(dqkv, dout, qkv, out, lse, heads);
+  }
+  void rotary_embedding(const TensorView& x, const ConstTensorView& table, int64_t heads,
+                        bool inverse) override {
+    inner_.rotary_embedding(x, table, heads, inverse);
   }
   void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
                           const Fp8CastTarget& cast_for) override {
     inner_.activation_forward(kind, out, inp, cast_for);
   }
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                           const ConstTensorView& dout, float* dbias, const Fp8CastTarget& cast_for) override {
+                           const ConstTensorView& dout, float* dbias,
+                           const Fp8CastTarget& cast_for) override {
     inner_.activation_backward(kind, dinp, inp, dout, dbias, cast_for);
   }
   void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) override {

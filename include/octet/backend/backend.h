@@ -54,12 +54,16 @@ class WeightCopy {
   virtual ~WeightCopy() = default;
 };
 
-// Kinds of normalization (Backend::normalization_forward and _backward).
-enum class Normalization : uint8_t { layernorm };
+// Kinds of normalization (Backend::normalization_forward and _backward): LayerNorm (GPT-2: mean and
+// variance, a gain and a bias) and RMSNorm (Llama: the root mean square, a gain, no bias).
+enum class Normalization : uint8_t { layernorm, rmsnorm };
 std::string_view normalization_name(Normalization kind);
-// Kinds of element-wise activation (Backend::activation_forward and _backward).
-enum class Activation : uint8_t { gelu };
+// Kinds of activation (Backend::activation_forward and _backward): GELU (element-wise, the tanh
+// approximation) and SwiGLU (gated: each input row holds a gate half and an up half, out = silu(gate) * up).
+enum class Activation : uint8_t { gelu, swiglu };
 std::string_view activation_name(Activation kind);
+// Input columns per output column of an activation: 1 for GELU, 2 for SwiGLU.
+int64_t activation_inputs(Activation kind);
 
 // Where an op that produces a linear layer's input (Fusion::input_cast) or output gradient
 // (Fusion::gradient_cast) also casts it for that layer: the layer (its modes, recipe, scaling state,
@@ -103,13 +107,27 @@ struct LinearSizes {
 };
 LinearSizes linear_sizes(std::string_view op, const Shape& inp, const Shape& weight, const Shape& out,
                          std::string_view out_name);
-// The same for attention's qkv [B, T, 3C] and out (or its gradient) [B, T, C].
+// Attention's heads: `heads` query heads and `kv_heads` key and value heads, each kv head shared by
+// heads / kv_heads query heads (grouped-query attention; kv_heads = heads is multi-head attention, as
+// GPT-2's, and one head count converts to that).
+struct AttentionHeads {
+  int64_t heads = 1;
+  int64_t kv_heads = 1;
+  AttentionHeads(int64_t heads_) : heads(heads_), kv_heads(heads_) {}  // NOLINT: one count is MHA
+  AttentionHeads(int64_t heads_, int64_t kv_heads_) : heads(heads_), kv_heads(kv_heads_) {}
+  int64_t group() const { return heads / kv_heads; }
+};
+// The same for attention's qkv [B, T, (heads + 2 kv_heads) * hs] (the query heads, then the key heads, then
+// the value heads, hs each) and out (or its gradient) [B, T, C], C = heads * hs.
 struct AttentionSizes {
   int64_t B = 0;
   int64_t T = 0;
   int64_t C = 0;
+  int64_t hs = 0;     // head size
+  int64_t kv_C = 0;   // kv_heads * hs: the width of k and of v
+  int64_t qkv_C = 0;  // C + 2 kv_C: a row of qkv
 };
-AttentionSizes attention_sizes(std::string_view op, const Shape& qkv, const Shape& out);
+AttentionSizes attention_sizes(std::string_view op, const Shape& qkv, const Shape& out, AttentionHeads heads);
 
 // The same for an embedding: out (or its gradient) [B, T, C], the table [V, C], and the positions [T, C]
 // where has_positions.
@@ -121,6 +139,20 @@ struct EmbeddingSizes {
 };
 EmbeddingSizes embedding_sizes(std::string_view op, const Shape& out, std::string_view out_name,
                                const Shape& table, const Shape& positions, bool has_positions);
+// The same for a rotary embedding's x [B, T, W] and table [>= T, hs]: the first `heads` heads of hs (even)
+// fit in a row.
+struct RotarySizes {
+  int64_t B = 0;
+  int64_t T = 0;
+  int64_t hs = 0;
+};
+RotarySizes rotary_sizes(std::string_view op, const Shape& x, const Shape& table, int64_t heads);
+// The output width C of an activation of `kind` whose input is inp [N, k C] (activation_inputs).
+int64_t activation_width(std::string_view op, Activation kind, const Shape& inp);
+// A normalization's optional arguments as its kind takes them: LayerNorm's mean and bias (or dbias) given,
+// RMSNorm's null.
+void check_normalization_arguments(std::string_view op, Normalization kind, const float* mean,
+                                   const float* bias);
 // The same for the loss's logits [N, Vp], of which the first V (1 .. Vp) are the vocabulary's.
 struct LossSizes {
   int64_t N = 0;
@@ -156,9 +188,10 @@ enum class StorageRole : uint8_t {
 };
 struct StorageQuery {
   StorageRole role = StorageRole::rounded_activation;
-  int64_t channels = 0;                    // attention: C
+  int64_t channels = 0;                    // attention: C (heads * head size)
   int64_t heads = 0;                       // attention: NH
   const LinearExecution* layer = nullptr;  // weight_gradient, logits: the layer
+  int64_t kv_heads = 0;                    // attention: the key and value heads; 0: heads
 };
 
 // Work a backend may do inside a neighbouring op's pass instead of in a pass of its own. A caller that
@@ -247,19 +280,20 @@ class Backend {
                                   const ConstTensorView& dout, const int32_t* tokens) = 0;
 
   // Normalization of each row of inp [N, C] (float32). LayerNorm: out = (x - mean) * rstd * weight + bias,
-  // saving mean and rstd [N]. out [N, C] is float32, or bf16 where the backend stores so (storage_type): the
-  // float32 value rounded to bf16 once (to nearest, ties to even).
-  // With a cast target, the op also casts its output for the forward GEMM of that FP8 linear layer into the
-  // target's tensor, exactly as the layer's linear_forward would (same scale, same scaling-state update, same
-  // counts and telemetry); the layer's next linear_forward takes that tensor with cast_by_producer instead
-  // of casting its input. A backend that fuses Fusion::input_cast writes the codes in the same pass as the
-  // output. out is then float32, or has no data where nothing else reads it (input_cast_suffices): the
-  // float32 output is then not written at all.
+  // rstd = 1 / sqrt(variance + 1e-5), saving mean and rstd [N]. RMSNorm: out = x * rstd * weight,
+  // rstd = 1 / sqrt(mean(x^2) + 1e-5), saving rstd; mean and bias are null. out [N, C] is float32, or bf16
+  // where the backend stores so (storage_type): the float32 value rounded to bf16 once (to nearest, ties to
+  // even). With a cast target, the op also casts its output for the forward GEMM of that FP8 linear layer
+  // into the target's tensor, exactly as the layer's linear_forward would (same scale, same scaling-state
+  // update, same counts and telemetry); the layer's next linear_forward takes that tensor with
+  // cast_by_producer instead of casting its input. A backend that fuses Fusion::input_cast writes the codes
+  // in the same pass as the output. out is then float32, or has no data where nothing else reads it
+  // (input_cast_suffices): the float32 output is then not written at all.
   virtual void normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                                      const ConstTensorView& inp, const float* weight, const float* bias,
                                      const Fp8CastTarget& cast_for) = 0;
-  // Accumulates into dinp [N, C], dweight and dbias [C]; dout [N, C] is float32 or bf16 (read as its float32
-  // values).
+  // Accumulates into dinp [N, C], dweight and dbias [C] (RMSNorm: dbias and mean are null); dout [N, C] is
+  // float32 or bf16 (read as its float32 values).
   virtual void normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
                                       const ConstTensorView& dout, const float* inp, const float* weight,
                                       const float* mean, const float* rstd) = 0;
@@ -308,24 +342,37 @@ class Backend {
   // rounding the float32 values in place (round_in_place) where it must, so that both hold the same numbers.
   virtual Dtype storage_type(const StorageQuery& /*query*/) const { return Dtype::f32; }
 
-  // Causal multi-head self-attention over qkv [B, T, 3C] (q, k, v each [C], `heads` heads of C / heads),
-  // writing out [B, T, C] and the softmax log-sum-exp per row, lse [B, heads, T]; no T x T matrix is kept.
-  // qkv and out are float32 or bf16 as storage_type says.
+  // Causal self-attention over qkv [B, T, (heads + 2 kv_heads) hs] (attention_sizes; query head h reads key
+  // and value head h / group()), scaled by 1 / sqrt(hs), writing out [B, T, heads hs] and the softmax
+  // log-sum-exp per row, lse [B, heads, T]; no T x T matrix is kept. qkv and out are float32 or bf16 as
+  // storage_type says.
   virtual void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
-                                 int64_t heads) = 0;
-  // dqkv [B, T, 3C] is overwritten; it and dout are stored as out is.
+                                 AttentionHeads heads) = 0;
+  // dqkv (qkv's shape) is overwritten, a key or value head's gradient summed over the query heads that read
+  // it; dqkv and dout are stored as out is.
   virtual void attention_backward(const TensorView& dqkv, const ConstTensorView& dout,
                                   const ConstTensorView& qkv, const ConstTensorView& out, const float* lse,
-                                  int64_t heads) = 0;
+                                  AttentionHeads heads) = 0;
+  // Rotary position embedding, in place, of the first `heads` heads of each row of x [B, T, W] (q's and k's
+  // heads in attention's qkv), each hs = table.cols() wide, at position t (the row's place in its sequence):
+  // for i < hs / 2, (x_i, x_{i + hs/2}) becomes (x_i cos - x_{i+hs/2} sin, x_{i+hs/2} cos + x_i sin), with
+  // cos = table[t, i] and sin = table[t, hs/2 + i] (table [>= T, hs], float32; the rotate-half convention
+  // of Hugging Face's Llama). `inverse` rotates by -angle instead: the backward, on the gradient. x is
+  // float32 or bf16 (read as its float32 values, each result rounded once).
+  virtual void rotary_embedding(const TensorView& x, const ConstTensorView& table, int64_t heads,
+                                bool inverse) = 0;
 
-  // An element-wise activation (GELU: the tanh approximation) of inp [N, C], float32 or bf16 (read as its
-  // float32 values), into out [N, C], float32 or bf16 (the float32 value rounded once). With a cast target,
+  // An activation of inp [N, k C] (k = activation_inputs(kind): GELU, the tanh approximation, element-wise;
+  // SwiGLU, out[n, i] = silu(inp[n, i]) * inp[n, C + i], silu(g) = g / (1 + exp(-g))), float32 or bf16
+  // (read as its float32 values), into out [N, C], float32 or bf16 (the float32 value rounded once). With a
+  // cast target,
   // the op also casts its output for that FP8 layer, as normalization_forward does; out is then float32, or
   // has no data where input_cast_suffices.
   virtual void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
                                   const Fp8CastTarget& cast_for) = 0;
-  // dinp = dout * activation'(inp) over [N, C], overwritten; inp and dout share a dtype (float32 or bf16),
-  // dinp is float32 or bf16. With a cast target (a layer that casts_gradient), the op also casts dinp for
+  // dinp [N, k C] = dout [N, C] * activation'(inp [N, k C]), overwritten (SwiGLU: d gate = dout * up *
+  // silu'(gate), d up = dout * silu(gate)); inp and dout share a dtype (float32 or bf16), dinp is float32 or
+  // bf16. With a cast target (a layer that casts_gradient), the op also casts dinp for
   // that layer's backward GEMMs into the target's tensor, exactly as its linear_backward would cast its dout
   // (same scale, same scaling-state update, same counts and telemetry), and adds the column sums of dinp to
   // dbias [C] (when not null) as that linear_backward would; that layer's linear_backward then takes the

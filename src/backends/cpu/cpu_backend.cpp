@@ -116,6 +116,83 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, c
   }
 }
 
+void CpuBackend::rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                                 int64_t C) {
+  const float eps = 1e-5f;
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    double squares = 0.0;
+    for (int64_t i = 0; i < C; ++i) squares += static_cast<double>(x[i]) * x[i];
+    const float s = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(C) + eps));
+    float* o = out + n * C;
+    for (int64_t i = 0; i < C; ++i) o[i] = x[i] * s * weight[i];
+    rstd[n] = s;
+  }
+}
+
+void CpuBackend::rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                  const float* weight, const float* rstd, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* d = dout + n * C;
+    const float* x = inp + n * C;
+    const float s = rstd[n];
+    double dnorm_norm_mean = 0.0;
+    for (int64_t i = 0; i < C; ++i) dnorm_norm_mean += static_cast<double>(weight[i] * d[i]) * (x[i] * s);
+    const float b = static_cast<float>(dnorm_norm_mean / static_cast<double>(C));
+    float* di = dinp + n * C;
+    for (int64_t i = 0; i < C; ++i) {
+      const float norm = x[i] * s;
+      dweight[i] += norm * d[i];
+      di[i] += (weight[i] * d[i] - norm * b) * s;
+    }
+  }
+}
+
+void CpuBackend::normalize(Normalization kind, float* out, float* mean, float* rstd, const float* inp,
+                           const float* weight, const float* bias, int64_t N, int64_t C) {
+  if (kind == Normalization::rmsnorm) return rmsnorm_forward(out, rstd, inp, weight, N, C);
+  layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+}
+
+void CpuBackend::activate(Activation kind, float* out, const float* inp, int64_t N, int64_t C) {
+  if (kind == Activation::swiglu) return swiglu_forward(out, inp, N, C);
+  gelu_forward(out, inp, N * C);
+}
+
+void CpuBackend::activate_backward(Activation kind, float* dinp, const float* inp, const float* dout,
+                                   int64_t N, int64_t C) {
+  if (kind == Activation::swiglu) return swiglu_backward(dinp, inp, dout, N, C);
+  gelu_backward(dinp, inp, dout, N * C);
+}
+
+void CpuBackend::swiglu_forward(float* out, const float* inp, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* gate = inp + n * 2 * C;
+    const float* up = gate + C;
+    for (int64_t i = 0; i < C; ++i) {
+      const float g = gate[i];
+      out[n * C + i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  }
+}
+
+void CpuBackend::swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* gate = inp + n * 2 * C;
+    const float* up = gate + C;
+    float* dgate = dinp + n * 2 * C;
+    float* dup = dgate + C;
+    for (int64_t i = 0; i < C; ++i) {
+      const float g = gate[i], u = up[i], d = dout[n * C + i];
+      const float sigmoid = 1.0f / (1.0f + std::exp(-g));
+      const float silu = g * sigmoid;
+      // Read both inputs before writing: dinp may alias inp.
+      dgate[i] = d * u * (sigmoid * (1.0f + g * (1.0f - sigmoid)));
+      dup[i] = d * silu;
+    }
+  }
+}
+
 // GELU with the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 static constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 

@@ -57,9 +57,11 @@ class CpuBackend final : public Backend {
                        const Fp8Operand& gradient) override;
 
   void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
-                         int64_t heads) override;
+                         AttentionHeads heads) override;
   void attention_backward(const TensorView& dqkv, const ConstTensorView& dout, const ConstTensorView& qkv,
-                          const ConstTensorView& out, const float* lse, int64_t heads) override;
+                          const ConstTensorView& out, const float* lse, AttentionHeads heads) override;
+  void rotary_embedding(const TensorView& x, const ConstTensorView& table, int64_t heads,
+                        bool inverse) override;
 
   void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
                           const Fp8CastTarget& cast_for) override;
@@ -93,17 +95,31 @@ class CpuBackend final : public Backend {
                          const float* bias, int64_t N, int64_t C);
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C);
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                        const float* rstd, int64_t N, int64_t C);
+  // Normalization or activation of `kind`, as the entries take them (the float32 op, no cast).
+  void normalize(Normalization kind, float* out, float* mean, float* rstd, const float* inp,
+                 const float* weight, const float* bias, int64_t N, int64_t C);
+  void activate(Activation kind, float* out, const float* inp, int64_t N, int64_t C);
+  void activate_backward(Activation kind, float* dinp, const float* inp, const float* dout, int64_t N,
+                         int64_t C);
   void gelu_forward(float* out, const float* inp, int64_t n);
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+  // SwiGLU over rows of inp [N, 2C] (gate, up) into out [N, C], and its backward into dinp [N, 2C].
+  void swiglu_forward(float* out, const float* inp, int64_t N, int64_t C);
+  void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C);
   // The producer-fused casts: the op, then the consumer's cast as its linear_forward or linear_backward
-  // would make it.
-  void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                              const float* bias, int64_t N, int64_t C, LinearExecution& consumer,
+  // would make it (N rows of C output columns).
+  void normalize_cast(Normalization kind, float* out, float* mean, float* rstd, const float* inp,
+                      const float* weight, const float* bias, int64_t N, int64_t C, LinearExecution& consumer,
+                      std::unique_ptr<Fp8Tensor>* into);
+  void activate_cast(Activation kind, float* out, const float* inp, int64_t N, int64_t C,
+                     LinearExecution& consumer, std::unique_ptr<Fp8Tensor>* into);
+  // dinp [N, k C] (k = activation_inputs(kind)).
+  void activate_backward_cast(Activation kind, float* dinp, const float* inp, const float* dout, int64_t N,
+                              int64_t C, float* dbias, LinearExecution& consumer,
                               std::unique_ptr<Fp8Tensor>* into);
-  void gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C, LinearExecution& consumer,
-                         std::unique_ptr<Fp8Tensor>* into);
-  void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                          float* dbias, LinearExecution& consumer, std::unique_ptr<Fp8Tensor>* into);
   void linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                       const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
                       const Fp8Operand& input);
@@ -112,10 +128,10 @@ class CpuBackend final : public Backend {
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, const WeightCopy* copy, int64_t N, int64_t C, int64_t OC,
                        LinearExecution& exec, const Fp8Tensor* input, const Fp8Operand& gradient);
-  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
-                         int64_t NH);
+  void attention_forward(float* out, float* lse, const float* qkv, const AttentionSizes& s,
+                         AttentionHeads heads);
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                          const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+                          const float* lse, const AttentionSizes& s, AttentionHeads heads);
 };
 
 // out [M, N] = a [M, K] x b [N, K]^T (+= when accumulate), float32 accumulation; BLAS when present.

@@ -169,7 +169,8 @@ void count_other(LinearExecution& exec) {
 }
 
 // The forward's FP8 cast of its input x [N, C], into the slot the layer's GEMMs read it from.
-void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot) {
+void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec,
+                std::unique_ptr<Fp8Tensor>* slot) {
   OCTET_CHECK(exec.recipe != nullptr && exec.state != nullptr, "an FP8 layer with a recipe and a state");
   CpuFp8Tensor& t = fp8_tensor_in<CpuFp8Tensor>(slot, "a linear layer's input");
   ScalingState frozen = exec.state->activation;
@@ -222,39 +223,40 @@ float* output_or_scratch(float* out, int64_t n) {
 
 }  // namespace
 
-void CpuBackend::layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp,
-                                        const float* weight, const float* bias, int64_t N, int64_t C,
-                                        LinearExecution& consumer, std::unique_ptr<Fp8Tensor>* into) {
+void CpuBackend::normalize_cast(Normalization kind, float* out, float* mean, float* rstd, const float* inp,
+                                const float* weight, const float* bias, int64_t N, int64_t C,
+                                LinearExecution& consumer, std::unique_ptr<Fp8Tensor>* into) {
   OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
   OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
               "the output kept for a consumer that reads it");
   float* y = output_or_scratch(out, N * C);
-  layernorm_forward(y, mean, rstd, inp, weight, bias, N, C);
+  normalize(kind, y, mean, rstd, inp, weight, bias, N, C);
   cast_input(y, N, C, consumer, into);
 }
 
-void CpuBackend::gelu_forward_cast(float* out, const float* inp, int64_t N, int64_t C,
-                                   LinearExecution& consumer, std::unique_ptr<Fp8Tensor>* into) {
+void CpuBackend::activate_cast(Activation kind, float* out, const float* inp, int64_t N, int64_t C,
+                               LinearExecution& consumer, std::unique_ptr<Fp8Tensor>* into) {
   OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
   OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
               "the output kept for a consumer that reads it");
   float* y = output_or_scratch(out, N * C);
-  gelu_forward(y, inp, N * C);
+  activate(kind, y, inp, N, C);
   cast_input(y, N, C, consumer, into);
 }
 
-// gelu_backward, then linear_backward's bias sum and gradient cast, in that order: the same bits as the two
-// ops in turn.
-void CpuBackend::gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t N, int64_t C,
-                                    float* dbias, LinearExecution& consumer,
-                                    std::unique_ptr<Fp8Tensor>* into) {
+// The activation's backward, then linear_backward's bias sum and gradient cast, in that order: the same bits
+// as the two ops in turn.
+void CpuBackend::activate_backward_cast(Activation kind, float* dinp, const float* inp, const float* dout,
+                                        int64_t N, int64_t C, float* dbias, LinearExecution& consumer,
+                                        std::unique_ptr<Fp8Tensor>* into) {
   OCTET_CHECK(casts_gradient(consumer), "a consumer with an FP8 backward GEMM");
   OCTET_CHECK(dinp != nullptr || gradient_cast_suffices(consumer),
               "the gradient kept for a consumer that reads it");
-  float* d = output_or_scratch(dinp, N * C);
-  gelu_backward(d, inp, dout, N * C);
-  if (dbias != nullptr) add_column_sums(dbias, d, N, C);
-  cast_gradient(d, N, C, consumer, into);
+  const int64_t width = activation_inputs(kind) * C;
+  float* d = output_or_scratch(dinp, N * width);
+  activate_backward(kind, d, inp, dout, N, C);
+  if (dbias != nullptr) add_column_sums(dbias, d, N, width);
+  cast_gradient(d, N, width, consumer, into);
 }
 
 void CpuBackend::round_in_place(float* x, int64_t n, Dtype dtype) {
@@ -318,8 +320,8 @@ void CpuBackend::linear_forward(float* out, const float* inp, const float* weigh
       OCTET_CHECK(w != nullptr && !w->fp8.data.empty(), "an FP8 weight copy (prepare_weight)");
       OCTET_CHECK(input.tensor != nullptr, "a slot for the FP8 input's cast");
       if (!input.cast_by_producer) cast_input(inp, N, C, exec, input.tensor);
-      const QuantizedTensor& x = cast_codes(input.tensor->get(), exec, TensorRole::activation, N, C,
-                                            "linear_forward");
+      const QuantizedTensor& x =
+          cast_codes(input.tensor->get(), exec, TensorRole::activation, N, C, "linear_forward");
       const std::vector<float> d = fp8_product(x, w->fp8, exec);
       std::copy(d.begin(), d.end(), out);
       break;

@@ -54,57 +54,59 @@ void CpuBackend::softmax_cross_entropy(float* losses, const TensorView& logits, 
 void CpuBackend::normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                                        const ConstTensorView& inp, const float* weight, const float* bias,
                                        const Fp8CastTarget& cast_for) {
-  OCTET_CHECK(kind == Normalization::layernorm, "CPU normalization: layernorm, asked for {}",
-              normalization_name(kind));
   check_dtype("normalization_forward", "inp", inp.dtype, kF32);
   check_dtype("normalization_forward", "out", out.dtype, kF32);
+  check_normalization_arguments("normalization_forward", kind, mean, bias);
   const int64_t N = inp.rows(), C = inp.cols();
   check_matrix("normalization_forward", "out", out.shape, N, C);
   if (cast_for.given()) {
-    layernorm_forward_cast(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C, *cast_for.layer,
-                           cast_for.tensor);
+    normalize_cast(kind, out.f32(), mean, rstd, inp.f32(), weight, bias, N, C, *cast_for.layer,
+                   cast_for.tensor);
   } else {
-    layernorm_forward(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C);
+    normalize(kind, out.f32(), mean, rstd, inp.f32(), weight, bias, N, C);
   }
 }
 
 void CpuBackend::normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
                                         const ConstTensorView& dout, const float* inp, const float* weight,
                                         const float* mean, const float* rstd) {
-  OCTET_CHECK(kind == Normalization::layernorm, "CPU normalization: layernorm, asked for {}",
-              normalization_name(kind));
   check_dtype("normalization_backward", "dout", dout.dtype, kF32);
-  layernorm_backward(dinp, dweight, dbias, dout.f32(), inp, weight, mean, rstd, dout.rows(), dout.cols());
+  check_normalization_arguments("normalization_backward", kind, mean, dbias);
+  if (kind == Normalization::rmsnorm) {
+    rmsnorm_backward(dinp, dweight, dout.f32(), inp, weight, rstd, dout.rows(), dout.cols());
+  } else {
+    layernorm_backward(dinp, dweight, dbias, dout.f32(), inp, weight, mean, rstd, dout.rows(), dout.cols());
+  }
 }
 
 void CpuBackend::activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
                                     const Fp8CastTarget& cast_for) {
-  OCTET_CHECK(kind == Activation::gelu, "CPU activation: gelu, asked for {}", activation_name(kind));
   check_dtype("activation_forward", "inp", inp.dtype, kF32);
   check_dtype("activation_forward", "out", out.dtype, kF32);
-  check_matrix("activation_forward", "out", out.shape, inp.rows(), inp.cols());
+  const int64_t N = inp.rows(), C = activation_width("activation_forward", kind, inp.shape);
+  check_matrix("activation_forward", "out", out.shape, N, C);
   if (cast_for.given()) {
-    gelu_forward_cast(out.f32(), inp.f32(), inp.rows(), inp.cols(), *cast_for.layer, cast_for.tensor);
+    activate_cast(kind, out.f32(), inp.f32(), N, C, *cast_for.layer, cast_for.tensor);
   } else {
-    gelu_forward(out.f32(), inp.f32(), inp.numel());
+    activate(kind, out.f32(), inp.f32(), N, C);
   }
 }
 
 void CpuBackend::activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
                                      const ConstTensorView& dout, float* dbias,
                                      const Fp8CastTarget& cast_for) {
-  OCTET_CHECK(kind == Activation::gelu, "CPU activation: gelu, asked for {}", activation_name(kind));
   check_dtype("activation_backward", "inp", inp.dtype, kF32);
   check_dtype("activation_backward", "dout", dout.dtype, kF32);
   check_dtype("activation_backward", "dinp", dinp.dtype, kF32);
-  check_matrix("activation_backward", "dout", dout.shape, inp.rows(), inp.cols());
-  check_matrix("activation_backward", "dinp", dinp.shape, inp.rows(), inp.cols());
+  const int64_t N = inp.rows(), C = activation_width("activation_backward", kind, inp.shape);
+  check_matrix("activation_backward", "dout", dout.shape, N, C);
+  check_matrix("activation_backward", "dinp", dinp.shape, N, inp.cols());
   if (cast_for.given()) {
-    gelu_backward_cast(dinp.f32(), inp.f32(), dout.f32(), inp.rows(), inp.cols(), dbias, *cast_for.layer,
-                       cast_for.tensor);
+    activate_backward_cast(kind, dinp.f32(), inp.f32(), dout.f32(), N, C, dbias, *cast_for.layer,
+                           cast_for.tensor);
   } else {
     OCTET_CHECK(dbias == nullptr, "activation_backward sums a bias gradient only with the consumer's cast");
-    gelu_backward(dinp.f32(), inp.f32(), dout.f32(), inp.numel());
+    activate_backward(kind, dinp.f32(), inp.f32(), dout.f32(), N, C);
   }
 }
 
@@ -139,29 +141,54 @@ void CpuBackend::linear_backward(const TensorView& dinp, const TensorView& dweig
   const auto [N, C, OC] = linear_sizes("linear_backward", inp.shape, weight.shape, dout.shape, "dout");
   check_matrix("linear_backward", "dweight", dweight.shape, OC, C);
   check_matrix("linear_backward", "dinp", dinp.shape, N, C);
-  linear_backward(dinp.f32(), dweight.f32(), dbias, dout.f32(), inp.f32(), weight.f32(), copy, N, C, OC,
-                  exec, input, gradient);
+  linear_backward(dinp.f32(), dweight.f32(), dbias, dout.f32(), inp.f32(), weight.f32(), copy, N, C, OC, exec,
+                  input, gradient);
 }
 
 void CpuBackend::attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
-                                   int64_t heads) {
+                                   AttentionHeads heads) {
   check_dtype("attention_forward", "qkv", qkv.dtype, kF32);
   check_dtype("attention_forward", "out", out.dtype, kF32);
-  const auto [B, T, C] = attention_sizes("attention_forward", qkv.shape, out.shape);
-  attention_forward(out.f32(), lse, qkv.f32(), B, T, C, heads);
+  attention_forward(out.f32(), lse, qkv.f32(),
+                    attention_sizes("attention_forward", qkv.shape, out.shape, heads), heads);
 }
 
 void CpuBackend::attention_backward(const TensorView& dqkv, const ConstTensorView& dout,
                                     const ConstTensorView& qkv, const ConstTensorView& out, const float* lse,
-                                    int64_t heads) {
+                                    AttentionHeads heads) {
   for (const auto& [what, dtype] : {std::pair{"dqkv", dqkv.dtype}, std::pair{"dout", dout.dtype},
                                     std::pair{"qkv", qkv.dtype}, std::pair{"out", out.dtype}}) {
     check_dtype("attention_backward", what, dtype, kF32);
   }
-  const auto [B, T, C] = attention_sizes("attention_backward", qkv.shape, out.shape);
-  check_shape("attention_backward", "dqkv", dqkv.shape, {B, T, 3 * C});
-  check_shape("attention_backward", "dout", dout.shape, {B, T, C});
-  attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), out.f32(), lse, B, T, C, heads);
+  const AttentionSizes s = attention_sizes("attention_backward", qkv.shape, out.shape, heads);
+  check_shape("attention_backward", "dqkv", dqkv.shape, qkv.shape);
+  check_shape("attention_backward", "dout", dout.shape, out.shape);
+  attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), out.f32(), lse, s, heads);
+}
+
+void CpuBackend::rotary_embedding(const TensorView& x, const ConstTensorView& table, int64_t heads,
+                                  bool inverse) {
+  check_dtype("rotary_embedding", "x", x.dtype, kF32);
+  check_dtype("rotary_embedding", "table", table.dtype, kF32);
+  const auto [B, T, hs] = rotary_sizes("rotary_embedding", x.shape, table.shape, heads);
+  const int64_t W = x.shape[2], half = hs / 2;
+  float* data = x.f32();
+  const float* cos_sin = table.f32();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* cos = cos_sin + t * hs;
+      const float* sin = cos + half;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = data + (b * T + t) * W + h * hs;
+        for (int64_t i = 0; i < half; ++i) {
+          const float s = inverse ? -sin[i] : sin[i];
+          const float x1 = v[i], x2 = v[half + i];
+          v[i] = x1 * cos[i] - x2 * s;
+          v[half + i] = x2 * cos[i] + x1 * s;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace octet::cpu

@@ -42,6 +42,11 @@ void require_activation(Activation kind) {
   OCTET_CHECK(kind == Activation::gelu, "CUDA activation: gelu, asked for {}", activation_name(kind));
 }
 
+void require_multi_head(AttentionHeads heads) {
+  OCTET_CHECK(heads.kv_heads == heads.heads, "CUDA attention: as many kv heads as heads, asked for {} and {}",
+              heads.kv_heads, heads.heads);
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) {
@@ -145,8 +150,8 @@ void CudaBackend::linear_recompute(const TensorView& out, const ConstTensorView&
   const int64_t N = out.rows(), C = weight.cols(), OC = weight.rows();
   check_matrix("linear_recompute", "out", out.shape, N, OC);
   if (epilogue.residual != nullptr) {
-    linear_recompute_residual(out.f32(), epilogue.residual, weight.f32(), copy, epilogue.bias, N, C, OC,
-                              exec, input);
+    linear_recompute_residual(out.f32(), epilogue.residual, weight.f32(), copy, epilogue.bias, N, C, OC, exec,
+                              input);
   } else {
     linear_recompute_as(out.data, out.dtype, weight.f32(), copy, epilogue.bias, N, C, OC, exec, input);
   }
@@ -154,8 +159,8 @@ void CudaBackend::linear_recompute(const TensorView& out, const ConstTensorView&
 
 void CudaBackend::linear_backward(const TensorView& dinp, const TensorView& dweight, float* dbias,
                                   const ConstTensorView& dout, const ConstTensorView& inp,
-                                  const ConstTensorView& weight, const WeightCopy* copy, LinearExecution& exec,
-                                  const Fp8Tensor* input, const Fp8Operand& gradient) {
+                                  const ConstTensorView& weight, const WeightCopy* copy,
+                                  LinearExecution& exec, const Fp8Tensor* input, const Fp8Operand& gradient) {
   const auto [N, C, OC] = linear_sizes("linear_backward", inp.shape, weight.shape, dout.shape, "dout");
   check_matrix("linear_backward", "dweight", dweight.shape, OC, C);
   check_matrix("linear_backward", "dinp", dinp.shape, N, C);
@@ -221,21 +226,24 @@ Dtype CudaBackend::storage_type(const StorageQuery& query) const {
 }
 
 void CudaBackend::attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
-                                    int64_t heads) {
-  const auto [B, T, C] = attention_sizes("attention_forward", qkv.shape, out.shape);
-  attention_forward_as(out.data, out.dtype, lse, qkv.data, qkv.dtype, B, T, C, heads);
+                                    AttentionHeads heads) {
+  const AttentionSizes s = attention_sizes("attention_forward", qkv.shape, out.shape, heads);
+  require_multi_head(heads);
+  attention_forward_as(out.data, out.dtype, lse, qkv.data, qkv.dtype, s.B, s.T, s.C, heads.heads);
 }
 
 void CudaBackend::attention_backward(const TensorView& dqkv, const ConstTensorView& dout,
                                      const ConstTensorView& qkv, const ConstTensorView& out, const float* lse,
-                                     int64_t heads) {
-  const auto [B, T, C] = attention_sizes("attention_backward", qkv.shape, out.shape);
-  check_shape("attention_backward", "dqkv", dqkv.shape, {B, T, 3 * C});
-  check_shape("attention_backward", "dout", dout.shape, {B, T, C});
+                                     AttentionHeads heads) {
+  const auto [B, T, C, hs, kv_C, qkv_C] = attention_sizes("attention_backward", qkv.shape, out.shape, heads);
+  require_multi_head(heads);
+  check_shape("attention_backward", "dqkv", dqkv.shape, qkv.shape);
+  check_shape("attention_backward", "dout", dout.shape, out.shape);
   OCTET_CHECK(dqkv.dtype == out.dtype && dout.dtype == out.dtype,
               "attention_backward: dqkv ({}) and dout ({}) are stored as out is ({})", dtype_name(dqkv.dtype),
               dtype_name(dout.dtype), dtype_name(out.dtype));
-  attention_backward_as(dqkv.data, dout.data, qkv.data, qkv.dtype, out.data, out.dtype, lse, B, T, C, heads);
+  attention_backward_as(dqkv.data, dout.data, qkv.data, qkv.dtype, out.data, out.dtype, lse, B, T, C,
+                        heads.heads);
 }
 
 void CudaBackend::activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
@@ -264,6 +272,12 @@ void CudaBackend::activation_backward(Activation kind, const TensorView& dinp, c
     OCTET_CHECK(dbias == nullptr, "activation_backward sums a bias gradient only with the consumer's cast");
     gelu_backward_as(dinp.data, dinp.dtype, inp.data, dout.data, inp.dtype, inp.numel());
   }
+}
+
+void CudaBackend::rotary_embedding(const TensorView& x, const ConstTensorView& table, int64_t heads,
+                                   bool /*inverse*/) {
+  rotary_sizes("rotary_embedding", x.shape, table.shape, heads);
+  OCTET_CHECK(false, "CUDA rotary_embedding: not built yet");
 }
 
 }  // namespace cuda::backend_internal

@@ -210,9 +210,11 @@ class CudaBackend final : public Backend {
                        const Fp8Operand& gradient) override;
   Dtype storage_type(const StorageQuery& query) const override;
   void attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
-                         int64_t heads) override;
+                         AttentionHeads heads) override;
   void attention_backward(const TensorView& dqkv, const ConstTensorView& dout, const ConstTensorView& qkv,
-                          const ConstTensorView& out, const float* lse, int64_t heads) override;
+                          const ConstTensorView& out, const float* lse, AttentionHeads heads) override;
+  void rotary_embedding(const TensorView& x, const ConstTensorView& table, int64_t heads,
+                        bool inverse) override;
   void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
                           const Fp8CastTarget& cast_for) override;
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
@@ -358,7 +360,8 @@ class CudaBackend final : public Backend {
   CudaFp8Tensor& gradient_tensor(std::unique_ptr<Fp8Tensor>* slot, Layer& layer, const LinearExecution& exec,
                                  int64_t N, int64_t OC);
   // Casts the forward's input x [N, C] into the tensor in `slot`.
-  void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot);
+  void cast_input(const float* x, int64_t N, int64_t C, LinearExecution& exec,
+                  std::unique_ptr<Fp8Tensor>* slot);
   // The same for a bf16 input (its bits): in one pass that reads the bf16 values where producer_casts(exec),
   // else cast_input of their float32 values.
   void cast_input_bf16(const uint16_t* x, int64_t N, int64_t C, LinearExecution& exec,
