@@ -28,7 +28,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   using namespace octet;
   const int rounds = argc > 1 ? std::stoi(argv[1]) : 20;
-  Gpt2Config config;
+  ModelConfig config;
   config.vocab_size = 50257;
   config.max_seq_len = 64;
   config.layers = 4;
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   precision.mode = MixedPrecision::fp8;
   auto backend = make_cpu_backend();
   const std::unique_ptr<Model> built =
-      make_model(ModelArchitecture::gpt2, config, *backend, PrecisionPolicy(precision, config, B * T), B, T);
+      make_model(config, *backend, PrecisionPolicy(precision, config, B * T), B, T);
   Model& model = *built;
   model.init_weights(1337);
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "octet-bench-telemetry";

@@ -280,10 +280,11 @@ const std::vector<Key>& keys() {
     std::vector<Key> k;
     // [model]
     k.push_back(choice<ModelArchitecture>(
-        "model.arch", [](RunConfig& c) -> ModelArchitecture& { return c.model_arch; },
-        {{"gpt2", ModelArchitecture::gpt2}},
-        "Model architecture: GPT-2 (learned positions, LayerNorm, GELU MLP, LM head tied to the "
-        "embedding)."));
+        "model.arch", [](RunConfig& c) -> ModelArchitecture& { return c.model.arch; },
+        {{"gpt2", ModelArchitecture::gpt2}, {"llama", ModelArchitecture::llama}},
+        "Model architecture: GPT-2 (learned positions, LayerNorm, GELU MLP with biases, LM head tied to the "
+        "embedding) or Llama (rotary positions, RMSNorm, SwiGLU MLP, grouped-query attention, no biases, "
+        "untied head)."));
     k.push_back(integer<int64_t>(
         "model.vocab_size", [](RunConfig& c) -> int64_t& { return c.model.vocab_size; }, 2, kMaxTokenId,
         "Tokens the model predicts (the loss covers exactly these)."));
@@ -302,6 +303,35 @@ const std::vector<Key>& keys() {
     k.push_back(integer<int64_t>(
         "model.channels", [](RunConfig& c) -> int64_t& { return c.model.channels; }, 1, kMaxChannels,
         "Width of the residual stream; a multiple of heads."));
+    k.push_back(integer<int64_t>(
+        "model.kv_heads", [](RunConfig& c) -> int64_t& { return c.model.kv_heads; }, 0, kMaxHeads,
+        "Llama: key and value heads (grouped-query attention), dividing heads; 0 means as many as heads."));
+    k.push_back(integer<int64_t>(
+        "model.ffn_hidden", [](RunConfig& c) -> int64_t& { return c.model.ffn_hidden; }, 0, kMaxChannels,
+        "Llama: the SwiGLU MLP's hidden width; 0 means 8 x channels / 3 rounded up to a multiple of 256."));
+    k.push_back(number(
+        "model.rope_theta", [](RunConfig& c) -> float& { return c.model.rope_theta; }, 1.0, true, inf, false,
+        "Llama: the rotary embedding's base (Llama 3: 500000)."));
+    k.push_back(number(
+        "model.rope_scaling_factor", [](RunConfig& c) -> float& { return c.model.rope_scaling.factor; }, 0.0,
+        false, inf, false,
+        "Llama: Llama 3.1's scaling of the low rotary frequencies for long contexts (8 in Llama 3.1); 0 is "
+        "off."));
+    k.push_back(number(
+        "model.rope_low_freq_factor",
+        [](RunConfig& c) -> float& { return c.model.rope_scaling.low_freq_factor; }, 0.0, true, inf, false,
+        "Llama 3.1 rotary scaling: the low frequency factor."));
+    k.push_back(number(
+        "model.rope_high_freq_factor",
+        [](RunConfig& c) -> float& { return c.model.rope_scaling.high_freq_factor; }, 0.0, true, inf, false,
+        "Llama 3.1 rotary scaling: the high frequency factor."));
+    k.push_back(integer<int64_t>(
+        "model.rope_original_max_seq_len",
+        [](RunConfig& c) -> int64_t& { return c.model.rope_scaling.original_max_seq_len; }, 1, kMaxSequence,
+        "Llama 3.1 rotary scaling: the context the frequencies were trained for (8192)."));
+    k.push_back(boolean(
+        "model.tie_embeddings", [](RunConfig& c) -> bool& { return c.model.tie_embeddings; },
+        "Llama: the head reads the token embedding instead of its own weight (GPT-2's always does)."));
     // [train]
     k.push_back(choice<MixedPrecision>(
         "train.mixed_precision", [](RunConfig& c) -> MixedPrecision& { return c.precision.mode; },
@@ -651,6 +681,11 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
   require(c.model.channels % c.model.heads == 0,
           fmt::format("model.channels ({}) must be a multiple of model.heads ({})", c.model.channels,
                       c.model.heads));
+  try {
+    c.model.validate();
+  } catch (const Error& e) {
+    fail(fmt::format("{}: {}", origin, e.what()));
+  }
   require(c.model.padded_vocab_size == 0 || c.model.padded_vocab_size >= c.model.vocab_size,
           fmt::format("model.padded_vocab_size ({}) must be 0 or at least model.vocab_size ({})",
                       c.model.padded_vocab_size, c.model.vocab_size));

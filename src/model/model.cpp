@@ -1,4 +1,4 @@
-// The model factory: the implementation of each model.arch.
+// The model factory, and the words and JSON of what a model's ops fuse.
 #include "octet/model/model.h"
 
 #include <utility>
@@ -6,22 +6,19 @@
 #include <fmt/format.h>
 
 #include "octet/check.h"
-#include "octet/model/gpt2.h"
+#include "octet/model/decoder.h"
 
 namespace octet {
 
-std::unique_ptr<Model> make_model(ModelArchitecture architecture, const Gpt2Config& shape, Backend& backend,
-                                  PrecisionPolicy policy, int64_t max_batch, int64_t max_seq_len) {
-  switch (architecture) {
-    case ModelArchitecture::gpt2:
-      return std::make_unique<Gpt2>(shape, backend, std::move(policy), max_batch, max_seq_len);
-  }
-  OCTET_CHECK(false, "a known model architecture, got {}", static_cast<int>(architecture));
-  return nullptr;
+std::unique_ptr<Model> make_model(const ModelConfig& shape, Backend& backend, PrecisionPolicy policy,
+                                  int64_t max_batch, int64_t max_seq_len) {
+  return std::make_unique<Decoder>(shape, backend, std::move(policy), max_batch, max_seq_len);
 }
 
 std::string fusion_summary(const FusionRecord& record) {
-  auto answer = [](const FusionSupport& s) { return s.fused ? std::string("fused") : "not fused: " + s.fallback; };
+  auto answer = [](const FusionSupport& s) {
+    return s.fused ? std::string("fused") : "not fused: " + s.fallback;
+  };
   std::string out = record.producer + ", " + answer(record.support);
   if (record.on_sqnr_steps) out += "; on steps that measure SQNR " + answer(*record.on_sqnr_steps);
   return out;
@@ -34,19 +31,15 @@ std::string precision_map_json(const Model& model) {
   return model.policy().map_json([&](const LinearPlan& layer) {
     std::string members;
     for (const FusionRecord& r : records) {
-      if (r.layer == layer.name) members += fmt::format(R"(, "{}": "{}")", fusion_name(r.fusion), fusion_summary(r));
+      if (r.layer == layer.name)
+        members += fmt::format(R"(, "{}": "{}")", fusion_name(r.fusion), fusion_summary(r));
     }
     return members;
   });
 }
 
-int64_t lm_head_chunk_rows(ModelArchitecture architecture) {
-  switch (architecture) {
-    case ModelArchitecture::gpt2:
-      return Gpt2::kHeadChunkRows;
-  }
-  OCTET_CHECK(false, "a known model architecture, got {}", static_cast<int>(architecture));
-  return 0;
+int64_t lm_head_chunk_rows(ModelArchitecture /*architecture*/) {
+  return Decoder::kHeadChunkRows;
 }
 
 }  // namespace octet

@@ -54,7 +54,7 @@ static std::string fp8_shape_problem(int64_t m, int64_t n, int64_t k) {
   return {};
 }
 
-PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const Gpt2Config& model,
+PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const ModelConfig& model,
                                  int64_t tokens_per_step)
     : settings_(settings) {
   const GemmMode base = settings.mode == MixedPrecision::fp32   ? GemmMode::f32
@@ -62,7 +62,6 @@ PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const Gpt2Co
                                                                 : GemmMode::bf16;
   const bool fp8 = settings.mode == MixedPrecision::fp8;
   if (fp8) recipe_ = make_recipe(settings);
-  const int64_t C = model.channels;
   auto add = [&](std::string name, int64_t in, int64_t out, int64_t block) {
     LinearPlan plan;
     plan.name = std::move(name);
@@ -114,13 +113,7 @@ PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const Gpt2Co
     }
     layers_.push_back(std::move(plan));
   };
-  for (int64_t l = 0; l < model.layers; ++l) {
-    add(fmt::format("h.{}.attn.c_attn", l), C, 3 * C, l);
-    add(fmt::format("h.{}.attn.c_proj", l), C, C, l);
-    add(fmt::format("h.{}.mlp.c_fc", l), C, 4 * C, l);
-    add(fmt::format("h.{}.mlp.c_proj", l), 4 * C, C, l);
-  }
-  add("lm_head", C, model.padded_vocab(), -1);
+  for (const LinearShape& l : model.linear_layers()) add(l.name, l.in_features, l.out_features, l.block);
 }
 
 const LinearPlan& PrecisionPolicy::layer(std::string_view name) const {

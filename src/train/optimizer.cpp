@@ -21,7 +21,11 @@ void AdamW::step(float* params, const float* grads, float learning_rate, float g
   // The weights with copies first (each update remakes its copy), then every other tensor, in one call.
   std::vector<Backend::UpdateSegment> weights;
   std::vector<Backend::UpdateSegment> others;
+  // A weight copy may cover several parameters stored one after another (a fused layer's: Llama's q, k and v
+  // projections): one segment for all of them, which lie one after another in the gradients too.
+  int64_t covered_until = 0;
   for (const ParameterInfo& p : parameters_) {
+    if (p.offset < covered_until) continue;
     Backend::UpdateSegment segment{.offset = p.offset,
                                    .count = p.count,
                                    .weight_decay = p.weight_decay ? settings_.weight_decay : 0.0f,
@@ -38,8 +42,17 @@ void AdamW::step(float* params, const float* grads, float learning_rate, float g
       others.push_back(segment);
       continue;
     }
-    OCTET_CHECK(slot->rows * slot->cols == p.count, "the weight copy of {} covers the whole parameter",
-                p.name);
+    const int64_t count = slot->rows * slot->cols;
+    for (const ParameterInfo& q : parameters_) {
+      if (q.offset < p.offset || q.offset >= p.offset + count) continue;
+      OCTET_CHECK(q.offset + q.count <= p.offset + count && q.grad_type == p.grad_type &&
+                      q.grad_offset - p.grad_offset == q.offset - p.offset &&
+                      q.weight_decay == p.weight_decay,
+                  "the weight copy at {} covers {} whole, its gradient beside the others' and decayed alike",
+                  p.name, q.name);
+    }
+    segment.count = count;
+    covered_until = p.offset + count;
     segment.copy = slot->copy;
     segment.exec = slot->exec;
     segment.rows = slot->rows;

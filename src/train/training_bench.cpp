@@ -136,9 +136,8 @@ TrainingBenchResult benchmark_training(const RunConfig& config, const TrainingBe
   TrainingBackend device = make_training_backend(config);
   if (options.log) options.log(device.device_line);
   Backend& backend = *device.backend;
-  const std::unique_ptr<Model> built =
-      make_model(config.model_arch, config.model, backend,
-                 PrecisionPolicy(config.precision, config.model, tokens_per_batch), B, T);
+  const std::unique_ptr<Model> built = make_model(
+      config.model, backend, PrecisionPolicy(config.precision, config.model, tokens_per_batch), B, T);
   Model& model = *built;
   model.init_weights(config.seed);
   model.set_telemetry(false, false);

@@ -303,8 +303,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   }
   allocate_or_refuse(config, [&] {
     backend = make_backend(device, config);
-    model = make_model(config.model_arch, config.model, *backend,
-                       PrecisionPolicy(config.precision, config.model, B * T), B, T);
+    model = make_model(config.model, *backend, PrecisionPolicy(config.precision, config.model, B * T), B, T);
     model->init_weights(config.seed);
     if (!config.telemetry.enabled) model->set_telemetry(false, false);
     trainer = std::make_unique<Trainer>(*model, settings);
@@ -562,7 +561,7 @@ Restored restore(const fs::path& checkpoint, int64_t batch, int64_t seq_len, con
   settings.batch_size = B;
   settings.seq_len = T;
   allocate_or_refuse(r.config, [&] {
-    r.model = make_model(r.config.model_arch, r.config.model, *r.backend,
+    r.model = make_model(r.config.model, *r.backend,
                          PrecisionPolicy(r.config.precision, r.config.model, B * T), B, T);
     r.trainer = std::make_unique<Trainer>(*r.model, settings);
   });

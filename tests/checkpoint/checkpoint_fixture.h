@@ -70,16 +70,15 @@ inline TrainSettings checkpoint_settings() {
 
 // Everything a training process holds; a new TrainingProcess is a relaunch.
 struct TrainingProcess {
-  TrainingProcess(const Gpt2Config& config, MixedPrecision precision, const std::filesystem::path& shard)
+  TrainingProcess(const ModelConfig& config, MixedPrecision precision, const std::filesystem::path& shard)
       : backend(make_cpu_backend()),
-        model(make_model(ModelArchitecture::gpt2, config, *backend,
-                         PrecisionPolicy(mode(precision), config, 32), 2, 16)),
+        model(make_model(config, *backend, PrecisionPolicy(mode(precision), config, 32), 2, 16)),
         trainer(nullptr),
         loader({shard}, loader_options(config)) {
     model->init_weights(11);
     trainer = std::make_unique<Trainer>(*model, checkpoint_settings());
   }
-  static io::DataLoaderOptions loader_options(const Gpt2Config& config) {
+  static io::DataLoaderOptions loader_options(const ModelConfig& config) {
     io::DataLoaderOptions o;
     o.batch_size = 2;
     o.sequence_length = 16;

@@ -44,7 +44,7 @@ void expect_refused(const fs::path& checkpoint, TrainingProcess& run,
   EXPECT_EQ(run.trainer->steps_done(), steps);
 }
 
-fs::path saved_checkpoint(const fs::path& run_dir, const Gpt2Config& config, const fs::path& shard) {
+fs::path saved_checkpoint(const fs::path& run_dir, const ModelConfig& config, const fs::path& shard) {
   TrainingProcess run(config, MixedPrecision::fp32, shard);
   run.train(2);
   return save_checkpoint(run_dir, *run.model, *run.trainer, run.progress());
@@ -85,14 +85,14 @@ TEST(CheckpointRefused, TruncatedOptimizerFileAndMissingOrBrokenState) {
 TEST(CheckpointRefused, ModelOfOtherDimensions) {
   ScratchDir dir;
   const fs::path shard = testing::write_pattern_shard(dir.path(), tiny_config().vocab_size);
-  Gpt2Config narrow = tiny_config();
+  ModelConfig narrow = tiny_config();
   narrow.channels = 32;
   const fs::path checkpoint = saved_checkpoint(dir.path() / "run", narrow, shard);
   TrainingProcess target(tiny_config(), MixedPrecision::fp32, shard);
   expect_refused(checkpoint, target, {(checkpoint / "state.json").string(), "n_embd 32, this model has 64"});
 
   // A tensor of the wrong shape is caught even when state.json agrees.
-  Gpt2Config deeper = tiny_config();
+  ModelConfig deeper = tiny_config();
   deeper.layers = 3;
   const fs::path other = saved_checkpoint(dir.path() / "deeper", deeper, shard);
   fs::copy_file(checkpoint / "state.json", other / "state.json", fs::copy_options::overwrite_existing);
@@ -155,7 +155,8 @@ TEST(CheckpointRefused, ImpossibleValuesInState) {
   }
   TrainingProcess target(tiny_config(), MixedPrecision::fp8, shard);
   using nlohmann::json;
-  expect_state_refused(checkpoint, target, [](json& j) { j["step"] = -5; }, {"step must be at least 0, got -5"});
+  expect_state_refused(checkpoint, target, [](json& j) { j["step"] = -5; },
+                       {"step must be at least 0, got -5"});
   expect_state_refused(checkpoint, target, [](json& j) { j["optimizer_steps"] = -1; }, {"optimizer_steps"});
   expect_state_refused(checkpoint, target, [](json& j) { j["loss_scale"]["scale"] = 0; },
                        {"loss_scale.scale must be positive and finite, got 0"});
@@ -165,25 +166,25 @@ TEST(CheckpointRefused, ImpossibleValuesInState) {
                        {"loss_scale.scale must be positive and finite, got inf"});
   expect_state_refused(checkpoint, target, [](json& j) { j["loss_scale"]["clean_steps"] = -3; },
                        {"loss_scale.clean_steps"});
-  expect_state_refused(
-      checkpoint, target, [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["activation"]["scale"] = -2; },
-      {"fp8.layers.h.0.mlp.c_fc.activation.scale must be positive and finite, got -2"});
-  expect_state_refused(
-      checkpoint, target, [](json& j) { j["fp8"]["layers"]["h.1.attn.c_proj"]["weight"]["scale_inv"] = "nan"; },
-      {"fp8.layers.h.1.attn.c_proj.weight.scale_inv must be positive and finite, got nan"});
-  expect_state_refused(
-      checkpoint, target, [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["weight_copy_scale"] = "-inf"; },
-      {"fp8.layers.h.0.mlp.c_fc.weight_copy_scale"});
+  expect_state_refused(checkpoint, target,
+                       [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["activation"]["scale"] = -2; },
+                       {"fp8.layers.h.0.mlp.c_fc.activation.scale must be positive and finite, got -2"});
+  expect_state_refused(checkpoint, target,
+                       [](json& j) { j["fp8"]["layers"]["h.1.attn.c_proj"]["weight"]["scale_inv"] = "nan"; },
+                       {"fp8.layers.h.1.attn.c_proj.weight.scale_inv must be positive and finite, got nan"});
+  expect_state_refused(checkpoint, target,
+                       [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["weight_copy_scale"] = "-inf"; },
+                       {"fp8.layers.h.0.mlp.c_fc.weight_copy_scale"});
   expect_state_refused(
       checkpoint, target,
       [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["gradient"]["amax_history"][2] = "nan"; },
       {"fp8.layers.h.0.mlp.c_fc.gradient.amax_history[2] must be at least 0 and not NaN, got nan"});
-  expect_state_refused(
-      checkpoint, target, [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["gradient"]["last_amax"] = -1; },
-      {"fp8.layers.h.0.mlp.c_fc.gradient.last_amax must not be negative, got -1"});
-  expect_state_refused(
-      checkpoint, target, [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["weight"]["updates"] = -1; },
-      {"fp8.layers.h.0.mlp.c_fc.weight.updates"});
+  expect_state_refused(checkpoint, target,
+                       [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["gradient"]["last_amax"] = -1; },
+                       {"fp8.layers.h.0.mlp.c_fc.gradient.last_amax must not be negative, got -1"});
+  expect_state_refused(checkpoint, target,
+                       [](json& j) { j["fp8"]["layers"]["h.0.mlp.c_fc"]["weight"]["updates"] = -1; },
+                       {"fp8.layers.h.0.mlp.c_fc.weight.updates"});
   expect_state_refused(checkpoint, target, [](json& j) { j["data"]["train"]["epoch"] = -1; },
                        {"data.train.epoch must be at least 0, got -1"});
   // The same edits a checkpoint legitimately holds still load.

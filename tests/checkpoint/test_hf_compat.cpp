@@ -21,7 +21,7 @@ TEST(HuggingFace, ModelFileLoadsAsGpt2AndReproducesOctetsLogits) {
     GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
   }
   ScratchDir dir;
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   const fs::path shard = testing::write_pattern_shard(dir.path(), c.vocab_size);
   TrainingProcess run(c, MixedPrecision::fp32, shard);
   run.train(3);  // biases and LayerNorms away from their initial values

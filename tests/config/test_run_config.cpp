@@ -41,14 +41,26 @@ TEST(RunConfig, DefaultsRoundTripThroughToml) {
 }
 
 TEST(RunConfig, ModelArchIsGpt2UnlessSaidAndRefusesOthers) {
-  EXPECT_EQ(parse_run_config("", "empty.toml").model_arch, ModelArchitecture::gpt2);
-  EXPECT_EQ(parse_run_config("[model]\narch = \"gpt2\"\n", "run.toml").model_arch, ModelArchitecture::gpt2);
+  EXPECT_EQ(parse_run_config("", "empty.toml").model.arch, ModelArchitecture::gpt2);
+  EXPECT_EQ(parse_run_config("[model]\narch = \"gpt2\"\n", "run.toml").model.arch, ModelArchitecture::gpt2);
+  EXPECT_EQ(parse_run_config("[model]\narch = \"llama\"\n", "run.toml").model.arch, ModelArchitecture::llama);
   EXPECT_NE(to_toml(parse_run_config("", "empty.toml")).find("[model]\narch = \"gpt2\"\n"),
             std::string::npos);
-  EXPECT_EQ(error_of("[model]\narch = \"llama\"\n"),
-            "run.toml:2: model.arch = \"llama\" is not valid; expected one of \"gpt2\"");
   EXPECT_EQ(error_of("", {"model.arch=gpt3"}),
-            "--set model.arch=gpt3: model.arch = \"gpt3\" is not valid; expected one of \"gpt2\"");
+            "--set model.arch=gpt3: model.arch = \"gpt3\" is not valid; expected one of \"gpt2\", \"llama\"");
+}
+
+TEST(RunConfig, LlamaShapesAreCheckedAsAWhole) {
+  EXPECT_EQ(error_of("[model]\narch = \"llama\"\nheads = 12\nkv_heads = 5\n"),
+            "run.toml: model.kv_heads (5) must divide model.heads (12) (0: as many as heads)");
+  EXPECT_EQ(error_of("[model]\nkv_heads = 4\n"),
+            "run.toml: model.kv_heads (4) is for Llama; GPT-2 has as many key and value heads as heads (12)");
+  EXPECT_EQ(error_of("[model]\narch = \"llama\"\nchannels = 36\nheads = 4\n"),
+            "run.toml: the head size model.channels / model.heads (9) must be even for the rotary embedding");
+  const RunConfig c =
+      parse_run_config("[model]\narch = \"llama\"\nchannels = 2048\nkv_heads = 4\nheads = 32\n", "run.toml");
+  EXPECT_EQ(c.model.hidden(), 5632);  // 8 x 2048 / 3 = 5461, rounded up to a multiple of 256
+  EXPECT_EQ(c.model.qkv_width(), 2048 + 2 * 4 * 64);
 }
 
 TEST(RunConfig, ValuesReachTheirSettings) {

@@ -39,8 +39,8 @@ struct Outcome {
 
 constexpr int64_t kSteps = 300, kBatch = 8, kSeq = 64, kValidationBatches = 16;
 
-Gpt2Config model_config() {
-  Gpt2Config c;
+ModelConfig model_config() {
+  ModelConfig c;
   c.vocab_size = io::ByteTokenizer::kVocabSize;
   c.max_seq_len = kSeq;
   c.layers = 2;
@@ -50,13 +50,12 @@ Gpt2Config model_config() {
 }
 
 Outcome train(MixedPrecision mode, const fs::path& shards) {
-  const Gpt2Config config = model_config();
+  const ModelConfig config = model_config();
   auto backend = make_cpu_backend();
   PrecisionSettings precision;
   precision.mode = mode;
   const std::unique_ptr<Model> built =
-      make_model(ModelArchitecture::gpt2, config, *backend, PrecisionPolicy(precision, config, kBatch * kSeq),
-                 kBatch, kSeq);
+      make_model(config, *backend, PrecisionPolicy(precision, config, kBatch * kSeq), kBatch, kSeq);
   Model& model = *built;
   model.init_weights(1337);
   TrainSettings settings;

@@ -60,8 +60,8 @@ TEST(CudaFusions, ProducersCastWhereTheScaleIsKnownBeforeTheCast) {
     const FusionSupport amax = backend->supports(fusion, exec);
     EXPECT_FALSE(amax.fused);
     EXPECT_TRUE(mentions(amax, "the current recipe scales by the tensor's own amax")) << amax.fallback;
-    for (const octet::ScalingRecipe* recipe : {static_cast<const octet::ScalingRecipe*>(&block),
-                                               static_cast<const octet::ScalingRecipe*>(&mx)}) {
+    for (const octet::ScalingRecipe* recipe :
+         {static_cast<const octet::ScalingRecipe*>(&block), static_cast<const octet::ScalingRecipe*>(&mx)}) {
       exec.recipe = recipe;
       const FusionSupport blocks = backend->supports(fusion, exec);
       EXPECT_FALSE(blocks.fused) << recipe->describe();
@@ -95,13 +95,12 @@ TEST(CudaFusions, TheGemmAddsTheResidualUnlessFp8IsEmulated) {
 TEST(CudaFusions, Gpt2RecordsThemInItsPrecisionMap) {
   SKIP_WITHOUT_TESTED_BACKEND();
   const std::unique_ptr<Backend> backend = octet::testing::backend_ops::make_tested_backend();
-  const octet::Gpt2Config c = octet::testing::tiny_config();
+  const octet::ModelConfig c = octet::testing::tiny_config();
   octet::PrecisionSettings precision;
   precision.mode = octet::MixedPrecision::fp8;
   for (const octet::RecipeKind kind : {octet::RecipeKind::delayed, octet::RecipeKind::current}) {
     precision.recipe = kind;
-    const auto model = octet::make_model(octet::ModelArchitecture::gpt2, c, *backend,
-                                         octet::PrecisionPolicy(precision, c, 32), 2, 16);
+    const auto model = octet::make_model(c, *backend, octet::PrecisionPolicy(precision, c, 32), 2, 16);
     size_t casts = 0, residuals = 0;
     for (const octet::FusionRecord& r : model->fusions()) {
       SCOPED_TRACE(r.layer + " " + std::string(octet::fusion_name(r.fusion)));
@@ -118,9 +117,7 @@ TEST(CudaFusions, Gpt2RecordsThemInItsPrecisionMap) {
     EXPECT_EQ(casts, static_cast<size_t>(4 * c.layers));
     EXPECT_EQ(residuals, static_cast<size_t>(2 * c.layers));
     const std::string json = octet::precision_map_json(*model);
-    EXPECT_NE(json.find(R"("residual_add": "h.1.mlp.c_proj, fused"})"),
-              std::string::npos)
-        << json;
+    EXPECT_NE(json.find(R"("residual_add": "h.1.mlp.c_proj, fused"})"), std::string::npos) << json;
   }
 }
 

@@ -24,8 +24,8 @@ namespace {
 
 constexpr int64_t kB = 4, kT = 32, kSteps = 50, kEarlySteps = 3;
 
-Gpt2Config small_config() {
-  Gpt2Config c;
+ModelConfig small_config() {
+  ModelConfig c;
   c.vocab_size = 250;
   c.padded_vocab_size = 256;
   c.max_seq_len = kT;
@@ -63,9 +63,9 @@ struct TrainingRun {
 
 TrainingRun train(Backend& backend, const PrecisionSettings& precision, int64_t grad_accum_steps = 1,
                   float grad_clip = 1.0f) {
-  const Gpt2Config config = small_config();
-  const std::unique_ptr<Model> model_owner = make_model(ModelArchitecture::gpt2, config, backend,
-                                                        PrecisionPolicy(precision, config, kB * kT), kB, kT);
+  const ModelConfig config = small_config();
+  const std::unique_ptr<Model> model_owner =
+      make_model(config, backend, PrecisionPolicy(precision, config, kB * kT), kB, kT);
   Model& model = *model_owner;
   model.init_weights(1234);
   TrainSettings settings;
@@ -345,7 +345,7 @@ void expect_storage_changes_nothing(const StorageCase& c,
 // float32, rounded to bf16 after).
 TEST(GpuTrainingAttentionStorage, Bf16OutputsTrainBitForBitAsFloat32) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const Gpt2Config config = small_config();
+  const ModelConfig config = small_config();
   const std::string kernels = cuda_attention_kernels(kB, kT, config.channels, config.heads,
                                                      CudaBackendOptions::AttentionKernels::automatic);
   if (kernels.rfind("cuDNN", 0) != 0) GTEST_SKIP() << "attention runs on " << kernels;

@@ -143,7 +143,7 @@ struct SpawnActions {
 }  // namespace
 
 void write_golden_input(const std::string& path, const GoldenInput& in) {
-  const Gpt2Config& c = in.config;
+  const ModelConfig& c = in.config;
   Writer w;
   w.bytes(kInputMagic, sizeof kInputMagic);
   w.i32(kVersion, "version");

@@ -20,7 +20,7 @@ struct TensorRecord {
 };
 
 struct GoldenInput {
-  Gpt2Config config;
+  ModelConfig config;
   int64_t B = 0;
   int64_t T = 0;
   int64_t steps = 0;
@@ -28,7 +28,7 @@ struct GoldenInput {
   AdamWSettings optimizer;
   std::vector<int32_t> tokens;           // [B*T]
   std::vector<int32_t> targets;          // [B*T]
-  std::vector<TensorRecord> parameters;  // in Gpt2::parameters() order
+  std::vector<TensorRecord> parameters;  // in Decoder::parameters() order
 };
 
 struct GoldenOutput {

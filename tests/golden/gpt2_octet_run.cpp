@@ -22,7 +22,7 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
 }
 
 // Matrices times matrix_scale; biases normal(0, 0.02), LayerNorm gains 1 + normal(0, 0.1).
-void adjust_initialisation(Gpt2& model, float matrix_scale, uint64_t seed) {
+void adjust_initialisation(Decoder& model, float matrix_scale, uint64_t seed) {
   Backend& backend = model.backend();
   uint64_t stream = seed;
   for (const ParameterInfo& p : model.parameters()) {
@@ -77,7 +77,7 @@ OctetRun run_octet(const GoldenCase& gc) {
   const int64_t Vp = gc.config.padded_vocab();
   std::unique_ptr<Backend> backend = make_cpu_backend();
   PrecisionPolicy policy(PrecisionSettings{}, gc.config, N);
-  Gpt2 model(gc.config, *backend, std::move(policy), B, T);
+  Decoder model(gc.config, *backend, std::move(policy), B, T);
   model.init_weights(gc.seed);
   adjust_initialisation(model, gc.matrix_scale, gc.seed + 1000);
   model.refresh_weight_copies();

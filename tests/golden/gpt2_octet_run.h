@@ -9,14 +9,14 @@
 
 #include "golden_io.h"
 #include "octet/model/config.h"
-#include "octet/model/gpt2.h"
+#include "octet/model/decoder.h"
 #include "octet/train/optimizer.h"
 
 namespace octet::testing {
 
 struct GoldenCase {
   std::string name;
-  Gpt2Config config;
+  ModelConfig config;
   int64_t B = 0;
   int64_t T = 0;
   uint64_t seed = 0;  // weights, then tokens and targets
@@ -53,7 +53,7 @@ struct OctetRun {
 OctetRun run_octet(const GoldenCase& golden_case);
 
 // The PyTorch script's input for this run: the case's config and hyperparameters, the run's tokens and
-// targets, its initial parameters in Gpt2::parameters() order.
+// targets, its initial parameters in Decoder::parameters() order.
 GoldenInput golden_input(const GoldenCase& golden_case, const OctetRun& run);
 
 }  // namespace octet::testing

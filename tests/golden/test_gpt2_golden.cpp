@@ -41,7 +41,7 @@ using testing::OctetRun;
 // Parameters to logits: per block ln_1 (C), c_attn (C), q.k (head size), softmax (T), p.v (T), c_proj (C),
 // ln_2 (C), c_fc (C), mlp.c_proj (4C); then ln_f (C) and the tied LM head (C).
 int64_t logits_chain(const GoldenCase& gc) {
-  const Gpt2Config& c = gc.config;
+  const ModelConfig& c = gc.config;
   const int64_t C = c.channels;
   const int64_t block = C + C + c.head_size() + gc.T + gc.T + C + C + C + 4 * C;
   return c.layers * block + C + C;
@@ -149,7 +149,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, Gpt2Golden, ::testing::Range<size_t>(0, testing:
                          case_name);
 
 TEST_P(Gpt2Golden, LogitsMatchPyTorchIncludingPaddedColumns) {
-  const Gpt2Config& c = g().golden_case.config;
+  const ModelConfig& c = g().golden_case.config;
   const int64_t N = g().golden_case.B * g().golden_case.T, V = c.vocab_size, Vp = c.padded_vocab();
   ASSERT_EQ(g().torch.N, N);
   ASSERT_EQ(g().torch.Vp, Vp);
@@ -209,7 +209,7 @@ TEST_P(Gpt2Golden, EveryParameterGradientMatchesPyTorch) {
               << difference(grad, ref.values, options) << "\n";
   }
   // Padded vocabulary rows take no part in the loss: their gradient is exactly zero.
-  const Gpt2Config& c = g().golden_case.config;
+  const ModelConfig& c = g().golden_case.config;
   const float* dwte = g().octet.grads.data() + params.front().offset;
   for (int64_t i = c.vocab_size * c.channels; i < c.padded_vocab() * c.channels; ++i) {
     ASSERT_EQ(dwte[i], 0.0f) << "wte padding gradient at " << i;

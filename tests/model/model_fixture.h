@@ -7,7 +7,7 @@
 
 #include "octet/backend/cpu_backend.h"
 #include "octet/check.h"
-#include "octet/model/gpt2.h"
+#include "octet/model/decoder.h"
 #include "octet/train/trainer.h"
 #include "tiny_model.h"
 

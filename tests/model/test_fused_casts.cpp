@@ -65,7 +65,8 @@ class UnfusedCasts final : public testing::ForwardingBackend {
     ++recomputed_;
   }
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                           const ConstTensorView& dout, float* dbias, const Fp8CastTarget& cast_for) override {
+                           const ConstTensorView& dout, float* dbias,
+                           const Fp8CastTarget& cast_for) override {
     if (!cast_for.given()) {
       inner_.activation_backward(kind, dinp, inp, dout, dbias, {});
       return;
@@ -94,7 +95,8 @@ class UnfusedCasts final : public testing::ForwardingBackend {
       dbias = it->second.dbias;
       gradients_.erase(it);
     }
-    inner_.linear_backward(dinp, dweight, dbias, dy, inp, weight, copy, exec, input, {gradient.tensor, false});
+    inner_.linear_backward(dinp, dweight, dbias, dy, inp, weight, copy, exec, input,
+                           {gradient.tensor, false});
   }
   // How many GELU backwards the model fused with a gradient cast.
   int64_t fused_backward() const { return fused_backward_; }
@@ -139,8 +141,8 @@ struct TrainingRecord {
 // mid-run), then an evaluation.
 TrainingRecord train(Backend& backend, const PrecisionSettings& precision,
                      const char* moved = "h.1.mlp.c_fc") {
-  const Gpt2Config c = tiny_config();
-  Gpt2 model(c, backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  const ModelConfig c = tiny_config();
+  Decoder model(c, backend, PrecisionPolicy(precision, c, 32), 2, 16);
   model.init_weights(21);
   model.set_telemetry(true, true);
   TrainSettings s;
@@ -276,13 +278,13 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(Recompute, SaysWhichLayersRecompute) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
   PrecisionSettings precision = mode(MixedPrecision::fp8);
-  EXPECT_EQ(Gpt2(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16).memory_line(), "");
+  EXPECT_EQ(Decoder(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16).memory_line(), "");
   precision.recompute_mlp = true;
   precision.exclude = {"h.1.mlp.c_fc"};
-  Gpt2 model(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  Decoder model(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
   const std::string line = model.memory_line();
   EXPECT_NE(line.find("1 of 2 mlp.c_fc layers keep their FP8 input codes"), std::string::npos) << line;
   EXPECT_NE(line.find("the others keep their output"), std::string::npos) << line;
@@ -294,7 +296,7 @@ TEST(Recompute, SaysWhichLayersRecompute) {
   precision.exclude = {};
   precision.recompute_qkv = true;
   precision.recompute_residual = true;
-  Gpt2 all(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  Decoder all(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
   const std::string lines = all.memory_line();
   EXPECT_NE(lines.find("fp8.recompute_mlp: 2 of 2 mlp.c_fc layers"), std::string::npos) << lines;
   EXPECT_NE(lines.find("\nfp8.recompute_qkv: 2 of 2 attn.c_attn layers keep their FP8 input codes instead of "
@@ -309,14 +311,14 @@ TEST(Recompute, SaysWhichLayersRecompute) {
   // 2 * (3 + 1 + 4 + 4) * 64 * 64 = 98,304 bytes of codes.
   precision.recompute_mlp = precision.recompute_qkv = precision.recompute_residual = false;
   precision.recompute_weight_transposes = true;
-  Gpt2 transposing(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  Decoder transposing(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
   EXPECT_EQ(
       transposing.memory_line(),
       "fp8.recompute_weight_transposes: 8 of 9 linear layers keep the FP8 codes of their weight only and "
       "transpose them before each input-gradient GEMM (0.1 MiB less where the backend keeps weight copies, "
       "the GPU)");
   precision.recipe = RecipeKind::block;  // block scales of W^T are not W's: nothing transposes per use
-  Gpt2 block(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  Decoder block(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
   EXPECT_NE(block.memory_line().find(": 0 of 9 linear layers"), std::string::npos) << block.memory_line();
 }
 
@@ -376,7 +378,8 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
     store(out);
   }
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
-                           const ConstTensorView& dout, float* dbias, const Fp8CastTarget& cast_for) override {
+                           const ConstTensorView& dout, float* dbias,
+                           const Fp8CastTarget& cast_for) override {
     const ConstTensorView x = widened(inp, 0);
     const ConstTensorView d = widened(dout, 1);
     inner_.activation_backward(kind, output(dinp), x, d, dbias, cast_for);

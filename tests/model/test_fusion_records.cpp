@@ -41,9 +41,9 @@ std::vector<std::string> described(const std::vector<FusionRecord>& records) {
 }
 
 TEST(FusionRecords, NameEveryFusionOfTheBlockWithTheCpuFallback) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 model(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
+  Decoder model(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
   const std::vector<FusionRecord> records = model.fusions();
   std::vector<std::string> expected;
   for (int l = 0; l < c.layers; ++l) {
@@ -65,32 +65,35 @@ TEST(FusionRecords, NameEveryFusionOfTheBlockWithTheCpuFallback) {
     EXPECT_FALSE(r.on_sqnr_steps.has_value()) << "the CPU answers the same on every step";
   }
   const std::string json = precision_map_json(model);
-  EXPECT_NE(json.find(R"("reason": "FP8 by policy", "input_cast": "h.0.ln_1, not fused: the cpu backend runs )"
-                      R"(each op in passes of its own: the producer writes its output, then the FP8 cast )"
-                      R"(reads it in a pass of its own"})"),
-            std::string::npos)
+  EXPECT_NE(
+      json.find(R"("reason": "FP8 by policy", "input_cast": "h.0.ln_1, not fused: the cpu backend runs )"
+                R"(each op in passes of its own: the producer writes its output, then the FP8 cast )"
+                R"(reads it in a pass of its own"})"),
+      std::string::npos)
       << json;
-  EXPECT_NE(json.find(R"("residual_add": "h.1.mlp.c_proj, not fused: the cpu backend runs)"), std::string::npos)
+  EXPECT_NE(json.find(R"("residual_add": "h.1.mlp.c_proj, not fused: the cpu backend runs)"),
+            std::string::npos)
       << json;
   // The head takes no fusion: its object ends at its reason.
-  EXPECT_NE(json.find(R"({"layer": "lm_head", "in_features": 64, "out_features": 64, "forward": "bf16", )"
-                      R"("input_gradient": "bf16", "weight_gradient": "bf16", "reason": "excluded by config"})"),
-            std::string::npos)
+  EXPECT_NE(
+      json.find(R"({"layer": "lm_head", "in_features": 64, "out_features": 64, "forward": "bf16", )"
+                R"("input_gradient": "bf16", "weight_gradient": "bf16", "reason": "excluded by config"})"),
+      std::string::npos)
       << json;
 }
 
 TEST(FusionRecords, FollowTheLayersModes) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
   // Without FP8 no cast is fused, but both c_proj layers still add the residual in their GEMM.
-  Gpt2 wide(c, *backend, PrecisionPolicy(mode(MixedPrecision::bf16), c, 32), 2, 16);
+  Decoder wide(c, *backend, PrecisionPolicy(mode(MixedPrecision::bf16), c, 32), 2, 16);
   for (const FusionRecord& r : wide.fusions()) EXPECT_EQ(r.fusion, Fusion::residual_add) << r.layer;
   EXPECT_EQ(wide.fusions().size(), static_cast<size_t>(2 * c.layers));
 
   // An FP8 head's input cast comes from ln_f; a layer moved to BF16 takes no cast from its producer.
   PrecisionSettings precision = mode(MixedPrecision::fp8);
   precision.lm_head = true;
-  Gpt2 model(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
+  Decoder model(c, *backend, PrecisionPolicy(precision, c, 32), 2, 16);
   const std::vector<std::string> before = described(model.fusions());
   EXPECT_NE(std::find(before.begin(), before.end(), "lm_head input_cast ln_f"), before.end());
   model.move_layer_to_bf16("h.1.mlp.c_fc", "BF16 by test");
@@ -101,10 +104,10 @@ TEST(FusionRecords, FollowTheLayersModes) {
 }
 
 TEST(FusionRecords, SayWhatABackendFusesAndWhereItFallsBack) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto cpu = make_cpu_backend();
   FusingInputCasts backend(*cpu);
-  Gpt2 model(c, backend, PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
+  Decoder model(c, backend, PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
   size_t input_casts = 0;
   for (const FusionRecord& r : model.fusions()) {
     if (r.fusion != Fusion::input_cast) {

@@ -26,9 +26,9 @@ std::vector<int32_t> random_tokens(size_t n, uint64_t seed, int64_t V) {
 }
 
 TEST(Gpt2, Gpt2SmallHasTheKnownParameterCount) {
-  Gpt2Config c;  // GPT-2 124M: 12 layers, 768 channels, vocabulary 50257 padded to 50304
+  ModelConfig c;  // GPT-2 124M: 12 layers, 768 channels, vocabulary 50257 padded to 50304
   auto backend = make_cpu_backend();
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 1), 1, 1);
+  Decoder m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 1), 1, 1);
   EXPECT_EQ(c.padded_vocab(), 50304);
   EXPECT_EQ(m.parameter_count(), 124475904);  // llm.c's count for the same padded model
   EXPECT_EQ(m.parameters().size(), 2u + 12u * 12u + 2u);
@@ -38,10 +38,10 @@ TEST(Gpt2, Gpt2SmallHasTheKnownParameterCount) {
 }
 
 TEST(Gpt2, HuggingFaceMapNamesShapesAndConvertsBothWays) {
-  const Gpt2Config c = tiny_config();  // V 61 padded to 64, C 64
+  const ModelConfig c = tiny_config();  // V 61 padded to 64, C 64
   auto backend = make_cpu_backend();
-  const std::unique_ptr<Model> built = make_model(ModelArchitecture::gpt2, c, *backend,
-                                                  PrecisionPolicy(mode(MixedPrecision::fp32), c, 16), 1, 16);
+  const std::unique_ptr<Model> built =
+      make_model(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 16), 1, 16);
   const Model& m = *built;
   EXPECT_EQ(m.architecture(), "gpt2");
   EXPECT_EQ(m.describe(), c.describe());
@@ -76,9 +76,9 @@ TEST(Gpt2, HuggingFaceMapNamesShapesAndConvertsBothWays) {
 }
 
 TEST(Gpt2, InitialisationFollowsGpt2) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  Decoder m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
   m.init_weights(7);
   auto stddev = [&](const std::string& name) {
     const ParameterInfo& p = m.parameter(name);
@@ -93,27 +93,27 @@ TEST(Gpt2, InitialisationFollowsGpt2) {
   const ParameterInfo& wte = m.parameter("wte");
   for (int64_t i = c.vocab_size * c.channels; i < wte.count; ++i) ASSERT_EQ(m.params()[wte.offset + i], 0.0f);
   // The same seed gives the same weights.
-  Gpt2 again(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  Decoder again(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
   again.init_weights(7);
   EXPECT_EQ(std::vector<float>(m.params(), m.params() + m.parameter_count()),
             std::vector<float>(again.params(), again.params() + again.parameter_count()));
 }
 
 TEST(Gpt2, InitialLossIsNearLogV) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  Decoder m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
   m.init_weights(1);
   const auto tokens = random_tokens(32, 1, c.vocab_size), targets = random_tokens(32, 2, c.vocab_size);
   EXPECT_NEAR(m.forward(tokens.data(), targets.data(), 2, 16), std::log(61.0), 0.05);
 }
 
 TEST(Gpt2, GradientsMatchFiniteDifferences) {
-  Gpt2Config c = tiny_config();
+  ModelConfig c = tiny_config();
   c.channels = 32;
   auto backend = make_cpu_backend();
   const int64_t B = 3, T = 11;
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, B * T), B, T);
+  Decoder m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, B * T), B, T);
   m.init_weights(1);
   for (int64_t i = 0; i < m.parameter_count(); ++i) m.params()[i] *= 5.0f;  // gradients well above noise
   m.refresh_weight_copies();
@@ -143,11 +143,11 @@ TEST(Gpt2, GradientsMatchFiniteDifferences) {
 }
 
 TEST(Gpt2, EveryModeComputesTheSameFunctionWithinItsPrecision) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
   const auto tokens = random_tokens(32, 5, c.vocab_size), targets = random_tokens(32, 6, c.vocab_size);
   auto loss = [&](MixedPrecision mp, GemmCounters* counters) {
-    Gpt2 m(c, *backend, PrecisionPolicy(mode(mp), c, 32), 2, 16);
+    Decoder m(c, *backend, PrecisionPolicy(mode(mp), c, 32), 2, 16);
     m.init_weights(3);
     for (int64_t i = 0; i < m.parameter_count(); ++i) m.params()[i] *= 4.0f;  // logits far from uniform
     m.refresh_weight_copies();
@@ -178,7 +178,7 @@ TEST(Gpt2, EveryModeComputesTheSameFunctionWithinItsPrecision) {
 // of adding to them: after stale values, the gradients of one and of two accumulated backwards are those of
 // a model whose gradients were never touched, and grads() zeroes the weights no backward wrote.
 TEST(Gpt2, ZeroGradLeavesTheLinearWeightsToTheirFirstBackward) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
   const int64_t B = 2, T = 16;
   const auto tokens = random_tokens(B * T, 21, c.vocab_size),
@@ -186,13 +186,13 @@ TEST(Gpt2, ZeroGradLeavesTheLinearWeightsToTheirFirstBackward) {
   for (const MixedPrecision mp : {MixedPrecision::fp32, MixedPrecision::bf16, MixedPrecision::fp8}) {
     SCOPED_TRACE(static_cast<int>(mp));
     auto make = [&] {
-      auto m = std::make_unique<Gpt2>(c, *backend, PrecisionPolicy(mode(mp), c, B * T), B, T);
+      auto m = std::make_unique<Decoder>(c, *backend, PrecisionPolicy(mode(mp), c, B * T), B, T);
       m->init_weights(13);
       return m;
     };
-    auto grads = [](Gpt2& m) { return std::vector<float>(m.grads(), m.grads() + m.parameter_count()); };
-    auto stale = [](Gpt2& m) { std::fill(m.grads(), m.grads() + m.parameter_count(), 7.0f); };
-    auto micro_batch = [&](Gpt2& m) {
+    auto grads = [](Decoder& m) { return std::vector<float>(m.grads(), m.grads() + m.parameter_count()); };
+    auto stale = [](Decoder& m) { std::fill(m.grads(), m.grads() + m.parameter_count(), 7.0f); };
+    auto micro_batch = [&](Decoder& m) {
       m.forward(tokens.data(), targets.data(), B, T);
       m.backward(1.0f / static_cast<float>(B * T));
     };
@@ -239,7 +239,7 @@ std::vector<float> host_copy(Backend& backend, const float* x, int64_t n) {
 // mode, whose weight gradient adds the whole micro-batch's product at once, so that the sum over two
 // micro-batches is known exactly; and bf16 mode over one.
 TEST(Gpt2, Bf16WeightGradientsAreTheFloat32OnesRounded) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
   const int64_t B = 2, T = 16;
   const auto tokens = random_tokens(B * T, 31, c.vocab_size),
@@ -252,12 +252,12 @@ TEST(Gpt2, Bf16WeightGradientsAreTheFloat32OnesRounded) {
     auto make = [&](bool bf16_gradients) {
       PrecisionSettings p = mode(mp);
       p.bf16_weight_gradients = bf16_gradients;
-      auto m = std::make_unique<Gpt2>(c, *backend, PrecisionPolicy(p, c, B * T), B, T);
+      auto m = std::make_unique<Decoder>(c, *backend, PrecisionPolicy(p, c, B * T), B, T);
       m->init_weights(17);
       m->zero_grad();
       return m;
     };
-    auto micro_batch = [&](Gpt2& m, const std::vector<int32_t>& x, const std::vector<int32_t>& y) {
+    auto micro_batch = [&](Decoder& m, const std::vector<int32_t>& x, const std::vector<int32_t>& y) {
       m.forward(x.data(), y.data(), B, T);
       m.backward(1.0f / static_cast<float>(B * T));
       return std::vector<float>(m.grads(), m.grads() + m.parameter_count());
@@ -293,12 +293,12 @@ TEST(Gpt2, Bf16WeightGradientsAreTheFloat32OnesRounded) {
 }
 
 TEST(Gpt2, TheLmHeadRunsInChunks) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
   const int64_t B = 260, T = 16, N = B * T, Vp = c.padded_vocab();
-  ASSERT_GT(N, Gpt2::kHeadChunkRows) << "two chunks: 4096 rows and 64";
+  ASSERT_GT(N, Decoder::kHeadChunkRows) << "two chunks: 4096 rows and 64";
   auto make = [&] {
-    auto m = std::make_unique<Gpt2>(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, N), B, T);
+    auto m = std::make_unique<Decoder>(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, N), B, T);
     m->init_weights(9);
     for (int64_t i = 0; i < m->parameter_count(); ++i) m->params()[i] *= 4.0f;  // logits far from uniform
     m->refresh_weight_copies();
@@ -368,17 +368,17 @@ TEST(Gpt2, TheLmHeadRunsInChunks) {
 TEST(Gpt2, LayersMovedToBf16KeepTheirFloat32Input) {
   // FP8 layers whose input's FP8 cast is all they read have no float32 input buffer until they move to BF16;
   // then they train exactly as layers that ran in BF16 from the start.
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
   const std::vector<std::string> moved = {"h.0.attn.c_attn", "h.0.mlp.c_fc", "h.0.mlp.c_proj", "lm_head"};
   PrecisionSettings all = mode(MixedPrecision::fp8);
   all.lm_head = true;
-  Gpt2 a(c, *backend, PrecisionPolicy(all, c, 32), 2, 16);
+  Decoder a(c, *backend, PrecisionPolicy(all, c, 32), 2, 16);
   a.init_weights(6);
   for (const std::string& layer : moved) a.move_layer_to_bf16(layer, "BF16 by test");
   PrecisionSettings some = mode(MixedPrecision::fp8);
   some.exclude = {"h.0.attn.c_attn", "h.0.mlp.*"};
-  Gpt2 b(c, *backend, PrecisionPolicy(some, c, 32), 2, 16);
+  Decoder b(c, *backend, PrecisionPolicy(some, c, 32), 2, 16);
   b.init_weights(6);
   for (const std::string& layer : moved)
     ASSERT_EQ(a.policy().layer(layer).fp8(), b.policy().layer(layer).fp8());
@@ -400,9 +400,9 @@ TEST(Gpt2, LayersMovedToBf16KeepTheirFloat32Input) {
 }
 
 TEST(Gpt2, BadTokensAndShapesAreRefused) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
-  Gpt2 m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  Decoder m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
   std::vector<int32_t> tokens(32, 1), targets(32, 1);
   tokens[5] = 61;
   try {
@@ -415,9 +415,9 @@ TEST(Gpt2, BadTokensAndShapesAreRefused) {
   tokens[5] = 1;
   EXPECT_THROW(m.forward(tokens.data(), targets.data(), 3, 16), Error);
   EXPECT_THROW(m.forward(tokens.data(), targets.data(), 1, 17), Error);
-  Gpt2Config bad = c;
+  ModelConfig bad = c;
   bad.channels = 30;
-  EXPECT_THROW(Gpt2(bad, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16), Error);
+  EXPECT_THROW(Decoder(bad, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16), Error);
 }
 
 }  // namespace

@@ -7,8 +7,8 @@
 namespace octet {
 namespace {
 
-Gpt2Config model(int64_t layers, int64_t channels) {
-  Gpt2Config c;
+ModelConfig model(int64_t layers, int64_t channels) {
+  ModelConfig c;
   c.vocab_size = 50257;
   c.layers = layers;
   c.heads = 4;

@@ -9,11 +9,10 @@ namespace octet {
 namespace {
 
 TEST(Sampling, GreedyTopOneAndSeeds) {
-  const Gpt2Config c = testing::tiny_config();
+  const ModelConfig c = testing::tiny_config();
   auto backend = make_cpu_backend();
   const std::unique_ptr<Model> m_owner =
-      make_model(ModelArchitecture::gpt2, c, *backend,
-                 PrecisionPolicy(testing::mode(MixedPrecision::fp32), c, 16), 1, 16);
+      make_model(c, *backend, PrecisionPolicy(testing::mode(MixedPrecision::fp32), c, 16), 1, 16);
   Model& m = *m_owner;
   m.init_weights(9);
   for (int64_t i = 0; i < m.parameter_count(); ++i) m.params()[i] *= 20.0f;  // a peaked distribution
@@ -47,11 +46,10 @@ TEST(Sampling, GreedyTopOneAndSeeds) {
 }
 
 TEST(Sampling, ATrainedModelContinuesItsPattern) {
-  const Gpt2Config c = testing::tiny_config();
+  const ModelConfig c = testing::tiny_config();
   auto backend = make_cpu_backend();
   const std::unique_ptr<Model> m_owner =
-      make_model(ModelArchitecture::gpt2, c, *backend,
-                 PrecisionPolicy(testing::mode(MixedPrecision::fp32), c, 32), 2, 16);
+      make_model(c, *backend, PrecisionPolicy(testing::mode(MixedPrecision::fp32), c, 32), 2, 16);
   Model& m = *m_owner;
   m.init_weights(1);
   TrainSettings s;

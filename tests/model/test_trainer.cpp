@@ -62,14 +62,14 @@ TEST(LossScaler, BacksOffOnOverflowAndGrowsAfterTheInterval) {
 }
 
 std::vector<float> run(MixedPrecision mp, int steps, int64_t accumulation = 1, int64_t batch = 2) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
   TrainSettings s = small_settings();
   s.batch_size = batch;
   s.grad_accum_steps = accumulation;
   s.loss_scale.dynamic = mp == MixedPrecision::fp16;
   const std::unique_ptr<Model> m_owner =
-      make_model(ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(mode(mp), c, batch * 16), batch, 16);
+      make_model(c, *backend, PrecisionPolicy(mode(mp), c, batch * 16), batch, 16);
   Model& m = *m_owner;
   m.init_weights(11);
   Trainer t(m, s);
@@ -99,15 +99,14 @@ INSTANTIATE_TEST_SUITE_P(Modes, EveryMode,
 
 TEST(Trainer, AccumulatingMicroBatchesEqualsOneLargeBatch) {
   // Two micro-batches of 2 sequences against one batch of 4 (the same sequences): the same step in float32.
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
   auto gradient_of_one_step = [&](int64_t batch, int64_t accumulation) {
     TrainSettings s = small_settings();
     s.batch_size = batch;
     s.grad_accum_steps = accumulation;
     const std::unique_ptr<Model> m_owner =
-        make_model(ModelArchitecture::gpt2, c, *backend,
-                   PrecisionPolicy(mode(MixedPrecision::fp32), c, batch * 16), batch, 16);
+        make_model(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, batch * 16), batch, 16);
     Model& m = *m_owner;
     m.init_weights(11);
     Trainer t(m, s);
@@ -139,12 +138,12 @@ TEST(Trainer, AccumulatingMicroBatchesEqualsOneLargeBatch) {
 }
 
 TEST(Trainer, ClippingScalesTheGradientToTheLimit) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
   TrainSettings s = small_settings();
   s.grad_clip = 0.01f;
-  const std::unique_ptr<Model> m_owner = make_model(
-      ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner =
+      make_model(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
   Model& m = *m_owner;
   m.init_weights(2);
   Trainer t(m, s);
@@ -159,10 +158,10 @@ TEST(Trainer, ClippingScalesTheGradientToTheLimit) {
 }
 
 TEST(Trainer, NonFiniteLossSkipsTheStepAndNamesIt) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
-  const std::unique_ptr<Model> m_owner = make_model(
-      ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner =
+      make_model(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
   Model& m = *m_owner;
   m.init_weights(2);
   m.params()[m.parameter("h.1.mlp.c_fc.weight").offset + 5] = NAN;
@@ -188,10 +187,10 @@ TEST(Trainer, NonFiniteLossSkipsTheStepAndNamesIt) {
 }
 
 TEST(Trainer, Fp16OverflowSkipsNamesTheTensorAndBacksOff) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
-  const std::unique_ptr<Model> m_owner = make_model(
-      ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(mode(MixedPrecision::fp16), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner =
+      make_model(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp16), c, 32), 2, 16);
   Model& m = *m_owner;
   m.init_weights(2);
   TrainSettings s = small_settings();
@@ -212,10 +211,10 @@ TEST(Trainer, Fp16OverflowSkipsNamesTheTensorAndBacksOff) {
 }
 
 TEST(Trainer, EvaluationLeavesTheFp8StateAlone) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
-  const std::unique_ptr<Model> m_owner = make_model(ModelArchitecture::gpt2, c, *backend,
-                                                    PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner =
+      make_model(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
   Model& m = *m_owner;
   m.init_weights(2);
   Trainer t(m, small_settings());
@@ -229,10 +228,10 @@ TEST(Trainer, EvaluationLeavesTheFp8StateAlone) {
 }
 
 TEST(Trainer, WeightAmaxHistoryRecordsEachStepsWeights) {
-  const Gpt2Config c = tiny_config();
+  const ModelConfig c = tiny_config();
   auto backend = make_cpu_backend();
-  const std::unique_ptr<Model> m_owner = make_model(ModelArchitecture::gpt2, c, *backend,
-                                                    PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner =
+      make_model(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp8), c, 32), 2, 16);
   Model& m = *m_owner;
   m.init_weights(2);
   Trainer t(m, small_settings());
@@ -260,7 +259,7 @@ namespace octet {
 namespace {
 
 TEST(Trainer, Fp8RunsPrintTheStartupLineAndWriteTheMap) {
-  const Gpt2Config c = testing::tiny_config();
+  const ModelConfig c = testing::tiny_config();
   auto backend = make_cpu_backend();
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() /
@@ -269,7 +268,7 @@ TEST(Trainer, Fp8RunsPrintTheStartupLineAndWriteTheMap) {
   for (const MixedPrecision mp : {MixedPrecision::fp8, MixedPrecision::bf16}) {
     std::filesystem::remove_all(dir);
     const std::unique_ptr<Model> m_owner =
-        make_model(ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(testing::mode(mp), c, 32), 2, 16);
+        make_model(c, *backend, PrecisionPolicy(testing::mode(mp), c, 32), 2, 16);
     Model& m = *m_owner;
     TrainSettings s;
     s.batch_size = 2;
@@ -298,12 +297,11 @@ TEST(Trainer, Fp8RunsPrintTheStartupLineAndWriteTheMap) {
 }
 
 TEST(Trainer, PerGemmChoicesRunAndAreCounted) {
-  const Gpt2Config c = testing::tiny_config();
+  const ModelConfig c = testing::tiny_config();
   auto backend = make_cpu_backend();
   PrecisionSettings p = testing::mode(MixedPrecision::fp8);
   p.fp8_weight_gradient = false;
-  const std::unique_ptr<Model> m_owner =
-      make_model(ModelArchitecture::gpt2, c, *backend, PrecisionPolicy(p, c, 32), 2, 16);
+  const std::unique_ptr<Model> m_owner = make_model(c, *backend, PrecisionPolicy(p, c, 32), 2, 16);
   Model& m = *m_owner;
   m.init_weights(4);
   TrainSettings s;

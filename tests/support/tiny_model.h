@@ -6,14 +6,26 @@
 
 namespace octet::testing {
 
-inline Gpt2Config tiny_config() {
-  Gpt2Config c;
+inline ModelConfig tiny_config() {
+  ModelConfig c;
   c.vocab_size = 61;
   c.padded_vocab_size = 64;
   c.max_seq_len = 16;
   c.layers = 2;
   c.heads = 4;
   c.channels = 64;
+  return c;
+}
+
+// The smallest Llama the tests train: grouped-query attention (4 heads sharing 2 key and value heads), the
+// rotary embedding over head size 16, a SwiGLU MLP 96 wide and an untied head; every GEMM dimension a
+// multiple of 16.
+inline ModelConfig tiny_llama_config() {
+  ModelConfig c = tiny_config();
+  c.arch = ModelArchitecture::llama;
+  c.kv_heads = 2;
+  c.ffn_hidden = 96;
+  c.rope_theta = 10000.0f;
   return c;
 }
 

@@ -165,11 +165,10 @@ TEST(CastTelemetry, WithoutATelemetryPointerOnlyThePerOperandTelemetryIsLeftOut)
 }
 
 TEST(ModelTelemetry, OneSetPerFp8LayerCountingTrainingCastsOnly) {
-  const Gpt2Config config = testing::tiny_config();
+  const ModelConfig config = testing::tiny_config();
   auto backend = make_cpu_backend();
   const std::unique_ptr<Model> model_owner =
-      make_model(ModelArchitecture::gpt2, config, *backend,
-                 PrecisionPolicy(testing::mode(MixedPrecision::fp8), config, 32), 2, 16);
+      make_model(config, *backend, PrecisionPolicy(testing::mode(MixedPrecision::fp8), config, 32), 2, 16);
   Model& model = *model_owner;
   model.init_weights(7);
   TrainSettings settings;
@@ -203,11 +202,10 @@ TEST(ModelTelemetry, OneSetPerFp8LayerCountingTrainingCastsOnly) {
 }
 
 TEST(ModelTelemetry, MovingALayerToBf16RunsItsThreeGemmsInBf16) {
-  const Gpt2Config config = testing::tiny_config();
+  const ModelConfig config = testing::tiny_config();
   auto backend = make_cpu_backend();
   const std::unique_ptr<Model> model_owner =
-      make_model(ModelArchitecture::gpt2, config, *backend,
-                 PrecisionPolicy(testing::mode(MixedPrecision::fp8), config, 32), 2, 16);
+      make_model(config, *backend, PrecisionPolicy(testing::mode(MixedPrecision::fp8), config, 32), 2, 16);
   Model& model = *model_owner;
   model.init_weights(7);
   TrainSettings settings;

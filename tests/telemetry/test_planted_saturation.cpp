@@ -59,13 +59,13 @@ PlantedRun run_planted(AlertAction action, PlantOptions plan = {RecipeKind::stat
             ("octet-planted-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
   fs::remove_all(run.dir);
   fs::create_directories(run.dir);
-  const Gpt2Config config = testing::tiny_config();
+  const ModelConfig config = testing::tiny_config();
   PrecisionSettings precision = testing::mode(MixedPrecision::fp8);
   precision.recipe = plan.recipe;
   precision.static_scale = 16.0f;  // LayerNorm outputs (|x| < ~5) x 16 stay well below E4M3's 448
   auto backend = make_cpu_backend();
   const std::unique_ptr<Model> model_owner =
-      make_model(ModelArchitecture::gpt2, config, *backend, PrecisionPolicy(precision, config, 32), 2, 16);
+      make_model(config, *backend, PrecisionPolicy(precision, config, 32), 2, 16);
   Model& model = *model_owner;
   model.init_weights(7);
   if (plan.planted_after == 0) plant(model, *backend);

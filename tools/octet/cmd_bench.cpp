@@ -84,7 +84,7 @@ std::vector<GemmBenchShape> shapes_of(const RunConfig& config) {
     add(l.out, l.in, BT, fmt::format("{} weight grad", l.name));
   }
   const int64_t Vp = config.model.padded_vocab();
-  const int64_t rows = lm_head_chunk_rows(config.model_arch);
+  const int64_t rows = lm_head_chunk_rows(config.model.arch);
   if (BT > rows && !PrecisionPolicy(config.precision, config.model, BT).layer("lm_head").fp8()) {
     add(rows, Vp, C, fmt::format("lm_head forward, {}-row chunk", rows));
     add(rows, C, Vp, fmt::format("lm_head input grad, {}-row chunk", rows));

@@ -18,7 +18,7 @@ namespace octet {
 
 struct RunConfig {
   ModelArchitecture model_arch = ModelArchitecture::gpt2;  // which Model make_model builds
-  Gpt2Config model;                                        // its shape
+  ModelConfig model;                                       // its shape
   PrecisionSettings precision;  // mode from train.mixed_precision, the rest from [fp8]
   bool fp8_strict = false;      // refuse to start when FP8 cannot run as configured
   TrainSettings train;          // batch, sequence, accumulation, schedule, optimizer, loss scale

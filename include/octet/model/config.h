@@ -1,25 +1,64 @@
-// Shapes of a GPT model. Shape letters follow llm.c: B batch, T sequence length, C channels, NH heads,
-// L layers, V vocabulary, Vp vocabulary padded for GEMM efficiency.
+// Shapes of a decoder-only language model, GPT-2 or Llama. Shape letters follow llm.c: B batch, T sequence
+// length, C channels, NH heads, L layers, V vocabulary, Vp vocabulary padded for GEMM efficiency; Llama adds
+// KV (key and value heads, grouped-query attention) and F (the MLP's hidden width).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace octet {
 
 // The model architectures octet builds (model.arch; make_model in model.h).
-enum class ModelArchitecture : uint8_t { gpt2 };
+enum class ModelArchitecture : uint8_t {
+  gpt2,   // learned positions, LayerNorm, GELU MLP with biases, head tied to the token embedding
+  llama,  // rotary positions, RMSNorm, SwiGLU MLP, grouped-query attention, no biases, untied head
+};
+const char* architecture_name(ModelArchitecture architecture);
 
-struct Gpt2Config {
+// Llama 3.1's scaling of the rotary frequencies for long contexts (Hugging Face's rope_type "llama3").
+struct RopeScaling {
+  float factor = 0.0f;  // 0: no scaling
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int64_t original_max_seq_len = 8192;
+};
+
+// A linear layer of the model, as the precision policy decides on it: its name, its shape and its block
+// (-1 for the head).
+struct LinearShape {
+  std::string name;
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  int64_t block = -1;
+};
+
+struct ModelConfig {
+  ModelArchitecture arch = ModelArchitecture::gpt2;
   int64_t vocab_size = 50257;     // V: real tokens; the loss covers only these
   int64_t padded_vocab_size = 0;  // Vp: rows of the embedding; 0 means V rounded up to a multiple of 64
-  int64_t max_seq_len = 1024;     // positions of the learned position embedding
+  int64_t max_seq_len = 1024;     // the longest sequence (GPT-2: positions of the learned position embedding)
   int64_t layers = 12;            // L
   int64_t heads = 12;             // NH
   int64_t channels = 768;         // C
+  // Llama only.
+  int64_t kv_heads = 0;          // KV, dividing NH; 0 means NH
+  int64_t ffn_hidden = 0;        // F; 0 means Llama's rule: 8C/3 rounded up to a multiple of 256
+  float rope_theta = 500000.0f;  // the rotary embedding's base
+  RopeScaling rope_scaling;
+  bool tie_embeddings = false;  // the head reads the token embedding (GPT-2 always does)
 
   int64_t padded_vocab() const;
   int64_t head_size() const { return channels / heads; }
+  int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  // The MLP's hidden width: 4C for GPT-2, F for Llama.
+  int64_t hidden() const;
+  // Width of the attention projection's output: q, k and v (3C for GPT-2, C + 2 KV hs for Llama).
+  int64_t qkv_width() const { return channels + 2 * kv() * head_size(); }
+  // Whether the head is the token embedding's transpose.
+  bool tied_head() const { return arch == ModelArchitecture::gpt2 || tie_embeddings; }
+  // The linear layers in the order the model runs them, the head last.
+  std::vector<LinearShape> linear_layers() const;
   // Throws octet::Error (invalid input) naming the first inconsistent field.
   void validate() const;
   std::string describe() const;

@@ -2,7 +2,7 @@
 // weight copies the GEMMs read, forward and backward over token batches, the linear layers the precision
 // policy decides on with their FP8 state and telemetry, and the map between its parameters and a Hugging Face
 // checkpoint's tensors. The trainer, optimizer, checkpoints, telemetry, benchmarks and sampling work on this
-// interface only; GPT-2 (gpt2.h) is one implementation, and make_model picks one by model.arch.
+// interface only; the decoder (decoder.h) implements it for GPT-2 and Llama, as model.arch says.
 #pragma once
 
 #include <cstdint>
@@ -57,7 +57,7 @@ class Model {
  public:
   virtual ~Model() = default;
 
-  // The architecture's name as model.arch spells it ("gpt2").
+  // The architecture's name as model.arch spells it ("gpt2", "llama").
   virtual std::string_view architecture() const = 0;
   // One line for the startup log: the architecture and its shape.
   virtual std::string describe() const = 0;
@@ -166,10 +166,10 @@ class Model {
   virtual std::string model_json() const = 0;
 };
 
-// The model of `architecture` with the shape `shape`, its precision policy and the largest micro-batch its
-// activation plan holds (B <= max_batch, T <= max_seq_len).
-std::unique_ptr<Model> make_model(ModelArchitecture architecture, const Gpt2Config& shape, Backend& backend,
-                                  PrecisionPolicy policy, int64_t max_batch, int64_t max_seq_len);
+// The model of architecture shape.arch with the shape `shape`, its precision policy and the largest
+// micro-batch its activation plan holds (B <= max_batch, T <= max_seq_len).
+std::unique_ptr<Model> make_model(const ModelConfig& shape, Backend& backend, PrecisionPolicy policy,
+                                  int64_t max_batch, int64_t max_seq_len);
 
 // A fusion record in words: "h.0.ln_1, fused", "h.0.ln_1, not fused: FALLBACK", "h.0.ln_1, fused; on steps
 // that measure SQNR not fused: FALLBACK".

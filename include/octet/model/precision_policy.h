@@ -80,7 +80,7 @@ struct LinearPlan {
 class PrecisionPolicy {
  public:
   // `tokens_per_step` is B*T of a micro-batch (the M of the forward GEMMs).
-  PrecisionPolicy(const PrecisionSettings& settings, const Gpt2Config& model, int64_t tokens_per_step);
+  PrecisionPolicy(const PrecisionSettings& settings, const ModelConfig& model, int64_t tokens_per_step);
 
   const PrecisionSettings& settings() const { return settings_; }
   MixedPrecision mode() const { return settings_.mode; }

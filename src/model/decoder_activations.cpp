@@ -1,8 +1,8 @@
-// GPT-2's activation plan: what the forward keeps for the backward in one planned buffer, sized for the
+// The decoder's activation plan: what the forward keeps for the backward in one planned buffer, sized for the
 // largest micro-batch, in the types the backend stores them in; the gradient buffers every layer's backward
 // reuses; and the recompute choices (fp8.recompute_mlp, _qkv, _residual, _weight_transposes) with the memory
 // they save.
-#include "octet/model/gpt2.h"
+#include "octet/model/decoder.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "gpt2_internal.h"
+#include "decoder_internal.h"
 #include "octet/check.h"
 #include "octet/numerics/format.h"
 
@@ -48,17 +48,19 @@ class Planner {
 
 }  // namespace
 
-void Gpt2::plan_activations() {
+void Decoder::plan_activations() {
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels, NH = config_.heads;
-  const int64_t Vp = config_.padded_vocab();
+  const int64_t Vp = config_.padded_vocab(), H = config_.hidden(), W = config_.qkv_width();
+  const int64_t FC = activation_inputs(activation_kind()) * H;
+  const bool mean = norm_kind() == Normalization::layernorm;  // RMSNorm keeps rstd only
   // The input of a linear layer, unless its FP8 cast is all that the layer reads.
   auto read = [&](std::string_view consumer) { return !input_cast_suffices(linear(consumer).exec); };
   auto input_type = [&](std::string_view consumer) { return linear(consumer).input_type; };
   // q, k, v in bf16 where the backend's attention rounds them to bf16 anyway.
-  qkv_type_ = backend_.storage_type({StorageRole::attention_input, C, NH});
+  qkv_type_ = backend_.storage_type({StorageRole::attention_input, C, NH, nullptr, config_.kv()});
   // Its output, and the gradients on either side of it, in bf16 where the backend's attention reads and
   // writes them in bf16 anyway.
-  atty_type_ = backend_.storage_type({StorageRole::attention_output, C, NH});
+  atty_type_ = backend_.storage_type({StorageRole::attention_output, C, NH, nullptr, config_.kv()});
   hidden_in_bf16_ = policy_.mode() == MixedPrecision::bf16 || policy_.mode() == MixedPrecision::fp8;
   hidden_type_ = hidden_in_bf16_ ? backend_.storage_type({StorageRole::rounded_activation}) : Dtype::f32;
   acts_ = std::make_unique<Activations>();
@@ -67,27 +69,27 @@ void Gpt2::plan_activations() {
   Planner p;
   p.take(a.encoded, N * C);
   for (int64_t l = 0; l < config_.layers; ++l) {
-    const std::string h = fmt::format("h.{}.", l);
+    const BlockNames b = block_names(l);
     Activations::Layer& x = a.layers[static_cast<size_t>(l)];
-    if (read(h + "attn.c_attn")) p.take(x.ln1, input_type(h + "attn.c_attn"), N * C);
-    p.take(x.ln1_mean, N);
+    if (read(b.qkv)) p.take(x.ln1, input_type(b.qkv), N * C);
+    if (mean) p.take(x.ln1_mean, N);
     p.take(x.ln1_rstd, N);
-    if (!recomputes(h + "attn.c_attn")) p.take(x.qkv, qkv_type_, N * 3 * C);
+    if (!recomputes(b.qkv)) p.take(x.qkv, qkv_type_, N * W);
     p.take(x.atty, atty_type_, N * C);
     p.take(x.att_lse, N * NH);
-    if (!recomputes(h + "attn.c_proj")) p.take(x.residual2, N * C);
-    if (read(h + "mlp.c_fc")) p.take(x.ln2, input_type(h + "mlp.c_fc"), N * C);
-    p.take(x.ln2_mean, N);
+    if (!recomputes(b.proj)) p.take(x.residual2, N * C);
+    if (read(b.fc)) p.take(x.ln2, input_type(b.fc), N * C);
+    if (mean) p.take(x.ln2_mean, N);
     p.take(x.ln2_rstd, N);
-    if (!recomputes(h + "mlp.c_fc")) p.take(x.fch, hidden_type_, N * 4 * C);
-    if (read(h + "mlp.c_proj")) p.take(x.fch_gelu, input_type(h + "mlp.c_proj"), N * 4 * C);
+    if (!recomputes(b.fc)) p.take(x.fch, hidden_type_, N * FC);
+    if (read(b.fc_proj)) p.take(x.fch_gelu, input_type(b.fc_proj), N * H);
     p.take(x.residual3, N * C);
   }
-  if (recomputed_layers("mlp.c_fc") > 0) p.take(a.fch_scratch, hidden_type_, N * 4 * C);
-  if (recomputed_layers("attn.c_attn") > 0) p.take(a.qkv_scratch, qkv_type_, N * 3 * C);
-  if (recomputed_layers("attn.c_proj") > 0) p.take(a.residual2_scratch, N * C);
+  if (recomputed_layers(LinearRole::fc) > 0) p.take(a.fch_scratch, hidden_type_, N * FC);
+  if (recomputed_layers(LinearRole::qkv) > 0) p.take(a.qkv_scratch, qkv_type_, N * W);
+  if (recomputed_layers(LinearRole::proj) > 0) p.take(a.residual2_scratch, N * C);
   if (read("lm_head")) p.take(a.lnf, input_type("lm_head"), N * C);
-  p.take(a.lnf_mean, N);
+  if (mean) p.take(a.lnf_mean, N);
   p.take(a.lnf_rstd, N);
   p.take(a.logits_chunk, head_chunk_rows(N) * Vp);
   p.take(a.losses, N);
@@ -97,28 +99,30 @@ void Gpt2::plan_activations() {
   plan_gradients();
 }
 
-void Gpt2::plan_gradients() {
-  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+void Decoder::plan_gradients() {
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels, H = config_.hidden();
+  const int64_t FC = activation_inputs(activation_kind()) * H;
   bool dfch_written = false;
   for (int64_t l = 0; l < config_.layers; ++l) {
-    dfch_written |= !gradient_cast_suffices(linear(fmt::format("h.{}.mlp.c_fc", l)).exec);
+    dfch_written |= !gradient_cast_suffices(linear(block_names(l).fc).exec);
   }
-  const int64_t wide_b = dfch_written ? 4 * C : C;
+  const int64_t wide_a = std::max(H, config_.qkv_width());
+  const int64_t wide_b = dfch_written ? std::max(FC, C) : C;
   if (gradient_scratch_ != nullptr && wide_b == gradient_wide_b_) return;
   gradient_scratch_.reset();  // freed before the new plan is allocated
   dacts_ = std::make_unique<Gradients>();
   Planner q;
   q.take(dacts_->residual, N * C);
   q.take(dacts_->ln, N * C);
-  q.take(dacts_->wide_a, N * 4 * C);
+  q.take(dacts_->wide_a, N * wide_a);
   q.take(dacts_->wide_b, N * wide_b);
   gradient_scratch_ = backend_.allocate(static_cast<size_t>(q.size()) * sizeof(float));
   q.bind(gradient_scratch_->floats());
   gradient_wide_b_ = wide_b;
 }
 
-void Gpt2::keep_input_of(std::string_view layer) {
-  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+void Decoder::keep_input_of(std::string_view layer) {
+  const int64_t N = max_batch_ * max_seq_len_, C = config_.channels, H = config_.hidden();
   // In float32: a layer that moves to BF16 was planned FP8, with input_type f32.
   auto keep = [&](auto*& slot, int64_t width) {
     if (slot != nullptr) return;
@@ -127,26 +131,27 @@ void Gpt2::keep_input_of(std::string_view layer) {
   };
   if (layer == "lm_head") return keep(acts_->lnf, C);
   for (int64_t l = 0; l < config_.layers; ++l) {
-    const std::string h = fmt::format("h.{}.", l);
+    const BlockNames b = block_names(l);
     Activations::Layer& x = acts_->layers[static_cast<size_t>(l)];
-    if (layer == h + "attn.c_attn") return keep(x.ln1, C);
-    if (layer == h + "mlp.c_fc") return keep(x.ln2, C);
-    if (layer == h + "mlp.c_proj") return keep(x.fch_gelu, 4 * C);
+    if (layer == b.qkv) return keep(x.ln1, C);
+    if (layer == b.fc) return keep(x.ln2, C);
+    if (layer == b.fc_proj) return keep(x.fch_gelu, H);
   }
 }
 
-bool Gpt2::recomputes(std::string_view layer) {
+bool Decoder::recomputes(std::string_view layer) {
   return linear(layer).exec.keep_input_codes;
 }
 
-int64_t Gpt2::recomputed_layers(std::string_view kind) {
+int64_t Decoder::recomputed_layers(LinearRole role) {
   int64_t count = 0;
-  for (int64_t l = 0; l < config_.layers; ++l) count += recomputes(fmt::format("h.{}.{}", l, kind)) ? 1 : 0;
+  for (const auto& l : linears_) count += l->role == role && l->exec.keep_input_codes ? 1 : 0;
   return count;
 }
 
-void Gpt2::keep_output_of(std::string_view layer) {
+void Decoder::keep_output_of(std::string_view layer) {
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+  const int64_t FC = activation_inputs(activation_kind()) * config_.hidden();
   auto keep = [&](void*& slot, Dtype type, int64_t width) {
     if (slot != nullptr) return;
     late_inputs_.push_back(
@@ -154,11 +159,11 @@ void Gpt2::keep_output_of(std::string_view layer) {
     slot = late_inputs_.back()->data();
   };
   for (int64_t l = 0; l < config_.layers; ++l) {
-    const std::string h = fmt::format("h.{}.", l);
+    const BlockNames b = block_names(l);
     Activations::Layer& x = acts_->layers[static_cast<size_t>(l)];
-    if (layer == h + "mlp.c_fc") return keep(x.fch, hidden_type_, 4 * C);
-    if (layer == h + "attn.c_attn") return keep(x.qkv, qkv_type_, 3 * C);
-    if (layer == h + "attn.c_proj") {
+    if (layer == b.fc) return keep(x.fch, hidden_type_, FC);
+    if (layer == b.qkv) return keep(x.qkv, qkv_type_, config_.qkv_width());
+    if (layer == b.proj) {
       void* residual2 = x.residual2;
       keep(residual2, Dtype::f32, C);
       x.residual2 = static_cast<float*>(residual2);
@@ -167,30 +172,37 @@ void Gpt2::keep_output_of(std::string_view layer) {
   }
 }
 
-std::string Gpt2::memory_line() {
+std::string Decoder::memory_line() {
   const PrecisionSettings& s = policy_.settings();
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels;
+  const int64_t FC = activation_inputs(activation_kind()) * config_.hidden();
   struct Kind {
     bool on;
     const char* key;
-    const char* layer;
-    const char* output;
+    LinearRole role;
+    std::string layer;  // the layer's name within its block
+    std::string output;
     int64_t output_bytes;  // per layer, [N, width] in its stored type
   };
   const int64_t bytes_of[] = {dtype_info(hidden_type_).storage_bits / 8,
                               dtype_info(qkv_type_).storage_bits / 8};
+  const BlockNames b = block_names(0);
+  auto in_block = [](const std::string& name) { return name.substr(name.find('.', name.find('.') + 1) + 1); };
+  const std::string activation = activation_kind() == Activation::gelu ? "GELU" : "SwiGLU";
   const Kind kinds[] = {
-      {s.recompute_mlp, "fp8.recompute_mlp", "mlp.c_fc", "output (GELU's input)", bytes_of[0] * N * 4 * C},
-      {s.recompute_qkv, "fp8.recompute_qkv", "attn.c_attn", "output (q, k, v)", bytes_of[1] * N * 3 * C},
-      {s.recompute_residual, "fp8.recompute_residual", "attn.c_proj",
-       "output (the residual stream, ln_2's input)", int64_t{4} * N * C},
+      {s.recompute_mlp, "fp8.recompute_mlp", LinearRole::fc, in_block(b.fc), "output (" + activation + "'s input)",
+       bytes_of[0] * N * FC},
+      {s.recompute_qkv, "fp8.recompute_qkv", LinearRole::qkv, in_block(b.qkv), "output (q, k, v)",
+       bytes_of[1] * N * config_.qkv_width()},
+      {s.recompute_residual, "fp8.recompute_residual", LinearRole::proj, in_block(b.proj),
+       "output (the residual stream, " + in_block(b.norm2) + "'s input)", int64_t{4} * N * C},
   };
   std::string line;
   for (const Kind& k : kinds) {
     if (!k.on) continue;
     // Per layer: the output not kept, the codes of the input [N, C] kept; one output-sized buffer shared
     // by the layers that recompute.
-    const int64_t recomputed = recomputed_layers(k.layer);
+    const int64_t recomputed = recomputed_layers(k.role);
     const double saved =
         static_cast<double>(recomputed * (k.output_bytes - N * C) - (recomputed > 0 ? k.output_bytes : 0));
     if (!line.empty()) line += "\n";
@@ -219,7 +231,7 @@ std::string Gpt2::memory_line() {
   return line;
 }
 
-int64_t Gpt2::head_chunk_rows(int64_t N) {
+int64_t Decoder::head_chunk_rows(int64_t N) {
   return linear("lm_head").plan->fp8() ? N : std::min(N, kHeadChunkRows);
 }
 

@@ -1,8 +1,9 @@
-// GPT-2's block, forward and backward, by hand, against the backend interface (see gpt2.h). The structure
-// follows llm.c's train_gpt2.c: a forward that runs the blocks in turn and the LM head and loss in row
-// chunks, and a backward that walks the layers in reverse, accumulating the residual stream's gradient in one
-// running buffer. The parameter plan is gpt2_parameters.cpp's, the activation plan gpt2_activations.cpp's.
-#include "octet/model/gpt2.h"
+// The decoder's block, forward and backward, by hand, against the backend interface (see decoder.h), for
+// GPT-2 and Llama alike. The structure follows llm.c's train_gpt2.c: a forward that runs the blocks in turn
+// and the LM head and loss in row chunks, and a backward that walks the layers in reverse, accumulating the
+// residual stream's gradient in one running buffer. The parameter plan is decoder_parameters.cpp's, the
+// activation plan decoder_activations.cpp's.
+#include "octet/model/decoder.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,14 +11,14 @@
 
 #include <fmt/format.h>
 
-#include "gpt2_internal.h"
+#include "decoder_internal.h"
 #include "lm_head.h"
 #include "octet/check.h"
 #include "octet/numerics/format.h"
 
 namespace octet {
 
-Gpt2::Gpt2(const Gpt2Config& config, Backend& backend, PrecisionPolicy policy, int64_t max_batch,
+Decoder::Decoder(const ModelConfig& config, Backend& backend, PrecisionPolicy policy, int64_t max_batch,
            int64_t max_seq_len)
     : config_(config),
       backend_(backend),
@@ -30,14 +31,15 @@ Gpt2::Gpt2(const Gpt2Config& config, Backend& backend, PrecisionPolicy policy, i
                 "the sequence length must be between 1 and model.max_seq_len ({}), got {}",
                 config_.max_seq_len, max_seq_len);
   build_parameters();
+  if (config_.arch == ModelArchitecture::llama) build_rotary_table();
   plan_activations();
   const int64_t N = max_batch_ * max_seq_len_;
   tokens_ = backend_.allocate(static_cast<size_t>(2 * N) * sizeof(int32_t));
 }
 
-Gpt2::~Gpt2() = default;
+Decoder::~Decoder() = default;
 
-Gpt2::Linear& Gpt2::linear(std::string_view name) {
+Decoder::Linear& Decoder::linear(std::string_view name) {
   for (auto& l : linears_) {
     if (l->plan->name == name) return *l;
   }
@@ -45,25 +47,106 @@ Gpt2::Linear& Gpt2::linear(std::string_view name) {
   return *linears_.front();
 }
 
-Fp8LinearState* Gpt2::fp8_state(std::string_view layer) {
+Decoder::BlockNames Decoder::block_names(int64_t l) const {
+  if (config_.arch == ModelArchitecture::gpt2) {
+    const std::string h = fmt::format("h.{}.", l);
+    return {h + "attn.c_attn", h + "attn.c_proj", h + "mlp.c_fc", h + "mlp.c_proj", h + "ln_1", h + "ln_2"};
+  }
+  const std::string h = fmt::format("layers.{}.", l);
+  return {h + "self_attn.qkv_proj", h + "self_attn.o_proj",        h + "mlp.gate_up_proj",
+          h + "mlp.down_proj",      h + "input_layernorm", h + "post_attention_layernorm"};
+}
+
+std::string Decoder::embedding_name() const {
+  return config_.arch == ModelArchitecture::gpt2 ? "wte" : "embed_tokens.weight";
+}
+
+std::string Decoder::final_norm_name() const {
+  return config_.arch == ModelArchitecture::gpt2 ? "ln_f" : "norm";
+}
+
+Normalization Decoder::norm_kind() const {
+  return config_.arch == ModelArchitecture::gpt2 ? Normalization::layernorm : Normalization::rmsnorm;
+}
+
+Activation Decoder::activation_kind() const {
+  return config_.arch == ModelArchitecture::gpt2 ? Activation::gelu : Activation::swiglu;
+}
+
+const float* Decoder::norm_bias(const std::string& norm) {
+  return norm_kind() == Normalization::layernorm ? params() + parameter(norm + ".bias").offset : nullptr;
+}
+
+float* Decoder::norm_bias_grad(const std::string& norm) {
+  if (norm_kind() != Normalization::layernorm) return nullptr;
+  const ParameterInfo& info = parameter(norm + ".bias");
+  return grads_->floats() + info.grad_offset;
+}
+
+const float* Decoder::bias_of(const Linear& layer) {
+  return layer.bias_offset >= 0 ? params() + layer.bias_offset : nullptr;
+}
+
+void Decoder::build_rotary_table() {
+  // As Hugging Face's LlamaRotaryEmbedding computes it in float32: inverse frequencies theta^(-2i/hs), Llama
+  // 3.1's scaling of the low ones where model.rope_scaling_factor is set, then cos and sin of t * frequency.
+  const int64_t hs = config_.head_size(), half = hs / 2, T = config_.max_seq_len;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[static_cast<size_t>(i)] =
+        1.0f / std::pow(static_cast<float>(config_.rope_theta),
+                        static_cast<float>(2 * i) / static_cast<float>(hs));
+  }
+  const RopeScaling& r = config_.rope_scaling;
+  if (r.factor > 0.0) {
+    const double low_wavelength = static_cast<double>(r.original_max_seq_len) / r.low_freq_factor;
+    const double high_wavelength = static_cast<double>(r.original_max_seq_len) / r.high_freq_factor;
+    for (float& f : inv_freq) {
+      const double wavelength = 2.0 * 3.141592653589793 / f;
+      if (wavelength > low_wavelength) {
+        f = static_cast<float>(f / r.factor);
+      } else if (wavelength >= high_wavelength) {
+        const double smooth = (static_cast<double>(r.original_max_seq_len) / wavelength - r.low_freq_factor) /
+                              (r.high_freq_factor - r.low_freq_factor);
+        f = static_cast<float>((1.0 - smooth) * f / r.factor + smooth * f);
+      }
+    }
+  }
+  std::vector<float> table(static_cast<size_t>(T * hs));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(t) * inv_freq[static_cast<size_t>(i)];
+      table[static_cast<size_t>(t * hs + i)] = std::cos(angle);
+      table[static_cast<size_t>(t * hs + half + i)] = std::sin(angle);
+    }
+  }
+  rotary_table_ = backend_.allocate(table.size() * sizeof(float));
+  backend_.copy_from_host(rotary_table_->data(), table.data(), table.size() * sizeof(float));
+}
+
+ConstTensorView Decoder::rotary_table(int64_t T) const {
+  return {rotary_table_->floats(), {T, config_.head_size()}};
+}
+
+Fp8LinearState* Decoder::fp8_state(std::string_view layer) {
   Linear& l = linear(layer);
   if (!l.plan->fp8()) return nullptr;
   backend_.fetch_scaling(l.state);  // the device's state, where the backend keeps it there
   return &l.state;
 }
 
-Fp8LinearTelemetry* Gpt2::telemetry(std::string_view layer) {
+Fp8LinearTelemetry* Decoder::telemetry(std::string_view layer) {
   Linear& l = linear(layer);
   if (!l.plan->fp8()) return nullptr;
   backend_.fetch_telemetry(l.telemetry);  // the device's totals, where the backend keeps them there
   return &l.telemetry;
 }
 
-void Gpt2::reset_telemetry() {
+void Decoder::reset_telemetry() {
   for (auto& l : linears_) l->telemetry = {};
 }
 
-void Gpt2::set_telemetry(bool collect, bool measure_sqnr) {
+void Decoder::set_telemetry(bool collect, bool measure_sqnr) {
   collect_telemetry_ = collect;
   for (auto& l : linears_) {
     l->exec.telemetry = collect && l->plan->fp8() ? &l->telemetry : nullptr;
@@ -71,7 +154,7 @@ void Gpt2::set_telemetry(bool collect, bool measure_sqnr) {
   }
 }
 
-void Gpt2::move_layer_to_bf16(std::string_view layer, std::string reason) {
+void Decoder::move_layer_to_bf16(std::string_view layer, std::string reason) {
   OCTET_REQUIRE(pending_ != Pending::head_backward_done,
                 "a layer moves to BF16 between steps, not between a forward and its backward");
   Linear& l = linear(layer);
@@ -89,8 +172,7 @@ void Gpt2::move_layer_to_bf16(std::string_view layer, std::string reason) {
   plan_gradients();      // and their float32 output gradient
 }
 
-std::vector<FusionRecord> Gpt2::fusions() const {
-  using gpt2_detail::ends_with;
+std::vector<FusionRecord> Decoder::fusions() const {
   std::vector<FusionRecord> out;
   auto add = [&](const Linear& l, Fusion fusion, std::string producer) {
     LinearExecution e = l.exec;
@@ -105,53 +187,70 @@ std::vector<FusionRecord> Gpt2::fusions() const {
     }
     out.push_back(std::move(r));
   };
-  // The ops of the block and the head that take a fusion: layernorm_into and gelu_into cast an FP8 layer's
-  // input, gelu_backward_into casts mlp.c_fc's output gradient, and both c_proj layers add the residual in
-  // their forward GEMM.
+  // The ops of the block and the head that take a fusion: norm_into and activation_into cast an FP8 layer's
+  // input, activation_backward_into casts the MLP's up projection's output gradient, and both layers that
+  // join the residual stream add it in their forward GEMM.
+  const std::string activation = activation_name(activation_kind()).data();
   for (const auto& l : linears_) {
     const std::string& name = l->plan->name;
-    const std::string block = name.substr(0, name.find('.', name.find('.') + 1) + 1);  // "h.3."
     const bool fp8_forward = l->exec.forward == GemmMode::fp8;
-    if (ends_with(name, "attn.c_attn") && fp8_forward) add(*l, Fusion::input_cast, block + "ln_1");
-    if (ends_with(name, "mlp.c_fc")) {
-      if (fp8_forward) add(*l, Fusion::input_cast, block + "ln_2");
-      if (casts_gradient(l->exec)) add(*l, Fusion::gradient_cast, block + "mlp.gelu");
+    if (l->role == LinearRole::head) {
+      if (fp8_forward) add(*l, Fusion::input_cast, final_norm_name());
+      continue;
     }
-    if (ends_with(name, "mlp.c_proj") && fp8_forward) add(*l, Fusion::input_cast, block + "mlp.gelu");
-    if (ends_with(name, "c_proj")) add(*l, Fusion::residual_add, name);
-    if (name == "lm_head" && fp8_forward) add(*l, Fusion::input_cast, "ln_f");
+    const int64_t block = std::stoll(name.substr(name.find('.') + 1));
+    const BlockNames b = block_names(block);
+    const std::string mlp = b.fc.substr(0, b.fc.rfind('.') + 1);  // "h.3.mlp."
+    switch (l->role) {
+      case LinearRole::qkv:
+        if (fp8_forward) add(*l, Fusion::input_cast, b.norm1);
+        break;
+      case LinearRole::fc:
+        if (fp8_forward) add(*l, Fusion::input_cast, b.norm2);
+        if (casts_gradient(l->exec)) add(*l, Fusion::gradient_cast, mlp + activation);
+        break;
+      case LinearRole::fc_proj:
+        if (fp8_forward) add(*l, Fusion::input_cast, mlp + activation);
+        add(*l, Fusion::residual_add, name);
+        break;
+      case LinearRole::proj:
+        add(*l, Fusion::residual_add, name);
+        break;
+      case LinearRole::head:
+        break;
+    }
   }
   return out;
 }
 
-void Gpt2::layernorm_into(Linear& next, void* out, float* mean, float* rstd, const float* inp,
+void Decoder::norm_into(Linear& next, void* out, float* mean, float* rstd, const float* inp,
                           const float* weight, const float* bias, int64_t N, int64_t C) {
   OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "an input kept for {}", next.plan->name);
   const ConstTensorView x(inp, {N, C});
   if (next.exec.forward != GemmMode::fp8) {
-    backend_.normalization_forward(Normalization::layernorm, TensorView(out, next.input_type, {N, C}), mean,
-                                   rstd, x, weight, bias, {});
+    backend_.normalization_forward(norm_kind(), TensorView(out, next.input_type, {N, C}), mean, rstd, x, weight,
+                                   bias, {});
     return;
   }
   OCTET_CHECK(next.input_type == Dtype::f32, "the float32 input of FP8 layer {}", next.plan->name);
   const TensorView kept(input_cast_suffices(next.exec) ? nullptr : out, Dtype::f32, {N, C});
-  backend_.normalization_forward(Normalization::layernorm, kept, mean, rstd, x, weight, bias,
+  backend_.normalization_forward(norm_kind(), kept, mean, rstd, x, weight, bias,
                                  {&next.exec, &next.input_codes});
 }
 
-void Gpt2::gelu_into(Linear& next, void* out, const void* inp, int64_t N, int64_t C) {
+void Decoder::activation_into(Linear& next, void* out, const void* inp, int64_t N, int64_t H) {
   OCTET_CHECK(out != nullptr || input_cast_suffices(next.exec), "an input kept for {}", next.plan->name);
-  const ConstTensorView x(inp, hidden_type_, {N, C});
+  const ConstTensorView x(inp, hidden_type_, {N, activation_inputs(activation_kind()) * H});
   if (next.exec.forward != GemmMode::fp8) {
-    backend_.activation_forward(Activation::gelu, TensorView(out, next.input_type, {N, C}), x, {});
+    backend_.activation_forward(activation_kind(), TensorView(out, next.input_type, {N, H}), x, {});
     return;
   }
   OCTET_CHECK(next.input_type == Dtype::f32, "the float32 input of FP8 layer {}", next.plan->name);
-  const TensorView kept(input_cast_suffices(next.exec) ? nullptr : out, Dtype::f32, {N, C});
-  backend_.activation_forward(Activation::gelu, kept, x, {&next.exec, &next.input_codes});
+  const TensorView kept(input_cast_suffices(next.exec) ? nullptr : out, Dtype::f32, {N, H});
+  backend_.activation_forward(activation_kind(), kept, x, {&next.exec, &next.input_codes});
 }
 
-void Gpt2::round_hidden(void* x, int64_t n) {
+void Decoder::round_hidden(void* x, int64_t n) {
   if (hidden_in_bf16_ && hidden_type_ == Dtype::f32) {
     backend_.round_in_place(static_cast<float*>(x), n, Dtype::bf16);
   }
@@ -166,46 +265,47 @@ bool rounds_input_gradient(const LinearExecution& exec) {
 
 }  // namespace
 
-Dtype Gpt2::layernorm_gradient_type(const Linear& consumer) const {
+Dtype Decoder::norm_gradient_type(const Linear& consumer) const {
   return rounds_input_gradient(consumer.exec) ? backend_.storage_type({StorageRole::rounded_activation})
                                               : Dtype::f32;
 }
 
-void Gpt2::round_layernorm_gradient(const Linear& consumer, Dtype type, float* dinp, int64_t n) {
+void Decoder::round_norm_gradient(const Linear& consumer, Dtype type, float* dinp, int64_t n) {
   if (rounds_input_gradient(consumer.exec) && type == Dtype::f32) {
     backend_.round_in_place(dinp, n, Dtype::bf16);
   }
 }
 
-void Gpt2::gelu_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N,
-                              int64_t C, float* next_dinp, Dtype next_dinp_type, const void* next_inp) {
-  const int64_t OC = next.plan->out_features;
-  OCTET_CHECK(C == OC, "GELU's width {} is {}'s output width {}", C, next.plan->name, OC);
+void Decoder::activation_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N,
+                                       int64_t H, float* next_dinp, Dtype next_dinp_type, const void* next_inp) {
+  const int64_t width = activation_inputs(activation_kind()) * H;
+  OCTET_CHECK(width == next.plan->out_features, "the activation's input width {} is {}'s output width {}", width,
+              next.plan->name, next.plan->out_features);
   float* dbias = next.bias_grad;
-  const ConstTensorView x(inp, hidden_type_, {N, C});
-  const ConstTensorView dy(dout, hidden_type_, {N, C});
+  const ConstTensorView x(inp, hidden_type_, {N, width});
+  const ConstTensorView dy(dout, hidden_type_, {N, H});
   if (!casts_gradient(next.exec)) {
-    // Both GEMMs that read next's output gradient in BF16 (the input and the weight gradient): GELU's
-    // backward rounds it to bf16 once, as PyTorch autocast keeps it, and next's bias gradient is summed from
-    // the rounded values.
+    // Both GEMMs that read next's output gradient in BF16 (the input and the weight gradient): the
+    // activation's backward rounds it to bf16 once, as PyTorch autocast keeps it, and next's bias gradient is
+    // summed from the rounded values.
     const bool rounded =
         next.exec.input_gradient == GemmMode::bf16 && next.exec.weight_gradient == GemmMode::bf16;
     const Dtype type = rounded ? backend_.storage_type({StorageRole::rounded_activation}) : Dtype::f32;
-    backend_.activation_backward(Activation::gelu, TensorView(dinp, type, {N, C}), x, dy, nullptr, {});
-    if (rounded && type == Dtype::f32) backend_.round_in_place(dinp, N * C, Dtype::bf16);
+    backend_.activation_backward(activation_kind(), TensorView(dinp, type, {N, width}), x, dy, nullptr, {});
+    if (rounded && type == Dtype::f32) backend_.round_in_place(dinp, N * width, Dtype::bf16);
     backward_linear(next, next_dinp, next_dinp_type, dbias, dinp, type, next_inp, next.input_type, N);
     return;
   }
-  // The bias gradient is summed by the GELU backward; the float32 gradient is written only where next reads
-  // it.
+  // The bias gradient is summed by the activation's backward; the float32 gradient is written only where
+  // next reads it.
   float* kept = gradient_cast_suffices(next.exec) ? nullptr : dinp;
-  backend_.activation_backward(Activation::gelu, TensorView(kept, {N, C}), x, dy, dbias,
+  backend_.activation_backward(activation_kind(), TensorView(kept, {N, width}), x, dy, dbias,
                                {&next.exec, &gradient_codes_});
   backward_linear(next, next_dinp, next_dinp_type, nullptr, kept, Dtype::f32, next_inp, next.input_type, N,
                   true);
 }
 
-void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
+void Decoder::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
   OCTET_REQUIRE(B >= 1 && B <= max_batch_,
                 "batch size {} is outside 1..{} (the size the model was planned for)", B, max_batch_);
   OCTET_REQUIRE(T >= 1 && T <= max_seq_len_, "sequence length {} is outside 1..{}", T, max_seq_len_);
@@ -218,52 +318,52 @@ void Gpt2::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
   backend_.copy_from_host(tokens_->ints(), tokens, static_cast<size_t>(N) * sizeof(int32_t));
   float* p = params();
   auto P = [&](const std::string& name) { return p + parameter(name).offset; };
+  const bool gpt2 = config_.arch == ModelArchitecture::gpt2;
+  const int64_t H = config_.hidden(), FC = activation_inputs(activation_kind()) * H, W = config_.qkv_width();
   Activations& a = *acts_;
   backend_.embedding_forward(TensorView(a.encoded, {B, T, C}), tokens_->ints(),
-                             ConstTensorView(P("wte"), {config_.padded_vocab(), C}),
-                             ConstTensorView(P("wpe"), {T, C}));
+                             ConstTensorView(P(embedding_name()), {config_.padded_vocab(), C}),
+                             gpt2 ? ConstTensorView(P("wpe"), {T, C}) : ConstTensorView());
   const float* residual = a.encoded;
   for (int64_t l = 0; l < config_.layers; ++l) {
-    const std::string h = fmt::format("h.{}.", l);
+    const BlockNames b = block_names(l);
     Activations::Layer& x = a.layers[static_cast<size_t>(l)];
-    Linear& qkv = linear(h + "attn.c_attn");
-    Linear& proj = linear(h + "attn.c_proj");
-    Linear& fc = linear(h + "mlp.c_fc");
-    Linear& fc_proj = linear(h + "mlp.c_proj");
-    layernorm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(h + "ln_1.weight"), P(h + "ln_1.bias"), N,
-                   C);
-    const TensorView qkv_out(x.qkv != nullptr ? x.qkv : a.qkv_scratch, qkv_type_, {B, T, 3 * C});
+    Linear& qkv = linear(b.qkv);
+    Linear& proj = linear(b.proj);
+    Linear& fc = linear(b.fc);
+    Linear& fc_proj = linear(b.fc_proj);
+    norm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(b.norm1 + ".weight"), norm_bias(b.norm1), N, C);
+    const TensorView qkv_out(x.qkv != nullptr ? x.qkv : a.qkv_scratch, qkv_type_, {B, T, W});
     backend_.linear_forward(qkv_out, ConstTensorView(x.ln1, qkv.input_type, {N, C}), weight_of(qkv),
-                            qkv.copy.get(), {.bias = p + qkv.bias_offset}, qkv.exec, fp8_input(qkv, true));
+                            qkv.copy.get(), {.bias = bias_of(qkv)}, qkv.exec, fp8_input(qkv, true));
+    if (!gpt2) backend_.rotary_embedding(qkv_out, rotary_table(T), NH + config_.kv(), false);
     const TensorView atty(x.atty, atty_type_, {B, T, C});
-    backend_.attention_forward(atty, x.att_lse, qkv_out, NH);
+    backend_.attention_forward(atty, x.att_lse, qkv_out, attention_heads());
     float* residual2 = x.residual2 != nullptr ? x.residual2 : a.residual2_scratch;
     backend_.linear_forward(TensorView(residual2, {N, C}), atty, weight_of(proj), proj.copy.get(),
-                            {.bias = p + proj.bias_offset, .residual = residual}, proj.exec,
-                            fp8_input(proj, false));
-    layernorm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, residual2, P(h + "ln_2.weight"), P(h + "ln_2.bias"), N,
-                   C);
+                            {.bias = bias_of(proj), .residual = residual}, proj.exec, fp8_input(proj, false));
+    norm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, residual2, P(b.norm2 + ".weight"), norm_bias(b.norm2), N, C);
     void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
-    backend_.linear_forward(TensorView(fch, hidden_type_, {N, 4 * C}),
-                            ConstTensorView(x.ln2, fc.input_type, {N, C}), weight_of(fc), fc.copy.get(),
-                            {.bias = p + fc.bias_offset}, fc.exec, fp8_input(fc, true));
-    round_hidden(fch, N * 4 * C);
-    gelu_into(fc_proj, x.fch_gelu, fch, N, 4 * C);
-    backend_.linear_forward(TensorView(x.residual3, {N, C}),
-                            ConstTensorView(x.fch_gelu, fc_proj.input_type, {N, 4 * C}), weight_of(fc_proj),
-                            fc_proj.copy.get(), {.bias = p + fc_proj.bias_offset, .residual = residual2},
-                            fc_proj.exec, fp8_input(fc_proj, true));
+    backend_.linear_forward(TensorView(fch, hidden_type_, {N, FC}), ConstTensorView(x.ln2, fc.input_type, {N, C}),
+                            weight_of(fc), fc.copy.get(), {.bias = bias_of(fc)}, fc.exec, fp8_input(fc, true));
+    round_hidden(fch, N * FC);
+    activation_into(fc_proj, x.fch_gelu, fch, N, H);
+    backend_.linear_forward(TensorView(x.residual3, {N, C}), ConstTensorView(x.fch_gelu, fc_proj.input_type, {N, H}),
+                            weight_of(fc_proj), fc_proj.copy.get(),
+                            {.bias = bias_of(fc_proj), .residual = residual2}, fc_proj.exec,
+                            fp8_input(fc_proj, true));
     residual = x.residual3;
   }
   Linear& head = linear("lm_head");
-  layernorm_into(head, a.lnf, a.lnf_mean, a.lnf_rstd, residual, P("ln_f.weight"), P("ln_f.bias"), N, C);
+  const std::string lnf = final_norm_name();
+  norm_into(head, a.lnf, a.lnf_mean, a.lnf_rstd, residual, P(lnf + ".weight"), norm_bias(lnf), N, C);
   last_B_ = B;
   last_T_ = T;
   pending_ = Pending::nothing;
   logits_valid_ = false;
 }
 
-void Gpt2::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
+void Decoder::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
   run_forward(tokens, B, T);
   const int64_t N = B * T, Vp = config_.padded_vocab();
   if (!full_logits_) {
@@ -276,7 +376,7 @@ void Gpt2::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
   logits_valid_ = true;
 }
 
-float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss) {
+float Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss) {
   run_forward(tokens, B, T);
   const int64_t N = B * T;
   for (int64_t i = 0; i < N; ++i) {
@@ -292,7 +392,7 @@ float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, in
   return mean_loss(N);
 }
 
-void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) {
+void Decoder::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) {
   const int64_t C = config_.channels, V = config_.vocab_size, Vp = config_.padded_vocab();
   const int64_t rows = head_chunk_rows(N);
   OCTET_CHECK(recompute || rows >= N, "the logits of a single chunk");
@@ -348,7 +448,7 @@ void Gpt2::head_and_loss(int64_t N, float dloss, bool backward, bool recompute) 
   }
 }
 
-float Gpt2::mean_loss(int64_t N) {
+float Decoder::mean_loss(int64_t N) {
   std::vector<float> losses(static_cast<size_t>(N));
   backend_.copy_to_host(losses.data(), acts_->losses, losses.size() * sizeof(float));
   double sum = 0.0;
@@ -356,26 +456,26 @@ float Gpt2::mean_loss(int64_t N) {
   return static_cast<float>(sum / static_cast<double>(N));
 }
 
-ConstTensorView Gpt2::weight_of(const Linear& layer) {
+ConstTensorView Decoder::weight_of(const Linear& layer) {
   return {params() + layer.weight_offset, {layer.plan->out_features, layer.plan->in_features}};
 }
 
-LinearExecution& Gpt2::backward_exec(Linear& layer) {
+LinearExecution& Decoder::backward_exec(Linear& layer) {
   layer.exec.accumulate_weight_gradient = layer.weight_gradient_written;
   layer.weight_gradient_written = true;
   return layer.exec;
 }
 
-Fp8Operand Gpt2::fp8_input(Linear& layer, bool cast_by_producer) {
+Fp8Operand Decoder::fp8_input(Linear& layer, bool cast_by_producer) {
   return {&layer.input_codes, cast_by_producer && layer.exec.forward == GemmMode::fp8};
 }
 
-const Fp8Tensor& Gpt2::kept_input(const Linear& layer) {
+const Fp8Tensor& Decoder::kept_input(const Linear& layer) {
   OCTET_CHECK(layer.input_codes != nullptr, "{}'s FP8 input, kept by its forward", layer.plan->name);
   return *layer.input_codes;
 }
 
-void Gpt2::backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
+void Decoder::backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
                            Dtype dout_type, const void* inp, Dtype inp_type, int64_t N,
                            bool gradient_cast_by_producer) {
   const int64_t OC = layer.plan->out_features, IC = layer.plan->in_features;
@@ -389,7 +489,7 @@ void Gpt2::backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* db
   }
 }
 
-void Gpt2::backward(float dloss_scale) {
+void Decoder::backward(float dloss_scale) {
   OCTET_REQUIRE(pending_ != Pending::nothing, "backward needs a forward with targets first");
   const int64_t B = last_B_, T = last_T_, N = B * T, C = config_.channels, NH = config_.heads;
   if (pending_ == Pending::head_backward_done) {
@@ -415,20 +515,23 @@ void Gpt2::backward(float dloss_scale) {
   Gradients& d = *dacts_;
 
   // d.ln holds d(lnf), from the head's backward. The residual stream's gradient starts at zero.
+  const bool gpt2 = config_.arch == ModelArchitecture::gpt2;
+  const int64_t H = config_.hidden(), FC = activation_inputs(activation_kind()) * H, W = config_.qkv_width();
   const float* last_residual = config_.layers > 0 ? a.layers.back().residual3 : a.encoded;
+  const std::string lnf = final_norm_name();
   backend_.fill_zero(d.residual, N * C);
-  backend_.normalization_backward(Normalization::layernorm, d.residual, G("ln_f.weight"), G("ln_f.bias"),
-                                  ConstTensorView(d.ln, {N, C}), last_residual, P("ln_f.weight"), a.lnf_mean,
+  backend_.normalization_backward(norm_kind(), d.residual, G(lnf + ".weight"), norm_bias_grad(lnf),
+                                  ConstTensorView(d.ln, {N, C}), last_residual, P(lnf + ".weight"), a.lnf_mean,
                                   a.lnf_rstd);
 
   for (int64_t l = config_.layers - 1; l >= 0; --l) {
-    const std::string h = fmt::format("h.{}.", l);
+    const BlockNames b = block_names(l);
     Activations::Layer& x = a.layers[static_cast<size_t>(l)];
     const float* residual = l == 0 ? a.encoded : a.layers[static_cast<size_t>(l - 1)].residual3;
-    Linear& qkv = linear(h + "attn.c_attn");
-    Linear& proj = linear(h + "attn.c_proj");
-    Linear& fc = linear(h + "mlp.c_fc");
-    Linear& fc_proj = linear(h + "mlp.c_proj");
+    Linear& qkv = linear(b.qkv);
+    Linear& proj = linear(b.proj);
+    Linear& fc = linear(b.fc);
+    Linear& fc_proj = linear(b.fc_proj);
     float* dfch_gelu = d.wide_a;
     float* dfch = d.wide_b;
     float* dqkv = d.wide_a;
@@ -437,52 +540,55 @@ void Gpt2::backward(float dloss_scale) {
     // d.residual: d(residual3) = d(fcproj), as residual3 = residual2 + fcproj.
     backward_linear(fc_proj, dfch_gelu, hidden_type_, fc_proj.bias_grad, d.residual, Dtype::f32, x.fch_gelu,
                     fc_proj.input_type, N);
-    round_hidden(dfch_gelu, N * 4 * C);
+    round_hidden(dfch_gelu, N * H);
     const void* fch = x.fch;
-    if (fch ==
-        nullptr) {  // not kept (fp8.recompute_mlp): the forward's GEMM again, from its kept input codes
-      backend_.linear_recompute(TensorView(a.fch_scratch, hidden_type_, {N, 4 * C}), weight_of(fc),
-                                fc.copy.get(), {.bias = p + fc.bias_offset}, fc.exec, kept_input(fc));
-      round_hidden(a.fch_scratch, N * 4 * C);
+    if (fch == nullptr) {  // not kept (fp8.recompute_mlp): the forward's GEMM again, from its kept input codes
+      backend_.linear_recompute(TensorView(a.fch_scratch, hidden_type_, {N, FC}), weight_of(fc), fc.copy.get(),
+                                {.bias = bias_of(fc)}, fc.exec, kept_input(fc));
+      round_hidden(a.fch_scratch, N * FC);
       fch = a.fch_scratch;
     }
-    const Dtype dln2_type = layernorm_gradient_type(fc);
-    gelu_backward_into(fc, dfch, fch, dfch_gelu, N, 4 * C, d.ln, dln2_type, x.ln2);
-    round_layernorm_gradient(fc, dln2_type, d.ln, N * C);
+    const Dtype dln2_type = norm_gradient_type(fc);
+    activation_backward_into(fc, dfch, fch, dfch_gelu, N, H, d.ln, dln2_type, x.ln2);
+    round_norm_gradient(fc, dln2_type, d.ln, N * C);
     const float* residual2 = x.residual2;
-    if (residual2 == nullptr) {  // not kept (fp8.recompute_residual): attn.c_proj's forward and add again
+    if (residual2 == nullptr) {  // not kept (fp8.recompute_residual): the projection's forward and add again
       backend_.linear_recompute(TensorView(a.residual2_scratch, {N, C}), weight_of(proj), proj.copy.get(),
-                                {.bias = p + proj.bias_offset, .residual = residual}, proj.exec,
-                                kept_input(proj));
+                                {.bias = bias_of(proj), .residual = residual}, proj.exec, kept_input(proj));
       residual2 = a.residual2_scratch;
     }
-    backend_.normalization_backward(Normalization::layernorm, d.residual, G(h + "ln_2.weight"),
-                                    G(h + "ln_2.bias"), ConstTensorView(d.ln, dln2_type, {N, C}), residual2,
-                                    P(h + "ln_2.weight"), x.ln2_mean, x.ln2_rstd);
+    backend_.normalization_backward(norm_kind(), d.residual, G(b.norm2 + ".weight"), norm_bias_grad(b.norm2),
+                                    ConstTensorView(d.ln, dln2_type, {N, C}), residual2, P(b.norm2 + ".weight"),
+                                    x.ln2_mean, x.ln2_rstd);
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
     backward_linear(proj, datty, atty_type_, proj.bias_grad, d.residual, Dtype::f32, x.atty, atty_type_, N);
     const void* qkv_in = x.qkv;
-    if (qkv_in == nullptr) {  // not kept (fp8.recompute_qkv): attn.c_attn's forward GEMM again
-      backend_.linear_recompute(TensorView(a.qkv_scratch, qkv_type_, {N, 3 * C}), weight_of(qkv),
-                                qkv.copy.get(), {.bias = p + qkv.bias_offset}, qkv.exec, kept_input(qkv));
+    if (qkv_in == nullptr) {  // not kept (fp8.recompute_qkv): the projection's forward GEMM again
+      const TensorView again(a.qkv_scratch, qkv_type_, {B, T, W});
+      backend_.linear_recompute(again, weight_of(qkv), qkv.copy.get(), {.bias = bias_of(qkv)}, qkv.exec,
+                                kept_input(qkv));
+      if (!gpt2) backend_.rotary_embedding(again, rotary_table(T), NH + config_.kv(), false);
       qkv_in = a.qkv_scratch;
     }
-    backend_.attention_backward(TensorView(dqkv, atty_type_, {B, T, 3 * C}),
-                                ConstTensorView(datty, atty_type_, {B, T, C}),
-                                ConstTensorView(qkv_in, qkv_type_, {B, T, 3 * C}),
-                                ConstTensorView(x.atty, atty_type_, {B, T, C}), x.att_lse, NH);
-    const Dtype dln1_type = layernorm_gradient_type(qkv);
+    const TensorView dqkv_view(dqkv, atty_type_, {B, T, W});
+    backend_.attention_backward(dqkv_view, ConstTensorView(datty, atty_type_, {B, T, C}),
+                                ConstTensorView(qkv_in, qkv_type_, {B, T, W}),
+                                ConstTensorView(x.atty, atty_type_, {B, T, C}), x.att_lse, attention_heads());
+    // The rotary embedding's backward: the gradient of q and k rotated back.
+    if (!gpt2) backend_.rotary_embedding(dqkv_view, rotary_table(T), NH + config_.kv(), true);
+    const Dtype dln1_type = norm_gradient_type(qkv);
     backward_linear(qkv, d.ln, dln1_type, qkv.bias_grad, dqkv, atty_type_, x.ln1, qkv.input_type, N);
-    round_layernorm_gradient(qkv, dln1_type, d.ln, N * C);
-    backend_.normalization_backward(Normalization::layernorm, d.residual, G(h + "ln_1.weight"),
-                                    G(h + "ln_1.bias"), ConstTensorView(d.ln, dln1_type, {N, C}), residual,
-                                    P(h + "ln_1.weight"), x.ln1_mean, x.ln1_rstd);
+    round_norm_gradient(qkv, dln1_type, d.ln, N * C);
+    backend_.normalization_backward(norm_kind(), d.residual, G(b.norm1 + ".weight"), norm_bias_grad(b.norm1),
+                                    ConstTensorView(d.ln, dln1_type, {N, C}), residual, P(b.norm1 + ".weight"),
+                                    x.ln1_mean, x.ln1_rstd);
   }
-  backend_.embedding_backward(TensorView(G("wte"), {config_.padded_vocab(), C}), TensorView(G("wpe"), {T, C}),
+  backend_.embedding_backward(TensorView(G(embedding_name()), {config_.padded_vocab(), C}),
+                              gpt2 ? TensorView(G("wpe"), {T, C}) : TensorView(),
                               ConstTensorView(d.residual, {B, T, C}), tokens_->ints());
 }
 
-void Gpt2::set_scaling_updates(bool on) {
+void Decoder::set_scaling_updates(bool on) {
   // Evaluation casts leave the telemetry alone too: it describes what training does.
   for (auto& l : linears_) {
     l->exec.update_scaling = on;
@@ -490,13 +596,13 @@ void Gpt2::set_scaling_updates(bool on) {
   }
 }
 
-const float* Gpt2::logits() const {
+const float* Decoder::logits() const {
   OCTET_REQUIRE(logits_valid_,
                 "logits() holds the logits of forward_logits only (a forward with targets keeps "
                 "none of them)");
   return full_logits_->floats();
 }
-const float* Gpt2::losses() const {
+const float* Decoder::losses() const {
   return acts_->losses;
 }
 

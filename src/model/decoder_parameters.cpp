@@ -1,7 +1,7 @@
-// GPT-2's parameter plan: every parameter's name, shape and place in the one parameter buffer, the
+// The decoder's parameter plan: every parameter's name, shape and place in the one parameter buffer, the
 // initialisation, where each gradient lives (float32, or bf16 for weight gradients kept so) and the linear
 // layers' weight copies that the GEMMs read.
-#include "octet/model/gpt2.h"
+#include "octet/model/decoder.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,14 +9,14 @@
 
 #include <fmt/format.h>
 
-#include "gpt2_internal.h"
+#include "decoder_internal.h"
 #include "octet/check.h"
 #include "octet/numerics/format.h"
 #include "octet/numerics/random.h"
 
 namespace octet {
 
-using gpt2_detail::ends_with;
+using decoder_detail::ends_with;
 
 namespace {
 
@@ -29,8 +29,21 @@ float normal_at(const CounterRng& rng, uint64_t index) {
 
 }  // namespace
 
-void Gpt2::build_parameters() {
-  const int64_t C = config_.channels, Vp = config_.padded_vocab(), L = config_.layers;
+LinearRole role_of(std::string_view layer) {
+  if (layer == "lm_head") return LinearRole::head;
+  for (const auto& [suffix, role] :
+       {std::pair{"attn.c_attn", LinearRole::qkv}, std::pair{"attn.c_proj", LinearRole::proj},
+        std::pair{"mlp.c_fc", LinearRole::fc}, std::pair{"mlp.c_proj", LinearRole::fc_proj},
+        std::pair{"self_attn.qkv_proj", LinearRole::qkv}, std::pair{"self_attn.o_proj", LinearRole::proj},
+        std::pair{"mlp.gate_up_proj", LinearRole::fc}, std::pair{"mlp.down_proj", LinearRole::fc_proj}}) {
+    if (ends_with(layer, suffix)) return role;
+  }
+  OCTET_CHECK(false, "a linear layer of a known kind, got {}", layer);
+  return LinearRole::head;
+}
+
+void Decoder::build_parameters() {
+  const int64_t C = config_.channels, Vp = config_.padded_vocab(), L = config_.layers, H = config_.hidden();
   auto add = [&](std::string name, std::vector<int64_t> shape) {
     ParameterInfo p;
     p.name = std::move(name);
@@ -42,37 +55,65 @@ void Gpt2::build_parameters() {
     parameter_count_ += p.count;
     parameters_.push_back(std::move(p));
   };
-  add("wte", {Vp, C});
-  add("wpe", {config_.max_seq_len, C});
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string h = fmt::format("h.{}.", l);
-    add(h + "ln_1.weight", {C});
-    add(h + "ln_1.bias", {C});
-    add(h + "attn.c_attn.weight", {3 * C, C});
-    add(h + "attn.c_attn.bias", {3 * C});
-    add(h + "attn.c_proj.weight", {C, C});
-    add(h + "attn.c_proj.bias", {C});
-    add(h + "ln_2.weight", {C});
-    add(h + "ln_2.bias", {C});
-    add(h + "mlp.c_fc.weight", {4 * C, C});
-    add(h + "mlp.c_fc.bias", {4 * C});
-    add(h + "mlp.c_proj.weight", {C, 4 * C});
-    add(h + "mlp.c_proj.bias", {C});
+  if (config_.arch == ModelArchitecture::gpt2) {
+    add("wte", {Vp, C});
+    add("wpe", {config_.max_seq_len, C});
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string h = fmt::format("h.{}.", l);
+      add(h + "ln_1.weight", {C});
+      add(h + "ln_1.bias", {C});
+      add(h + "attn.c_attn.weight", {3 * C, C});
+      add(h + "attn.c_attn.bias", {3 * C});
+      add(h + "attn.c_proj.weight", {C, C});
+      add(h + "attn.c_proj.bias", {C});
+      add(h + "ln_2.weight", {C});
+      add(h + "ln_2.bias", {C});
+      add(h + "mlp.c_fc.weight", {H, C});
+      add(h + "mlp.c_fc.bias", {H});
+      add(h + "mlp.c_proj.weight", {C, H});
+      add(h + "mlp.c_proj.bias", {C});
+    }
+    add("ln_f.weight", {C});
+    add("ln_f.bias", {C});
+  } else {
+    // Hugging Face's LlamaForCausalLM names without "model.". q, k and v lie one after another, as do gate
+    // and up: the fused layers' weights (qkv_proj, gate_up_proj) are those runs.
+    const int64_t kv_C = config_.kv() * config_.head_size();
+    add("embed_tokens.weight", {Vp, C});
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string h = fmt::format("layers.{}.", l);
+      add(h + "input_layernorm.weight", {C});
+      add(h + "self_attn.q_proj.weight", {C, C});
+      add(h + "self_attn.k_proj.weight", {kv_C, C});
+      add(h + "self_attn.v_proj.weight", {kv_C, C});
+      add(h + "self_attn.o_proj.weight", {C, C});
+      add(h + "post_attention_layernorm.weight", {C});
+      add(h + "mlp.gate_proj.weight", {H, C});
+      add(h + "mlp.up_proj.weight", {H, C});
+      add(h + "mlp.down_proj.weight", {C, H});
+    }
+    add("norm.weight", {C});
+    if (!config_.tied_head()) add("lm_head.weight", {Vp, C});
   }
-  add("ln_f.weight", {C});
-  add("ln_f.bias", {C});
   params_ = backend_.allocate(static_cast<size_t>(parameter_count_) * sizeof(float));
 
   for (const LinearPlan& plan : policy_.layers()) {
     auto linear = std::make_unique<Linear>();
     linear->plan = &plan;
-    if (plan.name == "lm_head") {
-      linear->weight_offset = parameter("wte").offset;  // tied to the token embedding
-      linear->weight_count = parameter("wte").count;
-      linear->bias_offset = -1;
-    } else {
-      linear->weight_offset = parameter(plan.name + ".weight").offset;
-      linear->weight_count = parameter(plan.name + ".weight").count;
+    linear->role = role_of(plan.name);
+    // The first parameter of the layer's weight (a fused layer's weight spans several) and its bias.
+    std::string first = plan.name + ".weight";
+    if (linear->role == LinearRole::head) {
+      first = config_.tied_head() ? embedding_name() : "lm_head.weight";
+    } else if (config_.arch == ModelArchitecture::llama) {
+      const std::string prefix = plan.name.substr(0, plan.name.rfind('.') + 1);
+      if (linear->role == LinearRole::qkv) first = prefix + "q_proj.weight";
+      if (linear->role == LinearRole::fc) first = prefix + "gate_proj.weight";
+    }
+    linear->weight_offset = parameter(first).offset;
+    linear->weight_count = plan.out_features * plan.in_features;
+    linear->bias_offset = -1;
+    if (config_.arch == ModelArchitecture::gpt2 && linear->role != LinearRole::head) {
       linear->bias_offset = parameter(plan.name + ".bias").offset;
     }
     LinearExecution& e = linear->exec;
@@ -91,16 +132,15 @@ void Gpt2::build_parameters() {
     // fp8.recompute_mlp, _qkv and _residual: the backward runs this forward GEMM again on its kept input
     // codes.
     const PrecisionSettings& settings = policy_.settings();
-    const bool recomputed = (settings.recompute_mlp && ends_with(plan.name, ".mlp.c_fc")) ||
-                            (settings.recompute_qkv && ends_with(plan.name, ".attn.c_attn")) ||
-                            (settings.recompute_residual && ends_with(plan.name, ".attn.c_proj"));
+    const LinearRole role = linear->role;
+    const bool recomputed = (settings.recompute_mlp && role == LinearRole::fc) ||
+                            (settings.recompute_qkv && role == LinearRole::qkv) ||
+                            (settings.recompute_residual && role == LinearRole::proj);
     e.keep_input_codes = recomputed && input_cast_suffices(e);
     e.transpose_weight_per_use = settings.recompute_weight_transposes && e.input_gradient == GemmMode::fp8 &&
                                  e.recipe != nullptr &&
                                  e.recipe->granularity(TensorRole::weight) == ScaleGranularity::per_tensor;
-    const bool fed_by_norm_or_gelu = ends_with(plan.name, "attn.c_attn") ||
-                                     ends_with(plan.name, "mlp.c_fc") || ends_with(plan.name, "mlp.c_proj") ||
-                                     plan.name == "lm_head";
+    const bool fed_by_norm_or_gelu = role != LinearRole::proj;
     if (fed_by_norm_or_gelu && e.forward == GemmMode::bf16 && e.weight_gradient == GemmMode::bf16) {
       linear->input_type = backend_.storage_type({StorageRole::rounded_activation});
     }
@@ -113,7 +153,7 @@ void Gpt2::build_parameters() {
   plan_parameter_gradients();
 }
 
-void Gpt2::plan_parameter_gradients() {
+void Decoder::plan_parameter_gradients() {
   // Which weight gradients are kept rounded to bf16, and how the backend stores them.
   const bool bf16_weights = policy_.settings().bf16_weight_gradients;
   for (const auto& l : linears_) {
@@ -125,21 +165,29 @@ void Gpt2::plan_parameter_gradients() {
     OCTET_CHECK(type == Dtype::f32 || type == Dtype::bf16, "weight gradients in f32 or bf16, got {}",
                 dtype_name(type));
     l->round_weight_gradient = type == Dtype::f32;
-    auto it = std::find_if(parameters_.begin(), parameters_.end(),
-                           [&](const ParameterInfo& p) { return p.offset == l->weight_offset; });
-    OCTET_CHECK(it != parameters_.end(), "the weight of {} is a parameter", l->plan->name);
-    it->grad_type = type;
+    for (ParameterInfo& p : parameters_) {
+      if (p.offset >= l->weight_offset && p.offset < l->weight_offset + l->weight_count) p.grad_type = type;
+    }
   }
-  // The float32 gradients in the parameters' order, the bf16 ones in theirs (16-byte aligned slices).
+  // The float32 gradients in the parameters' order, the bf16 ones in theirs: 16-byte aligned slices, one
+  // per layer's weight (a fused layer's parameters one after another in it, as in params()).
+  auto continues_fused_weight = [&](const ParameterInfo& p) {
+    for (const auto& l : linears_) {
+      if (p.offset > l->weight_offset && p.offset < l->weight_offset + l->weight_count) return true;
+    }
+    return false;
+  };
   for (ParameterInfo& p : parameters_) {
     if (p.grad_type == Dtype::f32) {
       p.grad_offset = grad_f32_count_;
       grad_f32_count_ += p.count;
     } else {
+      if (!continues_fused_weight(p)) grad_bf16_count_ = (grad_bf16_count_ + 7) / 8 * 8;
       p.grad_offset = grad_bf16_count_;
-      grad_bf16_count_ += (p.count + 7) / 8 * 8;
+      grad_bf16_count_ += p.count;
     }
   }
+  grad_bf16_count_ = (grad_bf16_count_ + 7) / 8 * 8;
   grads_ = backend_.allocate(static_cast<size_t>(grad_f32_count_) * sizeof(float));
   if (grad_bf16_count_ > 0) {
     grads_bf16_ = backend_.allocate(static_cast<size_t>(grad_bf16_count_) * sizeof(uint16_t));
@@ -177,7 +225,7 @@ void Gpt2::plan_parameter_gradients() {
   if (grad_f32_count_ > at) zeroed_by_zero_grad_.push_back({at, grad_f32_count_ - at});
 }
 
-const ParameterInfo& Gpt2::parameter(std::string_view name) const {
+const ParameterInfo& Decoder::parameter(std::string_view name) const {
   for (const ParameterInfo& p : parameters_) {
     if (p.name == name) return p;
   }
@@ -185,14 +233,17 @@ const ParameterInfo& Gpt2::parameter(std::string_view name) const {
   return parameters_.front();
 }
 
-int64_t Gpt2::flop_parameter_count() const {
-  return parameter_count_ - parameter("wpe").count;
+int64_t Decoder::flop_parameter_count() const {
+  if (config_.arch == ModelArchitecture::gpt2) return parameter_count_ - parameter("wpe").count;
+  return parameter_count_ - (config_.tied_head() ? 0 : parameter(embedding_name()).count);
 }
 
-void Gpt2::init_weights(uint64_t seed) {
+void Decoder::init_weights(uint64_t seed) {
   std::vector<float> host(static_cast<size_t>(parameter_count_), 0.0f);
   const CounterRng rng(seed);
-  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.layers));
+  const float residual_std = config_.arch == ModelArchitecture::gpt2
+                                 ? 0.02f / std::sqrt(2.0f * static_cast<float>(config_.layers))
+                                 : 0.02f;
   for (const ParameterInfo& p : parameters_) {
     float* out = host.data() + p.offset;
     if (p.shape.size() == 2) {
@@ -200,7 +251,10 @@ void Gpt2::init_weights(uint64_t seed) {
                             ? residual_std
                             : 0.02f;
       int64_t count = p.count;
-      if (p.name == "wte") count = config_.vocab_size * config_.channels;  // padded rows stay zero
+      if (p.shape[0] == config_.padded_vocab() && p.shape[1] == config_.channels &&
+          (p.name == embedding_name() || p.name == "lm_head.weight")) {
+        count = config_.vocab_size * config_.channels;  // padded rows stay zero
+      }
       for (int64_t i = 0; i < count; ++i) out[i] = std * normal_at(rng, static_cast<uint64_t>(p.offset + i));
     } else if (ends_with(p.name, ".weight")) {
       for (int64_t i = 0; i < p.count; ++i) out[i] = 1.0f;  // LayerNorm gain
@@ -210,13 +264,13 @@ void Gpt2::init_weights(uint64_t seed) {
   refresh_weight_copies();
 }
 
-void Gpt2::refresh_weight_copies() {
+void Decoder::refresh_weight_copies() {
   for (const WeightCopySlot& slot : weight_copy_slots()) {
     backend_.prepare_weight(*slot.copy, params() + slot.offset, slot.rows, slot.cols, *slot.exec);
   }
 }
 
-std::vector<Gpt2::WeightCopySlot> Gpt2::weight_copy_slots() {
+std::vector<Decoder::WeightCopySlot> Decoder::weight_copy_slots() {
   std::vector<WeightCopySlot> slots;
   for (auto& l : linears_) {
     const LinearPlan& plan = *l->plan;
@@ -229,12 +283,12 @@ std::vector<Gpt2::WeightCopySlot> Gpt2::weight_copy_slots() {
   return slots;
 }
 
-void Gpt2::zero_grad() {
+void Decoder::zero_grad() {
   backend_.fill_zero_ranges(grads_->floats(), zeroed_by_zero_grad_);
   for (const auto& l : linears_) l->weight_gradient_written = false;
 }
 
-float* Gpt2::grads() {
+float* Decoder::grads() {
   for (const auto& l : linears_) {
     if (l->weight_gradient_written) continue;
     // A bf16 gradient's slice is whole 16-byte words (plan_parameter_gradients).
@@ -245,17 +299,17 @@ float* Gpt2::grads() {
   return grads_->floats();
 }
 
-const void* Gpt2::grads_bf16() {
+const void* Decoder::grads_bf16() {
   grads();
   return grads_bf16_ ? grads_bf16_->data() : nullptr;
 }
 
-const void* Gpt2::gradient(const ParameterInfo& p) {
+const void* Decoder::gradient(const ParameterInfo& p) {
   if (p.grad_type == Dtype::f32) return grads() + p.grad_offset;
   return static_cast<const uint16_t*>(grads_bf16()) + p.grad_offset;
 }
 
-double Gpt2::gradient_sum_of_squares() {
+double Decoder::gradient_sum_of_squares() {
   double sum = backend_.sum_of_squares(ConstTensorView(grads(), {grad_f32_count_}));
   // The bf16 slices' padding stays zero: buffers start zero-filled, and nothing writes past a gradient.
   if (grads_bf16_)
@@ -263,7 +317,7 @@ double Gpt2::gradient_sum_of_squares() {
   return sum;
 }
 
-bool Gpt2::gradient_finite(const ParameterInfo& p) {
+bool Decoder::gradient_finite(const ParameterInfo& p) {
   if (p.grad_type == Dtype::f32) return backend_.all_finite(grads() + p.grad_offset, p.count);
   // A float64 sum of float32 squares is finite exactly when every value is.
   return std::isfinite(backend_.sum_of_squares(ConstTensorView(gradient(p), p.grad_type, {p.count})));

@@ -1,8 +1,11 @@
-// GPT-2, written once against the backend interface: forward and backward by hand (no autograd), parameters
-// in one contiguous buffer, their gradients in one per storage type (float32, and bf16 for weight gradients
-// kept so), activations in one planned buffer sized for the largest micro-batch, and a few gradient buffers
-// that every layer's backward reuses. The LM head is tied to the
-// token embedding; training and evaluation run it and the loss in row chunks, never holding all logits.
+// A decoder-only transformer, GPT-2 or Llama (model.arch), written once against the backend interface:
+// forward and backward by hand (no autograd), parameters in one contiguous buffer, their gradients in one per
+// storage type (float32, and bf16 for weight gradients kept so), activations in one planned buffer sized for
+// the largest micro-batch, and a few gradient buffers that every layer's backward reuses. The block is the
+// same pre-norm block in both; the architecture picks the kinds of its ops: LayerNorm or RMSNorm, learned
+// positions or the rotary embedding, multi-head or grouped-query attention, GELU or SwiGLU, biases or none,
+// a head tied to the token embedding or its own. Training and evaluation run the head and the loss in row
+// chunks, never holding all logits.
 #pragma once
 
 #include <cstdint>
@@ -18,17 +21,20 @@
 
 namespace octet {
 
-class Gpt2 final : public Model {
+// What a linear layer is in the block (decoder_internal.h).
+enum class LinearRole : uint8_t;
+
+class Decoder final : public Model {
  public:
   // max_batch and max_seq_len size the activation plan; forward accepts any B <= max_batch, T <= max_seq_len.
-  Gpt2(const Gpt2Config& config, Backend& backend, PrecisionPolicy policy, int64_t max_batch,
-       int64_t max_seq_len);
-  ~Gpt2() override;
-  Gpt2(const Gpt2&) = delete;
-  Gpt2& operator=(const Gpt2&) = delete;
+  Decoder(const ModelConfig& config, Backend& backend, PrecisionPolicy policy, int64_t max_batch,
+          int64_t max_seq_len);
+  ~Decoder() override;
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
 
-  const Gpt2Config& config() const { return config_; }
-  std::string_view architecture() const override { return "gpt2"; }
+  const ModelConfig& config() const { return config_; }
+  std::string_view architecture() const override { return architecture_name(config_.arch); }
   std::string describe() const override { return config_.describe(); }
   const PrecisionPolicy& policy() const override { return policy_; }
   Backend& backend() override { return backend_; }
@@ -37,13 +43,14 @@ class Gpt2 final : public Model {
   int64_t max_seq_len() const override { return config_.max_seq_len; }
 
   // GPT-2 initialisation: weights normal(0, 0.02), residual projections normal(0, 0.02 / sqrt(2 L)), biases
-  // zero, LayerNorm weight one; deterministic from the seed. Padded vocabulary rows are zero.
+  // zero, LayerNorm weight one. Llama's (Hugging Face's LlamaPreTrainedModel): every matrix normal(0, 0.02),
+  // RMSNorm weight one. Deterministic from the seed; padded vocabulary rows are zero.
   void init_weights(uint64_t seed) override;
 
   const std::vector<ParameterInfo>& parameters() const override { return parameters_; }
   const ParameterInfo& parameter(std::string_view name) const override;
   int64_t parameter_count() const override { return parameter_count_; }
-  // Every parameter but wpe, the learned position embedding.
+  // Every parameter but GPT-2's wpe, the learned position embedding, and an untied head's token embedding.
   int64_t flop_parameter_count() const override;
   float* params() override { return params_->floats(); }
   // The float32 gradients, each at its parameter's grad_offset. A linear layer's weight gradient that no
@@ -116,21 +123,42 @@ class Gpt2 final : public Model {
   std::string memory_line() override;
   std::vector<FusionRecord> fusions() const override;
 
-  // Hugging Face GPT-2's names and layout (gpt2_hf.cpp): "transformer." before every name ("wte" and
+  // Hugging Face's names and layout. GPT-2 (gpt2_hf.cpp): "transformer." before every name ("wte" and
   // "wpe" become "transformer.wte.weight" and "transformer.wpe.weight"), wte cut to the V real vocabulary
   // rows, and the blocks' linear weights (Conv1D in transformers) stored [in_features, out_features], the
-  // transpose of octet's.
+  // transpose of octet's. Llama (llama_hf.cpp): octet's names are LlamaForCausalLM's without "model.",
+  // embed_tokens and lm_head cut to the V real rows, every weight in octet's layout.
   std::string hf_name(const ParameterInfo& p) const override;
   std::vector<int64_t> hf_shape(const ParameterInfo& p) const override;
   std::vector<float> to_hf(const ParameterInfo& p, std::span<const float> params) const override;
   void from_hf(const ParameterInfo& p, std::span<const float> hf, std::span<float> params) const override;
-  // n_layer, n_head, n_embd, vocab_size, padded_vocab_size and n_positions.
+  // GPT-2: n_layer, n_head, n_embd, vocab_size, padded_vocab_size and n_positions. Llama: LlamaConfig's
+  // names (num_hidden_layers, hidden_size, ...) and padded_vocab_size.
   std::string model_json() const override;
 
  private:
   struct Activations;
   struct Gradients;
   struct Linear;
+  struct BlockNames;
+  BlockNames block_names(int64_t l) const;
+  // Parameter names: the token embedding ("wte", "embed_tokens.weight") and the final normalization's
+  // ("ln_f", "norm"; NAME.weight, NAME.bias).
+  std::string embedding_name() const;
+  // Whether p holds a row per token of the padded vocabulary (the token embedding, an untied head).
+  bool vocabulary_rows(const ParameterInfo& p) const;
+  std::string final_norm_name() const;
+  // The normalization's kind and its parameters: bias null for RMSNorm.
+  Normalization norm_kind() const;
+  const float* norm_bias(const std::string& norm);
+  float* norm_bias_grad(const std::string& norm);
+  Activation activation_kind() const;
+  // The linear layer's bias in params() (null: none).
+  const float* bias_of(const Linear& layer);
+  // Llama: the rotary table [max_seq_len, hs] (cos, then sin), made once.
+  void build_rotary_table();
+  ConstTensorView rotary_table(int64_t T) const;
+  AttentionHeads attention_heads() const { return {config_.heads, config_.kv()}; }
   // What the last forward left for backward.
   enum class Pending : uint8_t { nothing, loss, head_backward_done };
   void build_parameters();
@@ -141,8 +169,8 @@ class Gpt2 final : public Model {
   // Whether the output of linear layer `layer` is recomputed in the backward (fp8.recompute_mlp, _qkv,
   // _residual) rather than kept; keep_output_of allocates it once that layer moves to BF16.
   bool recomputes(std::string_view layer);
-  // How many blocks recompute the output of their `kind` layer ("mlp.c_fc", "attn.c_attn", "attn.c_proj").
-  int64_t recomputed_layers(std::string_view kind);
+  // How many blocks recompute the output of their layer of `role` (fc, qkv, proj).
+  int64_t recomputed_layers(LinearRole role);
   void keep_output_of(std::string_view layer);
   // (Re)allocates the gradient buffers (Gradients) for the gradients that the layers' precision modes
   // write; run again when a layer moves to BF16.
@@ -166,7 +194,7 @@ class Gpt2 final : public Model {
   // rounded to bf16 in place afterwards where the model keeps it rounded but the backend stores it in
   // float32.
   // With gradient_cast_by_producer, the layer's output-gradient cast is in gradient_codes_ already
-  // (gelu_backward_into).
+  // (activation_backward_into).
   void backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
                        Dtype dout_type, const void* inp, Dtype inp_type, int64_t N,
                        bool gradient_cast_by_producer = false);
@@ -176,33 +204,35 @@ class Gpt2 final : public Model {
   static const Fp8Tensor& kept_input(const Linear& layer);
   // Sets every parameter's grad_offset and grad_type, and allocates the two gradient buffers.
   void plan_parameter_gradients();
-  // LayerNorm and GELU feeding the linear layer `next`: where `next` runs its forward GEMM in FP8, the op
-  // casts its output for it in the same pass, and leaves `out` unwritten when that cast is all `next` reads.
-  // `out` is stored as next's input_type.
-  void layernorm_into(Linear& next, void* out, float* mean, float* rstd, const float* inp,
-                      const float* weight, const float* bias, int64_t N, int64_t C);
-  // GELU's input is the MLP's hidden activation, stored as hidden_type_.
-  void gelu_into(Linear& next, void* out, const void* inp, int64_t N, int64_t C);
-  // GELU's backward dinp = dout * gelu'(inp), the output gradient of the linear layer `next`, then next's
-  // backward (its input gradient into next_dinp; next_inp is its forward input). Where next casts that
-  // gradient to FP8, GELU's backward casts it for next and adds next's bias gradient in the same pass, and
-  // leaves dinp unwritten when that cast is all next reads.
-  // inp and dout are stored as hidden_type_, next_inp as next's input_type.
-  void gelu_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N, int64_t C,
-                          float* next_dinp, Dtype next_dinp_type, const void* next_inp);
-  // How a block layer fed by LayerNorm (attn.c_attn, mlp.c_fc) stores its input gradient, which LayerNorm's
+  // The normalization (LayerNorm, RMSNorm: norm_kind; mean and bias null for RMSNorm) and the activation
+  // feeding the linear layer `next`: where `next` runs its forward GEMM in FP8, the op casts its output for it
+  // in the same pass, and leaves `out` unwritten when that cast is all `next` reads. `out` is stored as
+  // next's input_type.
+  void norm_into(Linear& next, void* out, float* mean, float* rstd, const float* inp, const float* weight,
+                 const float* bias, int64_t N, int64_t C);
+  // The activation (GELU, SwiGLU) of inp [N, k H], the MLP's hidden activation stored as hidden_type_, into
+  // out [N, H].
+  void activation_into(Linear& next, void* out, const void* inp, int64_t N, int64_t H);
+  // The activation's backward dinp [N, k H] = dout [N, H] * activation'(inp), the output gradient of the
+  // linear layer `next` (the MLP's up projection), then next's backward (its input gradient into next_dinp;
+  // next_inp is its forward input). Where next casts that gradient to FP8, the activation's backward casts it
+  // for next and adds next's bias gradient in the same pass, and leaves dinp unwritten when that cast is all
+  // next reads. inp and dout are stored as hidden_type_, next_inp as next's input_type.
+  void activation_backward_into(Linear& next, float* dinp, const void* inp, const void* dout, int64_t N,
+                                int64_t H, float* next_dinp, Dtype next_dinp_type, const void* next_inp);
+  // How a block layer fed by a normalization (qkv, fc) stores its input gradient, which the normalization's
   // backward reads: rounded to bf16 where its input-gradient GEMM is BF16 or FP8, as PyTorch autocast and
   // Transformer Engine return a BF16 layer's input gradient (Backend::storage_type, the model rounding
   // in place where that is f32); float32 otherwise.
-  Dtype layernorm_gradient_type(const Linear& consumer) const;
+  Dtype norm_gradient_type(const Linear& consumer) const;
   // The input gradient of `consumer` just written as `type`: rounded in place where consumer's input-gradient
   // GEMM rounds it but the backend stores it in float32.
-  void round_layernorm_gradient(const Linear& consumer, Dtype type, float* dinp, int64_t n);
+  void round_norm_gradient(const Linear& consumer, Dtype type, float* dinp, int64_t n);
   // x [n], a hidden tensor just written in float32 by a backend that stores them so: rounded to bf16 in
   // place where the model rounds them (hidden_in_bf16_); a no-op otherwise.
   void round_hidden(void* x, int64_t n);
 
-  Gpt2Config config_;
+  ModelConfig config_;
   Backend& backend_;
   PrecisionPolicy policy_;
   int64_t max_batch_;
@@ -224,6 +254,7 @@ class Gpt2 final : public Model {
   // The FP8 cast of the output gradient that each FP8 layer's backward reads, one for all layers in turn.
   std::unique_ptr<Fp8Tensor> gradient_codes_;
   std::unique_ptr<Buffer> tokens_;
+  std::unique_ptr<Buffer> rotary_table_;  // Llama only
   std::unique_ptr<Activations> acts_;
   Dtype qkv_type_ =
       Dtype::f32;  // how acts_ stores attention's input (Backend::storage_type, StorageRole::attention_input)

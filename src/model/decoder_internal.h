@@ -1,14 +1,21 @@
-// GPT-2's internal types, shared by its source files: the activation and gradient plans (pointers into one
-// buffer each) and the linear layers with their execution state. gpt2.cpp is the block (forward and
-// backward), gpt2_parameters.cpp the parameter plan (names, shapes, initialisation, gradients and weight
-// copies), gpt2_activations.cpp the activation plan (what is kept for the backward, what is recomputed).
+// The decoder's internal types, shared by its source files: the activation and gradient plans (pointers into
+// one buffer each), the linear layers with their execution state, and the names of a block's layers and
+// parameters in each architecture. decoder.cpp is the block (forward and backward), decoder_parameters.cpp
+// the parameter plan (names, shapes, initialisation, gradients and weight copies), decoder_activations.cpp
+// the activation plan (what is kept for the backward, what is recomputed).
+//
+// The block's tensors keep GPT-2's names whatever the architecture: ln1 and ln2 are the two normalizations'
+// outputs (Llama's input_layernorm and post_attention_layernorm), qkv the attention projection's output
+// (after the rotary embedding, in Llama), atty attention's output, fch the MLP's up projection's output
+// ([N, k H], k = activation_inputs: GPT-2's c_fc, Llama's gate and up) and fch_gelu the activation's output
+// ([N, H]: GELU's, SwiGLU's), H the MLP's hidden width.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string_view>
 
-#include "octet/model/gpt2.h"
+#include "octet/model/decoder.h"
 
 namespace octet {
 
@@ -17,12 +24,12 @@ namespace octet {
 // layer (ln1, ln2, fch_gelu, lnf) is stored as that layer's input_type, and is null while its FP8 cast is
 // all the layer reads (input_cast_suffices); keep_input_of allocates it, in float32, when the layer moves
 // to BF16.
-struct Gpt2::Activations {
+struct Decoder::Activations {
   struct Layer {
     void* ln1 = nullptr;        // [N, C]
-    float* ln1_mean = nullptr;  // [N]
+    float* ln1_mean = nullptr;  // [N]; null for RMSNorm
     float* ln1_rstd = nullptr;  // [N]
-    void* qkv = nullptr;   // [N, 3C] in qkv_type_ (Backend::storage_type, StorageRole::attention_input); null
+    void* qkv = nullptr;   // [N, qkv width] in qkv_type_ (Backend::storage_type, StorageRole::attention_input); null
                            // where the backward recomputes it (fp8.recompute_qkv)
     void* atty = nullptr;  // [N, C] in atty_type_ (Backend::storage_type, StorageRole::attention_output)
     float* att_lse = nullptr;    // [N, NH]
@@ -30,14 +37,14 @@ struct Gpt2::Activations {
     void* ln2 = nullptr;
     float* ln2_mean = nullptr;
     float* ln2_rstd = nullptr;
-    void* fch = nullptr;       // [N, 4C] in hidden_type_; null where the backward recomputes it
+    void* fch = nullptr;       // [N, k H] in hidden_type_; null where the backward recomputes it
                                // (fp8.recompute_mlp)
-    void* fch_gelu = nullptr;  // [N, 4C]
+    void* fch_gelu = nullptr;  // [N, H]
     float* residual3 = nullptr;
   };
   float* encoded = nullptr;
   std::vector<Layer> layers;
-  // [N, 4C] in hidden_type_: the mlp.c_fc output of a layer that does not keep it (fp8.recompute_mlp), from
+  // [N, k H] in hidden_type_: the mlp.c_fc output of a layer that does not keep it (fp8.recompute_mlp), from
   // its GEMM to the GELU that reads it, in the forward and again in the backward. One buffer for every such
   // layer.
   void* fch_scratch = nullptr;
@@ -58,28 +65,46 @@ struct Gpt2::Activations {
 // residual holds d(residual3), which mlp.c_proj reads; ln_2's backward adds into it, making it d(residual2),
 // which attn.c_proj reads; ln_1's backward adds into it, making it d(residual3) of layer l-1 (d(encoded)
 // after layer 0). The others hold one gradient each between its producer and its consumer:
-//   wide_a [N, 4C]: d(fch_gelu) (mlp.c_proj -> GELU, in hidden_type_), then d(qkv) (attention ->
+//   wide_a [N, max(H, qkv width)]: d(fch_gelu) (mlp.c_proj -> GELU, in hidden_type_), then d(qkv) (attention ->
 //                   attn.c_attn, in atty_type_)
-//   wide_b [N, 4C]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention, in atty_type_);
+//   wide_b [N, max(k H, C)]: d(fch) (GELU -> mlp.c_fc), then d(atty) (attn.c_proj -> attention, in atty_type_);
 //                   [N, C] while d(fch) is not written, its FP8 cast being all that every mlp.c_fc reads
 //                   (gradient_cast_suffices)
 //   ln     [N, C]:  d(lnf) (lm_head -> ln_f), d(ln2) (mlp.c_fc -> ln_2), d(ln1) (attn.c_attn -> ln_1)
-struct Gpt2::Gradients {
+struct Decoder::Gradients {
   float* residual = nullptr;
   float* ln = nullptr;
   float* wide_a = nullptr;
   float* wide_b = nullptr;
 };
 
-struct Gpt2::Linear {
+// What a linear layer is in the block (or the head): its producer, its consumer and its fusions follow.
+enum class LinearRole : uint8_t {
+  qkv,      // GPT-2's attn.c_attn, Llama's q, k and v projections: fed by the first normalization
+  proj,     // attn.c_proj, o_proj: reads attention's output, joins the residual stream
+  fc,       // mlp.c_fc, gate and up: fed by the second normalization
+  fc_proj,  // mlp.c_proj, down_proj: fed by the activation, joins the residual stream
+  head,     // lm_head: fed by the final normalization
+};
+// The role of a linear layer by its name, in either architecture.
+LinearRole role_of(std::string_view layer);
+
+// The names of block l's linear layers and of its normalizations' parameters (NAME.weight, NAME.bias).
+struct Decoder::BlockNames {
+  std::string qkv, proj, fc, fc_proj;
+  std::string norm1, norm2;
+};
+
+struct Decoder::Linear {
   const LinearPlan* plan;
+  LinearRole role = LinearRole::head;
   int64_t weight_offset;
   int64_t bias_offset;  // -1: no bias
   Fp8LinearState state;
   Fp8LinearTelemetry telemetry;
   LinearExecution exec;
   std::unique_ptr<WeightCopy> copy;
-  // The FP8 cast of the layer's input (FP8 forward): made by its producer (layernorm_into, gelu_into) or its
+  // The FP8 cast of the layer's input (FP8 forward): made by its producer (norm_into, activation_into) or its
   // forward, read by its forward GEMM and kept for its backward.
   std::unique_ptr<Fp8Tensor> input_codes;
   // How the model stores the input that LayerNorm or GELU writes for this layer (attn.c_attn, mlp.c_fc,
@@ -100,11 +125,11 @@ struct Gpt2::Linear {
   float* bias_grad = nullptr;  // null: no bias
 };
 
-namespace gpt2_detail {
+namespace decoder_detail {
 
 inline bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-}  // namespace gpt2_detail
+}  // namespace decoder_detail
 }  // namespace octet
