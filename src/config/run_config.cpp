@@ -533,7 +533,7 @@ const std::vector<Key>& keys() {
         "Directory of the token shards (train_*.bin, val_*.bin), as `octet data prepare` writes them."));
     k.push_back(choice<std::string>(
         "data.tokenizer", [](RunConfig& c) -> std::string& { return c.tokenizer; },
-        {{"bytes", "bytes"}, {"gpt2", "gpt2"}}, "The tokenizer the shards were made with."));
+        {{"bytes", "bytes"}, {"gpt2", "gpt2"}, {"llama3", "llama3"}}, "The tokenizer the shards were made with."));
     k.push_back(integer<int64_t>(
         "data.eval_every", [](RunConfig& c) -> int64_t& { return c.eval_every; }, 0, big,
         "Steps between validation losses; 0: at the end only."));
@@ -729,7 +729,7 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
                     "the sequence or the model smaller",
                     count, what));
   }
-  const int64_t tokenizer_vocab = c.tokenizer == "gpt2" ? 50257 : 256;
+  const int64_t tokenizer_vocab = c.tokenizer == "gpt2" ? 50257 : c.tokenizer == "llama3" ? 128256 : 256;
   require(c.model.vocab_size >= tokenizer_vocab,
           fmt::format("model.vocab_size ({}) is smaller than the {} tokenizer's vocabulary ({})",
                       c.model.vocab_size, c.tokenizer, tokenizer_vocab));

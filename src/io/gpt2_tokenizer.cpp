@@ -18,104 +18,16 @@
 #include "octet/check.h"
 #include "octet/io/atomic_file.h"
 #include "octet/io/input.h"
+#include "unicode_text.h"
 
 namespace octet::io {
 namespace {
 
-struct CodePointRange {
-  uint32_t first;
-  uint32_t last;
-};
-
-#include "gpt2_unicode_tables.inc"
-
-// ---------------------------------------------------------------------------------------------------------
-// Characters
-
-enum class CharClass : uint8_t { letter, number, space, other };
-
-struct Character {
-  CharClass kind;
-  uint32_t length;  // bytes of UTF-8
-};
-
-bool in_ranges(std::span<const CodePointRange> ranges, uint32_t code_point) {
-  const auto after =
-      std::upper_bound(ranges.begin(), ranges.end(), code_point,
-                       [](uint32_t value, const CodePointRange& range) { return value < range.first; });
-  return after != ranges.begin() && code_point <= std::prev(after)->last;
-}
-
-// Unicode's White_Space property (stable since Unicode 6.3). Python's `regex` and Rust's `regex` use it for
-// \s; JavaScript's \s differs in two characters, counting U+FEFF and not U+0085.
-bool is_white_space(uint32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
-}
-
-CharClass classify(uint32_t c) {
-  if (c < 0x80) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return CharClass::letter;
-    if (c >= '0' && c <= '9') return CharClass::number;
-    return is_white_space(c) ? CharClass::space : CharClass::other;
-  }
-  if (is_white_space(c)) return CharClass::space;
-  if (in_ranges(kLetterRanges, c)) return CharClass::letter;
-  if (in_ranges(kNumberRanges, c)) return CharClass::number;
-  return CharClass::other;
-}
-
-// Decodes the UTF-8 sequence at text[pos] strictly (no overlong forms, surrogates or values past U+10FFFF).
-// Returns false when the bytes there are not a valid sequence.
-bool decode_utf8(std::string_view text, size_t pos, uint32_t& code_point, uint32_t& length) {
-  const auto byte = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(text[i])); };
-  const uint32_t lead = byte(pos);
-  uint32_t minimum = 0;
-  if (lead < 0x80) {
-    code_point = lead;
-    length = 1;
-    return true;
-  } else if (lead >= 0xC2 && lead <= 0xDF) {
-    code_point = lead & 0x1F;
-    length = 2;
-    minimum = 0x80;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    code_point = lead & 0x0F;
-    length = 3;
-    minimum = 0x800;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    code_point = lead & 0x07;
-    length = 4;
-    minimum = 0x10000;
-  } else {
-    return false;
-  }
-  if (pos + length > text.size()) return false;
-  for (size_t i = 1; i < length; ++i) {
-    const uint32_t continuation = byte(pos + i);
-    if ((continuation & 0xC0) != 0x80) return false;
-    code_point = (code_point << 6) | (continuation & 0x3F);
-  }
-  return code_point >= minimum && code_point <= 0x10FFFF && !(code_point >= 0xD800 && code_point <= 0xDFFF);
-}
-
-Character character_at(std::string_view text, size_t pos) {
-  uint32_t code_point = 0;
-  uint32_t length = 0;
-  if (!decode_utf8(text, pos, code_point, length)) return {CharClass::other, 1};
-  return {classify(code_point), length};
-}
-
-// The end of the run of characters of class `kind` that starts at `pos`.
-size_t run_end(std::string_view text, size_t pos, CharClass kind) {
-  while (pos < text.size()) {
-    const Character c = character_at(text, pos);
-    if (c.kind != kind) break;
-    pos += c.length;
-  }
-  return pos;
-}
+using unicode::Character;
+using unicode::character_at;
+using unicode::CharClass;
+using unicode::decode_utf8;
+using unicode::run_end;
 
 // The length of the contraction ('s 't 're 've 'm 'll 'd, case-sensitive) at text[pos], or 0.
 size_t contraction_length(std::string_view text, size_t pos) {

@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "octet/check.h"
-#include "octet/io/gpt2_tokenizer.h"
 #include "octet/io/input.h"
 #include "octet/io/safetensors.h"
+#include "octet/io/tokenizer.h"
 #include "octet/version.h"
 
 namespace octet {
@@ -397,7 +397,12 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
   io::write_safetensors(temporary / kOptimizerFile, exact, {{"octet_version", kVersion}});
   written(temporary / kOptimizerFile);
 
-  if (!progress.tokenizer_dir.empty()) io::copy_gpt2_vocabulary(progress.tokenizer_dir, temporary);
+  if (!progress.tokenizer_dir.empty()) {
+    for (const io::TokenizerKind kind : {io::TokenizerKind::gpt2, io::TokenizerKind::llama3}) {
+      if (io::has_vocabulary(kind, progress.tokenizer_dir))
+        io::copy_vocabulary(kind, progress.tokenizer_dir, temporary);
+    }
+  }
   write_file_durably(temporary / kStateFile, state_text(model, trainer, progress));
   written(temporary / kStateFile);
   fsync_directory(temporary);
@@ -424,14 +429,16 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
 }
 
 fs::path training_tokenizer_files(std::string_view tokenizer, const fs::path& data_dir) {
-  if (tokenizer != "gpt2") return {};
-  if (!data_dir.empty() && io::has_gpt2_vocabulary(data_dir)) return data_dir;
-  const fs::path fallback = io::default_gpt2_vocabulary_dir();
-  return io::has_gpt2_vocabulary(fallback) ? fallback : fs::path();
+  const std::optional<io::TokenizerKind> kind = io::parse_tokenizer_kind(tokenizer);
+  if (!kind.has_value() || io::tokenizer_files(*kind).empty()) return {};
+  if (!data_dir.empty() && io::has_vocabulary(*kind, data_dir)) return data_dir;
+  const fs::path fallback = io::default_vocabulary_dir(*kind);
+  return io::has_vocabulary(*kind, fallback) ? fallback : fs::path();
 }
 
-fs::path checkpoint_tokenizer_files(const fs::path& checkpoint_dir, const fs::path& data_dir) {
-  return io::find_gpt2_vocabulary({checkpoint_dir, data_dir, io::default_gpt2_vocabulary_dir()});
+fs::path checkpoint_tokenizer_files(io::TokenizerKind kind, const fs::path& checkpoint_dir,
+                                    const fs::path& data_dir) {
+  return io::find_vocabulary(kind, {checkpoint_dir, data_dir, io::default_vocabulary_dir(kind)});
 }
 
 std::string checkpoint_config(const fs::path& checkpoint_dir) {

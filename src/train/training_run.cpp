@@ -599,12 +599,12 @@ std::string generate_from_checkpoint(const fs::path& checkpoint, std::string_vie
       parse_run_config(checkpoint_config(checkpoint), (checkpoint / "state.json").string());
   const std::optional<io::TokenizerKind> kind = io::parse_tokenizer_kind(config.tokenizer);
   OCTET_REQUIRE(kind.has_value(), "the checkpoint's tokenizer '{}' is not one octet knows", config.tokenizer);
-  // GPT-2's files come with the checkpoint (or the data directory, or the default place), so that generation
-  // works from any directory.
+  // A BPE tokenizer's files come with the checkpoint (or the data directory, or the default place), so that
+  // generation works from any directory.
   const std::unique_ptr<io::Tokenizer> tokenizer =
-      *kind == io::TokenizerKind::gpt2
-          ? io::make_tokenizer(*kind, checkpoint_tokenizer_files(checkpoint, config.data_dir))
-          : io::make_tokenizer(*kind);
+      io::tokenizer_files(*kind).empty()
+          ? io::make_tokenizer(*kind)
+          : io::make_tokenizer(*kind, checkpoint_tokenizer_files(*kind, checkpoint, config.data_dir));
   const std::vector<int32_t> tokens = tokenizer->encode(prompt);
   OCTET_REQUIRE(!tokens.empty(), "the prompt is empty: give some text to continue");
   Restored r = restore(checkpoint, 1, config.model.max_seq_len, device, nullptr);

@@ -239,11 +239,11 @@ TEST(Checkpoint, KeepsTheTokenizerFilesAndFindsThemAgain) {
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), std::string(std::istreambuf_iterator<char>(b), {}))
         << name;
   }
-  EXPECT_EQ(checkpoint_tokenizer_files(checkpoint, dir.path() / "data"), checkpoint);
+  EXPECT_EQ(checkpoint_tokenizer_files(io::TokenizerKind::gpt2, checkpoint, dir.path() / "data"), checkpoint);
   fs::remove(checkpoint / "vocab.bpe");
-  EXPECT_EQ(checkpoint_tokenizer_files(checkpoint, vocabulary), vocabulary);
+  EXPECT_EQ(checkpoint_tokenizer_files(io::TokenizerKind::gpt2, checkpoint, vocabulary), vocabulary);
   try {
-    checkpoint_tokenizer_files(checkpoint, dir.path() / "data");
+    checkpoint_tokenizer_files(io::TokenizerKind::gpt2, checkpoint, dir.path() / "data");
     ADD_FAILURE() << "no place holds the files";
   } catch (const Error& e) {
     const std::string message = e.what();

@@ -1,6 +1,8 @@
 // Fuzzing the binary readers: token shards (opened and read through a data loader with a vocabulary),
-// safetensors files, and checkpoints (state.json, and optimizer.safetensors, loaded into a model). Mutations
-// of valid files, each case in a forked child under a time limit, must load or be refused with one line.
+// tiktoken vocabularies (Llama 3's tokenizer file), safetensors files, and checkpoints (state.json, and
+// optimizer.safetensors, loaded into a model). Mutations of valid files, each case in a forked child under a
+// time limit, must load or be refused with one line.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include "octet/check.h"
 #include "octet/config/run_config.h"
 #include "octet/io/data_loader.h"
+#include "octet/io/llama3_tokenizer.h"
 #include "octet/io/safetensors.h"
 #include "octet/io/token_shard.h"
 #include "octet/train/checkpoint.h"
@@ -71,6 +74,48 @@ TEST(FuzzFiles, TokenShards) {
   EXPECT_TRUE(campaign.failures.empty()) << campaign.summary();
   if (!replaying()) {
     EXPECT_GT(campaign.accepted, 0);
+  }
+}
+
+// Mutations of small tiktoken files, read from disk: a valid file gives each token's bytes in rank order,
+// anything else one line naming the file.
+TEST(FuzzFiles, TiktokenVocabularies) {
+  testing::ScratchDir dir;
+  const std::vector<std::string> corpus = {"IQ== 0\nIg== 1\nIw== 2\nJA== 3\nIGE= 4\naGVsbG8= 5\n",
+                                           "AA== 0\n/w== 1\n4pyT 2\n8J+mmQ== 3\n",
+                                           "YQ== 0\n\nYmM= 1\nIA== 2"};
+  const fs::path path = dir.path() / "llama3.tiktoken";
+  fuzz::Campaign campaign;
+  campaign.seed = fuzz::seed_from_environment(11);
+  const int cases = fuzz::scaled_cases(2000);
+  for (int i = 0; i < cases; ++i) {
+    if (!fuzz::selected(i)) continue;
+    std::mt19937_64 rng = fuzz::case_rng(campaign.seed, i);
+    const std::string text = fuzz::mutate(corpus[rng() % corpus.size()], corpus, rng);
+    write_bytes(path, text);
+    campaign.record(
+        i, fuzz::run_case([&] {
+          const std::vector<std::string> tokens = io::read_tiktoken_vocabulary(path);
+          // Accepted: one token per non-empty line, none empty or repeated.
+          size_t lines = 0;
+          for (size_t start = 0; start < text.size();) {
+            const size_t end = std::min(text.find('\n', start), text.size());
+            if (end > start) ++lines;
+            start = end + 1;
+          }
+          if (tokens.size() != lines) throw fuzz::PropertyFailure{"a token per non-empty line"};
+          std::vector<std::string> sorted = tokens;
+          std::sort(sorted.begin(), sorted.end());
+          if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front().empty()) {
+            throw fuzz::PropertyFailure{"tokens are distinct and non-empty"};
+          }
+        }));
+  }
+  std::printf("%s\n", campaign.summary().c_str());
+  EXPECT_TRUE(campaign.failures.empty()) << campaign.summary();
+  if (!replaying()) {
+    EXPECT_GT(campaign.accepted, 0);
+    EXPECT_GT(campaign.refused, 0);
   }
 }
 

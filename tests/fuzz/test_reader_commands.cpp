@@ -1,13 +1,17 @@
 // The readers' refusals as a user meets them through the binary: one line, exit code 2, and nothing written
 // (no run directory, no shards) for a CONFIG that is a directory, a data.dir that is a file, a shard that is a
 // FIFO or holds a token outside the vocabulary, numbers float32 cannot hold, a --set value with a line
-// break, text files without text, and --vocab given to the wrong tokenizer or naming a missing directory.
+// break, text files without text, and --vocab given to the wrong tokenizer or naming a missing directory; and
+// Llama 3's tokenizer from data preparation (uint32 shards) through training to generation.
 #include <sys/stat.h>
 
 #include <chrono>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "command_util.h"
+#include "octet/io/llama3_tokenizer.h"
 #include "octet/io/token_shard.h"
 
 namespace octet {
@@ -183,6 +187,69 @@ TEST(ReaderCommands, DataPrepareHonoursVocab) {
   for (const fs::path& place : {checkpoint, dir / "out", dir / "empty"}) {
     EXPECT_NE(r.err.find(place.string()), std::string::npos) << place << ": " << r.err;
   }
+}
+
+// Llama 3's ids go past 65535: the shards hold uint32 tokens (llm.c's Llama 3 header), each document after
+// <|begin_of_text|>, and the tokenizer file travels with the data and the checkpoints as GPT-2's do.
+TEST(ReaderCommands, DataPrepareTrainAndGenerateWithLlama3) {
+  CommandScratch dir;
+  write_text(dir / "a.txt", "Some text to tokenize.");
+  testing::ProcessResult r =
+      run_octet_limited({"data", "prepare", "--tokenizer", "llama3", "--vocab", (dir / "nowhere").string(),
+                         "--out", (dir / "out").string(), (dir / "a.txt").string()});
+  EXPECT_TRUE(is_refusal(r));
+  EXPECT_NE(r.err.find((dir / "nowhere" / "llama3.tiktoken").string()), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "out"));
+
+  const fs::path vocabulary = fs::path(OCTET_SOURCE_DIR) / ".cache/data/llama3";
+  if (!fs::exists(vocabulary / "llama3.tiktoken"))
+    GTEST_SKIP() << "scripts/fetch_tokenizer.sh has not been run";
+  std::vector<std::string> args = {"data",    "prepare",           "--tokenizer", "llama3",
+                                   "--vocab", vocabulary.string(), "--out",       (dir / "out").string()};
+  std::vector<std::string> texts;
+  for (int i = 0; i < 20; ++i) {
+    const fs::path document = dir.path() / "documents" / fmt::format("{:02}", i);
+    fs::create_directories(document.parent_path());
+    std::string text;
+    for (int k = 0; k < 10; ++k)
+      text += "Document number " + std::to_string(i) + ", caf\xC3\xA9 \xE6\x97\xA5. ";
+    write_text(document, text);
+    args.push_back(document.string());
+    texts.push_back(text);
+  }
+  r = run_octet_limited(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(fs::file_size(dir / "out" / "llama3.tiktoken"), fs::file_size(vocabulary / "llama3.tiktoken"));
+  const io::TokenShard shard = io::TokenShard::open(dir / "out" / "train_000000.bin");
+  ASSERT_EQ(shard.width(), io::TokenWidth::uint32);
+  const std::span<const uint32_t> tokens = shard.tokens().as_uint32();
+  ASSERT_FALSE(tokens.empty());
+  EXPECT_EQ(tokens[0], 128000u);
+  // The train split's documents, in order, each after <|begin_of_text|>.
+  const io::Llama3Tokenizer tokenizer(vocabulary);
+  std::vector<int32_t> ids(tokens.begin(), tokens.end());
+  std::string expected;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    if (i % 20 != 19) expected += "<|begin_of_text|>" + texts[i];
+  }
+  EXPECT_EQ(tokenizer.decode(ids), expected);
+
+  write_text(dir / "run.toml",
+             "[model]\nvocab_size = 128256\nmax_seq_len = 16\nlayers = 1\nheads = 2\nchannels = 16\n"
+             "[train]\nbatch_size = 2\nseq_len = 8\nsteps = 2\ndevice = \"cpu\"\n[data]\ndir = \"" +
+                 (dir / "out").string() + "\"\ntokenizer = \"llama3\"\neval_every = 0\neval_batches = 1\n" +
+                 "[logging]\nrun_dir = \"" + (dir / "run").string() + "\"\n[telemetry]\nenabled = false\n");
+  r = run_octet_limited({"train", (dir / "run.toml").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const fs::path checkpoint = dir / "run" / "checkpoints" / "step_000002";
+  EXPECT_EQ(fs::file_size(checkpoint / "llama3.tiktoken"), fs::file_size(vocabulary / "llama3.tiktoken"));
+  fs::remove(dir / "out" / "llama3.tiktoken");
+  fs::create_directories(dir / "empty");
+  ::setenv("OCTET_DATA_DIR", (dir / "empty").c_str(), 1);
+  r = run_octet_limited({"generate", (dir / "run").string(), "--prompt", "Document", "--max-tokens", "3"});
+  ::unsetenv("OCTET_DATA_DIR");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Document", 0), 0u) << r.out;
 }
 
 }  // namespace

@@ -13,7 +13,6 @@
 #include "octet/check.h"
 #include "octet/config/run_config.h"
 #include "octet/io/corpus.h"
-#include "octet/io/gpt2_tokenizer.h"
 #include "octet/io/input.h"
 #include "octet/io/tokenizer.h"
 #include "octet/train/checkpoint.h"
@@ -35,13 +34,13 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
   data_ = root.add_subcommand("data", "Prepare training data");
   data_prepare_ =
       data_->add_subcommand("prepare", "Tokenize text files into llm.c token shards (train and validation)");
-  data_prepare_->add_option("--tokenizer", tokenizer_, "bytes or gpt2 (default bytes)");
+  data_prepare_->add_option("--tokenizer", tokenizer_, "bytes, gpt2 or llama3 (default bytes)");
   data_prepare_->add_option("--out", out_dir_, "Directory for train_NNNNNN.bin and val_NNNNNN.bin")
       ->required();
   data_prepare_->add_option(
       "--vocab", vocabulary_dir_,
-      "gpt2: directory of encoder.json and vocab.bpe (default: where scripts/fetch_tokenizer.sh "
-      "puts them)");
+      "gpt2: directory of encoder.json and vocab.bpe; llama3: directory of llama3.tiktoken (default: "
+      "where scripts/fetch_tokenizer.sh puts them)");
   data_prepare_->add_option("FILES", text_files_, "Text files, one document each")->required();
   data_prepare_->footer(
       "Every 20th document goes to the validation split.\n"
@@ -171,22 +170,21 @@ int WorkflowCommands::run() const {
   }
   if (data_prepare_->parsed()) {
     const std::optional<io::TokenizerKind> kind = io::parse_tokenizer_kind(tokenizer_);
-    OCTET_REQUIRE(kind.has_value(), "--tokenizer '{}' is not a tokenizer octet knows; valid: bytes, gpt2",
-                  io::printable(tokenizer_));
-    OCTET_REQUIRE(vocabulary_dir_.empty() || *kind == io::TokenizerKind::gpt2,
-                  "--vocab names the directory of gpt2's encoder.json and vocab.bpe; the {} tokenizer has no "
-                  "files (drop --vocab, or use --tokenizer gpt2)",
-                  tokenizer_);
-    const std::unique_ptr<io::Tokenizer> tokenizer =
-        vocabulary_dir_.empty() ? io::make_tokenizer(*kind) : io::make_tokenizer(*kind, vocabulary_dir_);
+    OCTET_REQUIRE(kind.has_value(), "--tokenizer '{}' is not a tokenizer octet knows; valid: {}",
+                  io::printable(tokenizer_), io::tokenizer_names());
+    OCTET_REQUIRE(
+        vocabulary_dir_.empty() || !io::tokenizer_files(*kind).empty(),
+        "--vocab names the directory of a tokenizer's files (gpt2's encoder.json and vocab.bpe, "
+        "llama3's llama3.tiktoken); the {} tokenizer has no files (drop --vocab, or use --tokenizer "
+        "gpt2 or llama3)",
+        tokenizer_);
+    const std::filesystem::path vocabulary_dir =
+        vocabulary_dir_.empty() ? io::default_vocabulary_dir(*kind) : std::filesystem::path(vocabulary_dir_);
+    const std::unique_ptr<io::Tokenizer> tokenizer = io::make_tokenizer(*kind, vocabulary_dir);
     std::vector<std::filesystem::path> files(text_files_.begin(), text_files_.end());
     const io::PrepareSummary s = io::prepare_text_shards(files, *tokenizer, out_dir_, io::PrepareOptions{});
     // The tokenizer's files go with the data, so that training and generation find them from anywhere.
-    if (*kind == io::TokenizerKind::gpt2) {
-      io::copy_gpt2_vocabulary(vocabulary_dir_.empty() ? io::default_gpt2_vocabulary_dir()
-                                                       : std::filesystem::path(vocabulary_dir_),
-                               out_dir_);
-    }
+    io::copy_vocabulary(*kind, vocabulary_dir, out_dir_);
     std::printf(
         "%s: %lld train documents (%lld tokens) in %zu shard(s), %lld validation documents (%lld tokens)\n",
         out_dir_.c_str(), static_cast<long long>(s.train_documents), static_cast<long long>(s.train_tokens),

@@ -2,7 +2,7 @@
 // wires the command line to the library (run_config.h, corpus.h, training_run.h).
 //   octet config show CONFIG [--set section.key=value ...]
 //   octet config keys
-//   octet data prepare --tokenizer bytes|gpt2 --out DIR FILES...
+//   octet data prepare --tokenizer bytes|gpt2|llama3 --out DIR FILES...
 //   octet train CONFIG [--set section.key=value ...] [--resume | --resume-from CHECKPOINT] [--overwrite]
 //   octet eval CHECKPOINT [--data DIR] [--batches N]
 //   octet generate CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]

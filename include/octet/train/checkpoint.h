@@ -16,6 +16,7 @@
 
 #include "octet/backend/precision.h"
 #include "octet/io/data_loader.h"
+#include "octet/io/tokenizer.h"
 #include "octet/model/model.h"
 #include "octet/train/trainer.h"
 
@@ -27,21 +28,23 @@ struct TrainingProgress {
   std::optional<io::LoaderPosition> validation_position;
   uint64_t seed = 0;
   std::string config;  // the resolved config, stored and returned verbatim
-  // A gpt2 run's tokenizer files (encoder.json, vocab.bpe) are copied from here into each checkpoint;
-  // empty for none (the byte tokenizer has no files). See checkpoint_tokenizer_files.
+  // A run's tokenizer files (gpt2's encoder.json and vocab.bpe, llama3's llama3.tiktoken: the complete set of
+  // each tokenizer found here) are copied from here into each checkpoint; empty for none (the byte tokenizer
+  // has no files). See checkpoint_tokenizer_files.
   std::filesystem::path tokenizer_dir;
 };
 
-// Where a run's tokenizer files are, for TrainingProgress::tokenizer_dir: for "gpt2", the data directory when
-// `octet data prepare` put them there, else io::default_gpt2_vocabulary_dir() when it holds them, else
-// empty; empty for other tokenizers.
+// Where a run's tokenizer files are, for TrainingProgress::tokenizer_dir: for a tokenizer with files (gpt2,
+// llama3), the data directory when `octet data prepare` put them there, else io::default_vocabulary_dir()
+// when it holds them, else empty; empty for the byte tokenizer.
 std::filesystem::path training_tokenizer_files(std::string_view tokenizer,
                                                const std::filesystem::path& data_dir);
 
-// The directory of the gpt2 tokenizer files that text for a checkpoint goes through: the checkpoint's own
-// copy, else the data directory's, else io::default_gpt2_vocabulary_dir(). Throws invalid_input naming
+// The directory of the `kind` tokenizer's files that text for a checkpoint goes through: the checkpoint's own
+// copy, else the data directory's, else io::default_vocabulary_dir(kind). Throws invalid_input naming
 // every place looked in when none holds them.
-std::filesystem::path checkpoint_tokenizer_files(const std::filesystem::path& checkpoint_dir,
+std::filesystem::path checkpoint_tokenizer_files(io::TokenizerKind kind,
+                                                 const std::filesystem::path& checkpoint_dir,
                                                  const std::filesystem::path& data_dir);
 
 struct CheckpointOptions {
