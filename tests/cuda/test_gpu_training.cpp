@@ -24,7 +24,9 @@ namespace {
 
 constexpr int64_t kB = 4, kT = 32, kSteps = 50, kEarlySteps = 3;
 
-ModelConfig small_config() {
+// GPT-2, or a Llama of the same width (grouped-query attention with 2 kv heads, rotary embedding, SwiGLU,
+// untied head).
+ModelConfig small_config(bool llama = false) {
   ModelConfig c;
   c.vocab_size = 250;
   c.padded_vocab_size = 256;
@@ -32,6 +34,12 @@ ModelConfig small_config() {
   c.layers = 2;
   c.heads = 4;
   c.channels = 64;
+  if (llama) {
+    c.arch = ModelArchitecture::llama;
+    c.kv_heads = 2;
+    c.ffn_hidden = 176;
+    c.rope_theta = 10000.0f;
+  }
   return c;
 }
 
@@ -62,8 +70,8 @@ struct TrainingRun {
 };
 
 TrainingRun train(Backend& backend, const PrecisionSettings& precision, int64_t grad_accum_steps = 1,
-                  float grad_clip = 1.0f) {
-  const ModelConfig config = small_config();
+                  float grad_clip = 1.0f, bool llama = false) {
+  const ModelConfig config = small_config(llama);
   const std::unique_ptr<Model> model_owner =
       make_model(config, backend, PrecisionPolicy(precision, config, kB * kT), kB, kT);
   Model& model = *model_owner;
@@ -117,6 +125,7 @@ struct ModeCase {
   double step_tolerance;
   // train.weight_gradients = "bf16" on both backends (the CPU rounds in place, the GPU stores bf16).
   bool bf16_weight_gradients = false;
+  bool llama = false;  // the Llama of small_config(true) instead of GPT-2
 };
 
 class GpuTraining : public ::testing::TestWithParam<ModeCase> {};
@@ -131,8 +140,8 @@ TEST_P(GpuTraining, FollowsTheCpuReference) {
   auto gpu = make_cuda_backend(options);
   PrecisionSettings p = precision(c.mode, c.recipe);
   p.bf16_weight_gradients = c.bf16_weight_gradients;
-  const TrainingRun reference = train(*cpu, p);
-  const TrainingRun device = train(*gpu, p);
+  const TrainingRun reference = train(*cpu, p, 1, 1.0f, c.llama);
+  const TrainingRun device = train(*gpu, p, 1, 1.0f, c.llama);
 
   double worst = 0.0;
   for (int64_t s = 0; s < kSteps; ++s) {
@@ -210,7 +219,22 @@ INSTANTIATE_TEST_SUITE_P(
                       ModeCase{"bf16_weight_gradients_bf16", MixedPrecision::bf16, RecipeKind::delayed, false,
                                false, 2e-2, true},
                       ModeCase{"fp8_bf16_weight_gradients", MixedPrecision::fp8, RecipeKind::delayed, false,
-                               true, 5e-2, true}),
+                               true, 5e-2, true},
+                      // Llama: RMSNorm, the rotary embedding, grouped-query attention, SwiGLU.
+                      ModeCase{"llama_fp32", MixedPrecision::fp32, RecipeKind::delayed, false, false, 2e-3, false,
+                               true},
+                      ModeCase{"llama_bf16", MixedPrecision::bf16, RecipeKind::delayed, false, false, 2e-2, false,
+                               true},
+                      ModeCase{"llama_fp16", MixedPrecision::fp16, RecipeKind::delayed, false, false, 2e-2, false,
+                               true},
+                      ModeCase{"llama_fp8_delayed", MixedPrecision::fp8, RecipeKind::delayed, false, false, 3e-2,
+                               false, true},
+                      ModeCase{"llama_fp8_current", MixedPrecision::fp8, RecipeKind::current, false, false, 3e-2,
+                               false, true},
+                      ModeCase{"llama_fp8_bf16_attention", MixedPrecision::fp8, RecipeKind::delayed, false, true,
+                               5e-2, false, true},
+                      ModeCase{"llama_fp8_bf16_weight_gradients", MixedPrecision::fp8, RecipeKind::delayed, false,
+                               true, 5e-2, true, true}),
     [](const ::testing::TestParamInfo<ModeCase>& mode) { return std::string(mode.param.name); });
 
 // The same run twice on the GPU gives the same bits: every kernel is deterministic at this size (cuDNN's
