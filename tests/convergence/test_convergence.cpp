@@ -1,6 +1,8 @@
 // Convergence on real English text: a small GPT trained on the Brown corpus (byte-level tokens) in each of
-// the four precision modes, from the same weights and batches. fp8's final validation loss must land within
-// 2% of bf16's. With OCTET_RESULTS_DIR set, the table of results is written there (convergence.md).
+// the four precision modes, from the same weights and batches, and a small Llama of the same width in fp32,
+// bf16 and fp8. fp8's final validation loss must land within 2% of bf16's for GPT-2 and within 1% for
+// Llama. With OCTET_RESULTS_DIR set, the tables of results are written there (convergence.md,
+// convergence-llama.md).
 #include <unistd.h>
 #include <chrono>
 #include <cmath>
@@ -39,18 +41,25 @@ struct Outcome {
 
 constexpr int64_t kSteps = 300, kBatch = 8, kSeq = 64, kValidationBatches = 16;
 
-ModelConfig model_config() {
+// GPT-2, or a Llama of the same width: 2 key/value heads, a SwiGLU MLP 176 wide, an untied head.
+ModelConfig model_config(bool llama) {
   ModelConfig c;
   c.vocab_size = io::ByteTokenizer::kVocabSize;
   c.max_seq_len = kSeq;
   c.layers = 2;
   c.heads = 4;
   c.channels = 64;
+  if (llama) {
+    c.arch = ModelArchitecture::llama;
+    c.kv_heads = 2;
+    c.ffn_hidden = 176;
+    c.rope_theta = 10000.0f;
+  }
   return c;
 }
 
-Outcome train(MixedPrecision mode, const fs::path& shards) {
-  const ModelConfig config = model_config();
+Outcome train(MixedPrecision mode, const fs::path& shards, bool llama) {
+  const ModelConfig config = model_config(llama);
   auto backend = make_cpu_backend();
   PrecisionSettings precision;
   precision.mode = mode;
@@ -97,35 +106,43 @@ Outcome train(MixedPrecision mode, const fs::path& shards) {
   return o;
 }
 
-TEST(Convergence, FourModesOnTheBrownCorpus) {
-  const fs::path text = corpus_text_dir();
-  ASSERT_TRUE(fs::is_directory(text))
-      << "the Brown corpus is missing at " << text << ": run scripts/fetch_corpus.sh (scripts/test.sh does)";
-  const std::vector<fs::path> files = io::list_files(text, ".txt");
-  ASSERT_GT(files.size(), 100u);
-  const fs::path shards = fs::temp_directory_path() / fmt::format("octet-convergence-{}", ::getpid());
-  fs::create_directories(shards);
-  const auto tokenizer = io::make_tokenizer(io::TokenizerKind::bytes);
-  const io::PrepareSummary summary = io::prepare_text_shards(files, *tokenizer, shards, io::PrepareOptions{});
-
-  std::vector<Outcome> outcomes;
-  for (const MixedPrecision m :
-       {MixedPrecision::fp32, MixedPrecision::bf16, MixedPrecision::fp16, MixedPrecision::fp8}) {
-    outcomes.push_back(train(m, shards));
+// Brown's text as byte-level shards in a temporary directory, removed when the test ends.
+class BrownShards {
+ public:
+  BrownShards() : dir_(fs::temp_directory_path() / fmt::format("octet-convergence-{}", ::getpid())) {}
+  ~BrownShards() { fs::remove_all(dir_); }
+  // False (with a test failure) where the corpus is missing.
+  bool prepare() {
+    const fs::path text = corpus_text_dir();
+    EXPECT_TRUE(fs::is_directory(text)) << "the Brown corpus is missing at " << text
+                                        << ": run scripts/fetch_corpus.sh (scripts/test.sh does)";
+    if (!fs::is_directory(text)) return false;
+    const std::vector<fs::path> files = io::list_files(text, ".txt");
+    EXPECT_GT(files.size(), 100u);
+    fs::create_directories(dir_);
+    const auto tokenizer = io::make_tokenizer(io::TokenizerKind::bytes);
+    summary_ = io::prepare_text_shards(files, *tokenizer, dir_, io::PrepareOptions{});
+    return true;
   }
-  fs::remove_all(shards);
+  const fs::path& dir() const { return dir_; }
+  const io::PrepareSummary& summary() const { return summary_; }
 
-  const Outcome& bf16 = outcomes[1];
+ private:
+  fs::path dir_;
+  io::PrepareSummary summary_;
+};
+
+// The table of outcomes, each against bf16's final validation loss; printed, and written to
+// OCTET_RESULTS_DIR/file where that is set.
+void report(const std::vector<Outcome>& outcomes, const Outcome& bf16, const io::PrepareSummary& summary,
+            const std::string& model, const std::string& file) {
   std::string table = fmt::format(
-      "Brown corpus, byte-level tokens: {} training and {} validation tokens. Model: {} layers, {} channels, "
-      "{} "
-      "heads, context {}; {} steps of {} sequences, AdamW, learning rate 1e-3 with 20 warm-up steps and "
-      "cosine "
-      "decay to 1e-4. Validation loss over {} fixed batches ({} tokens).\n\n"
+      "Brown corpus, byte-level tokens: {} training and {} validation tokens. Model: {}, context {}; {} "
+      "steps of {} sequences, AdamW, learning rate 1e-3 with 20 warm-up steps and cosine decay to 1e-4. "
+      "Validation loss over {} fixed batches ({} tokens).\n\n"
       "| mode | validation loss at start | final validation loss | vs bf16 | final training loss | skipped "
-      "steps "
-      "| seconds (2 CPU cores) |\n|---|---|---|---|---|---|---|\n",
-      summary.train_tokens, summary.validation_tokens, 2, 64, 4, kSeq, kSteps, kBatch, kValidationBatches,
+      "steps | seconds (2 CPU cores) |\n|---|---|---|---|---|---|---|\n",
+      summary.train_tokens, summary.validation_tokens, model, kSeq, kSteps, kBatch, kValidationBatches,
       kValidationBatches * kBatch * kSeq);
   for (const Outcome& o : outcomes) {
     table += fmt::format("| {} | {:.4f} | {:.4f} | {:+.2f}% | {:.4f} | {} | {:.0f} |\n",
@@ -134,17 +151,42 @@ TEST(Convergence, FourModesOnTheBrownCorpus) {
                          o.final_train, o.skipped, o.seconds);
   }
   std::printf("%s", table.c_str());
-  if (const char* dir = std::getenv("OCTET_RESULTS_DIR")) {
-    std::ofstream(fs::path(dir) / "convergence.md") << table;
-  }
-
+  if (const char* dir = std::getenv("OCTET_RESULTS_DIR")) std::ofstream(fs::path(dir) / file) << table;
   for (const Outcome& o : outcomes) {
     EXPECT_TRUE(std::isfinite(o.final_validation)) << mixed_precision_name(o.mode);
     // Byte-level text starts near ln 256 = 5.55; a model that learned the language's bytes is far below.
     EXPECT_LT(o.final_validation, o.initial_validation - 2.0f) << mixed_precision_name(o.mode);
   }
+}
+
+TEST(Convergence, FourModesOnTheBrownCorpus) {
+  BrownShards shards;
+  ASSERT_TRUE(shards.prepare());
+  std::vector<Outcome> outcomes;
+  for (const MixedPrecision m :
+       {MixedPrecision::fp32, MixedPrecision::bf16, MixedPrecision::fp16, MixedPrecision::fp8}) {
+    outcomes.push_back(train(m, shards.dir(), false));
+  }
+  const Outcome& bf16 = outcomes[1];
+  report(outcomes, bf16, shards.summary(), "GPT-2, 2 layers, 64 channels, 4 heads", "convergence.md");
   const Outcome& fp8 = outcomes[3];
   EXPECT_LT(std::fabs(fp8.final_validation - bf16.final_validation) / bf16.final_validation, 0.02)
+      << "fp8 " << fp8.final_validation << " against bf16 " << bf16.final_validation;
+}
+
+TEST(Convergence, LlamaInFp32Bf16AndFp8OnTheBrownCorpus) {
+  BrownShards shards;
+  ASSERT_TRUE(shards.prepare());
+  std::vector<Outcome> outcomes;
+  for (const MixedPrecision m : {MixedPrecision::fp32, MixedPrecision::bf16, MixedPrecision::fp8}) {
+    outcomes.push_back(train(m, shards.dir(), true));
+  }
+  const Outcome& bf16 = outcomes[1];
+  report(outcomes, bf16, shards.summary(),
+         "Llama, 2 layers, 64 channels, 4 heads sharing 2 key/value heads, SwiGLU MLP 176 wide, untied head",
+         "convergence-llama.md");
+  const Outcome& fp8 = outcomes[2];
+  EXPECT_LT(std::fabs(fp8.final_validation - bf16.final_validation) / bf16.final_validation, 0.01)
       << "fp8 " << fp8.final_validation << " against bf16 " << bf16.final_validation;
 }
 

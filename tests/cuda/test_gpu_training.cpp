@@ -206,35 +206,32 @@ TEST_P(GpuTraining, FollowsTheCpuReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Modes, GpuTraining,
-    ::testing::Values(ModeCase{"fp32", MixedPrecision::fp32, RecipeKind::delayed, false, false, 2e-3},
-                      ModeCase{"bf16", MixedPrecision::bf16, RecipeKind::delayed, false, false, 2e-2},
-                      ModeCase{"fp16", MixedPrecision::fp16, RecipeKind::delayed, false, false, 2e-2},
-                      ModeCase{"fp8_delayed", MixedPrecision::fp8, RecipeKind::delayed, false, false, 3e-2},
-                      ModeCase{"fp8_current", MixedPrecision::fp8, RecipeKind::current, false, false, 3e-2},
-                      ModeCase{"fp8_emulated", MixedPrecision::fp8, RecipeKind::delayed, true, false, 3e-2},
-                      // As `octet train` runs fp8 on the GPU: attention's products on BF16 tensor cores too.
-                      ModeCase{"fp8_bf16_attention", MixedPrecision::fp8, RecipeKind::delayed, false, true,
-                               5e-2},
-                      // Weight gradients kept in bf16, as bench/compare.sh trains.
-                      ModeCase{"bf16_weight_gradients_bf16", MixedPrecision::bf16, RecipeKind::delayed, false,
-                               false, 2e-2, true},
-                      ModeCase{"fp8_bf16_weight_gradients", MixedPrecision::fp8, RecipeKind::delayed, false,
-                               true, 5e-2, true},
-                      // Llama: RMSNorm, the rotary embedding, grouped-query attention, SwiGLU.
-                      ModeCase{"llama_fp32", MixedPrecision::fp32, RecipeKind::delayed, false, false, 2e-3, false,
-                               true},
-                      ModeCase{"llama_bf16", MixedPrecision::bf16, RecipeKind::delayed, false, false, 2e-2, false,
-                               true},
-                      ModeCase{"llama_fp16", MixedPrecision::fp16, RecipeKind::delayed, false, false, 2e-2, false,
-                               true},
-                      ModeCase{"llama_fp8_delayed", MixedPrecision::fp8, RecipeKind::delayed, false, false, 3e-2,
-                               false, true},
-                      ModeCase{"llama_fp8_current", MixedPrecision::fp8, RecipeKind::current, false, false, 3e-2,
-                               false, true},
-                      ModeCase{"llama_fp8_bf16_attention", MixedPrecision::fp8, RecipeKind::delayed, false, true,
-                               5e-2, false, true},
-                      ModeCase{"llama_fp8_bf16_weight_gradients", MixedPrecision::fp8, RecipeKind::delayed, false,
-                               true, 5e-2, true, true}),
+    ::testing::Values(
+        ModeCase{"fp32", MixedPrecision::fp32, RecipeKind::delayed, false, false, 2e-3},
+        ModeCase{"bf16", MixedPrecision::bf16, RecipeKind::delayed, false, false, 2e-2},
+        ModeCase{"fp16", MixedPrecision::fp16, RecipeKind::delayed, false, false, 2e-2},
+        ModeCase{"fp8_delayed", MixedPrecision::fp8, RecipeKind::delayed, false, false, 3e-2},
+        ModeCase{"fp8_current", MixedPrecision::fp8, RecipeKind::current, false, false, 3e-2},
+        ModeCase{"fp8_emulated", MixedPrecision::fp8, RecipeKind::delayed, true, false, 3e-2},
+        // As `octet train` runs fp8 on the GPU: attention's products on BF16 tensor cores too.
+        ModeCase{"fp8_bf16_attention", MixedPrecision::fp8, RecipeKind::delayed, false, true, 5e-2},
+        // Weight gradients kept in bf16, as bench/compare.sh trains.
+        ModeCase{"bf16_weight_gradients_bf16", MixedPrecision::bf16, RecipeKind::delayed, false, false, 2e-2,
+                 true},
+        ModeCase{"fp8_bf16_weight_gradients", MixedPrecision::fp8, RecipeKind::delayed, false, true, 5e-2,
+                 true},
+        // Llama: RMSNorm, the rotary embedding, grouped-query attention, SwiGLU.
+        ModeCase{"llama_fp32", MixedPrecision::fp32, RecipeKind::delayed, false, false, 2e-3, false, true},
+        ModeCase{"llama_bf16", MixedPrecision::bf16, RecipeKind::delayed, false, false, 2e-2, false, true},
+        ModeCase{"llama_fp16", MixedPrecision::fp16, RecipeKind::delayed, false, false, 2e-2, false, true},
+        ModeCase{"llama_fp8_delayed", MixedPrecision::fp8, RecipeKind::delayed, false, false, 3e-2, false,
+                 true},
+        ModeCase{"llama_fp8_current", MixedPrecision::fp8, RecipeKind::current, false, false, 3e-2, false,
+                 true},
+        ModeCase{"llama_fp8_bf16_attention", MixedPrecision::fp8, RecipeKind::delayed, false, true, 5e-2,
+                 false, true},
+        ModeCase{"llama_fp8_bf16_weight_gradients", MixedPrecision::fp8, RecipeKind::delayed, false, true,
+                 5e-2, true, true}),
     [](const ::testing::TestParamInfo<ModeCase>& mode) { return std::string(mode.param.name); });
 
 // The same run twice on the GPU gives the same bits: every kernel is deterministic at this size (cuDNN's
