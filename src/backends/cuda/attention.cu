@@ -27,9 +27,10 @@ using attention_internal::launch_pack_dout;
 using attention_internal::launch_row_dot;
 using attention_internal::pack_heads;
 
-AttentionParams make_params(int64_t T, int64_t C, int64_t NH) {
+AttentionParams make_params(int64_t T, int64_t C, int64_t NH, int64_t KVH) {
   OCTET_REQUIRE(NH > 0 && C > 0 && C % NH == 0,
                 "attention: C must be a positive multiple of NH, got C={} NH={}", C, NH);
+  OCTET_REQUIRE(KVH > 0 && NH % KVH == 0, "attention: KVH must divide NH, got NH={} KVH={}", NH, KVH);
   const int64_t hs = C / NH;
   OCTET_REQUIRE(hs <= kAttentionMaxHeadSize, "attention: head size C/NH must be at most {}, got {}",
                 kAttentionMaxHeadSize, hs);
@@ -37,6 +38,10 @@ AttentionParams make_params(int64_t T, int64_t C, int64_t NH) {
   p.T = T;
   p.C = C;
   p.NH = NH;
+  p.KVH = KVH;
+  p.group = NH / KVH;
+  p.kv_C = KVH * hs;
+  p.pitch = C + 2 * p.kv_C;
   p.layout = head_layout(static_cast<int>(hs));
   p.scale = 1.0f / std::sqrt(static_cast<float>(hs));
   return p;
@@ -128,7 +133,7 @@ float* AttentionWorkspace::reserve_row_dot(size_t count, cudaStream_t stream) {
 
 namespace {
 
-// q, k, v as the kernels read them, bf16 [B, T, 3C] at a 16-byte aligned address: qkv itself where it is
+// q, k, v as the kernels read them, bf16 [B, T, pitch] at a 16-byte aligned address: qkv itself where it is
 // such already, otherwise converted (float32) or copied into the front of the workspace's packed block,
 // which then holds `extra` more elements behind them. Returns the copy and, in *used, the elements it took.
 const Bf16* bf16_qkv(const void* qkv, Dtype type, int64_t n, size_t extra, AttentionWorkspace& workspace,
@@ -161,10 +166,10 @@ void check_qkv_type(Dtype type, bool tensor_cores, const char* op) {
 }  // namespace
 
 void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
-                       int64_t C, int64_t NH, AttentionWorkspace& workspace, const AttentionOptions& options,
-                       cudaStream_t stream) {
+                       int64_t C, int64_t NH, int64_t KVH, AttentionWorkspace& workspace,
+                       const AttentionOptions& options, cudaStream_t stream) {
   OCTET_CHECK(B >= 0 && T >= 0, "attention_forward: non-negative B and T, got B={} T={}", B, T);
-  AttentionParams p = make_params(T, C, NH);
+  AttentionParams p = make_params(T, C, NH, KVH);
   if (B == 0 || T == 0) return;
   OCTET_CHECK(out != nullptr && lse != nullptr && qkv != nullptr, "attention_forward: non-null pointers");
   const bool tensor_cores = use_tensor_cores(p.layout.hs, options);
@@ -175,7 +180,7 @@ void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, 
     p.B = B;
     p.vector = aligned16(out);
     size_t used = 0;
-    p.qkv_bf16 = bf16_qkv(qkv, qkv_type, 3 * B * T * C, 0, workspace, &used, stream);
+    p.qkv_bf16 = bf16_qkv(qkv, qkv_type, B * T * p.pitch, 0, workspace, &used, stream);
     p.packed_dout = nullptr;
     launch_mma_for_head_size(p, B, true, stream);
   } else {
@@ -185,10 +190,10 @@ void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, 
 }
 
 void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KVH,
                         AttentionWorkspace& workspace, const AttentionOptions& options, cudaStream_t stream) {
   OCTET_CHECK(B >= 0 && T >= 0, "attention_backward: non-negative B and T, got B={} T={}", B, T);
-  AttentionParams p = make_params(T, C, NH);
+  AttentionParams p = make_params(T, C, NH, KVH);
   if (B == 0 || T == 0) return;
   OCTET_CHECK(dqkv != nullptr && dout != nullptr && qkv != nullptr && out != nullptr && lse != nullptr,
               "attention_backward: non-null pointers");
@@ -213,7 +218,7 @@ void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype q
     // The workspace: q, k, v where they need converting, then dO packed per head.
     size_t used = 0;
     p.qkv_bf16 =
-        bf16_qkv(qkv, qkv_type, 3 * B * T * C, static_cast<size_t>(B * T * C), workspace, &used, stream);
+        bf16_qkv(qkv, qkv_type, B * T * p.pitch, static_cast<size_t>(B * T * C), workspace, &used, stream);
     Bf16* packed_dout = reinterpret_cast<Bf16*>(workspace.packed.data()) + used;
     if (packed_row_dot) {
       launch_pack_dout(packed_dout, row_dot, dout, out, B, T, C, NH, hs, aligned16(dout) && aligned16(out),

@@ -1,7 +1,9 @@
-// Fused causal multi-head self-attention on the GPU, flash-style: the forward keeps only the softmax's
-// log-sum-exp per row and the backward recomputes the probabilities from it, so no T x T matrix ever lives
-// in device memory. Same contract as the CPU reference (src/backends/cpu/cpu_attention.cpp):
-//   qkv  [B, T, 3C]  q, k, v each C wide, NH heads of hs = C / NH
+// Fused causal self-attention on the GPU, multi-head or grouped-query, flash-style: the forward keeps only
+// the softmax's log-sum-exp per row and the backward recomputes the probabilities from it, so no T x T
+// matrix ever lives in device memory. Same contract as the CPU reference
+// (src/backends/cpu/cpu_attention.cpp):
+//   qkv  [B, T, C + 2 KVH hs]  q (NH heads of hs = C / NH), then k and v (KVH heads each); query head h reads
+//                    kv head h / (NH / KVH). KVH = NH is multi-head attention (qkv [B, T, 3C]).
 //   out  [B, T, C]
 //   lse  [B, NH, T]  natural log of sum_j exp(s_j) over the row's scaled scores s_j = (q . k_j) / sqrt(hs),
 //                    max included (lse = max + log(sum_j exp(s_j - max)))
@@ -36,7 +38,8 @@ struct AttentionOptions {
 bool attention_uses_tensor_cores(int64_t C, int64_t NH, const AttentionOptions& options);
 
 // Scratch of the kernels: D = rowsum(dO * O) per (b, h, t) for the backward, and the tensor-core path's
-// bf16 copies: q, k, v [B, T, 3C] where they come in float32 (or misaligned), then dO packed head by head
+// bf16 copies: q, k, v [B, T, C + 2 KVH hs] where they come in float32 (or misaligned), then dO packed head
+// by head
 // ([B * NH][T][hs]) in the backward. Grows on demand and is reused across calls; the
 // stream of the call that grows it is synchronised before the old block is freed. Move-only.
 struct AttentionWorkspace {
@@ -48,28 +51,42 @@ struct AttentionWorkspace {
   uint16_t* reserve_packed(size_t count, cudaStream_t stream);
 };
 
-// out [B, T, C], lse [B, NH, T] from qkv [B, T, 3C] stored as qkv_type: float32, or bf16 where the
+// out [B, T, C], lse [B, NH, T] from qkv [B, T, C + 2 KVH hs] stored as qkv_type: float32, or bf16 where the
 // tensor-core path runs (attention_uses_tensor_cores), which rounds q, k, v to bf16 anyway, so a bf16 qkv
-// loses nothing and is read as it is. B or T may be zero (nothing is launched).
+// loses nothing and is read as it is. B or T may be zero (nothing is launched). KVH divides NH.
 void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
-                       int64_t C, int64_t NH, AttentionWorkspace& workspace, const AttentionOptions& options,
-                       cudaStream_t stream);
+                       int64_t C, int64_t NH, int64_t KVH, AttentionWorkspace& workspace,
+                       const AttentionOptions& options, cudaStream_t stream);
+// Multi-head attention (KVH = NH): qkv [B, T, 3C].
+inline void attention_forward(float* out, float* lse, const void* qkv, Dtype qkv_type, int64_t B, int64_t T,
+                              int64_t C, int64_t NH, AttentionWorkspace& workspace,
+                              const AttentionOptions& options, cudaStream_t stream) {
+  attention_forward(out, lse, qkv, qkv_type, B, T, C, NH, NH, workspace, options, stream);
+}
 inline void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
                               int64_t NH, AttentionWorkspace& workspace, const AttentionOptions& options,
                               cudaStream_t stream) {
-  attention_forward(out, lse, qkv, Dtype::f32, B, T, C, NH, workspace, options, stream);
+  attention_forward(out, lse, qkv, Dtype::f32, B, T, C, NH, NH, workspace, options, stream);
 }
 
-// dqkv [B, T, 3C] (overwritten) from dout [B, T, C] and the forward's qkv (same type rules), out and lse.
-// Deterministic: the same inputs give bit-identical dqkv (no atomics; every sum has a fixed order).
+// dqkv (qkv's shape, overwritten; a kv head's gradient summed over the NH / KVH query heads that read it)
+// from dout [B, T, C] and the forward's qkv (same type rules), out and lse. Deterministic: the same inputs
+// give bit-identical dqkv (no atomics; every sum has a fixed order).
 void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KVH,
                         AttentionWorkspace& workspace, const AttentionOptions& options, cudaStream_t stream);
+// Multi-head attention (KVH = NH).
+inline void attention_backward(float* dqkv, const float* dout, const void* qkv, Dtype qkv_type,
+                               const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                               int64_t NH, AttentionWorkspace& workspace, const AttentionOptions& options,
+                               cudaStream_t stream) {
+  attention_backward(dqkv, dout, qkv, qkv_type, out, lse, B, T, C, NH, NH, workspace, options, stream);
+}
 inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
                                AttentionWorkspace& workspace, const AttentionOptions& options,
                                cudaStream_t stream) {
-  attention_backward(dqkv, dout, qkv, Dtype::f32, out, lse, B, T, C, NH, workspace, options, stream);
+  attention_backward(dqkv, dout, qkv, Dtype::f32, out, lse, B, T, C, NH, NH, workspace, options, stream);
 }
 
 }  // namespace octet::cuda

@@ -1,5 +1,6 @@
 // What the files of octet's attention kernels (attention.h) share: the head layout and the parameters that
-// every kernel takes, and the launchers that attention.cu calls, of the float32 kernels
+// every kernel takes (with the grouped-query layout of qkv: NH query heads, then KVH key heads, then KVH
+// value heads in a row), and the launchers that attention.cu calls, of the float32 kernels
 // (attention_float32.cu) and of the BF16 tensor-core kernels (attention_mma_forward.cu,
 // attention_mma_backward.cu).
 // Internal to the CUDA backend: include only from .cu files.
@@ -45,14 +46,17 @@ struct AttentionParams {
   const float* lse;      // backward only
   const float* row_dot;  // backward only: D
   int64_t T;
-  int64_t C;
-  int64_t NH;
+  int64_t C;      // of out: NH query heads
+  int64_t NH;     // query heads
+  int64_t KVH;    // key and value heads; query head h reads kv head h / group
+  int64_t group;  // NH / KVH query heads per kv head
+  int64_t kv_C;   // KVH hs: the width of k and of v in a row of qkv
+  int64_t pitch;  // C + 2 kv_C: a row of qkv (and of dqkv)
   HeadLayout layout;
   float scale;
-  // Tensor-core path only: the batch, q, k, v as bf16 [B, T, 3C] (16-byte aligned), dO packed as bf16
+  // Tensor-core path only: the batch, q, k, v as bf16 [B, T, pitch] (16-byte aligned), dO packed as bf16
   // [B * NH][T][hs] in the backward (see attention_pack_kernel), and whether the float32 outputs are
-  // 16-byte aligned, so that rows (whose pitches 3C and C are multiples of 16 there) can be written as
-  // float2.
+  // 16-byte aligned, so that rows (whose pitches and C are multiples of 16 there) can be written as float2.
   int64_t B;
   const void* qkv_bf16;
   const void* packed_dout;
@@ -60,7 +64,8 @@ struct AttentionParams {
 };
 
 // The float32 path (attention_float32.cu): the forward, and the backward's dQ and dK, dV kernels, which need
-// D (launch_row_dot) first.
+// D (launch_row_dot) first. The dK, dV kernel has a block per kv head, which walks the queries of each of
+// its group's query heads in turn.
 void forward_float32(const AttentionParams& p, int64_t B, cudaStream_t stream);
 void backward_float32(const AttentionParams& p, int64_t B, cudaStream_t stream);
 // D = rowsum(dO * O) per (b, h, t) into row_dot [B, NH, T] (`rows` = B * NH * T values), a warp per row.

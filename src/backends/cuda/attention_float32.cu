@@ -87,8 +87,9 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionPa
   const int64_t h = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int64_t q0 = query_tile * kTile;
-  const int64_t pitch = 3 * p.C;
+  const int64_t pitch = p.pitch;
   const float* q_head = p.qkv + b * p.T * pitch + h * layout.hs;
+  const float* k_head = p.qkv + b * p.T * pitch + p.C + (h / p.group) * layout.hs;
   const int first_row = warp * kRowsPerWarp;
   float* warp_p = p_tile + first_row * kTile;
 
@@ -106,8 +107,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionPa
   for (int64_t key_tile = 0; key_tile <= query_tile; ++key_tile) {
     const bool diagonal = key_tile == query_tile;  // q0 == k0 there: key j is visible to row r iff j <= r
     __syncthreads();                               // the previous tile's readers are done
-    load_tile(k_tile, q_head + p.C, pitch, key_tile * kTile, p.T, layout);
-    load_tile(v_tile, q_head + 2 * p.C, pitch, key_tile * kTile, p.T, layout);
+    load_tile(k_tile, k_head, pitch, key_tile * kTile, p.T, layout);
+    load_tile(v_tile, k_head + p.kv_C, pitch, key_tile * kTile, p.T, layout);
     __syncthreads();
 
     float score[kRowsPerWarp];
@@ -192,8 +193,9 @@ __global__ void __launch_bounds__(kThreads) attention_backward_query_kernel(Atte
   const int64_t h = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int64_t q0 = query_tile * kTile;
-  const int64_t pitch = 3 * p.C;
+  const int64_t pitch = p.pitch;
   const float* q_head = p.qkv + b * p.T * pitch + h * layout.hs;
+  const float* k_head = p.qkv + b * p.T * pitch + p.C + (h / p.group) * layout.hs;
   const int first_row = warp * kRowsPerWarp;
   float* warp_ds = ds_tile + first_row * kTile;
 
@@ -214,8 +216,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_query_kernel(Atte
   for (int64_t key_tile = 0; key_tile <= query_tile; ++key_tile) {
     const bool diagonal = key_tile == query_tile;
     __syncthreads();
-    load_tile(k_tile, q_head + p.C, pitch, key_tile * kTile, p.T, layout);
-    load_tile(v_tile, q_head + 2 * p.C, pitch, key_tile * kTile, p.T, layout);
+    load_tile(k_tile, k_head, pitch, key_tile * kTile, p.T, layout);
+    load_tile(v_tile, k_head + p.kv_C, pitch, key_tile * kTile, p.T, layout);
     __syncthreads();
 
     float score[kRowsPerWarp], dprob[kRowsPerWarp];
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_query_kernel(Atte
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t t = q0 + first_row + r;
     if (t >= p.T) continue;
-    float* dq = p.out + (b * p.T + t) * 3 * p.C + h * layout.hs;
+    float* dq = p.out + (b * p.T + t) * p.pitch + h * layout.hs;
 #pragma unroll
     for (int k = 0; k < kDimsPerLane; ++k) {
       const int d = lane + k * kWarpSize;
@@ -259,8 +261,10 @@ __global__ void __launch_bounds__(kThreads) attention_backward_query_kernel(Atte
   }
 }
 
-// dK, dV for one (b, h, key tile): dv_j = sum_t p_tj do_t and dk_j = scale * sum_t p_tj (dp_tj - D_t) q_t
-// over the queries t >= j. Rows are keys here and the lanes hold queries.
+// dK, dV for one (b, kv head, key tile): dv_j = sum_t p_tj do_t and dk_j = scale * sum_t p_tj (dp_tj - D_t)
+// q_t over the queries t >= j of every query head of the kv head's group, head by head in order (one sum per
+// element, in a fixed order: the group's gradient without atomics). Rows are keys here and the lanes hold
+// queries.
 template <int kDimsPerLane>
 __global__ void __launch_bounds__(kThreads) attention_backward_key_kernel(AttentionParams p) {
   extern __shared__ float4 shared_words[];
@@ -277,19 +281,17 @@ __global__ void __launch_bounds__(kThreads) attention_backward_key_kernel(Attent
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t key_tile = blockIdx.x;
-  const int64_t h = blockIdx.y;
+  const int64_t kv_head = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int64_t k0 = key_tile * kTile;
-  const int64_t pitch = 3 * p.C;
-  const float* q_head = p.qkv + b * p.T * pitch + h * layout.hs;
-  const float* do_head = p.dout + b * p.T * p.C + h * layout.hs;
-  const int64_t stats = (b * p.NH + h) * p.T;
+  const int64_t pitch = p.pitch;
+  const float* k_head = p.qkv + b * p.T * pitch + p.C + kv_head * layout.hs;
   const int first_row = warp * kRowsPerWarp;
   float* warp_p = p_tile + first_row * kTile;
   float* warp_ds = ds_tile + first_row * kTile;
 
-  load_tile(k_tile, q_head + p.C, pitch, k0, p.T, layout);
-  load_tile(v_tile, q_head + 2 * p.C, pitch, k0, p.T, layout);
+  load_tile(k_tile, k_head, pitch, k0, p.T, layout);
+  load_tile(v_tile, k_head + p.kv_C, pitch, k0, p.T, layout);
 
   float dk[kRowsPerWarp][kDimsPerLane], dv[kRowsPerWarp][kDimsPerLane];
 #pragma unroll
@@ -299,49 +301,54 @@ __global__ void __launch_bounds__(kThreads) attention_backward_key_kernel(Attent
   }
 
   const int64_t query_tiles = (p.T + kTile - 1) / kTile;
-  for (int64_t query_tile = key_tile; query_tile < query_tiles; ++query_tile) {
-    const bool diagonal = query_tile == key_tile;  // query i sees key r iff i >= r
-    const int64_t q0 = query_tile * kTile;
-    const int valid_queries = static_cast<int>(p.T - q0 < kTile ? p.T - q0 : kTile);
-    __syncthreads();
-    load_tile(q_tile, q_head, pitch, q0, p.T, layout);
-    load_tile(do_tile, do_head, p.C, q0, p.T, layout);
-    if (threadIdx.x < kTile) {
-      const bool inside = static_cast<int>(threadIdx.x) < valid_queries;
-      lse_tile[threadIdx.x] = inside ? p.lse[stats + q0 + threadIdx.x] : 0.0f;
-      dot_tile[threadIdx.x] = inside ? p.row_dot[stats + q0 + threadIdx.x] : 0.0f;
-    }
-    __syncthreads();
-
-    float score[kRowsPerWarp], dprob[kRowsPerWarp];
-    row_column_dots(score, k_tile + first_row * layout.stride, q_tile + lane * layout.stride, layout);
-    row_column_dots(dprob, v_tile + first_row * layout.stride, do_tile + lane * layout.stride, layout);
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const bool visible = lane < valid_queries && (!diagonal || lane >= first_row + r);
-      const float prob = visible ? expf(score[r] * p.scale - lse_tile[lane]) : 0.0f;
-      warp_p[r * kTile + lane] = prob;
-      warp_ds[r * kTile + lane] = visible ? prob * (dprob[r] - dot_tile[lane]) * p.scale : 0.0f;
-    }
-    __syncwarp();
-
-    for (int i = 0; i < valid_queries; ++i) {
-      float q_row[kDimsPerLane], do_row[kDimsPerLane];
-#pragma unroll
-      for (int k = 0; k < kDimsPerLane; ++k) {
-        const int d = lane + k * kWarpSize;
-        q_row[k] = d < layout.hs ? q_tile[i * layout.stride + d] : 0.0f;
-        do_row[k] = d < layout.hs ? do_tile[i * layout.stride + d] : 0.0f;
+  for (int64_t h = kv_head * p.group; h < (kv_head + 1) * p.group; ++h) {
+    const float* q_head = p.qkv + b * p.T * pitch + h * layout.hs;
+    const float* do_head = p.dout + b * p.T * p.C + h * layout.hs;
+    const int64_t stats = (b * p.NH + h) * p.T;
+    for (int64_t query_tile = key_tile; query_tile < query_tiles; ++query_tile) {
+      const bool diagonal = query_tile == key_tile;  // query i sees key r iff i >= r
+      const int64_t q0 = query_tile * kTile;
+      const int valid_queries = static_cast<int>(p.T - q0 < kTile ? p.T - q0 : kTile);
+      __syncthreads();
+      load_tile(q_tile, q_head, pitch, q0, p.T, layout);
+      load_tile(do_tile, do_head, p.C, q0, p.T, layout);
+      if (threadIdx.x < kTile) {
+        const bool inside = static_cast<int>(threadIdx.x) < valid_queries;
+        lse_tile[threadIdx.x] = inside ? p.lse[stats + q0 + threadIdx.x] : 0.0f;
+        dot_tile[threadIdx.x] = inside ? p.row_dot[stats + q0 + threadIdx.x] : 0.0f;
       }
+      __syncthreads();
+
+      float score[kRowsPerWarp], dprob[kRowsPerWarp];
+      row_column_dots(score, k_tile + first_row * layout.stride, q_tile + lane * layout.stride, layout);
+      row_column_dots(dprob, v_tile + first_row * layout.stride, do_tile + lane * layout.stride, layout);
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
-        if (diagonal && i < first_row + r) continue;
-        const float prob = warp_p[r * kTile + i];
-        const float ds = warp_ds[r * kTile + i];
+        const bool visible = lane < valid_queries && (!diagonal || lane >= first_row + r);
+        const float prob = visible ? expf(score[r] * p.scale - lse_tile[lane]) : 0.0f;
+        warp_p[r * kTile + lane] = prob;
+        warp_ds[r * kTile + lane] = visible ? prob * (dprob[r] - dot_tile[lane]) * p.scale : 0.0f;
+      }
+      __syncwarp();
+
+      for (int i = 0; i < valid_queries; ++i) {
+        float q_row[kDimsPerLane], do_row[kDimsPerLane];
 #pragma unroll
         for (int k = 0; k < kDimsPerLane; ++k) {
-          dv[r][k] = fmaf(prob, do_row[k], dv[r][k]);
-          dk[r][k] = fmaf(ds, q_row[k], dk[r][k]);
+          const int d = lane + k * kWarpSize;
+          q_row[k] = d < layout.hs ? q_tile[i * layout.stride + d] : 0.0f;
+          do_row[k] = d < layout.hs ? do_tile[i * layout.stride + d] : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          if (diagonal && i < first_row + r) continue;
+          const float prob = warp_p[r * kTile + i];
+          const float ds = warp_ds[r * kTile + i];
+#pragma unroll
+          for (int k = 0; k < kDimsPerLane; ++k) {
+            dv[r][k] = fmaf(prob, do_row[k], dv[r][k]);
+            dk[r][k] = fmaf(ds, q_row[k], dk[r][k]);
+          }
         }
       }
     }
@@ -351,8 +358,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_key_kernel(Attent
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t t = k0 + first_row + r;
     if (t >= p.T) continue;
-    float* dk_out = p.out + (b * p.T + t) * 3 * p.C + p.C + h * layout.hs;
-    float* dv_out = dk_out + p.C;
+    float* dk_out = p.out + (b * p.T + t) * p.pitch + p.C + kv_head * layout.hs;
+    float* dv_out = dk_out + p.kv_C;
 #pragma unroll
     for (int k = 0; k < kDimsPerLane; ++k) {
       const int d = lane + k * kWarpSize;
@@ -417,6 +424,7 @@ void forward_float32(const AttentionParams& p, int64_t B, cudaStream_t stream) {
 
 void backward_float32(const AttentionParams& p, int64_t B, cudaStream_t stream) {
   const dim3 grid = tile_grid(B, p.T, p.NH);
+  const dim3 key_grid = tile_grid(B, p.T, p.KVH);
   const size_t query_shared = backward_query_shared_bytes(p.layout);
   const size_t key_shared = backward_key_shared_bytes(p.layout);
   const char* query_name = "attention_backward_query_kernel";
@@ -424,19 +432,19 @@ void backward_float32(const AttentionParams& p, int64_t B, cudaStream_t stream) 
   switch ((p.layout.hs + kWarpSize - 1) / kWarpSize) {
     case 1:
       launch_tiled(attention_backward_query_kernel<1>, query_name, grid, query_shared, p, stream);
-      launch_tiled(attention_backward_key_kernel<1>, key_name, grid, key_shared, p, stream);
+      launch_tiled(attention_backward_key_kernel<1>, key_name, key_grid, key_shared, p, stream);
       break;
     case 2:
       launch_tiled(attention_backward_query_kernel<2>, query_name, grid, query_shared, p, stream);
-      launch_tiled(attention_backward_key_kernel<2>, key_name, grid, key_shared, p, stream);
+      launch_tiled(attention_backward_key_kernel<2>, key_name, key_grid, key_shared, p, stream);
       break;
     case 3:
       launch_tiled(attention_backward_query_kernel<3>, query_name, grid, query_shared, p, stream);
-      launch_tiled(attention_backward_key_kernel<3>, key_name, grid, key_shared, p, stream);
+      launch_tiled(attention_backward_key_kernel<3>, key_name, key_grid, key_shared, p, stream);
       break;
     default:
       launch_tiled(attention_backward_query_kernel<4>, query_name, grid, query_shared, p, stream);
-      launch_tiled(attention_backward_key_kernel<4>, key_name, grid, key_shared, p, stream);
+      launch_tiled(attention_backward_key_kernel<4>, key_name, key_grid, key_shared, p, stream);
       break;
   }
 }

@@ -1,8 +1,9 @@
 // What the kernels of the BF16 tensor-core path of octet's attention (attention.h) share.
 //
 // BF16 tensor-core path: FlashAttention-2's register-resident scheme on mma.sync.m16n8k16 (bf16 operands,
-// float32 accumulators). The kernels read q, k, v from a bf16 [B, T, 3C] tensor (the CUDA backend stores
-// qkv so; a float32 qkv is converted into the workspace first) and, in the backward, dO packed per head
+// float32 accumulators). The kernels read q, k, v from a bf16 [B, T, C + 2 KVH hs] tensor (the CUDA backend
+// stores qkv so; a float32 qkv is converted into the workspace first) and, in the backward, dO packed per
+// head
 // ([B * NH][T][hs]) by a pack kernel that also computes D; they stream tiles of rows with cp.async into
 // shared memory, two stages deep, so that the next tile arrives while the current one is multiplied. A
 // block has warps of 16-row tiles (two tiles a warp in the forward up to hs 96, so that each K and V operand
@@ -17,13 +18,15 @@
 //
 // Forward: per query tile, S = Q K^T, online softmax, O += P V. Backward, deterministic and without atomics
 // as the float32 path: dQ per query tile (S, dP = dO V^T, dS = P (dP - D), dQ += dS K), then dK, dV per key
-// tile (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q); the dK/dV kernel re-reads its K and V
-// operands from shared memory at each step, which saves the registers for a third block per multiprocessor.
-// Causality: tiles wholly past a block's last row are never loaded; on the diagonal tile the first products
-// cover every 8-column block (independent chains cost less than the skipped work saves) and a masked
-// element gets a zero probability. Unlike the float32 path, that zero multiplies the element's V (or dO)
-// row, so an infinite value in a future position would turn into NaN: this path assumes finite inputs.
-// Needs hs % 16 == 0 and compute capability 8.0 or newer.
+// tile of a kv head (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q), walking the query tiles of
+// each query head of the kv head's group in turn with its accumulators in registers (grouped-query
+// attention: a kv head's gradient summed over its group in a fixed order, with K and V staged once); the
+// dK/dV kernel re-reads its K and V operands from shared memory at each step, which saves the registers for a
+// third block per multiprocessor. Causality: tiles wholly past a block's last row are never loaded; on the
+// diagonal tile the first products cover every 8-column block (independent chains cost less than the skipped
+// work saves) and a masked element gets a zero probability. Unlike the float32 path, that zero multiplies the
+// element's V (or dO) row, so an infinite value in a future position would turn into NaN: this path assumes
+// finite inputs. Needs hs % 16 == 0 and compute capability 8.0 or newer.
 //
 // Here: the tiles' sizes, the copies into shared memory, the ldmatrix and mma.sync wrappers, the quad
 // reductions and the launch; the kernels are in attention_mma_forward.cu and attention_mma_backward.cu.
@@ -197,8 +200,8 @@ __device__ __forceinline__ int blocks_up_to(int first_row, int first_column) {
   return blocks < 0 ? 0 : (blocks > kColumnBlocks ? kColumnBlocks : blocks);
 }
 
-// One head's rows: q, k, v from the bf16 qkv [B, T, 3C] (rows 3C apart), dO from the packed workspace
-// ([B * NH][T][hs], rows hs apart).
+// One query head's rows: q, and the k and v of the kv head it reads, from the bf16 qkv [B, T, pitch] (rows
+// pitch apart), dO from the packed workspace ([B * NH][T][hs], rows hs apart).
 struct HeadRows {
   const Bf16* q;
   const Bf16* k;
@@ -208,11 +211,12 @@ struct HeadRows {
 };
 
 __device__ __forceinline__ HeadRows head_rows(const AttentionParams& p, int64_t b, int64_t h, int hs) {
-  const Bf16* qkv = static_cast<const Bf16*>(p.qkv_bf16) + b * p.T * 3 * p.C + h * hs;
+  const Bf16* row = static_cast<const Bf16*>(p.qkv_bf16) + b * p.T * p.pitch;
+  const Bf16* k = row + p.C + (h / p.group) * hs;
   const Bf16* dout = p.packed_dout == nullptr
                          ? nullptr
                          : static_cast<const Bf16*>(p.packed_dout) + (b * p.NH + h) * p.T * hs;
-  return {qkv, qkv + p.C, qkv + 2 * p.C, dout, 3 * p.C};
+  return {row + h * hs, k, k + p.kv_C, dout, p.pitch};
 }
 
 // Two tensors of kColumnTile rows a stage.
@@ -223,12 +227,12 @@ inline size_t mma_shared_bytes(int hs, int rows, int floats) {
   return sizeof(Bf16) * static_cast<size_t>(rows) * (hs + 8) + sizeof(float) * static_cast<size_t>(floats);
 }
 
-// Launches one tensor-core kernel over the (b, h, tile of `rows` rows) blocks of p and B, with
-// `shared_bytes` of dynamic shared memory.
+// Launches one tensor-core kernel over the (b, head, tile of `rows` rows) blocks of p and B, with
+// `shared_bytes` of dynamic shared memory: `heads` heads (p.NH query heads, or p.KVH kv heads).
 template <typename Kernel>
 void launch_mma_kernel(Kernel kernel, const char* name, int rows, int threads, size_t shared_bytes,
-                       const AttentionParams& p, int64_t B, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.T + rows - 1) / rows), static_cast<unsigned>(p.NH),
+                       const AttentionParams& p, int64_t B, int64_t heads, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.T + rows - 1) / rows), static_cast<unsigned>(heads),
                   static_cast<unsigned>(B));
   OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(shared_bytes)));

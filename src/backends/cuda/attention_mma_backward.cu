@@ -126,9 +126,8 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
     }
     __syncthreads();
   }
-  const int64_t pitch = 3 * p.C;
   const float factor[2] = {p.scale, p.scale};
-  store_accumulators<kHeadSize>(p.out + b * p.T * pitch + h * kHeadSize, pitch, row, p.T, dq, factor,
+  store_accumulators<kHeadSize>(p.out + b * p.T * p.pitch + h * kHeadSize, p.pitch, row, p.T, dq, factor,
                                 p.vector);
 #else
   (void)p;
@@ -136,7 +135,8 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_query_mma_kern
 #endif
 }
 
-// dK and dV for one (b, h, key tile); key tile 0 sees every query, so the heaviest come first.
+// dK and dV for one (b, kv head, key tile), over the query tiles of each query head of its group in turn;
+// key tile 0 sees every query, so the heaviest come first.
 template <int kHeadSize>
 __global__ void __launch_bounds__(kMmaThreads, kHeadSize <= 64 ? 3 : 1)
     attention_backward_key_mma_kernel(AttentionParams p) {
@@ -154,23 +154,30 @@ __global__ void __launch_bounds__(kMmaThreads, kHeadSize <= 64 ? 3 : 1)
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, c = lane % 4;
-  const int64_t h = blockIdx.y;
+  const int64_t kv_head = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int k0 = static_cast<int>(blockIdx.x) * kRowTile;
   const int warp_key = k0 + warp * 16;
   const int key[2] = {warp_key + g, warp_key + g + 8};
   const float score_scale = p.scale * kLog2e;
-  const HeadRows heads = head_rows(p, b, h, kHeadSize);
+  const int64_t first_head = kv_head * p.group;  // the group's query heads: first_head + [0, group)
+  const HeadRows heads = head_rows(p, b, first_head, kHeadSize);  // k and v: the kv head's
   const int first_tile = k0 / kColumnTile;
   const int query_tiles = (static_cast<int>(p.T) + kColumnTile - 1) / kColumnTile;
+  // The block's steps: query tiles first_tile .. query_tiles - 1 of each query head of the group in turn.
+  const int head_tiles = query_tiles - first_tile;
+  const int steps = head_tiles * static_cast<int>(p.group);
 
-  // Stages query tile `tile` (q, dO, and per query the lse in base 2 and D) into stage `stage`. A query
-  // past T gets lse +inf, hence probability exp2(-inf) = 0 in every row.
-  const auto stage_queries = [&](int tile, int stage) {
+  // Stages step `step`'s query tile (q, dO, and per query the lse in base 2 and D) into stage `stage`. A
+  // query past T gets lse +inf, hence probability exp2(-inf) = 0 in every row.
+  const auto stage_queries = [&](int step, int stage) {
+    const int64_t h = first_head + step / head_tiles;
+    const int tile = first_tile + step % head_tiles;
+    const Bf16* q_head = heads.q + (h - first_head) * kHeadSize;
+    const Bf16* do_head = heads.dout + (h - first_head) * p.T * kHeadSize;
     Bf16* q_stage = qd_tiles + stage * 2 * kTileElements;
-    stage_rows<kHeadSize, kColumnTile>(q_stage, heads.q, heads.pitch, tile * kColumnTile, p.T);
-    stage_rows<kHeadSize, kColumnTile>(q_stage + kTileElements, heads.dout, kHeadSize, tile * kColumnTile,
-                                       p.T);
+    stage_rows<kHeadSize, kColumnTile>(q_stage, q_head, heads.pitch, tile * kColumnTile, p.T);
+    stage_rows<kHeadSize, kColumnTile>(q_stage + kTileElements, do_head, kHeadSize, tile * kColumnTile, p.T);
     if (threadIdx.x < kColumnTile) {
       const int t = tile * kColumnTile + static_cast<int>(threadIdx.x);
       const int64_t index = (b * p.NH + h) * p.T + t;
@@ -180,7 +187,7 @@ __global__ void __launch_bounds__(kMmaThreads, kHeadSize <= 64 ? 3 : 1)
   };
   stage_rows<kHeadSize, kRowTile>(k_tile, heads.k, heads.pitch, k0, p.T);
   stage_rows<kHeadSize, kRowTile>(v_tile, heads.v, heads.pitch, k0, p.T);
-  stage_queries(first_tile, 0);
+  stage_queries(0, 0);
   copy_async_commit();
 
   float dk[kHeadBlocks][4], dv[kHeadBlocks][4];
@@ -190,9 +197,10 @@ __global__ void __launch_bounds__(kMmaThreads, kHeadSize <= 64 ? 3 : 1)
     for (int e = 0; e < 4; ++e) dk[dj][e] = dv[dj][e] = 0.0f;
   }
 
-  for (int tile = first_tile; tile < query_tiles; ++tile) {
-    const int stage = (tile - first_tile) % kStages;
-    if (tile + 1 < query_tiles) stage_queries(tile + 1, (stage + 1) % kStages);
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages;
+    const int tile = first_tile + step % head_tiles;
+    if (step + 1 < steps) stage_queries(step + 1, (stage + 1) % kStages);
     copy_async_commit();
     copy_async_wait<1>();
     __syncthreads();
@@ -262,12 +270,11 @@ __global__ void __launch_bounds__(kMmaThreads, kHeadSize <= 64 ? 3 : 1)
     }
     __syncthreads();
   }
-  const int64_t pitch = 3 * p.C;
-  float* dk_head = p.out + b * p.T * pitch + p.C + h * kHeadSize;
+  float* dk_head = p.out + b * p.T * p.pitch + p.C + kv_head * kHeadSize;
   const float dk_factor[2] = {p.scale, p.scale};
   const float dv_factor[2] = {1.0f, 1.0f};
-  store_accumulators<kHeadSize>(dk_head, pitch, key, p.T, dk, dk_factor, p.vector);
-  store_accumulators<kHeadSize>(dk_head + p.C, pitch, key, p.T, dv, dv_factor, p.vector);
+  store_accumulators<kHeadSize>(dk_head, p.pitch, key, p.T, dk, dk_factor, p.vector);
+  store_accumulators<kHeadSize>(dk_head + p.kv_C, p.pitch, key, p.T, dv, dv_factor, p.vector);
 #else
   (void)p;
   __trap();
@@ -385,10 +392,11 @@ template <int kHeadSize>
 void launch_mma_backward(const AttentionParams& p, int64_t B, cudaStream_t stream) {
   launch_mma_kernel(attention_backward_query_mma_kernel<kHeadSize>, "attention_backward_query_mma_kernel",
                     kRowTile, kMmaThreads, mma_shared_bytes(kHeadSize, 2 * kRowTile + kStagedColumns, 0), p,
-                    B, stream);
+                    B, p.NH, stream);
   launch_mma_kernel(attention_backward_key_mma_kernel<kHeadSize>, "attention_backward_key_mma_kernel",
                     kRowTile, kMmaThreads,
-                    mma_shared_bytes(kHeadSize, 2 * kRowTile + kStagedColumns, kStagedColumns), p, B, stream);
+                    mma_shared_bytes(kHeadSize, 2 * kRowTile + kStagedColumns, kStagedColumns), p, B, p.KVH,
+                    stream);
 }
 
 template void launch_mma_backward<16>(const AttentionParams& p, int64_t B, cudaStream_t stream);

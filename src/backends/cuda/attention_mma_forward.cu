@@ -199,7 +199,8 @@ template <int kHeadSize>
 void launch_mma_forward(const AttentionParams& p, int64_t B, cudaStream_t stream) {
   launch_mma_kernel(attention_forward_mma_kernel<kHeadSize>, "attention_forward_mma_kernel",
                     kForwardRows<kHeadSize>, kForwardThreads,
-                    mma_shared_bytes(kHeadSize, kForwardRows<kHeadSize> + kStagedColumns, 0), p, B, stream);
+                    mma_shared_bytes(kHeadSize, kForwardRows<kHeadSize> + kStagedColumns, 0), p, B, p.NH,
+                    stream);
 }
 
 template void launch_mma_forward<16>(const AttentionParams& p, int64_t B, cudaStream_t stream);

@@ -33,20 +33,6 @@ class CudaBuffer final : public Buffer {
   size_t bytes_;
 };
 
-void require_normalization(Normalization kind) {
-  OCTET_CHECK(kind == Normalization::layernorm, "CUDA normalization: layernorm, asked for {}",
-              normalization_name(kind));
-}
-
-void require_activation(Activation kind) {
-  OCTET_CHECK(kind == Activation::gelu, "CUDA activation: gelu, asked for {}", activation_name(kind));
-}
-
-void require_multi_head(AttentionHeads heads) {
-  OCTET_CHECK(heads.kv_heads == heads.heads, "CUDA attention: as many kv heads as heads, asked for {} and {}",
-              heads.kv_heads, heads.heads);
-}
-
 }  // namespace
 
 CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) {
@@ -113,10 +99,16 @@ std::unique_ptr<Buffer> CudaBackend::allocate(size_t bytes) {
 void CudaBackend::normalization_forward(Normalization kind, const TensorView& out, float* mean, float* rstd,
                                         const ConstTensorView& inp, const float* weight, const float* bias,
                                         const Fp8CastTarget& cast_for) {
-  require_normalization(kind);
+  check_normalization_arguments("normalization_forward", kind, mean, bias);
   const int64_t N = inp.rows(), C = inp.cols();
   check_matrix("normalization_forward", "out", out.shape, N, C);
-  if (cast_for.given()) {
+  if (kind == Normalization::rmsnorm) {
+    if (cast_for.given()) {
+      rmsnorm_forward_cast(out.f32(), rstd, inp.f32(), weight, N, C, cast_for);
+    } else {
+      rmsnorm_forward_as(out.data, out.dtype, rstd, inp.f32(), weight, N, C);
+    }
+  } else if (cast_for.given()) {
     layernorm_forward_cast(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C, cast_for);
   } else {
     layernorm_forward_as(out.data, out.dtype, mean, rstd, inp.f32(), weight, bias, N, C);
@@ -126,9 +118,13 @@ void CudaBackend::normalization_forward(Normalization kind, const TensorView& ou
 void CudaBackend::normalization_backward(Normalization kind, float* dinp, float* dweight, float* dbias,
                                          const ConstTensorView& dout, const float* inp, const float* weight,
                                          const float* mean, const float* rstd) {
-  require_normalization(kind);
-  layernorm_backward_as(dinp, dweight, dbias, dout.data, dout.dtype, inp, weight, mean, rstd, dout.rows(),
-                        dout.cols());
+  check_normalization_arguments("normalization_backward", kind, mean, dbias);
+  if (kind == Normalization::rmsnorm) {
+    rmsnorm_backward_as(dinp, dweight, dout.data, dout.dtype, inp, weight, rstd, dout.rows(), dout.cols());
+  } else {
+    layernorm_backward_as(dinp, dweight, dbias, dout.data, dout.dtype, inp, weight, mean, rstd, dout.rows(),
+                          dout.cols());
+  }
 }
 
 void CudaBackend::linear_forward(const TensorView& out, const ConstTensorView& inp,
@@ -210,9 +206,11 @@ Dtype CudaBackend::storage_type(const StorageQuery& query) const {
     case StorageRole::rounded_activation:
       return bf16_storage_type();
     case StorageRole::attention_input:
-      return attention_input_type(query.channels, query.heads);
+      return attention_input_type(query.channels, query.heads,
+                                  query.kv_heads == 0 ? query.heads : query.kv_heads);
     case StorageRole::attention_output:
-      return attention_output_type(query.channels, query.heads);
+      return attention_output_type(query.channels, query.heads,
+                                   query.kv_heads == 0 ? query.heads : query.kv_heads);
     case StorageRole::weight_gradient:
       OCTET_CHECK(query.layer != nullptr, "the layer whose weight gradient is stored");
       return weight_gradient_type(*query.layer);
@@ -228,27 +226,37 @@ Dtype CudaBackend::storage_type(const StorageQuery& query) const {
 void CudaBackend::attention_forward(const TensorView& out, float* lse, const ConstTensorView& qkv,
                                     AttentionHeads heads) {
   const AttentionSizes s = attention_sizes("attention_forward", qkv.shape, out.shape, heads);
-  require_multi_head(heads);
-  attention_forward_as(out.data, out.dtype, lse, qkv.data, qkv.dtype, s.B, s.T, s.C, heads.heads);
+  attention_forward_as(out.data, out.dtype, lse, qkv.data, qkv.dtype, s.B, s.T, s.C, heads.heads,
+                       heads.kv_heads);
 }
 
 void CudaBackend::attention_backward(const TensorView& dqkv, const ConstTensorView& dout,
                                      const ConstTensorView& qkv, const ConstTensorView& out, const float* lse,
                                      AttentionHeads heads) {
   const auto [B, T, C, hs, kv_C, qkv_C] = attention_sizes("attention_backward", qkv.shape, out.shape, heads);
-  require_multi_head(heads);
   check_shape("attention_backward", "dqkv", dqkv.shape, qkv.shape);
   check_shape("attention_backward", "dout", dout.shape, out.shape);
   OCTET_CHECK(dqkv.dtype == out.dtype && dout.dtype == out.dtype,
               "attention_backward: dqkv ({}) and dout ({}) are stored as out is ({})", dtype_name(dqkv.dtype),
               dtype_name(dout.dtype), dtype_name(out.dtype));
   attention_backward_as(dqkv.data, dout.data, qkv.data, qkv.dtype, out.data, out.dtype, lse, B, T, C,
-                        heads.heads);
+                        heads.heads, heads.kv_heads);
 }
 
 void CudaBackend::activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
                                      const Fp8CastTarget& cast_for) {
-  require_activation(kind);
+  if (kind == Activation::swiglu) {
+    const int64_t N = inp.rows(), C = activation_width("activation_forward", kind, inp.shape);
+    check_matrix("activation_forward", "out", out.shape, N, C);
+    OCTET_CHECK(out.data == nullptr || out.data != inp.data,
+                "activation_forward: SwiGLU's out is not its inp");
+    if (cast_for.given()) {
+      swiglu_forward_cast_as(out.f32(), inp.data, inp.dtype, N, C, cast_for);
+    } else {
+      swiglu_forward_as(out.data, out.dtype, inp.data, inp.dtype, N, C);
+    }
+    return;
+  }
   check_matrix("activation_forward", "out", out.shape, inp.rows(), inp.cols());
   if (cast_for.given()) {
     gelu_forward_cast_as(out.f32(), inp.data, inp.dtype, inp.rows(), inp.cols(), cast_for);
@@ -260,24 +268,38 @@ void CudaBackend::activation_forward(Activation kind, const TensorView& out, con
 void CudaBackend::activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
                                       const ConstTensorView& dout, float* dbias,
                                       const Fp8CastTarget& cast_for) {
-  require_activation(kind);
-  check_matrix("activation_backward", "dout", dout.shape, inp.rows(), inp.cols());
-  check_matrix("activation_backward", "dinp", dinp.shape, inp.rows(), inp.cols());
+  const int64_t N = inp.rows(), C = activation_width("activation_backward", kind, inp.shape);
+  check_matrix("activation_backward", "dout", dout.shape, N, C);
+  check_matrix("activation_backward", "dinp", dinp.shape, N, inp.cols());
   OCTET_CHECK(dout.dtype == inp.dtype, "activation_backward: dout ({}) is stored as inp is ({})",
               dtype_name(dout.dtype), dtype_name(inp.dtype));
-  if (cast_for.given()) {
-    gelu_backward_cast_as(dinp.f32(), inp.data, dout.data, inp.dtype, inp.rows(), inp.cols(), dbias,
-                          cast_for);
+  OCTET_CHECK(cast_for.given() || dbias == nullptr,
+              "activation_backward sums a bias gradient only with the consumer's cast");
+  if (kind == Activation::swiglu) {
+    if (cast_for.given()) {
+      swiglu_backward_cast_as(dinp.f32(), inp.data, dout.data, inp.dtype, N, C, dbias, cast_for);
+    } else {
+      swiglu_backward_as(dinp.data, dinp.dtype, inp.data, dout.data, inp.dtype, N, C);
+    }
+  } else if (cast_for.given()) {
+    gelu_backward_cast_as(dinp.f32(), inp.data, dout.data, inp.dtype, N, C, dbias, cast_for);
   } else {
-    OCTET_CHECK(dbias == nullptr, "activation_backward sums a bias gradient only with the consumer's cast");
     gelu_backward_as(dinp.data, dinp.dtype, inp.data, dout.data, inp.dtype, inp.numel());
   }
 }
 
 void CudaBackend::rotary_embedding(const TensorView& x, const ConstTensorView& table, int64_t heads,
-                                   bool /*inverse*/) {
-  rotary_sizes("rotary_embedding", x.shape, table.shape, heads);
-  OCTET_CHECK(false, "CUDA rotary_embedding: not built yet");
+                                   bool inverse) {
+  const auto [B, T, hs] = rotary_sizes("rotary_embedding", x.shape, table.shape, heads);
+  check_dtype("rotary_embedding", "x", x.dtype, {Dtype::f32, Dtype::bf16});
+  check_dtype("rotary_embedding", "table", table.dtype, {Dtype::f32});
+  const OpScope scope(*this, OpKind::other);
+  if (x.dtype == Dtype::bf16) {
+    cuda::rotary_embedding(static_cast<uint16_t*>(x.data), table.f32(), B, T, x.shape[2], heads, hs, inverse,
+                           stream_);
+  } else {
+    cuda::rotary_embedding(x.f32(), table.f32(), B, T, x.shape[2], heads, hs, inverse, stream_);
+  }
 }
 
 }  // namespace cuda::backend_internal

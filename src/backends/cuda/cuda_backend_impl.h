@@ -1,7 +1,8 @@
 // The CUDA backend's class, CudaBackend, and what its files share: device scratch memory, a layer's weight
 // copy (which owns the layer's device scaling state, device_scaling.h) and the forward's saved FP8 input.
 // The class's methods are defined by responsibility: cuda_backend.cu (construction, memory, op timing, the
-// tensor entries), device_scaling.cu, operand_casts.cu, linear.cu, weight_update.cu, attention_dispatch.cu.
+// tensor entries), device_scaling.cu, operand_casts.cu, norm_activation.cu, linear.cu, weight_update.cu,
+// attention_dispatch.cu.
 // Internal to the CUDA backend: include only from its .cu files.
 #pragma once
 
@@ -245,12 +246,16 @@ class CudaBackend final : public Backend {
                                  const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
                                  LinearExecution& exec, const Fp8Tensor& input);
 
-  Dtype attention_input_type(int64_t C, int64_t NH) const {
-    return cuda::attention_uses_tensor_cores(C, NH, attention_options_) ? Dtype::bf16 : Dtype::f32;
+  // The storage of attention's input and of its output and gradients for C channels in NH query heads and
+  // KVH kv heads: the kernels' choice depends on the head size C / NH alone (octet's kernels and cuDNN's
+  // take grouped-query attention wherever they take multi-head attention), so KVH only has to divide NH.
+  Dtype attention_input_type(int64_t C, int64_t NH, int64_t KVH) const {
+    const bool heads = KVH > 0 && NH % KVH == 0;
+    return heads && cuda::attention_uses_tensor_cores(C, NH, attention_options_) ? Dtype::bf16 : Dtype::f32;
   }
-  Dtype attention_output_type(int64_t C, int64_t NH) const {
+  Dtype attention_output_type(int64_t C, int64_t NH, int64_t KVH) const {
     const bool cudnn = cudnn_ != nullptr && options_.attention_outputs_in_bf16;
-    return cudnn && attention_input_type(C, NH) == Dtype::bf16 ? Dtype::bf16 : Dtype::f32;
+    return cudnn && attention_input_type(C, NH, KVH) == Dtype::bf16 ? Dtype::bf16 : Dtype::f32;
   }
   void linear_forward_as(void* out, Dtype out_type, const void* inp, Dtype inp_type, const float* weight,
                          const WeightCopy* copy, const float* bias, int64_t N, int64_t C, int64_t OC,
@@ -269,10 +274,12 @@ class CudaBackend final : public Backend {
         exec.weight_gradient == GemmMode::bf16 || (exec.weight_gradient == GemmMode::fp8 && !emulate_fp8_);
     return bf16 && options_.weight_gradients_in_bf16 ? Dtype::bf16 : Dtype::f32;
   }
+  // Attention over NH query heads and KVH kv heads (attention_dispatch.cu).
   void attention_forward_as(void* out, Dtype out_type, float* lse, const void* qkv, Dtype qkv_type, int64_t B,
-                            int64_t T, int64_t C, int64_t NH);
+                            int64_t T, int64_t C, int64_t NH, int64_t KVH);
   void attention_backward_as(void* dqkv, const void* dout, const void* qkv, Dtype qkv_type, const void* out,
-                             Dtype out_type, const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+                             Dtype out_type, const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                             int64_t KVH);
 
   void gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n);
   void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -283,6 +290,23 @@ class CudaBackend final : public Backend {
                         int64_t n);
   void gelu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N, int64_t C,
                              float* dbias, const Fp8CastTarget& cast);
+  // RMSNorm and SwiGLU (norm_activation.cu), as LayerNorm's and GELU's entries above: outputs stored as
+  // `*_type`, inputs read as stored, and the consumer's FP8 cast written in the producing pass where
+  // producer_casts says so.
+  void rmsnorm_forward_as(void* out, Dtype out_type, float* rstd, const float* inp, const float* weight,
+                          int64_t N, int64_t C);
+  void rmsnorm_forward_cast(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                            int64_t C, const Fp8CastTarget& cast);
+  void rmsnorm_backward_as(float* dinp, float* dweight, const void* dout, Dtype dout_type, const float* inp,
+                           const float* weight, const float* rstd, int64_t N, int64_t C);
+  // SwiGLU over inp [N, 2C] into out [N, C]; the backward writes dinp [N, 2C] from dout [N, C].
+  void swiglu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t N, int64_t C);
+  void swiglu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
+                              const Fp8CastTarget& cast);
+  void swiglu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout, Dtype type,
+                          int64_t N, int64_t C);
+  void swiglu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type, int64_t N,
+                               int64_t C, float* dbias, const Fp8CastTarget& cast);
   void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) override;
   void add(float* out, const float* a, const float* b, int64_t n) {
     const OpScope scope(*this, OpKind::other);
@@ -550,7 +574,7 @@ class CudaBackend final : public Backend {
   // shapes it refused (each warned about once), and the bf16 staging of out, dout and dqkv.
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   std::string cudnn_why_not_;
-  std::set<std::tuple<int64_t, int64_t, int64_t, int64_t>> cudnn_refused_;
+  std::set<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>> cudnn_refused_;
   DeviceScratch attention_bf16_[3];
   // Where octet's kernels run attention whose output and gradients are stored in bf16: float32 staging of
   // out, dout and dqkv.
@@ -558,7 +582,7 @@ class CudaBackend final : public Backend {
 
   // Whether this attention call runs on cuDNN: loaded, bf16 q, k, v at 16-byte aligned addresses, and an
   // engine for the shape (a refused shape runs octet's kernels, with one warning per shape on stderr).
-  bool use_cudnn(const void* qkv, Dtype qkv_type, int64_t B, int64_t T, int64_t C, int64_t NH);
+  bool use_cudnn(const void* qkv, Dtype qkv_type, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KVH);
   bool emulate_fp8_ = false;
   std::vector<ScalingUpdate> pending_updates_;
   std::vector<Layer*> pending_layers_;
@@ -587,5 +611,14 @@ class CudaBackend final : public Backend {
   // for every layer with transpose_weight_per_use.
   DeviceScratch weight_transposed_;
 };
+
+template <typename Write>
+void CudaBackend::producer_cast(int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot,
+                                Write write) {
+  Layer& layer = mapped_layer(exec);
+  const Dtype format = exec.formats.activation;
+  write(fused_cast_into(layer, kActivation, format, input_tensor(slot, exec, N, C), N * C));
+  end_cast(layer, kActivation, format, N * C, exec.update_scaling, exec.telemetry != nullptr);
+}
 
 }  // namespace octet::cuda::backend_internal

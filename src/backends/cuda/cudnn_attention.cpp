@@ -294,18 +294,22 @@ class GraphBuilder {
   int64_t next_virtual_ = kFirstVirtual;
 };
 
-// The shapes of one attention call: B batches of NH heads, T positions, hs = C / NH.
+// The shapes of one attention call: B batches of NH query heads and KVH kv heads, T positions, hs = C / NH.
 struct Shape {
-  int64_t B, T, C, NH, hs;
+  int64_t B, T, C, NH, KVH, hs;
+  int64_t pitch() const { return C + 2 * KVH * hs; }  // a row of qkv
+  bool grouped() const { return KVH != NH; }
   Dims head() const { return {B, NH, T, hs}; }
-  Dims head_transposed() const { return {B, NH, hs, T}; }
+  Dims kv_head() const { return {B, KVH, T, hs}; }
+  Dims kv_head_transposed() const { return {B, KVH, hs, T}; }
   Dims scores() const { return {B, NH, T, T}; }
   Dims rows() const { return {B, NH, T, 1}; }
-  // q, k or v inside qkv [B, T, 3C]; and its transpose (d, t) view
-  Dims qkv_strides() const { return {T * 3 * C, hs, 3 * C, 1}; }
-  Dims qkv_strides_transposed() const { return {T * 3 * C, hs, 1, 3 * C}; }
+  // q, k or v inside qkv [B, T, pitch]; and its transpose (d, t) view
+  Dims qkv_strides() const { return {T * pitch(), hs, pitch(), 1}; }
+  Dims qkv_strides_transposed() const { return {T * pitch(), hs, 1, pitch()}; }
   Dims out_strides() const { return {T * C, hs, C, 1}; }
   Dims packed_strides() const { return {NH * T * hs, T * hs, hs, 1}; }
+  Dims kv_packed_strides() const { return {KVH * T * hs, T * hs, hs, 1}; }
   Dims score_strides() const { return {NH * T * T, T * T, T, 1}; }
   Dims score_strides_transposed() const { return {NH * T * T, T * T, 1, T}; }
   Dims row_strides() const { return {NH * T, T, 1, 1}; }
@@ -329,8 +333,8 @@ cudnnBackendDescriptor_t masked_scores(GraphBuilder& g, const Shape& s, cudnnBac
 void build_forward(const CudnnApi& api, cudnnHandle_t handle, const Shape& s, CudnnPlan& plan) {
   GraphBuilder g(api, plan);
   const auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, s.head(), s.qkv_strides());
-  const auto kt = g.tensor(kKt, CUDNN_DATA_BFLOAT16, s.head_transposed(), s.qkv_strides_transposed());
-  const auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, s.head(), s.qkv_strides());
+  const auto kt = g.tensor(kKt, CUDNN_DATA_BFLOAT16, s.kv_head_transposed(), s.qkv_strides_transposed());
+  const auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, s.kv_head(), s.qkv_strides());
   const auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, s.head(), s.out_strides());
   const auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, s.rows(), s.row_strides());
   const auto scale = g.scalar(kScale);
@@ -363,14 +367,14 @@ void build_forward(const CudnnApi& api, cudnnHandle_t handle, const Shape& s, Cu
 void build_backward(const CudnnApi& api, cudnnHandle_t handle, const Shape& s, CudnnPlan& plan) {
   GraphBuilder g(api, plan);
   const auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, s.head(), s.qkv_strides());
-  const auto kt = g.tensor(kKt, CUDNN_DATA_BFLOAT16, s.head_transposed(), s.qkv_strides_transposed());
-  const auto vt = g.tensor(kVt, CUDNN_DATA_BFLOAT16, s.head_transposed(), s.qkv_strides_transposed());
+  const auto kt = g.tensor(kKt, CUDNN_DATA_BFLOAT16, s.kv_head_transposed(), s.qkv_strides_transposed());
+  const auto vt = g.tensor(kVt, CUDNN_DATA_BFLOAT16, s.kv_head_transposed(), s.qkv_strides_transposed());
   const auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, s.head(), s.out_strides());
   const auto dout = g.tensor(kDO, CUDNN_DATA_BFLOAT16, s.head(), s.out_strides());
   const auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, s.rows(), s.row_strides());
   const auto dq = g.tensor(kDQ, CUDNN_DATA_BFLOAT16, s.head(), s.qkv_strides());
-  const auto dk = g.tensor(kDK, CUDNN_DATA_BFLOAT16, s.head(), s.qkv_strides());
-  const auto dv = g.tensor(kDV, CUDNN_DATA_BFLOAT16, s.head(), s.qkv_strides());
+  const auto dk = g.tensor(kDK, CUDNN_DATA_BFLOAT16, s.kv_head(), s.qkv_strides());
+  const auto dv = g.tensor(kDV, CUDNN_DATA_BFLOAT16, s.kv_head(), s.qkv_strides());
   const auto scale = g.scalar(kScale);
   const auto neg_inf = g.scalar(kNegInf);
   const auto one = g.scalar(kOne);
@@ -386,8 +390,8 @@ void build_backward(const CudnnApi& api, cudnnHandle_t handle, const Shape& s, C
   // D = rowsum(dO * O)
   const auto dout_out = g.virt(s.head(), s.packed_strides());
   g.pointwise(CUDNN_POINTWISE_MUL, dout, o, dout_out);
-  // k itself, for dQ = dS k
-  const auto k = g.virt(s.head(), s.packed_strides());
+  // k itself, for dQ = dS k (KVH heads, broadcast over the query heads as in the forward's products)
+  const auto k = g.virt(s.kv_head(), s.kv_packed_strides());
   g.reshape(kt, k);
   // P = exp(scores - lse), masked
   const auto scaled = g.virt(sd, ss);
@@ -400,7 +404,15 @@ void build_backward(const CudnnApi& api, cudnnHandle_t handle, const Shape& s, C
   // dV = P^T dO
   const auto probs_t = g.virt(sd, s.score_strides_transposed(), CUDNN_DATA_BFLOAT16);
   g.reshape(probs, probs_t);
-  g.matmul(probs_t, dout, dv);
+  // Grouped-query: each query head's product, then the sum over the group (cuDNN's frontend builds dK and dV
+  // so: a per-query-head intermediate reduced onto the kv heads).
+  if (s.grouped()) {
+    const auto dv_heads = g.virt(s.head(), s.packed_strides(), CUDNN_DATA_BFLOAT16);
+    g.matmul(probs_t, dout, dv_heads);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dv_heads, dv);
+  } else {
+    g.matmul(probs_t, dout, dv);
+  }
   const auto dot = g.virt(rd, rs);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, dout_out, dot);
   g.pointwise(CUDNN_POINTWISE_MUL, dot, one, row_dot);
@@ -416,7 +428,13 @@ void build_backward(const CudnnApi& api, cudnnHandle_t handle, const Shape& s, C
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, dq);
   const auto dscaled_t = g.virt(sd, s.score_strides_transposed(), CUDNN_DATA_BFLOAT16);
   g.reshape(dscaled, dscaled_t);
-  g.matmul(dscaled_t, q, dk);
+  if (s.grouped()) {
+    const auto dk_heads = g.virt(s.head(), s.packed_strides(), CUDNN_DATA_BFLOAT16);
+    g.matmul(dscaled_t, q, dk_heads);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dk_heads, dk);
+  } else {
+    g.matmul(dscaled_t, q, dk);
+  }
   std::string why;
   if (!g.build(handle, &why)) throw Error(ErrorKind::internal, "cuDNN attention backward: " + why);
 }
@@ -488,19 +506,25 @@ CudnnAttention::~CudnnAttention() {
   if (handle_ != nullptr) (void)api_->destroy(static_cast<cudnnHandle_t>(handle_));
 }
 
-CudnnAttention::Plans& CudnnAttention::plans_for(int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const auto found = plans_.find(Key{B, T, C, NH});
-  OCTET_CHECK(found != plans_.end(), "cuDNN attention: no plan for B={} T={} C={} NH={}", B, T, C, NH);
+CudnnAttention::Plans& CudnnAttention::plans_for(int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KVH) {
+  const auto found = plans_.find(Key{B, T, C, NH, KVH});
+  OCTET_CHECK(found != plans_.end(), "cuDNN attention: no plan for B={} T={} C={} NH={} KVH={}", B, T, C, NH,
+              KVH);
   return *found->second;
 }
 
-bool CudnnAttention::supports(int64_t B, int64_t T, int64_t C, int64_t NH, std::string* why_not) {
-  if (plans_.count(Key{B, T, C, NH}) > 0) return true;
+bool CudnnAttention::supports(int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KVH,
+                              std::string* why_not) {
+  if (plans_.count(Key{B, T, C, NH, KVH}) > 0) return true;
   if (NH <= 0 || C % NH != 0 || (C / NH) % 8 != 0 || C / NH > 128 || (C * 2) % 16 != 0) {
     *why_not = fmt::format("head size C / NH = {} / {} is not a multiple of 8 up to 128", C, NH);
     return false;
   }
-  const Shape shape{B, T, C, NH, C / NH};
+  if (KVH <= 0 || NH % KVH != 0) {
+    *why_not = fmt::format("{} kv heads do not divide {} query heads", KVH, NH);
+    return false;
+  }
+  const Shape shape{B, T, C, NH, KVH, C / NH};
   auto plans = std::make_unique<Plans>();
   try {
     build_forward(*api_, static_cast<cudnnHandle_t>(handle_), shape, plans->forward);
@@ -509,12 +533,12 @@ bool CudnnAttention::supports(int64_t B, int64_t T, int64_t C, int64_t NH, std::
     *why_not = e.what();
     return false;
   }
-  plans_.emplace(Key{B, T, C, NH}, std::move(plans));
+  plans_.emplace(Key{B, T, C, NH, KVH}, std::move(plans));
   return true;
 }
 
-std::string CudnnAttention::engines(int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const Plans& plans = plans_for(B, T, C, NH);
+std::string CudnnAttention::engines(int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KVH) {
+  const Plans& plans = plans_for(B, T, C, NH, KVH);
   return fmt::format("forward engine {}, backward engine {}", plans.forward.engine, plans.backward.engine);
 }
 
@@ -573,9 +597,10 @@ void execute(const CudnnApi& api, cudnnHandle_t handle, const CudnnPlan& plan, c
 }  // namespace
 
 void CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, int64_t B, int64_t T, int64_t C,
-                             int64_t NH, cudaStream_t stream) {
+                             int64_t NH, int64_t KVH, cudaStream_t stream) {
   if (B == 0 || T == 0) return;
-  const CudnnPlan& plan = plans_for(B, T, C, NH).forward;
+  const CudnnPlan& plan = plans_for(B, T, C, NH, KVH).forward;
+  const int64_t kv_C = KVH * (C / NH);
   const auto cudnn = static_cast<cudnnHandle_t>(handle_);
   api_->check(api_->set_stream(cudnn, stream), "cudnnSetStream");
   float scale = 1.0f / std::sqrt(static_cast<float>(C / NH));
@@ -584,7 +609,7 @@ void CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, int
   const int64_t uids[] = {kQ, kKt, kV, kO, kStats, kScale, kNegInf};
   void* pointers[] = {const_cast<uint16_t*>(qkv),
                       const_cast<uint16_t*>(qkv + C),
-                      const_cast<uint16_t*>(qkv + 2 * C),
+                      const_cast<uint16_t*>(qkv + C + kv_C),
                       out,
                       lse,
                       &scale,
@@ -593,10 +618,11 @@ void CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, int
 }
 
 void CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
-                              const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                              const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KVH,
                               cudaStream_t stream) {
   if (B == 0 || T == 0) return;
-  const CudnnPlan& plan = plans_for(B, T, C, NH).backward;
+  const CudnnPlan& plan = plans_for(B, T, C, NH, KVH).backward;
+  const int64_t kv_C = KVH * (C / NH);
   const auto cudnn = static_cast<cudnnHandle_t>(handle_);
   api_->check(api_->set_stream(cudnn, stream), "cudnnSetStream");
   float scale = 1.0f / std::sqrt(static_cast<float>(C / NH));
@@ -611,13 +637,13 @@ void CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16
                           kDK, kDV, kScale, kNegInf, kOne, kRowDot, kDQAccum};
   void* pointers[] = {const_cast<uint16_t*>(qkv),
                       const_cast<uint16_t*>(qkv + C),
-                      const_cast<uint16_t*>(qkv + 2 * C),
+                      const_cast<uint16_t*>(qkv + C + kv_C),
                       const_cast<uint16_t*>(out),
                       const_cast<uint16_t*>(dout),
                       const_cast<float*>(lse),
                       dqkv,
                       dqkv + C,
-                      dqkv + 2 * C,
+                      dqkv + C + kv_C,
                       &scale,
                       &neg_inf,
                       &one,

@@ -1,7 +1,8 @@
 // Device arithmetic shared by the ops of ops.h (gelu.cu, adamw.cu, layernorm.cu, ...) and the same ops fused
 // with an FP8 cast (fused.h: fused_gelu.cu, fused_adamw.cu, fused_layernorm.cu): the GELU forward value and
 // gradient, the AdamW step (per element and per pack, and its host-side constants) and LayerNorm's row
-// statistics and normalisation, with the small helpers they need (Pack, warp_sum). Both must compute
+// statistics and normalisation, RMSNorm's, and SiLU with its gradient (SwiGLU), with the small helpers they
+// need (Pack, warp_sum). Both must compute
 // bit-identical values (fused.h promises the unfused op's exact results, and the GPU tests compare both with
 // the CPU reference bit for bit), so this is the one copy: same rounding intrinsics, same order of
 // operations, same float64 reductions as the reference.
@@ -81,8 +82,8 @@ __device__ __forceinline__ Pack<W> widen(const Raw<W, uint16_t>& r) {
   return x;
 }
 
-// W consecutive bf16 values (their bits) widened to float32; 8 bytes when W is 4 (the caller guarantees 8-byte
-// alignment).
+// W consecutive bf16 values (their bits) widened to float32; 8 bytes when W is 4 (the caller guarantees
+// 8-byte alignment).
 template <int W>
 __device__ __forceinline__ Pack<W> load_pack(const uint16_t* p) {
   return widen(load_raw<W>(p));
@@ -119,9 +120,9 @@ __device__ __forceinline__ double warp_sum(double v) {
 // about 2 and 1 ulp), three instructions where tanhf takes some twenty: the fused casts that run GELU are
 // bound by their instructions (docs/benchmarks.md, log entry 13). The result stays within a few float32 ulps
 // of the tanh form, which is how the CPU reference computes it (std::tanh) and how the GPU tests compare the
-// two (tests/cuda/test_backend_ops.cpp: 8 roundings of |x| forward). Every special value keeps the reference's
-// class: NaN where it has NaN (GELU(-Inf), and the derivative at +-Inf and wherever x^3 overflows), +Inf at
-// +Inf, and 0 where e^(-2u) overflows.
+// two (tests/cuda/test_backend_ops.cpp: 8 roundings of |x| forward). Every special value keeps the
+// reference's class: NaN where it has NaN (GELU(-Inf), and the derivative at +-Inf and wherever x^3
+// overflows), +Inf at +Inf, and 0 where e^(-2u) overflows.
 
 inline constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float kGeluCubic = 0.044715f;
@@ -300,6 +301,60 @@ __device__ __forceinline__ Pack<W> layernorm_normalise(const float* x, const flo
   for (int k = 0; k < W; ++k)
     p.v[k] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(p.v[k], r.mean), r.rstd), w.v[k]), b.v[k]);
   return p;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// RMSNorm forward, one warp per row of C values, in the lane order of LayerNorm's statistics (W fixes the
+// order of the float64 additions, so callers that must agree pick the same W for the same pointers).
+
+// 1 / sqrt(mean(x^2) + eps): the reference's float64 sum of squares, the same bits on every lane. Every lane
+// of the warp must call it.
+template <int W>
+__device__ __forceinline__ float rmsnorm_rstd(const float* x, int64_t C, int lane) {
+  double squares = 0.0;
+#pragma unroll 4
+  for (int64_t i = lane * W; i < C; i += kWarp * W) {
+    const Pack<W> p = load_pack<W>(x + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const double d = static_cast<double>(p.v[k]);
+      squares = __dadd_rn(squares, __dmul_rn(d, d));
+    }
+  }
+  const double mean_square = warp_sum(squares) / static_cast<double>(C);
+  return static_cast<float>(1.0 / sqrt(mean_square + static_cast<double>(kLayernormEps)));
+}
+
+// Output elements i .. i+W-1 of the row x: x * rstd * weight, in the reference's order.
+template <int W>
+__device__ __forceinline__ Pack<W> rmsnorm_normalise(const float* x, const float* weight, int64_t i,
+                                                     float rstd) {
+  Pack<W> p = load_pack<W>(x + i);
+  const Pack<W> w = load_pack<W>(weight + i);
+#pragma unroll
+  for (int k = 0; k < W; ++k) p.v[k] = __fmul_rn(__fmul_rn(p.v[k], rstd), w.v[k]);
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + e^-g), the reference's expressions in its order. expf is
+// CUDA's full-precision exponential (2 ulps at most), which the GPU tests allow for against std::exp.
+
+__device__ __forceinline__ float swiglu(float gate, float up) {
+  return __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), up);
+}
+
+// The two gradients of one (gate, up) pair for dout: d gate = dout * up * (s (1 + g (1 - s))), d up =
+// dout * g s, with the sigmoid s = 1 / (1 + e^-g).
+struct SwigluGradient {
+  float gate;
+  float up;
+};
+__device__ __forceinline__ SwigluGradient swiglu_gradient(float gate, float up, float dout) {
+  const float sigmoid = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-gate)));
+  const float silu = __fmul_rn(gate, sigmoid);
+  const float slope = __fmul_rn(sigmoid, __fadd_rn(1.0f, __fmul_rn(gate, __fsub_rn(1.0f, sigmoid))));
+  return {__fmul_rn(__fmul_rn(dout, up), slope), __fmul_rn(dout, silu)};
 }
 
 }  // namespace octet::cuda::elementwise

@@ -38,6 +38,11 @@ void layernorm_forward_cast(float* out, float* mean, float* rstd, const float* i
                             const float* bias, int64_t N, int64_t C, const FusedCast& cast,
                             cudaStream_t stream);
 
+// RMSNorm forward (exactly the values of cuda::rmsnorm_forward, same rstd), writing the FP8 cast of out [N,
+// C]; out itself is written only when not null, as layernorm_forward_cast.
+void rmsnorm_forward_cast(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                          int64_t C, const FusedCast& cast, cudaStream_t stream);
+
 // GELU forward over inp [rows, cols] (exactly the values of cuda::gelu_forward), writing the FP8 cast of the
 // result; out written only when not null (it may alias inp). inp is float32, or bf16 (its bits) read as its
 // float32 values.
@@ -73,6 +78,27 @@ void gelu_backward_cast(float* dinp, const uint16_t* inp, const uint16_t* dout, 
                         cudaStream_t stream, const PartialSums& sums = {});
 // Rows of column_partials that gelu_backward_cast needs for `rows` rows.
 int64_t gelu_backward_cast_partial_rows(int64_t rows);
+
+// SwiGLU forward over inp [rows, 2C] (exactly the values of cuda::swiglu_forward), writing the FP8 cast of
+// the result [rows, C]; out written only when not null (it must not overlap inp). inp is float32, or bf16
+// (its bits) read as their float32 values.
+void swiglu_forward_cast(float* out, const float* inp, int64_t rows, int64_t C, const FusedCast& cast,
+                         cudaStream_t stream);
+void swiglu_forward_cast(float* out, const uint16_t* inp, int64_t rows, int64_t C, const FusedCast& cast,
+                         cudaStream_t stream);
+
+// SwiGLU backward: dinp [rows, 2C] from inp [rows, 2C] and dout [rows, C] (exactly the values of
+// cuda::swiglu_backward), writing the FP8 cast of dinp; dinp written only when not null (it must not overlap
+// inp or dout). When dbias [2C] is not null, also dbias += column sums of dinp, as gelu_backward_cast sums
+// them (column_partials: swiglu_backward_cast_partial_rows(rows) x 2C floats of scratch).
+void swiglu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t rows, int64_t C,
+                          const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
+                          cudaStream_t stream, const PartialSums& sums = {});
+void swiglu_backward_cast(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t rows, int64_t C,
+                          const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
+                          cudaStream_t stream, const PartialSums& sums = {});
+// Rows of column_partials that swiglu_backward_cast needs for `rows` rows.
+int64_t swiglu_backward_cast_partial_rows(int64_t rows);
 
 // A linear layer's bias gradient and the FP8 cast of its output gradient in one pass over dout [rows, cols]
 // (bias_backward, then cast_amax, would read it twice): the codes, transposed codes, scale_inv and

@@ -1,6 +1,7 @@
 // Which of the Fusion kinds the CUDA backend runs inside a neighbouring op's pass (Backend::supports). The
-// ops decide by the same answers: producer_casts (operand_casts.cu) and the forward GEMM's residual epilogue
-// (linear.cu).
+// ops decide by the same answers: producer_casts (operand_casts.cu; LayerNorm, GELU, and RMSNorm and SwiGLU
+// in norm_activation.cu, which all fuse on the same terms, so the answer depends on the consumer layer alone)
+// and the forward GEMM's residual epilogue (linear.cu).
 #include <fmt/format.h>
 
 #include "cuda_backend_impl.h"

@@ -1,5 +1,6 @@
 // The FP8 casts of a linear layer's input and output gradient (into the caller's FP8 tensors,
-// CudaFp8Tensor), and the LayerNorm and GELU ops that produce those tensors: where the recipe knows
+// CudaFp8Tensor), and the LayerNorm and GELU ops that produce those tensors (RMSNorm's and SwiGLU's are
+// norm_activation.cu's): where the recipe knows
 // the scale before the cast (producer_casts), the producing kernel writes the cast in its own pass
 // (producer_cast, gradient_fused_cast; the kernels in fused_*.cu), else the op runs and the cast follows
 // (cast_operand).
@@ -38,7 +39,8 @@ CudaFp8Tensor& CudaBackend::input_tensor(std::unique_ptr<Fp8Tensor>* slot, const
   describe(t, exec, TensorRole::activation, N, C);
   t.transposed = t.codes_transposed.as<uint8_t>(n, stream_);
   t.scale_inv = t.own_scale_inv.as<float>(1, stream_);
-  t.row_codes = exec.keep_input_codes ? t.codes.as<uint8_t>(n, stream_) : input_codes_.as<uint8_t>(n, stream_);
+  t.row_codes =
+      exec.keep_input_codes ? t.codes.as<uint8_t>(n, stream_) : input_codes_.as<uint8_t>(n, stream_);
   input_codes_for_ = &t;
   return t;
 }
@@ -64,15 +66,6 @@ void CudaBackend::cast_input(const float* x, int64_t N, int64_t C, LinearExecuti
 
 bool CudaBackend::producer_casts(const LinearExecution& exec) const {
   return supports(Fusion::input_cast, exec).fused;
-}
-
-template <typename Write>
-void CudaBackend::producer_cast(int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot,
-                                Write write) {
-  Layer& layer = mapped_layer(exec);
-  const Dtype format = exec.formats.activation;
-  write(fused_cast_into(layer, kActivation, format, input_tensor(slot, exec, N, C), N * C));
-  end_cast(layer, kActivation, format, N * C, exec.update_scaling, exec.telemetry != nullptr);
 }
 
 void CudaBackend::layernorm_forward_as(void* out, Dtype out_type, float* mean, float* rstd, const float* inp,

@@ -14,5 +14,8 @@
 #include "gelu.h"
 #include "layernorm.h"
 #include "reductions.h"
+#include "rmsnorm.h"
+#include "rope.h"
 #include "softmax_cross_entropy.h"
+#include "swiglu.h"
 #include "workspace.h"

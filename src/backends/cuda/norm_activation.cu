@@ -1,0 +1,170 @@
+// The CUDA backend's RMSNorm and SwiGLU: outputs stored as the caller asks (float32 or bf16), inputs read as
+// they are stored, and, with a consumer's cast target, the consumer's FP8 cast written in the producing
+// kernel's own pass where the recipe knows the scale before the cast (producer_casts: the kernels of
+// fused_layernorm.cu and fused_swiglu.cu), else the op followed by the consumer's own cast (cast_input,
+// cast_gradient), exactly as LayerNorm's and GELU's entries do (operand_casts.cu).
+#include <cstdint>
+
+#include "cuda_backend_impl.h"
+
+namespace octet::cuda::backend_internal {
+
+namespace {
+
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+}  // namespace
+
+void CudaBackend::rmsnorm_forward_as(void* out, Dtype out_type, float* rstd, const float* inp,
+                                     const float* weight, int64_t N, int64_t C) {
+  check_stored(out_type, "RMSNorm's output");
+  const OpScope scope(*this, OpKind::norm_activation);
+  if (out_type == Dtype::bf16) {
+    cuda::rmsnorm_forward(static_cast<uint16_t*>(out), rstd, inp, weight, N, C, stream_);
+  } else {
+    cuda::rmsnorm_forward(static_cast<float*>(out), rstd, inp, weight, N, C, stream_);
+  }
+}
+
+void CudaBackend::rmsnorm_forward_cast(float* out, float* rstd, const float* inp, const float* weight,
+                                       int64_t N, int64_t C, const Fp8CastTarget& target) {
+  const OpScope scope(*this, OpKind::norm_activation);
+  LinearExecution& consumer = *target.layer;
+  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
+              "the output kept for a consumer that reads it");
+  if (producer_casts(consumer)) {
+    producer_cast(N, C, consumer, target.tensor, [&](const FusedCast& cast) {
+      cuda::rmsnorm_forward_cast(out, rstd, inp, weight, N, C, cast, stream_);
+    });
+    return;
+  }
+  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
+  cuda::rmsnorm_forward(y, rstd, inp, weight, N, C, stream_);
+  cast_input(y, N, C, consumer, target.tensor);
+}
+
+void CudaBackend::rmsnorm_backward_as(float* dinp, float* dweight, const void* dout, Dtype dout_type,
+                                      const float* inp, const float* weight, const float* rstd, int64_t N,
+                                      int64_t C) {
+  check_stored(dout_type, "RMSNorm's output gradient");
+  const OpScope scope(*this, OpKind::norm_activation);
+  if (dout_type == Dtype::bf16) {
+    cuda::rmsnorm_backward(dinp, dweight, static_cast<const uint16_t*>(dout), inp, weight, rstd, N, C,
+                           workspace_, stream_);
+  } else {
+    cuda::rmsnorm_backward(dinp, dweight, static_cast<const float*>(dout), inp, weight, rstd, N, C,
+                           workspace_, stream_);
+  }
+}
+
+void CudaBackend::swiglu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t N,
+                                    int64_t C) {
+  check_stored(out_type, "SwiGLU's output");
+  check_stored(type, "SwiGLU's input");
+  const OpScope scope(*this, OpKind::norm_activation);
+  auto run = [&](auto* o) {
+    if (type == Dtype::bf16) {
+      cuda::swiglu_forward(o, static_cast<const uint16_t*>(inp), N, C, stream_);
+    } else {
+      cuda::swiglu_forward(o, static_cast<const float*>(inp), N, C, stream_);
+    }
+  };
+  if (out_type == Dtype::bf16) {
+    run(static_cast<uint16_t*>(out));
+  } else {
+    run(static_cast<float*>(out));
+  }
+}
+
+void CudaBackend::swiglu_forward_cast_as(float* out, const void* inp, Dtype type, int64_t N, int64_t C,
+                                         const Fp8CastTarget& target) {
+  check_stored(type, "SwiGLU's input");
+  const OpScope scope(*this, OpKind::norm_activation);
+  LinearExecution& consumer = *target.layer;
+  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
+              "the output kept for a consumer that reads it");
+  if (producer_casts(consumer)) {
+    producer_cast(N, C, consumer, target.tensor, [&](const FusedCast& cast) {
+      if (type == Dtype::bf16) {
+        cuda::swiglu_forward_cast(out, static_cast<const uint16_t*>(inp), N, C, cast, stream_);
+      } else {
+        cuda::swiglu_forward_cast(out, static_cast<const float*>(inp), N, C, cast, stream_);
+      }
+    });
+    return;
+  }
+  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
+  swiglu_forward_as(y, Dtype::f32, inp, type, N, C);
+  cast_input(y, N, C, consumer, target.tensor);
+}
+
+void CudaBackend::swiglu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout,
+                                     Dtype type, int64_t N, int64_t C) {
+  check_stored(dinp_type, "SwiGLU's input gradient");
+  check_stored(type, "SwiGLU's input and output gradient");
+  const OpScope scope(*this, OpKind::norm_activation);
+  auto run = [&](auto* d) {
+    if (type == Dtype::bf16) {
+      cuda::swiglu_backward(d, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout), N, C,
+                            stream_);
+    } else {
+      cuda::swiglu_backward(d, static_cast<const float*>(inp), static_cast<const float*>(dout), N, C,
+                            stream_);
+    }
+  };
+  if (dinp_type == Dtype::bf16) {
+    run(static_cast<uint16_t*>(dinp));
+  } else {
+    run(static_cast<float*>(dinp));
+  }
+}
+
+void CudaBackend::swiglu_backward_cast_as(float* dinp, const void* inp, const void* dout, Dtype type,
+                                          int64_t N, int64_t C, float* dbias, const Fp8CastTarget& target) {
+  check_stored(type, "SwiGLU's input and output gradient");
+  const OpScope scope(*this, OpKind::norm_activation);
+  LinearExecution& consumer = *target.layer;
+  OCTET_CHECK(casts_gradient(consumer), "a consumer with an FP8 backward GEMM");
+  OCTET_CHECK(dinp != nullptr || gradient_cast_suffices(consumer),
+              "the gradient kept for a consumer that reads it");
+  Layer& layer = mapped_layer(consumer);
+  const int64_t width = 2 * C;  // dinp [N, 2C]: the consumer's output gradient
+  const size_t n = static_cast<size_t>(N * width);
+  const size_t element = type == Dtype::bf16 ? 2 : 4;
+  // The fused kernel reads each (gate, up) pair in two threads, so a dinp written over its inputs takes the
+  // unfused kernel, which reads a pair before it writes the pair's gradients.
+  const bool in_place = dinp != nullptr && (overlap(dinp, n * 4, inp, n * element) ||
+                                            overlap(dinp, n * 4, dout, n / 2 * element));
+  if (producer_casts(consumer) && !in_place) {
+    // linear_backward's cast_operand, with the codes written by the SwiGLU backward kernel.
+    const Dtype format = consumer.formats.gradient;
+    const FusedCast cast = gradient_fused_cast(layer, consumer, N, width, target.tensor);
+    float* partials = dbias == nullptr
+                          ? nullptr
+                          : column_partials_.as<float>(
+                                static_cast<size_t>(swiglu_backward_cast_partial_rows(N) * width), stream_);
+    const cuda::PartialSums sums = dbias != nullptr ? sums_aside_.next() : cuda::PartialSums{};
+    if (type == Dtype::bf16) {
+      cuda::swiglu_backward_cast(dinp, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout),
+                                 N, C, cast, dbias, partials, workspace_, stream_, sums);
+    } else {
+      cuda::swiglu_backward_cast(dinp, static_cast<const float*>(inp), static_cast<const float*>(dout), N, C,
+                                 cast, dbias, partials, workspace_, stream_, sums);
+    }
+    end_cast(layer, kGradient, format, N * width, true, consumer.telemetry != nullptr);
+  } else {
+    // The unfused ops, in linear_backward's order: the bias gradient, then the cast.
+    float* d = dinp != nullptr ? dinp : producer_output_.as<float>(n, stream_);
+    swiglu_backward_as(d, Dtype::f32, inp, dout, type, N, C);
+    if (dbias != nullptr) bias_backward(dbias, d, N, width, workspace_, stream_);
+    cast_gradient(layer, d, N, width, consumer, target.tensor);
+  }
+}
+
+}  // namespace octet::cuda::backend_internal

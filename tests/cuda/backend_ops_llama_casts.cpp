@@ -1,0 +1,285 @@
+// RMSNorm's and SwiGLU's forwards with their consumer's FP8 input cast (Fusion::input_cast), and SwiGLU's
+// backward with its consumer's FP8 gradient cast and bias gradient (Fusion::gradient_cast), on the CUDA
+// backend as the model drives them: the producer with a cast target, then the consumer layer's linear op
+// taking the producer's cast. Held against the unfused ops on a twin layer from the same start: the producer
+// without a cast target, then the linear op casting its own operand. Over several steps (the delayed recipe's
+// history rolls over) and the recipes the GPU fuses (delayed, static) and does not (current scaling: the same
+// ops in the producer's place): the layer's outputs and gradients, the producer's kept output and rstd the
+// same bits, the scaling states, counts and telemetry the same; the bias gradient, summed in another order,
+// within float32 tolerance. Every test skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend_ops_harness.h"
+#include "octet/check.h"
+#include "random.h"
+
+namespace {
+
+using namespace octet::testing::backend_ops;  // NOLINT(google-build-using-namespace): the harness's
+                                              // vocabulary
+using octet::Activation;
+using octet::Backend;
+using octet::ConstTensorView;
+using octet::Dtype;
+using octet::GemmMode;
+using octet::LinearExecution;
+using octet::Normalization;
+using octet::ScalingRecipe;
+using octet::ScalingState;
+using octet::TensorView;
+
+// The consumer layer: input [N, C], output [N, OC]. N ends in half a tile of the fused casts (32 rows).
+constexpr int64_t kN = 48, kC = 96, kOC = 64;
+constexpr int kSteps = 4;
+
+struct Config {
+  std::string name;
+  std::shared_ptr<const ScalingRecipe> recipe;
+  Dtype gradient_format = Dtype::e5m2;
+};
+
+std::vector<Config> configs() {
+  auto delayed = std::make_shared<octet::DelayedScaling>(16, octet::AmaxAlgorithm::max, 0);
+  auto current = std::make_shared<octet::CurrentScaling>(0);
+  auto fixed = std::make_shared<octet::StaticScaling>(64.0f);
+  return {{"delayed hybrid", delayed},
+          {"static hybrid", fixed},
+          {"delayed all-e4m3", delayed, Dtype::e4m3},
+          // Not fused on the GPU (the scale needs the amax first): the same ops in the producer's place.
+          {"current hybrid", current}};
+}
+
+// One FP8 layer [C -> OC] with its state, counters and buffers.
+struct Layer {
+  int64_t C, OC;
+  octet::Fp8LinearState state;
+  octet::Fp8LinearTelemetry telemetry;
+  LinearExecution exec;
+  std::unique_ptr<octet::WeightCopy> copy;
+  std::unique_ptr<octet::Fp8Tensor> input_codes, gradient_codes;
+  int64_t fp8_gemms = 0, other_gemms = 0, saturated = 0, underflowed = 0;
+  GuardedBuffer out, dinp, dweight;
+
+  Layer(Backend& backend, const Config& config, int64_t c, int64_t oc)
+      : C(c),
+        OC(oc),
+        out(backend, as_bytes(nan_filled(kN * oc))),
+        dinp(backend, as_bytes(nan_filled(kN * c))),
+        dweight(backend, as_bytes(std::vector<float>(oc * c, 0.0f))) {
+    exec.forward = GemmMode::fp8;
+    exec.input_gradient = GemmMode::fp8;
+    exec.weight_gradient = GemmMode::fp8;
+    exec.recipe = config.recipe.get();
+    exec.formats.gradient = config.gradient_format;
+    state = {config.recipe->initial_state(), config.recipe->initial_state(), config.recipe->initial_state()};
+    exec.state = &state;
+    exec.telemetry = &telemetry;
+    exec.fp8_gemms = &fp8_gemms;
+    exec.other_gemms = &other_gemms;
+    exec.saturated = &saturated;
+    exec.underflowed = &underflowed;
+  }
+};
+
+std::vector<float> read(const GuardedBuffer& buffer, const std::string& name) {
+  bool guards_ok = false;
+  std::vector<float> values = as_floats(buffer.download(&guards_ok));
+  EXPECT_TRUE(guards_ok) << "the guard bytes around '" << name << "' were overwritten";
+  return values;
+}
+
+::testing::AssertionResult same_scaling(const ScalingState& a, const ScalingState& e, const char* operand) {
+  const auto bits = [](float x) { return std::bit_cast<uint32_t>(x); };
+  bool same = bits(a.scale) == bits(e.scale) && bits(a.scale_inv) == bits(e.scale_inv) &&
+              bits(a.last_amax) == bits(e.last_amax) && a.updates == e.updates &&
+              a.amax_history.size() == e.amax_history.size();
+  for (size_t i = 0; same && i < a.amax_history.size(); ++i)
+    same = bits(a.amax_history[i]) == bits(e.amax_history[i]);
+  if (same) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << operand << ": scale " << a.scale << " against " << e.scale
+                                       << ", updates " << a.updates << " against " << e.updates;
+}
+
+// Both layers' states, telemetry and counts agree.
+void expect_same_layers(Backend& backend, Layer& fused, Layer& unfused) {
+  backend.fetch_scaling(fused.state);
+  backend.fetch_scaling(unfused.state);
+  EXPECT_TRUE(same_scaling(fused.state.activation, unfused.state.activation, "activation"));
+  EXPECT_TRUE(same_scaling(fused.state.weight, unfused.state.weight, "weight"));
+  EXPECT_TRUE(same_scaling(fused.state.gradient, unfused.state.gradient, "gradient"));
+  backend.fetch_telemetry(fused.telemetry);
+  backend.fetch_telemetry(unfused.telemetry);
+  for (const auto& [a, e, what] :
+       {std::tuple{&fused.telemetry.activation, &unfused.telemetry.activation, "input"},
+        std::tuple{&fused.telemetry.gradient, &unfused.telemetry.gradient, "gradient"}}) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(a->casts, e->casts);
+    EXPECT_EQ(a->elements, e->elements);
+    EXPECT_EQ(a->nonzero, e->nonzero);
+    EXPECT_EQ(a->saturated, e->saturated);
+    EXPECT_EQ(a->underflowed, e->underflowed);
+  }
+  EXPECT_EQ(fused.fp8_gemms, unfused.fp8_gemms);
+  EXPECT_EQ(fused.saturated, unfused.saturated);
+  EXPECT_EQ(fused.underflowed, unfused.underflowed);
+}
+
+// The producers of a layer's input: RMSNorm over [N, C], or SwiGLU over [N, 2C].
+enum class Producer { rmsnorm, swiglu };
+
+void run_input_cast(Backend& backend, const Config& config, Producer producer) {
+  const char* name = producer == Producer::rmsnorm ? "rmsnorm" : "swiglu";
+  SCOPED_TRACE(std::string(name) + " " + config.name);
+  std::printf("[ op ] %s_forward_cast %s\n", name, config.name.c_str());
+  Layer fused(backend, config, kC, kOC), unfused(backend, config, kC, kOC);
+  const int64_t width = producer == Producer::rmsnorm ? kC : 2 * kC;
+  for (int step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const uint64_t seed = seed_of(name, config.name + " step " + std::to_string(step));
+    const float scale[] = {1.0f, 8.0f, 0.25f, 2.0f};
+    GuardedBuffer weight(backend, as_bytes(octet::testing::random_normal(kOC * kC, seed, 0.5f)));
+    GuardedBuffer inp(backend,
+                      as_bytes(octet::testing::random_normal(kN * width, seed + 1, 2.0f * scale[step])));
+    GuardedBuffer gain(backend, as_bytes(octet::testing::random_normal(kC, seed + 2, scale[step])));
+    GuardedBuffer kept(backend, as_bytes(nan_filled(kN * kC))), plain(backend, as_bytes(nan_filled(kN * kC)));
+    GuardedBuffer rstd_fused(backend, as_bytes(nan_filled(kN))),
+        rstd_plain(backend, as_bytes(nan_filled(kN)));
+    // The producer's output is kept where the consumer reads more than its cast.
+    float* out = octet::input_cast_suffices(fused.exec) ? nullptr : kept.floats();
+    const auto produce = [&](float* y, float* rstd, const octet::Fp8CastTarget& target) {
+      if (producer == Producer::rmsnorm) {
+        backend.normalization_forward(Normalization::rmsnorm, TensorView(y, {kN, kC}), nullptr, rstd,
+                                      ConstTensorView(inp.floats(), {kN, kC}), gain.floats(), nullptr,
+                                      target);
+      } else {
+        backend.activation_forward(Activation::swiglu, TensorView(y, {kN, kC}),
+                                   ConstTensorView(inp.floats(), {kN, width}), target);
+      }
+    };
+    for (Layer* layer : {&fused, &unfused})
+      backend.prepare_weight(layer->copy, weight.floats(), kOC, kC, layer->exec);
+    produce(out, rstd_fused.floats(), {&fused.exec, &fused.input_codes});
+    backend.linear_forward(TensorView(fused.out.floats(), {kN, kOC}), ConstTensorView(out, {kN, kC}),
+                           ConstTensorView(weight.floats(), {kOC, kC}), fused.copy.get(), {}, fused.exec,
+                           {&fused.input_codes, true});
+    produce(plain.floats(), rstd_plain.floats(), {});
+    backend.linear_forward(TensorView(unfused.out.floats(), {kN, kOC}),
+                           ConstTensorView(plain.floats(), {kN, kC}),
+                           ConstTensorView(weight.floats(), {kOC, kC}), unfused.copy.get(), {}, unfused.exec,
+                           {&unfused.input_codes});
+    backend.synchronize();
+    EXPECT_TRUE(exact_with_report(config.name + " out", read(fused.out, "out"), read(unfused.out, "out")));
+    if (out != nullptr) {
+      EXPECT_TRUE(exact_with_report(config.name + " kept", read(kept, "kept"), read(plain, "plain")));
+    }
+    if (producer == Producer::rmsnorm) {
+      EXPECT_TRUE(
+          exact_with_report(config.name + " rstd", read(rstd_fused, "rstd"), read(rstd_plain, "rstd")));
+    }
+    EXPECT_TRUE(octet::testing::has_nonzero(read(fused.out, "out")));
+    expect_same_layers(backend, fused, unfused);
+  }
+  EXPECT_GT(fused.telemetry.activation.casts, 0);
+}
+
+// SwiGLU's backward writing the output gradient [N, 2C] of the layer [C0 -> 2C] that produced its input.
+void run_gradient_cast(Backend& backend, const Config& config, bool bias) {
+  SCOPED_TRACE(config.name + (bias ? ", with the bias gradient" : ", no bias"));
+  std::printf("[ op ] swiglu_backward_cast %s%s\n", config.name.c_str(), bias ? " with dbias" : "");
+  constexpr int64_t kC0 = 40, kHidden = kC / 2, kWidth = kC;  // the layer's output: [N, 2 kHidden]
+  Layer fused(backend, config, kC0, kWidth), unfused(backend, config, kC0, kWidth);
+  for (int step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const uint64_t seed = seed_of("swiglu backward", config.name + " step " + std::to_string(step));
+    const float dout_std[] = {1e-2f, 1e-3f, 5e-2f, 2e-3f};
+    GuardedBuffer weight(backend, as_bytes(octet::testing::random_normal(kWidth * kC0, seed, 0.5f)));
+    GuardedBuffer x(backend, as_bytes(octet::testing::random_normal(kN * kC0, seed + 1)));
+    GuardedBuffer pre(backend, as_bytes(octet::testing::random_normal(kN * kWidth, seed + 2, 2.0f)));
+    std::vector<float> d = octet::testing::random_normal(kN * kHidden, seed + 3, dout_std[step]);
+    for (size_t i = 5; i < d.size(); i += 11) d[i] *= 1e-11f;  // underflows
+    GuardedBuffer dout(backend, as_bytes(d));
+    GuardedBuffer dbias_fused(backend, as_bytes(std::vector<float>(kWidth, 0.0f)));
+    GuardedBuffer dbias_plain(backend, as_bytes(std::vector<float>(kWidth, 0.0f)));
+    GuardedBuffer kept(backend, as_bytes(nan_filled(kN * kWidth))),
+        plain(backend, as_bytes(nan_filled(kN * kWidth)));
+    for (Layer* layer : {&fused, &unfused}) {
+      backend.prepare_weight(layer->copy, weight.floats(), kWidth, kC0, layer->exec);
+      backend.linear_forward(TensorView(layer->out.floats(), {kN, kWidth}),
+                             ConstTensorView(x.floats(), {kN, kC0}),
+                             ConstTensorView(weight.floats(), {kWidth, kC0}), layer->copy.get(), {},
+                             layer->exec, {&layer->input_codes});
+    }
+    float* d_kept = octet::gradient_cast_suffices(fused.exec) ? nullptr : kept.floats();
+    backend.activation_backward(Activation::swiglu, TensorView(d_kept, {kN, kWidth}),
+                                ConstTensorView(pre.floats(), {kN, kWidth}),
+                                ConstTensorView(dout.floats(), {kN, kHidden}),
+                                bias ? dbias_fused.floats() : nullptr, {&fused.exec, &fused.gradient_codes});
+    backend.linear_backward(TensorView(fused.dinp.floats(), {kN, kC0}),
+                            TensorView(fused.dweight.floats(), {kWidth, kC0}), nullptr,
+                            ConstTensorView(d_kept, {kN, kWidth}), ConstTensorView(x.floats(), {kN, kC0}),
+                            ConstTensorView(weight.floats(), {kWidth, kC0}), fused.copy.get(), fused.exec,
+                            fused.input_codes.get(), {&fused.gradient_codes, true});
+    backend.activation_backward(Activation::swiglu, TensorView(plain.floats(), {kN, kWidth}),
+                                ConstTensorView(pre.floats(), {kN, kWidth}),
+                                ConstTensorView(dout.floats(), {kN, kHidden}), nullptr, {});
+    backend.linear_backward(
+        TensorView(unfused.dinp.floats(), {kN, kC0}), TensorView(unfused.dweight.floats(), {kWidth, kC0}),
+        bias ? dbias_plain.floats() : nullptr, ConstTensorView(plain.floats(), {kN, kWidth}),
+        ConstTensorView(x.floats(), {kN, kC0}), ConstTensorView(weight.floats(), {kWidth, kC0}),
+        unfused.copy.get(), unfused.exec, unfused.input_codes.get(), {&unfused.gradient_codes});
+    backend.synchronize();
+    EXPECT_TRUE(
+        exact_with_report(config.name + " dinp", read(fused.dinp, "dinp"), read(unfused.dinp, "dinp")));
+    EXPECT_TRUE(exact_with_report(config.name + " dweight", read(fused.dweight, "dweight"),
+                                  read(unfused.dweight, "dweight")));
+    const std::vector<float> gradient = read(plain, "plain");
+    if (d_kept != nullptr) {
+      EXPECT_TRUE(exact_with_report(config.name + " kept", read(kept, "kept"), gradient));
+    }
+    if (bias) {
+      std::vector<float> magnitude(kWidth, 0.0f);
+      for (int64_t n = 0; n < kN; ++n) {
+        for (int64_t o = 0; o < kWidth; ++o) magnitude[o] += std::fabs(gradient[n * kWidth + o]);
+      }
+      octet::testing::CompareOptions options;
+      options.reduction_length = 2 * kN;
+      options.magnitude = magnitude;
+      const std::vector<float> dbias = read(dbias_fused, "dbias");
+      EXPECT_TRUE(octet::testing::has_nonzero(dbias));
+      EXPECT_TRUE(close_with_report(config.name + " dbias", dbias, read(dbias_plain, "dbias"), options));
+    }
+    expect_same_layers(backend, fused, unfused);
+  }
+  EXPECT_GT(fused.telemetry.gradient.casts, 0);
+}
+
+TEST(BackendOpsLlamaCasts, RmsNormInputCastAsTheUnfusedOps) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  const auto backend = make_tested_backend();
+  for (const Config& config : configs()) run_input_cast(*backend, config, Producer::rmsnorm);
+}
+
+TEST(BackendOpsLlamaCasts, SwigluInputCastAsTheUnfusedOps) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  const auto backend = make_tested_backend();
+  for (const Config& config : configs()) run_input_cast(*backend, config, Producer::swiglu);
+}
+
+TEST(BackendOpsLlamaCasts, SwigluGradientCastAsTheUnfusedOps) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  const auto backend = make_tested_backend();
+  for (const Config& config : configs()) {
+    run_gradient_cast(*backend, config, true);
+    run_gradient_cast(*backend, config, false);
+  }
+}
+
+}  // namespace
