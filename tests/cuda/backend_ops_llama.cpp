@@ -389,8 +389,15 @@ TEST(CudaStorage, RotaryEmbeddingBf16AndRoundTrip) {
 
     backend->rotary_embedding(TensorView(trip.floats(), {s.B, s.T, s.W}), t, s.heads, false);
     backend->rotary_embedding(TensorView(trip.floats(), {s.B, s.T, s.W}), t, s.heads, true);
+    // A rotated element's error scales with its pair's magnitude (|x_i| + |x_partner|): a small value whose
+    // partner is large comes back within the partner's roundings, not its own.
     std::vector<float> magnitude(n);
-    for (size_t i = 0; i < n; ++i) magnitude[i] = 2.0f * std::fabs(x[i]) + 1e-30f;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t col = static_cast<int64_t>(i) % s.W, within = col % s.hs, half = s.hs / 2;
+      const bool rotated = col / s.hs < s.heads;
+      const size_t partner = within < half ? i + static_cast<size_t>(half) : i - static_cast<size_t>(half);
+      magnitude[i] = 2.0f * (std::fabs(x[i]) + (rotated ? std::fabs(x[partner]) : 0.0f)) + 1e-30f;
+    }
     octet::testing::CompareOptions options;
     options.reduction_length = 8;  // two rotations of two products and a sum each, |cos| + |sin| <= 1.5
     options.magnitude = magnitude;

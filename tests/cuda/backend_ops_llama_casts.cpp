@@ -194,7 +194,8 @@ void run_input_cast(Backend& backend, const Config& config, Producer producer) {
 void run_gradient_cast(Backend& backend, const Config& config, bool bias) {
   SCOPED_TRACE(config.name + (bias ? ", with the bias gradient" : ", no bias"));
   std::printf("[ op ] swiglu_backward_cast %s%s\n", config.name.c_str(), bias ? " with dbias" : "");
-  constexpr int64_t kC0 = 40, kHidden = kC / 2, kWidth = kC;  // the layer's output: [N, 2 kHidden]
+  // FP8 GEMM dimensions are multiples of 16.
+  constexpr int64_t kC0 = 48, kHidden = kC / 2, kWidth = kC;  // the layer's output: [N, 2 kHidden]
   Layer fused(backend, config, kC0, kWidth), unfused(backend, config, kC0, kWidth);
   for (int step = 0; step < kSteps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
