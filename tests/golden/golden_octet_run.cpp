@@ -1,5 +1,5 @@
-// See gpt2_octet_run.h.
-#include "gpt2_octet_run.h"
+// See golden_octet_run.h.
+#include "golden_octet_run.h"
 
 #include <memory>
 #include <random>
@@ -21,7 +21,7 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
   return tokens;
 }
 
-// Matrices times matrix_scale; biases normal(0, 0.02), LayerNorm gains 1 + normal(0, 0.1).
+// Matrices times matrix_scale; biases normal(0, 0.02), LayerNorm and RMSNorm gains 1 + normal(0, 0.1).
 void adjust_initialisation(Decoder& model, float matrix_scale, uint64_t seed) {
   Backend& backend = model.backend();
   uint64_t stream = seed;
@@ -50,7 +50,7 @@ std::vector<float> to_host(Backend& backend, const float* source, int64_t n) {
 
 }  // namespace
 
-std::vector<GoldenCase> golden_cases() {
+std::vector<GoldenCase> gpt2_golden_cases() {
   GoldenCase c;
   c.name = "init";
   c.config.vocab_size = 61;
