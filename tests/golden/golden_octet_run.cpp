@@ -72,6 +72,42 @@ std::vector<GoldenCase> gpt2_golden_cases() {
   return {c, wide};
 }
 
+std::vector<GoldenCase> llama_golden_cases() {
+  GoldenCase grouped;
+  grouped.name = "grouped";
+  ModelConfig& c = grouped.config;
+  c.arch = ModelArchitecture::llama;
+  c.vocab_size = 61;
+  c.padded_vocab_size = 64;
+  c.max_seq_len = 16;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.channels = 64;
+  c.ffn_hidden = 96;
+  c.rope_theta = 10000.0f;
+  grouped.B = 2;
+  grouped.T = 16;
+  grouped.seed = 20240613;
+  // Weights ~ normal(0, 0.2): SiLU and attention away from their linear regions, rotations that matter.
+  grouped.matrix_scale = 10.0f;
+  grouped.steps = 10;
+  grouped.learning_rate = 1e-3f;
+  grouped.optimizer = AdamWSettings{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+
+  GoldenCase tied = grouped;
+  tied.name = "multi_query_tied";
+  tied.config.heads = 3;
+  tied.config.kv_heads = 1;
+  tied.config.channels = 48;
+  tied.config.ffn_hidden = 80;
+  tied.config.tie_embeddings = true;
+  tied.B = 3;
+  tied.T = 11;
+  tied.seed = 20240614;
+  return {grouped, tied};
+}
+
 OctetRun run_octet(const GoldenCase& gc) {
   const int64_t B = gc.B, T = gc.T, N = B * T;
   const int64_t Vp = gc.config.padded_vocab();

@@ -35,6 +35,12 @@ struct GoldenCase {
 // makes them; "wide": the matrices scaled up (see matrix_scale).
 std::vector<GoldenCase> gpt2_golden_cases();
 
+// Llama, both with the matrices scaled up (see matrix_scale) and ten AdamW steps at lr 1e-3.
+// "grouped": V=61, Vp=64, L=2, NH=4, KV=2, C=64 (head size 16), F=96, rope_theta 10000, untied head,
+// B=2, T=16 (the whole rotary table). "multi_query_tied": one key and value head shared by NH=3 heads,
+// C=48 (head size 16), F=80, a head tied to the embedding, B=3, T=11 of maxT=16.
+std::vector<GoldenCase> llama_golden_cases();
+
 struct OctetRun {
   std::vector<ParameterInfo> parameters;
   std::vector<int32_t> tokens;        // [B*T]
