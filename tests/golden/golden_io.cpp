@@ -1,5 +1,5 @@
 // See golden_io.h. The files are written and read field by field in little-endian order, the layout that
-// gpt2_reference.py documents; every read says which field ran past the end of the file.
+// golden_exchange.py documents; every read says which field ran past the end of the file.
 #include "golden_io.h"
 
 #include <fcntl.h>
@@ -25,9 +25,20 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "the golden files are little-endian");
 
-constexpr char kInputMagic[8] = {'O', 'C', 'T', 'G', 'P', 'T', '2', 'I'};
-constexpr char kOutputMagic[8] = {'O', 'C', 'T', 'G', 'P', 'T', '2', 'O'};
-constexpr int32_t kVersion = 1;
+constexpr char kInputMagic[8] = {'O', 'C', 'T', 'G', 'O', 'L', 'D', 'I'};
+constexpr char kOutputMagic[8] = {'O', 'C', 'T', 'G', 'O', 'L', 'D', 'O'};
+constexpr int32_t kVersion = 2;
+
+// The architecture's number in the files.
+int64_t architecture_code(ModelArchitecture arch) {
+  switch (arch) {
+    case ModelArchitecture::gpt2:
+      return 0;
+    case ModelArchitecture::llama:
+      return 1;
+  }
+  throw std::runtime_error("an architecture the golden files do not know");
+}
 
 std::runtime_error system_error(const std::string& what) {
   return std::runtime_error(what + ": " + std::strerror(errno));
@@ -144,15 +155,20 @@ struct SpawnActions {
 
 void write_golden_input(const std::string& path, const GoldenInput& in) {
   const ModelConfig& c = in.config;
+  if (c.rope_scaling.factor > 0.0f) throw std::runtime_error("the golden files carry no rotary scaling");
   Writer w;
   w.bytes(kInputMagic, sizeof kInputMagic);
   w.i32(kVersion, "version");
+  w.i32(architecture_code(c.arch), "arch");
   w.i32(c.vocab_size, "V");
   w.i32(c.padded_vocab(), "Vp");
   w.i32(c.max_seq_len, "maxT");
   w.i32(c.layers, "L");
   w.i32(c.heads, "NH");
+  w.i32(c.kv(), "KV");
   w.i32(c.channels, "C");
+  w.i32(c.hidden(), "F");
+  w.i32(c.tied_head() ? 1 : 0, "tied");
   w.i32(in.B, "B");
   w.i32(in.T, "T");
   w.i32(in.steps, "steps");
@@ -162,6 +178,7 @@ void write_golden_input(const std::string& path, const GoldenInput& in) {
   w.f32(in.optimizer.beta2);
   w.f32(in.optimizer.eps);
   w.f32(in.optimizer.weight_decay);
+  w.f32(c.rope_theta);
   if (in.tokens.size() != static_cast<size_t>(in.B * in.T) || in.targets.size() != in.tokens.size()) {
     throw std::runtime_error("tokens and targets must hold B*T values each");
   }
@@ -195,8 +212,8 @@ GoldenOutput read_golden_output(const std::string& path) {
   return out;
 }
 
-std::string reference_script_path() {
-  const std::filesystem::path configured = OCTET_GOLDEN_SCRIPT;
+std::string reference_script_path(const std::string& name) {
+  const std::filesystem::path configured = std::filesystem::path(OCTET_GOLDEN_SCRIPT_DIR) / name;
   if (std::filesystem::exists(configured)) return configured.string();
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);

@@ -1,6 +1,7 @@
-// The exchange with the PyTorch reference (gpt2_reference.py): the binary input file the test writes (config,
-// hyperparameters, tokens, targets, every parameter), the output file the script writes back (logits, loss,
-// gradients, step losses), and running the script. The layout is documented at the top of the script.
+// The exchange with the PyTorch references (gpt2_reference.py, llama_reference.py): the binary input file the
+// test writes (architecture and shape, hyperparameters, tokens, targets, every parameter), the output file
+// the script writes back (logits, loss, gradients, step losses), and running the script. The layout is
+// documented at the top of golden_exchange.py, which both scripts use.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,7 @@ struct TensorRecord {
 };
 
 struct GoldenInput {
-  ModelConfig config;
+  ModelConfig config;  // GPT-2 or Llama; a rotary scaling cannot be carried
   int64_t B = 0;
   int64_t T = 0;
   int64_t steps = 0;
@@ -35,7 +36,7 @@ struct GoldenOutput {
   int64_t N = 0;                        // B*T
   int64_t Vp = 0;                       // logits columns, padding included
   std::vector<float> logits;            // [N, Vp] before the first update
-  std::vector<float> logit_magnitude;   // [N, Vp] sum_c |ln_f(x)[n,c]| |wte[v,c]|
+  std::vector<float> logit_magnitude;   // [N, Vp] sum_c |final_norm(x)[n,c]| |head[v,c]|
   float loss = 0.0f;                    // before the first update
   std::vector<TensorRecord> gradients;  // same order as the input's parameters
   std::vector<float> step_losses;       // one per AdamW step, taken before its update
@@ -45,9 +46,9 @@ struct GoldenOutput {
 void write_golden_input(const std::string& path, const GoldenInput& input);
 GoldenOutput read_golden_output(const std::string& path);
 
-// The reference script: the copy CMake placed next to the test binary (its configured path, or the
-// directory of the running binary when the build directory was moved).
-std::string reference_script_path();
+// A reference script by file name ("gpt2_reference.py"): the copy CMake placed next to the test binary (in
+// its configured directory, or the directory of the running binary when the build directory was moved).
+std::string reference_script_path(const std::string& name);
 
 struct ProcessOutcome {
   bool started = false;  // false when the program could not be started (missing, not executable)

@@ -1,5 +1,5 @@
-// See gpt2_octet_run.h.
-#include "gpt2_octet_run.h"
+// See golden_octet_run.h.
+#include "golden_octet_run.h"
 
 #include <memory>
 #include <random>
@@ -21,7 +21,7 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
   return tokens;
 }
 
-// Matrices times matrix_scale; biases normal(0, 0.02), LayerNorm gains 1 + normal(0, 0.1).
+// Matrices times matrix_scale; biases normal(0, 0.02), LayerNorm and RMSNorm gains 1 + normal(0, 0.1).
 void adjust_initialisation(Decoder& model, float matrix_scale, uint64_t seed) {
   Backend& backend = model.backend();
   uint64_t stream = seed;
@@ -50,7 +50,7 @@ std::vector<float> to_host(Backend& backend, const float* source, int64_t n) {
 
 }  // namespace
 
-std::vector<GoldenCase> golden_cases() {
+std::vector<GoldenCase> gpt2_golden_cases() {
   GoldenCase c;
   c.name = "init";
   c.config.vocab_size = 61;
@@ -70,6 +70,42 @@ std::vector<GoldenCase> golden_cases() {
   wide.seed = 20240612;
   wide.matrix_scale = 10.0f;  // weights ~ normal(0, 0.2): pre-activations and attention scores of order one
   return {c, wide};
+}
+
+std::vector<GoldenCase> llama_golden_cases() {
+  GoldenCase grouped;
+  grouped.name = "grouped";
+  ModelConfig& c = grouped.config;
+  c.arch = ModelArchitecture::llama;
+  c.vocab_size = 61;
+  c.padded_vocab_size = 64;
+  c.max_seq_len = 16;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.channels = 64;
+  c.ffn_hidden = 96;
+  c.rope_theta = 10000.0f;
+  grouped.B = 2;
+  grouped.T = 16;
+  grouped.seed = 20240613;
+  // Weights ~ normal(0, 0.2): SiLU and attention away from their linear regions, rotations that matter.
+  grouped.matrix_scale = 10.0f;
+  grouped.steps = 10;
+  grouped.learning_rate = 1e-3f;
+  grouped.optimizer = AdamWSettings{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+
+  GoldenCase tied = grouped;
+  tied.name = "multi_query_tied";
+  tied.config.heads = 3;
+  tied.config.kv_heads = 1;
+  tied.config.channels = 48;
+  tied.config.ffn_hidden = 80;
+  tied.config.tie_embeddings = true;
+  tied.B = 3;
+  tied.T = 11;
+  tied.seed = 20240614;
+  return {grouped, tied};
 }
 
 OctetRun run_octet(const GoldenCase& gc) {
