@@ -44,6 +44,10 @@ void add_file(const fs::path& file, const std::map<std::string, std::string>* in
               std::map<std::string, SourceTensor>& tensors) {
   io::SafetensorsFile read = io::read_safetensors(file, io::SafetensorsReadOptions{true});
   for (io::SafetensorsTensor& t : read.tensors) {
+    OCTET_REQUIRE(t.stored != Dtype::e4m3,
+                  "{}: tensor '{}' has dtype F8_E4M3; the import reads F32, BF16 and F16 (an FP8 checkpoint's "
+                  "scales are not applied)",
+                  file.string(), io::printable(t.name));
     if (index != nullptr) {
       const auto it = index->find(t.name);
       OCTET_REQUIRE(it != index->end() && it->second == file.filename().string(),
