@@ -10,13 +10,16 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "octet/check.h"
 #include "octet/io/input.h"
+#include "octet/numerics/format.h"
 
 namespace octet::io {
 
@@ -46,7 +49,8 @@ void write_all(int fd, const void* bytes, size_t size, const std::filesystem::pa
   }
 }
 
-// The number of elements of `shape`, or -1 when a dimension is negative or the product overflows.
+// The number of elements of `shape`, or -1 when a dimension is negative or the product (in float32 bytes)
+// overflows.
 int64_t element_count(const std::vector<int64_t>& shape) {
   int64_t count = 1;
   for (const int64_t d : shape) {
@@ -57,7 +61,46 @@ int64_t element_count(const std::vector<int64_t>& shape) {
   return count;
 }
 
+int64_t dtype_bytes(Dtype dtype) {
+  return dtype_info(dtype).storage_bits / 8;
+}
+
+// The dtype safetensors names `name`, among those octet reads; nullopt for any other.
+std::optional<Dtype> dtype_of_name(std::string_view name) {
+  for (const Dtype d : {Dtype::f32, Dtype::bf16, Dtype::f16, Dtype::e4m3}) {
+    if (safetensors_dtype_name(d) == name) return d;
+  }
+  return std::nullopt;
+}
+
+// Stored little-endian elements of `dtype` widened to float32; every bf16, f16 and e4m3 value is exactly a
+// float32.
+void widen(const char* bytes, Dtype dtype, std::vector<float>& out) {
+  const size_t width = static_cast<size_t>(dtype_bytes(dtype));
+  if (dtype == Dtype::f32) {
+    if (!out.empty()) std::memcpy(out.data(), bytes, out.size() * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint32_t code = 0;
+    std::memcpy(&code, bytes + i * width, width);
+    out[i] = decode(dtype, code);
+  }
+}
+
 }  // namespace
+
+std::string_view safetensors_dtype_name(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::f32: return "F32";
+    case Dtype::bf16: return "BF16";
+    case Dtype::f16: return "F16";
+    case Dtype::e4m3: return "F8_E4M3";
+    default: break;
+  }
+  OCTET_CHECK(false, "a dtype safetensors names (f32, bf16, f16, e4m3), got {}", dtype_name(dtype));
+  return {};
+}
 
 const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
   for (const SafetensorsTensor& t : tensors) {
@@ -68,18 +111,35 @@ const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
 
 void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
                        const std::map<std::string, std::string>& metadata) {
-  nlohmann::json header = nlohmann::json::object();
-  std::set<std::string> names;
-  uint64_t offset = 0;
+  std::vector<SafetensorsRawEntry> raw;
+  raw.reserve(tensors.size());
   for (const SafetensorsEntry& t : tensors) {
-    OCTET_REQUIRE(t.name != "__metadata__" && names.insert(t.name).second,
-                  "cannot write {}: tensor name '{}' is reserved or repeated", path.string(), t.name);
     const int64_t count = element_count(t.shape);
     OCTET_REQUIRE(count == static_cast<int64_t>(t.data.size()),
                   "cannot write {}: tensor '{}' has {} floats for a shape of {} elements", path.string(),
                   t.name, t.data.size(), count);
-    const uint64_t bytes = static_cast<uint64_t>(count) * sizeof(float);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    raw.push_back({t.name, Dtype::f32, t.shape,
+                   {reinterpret_cast<const uint8_t*>(t.data.data()), t.data.size_bytes()}});
+  }
+  write_safetensors(path, raw, metadata);
+}
+
+void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsRawEntry> tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const SafetensorsRawEntry& t : tensors) {
+    OCTET_REQUIRE(t.name != "__metadata__" && names.insert(t.name).second,
+                  "cannot write {}: tensor name '{}' is reserved or repeated", path.string(), t.name);
+    const int64_t count = element_count(t.shape);
+    const uint64_t bytes = static_cast<uint64_t>(count) * static_cast<uint64_t>(dtype_bytes(t.dtype));
+    OCTET_REQUIRE(count >= 0 && bytes == t.bytes.size(),
+                  "cannot write {}: tensor '{}' has {} bytes for a shape of {} elements of {}", path.string(),
+                  t.name, t.bytes.size(), count, safetensors_dtype_name(t.dtype));
+    header[t.name] = {{"dtype", std::string(safetensors_dtype_name(t.dtype))},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -92,7 +152,7 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
   try {
     write_all(fd, &length, sizeof(length), path);
     write_all(fd, text.data(), text.size(), path);
-    for (const SafetensorsEntry& t : tensors) write_all(fd, t.data.data(), t.data.size_bytes(), path);
+    for (const SafetensorsRawEntry& t : tensors) write_all(fd, t.bytes.data(), t.bytes.size(), path);
     OCTET_REQUIRE(::fsync(fd) == 0, "cannot flush {} to disk: {}", path.string(), std::strerror(errno));
   } catch (...) {
     ::close(fd);
@@ -101,7 +161,7 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
   OCTET_REQUIRE(::close(fd) == 0, "cannot close {}: {}", path.string(), std::strerror(errno));
 }
 
-SafetensorsFile read_safetensors(const std::filesystem::path& path) {
+SafetensorsFile read_safetensors(const std::filesystem::path& path, const SafetensorsReadOptions& options) {
   const std::string file = path.string();
   // Regular files only (a FIFO would block), and no larger than an index can address.
   const std::string bytes = read_regular_file(path, "safetensors file", std::numeric_limits<int64_t>::max());
@@ -150,12 +210,18 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
                   "{}: tensor '{}' lacks dtype, shape or data_offsets", file, shown(name));
     const nlohmann::json& dtype = entry["dtype"];
     OCTET_REQUIRE(dtype.is_string(), "{}: tensor '{}' has a dtype that is not a string", file, shown(name));
-    OCTET_REQUIRE(dtype.get<std::string>() == "F32", "{}: tensor '{}' has dtype {}; octet reads only F32",
-                  file, shown(name), shown(dtype.get<std::string>()));
+    const std::optional<Dtype> stored = dtype_of_name(dtype.get<std::string>());
+    const bool accepted =
+        stored.has_value() && (*stored == Dtype::f32 || options.widen_narrow_floats);
+    OCTET_REQUIRE(accepted, "{}: tensor '{}' has dtype {}; octet reads only {}", file, shown(name),
+                  shown(dtype.get<std::string>()),
+                  options.widen_narrow_floats ? "F32, BF16, F16 and F8_E4M3" : "F32");
     const nlohmann::json& shape = entry["shape"];
     OCTET_REQUIRE(shape.is_array(), "{}: tensor '{}' has a shape that is not an array", file, shown(name));
     SafetensorsTensor tensor;
     tensor.name = name;
+    tensor.stored = *stored;
+    const uint64_t width = static_cast<uint64_t>(dtype_bytes(*stored));
     for (const nlohmann::json& d : shape) {
       OCTET_REQUIRE(d.is_number_unsigned(), "{}: tensor '{}' has a shape entry {} that is not a size", file,
                     shown(name), shown(d.dump()));
@@ -172,9 +238,10 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     OCTET_REQUIRE(begin <= end, "{}: tensor '{}' has data_offsets [{}, {}] that end before they begin", file,
                   shown(name), begin, end);
     const int64_t count = element_count(tensor.shape);
-    OCTET_REQUIRE(count >= 0 && static_cast<uint64_t>(count) * 4 == end - begin,
+    OCTET_REQUIRE(count >= 0 && static_cast<uint64_t>(count) * width == end - begin,
                   "{}: tensor '{}' of shape [{}] needs {} bytes but its data_offsets [{}, {}] span {}", file,
-                  shown(name), fmt::join(tensor.shape, ", "), count < 0 ? -1 : count * 4, begin, end, end - begin);
+                  shown(name), fmt::join(tensor.shape, ", "),
+                  count < 0 ? -1 : count * static_cast<int64_t>(width), begin, end, end - begin);
     OCTET_REQUIRE(end <= data_size,
                   "{}: tensor '{}' ends at byte {} of the data section, which has only {} bytes (truncated "
                   "file?)",
@@ -203,8 +270,8 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
   ordered.reserve(spans.size());
   for (const Span& s : spans) {
     SafetensorsTensor& t = result.tensors[s.tensor];
-    t.data.resize((s.end - s.begin) / 4);
-    if (!t.data.empty()) std::memcpy(t.data.data(), data + s.begin, s.end - s.begin);
+    t.data.resize((s.end - s.begin) / static_cast<uint64_t>(dtype_bytes(t.stored)));
+    widen(data + s.begin, t.stored, t.data);
     ordered.push_back(std::move(t));
   }
   result.tensors = std::move(ordered);

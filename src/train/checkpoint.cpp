@@ -236,6 +236,10 @@ SavedState parse_state(const fs::path& path) {
       s.progress.validation_position = position_from_json(data.at("validation"), "data.validation");
     s.progress.seed = j.at("seed").get<uint64_t>();
     s.progress.config = j.at("config").get<std::string>();
+    if (j.contains("imported_from")) {
+      for (const auto& [key, value] : j.at("imported_from").items())
+        s.progress.imported_from[key] = value.get<std::string>();
+    }
   } catch (const json::exception& e) {
     OCTET_REQUIRE(false, "{} is malformed: {}", path.string(), io::printable(e.what(), 200));
   } catch (const Error& e) {
@@ -278,7 +282,18 @@ std::string state_text(Model& model, Trainer& trainer, const TrainingProgress& p
   j["data"] = data;
   j["seed"] = progress.seed;
   j["config"] = progress.config;
+  if (!progress.imported_from.empty()) j["imported_from"] = progress.imported_from;
   return j.dump(2) + "\n";
+}
+
+// The checkpoint's model description must equal this model's, key by key.
+void require_same_model(const fs::path& state_path, const SavedState& saved, const Model& model) {
+  const json expected_model = model_json(model);
+  for (const auto& [key, value] : expected_model.items()) {
+    OCTET_REQUIRE(saved.model.contains(key) && saved.model[key] == value,
+                  "{}: the checkpoint's model has {} {}, this model has {}", state_path.string(), key,
+                  saved.model.contains(key) ? saved.model[key].dump() : "(none)", value.dump());
+  }
 }
 
 }  // namespace
@@ -452,12 +467,7 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
   }
   const fs::path state_path = dir / kStateFile;
   const SavedState saved = parse_state(state_path);
-  const json expected_model = model_json(model);
-  for (const auto& [key, value] : expected_model.items()) {
-    OCTET_REQUIRE(saved.model.contains(key) && saved.model[key] == value,
-                  "{}: the checkpoint's model has {} {}, this model has {}", state_path.string(), key,
-                  saved.model.contains(key) ? saved.model[key].dump() : "(none)", value.dump());
-  }
+  require_same_model(state_path, saved, model);
 
   // Master weights and moments: exact, in octet's layout.
   const fs::path optimizer_path = dir / kOptimizerFile;
@@ -572,6 +582,33 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
   result.octet_version = saved.octet_version;
   result.saved_mode = saved.mode;
   return result;
+}
+
+std::map<std::string, std::string> load_checkpoint_weights(const fs::path& dir, Model& model) {
+  for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
+    OCTET_REQUIRE(fs::is_regular_file(dir / name), "checkpoint {} is incomplete: {} is missing", dir.string(),
+                  name);
+  }
+  const fs::path state_path = dir / kStateFile;
+  const SavedState saved = parse_state(state_path);
+  require_same_model(state_path, saved, model);
+  const fs::path optimizer_path = dir / kOptimizerFile;
+  const io::SafetensorsFile exact = io::read_safetensors(optimizer_path);
+  std::vector<float> params(static_cast<size_t>(model.parameter_count()));
+  for (const ParameterInfo& p : model.parameters()) {
+    const io::SafetensorsTensor* t = exact.find(p.name);
+    OCTET_REQUIRE(t != nullptr, "{}: tensor '{}' is missing", optimizer_path.string(), p.name);
+    OCTET_REQUIRE(t->shape == p.shape, "{}: tensor '{}' has shape {}, this model needs {}",
+                  optimizer_path.string(), p.name, shape_text(t->shape), shape_text(p.shape));
+    for (size_t i = 0; i < t->data.size(); ++i) {
+      OCTET_REQUIRE(std::isfinite(t->data[i]), "{}: tensor '{}' holds {} at index {}; master weights must be finite",
+                    optimizer_path.string(), p.name, t->data[i], i);
+    }
+    std::copy(t->data.begin(), t->data.end(), params.begin() + p.offset);
+  }
+  model.backend().copy_from_host(model.params(), params.data(), params.size() * sizeof(float));
+  model.refresh_weight_copies();
+  return saved.progress.imported_from;
 }
 
 }  // namespace octet

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -308,6 +309,17 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     if (!config.telemetry.enabled) model->set_telemetry(false, false);
     trainer = std::make_unique<Trainer>(*model, settings);
   });
+  OCTET_REQUIRE(options.init_from.empty() || !start.checkpoint,
+                "--init-from starts a new run from a checkpoint's weights; --resume and --resume-from continue "
+                "one: give one of them");
+  std::map<std::string, std::string> initialised_from;
+  if (!options.init_from.empty()) {
+    try {
+      initialised_from = load_checkpoint_weights(options.init_from, *model);  // validates, then loads
+    } catch (const Error& e) {
+      throw Error(e.kind(), fmt::format("--init-from {}: {}", options.init_from.string(), e.what()));
+    }
+  }
   std::optional<CheckpointLoad> load;
   if (start.checkpoint) {
     load = load_checkpoint(*start.checkpoint, *model,
@@ -362,6 +374,11 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     if (!line.empty()) say(out, line);
   }
   io::write_file_atomically(run_dir / "precision_map.json", precision_map_json(*model));
+  if (!options.init_from.empty()) {
+    const auto source = initialised_from.find("source");
+    say(out, fmt::format("initialised from the weights of {}{} (step 0, fresh optimizer)", options.init_from.string(),
+                         source == initialised_from.end() ? "" : ", imported from " + source->second));
+  }
   if (load) {
     const std::string from = start.checkpoint->string();
     const std::string line =

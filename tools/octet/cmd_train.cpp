@@ -59,7 +59,12 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
       "--overwrite", overwrite_,
       "Start afresh in a run directory that holds a run: remove octet's files of that run (config.toml, "
       "precision_map.json, metrics.jsonl, telemetry.sqlite*, checkpoints/); other files stay");
-  resume->excludes(resume_from)->excludes(overwrite);
+  CLI::Option* init_from = train_->add_option(
+      "--init-from", init_from_,
+      "Start a new run (step 0, fresh optimizer) from the weights of this checkpoint (of any run or of `octet "
+      "import hf`; a run directory: its latest); its model must equal the configuration's [model]");
+  resume->excludes(resume_from)->excludes(overwrite)->excludes(init_from);
+  resume_from->excludes(init_from);
   train_->footer(
       "Writes config.toml, precision_map.json, metrics.jsonl (one JSON object per step, each line flushed) "
       "and\n"
@@ -78,7 +83,8 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
       "Examples:\n  octet train configs/quickstart.toml --set train.steps=100\n"
       "  octet train configs/quickstart.toml --resume\n"
       "  octet train configs/quickstart.toml --resume-from runs/quickstart/checkpoints/step_000200 --set "
-      "logging.run_dir=runs/branch");
+      "logging.run_dir=runs/branch\n"
+      "  octet train imported/llama/config.toml --init-from imported/llama --set data.dir=data/mine");
 
   eval_ = root.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
   eval_
@@ -130,8 +136,7 @@ bool WorkflowCommands::selected() const {
   return config_->parsed() || data_->parsed() || train_->parsed() || eval_->parsed() || generate_->parsed();
 }
 
-// A checkpoint directory, or a run directory standing for its latest complete checkpoint.
-static std::filesystem::path resolve_checkpoint(const std::string& given) {
+std::filesystem::path resolve_checkpoint(const std::string& given) {
   const std::filesystem::path p(given);
   std::error_code ec;
   const std::filesystem::file_status status = std::filesystem::status(p, ec);
@@ -223,6 +228,13 @@ int WorkflowCommands::run() const {
       options.resume_from = resolve_checkpoint(resume_from_);
     } catch (const Error& e) {
       throw Error(e.kind(), fmt::format("--resume-from: {}", e.what()));
+    }
+  }
+  if (!init_from_.empty()) {
+    try {
+      options.init_from = resolve_checkpoint(init_from_);
+    } catch (const Error& e) {
+      throw Error(e.kind(), fmt::format("--init-from: {}", e.what()));
     }
   }
   const TrainingRunSummary summary = run_training(config, options);

@@ -3,12 +3,14 @@
 //   octet config show CONFIG [--set section.key=value ...]
 //   octet config keys
 //   octet data prepare --tokenizer bytes|gpt2|llama3 --out DIR FILES...
-//   octet train CONFIG [--set section.key=value ...] [--resume | --resume-from CHECKPOINT] [--overwrite]
+//   octet train CONFIG [--set section.key=value ...] [--resume | --resume-from CHECKPOINT | --init-from
+//               CHECKPOINT] [--overwrite]
 //   octet eval CHECKPOINT [--data DIR] [--batches N]
 //   octet generate CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,9 @@ namespace octet::cli {
 
 // The largest --batches and --max-tokens value.
 inline constexpr int64_t kMaxCount = 2147483647;
+
+// A checkpoint directory, or a run directory standing for its latest complete checkpoint.
+std::filesystem::path resolve_checkpoint(const std::string& given);
 
 class WorkflowCommands {
  public:
@@ -56,6 +61,7 @@ class WorkflowCommands {
   std::vector<std::string> text_files_;
   bool resume_ = false;
   std::string resume_from_;
+  std::string init_from_;
   bool overwrite_ = false;
 };
 

@@ -15,6 +15,7 @@
 
 #include "cmd_bench.h"
 #include "cmd_fp8.h"
+#include "cmd_hf.h"
 #include "cmd_inspect.h"
 #include "cmd_report.h"
 #include "cmd_train.h"
@@ -73,6 +74,8 @@ int run_command_line(int argc, char** argv) {
       "  octet inspect runs/quickstart --layer h.0.mlp.c_fc\n"
       "  octet report runs/quickstart --compare runs/quickstart-bf16\n"
       "  octet bench train configs/bench/gpt2-124M.toml\n"
+      "  octet import hf ~/models/Llama-3.2-1B --out imported/llama-1b\n"
+      "  octet export runs/quickstart --format hf --out exported/quickstart\n"
       "  octet fp8 table --format e5m2\n"
       "  echo \"0.5 300 1e-4\" | octet fp8 quantize --format e4m3 --scale 2\n"
       "  octet fp8 quantize --help");
@@ -81,6 +84,7 @@ int run_command_line(int argc, char** argv) {
   octet::cli::ReportCommand report(app);
   octet::cli::InspectCommand inspect(app);
   octet::cli::BenchCommands bench(app);
+  octet::cli::HuggingFaceCommands huggingface(app);
 
   try {
     app.parse(argc, argv);
@@ -101,7 +105,8 @@ int run_command_line(int argc, char** argv) {
 
   const std::string command = command_path(app);
   if (!fp8.leaf_selected() && !report.selected() && !inspect.selected() && !bench.leaf_selected() &&
-      (!workflow.selected() || workflow.group_without_command())) {
+      (!workflow.selected() || workflow.group_without_command()) &&
+      (!huggingface.selected() || huggingface.group_without_command())) {
     // `octet` or `octet fp8` alone: a usage error whose most useful message is the list of commands.
     std::fputs(app.help().c_str(), stderr);
     return 2;
@@ -111,6 +116,7 @@ int run_command_line(int argc, char** argv) {
     if (report.selected()) return report.run();
     if (inspect.selected()) return inspect.run();
     if (bench.leaf_selected()) return bench.run();
+    if (huggingface.selected()) return huggingface.run();
     fp8.run(stdin, stdout, stderr);
     return 0;
   } catch (const octet::Error& e) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,6 +33,10 @@ struct TrainingProgress {
   // each tokenizer found here) are copied from here into each checkpoint; empty for none (the byte tokenizer
   // has no files). See checkpoint_tokenizer_files.
   std::filesystem::path tokenizer_dir;
+  // Where the weights came from when no octet run trained them (`octet import hf`): state.json's
+  // "imported_from" object, e.g. {"format": "huggingface", "architecture": "LlamaForCausalLM", "source":
+  // DIR}; empty for a run's own checkpoints (state.json then has no such member).
+  std::map<std::string, std::string> imported_from;
 };
 
 // Where a run's tokenizer files are, for TrainingProgress::tokenizer_dir: for a tokenizer with files (gpt2,
@@ -96,5 +101,14 @@ struct CheckpointLoad {
 // negative or NaN amax in a history, a negative last amax (NaN or Inf there is legitimate: it records what
 // an overflowing step's cast saw), non-finite master weights or moments, and negative second moments.
 CheckpointLoad load_checkpoint(const std::filesystem::path& checkpoint_dir, Model& model, Trainer& trainer);
+
+// The weights only (--init-from): the master weights of a checkpoint made for the same model shape, copied
+// into `model` (its weight copies remade); the optimizer, step counts, loss scale and FP8 state are not read.
+// The checkpoint's state.json model must equal model.model_json() key by key. Everything is read and
+// validated first; on a problem an invalid_input error names the file and the mismatch (a model key that
+// differs names the key and both values) and the model is left untouched. Returns the checkpoint's
+// imported_from (empty for a run's checkpoint).
+std::map<std::string, std::string> load_checkpoint_weights(const std::filesystem::path& checkpoint_dir,
+                                                           Model& model);
 
 }  // namespace octet

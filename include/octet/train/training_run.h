@@ -21,6 +21,9 @@ struct TrainingRunOptions {
   bool resume = false;       // continue from the latest complete checkpoint of the run directory
   // Continue from this checkpoint directory (of any run) into the run directory; empty: none.
   std::filesystem::path resume_from;
+  // Start afresh (step 0, fresh optimizer, the run's own configuration) from this checkpoint's weights only;
+  // its model must equal the configuration's [model]. Empty: none. Not with resume or resume_from.
+  std::filesystem::path init_from;
   bool overwrite = false;  // remove octet's files of a previous run in the run directory and start afresh
   bool handle_signals = true;
 };

@@ -1,0 +1,135 @@
+// `octet export --format hf|hf-fp8`: a checkpoint into a directory transformers loads (see hf_convert.h).
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "hf_tokenizer.h"
+#include "octet/backend/cpu_backend.h"
+#include "octet/check.h"
+#include "octet/config/run_config.h"
+#include "octet/huggingface/hf_config.h"
+#include "octet/huggingface/hf_convert.h"
+#include "octet/io/atomic_file.h"
+#include "octet/io/safetensors.h"
+#include "octet/model/model.h"
+#include "octet/numerics/quantize.h"
+#include "octet/train/checkpoint.h"
+#include "octet/version.h"
+#include "staged_directory.h"
+
+namespace octet::hf {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// transformers' fine-grained FP8 layout: one float32 scale_inv per 128 x 128 block of a weight.
+constexpr int64_t kBlock = 128;
+
+// The Llama linear layers that transformers' fine-grained FP8 replaces with FP8Linear (every nn.Linear but
+// lm_head), by the suffix of their Hugging Face weight name.
+bool is_fp8_linear(const std::string& hf_name) {
+  for (const char* suffix : {".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
+                             ".self_attn.o_proj.weight", ".mlp.gate_proj.weight", ".mlp.up_proj.weight",
+                             ".mlp.down_proj.weight"}) {
+    const std::string_view s(suffix);
+    if (hf_name.size() > s.size() && hf_name.compare(hf_name.size() - s.size(), s.size(), s) == 0) return true;
+  }
+  return false;
+}
+
+std::string quantization_config() {
+  const nlohmann::json q = {{"quant_method", "fp8"},
+                            {"activation_scheme", "dynamic"},
+                            {"fmt", "e4m3"},
+                            {"weight_block_size", {kBlock, kBlock}},
+                            {"modules_to_not_convert", {"lm_head"}}};
+  return q.dump();
+}
+
+// One tensor of model.safetensors with the bytes it owns.
+struct OutputTensor {
+  std::string name;
+  Dtype dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+std::vector<uint8_t> float_bytes(const std::vector<float>& x) {
+  std::vector<uint8_t> bytes(x.size() * sizeof(float));
+  if (!x.empty()) std::memcpy(bytes.data(), x.data(), bytes.size());
+  return bytes;
+}
+
+}  // namespace
+
+ExportSummary export_checkpoint(const fs::path& checkpoint, const fs::path& out, ExportFormat format,
+                                bool replace) {
+  StagedDirectory staged(out, replace);  // checks the output before anything is read
+  const fs::path state_path = checkpoint / "state.json";
+  RunConfig config;
+  try {
+    config = parse_run_config(checkpoint_config(checkpoint), state_path.string());
+  } catch (const Error& e) {
+    OCTET_REQUIRE(false, "{} is not a checkpoint octet can export: {}", checkpoint.string(), e.what());
+  }
+  ExportSummary summary;
+  summary.architecture = std::string(architecture_class(config.model.arch));
+  OCTET_REQUIRE(format != ExportFormat::fp8 || config.model.arch == ModelArchitecture::llama,
+                "--format hf-fp8 exports Llama models (transformers' FP8 layers replace nn.Linear, and GPT-2's "
+                "layers are Conv1D); {} holds a {}",
+                checkpoint.string(), summary.architecture);
+
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  std::unique_ptr<Model> model =
+      make_model(config.model, *backend, PrecisionPolicy(PrecisionSettings{}, config.model, 1), 1, 1);
+  load_checkpoint_weights(checkpoint, *model);
+  const std::vector<float> params(model->params(), model->params() + model->parameter_count());
+
+  std::vector<OutputTensor> tensors;
+  for (const ParameterInfo& p : model->parameters()) {
+    const std::string name = model->hf_name(p);
+    const std::vector<int64_t> shape = model->hf_shape(p);
+    std::vector<float> values = model->to_hf(p, params);
+    if (format != ExportFormat::fp8 || !is_fp8_linear(name)) {
+      tensors.push_back({name, Dtype::f32, shape, float_bytes(values)});
+      continue;
+    }
+    const int64_t rows = shape[0], cols = shape[1];
+    OCTET_REQUIRE(rows % kBlock == 0 && cols % kBlock == 0,
+                  "--format hf-fp8: {} is [{}, {}]; transformers' FP8 layers need both dimensions to be "
+                  "multiples of the {} x {} block",
+                  name, rows, cols, kBlock, kBlock);
+    ScalingState unused;
+    const QuantizedTensor q =
+        quantize(values, rows, cols, Dtype::e4m3, TensorRole::weight, BlockScaling(), unused);
+    tensors.push_back({name, Dtype::e4m3, shape, q.data});
+    const std::string scale_name = name.substr(0, name.size() - std::string_view("weight").size()) + "weight_scale_inv";
+    tensors.push_back({scale_name, Dtype::f32, {rows / kBlock, cols / kBlock}, float_bytes(q.scale_inv)});
+    ++summary.fp8_tensors;
+  }
+  std::vector<io::SafetensorsRawEntry> entries;
+  for (const OutputTensor& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes});
+  summary.tensors = static_cast<int64_t>(entries.size());
+
+  const TokenizerExport tokenizer = find_tokenizer(config, checkpoint);
+  if (!tokenizer.note.empty()) summary.notes.push_back(tokenizer.note);
+
+  // Everything is read and valid: write.
+  const fs::path& temporary = staged.create();
+  io::write_safetensors(temporary / "model.safetensors", entries, {{"format", "pt"}, {"octet_version", kVersion}});
+  summary.files.push_back("model.safetensors");
+  io::write_file_atomically(
+      temporary / "config.json",
+      config_json(config.model, tokenizer.ids, format == ExportFormat::fp8 ? quantization_config() : ""));
+  summary.files.push_back("config.json");
+  for (const std::string& file : write_tokenizer(tokenizer, config.model, temporary)) summary.files.push_back(file);
+  std::sort(summary.files.begin(), summary.files.end());
+  staged.commit();
+  return summary;
+}
+
+}  // namespace octet::hf
