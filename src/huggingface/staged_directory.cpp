@@ -8,22 +8,11 @@
 #include <cstring>
 
 #include "octet/check.h"
+#include "octet/io/atomic_file.h"
 
 namespace octet::hf {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-void fsync_directory(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  OCTET_REQUIRE(fd >= 0, "cannot open directory {}: {}", dir.string(), std::strerror(errno));
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  OCTET_REQUIRE(synced, "cannot flush directory {} to disk: {}", dir.string(), std::strerror(errno));
-}
-
-}  // namespace
 
 StagedDirectory::StagedDirectory(fs::path final_dir, bool replace)
     : final_dir_(std::move(final_dir)), replace_(replace) {
@@ -66,13 +55,15 @@ const fs::path& StagedDirectory::create() {
 }
 
 void StagedDirectory::commit() {
-  OCTET_CHECK(!temporary_.empty() && !committed_, "a created, uncommitted directory for {}", final_dir_.string());
-  fsync_directory(temporary_);
+  OCTET_CHECK(!temporary_.empty() && !committed_, "a created, uncommitted directory for {}",
+              final_dir_.string());
+  io::fsync_directory(temporary_);
   std::error_code ec;
   const fs::path parent = final_dir_.parent_path();
   if (fs::exists(final_dir_, ec)) {
     // Empty, or replaced under --force: moved aside so that the rename below cannot fail on a full directory.
-    const fs::path old = parent / (".octet-old-" + std::to_string(::getpid()) + "-" + final_dir_.filename().string());
+    const fs::path old =
+        parent / (".octet-old-" + std::to_string(::getpid()) + "-" + final_dir_.filename().string());
     fs::remove_all(old, ec);
     fs::rename(final_dir_, old, ec);
     OCTET_REQUIRE(!ec, "cannot move the previous {} aside: {}", final_dir_.string(), ec.message());
@@ -84,7 +75,7 @@ void StagedDirectory::commit() {
     OCTET_REQUIRE(!ec, "cannot move {} into place: {}", final_dir_.string(), ec.message());
   }
   committed_ = true;
-  fsync_directory(parent);
+  io::fsync_directory(parent);
 }
 
 }  // namespace octet::hf

@@ -17,6 +17,14 @@
 
 namespace octet::io {
 
+void fsync_directory(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  OCTET_REQUIRE(fd >= 0, "cannot open directory {}: {}", dir.string(), std::strerror(errno));
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  OCTET_REQUIRE(synced, "cannot flush directory {} to disk: {}", dir.string(), std::strerror(errno));
+}
+
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents) {
   const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
   // Not mkstemp, which makes the file 0600: created with 0666, the file gets the mode any other new file

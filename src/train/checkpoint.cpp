@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "octet/check.h"
+#include "octet/io/atomic_file.h"
 #include "octet/io/input.h"
 #include "octet/io/safetensors.h"
 #include "octet/io/tokenizer.h"
@@ -62,14 +63,6 @@ void write_file_durably(const fs::path& path, const std::string& text) {
   const bool synced = ::fsync(fd) == 0;
   ::close(fd);
   OCTET_REQUIRE(synced, "cannot flush {} to disk: {}", path.string(), std::strerror(errno));
-}
-
-void fsync_directory(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  OCTET_REQUIRE(fd >= 0, "cannot open directory {}: {}", dir.string(), std::strerror(errno));
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  OCTET_REQUIRE(synced, "cannot flush directory {} to disk: {}", dir.string(), std::strerror(errno));
 }
 
 std::vector<float> to_host(Backend& backend, const float* source, int64_t count) {
@@ -420,7 +413,7 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
   }
   write_file_durably(temporary / kStateFile, state_text(model, trainer, progress));
   written(temporary / kStateFile);
-  fsync_directory(temporary);
+  io::fsync_directory(temporary);
 
   // The rename is the commit. A checkpoint of the same step (saved again after a resume) is replaced.
   if (fs::exists(final_dir)) {
@@ -434,7 +427,7 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
     fs::rename(temporary, final_dir, ec);
     OCTET_REQUIRE(!ec, "cannot move {} into place: {}", final_dir.string(), ec.message());
   }
-  fsync_directory(root);
+  io::fsync_directory(root);
 
   const std::vector<fs::path> complete = list_checkpoints(run_dir);
   for (size_t i = 0; i + static_cast<size_t>(options.keep_last) < complete.size(); ++i) {
@@ -460,40 +453,58 @@ std::string checkpoint_config(const fs::path& checkpoint_dir) {
   return parse_state(checkpoint_dir / kStateFile).progress.config;
 }
 
-CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& trainer) {
+namespace {
+
+// The checks every load makes before reading weights: the three files are there and state.json describes
+// this model. Returns what state.json holds.
+SavedState open_checkpoint(const fs::path& dir, const Model& model) {
   for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
     OCTET_REQUIRE(fs::is_regular_file(dir / name), "checkpoint {} is incomplete: {} is missing", dir.string(),
                   name);
   }
   const fs::path state_path = dir / kStateFile;
-  const SavedState saved = parse_state(state_path);
+  SavedState saved = parse_state(state_path);
   require_same_model(state_path, saved, model);
+  return saved;
+}
+
+// One of optimizer.safetensors' float32 sets in octet's layout, the tensor of each parameter named prefix +
+// its name: the master weights (prefix "") or an AdamW moment ("m.", "v."). A run never saves a non-finite
+// weight or moment (a step that produced one is skipped), nor a negative second moment: such a file was
+// damaged or made by hand, and training on it gives NaN.
+std::vector<float> read_exact_set(const io::SafetensorsFile& exact, const fs::path& path, const Model& model,
+                                  const std::string& prefix) {
+  const bool second_moment = prefix == "v.";
+  std::vector<float> values(static_cast<size_t>(model.parameter_count()));
+  for (const ParameterInfo& p : model.parameters()) {
+    const std::string name = prefix + p.name;
+    const io::SafetensorsTensor* t = exact.find(name);
+    OCTET_REQUIRE(t != nullptr, "{}: tensor '{}' is missing", path.string(), name);
+    OCTET_REQUIRE(t->shape == p.shape, "{}: tensor '{}' has shape {}, this model needs {}", path.string(),
+                  name, shape_text(t->shape), shape_text(p.shape));
+    for (size_t i = 0; i < t->data.size(); ++i) {
+      const float x = t->data[i];
+      OCTET_REQUIRE(std::isfinite(x) && (!second_moment || x >= 0.0f),
+                    "{}: tensor '{}' holds {} at index {}; {} must be finite{}", path.string(), name, x, i,
+                    prefix.empty() ? "master weights" : "AdamW moments",
+                    second_moment ? " and second moments at least 0" : "");
+    }
+    std::copy(t->data.begin(), t->data.end(), values.begin() + p.offset);
+  }
+  return values;
+}
+
+}  // namespace
+
+CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& trainer) {
+  const SavedState saved = open_checkpoint(dir, model);
 
   // Master weights and moments: exact, in octet's layout.
   const fs::path optimizer_path = dir / kOptimizerFile;
   const io::SafetensorsFile exact = io::read_safetensors(optimizer_path);
-  const size_t n = static_cast<size_t>(model.parameter_count());
-  std::vector<float> params(n), m(n), v(n);
-  for (const auto& [prefix, target] : {std::pair{"", &params}, {"m.", &m}, {"v.", &v}}) {
-    for (const ParameterInfo& p : model.parameters()) {
-      const std::string name = prefix + p.name;
-      const io::SafetensorsTensor* t = exact.find(name);
-      OCTET_REQUIRE(t != nullptr, "{}: tensor '{}' is missing", optimizer_path.string(), name);
-      OCTET_REQUIRE(t->shape == p.shape, "{}: tensor '{}' has shape {}, this model needs {}",
-                    optimizer_path.string(), name, shape_text(t->shape), shape_text(p.shape));
-      // A run never saves a non-finite weight or moment (a step that produced one is skipped), nor a
-      // negative second moment: such a file was damaged or made by hand, and training on it gives NaN.
-      const bool second_moment = target == &v;
-      for (size_t i = 0; i < t->data.size(); ++i) {
-        const float x = t->data[i];
-        OCTET_REQUIRE(std::isfinite(x) && (!second_moment || x >= 0.0f),
-                      "{}: tensor '{}' holds {} at index {}; {} must be finite{}", optimizer_path.string(),
-                      name, x, i, prefix[0] == '\0' ? "master weights" : "AdamW moments",
-                      second_moment ? " and second moments at least 0" : "");
-      }
-      std::copy(t->data.begin(), t->data.end(), target->begin() + p.offset);
-    }
-  }
+  const std::vector<float> params = read_exact_set(exact, optimizer_path, model, "");
+  const std::vector<float> m = read_exact_set(exact, optimizer_path, model, "m.");
+  const std::vector<float> v = read_exact_set(exact, optimizer_path, model, "v.");
   // The Hugging Face copy must be valid and agree with the master weights bit for bit.
   const fs::path model_path = dir / kModelFile;
   const io::SafetensorsFile hf = io::read_safetensors(model_path);
@@ -556,6 +567,7 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
 
   // Everything is valid: only now change the model and the trainer.
   Backend& backend = model.backend();
+  const size_t n = params.size();
   backend.copy_from_host(model.params(), params.data(), n * sizeof(float));
   backend.copy_from_host(trainer.optimizer().first_moment(), m.data(), n * sizeof(float));
   backend.copy_from_host(trainer.optimizer().second_moment(), v.data(), n * sizeof(float));
@@ -585,27 +597,10 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
 }
 
 std::map<std::string, std::string> load_checkpoint_weights(const fs::path& dir, Model& model) {
-  for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
-    OCTET_REQUIRE(fs::is_regular_file(dir / name), "checkpoint {} is incomplete: {} is missing", dir.string(),
-                  name);
-  }
-  const fs::path state_path = dir / kStateFile;
-  const SavedState saved = parse_state(state_path);
-  require_same_model(state_path, saved, model);
+  const SavedState saved = open_checkpoint(dir, model);
   const fs::path optimizer_path = dir / kOptimizerFile;
-  const io::SafetensorsFile exact = io::read_safetensors(optimizer_path);
-  std::vector<float> params(static_cast<size_t>(model.parameter_count()));
-  for (const ParameterInfo& p : model.parameters()) {
-    const io::SafetensorsTensor* t = exact.find(p.name);
-    OCTET_REQUIRE(t != nullptr, "{}: tensor '{}' is missing", optimizer_path.string(), p.name);
-    OCTET_REQUIRE(t->shape == p.shape, "{}: tensor '{}' has shape {}, this model needs {}",
-                  optimizer_path.string(), p.name, shape_text(t->shape), shape_text(p.shape));
-    for (size_t i = 0; i < t->data.size(); ++i) {
-      OCTET_REQUIRE(std::isfinite(t->data[i]), "{}: tensor '{}' holds {} at index {}; master weights must be finite",
-                    optimizer_path.string(), p.name, t->data[i], i);
-    }
-    std::copy(t->data.begin(), t->data.end(), params.begin() + p.offset);
-  }
+  const std::vector<float> params =
+      read_exact_set(io::read_safetensors(optimizer_path), optimizer_path, model, "");
   model.backend().copy_from_host(model.params(), params.data(), params.size() * sizeof(float));
   model.refresh_weight_copies();
   return saved.progress.imported_from;

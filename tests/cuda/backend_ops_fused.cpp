@@ -868,7 +868,7 @@ void check_gelu_backward(int64_t rows, int64_t cols, const Variant& v, bool bias
   Guarded<float> dout(n, v.float_offset);
   Guarded<float> dinp(n, v.float_offset);
   Guarded<float> dbias(channels);
-  Guarded<float> partials(static_cast<size_t>(octet::cuda::gelu_backward_cast_partial_rows(rows) * cols));
+  Guarded<float> partials(static_cast<size_t>(octet::cuda::column_partial_rows(rows) * cols));
   CastSlots cast(n, v.code_offset);
   CastDownload first;
   std::vector<float> first_dbias;
@@ -1019,7 +1019,7 @@ void check_bias_backward_cast(int64_t rows, int64_t cols, const Variant& v) {
 
   Guarded<float> dout(n, v.float_offset);
   Guarded<float> dbias(channels);
-  const auto partial_count = static_cast<size_t>(octet::cuda::bias_backward_cast_partial_rows(rows) * cols);
+  const auto partial_count = static_cast<size_t>(octet::cuda::column_partial_rows(rows) * cols);
   Guarded<float> partials(partial_count);
   CastSlots cast(n, v.code_offset);
   CastDownload first;
@@ -1218,7 +1218,7 @@ void check_gelu_backward_bf16(int64_t rows, int64_t cols, const Variant& v) {
   octet::cuda::Stream stream;
   octet::cuda::Workspace workspace;
   DeviceScale scale;
-  const auto partial_rows = static_cast<size_t>(octet::cuda::gelu_backward_cast_partial_rows(rows) * cols);
+  const auto partial_rows = static_cast<size_t>(octet::cuda::column_partial_rows(rows) * cols);
 
   Guarded<float> inp_values(n), dout_values(n), expected_dinp(n), expected_plain(n);
   Guarded<float> expected_dbias(static_cast<size_t>(cols)), expected_partials(partial_rows);

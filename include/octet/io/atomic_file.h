@@ -12,4 +12,8 @@ namespace octet::io {
 // (invalid input) naming the file when any step fails; the temporary is removed then.
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents);
 
+// Flushes directory `dir` (its entries: files created, renamed or removed in it) to disk. Throws
+// octet::Error (invalid input) naming the directory when it cannot be opened or flushed.
+void fsync_directory(const std::filesystem::path& dir);
+
 }  // namespace octet::io

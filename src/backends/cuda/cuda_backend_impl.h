@@ -414,6 +414,12 @@ class CudaBackend final : public Backend {
   template <typename Write>
   void producer_cast(int64_t N, int64_t C, LinearExecution& exec, std::unique_ptr<Fp8Tensor>* slot,
                      Write write);
+  // A normalization or activation forward [N, C] that casts its output for the FP8 layer of `target`
+  // (Backend::normalization_forward and activation_forward with a cast target): `fused(cast)` writes out
+  // (when not null) and the cast in one pass where producer_casts says so; otherwise `plain(y)` writes the
+  // float32 output into y (out, or scratch where out is null) and cast_input casts it.
+  template <typename Fused, typename Plain>
+  void produce_input(float* out, int64_t N, int64_t C, const Fp8CastTarget& target, Fused fused, Plain plain);
   // Casts the backward's output gradient dout [N, OC] as the layer's gradient operand into the tensor in
   // `slot` (linear_backward's cast; gelu_backward_cast's where it cannot fuse), and adds the column sums of
   // dout to dbias when given: in the cast's own pass where producer_casts(exec), else by bias_backward
@@ -619,6 +625,22 @@ void CudaBackend::producer_cast(int64_t N, int64_t C, LinearExecution& exec, std
   const Dtype format = exec.formats.activation;
   write(fused_cast_into(layer, kActivation, format, input_tensor(slot, exec, N, C), N * C));
   end_cast(layer, kActivation, format, N * C, exec.update_scaling, exec.telemetry != nullptr);
+}
+
+template <typename Fused, typename Plain>
+void CudaBackend::produce_input(float* out, int64_t N, int64_t C, const Fp8CastTarget& target, Fused fused,
+                                Plain plain) {
+  LinearExecution& consumer = *target.layer;
+  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
+              "the output kept for a consumer that reads it");
+  if (producer_casts(consumer)) {
+    producer_cast(N, C, consumer, target.tensor, fused);
+    return;
+  }
+  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
+  plain(y);
+  cast_input(y, N, C, consumer, target.tensor);
 }
 
 }  // namespace octet::cuda::backend_internal

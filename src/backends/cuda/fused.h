@@ -67,7 +67,7 @@ struct PartialSums {
 // writing the FP8 cast of dinp; dinp written only when not null (it may alias inp or dout). When dbias is not
 // null, also dbias [cols] += column sums of dinp, as bias_backward would add them up to the order of the
 // float32 additions: the kernel writes one partial sum per column and tile of 32 rows to column_partials
-// (gelu_backward_cast_partial_rows(rows) x cols floats of scratch, not aliasing workspace memory), and
+// (column_partial_rows(rows) x cols floats of scratch, not aliasing workspace memory), and
 // bias_backward adds those in its fixed order. Deterministic: the order depends on the shape alone. inp and
 // dout are float32, or both bf16 (their bits) read as their float32 values.
 void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t rows, int64_t cols,
@@ -76,8 +76,6 @@ void gelu_backward_cast(float* dinp, const float* inp, const float* dout, int64_
 void gelu_backward_cast(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t rows, int64_t cols,
                         const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
                         cudaStream_t stream, const PartialSums& sums = {});
-// Rows of column_partials that gelu_backward_cast needs for `rows` rows.
-int64_t gelu_backward_cast_partial_rows(int64_t rows);
 
 // SwiGLU forward over inp [rows, 2C] (exactly the values of cuda::swiglu_forward), writing the FP8 cast of
 // the result [rows, C]; out written only when not null (it must not overlap inp). inp is float32, or bf16
@@ -90,22 +88,20 @@ void swiglu_forward_cast(float* out, const uint16_t* inp, int64_t rows, int64_t 
 // SwiGLU backward: dinp [rows, 2C] from inp [rows, 2C] and dout [rows, C] (exactly the values of
 // cuda::swiglu_backward), writing the FP8 cast of dinp; dinp written only when not null (it must not overlap
 // inp or dout). When dbias [2C] is not null, also dbias += column sums of dinp, as gelu_backward_cast sums
-// them (column_partials: swiglu_backward_cast_partial_rows(rows) x 2C floats of scratch).
+// them (column_partials: column_partial_rows(rows) x 2C floats of scratch).
 void swiglu_backward_cast(float* dinp, const float* inp, const float* dout, int64_t rows, int64_t C,
                           const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
                           cudaStream_t stream, const PartialSums& sums = {});
 void swiglu_backward_cast(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t rows, int64_t C,
                           const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
                           cudaStream_t stream, const PartialSums& sums = {});
-// Rows of column_partials that swiglu_backward_cast needs for `rows` rows.
-int64_t swiglu_backward_cast_partial_rows(int64_t rows);
 
 // A linear layer's bias gradient and the FP8 cast of its output gradient in one pass over dout [rows, cols]
 // (bias_backward, then cast_amax, would read it twice): the codes, transposed codes, scale_inv and
 // CastResults exactly as cast_amax writes them, and dbias [cols] += column sums of dout as bias_backward
 // would add them up to the order of the float32 additions (per-tile partial sums in column_partials, then
 // bias_backward over those, as gelu_backward_cast). dbias must be given; column_partials holds
-// bias_backward_cast_partial_rows(rows) x cols floats of scratch, not aliasing workspace memory.
+// column_partial_rows(rows) x cols floats of scratch, not aliasing workspace memory.
 // Deterministic: the order of additions depends on the shape alone.
 void bias_backward_cast(float* dbias, const float* dout, int64_t rows, int64_t cols, const FusedCast& cast,
                         float* column_partials, Workspace& workspace, cudaStream_t stream,
@@ -114,8 +110,9 @@ void bias_backward_cast(float* dbias, const float* dout, int64_t rows, int64_t c
 void bias_backward_cast(float* dbias, const uint16_t* dout, int64_t rows, int64_t cols, const FusedCast& cast,
                         float* column_partials, Workspace& workspace, cudaStream_t stream,
                         const PartialSums& sums = {});
-// Rows of column_partials that bias_backward_cast needs for `rows` rows.
-int64_t bias_backward_cast_partial_rows(int64_t rows);
+// Rows of column_partials that a fused bias gradient (gelu_backward_cast, swiglu_backward_cast,
+// bias_backward_cast) needs for `rows` rows: one per tile of rows.
+int64_t column_partial_rows(int64_t rows);
 
 // The FP8 cast of bf16 values x [rows, cols] (their bits): exactly what cast_amax writes for the float32
 // values they are (codes, transposed codes when asked for, scale_inv, CastResults).

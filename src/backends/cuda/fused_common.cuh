@@ -381,6 +381,21 @@ inline void add_partial_sums(float* dbias, const float* column_partials, int64_t
   OCTET_CUDA_CHECK(cudaEventRecord(sums.done, sums.stream));
 }
 
+// launch_elementwise of a producer of a linear layer's output gradient, and where dbias is given, dbias
+// [cols] += the column sums of what it produced (the tiles' partial sums in column_partials, then
+// add_partial_sums). The caller checks the launches.
+template <typename Producer>
+void launch_with_bias_gradient(const Producer& producer, bool vector_inputs, int64_t rows, int64_t cols,
+                               const FusedCast& cast, float* dbias, float* column_partials,
+                               Workspace& workspace, cudaStream_t stream, const PartialSums& sums) {
+  if (dbias == nullptr) {
+    launch_elementwise(producer, vector_inputs, rows, cols, cast, stream);
+    return;
+  }
+  launch_elementwise<true>(producer, vector_inputs, rows, cols, cast, stream, column_partials);
+  add_partial_sums(dbias, column_partials, column_partial_rows(rows), cols, workspace, stream, sums);
+}
+
 // codes [rows, cols] -> transposed [cols, rows], byte by byte through 32 x 32 tiles (fused_transpose.cu): any
 // shape and alignment. Only enqueues the kernel; the caller checks the launch.
 void transpose_code_bytes(const uint8_t* codes, uint8_t* transposed, int64_t rows, int64_t cols,

@@ -23,11 +23,10 @@ using elementwise::Pack;
 using elementwise::Raw;
 using elementwise::store_pack;
 using elementwise::widen;
-using fused_internal::add_partial_sums;
 using fused_internal::check_cast;
 using fused_internal::check_sums;
-using fused_internal::kTileRows;
 using fused_internal::launch_elementwise;
+using fused_internal::launch_with_bias_gradient;
 using ops_internal::aligned16;
 
 // The producers of the two ops (fused_common.cuh describes their two steps, load and finish).
@@ -108,15 +107,8 @@ void gelu_backward_cast_of(float* dinp, const In* inp, const In* dout, int64_t r
   const GeluBackwardProducer<In> op{dinp, inp, dout};
   const bool vector = elementwise::pack_aligned(inp) && elementwise::pack_aligned(dout) &&
                       (dinp == nullptr || aligned16(dinp));
-  if (dbias == nullptr) {
-    launch_elementwise(op, vector, rows, cols, cast, stream);
-    OCTET_CUDA_CHECK_LAUNCH("gelu_backward_cast");
-    return;
-  }
-  launch_elementwise<true>(op, vector, rows, cols, cast, stream, column_partials);
+  launch_with_bias_gradient(op, vector, rows, cols, cast, dbias, column_partials, workspace, stream, sums);
   OCTET_CUDA_CHECK_LAUNCH("gelu_backward_cast");
-  add_partial_sums(dbias, column_partials, gelu_backward_cast_partial_rows(rows), cols, workspace, stream,
-                   sums);
 }
 
 }  // namespace
@@ -141,10 +133,6 @@ void gelu_backward_cast(float* dinp, const uint16_t* inp, const uint16_t* dout, 
                         const FusedCast& cast, float* dbias, float* column_partials, Workspace& workspace,
                         cudaStream_t stream, const PartialSums& sums) {
   gelu_backward_cast_of(dinp, inp, dout, rows, cols, cast, dbias, column_partials, workspace, stream, sums);
-}
-
-int64_t gelu_backward_cast_partial_rows(int64_t rows) {
-  return (rows + kTileRows - 1) / kTileRows;
 }
 
 }  // namespace octet::cuda

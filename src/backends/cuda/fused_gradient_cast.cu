@@ -71,8 +71,7 @@ void bias_backward_cast_of(float* dbias, const In* dout, int64_t rows, int64_t c
   launch_elementwise<true>(stored_values(dout), elementwise::pack_aligned(dout), rows, cols, cast, stream,
                            column_partials);
   OCTET_CUDA_CHECK_LAUNCH("bias_backward_cast");
-  add_partial_sums(dbias, column_partials, bias_backward_cast_partial_rows(rows), cols, workspace, stream,
-                   sums);
+  add_partial_sums(dbias, column_partials, column_partial_rows(rows), cols, workspace, stream, sums);
 }
 
 }  // namespace
@@ -98,8 +97,8 @@ void cast_bf16(const uint16_t* x, int64_t rows, int64_t cols, const FusedCast& c
   OCTET_CUDA_CHECK_LAUNCH("cast_bf16");
 }
 
-int64_t bias_backward_cast_partial_rows(int64_t rows) {
-  return (rows + kTileRows - 1) / kTileRows;
+int64_t column_partial_rows(int64_t rows) {
+  return (rows + fused_internal::kTileRows - 1) / fused_internal::kTileRows;
 }
 
 }  // namespace octet::cuda

@@ -33,19 +33,10 @@ void CudaBackend::rmsnorm_forward_as(void* out, Dtype out_type, float* rstd, con
 void CudaBackend::rmsnorm_forward_cast(float* out, float* rstd, const float* inp, const float* weight,
                                        int64_t N, int64_t C, const Fp8CastTarget& target) {
   const OpScope scope(*this, OpKind::norm_activation);
-  LinearExecution& consumer = *target.layer;
-  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
-  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
-              "the output kept for a consumer that reads it");
-  if (producer_casts(consumer)) {
-    producer_cast(N, C, consumer, target.tensor, [&](const FusedCast& cast) {
-      cuda::rmsnorm_forward_cast(out, rstd, inp, weight, N, C, cast, stream_);
-    });
-    return;
-  }
-  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
-  cuda::rmsnorm_forward(y, rstd, inp, weight, N, C, stream_);
-  cast_input(y, N, C, consumer, target.tensor);
+  produce_input(
+      out, N, C, target,
+      [&](const FusedCast& cast) { cuda::rmsnorm_forward_cast(out, rstd, inp, weight, N, C, cast, stream_); },
+      [&](float* y) { cuda::rmsnorm_forward(y, rstd, inp, weight, N, C, stream_); });
 }
 
 void CudaBackend::rmsnorm_backward_as(float* dinp, float* dweight, const void* dout, Dtype dout_type,
@@ -85,23 +76,16 @@ void CudaBackend::swiglu_forward_cast_as(float* out, const void* inp, Dtype type
                                          const Fp8CastTarget& target) {
   check_stored(type, "SwiGLU's input");
   const OpScope scope(*this, OpKind::norm_activation);
-  LinearExecution& consumer = *target.layer;
-  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
-  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
-              "the output kept for a consumer that reads it");
-  if (producer_casts(consumer)) {
-    producer_cast(N, C, consumer, target.tensor, [&](const FusedCast& cast) {
-      if (type == Dtype::bf16) {
-        cuda::swiglu_forward_cast(out, static_cast<const uint16_t*>(inp), N, C, cast, stream_);
-      } else {
-        cuda::swiglu_forward_cast(out, static_cast<const float*>(inp), N, C, cast, stream_);
-      }
-    });
-    return;
-  }
-  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
-  swiglu_forward_as(y, Dtype::f32, inp, type, N, C);
-  cast_input(y, N, C, consumer, target.tensor);
+  produce_input(
+      out, N, C, target,
+      [&](const FusedCast& cast) {
+        if (type == Dtype::bf16) {
+          cuda::swiglu_forward_cast(out, static_cast<const uint16_t*>(inp), N, C, cast, stream_);
+        } else {
+          cuda::swiglu_forward_cast(out, static_cast<const float*>(inp), N, C, cast, stream_);
+        }
+      },
+      [&](float* y) { swiglu_forward_as(y, Dtype::f32, inp, type, N, C); });
 }
 
 void CudaBackend::swiglu_backward_as(void* dinp, Dtype dinp_type, const void* inp, const void* dout,
@@ -145,10 +129,9 @@ void CudaBackend::swiglu_backward_cast_as(float* dinp, const void* inp, const vo
     // linear_backward's cast_operand, with the codes written by the SwiGLU backward kernel.
     const Dtype format = consumer.formats.gradient;
     const FusedCast cast = gradient_fused_cast(layer, consumer, N, width, target.tensor);
-    float* partials = dbias == nullptr
-                          ? nullptr
-                          : column_partials_.as<float>(
-                                static_cast<size_t>(swiglu_backward_cast_partial_rows(N) * width), stream_);
+    float* partials = dbias == nullptr ? nullptr
+                                       : column_partials_.as<float>(
+                                             static_cast<size_t>(column_partial_rows(N) * width), stream_);
     const cuda::PartialSums sums = dbias != nullptr ? sums_aside_.next() : cuda::PartialSums{};
     if (type == Dtype::bf16) {
       cuda::swiglu_backward_cast(dinp, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout),

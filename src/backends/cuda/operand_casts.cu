@@ -97,19 +97,12 @@ void CudaBackend::layernorm_forward_cast(float* out, float* mean, float* rstd, c
                                          const float* weight, const float* bias, int64_t N, int64_t C,
                                          const Fp8CastTarget& target) {
   const OpScope scope(*this, OpKind::norm_activation);
-  LinearExecution& consumer = *target.layer;
-  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
-  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
-              "the output kept for a consumer that reads it");
-  if (producer_casts(consumer)) {
-    producer_cast(N, C, consumer, target.tensor, [&](const FusedCast& cast) {
-      cuda::layernorm_forward_cast(out, mean, rstd, inp, weight, bias, N, C, cast, stream_);
-    });
-    return;
-  }
-  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
-  cuda::layernorm_forward(y, mean, rstd, inp, weight, bias, N, C, stream_);
-  cast_input(y, N, C, consumer, target.tensor);
+  produce_input(
+      out, N, C, target,
+      [&](const FusedCast& cast) {
+        cuda::layernorm_forward_cast(out, mean, rstd, inp, weight, bias, N, C, cast, stream_);
+      },
+      [&](float* y) { cuda::layernorm_forward(y, mean, rstd, inp, weight, bias, N, C, stream_); });
 }
 
 void CudaBackend::gelu_forward_as(void* out, Dtype out_type, const void* inp, Dtype type, int64_t n) {
@@ -134,23 +127,16 @@ void CudaBackend::gelu_forward_cast_as(float* out, const void* inp, Dtype type, 
                                        const Fp8CastTarget& target) {
   check_stored(type, "GELU's input");
   const OpScope scope(*this, OpKind::norm_activation);
-  LinearExecution& consumer = *target.layer;
-  OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
-  OCTET_CHECK(out != nullptr || input_cast_suffices(consumer),
-              "the output kept for a consumer that reads it");
-  if (producer_casts(consumer)) {
-    producer_cast(N, C, consumer, target.tensor, [&](const FusedCast& cast) {
-      if (type == Dtype::bf16) {
-        cuda::gelu_forward_cast(out, static_cast<const uint16_t*>(inp), N, C, cast, stream_);
-      } else {
-        cuda::gelu_forward_cast(out, static_cast<const float*>(inp), N, C, cast, stream_);
-      }
-    });
-    return;
-  }
-  float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
-  gelu_forward_as(y, Dtype::f32, inp, type, N * C);
-  cast_input(y, N, C, consumer, target.tensor);
+  produce_input(
+      out, N, C, target,
+      [&](const FusedCast& cast) {
+        if (type == Dtype::bf16) {
+          cuda::gelu_forward_cast(out, static_cast<const uint16_t*>(inp), N, C, cast, stream_);
+        } else {
+          cuda::gelu_forward_cast(out, static_cast<const float*>(inp), N, C, cast, stream_);
+        }
+      },
+      [&](float* y) { gelu_forward_as(y, Dtype::f32, inp, type, N * C); });
 }
 
 FusedCast CudaBackend::gradient_fused_cast(Layer& layer, const LinearExecution& exec, int64_t N, int64_t C,
@@ -184,8 +170,7 @@ void CudaBackend::cast_gradient(Layer& layer, const float* dout, int64_t N, int6
     const OpScope scope(*this, OpKind::casts);
     const Dtype format = exec.formats.gradient;
     const FusedCast cast = gradient_fused_cast(layer, exec, N, OC, slot);
-    float* partials =
-        column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
+    float* partials = column_partials_.as<float>(static_cast<size_t>(column_partial_rows(N) * OC), stream_);
     cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_, sums_aside_.next());
     end_cast(layer, kGradient, format, N * OC, true, exec.telemetry != nullptr);
   } else {
@@ -233,10 +218,9 @@ void CudaBackend::gelu_backward_cast_as(float* dinp, const void* inp, const void
     // linear_backward's cast_operand, with the codes written by the GELU backward kernel.
     const Dtype format = consumer.formats.gradient;
     const FusedCast cast = gradient_fused_cast(layer, consumer, N, C, target.tensor);
-    float* partials = dbias == nullptr
-                          ? nullptr
-                          : column_partials_.as<float>(
-                                static_cast<size_t>(gelu_backward_cast_partial_rows(N) * C), stream_);
+    float* partials = dbias == nullptr ? nullptr
+                                       : column_partials_.as<float>(
+                                             static_cast<size_t>(column_partial_rows(N) * C), stream_);
     const cuda::PartialSums sums = dbias != nullptr ? sums_aside_.next() : cuda::PartialSums{};
     if (type == Dtype::bf16) {
       cuda::gelu_backward_cast(dinp, static_cast<const uint16_t*>(inp), static_cast<const uint16_t*>(dout), N,
@@ -277,8 +261,7 @@ void CudaBackend::cast_gradient_bf16(Layer& layer, const uint16_t* dout, int64_t
   const Dtype format = exec.formats.gradient;
   const FusedCast cast = gradient_fused_cast(layer, exec, N, OC, slot);
   if (dbias != nullptr) {
-    float* partials =
-        column_partials_.as<float>(static_cast<size_t>(bias_backward_cast_partial_rows(N) * OC), stream_);
+    float* partials = column_partials_.as<float>(static_cast<size_t>(column_partial_rows(N) * OC), stream_);
     cuda::bias_backward_cast(dbias, dout, N, OC, cast, partials, workspace_, stream_, sums_aside_.next());
   } else {
     cuda::cast_bf16(dout, N, OC, cast, stream_);
