@@ -383,6 +383,15 @@ const std::vector<Key>& keys() {
         "FP8 weight-gradient GEMM, as PyTorch autocast's are (on the GPU also stored in bf16: half the "
         "gradient memory and traffic; accumulation over micro-batches then adds in bf16). bf16 needs "
         "train.mixed_precision bf16 or fp8 (docs/precision.md)."));
+    k.push_back(choice<ActivationCheckpointing>(
+        "train.activation_checkpointing",
+        [](RunConfig& c) -> ActivationCheckpointing& { return c.precision.activation_checkpointing; },
+        {{"none", ActivationCheckpointing::none},
+         {"selective", ActivationCheckpointing::selective},
+         {"full", ActivationCheckpointing::full}},
+        "What each block keeps for its backward: everything (none); all but the normalizations' and the MLP "
+        "activation's outputs, made again in the backward (selective); only its input, the block's forward "
+        "run again before its backward (full). Same losses and gradients, less memory (docs/precision.md)."));
     // [fp8]
     k.push_back(choice<RecipeKind>(
         "fp8.recipe", [](RunConfig& c) -> RecipeKind& { return c.precision.recipe; },

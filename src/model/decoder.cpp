@@ -305,11 +305,84 @@ void Decoder::activation_backward_into(Linear& next, float* dinp, const void* in
                   true);
 }
 
+void Decoder::forward_block(int64_t l, int64_t B, int64_t T) {
+  const int64_t N = B * T, C = config_.channels, NH = config_.heads;
+  const int64_t H = config_.hidden(), FC = activation_inputs(activation_kind()) * H, W = config_.qkv_width();
+  float* p = params();
+  auto P = [&](const std::string& name) { return p + parameter(name).offset; };
+  const bool gpt2 = config_.arch == ModelArchitecture::gpt2;
+  Activations& a = *acts_;
+  const float* residual = l == 0 ? a.encoded : a.layers[static_cast<size_t>(l - 1)].residual3;
+  const BlockNames b = block_names(l);
+  Activations::Layer& x = a.layers[static_cast<size_t>(l)];
+  Linear& qkv = linear(b.qkv);
+  Linear& proj = linear(b.proj);
+  Linear& fc = linear(b.fc);
+  Linear& fc_proj = linear(b.fc_proj);
+  norm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(b.norm1 + ".weight"), norm_bias(b.norm1), N, C);
+  const TensorView qkv_out(x.qkv != nullptr ? x.qkv : a.qkv_scratch, qkv_type_, {B, T, W});
+  backend_.linear_forward(qkv_out, ConstTensorView(x.ln1, qkv.input_type, {N, C}), weight_of(qkv),
+                          qkv.copy.get(), {.bias = bias_of(qkv)}, qkv.exec, fp8_input(qkv, true));
+  if (!gpt2) backend_.rotary_embedding(qkv_out, rotary_table(T), NH + config_.kv(), false);
+  const TensorView atty(x.atty, atty_type_, {B, T, C});
+  backend_.attention_forward(atty, x.att_lse, qkv_out, attention_heads());
+  float* residual2 = x.residual2 != nullptr ? x.residual2 : a.residual2_scratch;
+  backend_.linear_forward(TensorView(residual2, {N, C}), atty, weight_of(proj), proj.copy.get(),
+                          {.bias = bias_of(proj), .residual = residual}, proj.exec, fp8_input(proj, false));
+  norm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, residual2, P(b.norm2 + ".weight"), norm_bias(b.norm2), N, C);
+  void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
+  backend_.linear_forward(TensorView(fch, hidden_type_, {N, FC}),
+                          ConstTensorView(x.ln2, fc.input_type, {N, C}), weight_of(fc), fc.copy.get(),
+                          {.bias = bias_of(fc)}, fc.exec, fp8_input(fc, true));
+  round_hidden(fch, N * FC);
+  activation_into(fc_proj, x.fch_gelu, fch, N, H);
+  backend_.linear_forward(TensorView(x.residual3, {N, C}),
+                          ConstTensorView(x.fch_gelu, fc_proj.input_type, {N, H}), weight_of(fc_proj),
+                          fc_proj.copy.get(), {.bias = bias_of(fc_proj), .residual = residual2}, fc_proj.exec,
+                          fp8_input(fc_proj, true));
+}
+
+void Decoder::rerun_block(int64_t l, int64_t B, int64_t T) {
+  const BlockNames b = block_names(l);
+  Linear* layers[] = {&linear(b.qkv), &linear(b.proj), &linear(b.fc), &linear(b.fc_proj)};
+  LinearExecution saved[std::size(layers)];
+  for (size_t i = 0; i < std::size(layers); ++i) {
+    Linear& layer = *layers[i];
+    saved[i] = layer.exec;
+    LinearExecution& e = layer.exec;
+    e.update_scaling = false;
+    e.fp8_gemms = e.other_gemms = e.saturated = e.underflowed = nullptr;
+    e.telemetry = nullptr;
+    e.measure_sqnr = false;
+    if (!layer.plan->fp8()) continue;
+    // The forward's scales in, the current state out, for the length of the block's forward.
+    backend_.fetch_scaling(layer.state);
+    std::swap(layer.state.activation, layer.forward_activation);
+    backend_.publish_scaling(layer.state);
+  }
+  forward_block(l, B, T);
+  for (size_t i = 0; i < std::size(layers); ++i) {
+    Linear& layer = *layers[i];
+    layer.exec = saved[i];
+    if (!layer.plan->fp8()) continue;
+    std::swap(layer.state.activation, layer.forward_activation);
+    backend_.publish_scaling(layer.state);
+  }
+}
+
+void Decoder::renormalize(const Linear& next, void* out, float* mean, float* rstd, const float* inp,
+                          const std::string& norm, int64_t N) {
+  const int64_t C = config_.channels;
+  backend_.normalization_forward(norm_kind(), TensorView(out, next.input_type, {N, C}), mean, rstd,
+                                 ConstTensorView(inp, {N, C}), params() + parameter(norm + ".weight").offset,
+                                 norm_bias(norm), {});
+}
+
 void Decoder::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
   OCTET_REQUIRE(B >= 1 && B <= max_batch_,
                 "batch size {} is outside 1..{} (the size the model was planned for)", B, max_batch_);
   OCTET_REQUIRE(T >= 1 && T <= max_seq_len_, "sequence length {} is outside 1..{}", T, max_seq_len_);
-  const int64_t N = B * T, C = config_.channels, NH = config_.heads;
+  const int64_t N = B * T, C = config_.channels;
   for (int64_t i = 0; i < N; ++i) {
     OCTET_REQUIRE(tokens[i] >= 0 && tokens[i] < config_.vocab_size,
                   "token {} at position {} is outside the vocabulary (0..{})", tokens[i], i,
@@ -319,41 +392,20 @@ void Decoder::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
   float* p = params();
   auto P = [&](const std::string& name) { return p + parameter(name).offset; };
   const bool gpt2 = config_.arch == ModelArchitecture::gpt2;
-  const int64_t H = config_.hidden(), FC = activation_inputs(activation_kind()) * H, W = config_.qkv_width();
   Activations& a = *acts_;
   backend_.embedding_forward(TensorView(a.encoded, {B, T, C}), tokens_->ints(),
                              ConstTensorView(P(embedding_name()), {config_.padded_vocab(), C}),
                              gpt2 ? ConstTensorView(P("wpe"), {T, C}) : ConstTensorView());
-  const float* residual = a.encoded;
-  for (int64_t l = 0; l < config_.layers; ++l) {
-    const BlockNames b = block_names(l);
-    Activations::Layer& x = a.layers[static_cast<size_t>(l)];
-    Linear& qkv = linear(b.qkv);
-    Linear& proj = linear(b.proj);
-    Linear& fc = linear(b.fc);
-    Linear& fc_proj = linear(b.fc_proj);
-    norm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(b.norm1 + ".weight"), norm_bias(b.norm1), N, C);
-    const TensorView qkv_out(x.qkv != nullptr ? x.qkv : a.qkv_scratch, qkv_type_, {B, T, W});
-    backend_.linear_forward(qkv_out, ConstTensorView(x.ln1, qkv.input_type, {N, C}), weight_of(qkv),
-                            qkv.copy.get(), {.bias = bias_of(qkv)}, qkv.exec, fp8_input(qkv, true));
-    if (!gpt2) backend_.rotary_embedding(qkv_out, rotary_table(T), NH + config_.kv(), false);
-    const TensorView atty(x.atty, atty_type_, {B, T, C});
-    backend_.attention_forward(atty, x.att_lse, qkv_out, attention_heads());
-    float* residual2 = x.residual2 != nullptr ? x.residual2 : a.residual2_scratch;
-    backend_.linear_forward(TensorView(residual2, {N, C}), atty, weight_of(proj), proj.copy.get(),
-                            {.bias = bias_of(proj), .residual = residual}, proj.exec, fp8_input(proj, false));
-    norm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, residual2, P(b.norm2 + ".weight"), norm_bias(b.norm2), N, C);
-    void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
-    backend_.linear_forward(TensorView(fch, hidden_type_, {N, FC}), ConstTensorView(x.ln2, fc.input_type, {N, C}),
-                            weight_of(fc), fc.copy.get(), {.bias = bias_of(fc)}, fc.exec, fp8_input(fc, true));
-    round_hidden(fch, N * FC);
-    activation_into(fc_proj, x.fch_gelu, fch, N, H);
-    backend_.linear_forward(TensorView(x.residual3, {N, C}), ConstTensorView(x.fch_gelu, fc_proj.input_type, {N, H}),
-                            weight_of(fc_proj), fc_proj.copy.get(),
-                            {.bias = bias_of(fc_proj), .residual = residual2}, fc_proj.exec,
-                            fp8_input(fc_proj, true));
-    residual = x.residual3;
+  if (checkpointing() == ActivationCheckpointing::full) {
+    // The scales this forward's casts take, for the blocks' forwards again in the backward.
+    for (auto& l : linears_) {
+      if (!l->plan->fp8()) continue;
+      backend_.fetch_scaling(l->state);
+      l->forward_activation = l->state.activation;
+    }
   }
+  for (int64_t l = 0; l < config_.layers; ++l) forward_block(l, B, T);
+  const float* residual = config_.layers > 0 ? a.layers.back().residual3 : a.encoded;
   Linear& head = linear("lm_head");
   const std::string lnf = final_norm_name();
   norm_into(head, a.lnf, a.lnf_mean, a.lnf_rstd, residual, P(lnf + ".weight"), norm_bias(lnf), N, C);
@@ -537,10 +589,11 @@ void Decoder::backward(float dloss_scale) {
     float* dqkv = d.wide_a;
     float* datty = d.wide_b;
 
-    // d.residual: d(residual3) = d(fcproj), as residual3 = residual2 + fcproj.
-    backward_linear(fc_proj, dfch_gelu, hidden_type_, fc_proj.bias_grad, d.residual, Dtype::f32, x.fch_gelu,
-                    fc_proj.input_type, N);
-    round_hidden(dfch_gelu, N * H);
+    // Under "full" the shared activations hold the last block's forward already; the others run theirs
+    // again. Under "selective" the inputs of the GEMMs below are made again from what the block kept, each
+    // just before its GEMM reads it.
+    const bool selective = checkpointing() == ActivationCheckpointing::selective;
+    if (checkpointing() == ActivationCheckpointing::full && l != config_.layers - 1) rerun_block(l, B, T);
     const void* fch = x.fch;
     if (fch == nullptr) {  // not kept (fp8.recompute_mlp): the forward's GEMM again, from its kept input codes
       backend_.linear_recompute(TensorView(a.fch_scratch, hidden_type_, {N, FC}), weight_of(fc), fc.copy.get(),
@@ -548,15 +601,24 @@ void Decoder::backward(float dloss_scale) {
       round_hidden(a.fch_scratch, N * FC);
       fch = a.fch_scratch;
     }
-    const Dtype dln2_type = norm_gradient_type(fc);
-    activation_backward_into(fc, dfch, fch, dfch_gelu, N, H, d.ln, dln2_type, x.ln2);
-    round_norm_gradient(fc, dln2_type, d.ln, N * C);
+    if (selective && x.fch_gelu != nullptr) {
+      backend_.activation_forward(activation_kind(), TensorView(x.fch_gelu, fc_proj.input_type, {N, H}),
+                                  ConstTensorView(fch, hidden_type_, {N, FC}), {});
+    }
+    // d.residual: d(residual3) = d(fcproj), as residual3 = residual2 + fcproj.
+    backward_linear(fc_proj, dfch_gelu, hidden_type_, fc_proj.bias_grad, d.residual, Dtype::f32, x.fch_gelu,
+                    fc_proj.input_type, N);
+    round_hidden(dfch_gelu, N * H);
     const float* residual2 = x.residual2;
     if (residual2 == nullptr) {  // not kept (fp8.recompute_residual): the projection's forward and add again
       backend_.linear_recompute(TensorView(a.residual2_scratch, {N, C}), weight_of(proj), proj.copy.get(),
                                 {.bias = bias_of(proj), .residual = residual}, proj.exec, kept_input(proj));
       residual2 = a.residual2_scratch;
     }
+    if (selective && x.ln2 != nullptr) renormalize(fc, x.ln2, x.ln2_mean, x.ln2_rstd, residual2, b.norm2, N);
+    const Dtype dln2_type = norm_gradient_type(fc);
+    activation_backward_into(fc, dfch, fch, dfch_gelu, N, H, d.ln, dln2_type, x.ln2);
+    round_norm_gradient(fc, dln2_type, d.ln, N * C);
     backend_.normalization_backward(norm_kind(), d.residual, G(b.norm2 + ".weight"), norm_bias_grad(b.norm2),
                                     ConstTensorView(d.ln, dln2_type, {N, C}), residual2, P(b.norm2 + ".weight"),
                                     x.ln2_mean, x.ln2_rstd);
@@ -576,6 +638,7 @@ void Decoder::backward(float dloss_scale) {
                                 ConstTensorView(x.atty, atty_type_, {B, T, C}), x.att_lse, attention_heads());
     // The rotary embedding's backward: the gradient of q and k rotated back.
     if (!gpt2) backend_.rotary_embedding(dqkv_view, rotary_table(T), NH + config_.kv(), true);
+    if (selective && x.ln1 != nullptr) renormalize(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, b.norm1, N);
     const Dtype dln1_type = norm_gradient_type(qkv);
     backward_linear(qkv, d.ln, dln1_type, qkv.bias_grad, dqkv, atty_type_, x.ln1, qkv.input_type, N);
     round_norm_gradient(qkv, dln1_type, d.ln, N * C);

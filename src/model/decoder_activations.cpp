@@ -1,7 +1,7 @@
 // The decoder's activation plan: what the forward keeps for the backward in one planned buffer, sized for the
 // largest micro-batch, in the types the backend stores them in; the gradient buffers every layer's backward
-// reuses; and the recompute choices (fp8.recompute_mlp, _qkv, _residual, _weight_transposes) with the memory
-// they save.
+// reuses; and the recompute choices (train.activation_checkpointing, fp8.recompute_mlp, _qkv, _residual,
+// _weight_transposes) with the memory they save.
 #include "octet/model/decoder.h"
 
 #include <algorithm>
@@ -63,38 +63,102 @@ void Decoder::plan_activations() {
   atty_type_ = backend_.storage_type({StorageRole::attention_output, C, NH, nullptr, config_.kv()});
   hidden_in_bf16_ = policy_.mode() == MixedPrecision::bf16 || policy_.mode() == MixedPrecision::fp8;
   hidden_type_ = hidden_in_bf16_ ? backend_.storage_type({StorageRole::rounded_activation}) : Dtype::f32;
-  acts_ = std::make_unique<Activations>();
-  Activations& a = *acts_;
-  a.layers.resize(static_cast<size_t>(config_.layers));
-  Planner p;
-  p.take(a.encoded, N * C);
-  for (int64_t l = 0; l < config_.layers; ++l) {
+
+  // What block l's forward writes for its backward, each of a layer's inputs as that layer stores it.
+  struct Kept {
+    bool ln1, qkv, residual2, ln2, fch, fch_gelu;
+    Dtype ln1_type, ln2_type, fch_gelu_type;
+  };
+  auto kept = [&](int64_t l) {
     const BlockNames b = block_names(l);
-    Activations::Layer& x = a.layers[static_cast<size_t>(l)];
-    if (read(b.qkv)) p.take(x.ln1, input_type(b.qkv), N * C);
+    return Kept{read(b.qkv),       !recomputes(b.qkv), !recomputes(b.proj),
+                read(b.fc),        !recomputes(b.fc),  read(b.fc_proj),
+                input_type(b.qkv), input_type(b.fc),   input_type(b.fc_proj)};
+  };
+  // The slices of one block's activations but residual3; under "selective" without the three inputs.
+  auto take_block = [&](Planner& p, Activations::Layer& x, const Kept& k, bool inputs) {
+    if (inputs && k.ln1) p.take(x.ln1, k.ln1_type, N * C);
     if (mean) p.take(x.ln1_mean, N);
     p.take(x.ln1_rstd, N);
-    if (!recomputes(b.qkv)) p.take(x.qkv, qkv_type_, N * W);
+    if (k.qkv) p.take(x.qkv, qkv_type_, N * W);
     p.take(x.atty, atty_type_, N * C);
     p.take(x.att_lse, N * NH);
-    if (!recomputes(b.proj)) p.take(x.residual2, N * C);
-    if (read(b.fc)) p.take(x.ln2, input_type(b.fc), N * C);
+    if (k.residual2) p.take(x.residual2, N * C);
+    if (inputs && k.ln2) p.take(x.ln2, k.ln2_type, N * C);
     if (mean) p.take(x.ln2_mean, N);
     p.take(x.ln2_rstd, N);
-    if (!recomputes(b.fc)) p.take(x.fch, hidden_type_, N * FC);
-    if (read(b.fc_proj)) p.take(x.fch_gelu, input_type(b.fc_proj), N * H);
-    p.take(x.residual3, N * C);
-  }
-  if (recomputed_layers(LinearRole::fc) > 0) p.take(a.fch_scratch, hidden_type_, N * FC);
-  if (recomputed_layers(LinearRole::qkv) > 0) p.take(a.qkv_scratch, qkv_type_, N * W);
-  if (recomputed_layers(LinearRole::proj) > 0) p.take(a.residual2_scratch, N * C);
-  if (read("lm_head")) p.take(a.lnf, input_type("lm_head"), N * C);
-  if (mean) p.take(a.lnf_mean, N);
-  p.take(a.lnf_rstd, N);
-  p.take(a.logits_chunk, head_chunk_rows(N) * Vp);
-  p.take(a.losses, N);
-  activations_ = backend_.allocate(static_cast<size_t>(p.size()) * sizeof(float));
+    if (k.fch) p.take(x.fch, hidden_type_, N * FC);
+    if (inputs && k.fch_gelu) p.take(x.fch_gelu, k.fch_gelu_type, N * H);
+  };
+  auto lay_out = [&](Activations& a, Planner& p, ActivationCheckpointing level) {
+    a.layers.resize(static_cast<size_t>(config_.layers));
+    p.take(a.encoded, N * C);
+    Kept all{};  // what some block keeps: the shared set holds it, in float32 where the types differ
+    for (int64_t l = 0; l < config_.layers; ++l) {
+      const Kept k = kept(l);
+      Activations::Layer& x = a.layers[static_cast<size_t>(l)];
+      if (level != ActivationCheckpointing::full) take_block(p, x, k, level == ActivationCheckpointing::none);
+      p.take(x.residual3, N * C);
+      auto either = [&](Dtype kept_type, Dtype type, bool first) {
+        return first || kept_type == type ? type : Dtype::f32;
+      };
+      all.ln1_type = either(all.ln1_type, k.ln1_type, l == 0);
+      all.ln2_type = either(all.ln2_type, k.ln2_type, l == 0);
+      all.fch_gelu_type = either(all.fch_gelu_type, k.fch_gelu_type, l == 0);
+      all.ln1 |= k.ln1;
+      all.qkv |= k.qkv;
+      all.residual2 |= k.residual2;
+      all.ln2 |= k.ln2;
+      all.fch |= k.fch;
+      all.fch_gelu |= k.fch_gelu;
+    }
+    if (level == ActivationCheckpointing::full) take_block(p, a.shared, all, true);
+    if (level == ActivationCheckpointing::selective && (all.ln1 || all.ln2 || all.fch_gelu)) {
+      p.take(a.block_input, Dtype::f32, N * std::max(C, H));
+    }
+    if (recomputed_layers(LinearRole::fc) > 0) p.take(a.fch_scratch, hidden_type_, N * FC);
+    if (recomputed_layers(LinearRole::qkv) > 0) p.take(a.qkv_scratch, qkv_type_, N * W);
+    if (recomputed_layers(LinearRole::proj) > 0) p.take(a.residual2_scratch, N * C);
+    if (read("lm_head")) p.take(a.lnf, input_type("lm_head"), N * C);
+    if (mean) p.take(a.lnf_mean, N);
+    p.take(a.lnf_rstd, N);
+    p.take(a.logits_chunk, head_chunk_rows(N) * Vp);
+    p.take(a.losses, N);
+  };
+
+  const ActivationCheckpointing level = checkpointing();
+  Activations unchecked;
+  Planner without;
+  lay_out(unchecked, without, ActivationCheckpointing::none);
+  unchecked_activation_bytes_ = without.size() * int64_t{4};
+  acts_ = std::make_unique<Activations>();
+  Activations& a = *acts_;
+  Planner p;
+  lay_out(a, p, level);
+  activation_bytes_ = p.size() * int64_t{4};
+  activations_ = backend_.allocate(static_cast<size_t>(activation_bytes_));
   p.bind(activations_->floats());
+  // Every block's slots into the shared ones, where that block keeps the tensor.
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    const Kept k = kept(l);
+    Activations::Layer& x = a.layers[static_cast<size_t>(l)];
+    if (level == ActivationCheckpointing::selective) {
+      x.ln1 = k.ln1 ? a.block_input : nullptr;
+      x.ln2 = k.ln2 ? a.block_input : nullptr;
+      x.fch_gelu = k.fch_gelu ? a.block_input : nullptr;
+    } else if (level == ActivationCheckpointing::full) {
+      const Activations::Layer& s = a.shared;
+      float* residual3 = x.residual3;
+      x = s;
+      x.residual3 = residual3;
+      if (!k.ln1) x.ln1 = nullptr;
+      if (!k.qkv) x.qkv = nullptr;
+      if (!k.residual2) x.residual2 = nullptr;
+      if (!k.ln2) x.ln2 = nullptr;
+      if (!k.fch) x.fch = nullptr;
+      if (!k.fch_gelu) x.fch_gelu = nullptr;
+    }
+  }
 
   plan_gradients();
 }
@@ -198,6 +262,22 @@ std::string Decoder::memory_line() {
        "output (the residual stream, " + in_block(b.norm2) + "'s input)", int64_t{4} * N * C},
   };
   std::string line;
+  const ActivationCheckpointing level = checkpointing();
+  if (level != ActivationCheckpointing::none) {
+    const char* what =
+        level == ActivationCheckpointing::full
+            ? "each block keeps only its input (the residual stream) and runs its forward again "
+              "before its backward"
+            : "the blocks keep no normalization or activation outputs (the GEMMs' inputs) and "
+              "make them again in the backward";
+    constexpr double kMiB = 1024.0 * 1024.0;
+    line = fmt::format(
+        "train.activation_checkpointing = {}: {}: activations {:.1f} MiB instead of {:.1f} MiB ({:.1f} MiB "
+        "fewer)",
+        activation_checkpointing_name(level), what, static_cast<double>(activation_bytes_) / kMiB,
+        static_cast<double>(unchecked_activation_bytes_) / kMiB,
+        static_cast<double>(unchecked_activation_bytes_ - activation_bytes_) / kMiB);
+  }
   for (const Kind& k : kinds) {
     if (!k.on) continue;
     // Per layer: the output not kept, the codes of the input [N, C] kept; one output-sized buffer shared

@@ -43,7 +43,14 @@ struct Decoder::Activations {
     float* residual3 = nullptr;
   };
   float* encoded = nullptr;
+  // Under train.activation_checkpointing = "full" every layer's pointers but residual3 (the next block's
+  // input) point into `shared`, one set of block activations that each block's forward writes, in the
+  // forward and again just before its backward. Under "selective" every layer's ln1, ln2 and fch_gelu point
+  // to `block_input`, [N, max(C, H)] floats, which each of them occupies from its producer to its consumer
+  // GEMM, in the forward and again in the backward.
   std::vector<Layer> layers;
+  Layer shared;
+  void* block_input = nullptr;
   // [N, k H] in hidden_type_: the mlp.c_fc output of a layer that does not keep it (fp8.recompute_mlp), from
   // its GEMM to the GELU that reads it, in the forward and again in the backward. One buffer for every such
   // layer.
@@ -101,6 +108,9 @@ struct Decoder::Linear {
   int64_t weight_offset;
   int64_t bias_offset;  // -1: no bias
   Fp8LinearState state;
+  // The activation's scaling state as the last forward's cast found it (train.activation_checkpointing =
+  // "full"): the block's forward run again casts with it, so that its codes are the forward's.
+  ScalingState forward_activation;
   Fp8LinearTelemetry telemetry;
   LinearExecution exec;
   std::unique_ptr<WeightCopy> copy;

@@ -8,6 +8,18 @@
 
 namespace octet {
 
+const char* activation_checkpointing_name(ActivationCheckpointing level) {
+  switch (level) {
+    case ActivationCheckpointing::none:
+      return "none";
+    case ActivationCheckpointing::selective:
+      return "selective";
+    case ActivationCheckpointing::full:
+      return "full";
+  }
+  return "?";
+}
+
 bool glob_match(std::string_view pattern, std::string_view name) {
   // Iterative matcher with backtracking to the last '*'.
   size_t p = 0, n = 0, star = std::string_view::npos, mark = 0;

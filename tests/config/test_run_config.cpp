@@ -124,6 +124,27 @@ TEST(RunConfig, RecomputeKeysSetTheirSettings) {
             "run.toml:2: fp8.recompute_qkv must be true or false, got integer 1");
 }
 
+TEST(RunConfig, ActivationCheckpointingNamesItsLevel) {
+  EXPECT_EQ(parse_run_config("", "run.toml").precision.activation_checkpointing,
+            ActivationCheckpointing::none);
+  EXPECT_EQ(parse_run_config("[train]\nactivation_checkpointing = \"selective\"\n", "run.toml")
+                .precision.activation_checkpointing,
+            ActivationCheckpointing::selective);
+  const RunConfig full = parse_run_config("[train]\nactivation_checkpointing = \"none\"\n", "run.toml",
+                                          {"train.activation_checkpointing=full", "fp8.recompute_mlp=true"});
+  EXPECT_EQ(full.precision.activation_checkpointing, ActivationCheckpointing::full);
+  EXPECT_TRUE(full.precision.recompute_mlp) << "checkpointing composes with the fp8.recompute_* settings";
+  EXPECT_NE(to_toml(full).find("activation_checkpointing = \"full\""), std::string::npos) << to_toml(full);
+  EXPECT_EQ(
+      error_of("[train]\nactivation_checkpointing = \"partial\"\n"),
+      "run.toml:2: train.activation_checkpointing = \"partial\" is not valid; expected one of \"none\", "
+      "\"selective\", \"full\"");
+  EXPECT_EQ(
+      error_of("[train]\nactivation_checkpointing = true\n"),
+      "run.toml:2: train.activation_checkpointing = boolean true is not valid; expected one of \"none\", "
+      "\"selective\", \"full\"");
+}
+
 TEST(RunConfig, UnknownKeysAndSectionsSuggestTheNearest) {
   EXPECT_EQ(error_of("[train]\nbatchsize = 3\n"),
             "run.toml:2: unknown key train.batchsize; did you mean train.batch_size? (docs/config.md lists "

@@ -118,10 +118,16 @@ class Decoder final : public Model {
   // Runs all three GEMMs of `layer` in BF16 from the next forward on, remakes its weight copy to match, and
   // records `reason` in the precision policy (and so in its map).
   void move_layer_to_bf16(std::string_view layer, std::string reason) override;
-  // A line for each of fp8.recompute_mlp, _qkv, _residual and _weight_transposes that is on: what it does in
-  // this model (which layers recompute, the memory it saves), lines joined by '\n'; empty when all are off.
+  // A line for train.activation_checkpointing other than "none" (what each block keeps, the activation
+  // buffer's size with and without it) and one for each of fp8.recompute_mlp, _qkv, _residual and
+  // _weight_transposes that is on: what it does in this model (which layers recompute, the memory it saves),
+  // lines joined by '\n'; empty when all are off.
   std::string memory_line() override;
   std::vector<FusionRecord> fusions() const override;
+  // Bytes of the planned activation buffer (Activations), and what it would take under
+  // train.activation_checkpointing = "none". Buffers made later (a layer moved to BF16) are not counted.
+  int64_t activation_bytes() const { return activation_bytes_; }
+  int64_t activation_bytes_without_checkpointing() const { return unchecked_activation_bytes_; }
 
   // Hugging Face's names and layout. GPT-2 (gpt2_hf.cpp): "transformer." before every name ("wte" and
   // "wpe" become "transformer.wte.weight" and "transformer.wpe.weight"), wte cut to the V real vocabulary
@@ -177,6 +183,17 @@ class Decoder final : public Model {
   void plan_gradients();
   // The blocks and ln_f; the LM head is left to the caller.
   void run_forward(const int32_t* tokens, int64_t B, int64_t T);
+  ActivationCheckpointing checkpointing() const { return policy_.settings().activation_checkpointing; }
+  // Block l's forward from its input (the embedding's output or block l-1's residual3).
+  void forward_block(int64_t l, int64_t B, int64_t T);
+  // Block l's forward again, just before its backward (train.activation_checkpointing = "full"): its FP8
+  // casts take the scales the forward's took (Linear::forward_activation) and, like evaluation casts, update
+  // no scaling state; no GEMM, cast or telemetry is counted a second time.
+  void rerun_block(int64_t l, int64_t B, int64_t T);
+  // Under "selective": the output of the normalization feeding `next` (qkv, fc) made again into `out` from
+  // its kept input, mean and rstd written again with the same values.
+  void renormalize(const Linear& next, void* out, float* mean, float* rstd, const float* inp,
+                   const std::string& norm, int64_t N);
   // Rows per LM head chunk for N rows.
   int64_t head_chunk_rows(int64_t N);
   // The LM head and the loss over the N rows of ln_f, chunk by chunk: logits of a chunk, its losses and,
@@ -247,6 +264,8 @@ class Decoder final : public Model {
   // What zero_grad zeroes in grads_: every gradient but the linear layers' weights.
   std::vector<Backend::Range> zeroed_by_zero_grad_;
   std::unique_ptr<Buffer> activations_;
+  int64_t activation_bytes_ = 0;
+  int64_t unchecked_activation_bytes_ = 0;
   std::unique_ptr<Buffer> gradient_scratch_;
   int64_t gradient_wide_b_ = 0;                       // the width of Gradients::wide_b in gradient_scratch_
   std::vector<std::unique_ptr<Buffer>> late_inputs_;  // keep_input_of

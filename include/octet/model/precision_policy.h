@@ -3,6 +3,7 @@
 // records (the per-layer map), and the backend executes without changing it.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -12,6 +13,18 @@
 #include "octet/model/config.h"
 
 namespace octet {
+
+// train.activation_checkpointing: what each block keeps for its backward and what the backward computes
+// again (docs/precision.md). Losses and gradients are the same at every level.
+enum class ActivationCheckpointing : uint8_t {
+  none,       // every activation the backward reads
+  selective,  // not the outputs of the normalizations and of the MLP's activation (the inputs of the GEMMs
+              // they feed): made again from what is kept just before the backward reads them, into one
+              // buffer shared by every block
+  full,       // only the block's input (the residual stream): the block's forward runs again before its
+              // backward, into one set of block activations shared by every block
+};
+const char* activation_checkpointing_name(ActivationCheckpointing level);
 
 struct PrecisionSettings {
   MixedPrecision mode = MixedPrecision::fp32;
@@ -58,6 +71,10 @@ struct PrecisionSettings {
   // float32 result rounded once, as PyTorch autocast's weight gradients are), where their weight-gradient
   // GEMM runs in BF16 or FP8; stored in bf16 where the backend's GEMM writes them so. Modes bf16 and fp8.
   bool bf16_weight_gradients = false;
+  // train.activation_checkpointing. Here with the fp8.recompute_* settings because, like them, it decides
+  // what the model keeps for its backward; it composes with them (a block that runs its forward again keeps
+  // the same per-layer choices within that forward).
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
 };
 
 // True when `name` matches the glob `pattern` ('*' any run of characters, '?' one character).
