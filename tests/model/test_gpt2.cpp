@@ -16,14 +16,8 @@ namespace octet {
 namespace {
 
 using testing::mode;
+using testing::random_tokens;
 using testing::tiny_config;
-
-std::vector<int32_t> random_tokens(size_t n, uint64_t seed, int64_t V) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
-  return t;
-}
 
 TEST(Gpt2, Gpt2SmallHasTheKnownParameterCount) {
   ModelConfig c;  // GPT-2 124M: 12 layers, 768 channels, vocabulary 50257 padded to 50304
@@ -118,28 +112,7 @@ TEST(Gpt2, GradientsMatchFiniteDifferences) {
   for (int64_t i = 0; i < m.parameter_count(); ++i) m.params()[i] *= 5.0f;  // gradients well above noise
   m.refresh_weight_copies();
   const auto tokens = random_tokens(B * T, 3, c.vocab_size), targets = random_tokens(B * T, 4, c.vocab_size);
-  m.forward(tokens.data(), targets.data(), B, T);
-  m.zero_grad();
-  m.backward(1.0f / static_cast<float>(B * T));
-  for (const ParameterInfo& p : m.parameters()) {
-    for (const int64_t k : {int64_t{0}, p.count / 3, p.count / 2 + 1}) {
-      float* x = m.params() + p.offset + k;
-      const float original = *x;
-      auto central = [&](float h) {
-        *x = original + h;
-        const double up = m.forward(tokens.data(), targets.data(), B, T);
-        *x = original - h;
-        const double down = m.forward(tokens.data(), targets.data(), B, T);
-        *x = original;
-        return (up - down) / (2.0 * static_cast<double>(h));
-      };
-      // Richardson extrapolation of two central differences cancels the h^2 term (sharp attention makes it
-      // large); what remains is float32 rounding of the loss, about 1e-6 / h.
-      const double numeric = (4.0 * central(2e-3f) - central(4e-3f)) / 3.0;
-      const double analytic = m.grads()[p.offset + k];
-      EXPECT_NEAR(analytic, numeric, 1e-3 + 0.01 * std::fabs(numeric)) << p.name << "[" << k << "]";
-    }
-  }
+  testing::expect_gradients_match_finite_differences(m, tokens, targets, B, T);
 }
 
 TEST(Gpt2, EveryModeComputesTheSameFunctionWithinItsPrecision) {

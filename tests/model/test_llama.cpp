@@ -17,14 +17,8 @@ namespace octet {
 namespace {
 
 using testing::mode;
+using testing::random_tokens;
 using testing::tiny_llama_config;
-
-std::vector<int32_t> random_tokens(size_t n, uint64_t seed, int64_t V) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
-  return t;
-}
 
 TEST(Llama, Llama3OneBBlocksHaveTheKnownParameterCount) {
   // Two of Llama 3.2 1B's blocks (2048 wide, 32 heads, 8 kv heads, MLP 8192) on a 256-token vocabulary, to
@@ -94,27 +88,7 @@ TEST(Llama, GradientsMatchFiniteDifferences) {
   for (int64_t i = 0; i < m.parameter_count(); ++i) m.params()[i] *= 5.0f;  // gradients well above noise
   m.refresh_weight_copies();
   const auto tokens = random_tokens(B * T, 3, c.vocab_size), targets = random_tokens(B * T, 4, c.vocab_size);
-  m.forward(tokens.data(), targets.data(), B, T);
-  m.zero_grad();
-  m.backward(1.0f / static_cast<float>(B * T));
-  for (const ParameterInfo& p : m.parameters()) {
-    for (const int64_t k : {int64_t{0}, p.count / 3, p.count / 2 + 1, p.count - 1}) {
-      float* x = m.params() + p.offset + k;
-      const float original = *x;
-      auto central = [&](float h) {
-        *x = original + h;
-        const double up = m.forward(tokens.data(), targets.data(), B, T);
-        *x = original - h;
-        const double down = m.forward(tokens.data(), targets.data(), B, T);
-        *x = original;
-        return (up - down) / (2.0 * static_cast<double>(h));
-      };
-      const double numeric = (4.0 * central(2e-3f) - central(4e-3f)) / 3.0;
-      const double analytic = m.grads()[p.grad_offset + k];
-      if (p.name == "embed_tokens.weight" && k >= c.vocab_size * c.channels) continue;  // padded rows
-      EXPECT_NEAR(analytic, numeric, 1e-3 + 0.01 * std::fabs(numeric)) << p.name << "[" << k << "]";
-    }
-  }
+  testing::expect_gradients_match_finite_differences(m, tokens, targets, B, T);
 }
 
 TEST(Llama, EveryModeComputesTheSameFunctionWithinItsPrecision) {
