@@ -135,6 +135,13 @@ void check_normalization_arguments(std::string_view op, Normalization kind, cons
               normalization_name(kind), layernorm ? "a mean and a bias" : "no mean and no bias");
 }
 
+RoutingSizes routing_sizes(std::string_view op, const Shape& probs, int64_t k) {
+  OCTET_CHECK(probs.rank() == 2, "{}: router probabilities are [N, E], given {}", op, probs.to_string());
+  const RoutingSizes s{probs[0], probs[1]};
+  OCTET_CHECK(k >= 1 && k <= s.E, "{}: each token chooses 1 .. E = {} experts, given {}", op, s.E, k);
+  return s;
+}
+
 LossSizes loss_sizes(std::string_view op, const Shape& logits, int64_t V) {
   OCTET_CHECK(logits.rank() == 2, "{}: logits are [N, Vp], given {}", op, logits.to_string());
   const LossSizes s{logits[0], logits[1]};

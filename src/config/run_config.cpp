@@ -266,6 +266,7 @@ constexpr int64_t kMaxTokenId = std::numeric_limits<int32_t>::max();
 constexpr int64_t kMaxSequence = int64_t{1} << 20;
 constexpr int64_t kMaxLayers = int64_t{1} << 16;
 constexpr int64_t kMaxHeads = int64_t{1} << 16;
+constexpr int64_t kMaxExperts = 256;
 constexpr int64_t kMaxChannels = int64_t{1} << 20;
 constexpr int64_t kMaxBatch = int64_t{1} << 20;
 // The most elements one buffer of a run may have (parameters, logits, activations, attention scores): far
@@ -332,6 +333,19 @@ const std::vector<Key>& keys() {
     k.push_back(boolean(
         "model.tie_embeddings", [](RunConfig& c) -> bool& { return c.model.tie_embeddings; },
         "Llama: the head reads the token embedding instead of its own weight (GPT-2's always does)."));
+    k.push_back(integer<int64_t>(
+        "model.experts", [](RunConfig& c) -> int64_t& { return c.model.experts; }, 0, kMaxExperts,
+        "Llama: experts in each block's mixture-of-experts MLP (Mixtral's); 0 is the dense MLP."));
+    k.push_back(integer<int64_t>(
+        "model.experts_per_token", [](RunConfig& c) -> int64_t& { return c.model.experts_per_token; }, 1,
+        kMaxExperts, "Mixture of experts: the experts the router chooses for each token (top-k)."));
+    k.push_back(boolean(
+        "model.shared_expert", [](RunConfig& c) -> bool& { return c.model.shared_expert; },
+        "Mixture of experts: one more SwiGLU MLP that every token runs, added to the chosen experts' sum."));
+    k.push_back(number(
+        "model.router_aux_loss_coef", [](RunConfig& c) -> float& { return c.model.router_aux_loss_coef; }, 0.0,
+        false, inf, false,
+        "Mixture of experts: the weight of each layer's load-balancing loss in the training loss."));
     // [train]
     k.push_back(choice<MixedPrecision>(
         "train.mixed_precision", [](RunConfig& c) -> MixedPrecision& { return c.precision.mode; },
@@ -430,6 +444,9 @@ const std::vector<Key>& keys() {
     k.push_back(boolean(
         "fp8.lm_head", [](RunConfig& c) -> bool& { return c.precision.lm_head; },
         "Convert the LM head too."));
+    k.push_back(boolean(
+        "fp8.experts", [](RunConfig& c) -> bool& { return c.precision.experts; },
+        "Convert the mixture-of-experts layers' experts too, each with its own scaling state."));
     k.push_back(boolean(
         "fp8.first_last_blocks_bf16",
         [](RunConfig& c) -> bool& { return c.precision.first_last_blocks_bf16; },

@@ -1,6 +1,8 @@
 // Validation, derived sizes and linear layers of a model's shape.
 #include "octet/model/config.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "octet/check.h"
@@ -42,11 +44,24 @@ std::vector<LinearShape> ModelConfig::linear_layers() const {
       // Transformer Engine fuse them.
       out.push_back({fmt::format("layers.{}.self_attn.qkv_proj", l), C, qkv_width(), l});
       out.push_back({fmt::format("layers.{}.self_attn.o_proj", l), C, C, l});
-      out.push_back({fmt::format("layers.{}.mlp.gate_up_proj", l), C, 2 * H, l});
-      out.push_back({fmt::format("layers.{}.mlp.down_proj", l), H, C, l});
+      if (!moe()) {
+        out.push_back({fmt::format("layers.{}.mlp.gate_up_proj", l), C, 2 * H, l});
+        out.push_back({fmt::format("layers.{}.mlp.down_proj", l), H, C, l});
+        continue;
+      }
+      // The router, each expert's gate/up and down, then the shared expert's.
+      out.push_back({fmt::format("layers.{}.mlp.gate", l), C, experts, l, LinearKind::router});
+      for (int64_t e = 0; e < experts; ++e) {
+        out.push_back({fmt::format("layers.{}.mlp.experts.{}.gate_up_proj", l, e), C, 2 * H, l, LinearKind::expert});
+        out.push_back({fmt::format("layers.{}.mlp.experts.{}.down_proj", l, e), H, C, l, LinearKind::expert});
+      }
+      if (shared_expert) {
+        out.push_back({fmt::format("layers.{}.mlp.shared_expert.gate_up_proj", l), C, 2 * H, l});
+        out.push_back({fmt::format("layers.{}.mlp.shared_expert.down_proj", l), H, C, l});
+      }
     }
   }
-  out.push_back({"lm_head", C, padded_vocab(), -1});
+  out.push_back({"lm_head", C, padded_vocab(), -1, LinearKind::head});
   return out;
 }
 
@@ -67,6 +82,7 @@ void ModelConfig::validate() const {
     OCTET_REQUIRE(ffn_hidden == 0 || ffn_hidden == 4 * channels,
                   "model.ffn_hidden ({}) is for Llama; GPT-2's MLP is 4 x model.channels ({}) wide",
                   ffn_hidden, 4 * channels);
+    OCTET_REQUIRE(experts == 0, "model.experts ({}) is for Llama; GPT-2's MLP is dense (0)", experts);
     return;
   }
   OCTET_REQUIRE(kv_heads >= 0 && heads % kv() == 0,
@@ -84,6 +100,15 @@ void ModelConfig::validate() const {
       "model.rope_scaling_factor ({}) must be 0 (off) or at least 1, with rope_high_freq_factor ({}) "
       "above rope_low_freq_factor ({}) above 0",
       rope_scaling.factor, rope_scaling.high_freq_factor, rope_scaling.low_freq_factor);
+  OCTET_REQUIRE(experts == 0 || experts >= 2,
+                "model.experts must be 0 (a dense MLP) or at least 2, got {}", experts);
+  if (moe()) {
+    OCTET_REQUIRE(experts_per_token >= 1 && experts_per_token <= experts,
+                  "model.experts_per_token ({}) must be between 1 and model.experts ({})", experts_per_token,
+                  experts);
+    OCTET_REQUIRE(router_aux_loss_coef >= 0.0f && std::isfinite(router_aux_loss_coef),
+                  "model.router_aux_loss_coef must be 0 or more, got {}", router_aux_loss_coef);
+  }
 }
 
 std::string ModelConfig::describe() const {
@@ -94,9 +119,12 @@ std::string ModelConfig::describe() const {
   return fmt::format(
       "Llama: {} layers, {} channels, {} heads ({} key/value), MLP {}, context {}, rope theta {}, vocabulary "
       "{} "
-      "(padded {}), head {}",
+      "(padded {}), head {}{}",
       layers, channels, heads, kv(), hidden(), max_seq_len, rope_theta, vocab_size, padded_vocab(),
-      tied_head() ? "tied to the embedding" : "untied");
+      tied_head() ? "tied to the embedding" : "untied",
+      moe() ? fmt::format("; {} experts, {} per token{}, router balance loss x {}", experts, experts_per_token,
+                          shared_expert ? ", a shared expert" : "", router_aux_loss_coef)
+            : std::string());
 }
 
 }  // namespace octet

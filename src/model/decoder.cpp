@@ -26,6 +26,7 @@ Decoder::Decoder(const ModelConfig& config, Backend& backend, PrecisionPolicy po
       max_batch_(max_batch),
       max_seq_len_(max_seq_len) {
   config_.validate();
+  OCTET_REQUIRE(!config_.moe(), "model.experts: the mixture-of-experts MLP is not built into the decoder yet");
   OCTET_REQUIRE(max_batch >= 1, "the batch size must be at least 1, got {}", max_batch);
   OCTET_REQUIRE(max_seq_len >= 1 && max_seq_len <= config_.max_seq_len,
                 "the sequence length must be between 1 and model.max_seq_len ({}), got {}",

@@ -74,11 +74,12 @@ PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const ModelC
                                                                 : GemmMode::bf16;
   const bool fp8 = settings.mode == MixedPrecision::fp8;
   if (fp8) recipe_ = make_recipe(settings);
-  auto add = [&](std::string name, int64_t in, int64_t out, int64_t block) {
+  auto add = [&](std::string name, int64_t in, int64_t out, int64_t block, LinearKind kind) {
     LinearPlan plan;
     plan.name = std::move(name);
     plan.in_features = in;
     plan.out_features = out;
+    plan.kind = kind;
     plan.forward = plan.input_gradient = plan.weight_gradient = base;
     if (!fp8) {
       plan.reason = fmt::format("mode {}", mixed_precision_name(settings.mode));
@@ -86,8 +87,11 @@ PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const ModelC
       return;
     }
     std::string why;
-    const bool is_head = plan.name == "lm_head";
+    const bool is_head = kind == LinearKind::head;
     if (is_head && !settings.lm_head) why = "excluded by config";
+    // A router's logits choose the experts: FP8's rounding would change the choice, and its GEMM is tiny.
+    if (kind == LinearKind::router) why = "router: excluded by default";
+    if (kind == LinearKind::expert && !settings.experts) why = "experts: excluded by default";
     if (why.empty() && !is_head && settings.first_last_blocks_bf16 &&
         (block == 0 || block == model.layers - 1)) {
       why = "first and last blocks kept in BF16 by config";
@@ -101,7 +105,8 @@ PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const ModelC
       if (why.empty() && glob_match(p, plan.name)) why = fmt::format("excluded by pattern '{}'", p);
     }
     if (why.empty()) {
-      const std::string shape = fp8_shape_problem(tokens_per_step, out, in);
+      // An expert's rows are its tokens, grouped in multiples of 16 (Backend::group_by_expert's alignment).
+      const std::string shape = fp8_shape_problem(kind == LinearKind::expert ? 16 : tokens_per_step, out, in);
       if (!shape.empty()) why = "kept in BF16: " + shape;
     }
     if (why.empty()) {
@@ -125,7 +130,9 @@ PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const ModelC
     }
     layers_.push_back(std::move(plan));
   };
-  for (const LinearShape& l : model.linear_layers()) add(l.name, l.in_features, l.out_features, l.block);
+  for (const LinearShape& l : model.linear_layers()) {
+    add(l.name, l.in_features, l.out_features, l.block, l.kind);
+  }
 }
 
 const LinearPlan& PrecisionPolicy::layer(std::string_view name) const {
@@ -184,8 +191,20 @@ std::string PrecisionPolicy::startup_line() const {
       break;
   }
   const LinearPlan& head = layers_.back();
-  return fmt::format("FP8 training enabled: recipe={} ({}); {} of {} linear layers in FP8; lm_head: {}{}",
-                     recipe, details, fp8_layer_count(), layers_.size(), head.fp8() ? "FP8" : head.reason,
+  // Routers and experts, by what the first of each kind runs in: "router: excluded by default".
+  std::string moe;
+  for (const LinearKind kind : {LinearKind::router, LinearKind::expert}) {
+    for (const LinearPlan& p : layers_) {
+      if (p.kind != kind) continue;
+      const char* what = kind == LinearKind::router ? "router" : "experts";
+      const std::string prefix = fmt::format("{}: ", what);
+      const std::string reason = p.reason.starts_with(prefix) ? p.reason.substr(prefix.size()) : p.reason;
+      moe += fmt::format("; {}: {}", what, p.fp8() ? std::string("FP8") : reason);
+      break;
+    }
+  }
+  return fmt::format("FP8 training enabled: recipe={} ({}); {} of {} linear layers in FP8; lm_head: {}{}{}",
+                     recipe, details, fp8_layer_count(), layers_.size(), head.fp8() ? "FP8" : head.reason, moe,
                      settings_.bf16_weight_gradients ? "; weight gradients in bf16" : "");
 }
 

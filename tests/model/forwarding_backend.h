@@ -75,6 +75,32 @@ class ForwardingBackend : public Backend {
                         bool inverse) override {
     inner_.rotary_embedding(x, table, heads, inverse);
   }
+  void top_k_softmax(const TensorView& probs, int32_t* experts, float* weights, const ConstTensorView& logits,
+                     int64_t k) override {
+    inner_.top_k_softmax(probs, experts, weights, logits, k);
+  }
+  void top_k_softmax_backward(const TensorView& dlogits, const ConstTensorView& probs, const int32_t* experts,
+                              const float* weights, const float* dweights, int64_t k,
+                              const float* dprobs) override {
+    inner_.top_k_softmax_backward(dlogits, probs, experts, weights, dweights, k, dprobs);
+  }
+  void group_by_expert(int32_t* offsets, int32_t* slots, int32_t* positions, const int32_t* experts, int64_t N,
+                       int64_t k, int64_t E, int64_t align) override {
+    inner_.group_by_expert(offsets, slots, positions, experts, N, k, E, align);
+  }
+  void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index, int64_t divisor,
+                   const float* scale) override {
+    inner_.gather_rows(out, src, index, divisor, scale);
+  }
+  void combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,
+                    const int32_t* positions, int64_t k, const float* weights) override {
+    inner_.combine_rows(out, base, src, positions, k, weights);
+  }
+  void row_dots(float* out, const ConstTensorView& a, const ConstTensorView& src, const int32_t* positions,
+                int64_t k) override {
+    inner_.row_dots(out, a, src, positions, k);
+  }
+  void column_sums(float* out, const ConstTensorView& x) override { inner_.column_sums(out, x); }
   void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
                           const Fp8CastTarget& cast_for) override {
     inner_.activation_forward(kind, out, inp, cast_for);

@@ -153,6 +153,17 @@ int64_t activation_width(std::string_view op, Activation kind, const Shape& inp)
 // RMSNorm's null.
 void check_normalization_arguments(std::string_view op, Normalization kind, const float* mean,
                                    const float* bias);
+// The rows group_by_expert may fill for N tokens choosing k of E experts, each expert's rows starting at a
+// multiple of align: N k, plus align - 1 of padding for each expert.
+inline int64_t grouped_rows(int64_t N, int64_t k, int64_t E, int64_t align) {
+  return N * k + E * (align - 1);
+}
+// The checks every backend makes of the routing ops' sizes: logits or probs [N, E] with 1 <= k <= E.
+struct RoutingSizes {
+  int64_t N = 0;
+  int64_t E = 0;
+};
+RoutingSizes routing_sizes(std::string_view op, const Shape& probs, int64_t k);
 // The same for the loss's logits [N, Vp], of which the first V (1 .. Vp) are the vocabulary's.
 struct LossSizes {
   int64_t N = 0;
@@ -361,6 +372,42 @@ class Backend {
   // float32 or bf16 (read as its float32 values, each result rounded once).
   virtual void rotary_embedding(const TensorView& x, const ConstTensorView& table, int64_t heads,
                                 bool inverse) = 0;
+
+  // Mixture-of-experts routing: the ops a model's MoE layer composes with its experts' linear ops
+  // (docs/architecture.md). N tokens each choose k of E experts; an assignment is numbered n k + j.
+  //
+  // Softmax over each row of logits [N, E] (float32) into probs [N, E]; experts [N, k] the indices of each
+  // row's k largest probabilities, largest first (equal ones: the lower index first); weights [N, k] those
+  // probabilities divided by their sum (Mixtral's renormalized top-k; 1 where k = 1).
+  virtual void top_k_softmax(const TensorView& probs, int32_t* experts, float* weights,
+                             const ConstTensorView& logits, int64_t k) = 0;
+  // Its backward: dlogits [N, E], overwritten, the gradient through the renormalization and the softmax of
+  // dweights [N, k] (the weights' gradient), plus that of dprobs [E] added to every row's probabilities'
+  // gradient (a load-balancing loss's; null: none). probs, experts and weights are the forward's.
+  virtual void top_k_softmax_backward(const TensorView& dlogits, const ConstTensorView& probs,
+                                      const int32_t* experts, const float* weights, const float* dweights,
+                                      int64_t k, const float* dprobs) = 0;
+  // Groups the N k assignments experts [N, k] (each in 0 .. E - 1) by expert, keeping their order within an
+  // expert: offsets [E + 1], where expert e's rows start (each a multiple of `align`; offsets[E] the end of
+  // the last); slots [grouped_rows(N, k, E, align)], the assignment each grouped row holds (-1 in the
+  // padding rows that the alignment leaves, up to offsets[E]); positions [N k], the grouped row of each
+  // assignment.
+  virtual void group_by_expert(int32_t* offsets, int32_t* slots, int32_t* positions, const int32_t* experts,
+                               int64_t N, int64_t k, int64_t E, int64_t align) = 0;
+  // out [M, C] row m = scale[index[m]] (null: 1) x src [R, C] row index[m] / divisor; zero where
+  // index[m] < 0. float32.
+  virtual void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index,
+                           int64_t divisor, const float* scale) = 0;
+  // out [R, C] row r = base row r (null: zero) + the sum over j < k, in j order, of weights[r k + j] (null:
+  // 1) x src [M, C] row positions[r k + j]. out may be base. float32.
+  virtual void combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,
+                            const int32_t* positions, int64_t k, const float* weights) = 0;
+  // out [R k]: out[r k + j] = the dot product of a [R, C] row r and src [M, C] row positions[r k + j].
+  virtual void row_dots(float* out, const ConstTensorView& a, const ConstTensorView& src,
+                        const int32_t* positions, int64_t k) = 0;
+  // out [C] = the column sums of x [N, C] (float32; summed in float64 on the CPU, in an order of the
+  // backend's own elsewhere).
+  virtual void column_sums(float* out, const ConstTensorView& x) = 0;
 
   // An activation of inp [N, k C] (k = activation_inputs(kind): GELU, the tanh approximation, element-wise;
   // SwiGLU, out[n, i] = silu(inp[n, i]) * inp[n, C + i], silu(g) = g / (1 + exp(-g))), float32 or bf16

@@ -24,13 +24,18 @@ struct RopeScaling {
   int64_t original_max_seq_len = 8192;
 };
 
-// A linear layer of the model, as the precision policy decides on it: its name, its shape and its block
-// (-1 for the head).
+// What a linear layer is to the precision policy: one of a block's dense projections (attention's, the
+// dense MLP's or a shared expert's), a mixture-of-experts router, one expert's projection, or the head.
+enum class LinearKind : uint8_t { dense, router, expert, head };
+
+// A linear layer of the model, as the precision policy decides on it: its name, its shape, its block (-1 for
+// the head) and its kind.
 struct LinearShape {
   std::string name;
   int64_t in_features = 0;
   int64_t out_features = 0;
   int64_t block = -1;
+  LinearKind kind = LinearKind::dense;
 };
 
 struct ModelConfig {
@@ -47,7 +52,17 @@ struct ModelConfig {
   float rope_theta = 500000.0f;  // the rotary embedding's base
   RopeScaling rope_scaling;
   bool tie_embeddings = false;  // the head reads the token embedding (GPT-2 always does)
+  // Llama's mixture-of-experts variant (Mixtral's MLP): 0 experts is the dense MLP. Each token's MLP is the
+  // weighted sum of the SwiGLU MLPs (F wide) of the experts_per_token experts a softmax router chooses for
+  // it, plus, with shared_expert, one more SwiGLU MLP that every token runs. The router's load-balancing
+  // loss, per layer, is router_aux_loss_coef x E x sum_e f_e P_e (f_e: expert e's share of the
+  // assignments, P_e: its mean router probability; 1 when balanced), added to the training loss.
+  int64_t experts = 0;
+  int64_t experts_per_token = 2;
+  bool shared_expert = false;
+  float router_aux_loss_coef = 0.01f;
 
+  bool moe() const { return experts > 0; }
   int64_t padded_vocab() const;
   int64_t head_size() const { return channels / heads; }
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
@@ -57,6 +72,8 @@ struct ModelConfig {
   int64_t qkv_width() const { return channels + 2 * kv() * head_size(); }
   // Whether the head is the token embedding's transpose.
   bool tied_head() const { return arch == ModelArchitecture::gpt2 || tie_embeddings; }
+  // Whether a block has the dense MLP's layers (mlp.gate_up_proj, mlp.down_proj; a shared expert's).
+  bool dense_mlp() const { return !moe() || shared_expert; }
   // The linear layers in the order the model runs them, the head last.
   std::vector<LinearShape> linear_layers() const;
   // Throws octet::Error (invalid input) naming the first inconsistent field.

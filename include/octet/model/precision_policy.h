@@ -50,6 +50,7 @@ struct PrecisionSettings {
   bool fast_accumulation_forward = true;
   bool fast_accumulation_backward = false;
   bool lm_head = false;                 // convert the LM head too
+  bool experts = false;                 // convert the mixture-of-experts layers' experts too (never routers)
   bool first_last_blocks_bf16 = false;  // keep blocks 0 and L-1 in BF16
   // Keep the FP8 codes of each FP8 mlp.c_fc's input (C bytes a token) instead of its float32 output (the
   // GELU's input, 16C bytes a token), and run that forward GEMM again in the backward
@@ -88,6 +89,7 @@ struct LinearPlan {
   GemmMode input_gradient = GemmMode::f32;
   GemmMode weight_gradient = GemmMode::f32;
   std::string reason;  // why this layer runs as it does, e.g. "excluded by pattern '*.mlp.*'"
+  LinearKind kind = LinearKind::dense;
   // True when any of the layer's GEMMs runs in FP8.
   bool fp8() const {
     return forward == GemmMode::fp8 || input_gradient == GemmMode::fp8 || weight_gradient == GemmMode::fp8;

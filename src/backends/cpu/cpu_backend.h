@@ -63,6 +63,21 @@ class CpuBackend final : public Backend {
   void rotary_embedding(const TensorView& x, const ConstTensorView& table, int64_t heads,
                         bool inverse) override;
 
+  void top_k_softmax(const TensorView& probs, int32_t* experts, float* weights, const ConstTensorView& logits,
+                     int64_t k) override;
+  void top_k_softmax_backward(const TensorView& dlogits, const ConstTensorView& probs, const int32_t* experts,
+                              const float* weights, const float* dweights, int64_t k,
+                              const float* dprobs) override;
+  void group_by_expert(int32_t* offsets, int32_t* slots, int32_t* positions, const int32_t* experts, int64_t N,
+                       int64_t k, int64_t E, int64_t align) override;
+  void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index, int64_t divisor,
+                   const float* scale) override;
+  void combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,
+                    const int32_t* positions, int64_t k, const float* weights) override;
+  void row_dots(float* out, const ConstTensorView& a, const ConstTensorView& src, const int32_t* positions,
+                int64_t k) override;
+  void column_sums(float* out, const ConstTensorView& x) override;
+
   void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
                           const Fp8CastTarget& cast_for) override;
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
