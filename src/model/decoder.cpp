@@ -26,7 +26,6 @@ Decoder::Decoder(const ModelConfig& config, Backend& backend, PrecisionPolicy po
       max_batch_(max_batch),
       max_seq_len_(max_seq_len) {
   config_.validate();
-  OCTET_REQUIRE(!config_.moe(), "model.experts: the mixture-of-experts MLP is not built into the decoder yet");
   OCTET_REQUIRE(max_batch >= 1, "the batch size must be at least 1, got {}", max_batch);
   OCTET_REQUIRE(max_seq_len >= 1 && max_seq_len <= config_.max_seq_len,
                 "the sequence length must be between 1 and model.max_seq_len ({}), got {}",
@@ -41,11 +40,9 @@ Decoder::Decoder(const ModelConfig& config, Backend& backend, PrecisionPolicy po
 Decoder::~Decoder() = default;
 
 Decoder::Linear& Decoder::linear(std::string_view name) {
-  for (auto& l : linears_) {
-    if (l->plan->name == name) return *l;
-  }
-  OCTET_CHECK(false, "a linear layer named {}", name);
-  return *linears_.front();
+  const auto found = linear_by_name_.find(std::string(name));
+  OCTET_CHECK(found != linear_by_name_.end(), "a linear layer named {}", name);
+  return *found->second;
 }
 
 Decoder::BlockNames Decoder::block_names(int64_t l) const {
@@ -54,8 +51,19 @@ Decoder::BlockNames Decoder::block_names(int64_t l) const {
     return {h + "attn.c_attn", h + "attn.c_proj", h + "mlp.c_fc", h + "mlp.c_proj", h + "ln_1", h + "ln_2"};
   }
   const std::string h = fmt::format("layers.{}.", l);
-  return {h + "self_attn.qkv_proj", h + "self_attn.o_proj",        h + "mlp.gate_up_proj",
-          h + "mlp.down_proj",      h + "input_layernorm", h + "post_attention_layernorm"};
+  if (!config_.moe()) {
+    return {h + "self_attn.qkv_proj", h + "self_attn.o_proj",        h + "mlp.gate_up_proj",
+            h + "mlp.down_proj",      h + "input_layernorm", h + "post_attention_layernorm"};
+  }
+  const std::string shared = config_.shared_expert ? h + "mlp.shared_expert." : std::string();
+  return {h + "self_attn.qkv_proj",
+          h + "self_attn.o_proj",
+          shared.empty() ? shared : shared + "gate_up_proj",
+          shared.empty() ? shared : shared + "down_proj",
+          h + "input_layernorm",
+          h + "post_attention_layernorm",
+          h + "mlp.gate",
+          h + "mlp.experts."};
 }
 
 std::string Decoder::embedding_name() const {
@@ -218,7 +226,10 @@ std::vector<FusionRecord> Decoder::fusions() const {
         add(*l, Fusion::residual_add, name);
         break;
       case LinearRole::head:
-        break;
+      case LinearRole::router:
+      case LinearRole::expert_fc:
+      case LinearRole::expert_fc_proj:
+        break;  // a router's and the experts' inputs are gathered or kept in float32: no producer casts
     }
   }
   return out;
@@ -318,8 +329,6 @@ void Decoder::forward_block(int64_t l, int64_t B, int64_t T) {
   Activations::Layer& x = a.layers[static_cast<size_t>(l)];
   Linear& qkv = linear(b.qkv);
   Linear& proj = linear(b.proj);
-  Linear& fc = linear(b.fc);
-  Linear& fc_proj = linear(b.fc_proj);
   norm_into(qkv, x.ln1, x.ln1_mean, x.ln1_rstd, residual, P(b.norm1 + ".weight"), norm_bias(b.norm1), N, C);
   const TensorView qkv_out(x.qkv != nullptr ? x.qkv : a.qkv_scratch, qkv_type_, {B, T, W});
   backend_.linear_forward(qkv_out, ConstTensorView(x.ln1, qkv.input_type, {N, C}), weight_of(qkv),
@@ -330,6 +339,12 @@ void Decoder::forward_block(int64_t l, int64_t B, int64_t T) {
   float* residual2 = x.residual2 != nullptr ? x.residual2 : a.residual2_scratch;
   backend_.linear_forward(TensorView(residual2, {N, C}), atty, weight_of(proj), proj.copy.get(),
                           {.bias = bias_of(proj), .residual = residual}, proj.exec, fp8_input(proj, false));
+  if (config_.moe()) {
+    moe_forward(l, B, T, residual2);
+    return;
+  }
+  Linear& fc = linear(b.fc);
+  Linear& fc_proj = linear(b.fc_proj);
   norm_into(fc, x.ln2, x.ln2_mean, x.ln2_rstd, residual2, P(b.norm2 + ".weight"), norm_bias(b.norm2), N, C);
   void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
   backend_.linear_forward(TensorView(fch, hidden_type_, {N, FC}),
@@ -344,10 +359,9 @@ void Decoder::forward_block(int64_t l, int64_t B, int64_t T) {
 }
 
 void Decoder::rerun_block(int64_t l, int64_t B, int64_t T) {
-  const BlockNames b = block_names(l);
-  Linear* layers[] = {&linear(b.qkv), &linear(b.proj), &linear(b.fc), &linear(b.fc_proj)};
-  LinearExecution saved[std::size(layers)];
-  for (size_t i = 0; i < std::size(layers); ++i) {
+  const std::vector<Linear*>& layers = block_linears_[static_cast<size_t>(l)];
+  std::vector<LinearExecution> saved(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
     Linear& layer = *layers[i];
     saved[i] = layer.exec;
     LinearExecution& e = layer.exec;
@@ -362,7 +376,7 @@ void Decoder::rerun_block(int64_t l, int64_t B, int64_t T) {
     backend_.publish_scaling(layer.state);
   }
   forward_block(l, B, T);
-  for (size_t i = 0; i < std::size(layers); ++i) {
+  for (size_t i = 0; i < layers.size(); ++i) {
     Linear& layer = *layers[i];
     layer.exec = saved[i];
     if (!layer.plan->fp8()) continue;
@@ -583,10 +597,6 @@ void Decoder::backward(float dloss_scale) {
     const float* residual = l == 0 ? a.encoded : a.layers[static_cast<size_t>(l - 1)].residual3;
     Linear& qkv = linear(b.qkv);
     Linear& proj = linear(b.proj);
-    Linear& fc = linear(b.fc);
-    Linear& fc_proj = linear(b.fc_proj);
-    float* dfch_gelu = d.wide_a;
-    float* dfch = d.wide_b;
     float* dqkv = d.wide_a;
     float* datty = d.wide_b;
 
@@ -595,6 +605,13 @@ void Decoder::backward(float dloss_scale) {
     // just before its GEMM reads it.
     const bool selective = checkpointing() == ActivationCheckpointing::selective;
     if (checkpointing() == ActivationCheckpointing::full && l != config_.layers - 1) rerun_block(l, B, T);
+    if (config_.moe()) {
+      moe_backward(l, B, T, residual, dloss_scale);
+    } else {
+    Linear& fc = linear(b.fc);
+    Linear& fc_proj = linear(b.fc_proj);
+    float* dfch_gelu = d.wide_a;
+    float* dfch = d.wide_b;
     const void* fch = x.fch;
     if (fch == nullptr) {  // not kept (fp8.recompute_mlp): the forward's GEMM again, from its kept input codes
       backend_.linear_recompute(TensorView(a.fch_scratch, hidden_type_, {N, FC}), weight_of(fc), fc.copy.get(),
@@ -623,6 +640,7 @@ void Decoder::backward(float dloss_scale) {
     backend_.normalization_backward(norm_kind(), d.residual, G(b.norm2 + ".weight"), norm_bias_grad(b.norm2),
                                     ConstTensorView(d.ln, dln2_type, {N, C}), residual2, P(b.norm2 + ".weight"),
                                     x.ln2_mean, x.ln2_rstd);
+    }
     // d.residual: d(residual2) = d(attproj), as residual2 = residual + attproj.
     backward_linear(proj, datty, atty_type_, proj.bias_grad, d.residual, Dtype::f32, x.atty, atty_type_, N);
     const void* qkv_in = x.qkv;

@@ -71,6 +71,20 @@ void Decoder::plan_activations() {
   };
   auto kept = [&](int64_t l) {
     const BlockNames b = block_names(l);
+    if (config_.moe()) {
+      // The second normalization's output in float32, read by the router, the experts' gather and the
+      // shared expert; the shared expert's tensors as the dense MLP's.
+      const bool shared = config_.shared_expert;
+      return Kept{read(b.qkv),
+                  !recomputes(b.qkv),
+                  !recomputes(b.proj),
+                  true,
+                  shared && !recomputes(b.fc),
+                  shared && read(b.fc_proj),
+                  input_type(b.qkv),
+                  Dtype::f32,
+                  shared ? input_type(b.fc_proj) : Dtype::f32};
+    }
     return Kept{read(b.qkv),       !recomputes(b.qkv), !recomputes(b.proj),
                 read(b.fc),        !recomputes(b.fc),  read(b.fc_proj),
                 input_type(b.qkv), input_type(b.fc),   input_type(b.fc_proj)};
@@ -90,8 +104,32 @@ void Decoder::plan_activations() {
     if (k.fch) p.take(x.fch, hidden_type_, N * FC);
     if (inputs && k.fch_gelu) p.take(x.fch_gelu, k.fch_gelu_type, N * H);
   };
+  // A mixture-of-experts block's routing and experts' tensors (decoder_internal.h).
+  const int64_t E = config_.experts, k = config_.experts_per_token;
+  const int64_t M = config_.moe() ? grouped_rows(N, k, E, kExpertRowAlign) : 0;
+  auto take_moe = [&](Planner& p, Activations::Moe& m) {
+    p.take(m.probs, N * E);
+    p.take(reinterpret_cast<void*&>(m.experts), Dtype::f32, N * k);
+    p.take(m.weights, N * k);
+    p.take(reinterpret_cast<void*&>(m.slots), Dtype::f32, M);
+    p.take(reinterpret_cast<void*&>(m.positions), Dtype::f32, N * k);
+    p.take(reinterpret_cast<void*&>(m.offsets), Dtype::f32, E + 1);
+    p.take(m.dispatched, M * C);
+    p.take(m.fch, hidden_type_, M * 2 * H);
+    p.take(m.act, M * H);
+    p.take(m.out, M * C);
+  };
   auto lay_out = [&](Activations& a, Planner& p, ActivationCheckpointing level) {
     a.layers.resize(static_cast<size_t>(config_.layers));
+    if (config_.moe()) {
+      // Under "full" one set for every block, which each block's forward writes again before its backward.
+      a.moe.resize(static_cast<size_t>(config_.layers));
+      for (int64_t l = 0; l < config_.layers; ++l) {
+        if (level != ActivationCheckpointing::full || l == 0) take_moe(p, a.moe[static_cast<size_t>(l)]);
+      }
+      p.take(a.router_logits, N * E);
+      p.take(a.probability_sums, E);
+    }
     p.take(a.encoded, N * C);
     Kept all{};  // what some block keeps: the shared set holds it, in float32 where the types differ
     for (int64_t l = 0; l < config_.layers; ++l) {
@@ -138,6 +176,12 @@ void Decoder::plan_activations() {
   activation_bytes_ = p.size() * int64_t{4};
   activations_ = backend_.allocate(static_cast<size_t>(activation_bytes_));
   p.bind(activations_->floats());
+  for (Activations::Moe& m : a.moe) {
+    if (m.probs == nullptr) m = a.moe.front();
+  }
+  expert_offsets_.assign(static_cast<size_t>(config_.layers), std::vector<int64_t>(static_cast<size_t>(E + 1)));
+  expert_counts_.assign(static_cast<size_t>(config_.layers), std::vector<int64_t>(static_cast<size_t>(E)));
+  layer_balance_.assign(static_cast<size_t>(config_.layers), 0.0);
   // Every block's slots into the shared ones, where that block keeps the tensor.
   for (int64_t l = 0; l < config_.layers; ++l) {
     const Kept k = kept(l);
@@ -167,7 +211,7 @@ void Decoder::plan_gradients() {
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels, H = config_.hidden();
   const int64_t FC = activation_inputs(activation_kind()) * H;
   bool dfch_written = false;
-  for (int64_t l = 0; l < config_.layers; ++l) {
+  for (int64_t l = 0; l < config_.layers && config_.dense_mlp(); ++l) {
     dfch_written |= !gradient_cast_suffices(linear(block_names(l).fc).exec);
   }
   const int64_t wide_a = std::max(H, config_.qkv_width());
@@ -180,6 +224,17 @@ void Decoder::plan_gradients() {
   q.take(dacts_->ln, N * C);
   q.take(dacts_->wide_a, N * wide_a);
   q.take(dacts_->wide_b, N * wide_b);
+  if (config_.moe()) {
+    const int64_t E = config_.experts, k = config_.experts_per_token;
+    const int64_t M = grouped_rows(N, k, E, kExpertRowAlign);
+    q.take(dacts_->rows_c, M * C);
+    q.take(dacts_->rows_f, hidden_type_, M * H);
+    q.take(dacts_->rows_2f, M * 2 * H);
+    q.take(dacts_->dweights, N * k);
+    q.take(dacts_->dlogits, N * E);
+    q.take(dacts_->dprobs, E);
+    if (config_.shared_expert) q.take(dacts_->dln, N * C);
+  }
   gradient_scratch_ = backend_.allocate(static_cast<size_t>(q.size()) * sizeof(float));
   q.bind(gradient_scratch_->floats());
   gradient_wide_b_ = wide_b;

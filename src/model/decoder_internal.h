@@ -13,7 +13,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "octet/model/decoder.h"
 
@@ -59,6 +61,25 @@ struct Decoder::Activations {
   // where fp8.recompute_qkv and fp8.recompute_residual leave them out.
   void* qkv_scratch = nullptr;         // [N, 3C] in qkv_type_
   float* residual2_scratch = nullptr;  // [N, C]
+  // A mixture-of-experts block's routing and its experts' tensors (decoder_moe.cpp), M =
+  // grouped_rows(N, k, E, kExpertRowAlign) rows grouped by expert, of which the first expert_offsets_[l][E]
+  // are used: what the backward reads. Under "full" every block's point into one set, which the block's
+  // forward writes again before its backward.
+  struct Moe {
+    float* probs = nullptr;        // [N, E]: the router's softmax
+    int32_t* experts = nullptr;    // [N, k]: the chosen experts
+    float* weights = nullptr;      // [N, k]: their renormalized probabilities
+    int32_t* slots = nullptr;      // [M]: the assignment n k + j each grouped row holds (-1: padding)
+    int32_t* positions = nullptr;  // [N k]: the grouped row of each assignment
+    int32_t* offsets = nullptr;    // [E + 1]: where each expert's rows start
+    float* dispatched = nullptr;   // [M, C]: the tokens' normalized rows, grouped (the experts' gate/up input)
+    void* fch = nullptr;           // [M, 2 F] in hidden_type_: the experts' gate/up output
+    float* act = nullptr;          // [M, F]: SwiGLU's output (the experts' down input)
+    float* out = nullptr;          // [M, C]: the experts' down output
+  };
+  std::vector<Moe> moe;
+  float* router_logits = nullptr;  // [N, E]: from the router's GEMM to the softmax, every block in turn
+  float* probability_sums = nullptr;  // [E]: the router's probabilities summed over the tokens
   void* lnf = nullptr;                 // [N, C] in the LM head's input_type
   float* lnf_mean = nullptr;
   float* lnf_rstd = nullptr;
@@ -83,6 +104,19 @@ struct Decoder::Gradients {
   float* ln = nullptr;
   float* wide_a = nullptr;
   float* wide_b = nullptr;
+  // A mixture-of-experts block's (decoder_moe.cpp), M grouped rows:
+  //   rows_c   [M, C]: d(out) (combine -> the experts' down), then d(dispatched) (gate/up -> the gather)
+  //   rows_f   [M, F] in hidden_type_: d(act) (down -> SwiGLU)
+  //   rows_2f  [M, 2 F]: d(fch) (SwiGLU -> gate/up)
+  //   dweights [N k], dlogits [N, E], dprobs [E]: the routing's gradients
+  //   dln      [N, C]: the MoE part of d(ln2) where a shared expert writes its own part into ln
+  float* rows_c = nullptr;
+  void* rows_f = nullptr;
+  float* rows_2f = nullptr;
+  float* dweights = nullptr;
+  float* dlogits = nullptr;
+  float* dprobs = nullptr;
+  float* dln = nullptr;
 };
 
 // What a linear layer is in the block (or the head): its producer, its consumer and its fusions follow.
@@ -92,15 +126,28 @@ enum class LinearRole : uint8_t {
   fc,       // mlp.c_fc, gate and up: fed by the second normalization
   fc_proj,  // mlp.c_proj, down_proj: fed by the activation, joins the residual stream
   head,     // lm_head: fed by the final normalization
+  // A mixture-of-experts block's (a shared expert's layers are fc and fc_proj):
+  router,          // mlp.gate: fed by the second normalization, its logits choose the experts
+  expert_fc,       // mlp.experts.E.gate_up_proj: fed by the gathered rows of the second normalization
+  expert_fc_proj,  // mlp.experts.E.down_proj: fed by SwiGLU, its rows combined into the residual stream
 };
 // The role of a linear layer by its name, in either architecture.
 LinearRole role_of(std::string_view layer);
 
 // The names of block l's linear layers and of its normalizations' parameters (NAME.weight, NAME.bias).
+// In a mixture-of-experts block fc and fc_proj are the shared expert's (empty without one), router the
+// router's and experts the prefix of the experts' ("layers.3.mlp.experts.": expert_fc(e), expert_fc_proj(e)).
 struct Decoder::BlockNames {
   std::string qkv, proj, fc, fc_proj;
   std::string norm1, norm2;
+  std::string router, experts;
+  std::string expert_fc(int64_t e) const { return experts + std::to_string(e) + ".gate_up_proj"; }
+  std::string expert_fc_proj(int64_t e) const { return experts + std::to_string(e) + ".down_proj"; }
 };
+
+// The rows of each expert start at a multiple of this (Backend::group_by_expert's align): FP8 GEMMs need
+// every dimension a multiple of 16, an expert's rows included; the padding rows are zero throughout.
+inline constexpr int64_t kExpertRowAlign = 16;
 
 struct Decoder::Linear {
   const LinearPlan* plan;

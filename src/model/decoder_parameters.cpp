@@ -31,11 +31,17 @@ float normal_at(const CounterRng& rng, uint64_t index) {
 
 LinearRole role_of(std::string_view layer) {
   if (layer == "lm_head") return LinearRole::head;
+  if (layer.find(".mlp.experts.") != std::string_view::npos) {
+    if (ends_with(layer, ".gate_up_proj")) return LinearRole::expert_fc;
+    if (ends_with(layer, ".down_proj")) return LinearRole::expert_fc_proj;
+  }
   for (const auto& [suffix, role] :
        {std::pair{"attn.c_attn", LinearRole::qkv}, std::pair{"attn.c_proj", LinearRole::proj},
         std::pair{"mlp.c_fc", LinearRole::fc}, std::pair{"mlp.c_proj", LinearRole::fc_proj},
         std::pair{"self_attn.qkv_proj", LinearRole::qkv}, std::pair{"self_attn.o_proj", LinearRole::proj},
-        std::pair{"mlp.gate_up_proj", LinearRole::fc}, std::pair{"mlp.down_proj", LinearRole::fc_proj}}) {
+        std::pair{"mlp.gate_up_proj", LinearRole::fc}, std::pair{"mlp.down_proj", LinearRole::fc_proj},
+        std::pair{"mlp.shared_expert.gate_up_proj", LinearRole::fc},
+        std::pair{"mlp.shared_expert.down_proj", LinearRole::fc_proj}, std::pair{"mlp.gate", LinearRole::router}}) {
     if (ends_with(layer, suffix)) return role;
   }
   OCTET_CHECK(false, "a linear layer of a known kind, got {}", layer);
@@ -88,9 +94,20 @@ void Decoder::build_parameters() {
       add(h + "self_attn.v_proj.weight", {kv_C, C});
       add(h + "self_attn.o_proj.weight", {C, C});
       add(h + "post_attention_layernorm.weight", {C});
-      add(h + "mlp.gate_proj.weight", {H, C});
-      add(h + "mlp.up_proj.weight", {H, C});
-      add(h + "mlp.down_proj.weight", {C, H});
+      // A SwiGLU MLP's three matrices: the dense MLP's, each expert's (mlp.experts.E.) and the shared
+      // expert's (mlp.shared_expert.).
+      auto mlp = [&](const std::string& m) {
+        add(m + "gate_proj.weight", {H, C});
+        add(m + "up_proj.weight", {H, C});
+        add(m + "down_proj.weight", {C, H});
+      };
+      if (!config_.moe()) {
+        mlp(h + "mlp.");
+        continue;
+      }
+      add(h + "mlp.gate.weight", {config_.experts, C});
+      for (int64_t e = 0; e < config_.experts; ++e) mlp(fmt::format("{}mlp.experts.{}.", h, e));
+      if (config_.shared_expert) mlp(h + "mlp.shared_expert.");
     }
     add("norm.weight", {C});
     if (!config_.tied_head()) add("lm_head.weight", {Vp, C});
@@ -108,7 +125,9 @@ void Decoder::build_parameters() {
     } else if (config_.arch == ModelArchitecture::llama) {
       const std::string prefix = plan.name.substr(0, plan.name.rfind('.') + 1);
       if (linear->role == LinearRole::qkv) first = prefix + "q_proj.weight";
-      if (linear->role == LinearRole::fc) first = prefix + "gate_proj.weight";
+      if (linear->role == LinearRole::fc || linear->role == LinearRole::expert_fc) {
+        first = prefix + "gate_proj.weight";
+      }
     }
     linear->weight_offset = parameter(first).offset;
     linear->weight_count = plan.out_features * plan.in_features;
@@ -140,8 +159,13 @@ void Decoder::build_parameters() {
     e.transpose_weight_per_use = settings.recompute_weight_transposes && e.input_gradient == GemmMode::fp8 &&
                                  e.recipe != nullptr &&
                                  e.recipe->granularity(TensorRole::weight) == ScaleGranularity::per_tensor;
+    // A mixture-of-experts block keeps its second normalization's output in float32 (the router and the
+    // experts' gather read it too), and its experts' inputs, gathered by token, in float32.
+    const bool moe_input = role == LinearRole::router || role == LinearRole::expert_fc ||
+                           role == LinearRole::expert_fc_proj || (config_.moe() && role == LinearRole::fc);
     const bool fed_by_norm_or_gelu = role != LinearRole::proj;
-    if (fed_by_norm_or_gelu && e.forward == GemmMode::bf16 && e.weight_gradient == GemmMode::bf16) {
+    if (fed_by_norm_or_gelu && !moe_input && e.forward == GemmMode::bf16 &&
+        e.weight_gradient == GemmMode::bf16) {
       linear->input_type = backend_.storage_type({StorageRole::rounded_activation});
     }
     e.fp8_gemms = &counters_.fp8_gemms;
@@ -149,6 +173,14 @@ void Decoder::build_parameters() {
     e.saturated = &counters_.saturated;
     e.underflowed = &counters_.underflowed;
     linears_.push_back(std::move(linear));
+  }
+  block_linears_.resize(static_cast<size_t>(L));
+  for (const auto& l : linears_) {
+    linear_by_name_[l->plan->name] = l.get();
+    const std::string& name = l->plan->name;
+    if (l->role == LinearRole::head) continue;
+    const int64_t block = std::stoll(name.substr(name.find('.') + 1));
+    block_linears_[static_cast<size_t>(block)].push_back(l.get());
   }
   plan_parameter_gradients();
 }
@@ -235,7 +267,16 @@ const ParameterInfo& Decoder::parameter(std::string_view name) const {
 
 int64_t Decoder::flop_parameter_count() const {
   if (config_.arch == ModelArchitecture::gpt2) return parameter_count_ - parameter("wpe").count;
-  return parameter_count_ - (config_.tied_head() ? 0 : parameter(embedding_name()).count);
+  int64_t count = parameter_count_ - (config_.tied_head() ? 0 : parameter(embedding_name()).count);
+  // A token runs experts_per_token of the experts: the others' weights do no work for it.
+  if (config_.moe()) {
+    int64_t experts = 0;
+    for (const ParameterInfo& p : parameters_) {
+      if (p.name.find(".mlp.experts.") != std::string::npos) experts += p.count;
+    }
+    count -= experts - experts / config_.experts * config_.experts_per_token;
+  }
+  return count;
 }
 
 void Decoder::init_weights(uint64_t seed) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -479,7 +480,9 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
       const double tokens_per_second = static_cast<double>(r.tokens) / seconds;
-      metrics.write(nlohmann::json{{"step", step + 1},
+      // A mixture-of-experts model's router balance over the step's last micro-batch (1: balanced).
+      const std::optional<double> balance = model->router_balance();
+      nlohmann::json row{{"step", step + 1},
                                    {"loss", r.loss},
                                    {"lr", r.learning_rate},
                                    {"grad_norm", r.skipped ? 0.0f : r.grad_norm},
@@ -490,13 +493,17 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
                                    {"other_gemms", r.other_gemms},
                                    {"tokens", r.tokens},
                                    {"tokens_per_second", tokens_per_second},
-                                   {"ms", seconds * 1000.0}});
+                                   {"ms", seconds * 1000.0}};
+      if (balance) row["router_balance"] = *balance;
+      metrics.write(row);
       const int64_t done = step + 1;
       const double eta =
           elapsed / static_cast<double>(done - first_step) * static_cast<double>(config.steps - done);
       const std::string line = fmt::format(
-          "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}", done,
-          config.steps, r.loss, r.learning_rate, r.grad_norm, tokens_per_second, duration(eta),
+          "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f}{} | {:.0f} tok/s | ETA {}{}", done,
+          config.steps, r.loss, r.learning_rate, r.grad_norm,
+          balance ? fmt::format(" | router balance {:.3f}", *balance) : std::string(), tokens_per_second,
+          duration(eta),
           r.skipped ? fmt::format(" | skipped: {}", r.skip_reason) : std::string());
       if (options.interactive) {
         std::fprintf(out, "\r\033[K%s", line.c_str());

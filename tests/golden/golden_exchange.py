@@ -10,12 +10,15 @@ module), 1 on any other error.
 
 Both files are little-endian. INPUT (written by the C++ test):
   char[8]  "OCTGOLDI"
-  int32    version (2)
+  int32    version (3)
   int32    arch (0 GPT-2, 1 Llama)
   int32    V, Vp, maxT, L, NH, KV, C, F, tied, B, T, steps, parameter_count
            (KV key and value heads, F the MLP's hidden width, tied 1 when the head is the token embedding;
            GPT-2 has KV = NH, F = 4C and tied = 1)
   float32  learning_rate, beta1, beta2, eps, weight_decay, rope_theta (unused by GPT-2)
+  int32    E, k, shared   (Llama's mixture of experts: E experts, 0 for a dense MLP; k per token; shared 1
+                           with a shared expert)
+  float32  router_aux_loss_coef (the weight of each layer's load-balancing loss in the training loss)
   int32    tokens[B*T], targets[B*T]
   then parameter_count tensors in octet's Decoder::parameters() order, each:
     int32 name_length, char name[name_length] (ASCII), int32 ndim, int32 shape[ndim],
@@ -23,7 +26,7 @@ Both files are little-endian. INPUT (written by the C++ test):
 
 OUTPUT (read by the C++ test):
   char[8]  "OCTGOLDO"
-  int32    version (2)
+  int32    version (3)
   int32    N (= B*T), Vp, parameter_count, steps
   float32  logits[N*Vp]            before the first update, padded columns included
   float32  logit_magnitude[N*Vp]   sum_c |final_norm(x)[n,c]| * |head[v,c]| (float64, then rounded): the
@@ -40,7 +43,7 @@ import torch
 
 INPUT_MAGIC = b"OCTGOLDI"
 OUTPUT_MAGIC = b"OCTGOLDO"
-VERSION = 2
+VERSION = 3
 ARCHITECTURES = {0: "gpt2", 1: "llama"}
 
 
@@ -83,8 +86,10 @@ def read_input(path):
         raise ValueError(f"{path}: unknown architecture {arch}")
     V, Vp, maxT, L, NH, KV, C, F, tied, B, T, steps, count = r.ints(13)
     lr, beta1, beta2, eps, weight_decay, rope_theta = r.floats(6)
+    E, k, shared = r.ints(3)
+    (aux_coef,) = r.floats(1)
     cfg = dict(arch=ARCHITECTURES[arch], V=V, Vp=Vp, maxT=maxT, L=L, NH=NH, KV=KV, C=C, F=F, tied=bool(tied),
-               B=B, T=T, steps=steps, rope_theta=rope_theta)
+               B=B, T=T, steps=steps, rope_theta=rope_theta, E=E, k=k, shared=bool(shared), aux_coef=aux_coef)
     hyper = dict(lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     tokens = r.int_tensor(B * T).view(B, T).long()
     targets = r.int_tensor(B * T).view(B, T).long()
@@ -120,8 +125,9 @@ def write_tensor_record(f, name, values):
 
 def train(cfg, hyper, tokens, targets, params, forward, head_name):
     """Runs cfg["steps"] AdamW steps on the one batch. forward(cfg, params, tokens, targets) returns the
-    logits [B*T, Vp], the final norm's output [B*T, C] and the mean loss; head_name names the head's weight
-    [Vp, C]. Returns the logits, their magnitudes, the loss and the gradients of step 0, and every step's
+    logits [B*T, Vp], the final norm's output [B*T, C] and the mean loss, and optionally a fourth term that
+    training adds to the loss it differentiates (a mixture of experts' balance loss); head_name names the
+    head's weight [Vp, C]. Returns the logits, their magnitudes, the loss and the gradients of step 0, and every step's
     loss."""
     if cfg["steps"] < 1:
         raise ValueError(f"steps is {cfg['steps']}, need at least 1 (step 0 gives logits and gradients)")
@@ -136,8 +142,8 @@ def train(cfg, hyper, tokens, targets, params, forward, head_name):
     step_losses = []
     for step in range(cfg["steps"]):
         optimizer.zero_grad(set_to_none=False)
-        logits, final, loss = forward(cfg, params, tokens, targets)
-        loss.backward()
+        logits, final, loss, *extra = forward(cfg, params, tokens, targets)
+        (loss + sum(extra)).backward()
         if step == 0:  # the state octet compares before any update
             first = dict(logits=logits.detach().clone(), loss=loss.item(),
                          grads={name: t.grad.detach().clone() for name, t in params.items()})

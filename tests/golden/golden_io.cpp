@@ -27,7 +27,7 @@ static_assert(std::endian::native == std::endian::little, "the golden files are 
 
 constexpr char kInputMagic[8] = {'O', 'C', 'T', 'G', 'O', 'L', 'D', 'I'};
 constexpr char kOutputMagic[8] = {'O', 'C', 'T', 'G', 'O', 'L', 'D', 'O'};
-constexpr int32_t kVersion = 2;
+constexpr int32_t kVersion = 3;
 
 // The architecture's number in the files.
 int64_t architecture_code(ModelArchitecture arch) {
@@ -179,6 +179,10 @@ void write_golden_input(const std::string& path, const GoldenInput& in) {
   w.f32(in.optimizer.eps);
   w.f32(in.optimizer.weight_decay);
   w.f32(c.rope_theta);
+  w.i32(c.experts, "E");
+  w.i32(c.experts_per_token, "k");
+  w.i32(c.shared_expert ? 1 : 0, "shared expert");
+  w.f32(c.router_aux_loss_coef);
   if (in.tokens.size() != static_cast<size_t>(in.B * in.T) || in.targets.size() != in.tokens.size()) {
     throw std::runtime_error("tokens and targets must hold B*T values each");
   }

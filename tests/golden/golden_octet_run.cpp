@@ -105,7 +105,17 @@ std::vector<GoldenCase> llama_golden_cases() {
   tied.B = 3;
   tied.T = 11;
   tied.seed = 20240614;
-  return {grouped, tied};
+
+  // Mixtral's block: 4 experts, 2 per token, a shared expert and the balance loss at a weight that shows.
+  GoldenCase moe = grouped;
+  moe.name = "moe_shared_expert";
+  moe.config.ffn_hidden = 32;
+  moe.config.experts = 4;
+  moe.config.experts_per_token = 2;
+  moe.config.shared_expert = true;
+  moe.config.router_aux_loss_coef = 0.5f;
+  moe.seed = 20240615;
+  return {grouped, tied, moe};
 }
 
 OctetRun run_octet(const GoldenCase& gc) {

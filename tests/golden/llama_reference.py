@@ -4,7 +4,12 @@ The model is written out plainly in float32 torch ops, independent of octet and 
 following its LlamaForCausalLM: a token embedding without positions, pre-RMSNorm blocks (causal self-attention
 with the rotary embedding in Hugging Face's rotate-half convention and grouped-query attention, a SwiGLU MLP),
 no biases, a final RMSNorm and an LM head, untied or tied to the embedding, cross-entropy over the first V of
-the Vp logits. torch 1.13 has neither F.rms_norm nor grouped-query attention in its fused attention, so both
+the Vp logits. The mixture-of-experts variant (Mixtral's block) replaces the MLP with a softmax router whose
+k most probable experts' SwiGLU MLPs are summed, weighted by their probabilities renormalized over the k, plus
+an optional shared expert that every token runs; each layer adds coef x E x sum_e f_e P_e to the training loss
+(f_e the share of assignments expert e took, a constant; P_e its mean probability). Every expert runs on
+every token here and the unchosen ones are weighted by zero: plain, and independent of octet's grouping.
+torch 1.13 has neither F.rms_norm nor grouped-query attention in its fused attention, so both
 are written out. Gradients come from autograd, the optimizer is torch.optim.AdamW with weight decay on 2-D
 parameters only (golden_exchange.py, which also documents the two files).
 
@@ -43,10 +48,16 @@ def expected_shapes(cfg):
             h + "self_attn.v_proj.weight": [kv_C, C],
             h + "self_attn.o_proj.weight": [C, C],
             h + "post_attention_layernorm.weight": [C],
-            h + "mlp.gate_proj.weight": [F_, C],
-            h + "mlp.up_proj.weight": [F_, C],
-            h + "mlp.down_proj.weight": [C, F_],
         })
+        mlps = [h + "mlp."]
+        if cfg["E"] > 0:
+            shapes[h + "mlp.gate.weight"] = [cfg["E"], C]
+            mlps = [f"{h}mlp.experts.{e}." for e in range(cfg["E"])]
+            if cfg["shared"]:
+                mlps.append(h + "mlp.shared_expert.")
+        for m in mlps:
+            shapes.update({m + "gate_proj.weight": [F_, C], m + "up_proj.weight": [F_, C],
+                           m + "down_proj.weight": [C, F_]})
     shapes["norm.weight"] = [C]
     if not cfg["tied"]:
         shapes["lm_head.weight"] = [Vp, C]
@@ -95,24 +106,52 @@ def causal_self_attention(x, p, prefix, cfg, cos, sin):
     return F.linear(y, p[prefix + "o_proj.weight"])
 
 
+def swiglu_mlp(x, p, prefix):
+    gate = F.linear(x, p[prefix + "gate_proj.weight"])
+    up = F.linear(x, p[prefix + "up_proj.weight"])
+    return F.linear(F.silu(gate) * up, p[prefix + "down_proj.weight"])
+
+
+def mixture_of_experts(x, p, prefix, cfg):
+    """The MLP's output [B, T, C] and this layer's balance loss."""
+    E, k = cfg["E"], cfg["k"]
+    probs = F.softmax(F.linear(x, p[prefix + "gate.weight"]), dim=-1)  # [B, T, E]
+    top, chosen = probs.topk(k, dim=-1)  # the k largest, largest first
+    weights = top / top.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e in range(E):
+        weight = (weights * (chosen == e)).sum(dim=-1, keepdim=True)  # zero where e was not chosen
+        out = out + weight * swiglu_mlp(x, p, f"{prefix}experts.{e}.")
+    if cfg["shared"]:
+        out = out + swiglu_mlp(x, p, prefix + "shared_expert.")
+    share = torch.stack([(chosen == e).sum() for e in range(E)]).float() / chosen.numel()
+    balance = E * (share * probs.reshape(-1, E).mean(dim=0)).sum()
+    return out, balance
+
+
 def forward(cfg, p, tokens, targets):
-    """Returns the logits [B*T, Vp], the final RMSNorm's output [B*T, C] and the mean loss."""
+    """Returns the logits [B*T, Vp], the final RMSNorm's output [B*T, C], the mean loss and the balance
+    loss training adds (zero without experts)."""
     B, T = tokens.shape
     C, V = cfg["C"], cfg["V"]
     cos, sin = rotary_cos_sin(T, C // cfg["NH"], cfg["rope_theta"])
     x = p["embed_tokens.weight"][tokens]
+    balance = torch.zeros(())
     for l in range(cfg["L"]):
         h = f"layers.{l}."
         x = x + causal_self_attention(rms_norm(x, p[h + "input_layernorm.weight"]), p, h + "self_attn.", cfg,
                                       cos, sin)
         normed = rms_norm(x, p[h + "post_attention_layernorm.weight"])
-        gate = F.linear(normed, p[h + "mlp.gate_proj.weight"])
-        up = F.linear(normed, p[h + "mlp.up_proj.weight"])
-        x = x + F.linear(F.silu(gate) * up, p[h + "mlp.down_proj.weight"])
+        if cfg["E"] > 0:
+            out, layer_balance = mixture_of_experts(normed, p, h + "mlp.", cfg)
+            x = x + out
+            balance = balance + layer_balance
+        else:
+            x = x + swiglu_mlp(normed, p, h + "mlp.")
     final = rms_norm(x, p["norm.weight"]).view(B * T, C)
     logits = final @ p[head_name(cfg)].t()  # [B*T, Vp]
     loss = F.cross_entropy(logits[:, :V], targets.reshape(B * T))  # padded columns take no part
-    return logits, final, loss
+    return logits, final, loss, cfg["aux_coef"] * balance
 
 
 if __name__ == "__main__":

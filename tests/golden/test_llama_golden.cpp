@@ -1,6 +1,7 @@
 // Golden test of octet's Llama (CPU backend, fp32 mode) against PyTorch, an independent implementation:
 // logits, loss and every parameter gradient before the first update, then the losses of ten AdamW steps, for
-// grouped-query attention with an untied head and for one shared key and value head with a tied head. Also
+// grouped-query attention with an untied head, for one shared key and value head with a tied head, and for
+// the mixture-of-experts block (4 experts, 2 per token, a shared expert, the balance loss in training). Also
 // checks that octet's training is deterministic. The PyTorch side is llama_reference.py, run with
 // OCTET_GOLDEN_PYTHON; the comparisons skip when that interpreter cannot import torch.
 #include <cstdint>

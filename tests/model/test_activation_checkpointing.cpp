@@ -140,6 +140,33 @@ INSTANTIATE_TEST_SUITE_P(Checkpointing, EveryModeAndArchitecture,
                                   std::string(mixed_precision_name(std::get<1>(p.param)));
                          });
 
+// The mixture-of-experts Llama (routed only, and with a shared expert) in every mode, and in FP8 with its
+// experts converted: the forward run again chooses the same experts and casts them with the forward's scales.
+class MoeEveryMode : public ::testing::TestWithParam<std::tuple<bool, int>> {};
+
+TEST_P(MoeEveryMode, CheckpointingChangesNothingButMemory) {
+  const auto [shared, variant] = GetParam();
+  const ModelConfig c = testing::tiny_moe_config(shared);
+  static const MixedPrecision kModes[] = {MixedPrecision::fp32, MixedPrecision::bf16, MixedPrecision::fp8,
+                                          MixedPrecision::fp8};
+  PrecisionSettings p = mode(kModes[variant]);
+  p.experts = variant == 3;
+  const Outcome none = train(c, p, ActivationCheckpointing::none);
+  EXPECT_NE(none.losses.front(), none.losses.back()) << "the steps must train";
+  expect_same(none, train(c, p, ActivationCheckpointing::selective), "selective");
+  const Outcome full = train(c, p, ActivationCheckpointing::full);
+  expect_same(none, full, "full");
+  EXPECT_LT(full.activation_bytes, none.activation_bytes);
+}
+
+std::string moe_name(const ::testing::TestParamInfo<std::tuple<bool, int>>& info) {
+  static const char* const kNames[] = {"fp32", "bf16", "fp8", "fp8_experts"};
+  return std::string(std::get<0>(info.param) ? "shared_expert_" : "routed_") + kNames[std::get<1>(info.param)];
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpointing, MoeEveryMode,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(0, 1, 2, 3)), moe_name);
+
 // FP8 variants whose rerun casts differ: the current recipe (scales from the tensor itself), and layers
 // that recompute their outputs from kept input codes (fp8.recompute_*) inside the checkpointed block, and
 // a forward in FP8 whose weight gradient runs in BF16 (its float32 input kept next to its cast).

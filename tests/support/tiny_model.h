@@ -29,4 +29,16 @@ inline ModelConfig tiny_llama_config() {
   return c;
 }
 
+// The smallest mixture-of-experts Llama: the tiny Llama's trunk with 4 experts (SwiGLU, 32 wide) of which
+// each token takes 2, the balance loss at 0.1 so that its gradient shows, and a shared expert as asked.
+inline ModelConfig tiny_moe_config(bool shared_expert = false) {
+  ModelConfig c = tiny_llama_config();
+  c.ffn_hidden = 32;
+  c.experts = 4;
+  c.experts_per_token = 2;
+  c.shared_expert = shared_expert;
+  c.router_aux_loss_coef = 0.1f;
+  return c;
+}
+
 }  // namespace octet::testing

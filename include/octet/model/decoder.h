@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "octet/backend/backend.h"
@@ -93,6 +94,7 @@ class Decoder final : public Model {
   // after a loss-only forward it runs the head's backward first (recomputing the logits when they took more
   // than one chunk).
   void backward(float dloss_scale) override;
+  std::optional<double> router_balance() const override;
   // Zeroes the gradients: the linear layers' weight gradients by their next backward, which writes them
   // instead of adding to them (LinearExecution::accumulate_weight_gradient), the others here.
   void zero_grad() override;
@@ -167,6 +169,24 @@ class Decoder final : public Model {
   AttentionHeads attention_heads() const { return {config_.heads, config_.kv()}; }
   // What the last forward left for backward.
   enum class Pending : uint8_t { nothing, loss, head_backward_done };
+  // A mixture-of-experts block (decoder_moe.cpp). moe_forward: the MLP half of block l's forward, from the
+  // residual stream after attention (residual2) into residual3: the second normalization, the router and
+  // the grouping of the tokens by expert, the experts' GEMMs (one per expert with tokens), the shared
+  // expert, and the weighted sum into the residual stream.
+  void moe_forward(int64_t l, int64_t B, int64_t T, const float* residual2);
+  // Its backward, from d(residual3) in the gradients' residual buffer through the second normalization's
+  // backward, which adds d(residual2) to it; `residual` is the block's input (for a residual2 recomputed
+  // by fp8.recompute_residual). The router's gradient includes the load-balancing loss's, scaled by
+  // dloss_scale * B * T.
+  void moe_backward(int64_t l, int64_t B, int64_t T, const float* residual, float dloss_scale);
+  // The experts' rows of block l's last forward: where each expert's start (E + 1, on the host), as the
+  // backend's group_by_expert placed them.
+  std::vector<std::vector<int64_t>> expert_offsets_;
+  // Each expert's assignments in block l's last forward, and the layer's balance (router_balance).
+  std::vector<std::vector<int64_t>> expert_counts_;
+  std::vector<double> layer_balance_;
+  // The linear layers of each block, in the order the block runs them.
+  std::vector<std::vector<Linear*>> block_linears_;
   void build_parameters();
   void plan_activations();
   // Allocates the float32 input of `layer` that the plan left out (its FP8 cast was all it read) once the
@@ -288,6 +308,7 @@ class Decoder final : public Model {
   Dtype hidden_type_ = Dtype::f32;
   std::unique_ptr<Gradients> dacts_;
   std::vector<std::unique_ptr<Linear>> linears_;
+  std::unordered_map<std::string, Linear*> linear_by_name_;
   GemmCounters counters_;
   bool collect_telemetry_ = true;
   int64_t last_B_ = 0;

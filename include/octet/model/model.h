@@ -119,9 +119,15 @@ class Model {
   // Logits-only forward (no targets); logits() then holds [B*T, Vp].
   virtual void forward_logits(const int32_t* tokens, int64_t B, int64_t T) = 0;
   // Backward of the last forward with targets, accumulating into grads(): the gradient of
-  // dloss_scale * sum(losses). Use dloss_scale = loss_scale / (B * T * accumulation_steps) for the mean over
-  // an accumulated step; after forward(..., dloss) it takes the same dloss.
+  // dloss_scale * sum(losses), plus dloss_scale * B * T times the auxiliary loss where the model has one.
+  // Use dloss_scale = loss_scale / (B * T * accumulation_steps) for the mean over an accumulated step; after
+  // forward(..., dloss) it takes the same dloss.
   virtual void backward(float dloss_scale) = 0;
+  // A mixture-of-experts model's router balance over the last forward: each layer's E x sum_e f_e P_e (f_e
+  // expert e's share of the assignments, P_e its mean router probability), averaged over the layers; 1 when
+  // balanced, up to E when every token goes to one expert. The auxiliary loss that training adds to the
+  // mean loss is router_aux_loss_coef x the sum over layers. nullopt for a model without experts.
+  virtual std::optional<double> router_balance() const { return std::nullopt; }
   // Zeroes the gradients (the linear layers' weight gradients by their next backward, which writes them).
   virtual void zero_grad() = 0;
   // Backend memory: [B*T, Vp] logits of the last forward_logits, and the [B*T] losses of the last forward
