@@ -24,9 +24,11 @@ namespace {
 
 constexpr int64_t kB = 4, kT = 32, kSteps = 50, kEarlySteps = 3;
 
-// GPT-2, or a Llama of the same width (grouped-query attention with 2 kv heads, rotary embedding, SwiGLU,
-// untied head).
-ModelConfig small_config(bool llama = false) {
+// GPT-2 (shape 0), a Llama of the same width (1: grouped-query attention with 2 kv heads, rotary embedding,
+// SwiGLU, untied head), or that Llama with a mixture of experts (2: 4 experts of 64, 2 per token, a shared
+// expert, the balance loss).
+ModelConfig small_config(int shape = 0) {
+  const bool llama = shape >= 1;
   ModelConfig c;
   c.vocab_size = 250;
   c.padded_vocab_size = 256;
@@ -39,6 +41,12 @@ ModelConfig small_config(bool llama = false) {
     c.kv_heads = 2;
     c.ffn_hidden = 176;
     c.rope_theta = 10000.0f;
+  }
+  if (shape == 2) {
+    c.ffn_hidden = 64;
+    c.experts = 4;
+    c.experts_per_token = 2;
+    c.shared_expert = true;
   }
   return c;
 }
@@ -70,8 +78,8 @@ struct TrainingRun {
 };
 
 TrainingRun train(Backend& backend, const PrecisionSettings& precision, int64_t grad_accum_steps = 1,
-                  float grad_clip = 1.0f, bool llama = false) {
-  const ModelConfig config = small_config(llama);
+                  float grad_clip = 1.0f, int shape = 0) {
+  const ModelConfig config = small_config(shape);
   const std::unique_ptr<Model> model_owner =
       make_model(config, backend, PrecisionPolicy(precision, config, kB * kT), kB, kT);
   Model& model = *model_owner;
@@ -125,7 +133,8 @@ struct ModeCase {
   double step_tolerance;
   // train.weight_gradients = "bf16" on both backends (the CPU rounds in place, the GPU stores bf16).
   bool bf16_weight_gradients = false;
-  bool llama = false;  // the Llama of small_config(true) instead of GPT-2
+  int shape = 0;  // small_config's: GPT-2, the Llama, or the mixture of experts
+  bool fp8_experts = false;
 };
 
 class GpuTraining : public ::testing::TestWithParam<ModeCase> {};
@@ -140,8 +149,9 @@ TEST_P(GpuTraining, FollowsTheCpuReference) {
   auto gpu = make_cuda_backend(options);
   PrecisionSettings p = precision(c.mode, c.recipe);
   p.bf16_weight_gradients = c.bf16_weight_gradients;
-  const TrainingRun reference = train(*cpu, p, 1, 1.0f, c.llama);
-  const TrainingRun device = train(*gpu, p, 1, 1.0f, c.llama);
+  p.experts = c.fp8_experts;
+  const TrainingRun reference = train(*cpu, p, 1, 1.0f, c.shape);
+  const TrainingRun device = train(*gpu, p, 1, 1.0f, c.shape);
 
   double worst = 0.0;
   for (int64_t s = 0; s < kSteps; ++s) {
@@ -159,9 +169,18 @@ TEST_P(GpuTraining, FollowsTheCpuReference) {
   EXPECT_LT(device.losses.back(), device.losses.front() * 0.8);
 
   if (c.mode == MixedPrecision::fp8) {
-    // Per step: 4 block linears x 2 layers x 3 GEMMs in FP8, the LM head's 3 in BF16.
-    EXPECT_EQ(device.fp8_gemms.back(), 24);
-    EXPECT_EQ(device.other_gemms.back(), 3);
+    // Per step: 4 block linears x 2 layers x 3 GEMMs in FP8, the LM head's 3 in BF16 (the mixture of
+    // experts: attention's 2 and the shared expert's 2, the router's and, unless converted, the experts'
+    // GEMMs in BF16).
+    if (c.shape < 2) {
+      EXPECT_EQ(device.fp8_gemms.back(), 24);
+      EXPECT_EQ(device.other_gemms.back(), 3);
+    } else {
+      // Every expert takes tokens at this size: 2 blocks x 4 experts x 2 layers x 3 GEMMs, in FP8 where
+      // converted; attention's and the shared expert's 24 in FP8; the routers' 6 and the head's 3 in BF16.
+      EXPECT_EQ(device.fp8_gemms.back(), c.fp8_experts ? 24 + 48 : 24);
+      EXPECT_EQ(device.fp8_gemms.back() + device.other_gemms.back(), 24 + 48 + 6 + 3);
+    }
     // Largest relative difference of the amax histories, per operand (activation, weight, gradient).
     const auto amax_differences = [&](const std::vector<Fp8LinearState>& expected,
                                       const std::vector<Fp8LinearState>& actual) {
@@ -231,7 +250,15 @@ INSTANTIATE_TEST_SUITE_P(
         ModeCase{"llama_fp8_bf16_attention", MixedPrecision::fp8, RecipeKind::delayed, false, true, 5e-2,
                  false, true},
         ModeCase{"llama_fp8_bf16_weight_gradients", MixedPrecision::fp8, RecipeKind::delayed, false, true,
-                 5e-2, true, true}),
+                 5e-2, true, true},
+        // The mixture of experts: the routing ops, the per-expert GEMMs, the balance loss.
+        ModeCase{"moe_fp32", MixedPrecision::fp32, RecipeKind::delayed, false, false, 2e-3, false, 2},
+        ModeCase{"moe_bf16", MixedPrecision::bf16, RecipeKind::delayed, false, false, 3e-2, false, 2},
+        ModeCase{"moe_fp16", MixedPrecision::fp16, RecipeKind::delayed, false, false, 3e-2, false, 2},
+        ModeCase{"moe_fp8_delayed", MixedPrecision::fp8, RecipeKind::delayed, false, false, 5e-2, false, 2},
+        ModeCase{"moe_fp8_current", MixedPrecision::fp8, RecipeKind::current, false, false, 5e-2, false, 2},
+        ModeCase{"moe_fp8_experts", MixedPrecision::fp8, RecipeKind::delayed, false, true, 5e-2, true, 2,
+                 true}),
     [](const ::testing::TestParamInfo<ModeCase>& mode) { return std::string(mode.param.name); });
 
 // The same run twice on the GPU gives the same bits: every kernel is deterministic at this size (cuDNN's
