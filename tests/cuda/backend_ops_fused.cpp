@@ -1,7 +1,8 @@
 // The producer-fused FP8 casts (src/backends/cuda/fused.h) and the ops' bf16 outputs against the unfused
 // ops they replace, all on the device: cuda::layernorm_forward / gelu_forward / gelu_backward / adamw_update,
-// then cast_amax with the same scale (and, for the GELU backward, bias_backward of its result); and the
-// gradient cast that sums the bias gradient (bias_backward_cast) against bias_backward then cast_amax. Codes
+// then cast_amax with the same scale (and, for the GELU backward, bias_backward of its result); the gradient
+// cast that sums the bias gradient (bias_backward_cast) against bias_backward then cast_amax; and the SwiGLU
+// backward's cast against swiglu_backward then cast_amax, or bias_backward_cast with the bias gradient. Codes
 // and transposed codes must be the same bytes; out, mean, rstd, dinp, params, m and v the same bits;
 // CastResults and scale_inv the same; the bias gradients, summed in another order, within the float32
 // tolerance of a float64 sum. Inputs are seeded, with planted values that saturate and underflow, over odd
@@ -1272,6 +1273,186 @@ TEST(FusedGeluCast, Bf16InputsGiveTheBitsOfTheirFloat32Values) {
       v.seed = ++seed;
       check_gelu_bf16(shape.rows, shape.cols, v);
       check_gelu_backward_bf16(shape.rows, shape.cols, v);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// SwiGLU's backward with the gradient cast of the layer that produced its input, over float32 and bf16
+// inputs, against swiglu_backward into float32 and then the cast of its result: bias_backward_cast where
+// there is a bias gradient (the element-wise kernels' tile sums, so the column partials and dbias must be
+// the same bits), else cast_amax.
+
+// Pre-activations [rows, 2C] and the incoming gradient [rows, C]. At gate 4 and up 1 both gradients are
+// about dout: planted huge and tiny douts saturate and underflow; a zero dout gives exact zeros.
+struct SwigluBackwardInputs {
+  std::vector<float> inp;
+  std::vector<float> dout;
+  std::vector<float> dbias;
+};
+
+SwigluBackwardInputs swiglu_backward_inputs(int64_t rows, int64_t C, const Variant& v) {
+  const auto pairs = static_cast<size_t>(rows * C);
+  const auto width = static_cast<size_t>(C);
+  SwigluBackwardInputs in{octet::testing::random_normal(2 * pairs, v.seed, 2.0f),
+                          octet::testing::random_normal(pairs, v.seed + 1, 0.1f),
+                          octet::testing::random_normal(2 * width, v.seed + 2, 1.0f)};
+  const auto plant = [&](size_t pair, float dout) {
+    const size_t gate = pair / width * 2 * width + pair % width;
+    in.inp[gate] = 4.0f;
+    in.inp[gate + width] = 1.0f;
+    in.dout[pair] = dout;
+  };
+  for (size_t p = 3; p < pairs; p += 29) plant(p, p % 2 == 0 ? kHuge : -kHuge);
+  for (size_t p = 5; p < pairs; p += 31) plant(p, kTiny);
+  for (size_t p = 7; p < pairs; p += 37) in.dout[p] = 0.0f;
+  if (v.plant_nan && pairs > 0) in.dout[pairs / 2] = std::numeric_limits<float>::quiet_NaN();
+  return in;
+}
+
+// The values as the op reads them: float32, or bf16 bits.
+template <typename In>
+std::vector<In> stored_as(const std::vector<float>& x) {
+  if constexpr (std::is_same_v<In, uint16_t>) {
+    return bf16_bits(x);
+  } else {
+    return x;
+  }
+}
+
+template <typename In>
+void check_swiglu_backward(int64_t rows, int64_t C, const Variant& v, bool bias) {
+  constexpr bool kBf16 = std::is_same_v<In, uint16_t>;
+  SCOPED_TRACE(
+      describe(kBf16 ? "swiglu backward over bf16, [rows, C]" : "swiglu backward, [rows, C]", rows, C, v) +
+      (bias ? " +dbias" : " dbias=null"));
+  const auto pairs = static_cast<size_t>(rows * C);
+  const size_t n = 2 * pairs;  // dinp [rows, 2C]
+  const auto cols = static_cast<size_t>(2 * C);
+  const auto partial_count = static_cast<size_t>(octet::cuda::column_partial_rows(rows)) * cols;
+  const SwigluBackwardInputs in = swiglu_backward_inputs(rows, C, v);
+  const std::vector<In> inp_values = stored_as<In>(in.inp), dout_values = stored_as<In>(in.dout);
+  const size_t input_offset = kBf16 ? v.float_offset / 2 : v.float_offset;
+  octet::cuda::Stream stream;
+  octet::cuda::Workspace workspace;
+  DeviceScale scale;
+  Guarded<In> inp(n, input_offset), dout(pairs, input_offset);
+  inp.upload(inp_values);
+  dout.upload(dout_values);
+
+  // The unfused ops.
+  Guarded<float> expected_dinp(n), expected_dbias(cols), expected_partials(partial_count);
+  CastSlots expected_cast(n, 0);
+  expected_dbias.upload(in.dbias);
+  octet::cuda::swiglu_backward(expected_dinp.data(), inp.data(), dout.data(), rows, C, stream.get());
+  if (bias) {
+    octet::cuda::bias_backward_cast(expected_dbias.data(), expected_dinp.data(), rows, 2 * C,
+                                    expected_cast.fused(v.format, scale.data(), v.transposed),
+                                    expected_partials.data(), workspace, stream.get());
+  } else {
+    expected_cast.cast_amax(expected_dinp.data(), rows, 2 * C, v.format, scale.data(), v.transposed,
+                            stream.get());
+  }
+  stream.synchronize();
+  const CastDownload expected = expected_cast.read(v.transposed);
+  const std::vector<float> expected_values = expected_dinp.read();
+  const std::vector<float> expected_bias = expected_dbias.read();
+  const ColumnSumReference sums = column_sum_reference(expected_values, in.dbias, rows, 2 * C);
+
+  Guarded<float> dinp(n, v.float_offset), dbias(cols), partials(partial_count);
+  CastSlots cast(n, v.code_offset);
+  CastDownload first;
+  SecondStream aside;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run == 0 ? "first run" : "second run (tile sums on a second stream)");
+    dbias.upload(in.dbias);
+    // NaN: a partial sum left unwritten shows in partials and in its column of dbias.
+    if (bias) partials.upload(std::vector<float>(partial_count, std::numeric_limits<float>::quiet_NaN()));
+    octet::cuda::swiglu_backward_cast(v.write_out ? dinp.data() : nullptr, inp.data(), dout.data(), rows, C,
+                                      cast.fused(v.format, scale.data(), v.transposed),
+                                      bias ? dbias.data() : nullptr, bias ? partials.data() : nullptr,
+                                      workspace, stream.get(),
+                                      bias ? aside.sums(run) : octet::cuda::PartialSums{});
+    aside.wait(stream.get());
+    stream.synchronize();
+    const CastDownload actual = cast.read(v.transposed);
+    expect_same_cast(actual, expected);
+    if (run == 1) expect_same_cast(actual, first);
+    first = actual;
+    if (v.write_out) {
+      EXPECT_TRUE(identical(dinp.read(), expected_values, "dinp"));
+      EXPECT_TRUE(dinp.guards_intact("dinp"));
+    } else {
+      EXPECT_TRUE(dinp.untouched("dinp (not passed)"));
+    }
+    EXPECT_TRUE(identical(inp.read(), inp_values, "inp (an input)"));
+    EXPECT_TRUE(identical(dout.read(), dout_values, "dout (an input)"));
+    EXPECT_TRUE(inp.guards_intact("inp") && dout.guards_intact("dout"));
+    const std::vector<float> bias_values = dbias.read();
+    EXPECT_TRUE(dbias.guards_intact("dbias"));
+    if (bias) {
+      EXPECT_TRUE(identical(partials.read(), expected_partials.read(), "column partials"));
+      EXPECT_TRUE(partials.guards_intact("column partials"));
+      EXPECT_TRUE(identical(bias_values, expected_bias, "dbias"));
+      EXPECT_TRUE(close_to_column_sums(bias_values, sums, rows)) << "dbias";
+      if (sums.sums != in.dbias) {
+        EXPECT_FALSE(identical(bias_values, in.dbias, "dbias")) << "dbias unchanged";
+      }
+    } else {
+      EXPECT_TRUE(identical(bias_values, in.dbias, "dbias (not passed)"));
+      EXPECT_TRUE(partials.untouched("column partials (no dbias)"));
+    }
+    if (n > 0) expect_edges_seen(actual.results, n, v);
+  }
+}
+
+template <typename Fn>
+void for_both_input_types(Fn&& fn) {
+  fn(float{});
+  fn(uint16_t{});
+}
+
+// Pair tiles of 32 rows x 128 columns: partial tiles in either dimension, C not a multiple of 4 (one by
+// one), rows not a multiple of 4 (the transposed codes byte by byte), a single pair column or row, and the
+// MLP width of Llama 3 1B (C = 8192).
+constexpr octet::testing::Shape2D kSwigluBackwardShapes[] = {{1, 1},    {7, 13},    {33, 48},    {64, 256},
+                                                             {37, 200}, {130, 384}, {128, 1536}, {32, 8192},
+                                                             {2333, 1}, {1, 3221},  {0, 5},      {5, 0}};
+
+TEST(FusedSwigluBackwardCast, MatchesUnfused) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2100;
+  for (const auto& shape : kSwigluBackwardShapes) {
+    for (Variant v : sweep_variants()) {
+      for (const bool bias : {true, false}) {
+        v.seed = ++seed;
+        for_both_input_types(
+            [&](auto in) { check_swiglu_backward<decltype(in)>(shape.rows, shape.cols, v, bias); });
+      }
+    }
+  }
+}
+
+TEST(FusedSwigluBackwardCast, UnalignedPointers) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2200;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 96}, {64, 768}, {7, 13}}) {
+    for (Variant v : unaligned_variants()) {
+      v.seed = ++seed;
+      for_both_input_types(
+          [&](auto in) { check_swiglu_backward<decltype(in)>(shape.rows, shape.cols, v, true); });
+    }
+  }
+}
+
+TEST(FusedSwigluBackwardCast, NanGradient) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2300;
+  for (const octet::testing::Shape2D shape : {octet::testing::Shape2D{33, 97}, {64, 768}}) {
+    for (Variant v : nan_variants()) {
+      v.seed = ++seed;
+      for_both_input_types(
+          [&](auto in) { check_swiglu_backward<decltype(in)>(shape.rows, shape.cols, v, true); });
     }
   }
 }

@@ -49,8 +49,12 @@ const float kSubnormalStep = std::ldexp(1.0f, -126);
 
 // --- RMSNorm ---
 
-const std::vector<std::pair<int64_t, int64_t>> kNormShapes = {{1, 1},    {13, 7},   {74, 24},
-                                                              {37, 768}, {3, 3221}, {256, 64}};
+// {1100, 2048}: Llama 3 1B's width, with more rows than the backward's blocks (a block adds several rows'
+// weight gradients); {5, 8192}: the widest rows the backward holds in registers; {3, 8195} and {2, 12288}:
+// the wider rows' kernel, one by one and by four.
+const std::vector<std::pair<int64_t, int64_t>> kNormShapes = {{1, 1},    {13, 7},   {74, 24},     {37, 768},
+                                                              {3, 3221}, {256, 64}, {1100, 2048}, {5, 8192},
+                                                              {3, 8195}, {2, 12288}};
 
 std::vector<float> rstd_of(const std::vector<float>& x, int64_t N, int64_t C) {
   std::vector<float> rstd;

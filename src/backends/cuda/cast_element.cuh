@@ -26,9 +26,9 @@ inline constexpr uint32_t kQuietNanBits = 0x7FC00000u;
 // already held; such a NaN was counted in nan_inputs, and flush_tally makes the amax NaN whenever that count
 // is not zero.
 // The counts are 32-bit (a 64-bit add is two instructions, on every element) and cannot wrap: a thread takes
-// at most 16 elements per grid stride (a float4 group, or its share of a tile), and the launchers keep every
-// block to kMaxBlockStrides strides (one more for a flat kernel's leftover elements), so a thread counts
-// fewer than 16 x (2^24 + 1) elements. The LayerNorm kernels do not stride: a lane counts at most two rows'
+// at most 32 elements per grid stride (a float4 group, or its share of a tile: 16, or 32 in the SwiGLU
+// backward's tiles of two halves), and the launchers keep every block to kMaxBlockStrides strides (one more
+// for a flat kernel's leftover elements), so a thread counts fewer than 32 x (2^24 + 1) elements. The LayerNorm kernels do not stride: a lane counts at most two rows'
 // share, 2 x (C / 32 + 4) elements, which would take rows of 2^36 floats (256 GiB) to reach 2^32.
 // flush_tally adds across threads in 64 bits.
 // A plain aggregate (no member initialisers) so that it may live in __shared__ memory.

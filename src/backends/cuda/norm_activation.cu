@@ -121,7 +121,7 @@ void CudaBackend::swiglu_backward_cast_as(float* dinp, const void* inp, const vo
   const int64_t width = 2 * C;  // dinp [N, 2C]: the consumer's output gradient
   const size_t n = static_cast<size_t>(N * width);
   const size_t element = type == Dtype::bf16 ? 2 : 4;
-  // The fused kernel reads each (gate, up) pair in two threads, so a dinp written over its inputs takes the
+  // fused.h keeps the fused kernel's dinp apart from its inputs, so a dinp written over them takes the
   // unfused kernel, which reads a pair before it writes the pair's gradients.
   const bool in_place = dinp != nullptr && (overlap(dinp, n * 4, inp, n * element) ||
                                             overlap(dinp, n * 4, dout, n / 2 * element));
