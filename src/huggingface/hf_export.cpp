@@ -117,6 +117,7 @@ ExportSummary export_checkpoint(const fs::path& checkpoint, const fs::path& out,
 
   const TokenizerExport tokenizer = find_tokenizer(config, checkpoint);
   if (!tokenizer.note.empty()) summary.notes.push_back(tokenizer.note);
+  const std::vector<TokenizerFile> tokenizer_files = tokenizer_output(tokenizer, config.model);
 
   // Everything is read and valid: write.
   const fs::path& temporary = staged.create();
@@ -126,7 +127,10 @@ ExportSummary export_checkpoint(const fs::path& checkpoint, const fs::path& out,
       temporary / "config.json",
       config_json(config.model, tokenizer.ids, format == ExportFormat::fp8 ? quantization_config() : ""));
   summary.files.push_back("config.json");
-  for (const std::string& file : write_tokenizer(tokenizer, config.model, temporary)) summary.files.push_back(file);
+  for (const TokenizerFile& file : tokenizer_files) {
+    io::write_file_atomically(temporary / file.name, file.contents);
+    summary.files.push_back(file.name);
+  }
   std::sort(summary.files.begin(), summary.files.end());
   staged.commit();
   return summary;

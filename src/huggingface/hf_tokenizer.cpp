@@ -3,9 +3,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llama3_tokenizer_json.h"
 #include "octet/check.h"
-#include "octet/io/atomic_file.h"
 #include "octet/io/input.h"
+#include "octet/io/llama3_tokenizer.h"
 #include "octet/train/checkpoint.h"
 
 namespace octet::hf {
@@ -19,8 +20,8 @@ constexpr int64_t kLlama3BeginOfText = 128000;
 constexpr int64_t kLlama3EndOfText = 128001;
 constexpr int64_t kMaxVocabularyBytes = int64_t{64} << 20;
 
-void copy_as(const fs::path& from, const fs::path& to) {
-  io::write_file_atomically(to, io::read_regular_file(from, "tokenizer file", kMaxVocabularyBytes));
+std::string read_tokenizer_file(const fs::path& path) {
+  return io::read_regular_file(path, "tokenizer file", kMaxVocabularyBytes);
 }
 
 }  // namespace
@@ -42,24 +43,26 @@ TokenizerExport find_tokenizer(const RunConfig& config, const fs::path& checkpoi
   return t;
 }
 
-std::vector<std::string> write_tokenizer(const TokenizerExport& t, const ModelConfig& model, const fs::path& dir) {
+std::vector<TokenizerFile> tokenizer_output(const TokenizerExport& t, const ModelConfig& model) {
   if (t.files.empty()) return {};
   if (t.kind == io::TokenizerKind::gpt2) {
     // encoder.json is transformers' vocab.json and vocab.bpe its merges.txt, byte for byte.
-    copy_as(t.files / "encoder.json", dir / "vocab.json");
-    copy_as(t.files / "vocab.bpe", dir / "merges.txt");
     const nlohmann::json config = {{"tokenizer_class", "GPT2Tokenizer"},
                                    {"model_max_length", model.max_seq_len},
                                    {"bos_token", "<|endoftext|>"},
                                    {"eos_token", "<|endoftext|>"},
                                    {"unk_token", "<|endoftext|>"},
                                    {"add_prefix_space", false}};
-    io::write_file_atomically(dir / "tokenizer_config.json", config.dump(2) + "\n");
-    return {"merges.txt", "tokenizer_config.json", "vocab.json"};
+    return {{"merges.txt", read_tokenizer_file(t.files / "vocab.bpe")},
+            {"tokenizer_config.json", config.dump(2) + "\n"},
+            {"vocab.json", read_tokenizer_file(t.files / "encoder.json")}};
   }
-  // Llama 3: the tiktoken ranks as they are (docs/huggingface.md says how to load them).
-  copy_as(t.files / "llama3.tiktoken", dir / "llama3.tiktoken");
-  return {"llama3.tiktoken"};
+  // Llama 3: the ranked tokens of llama3.tiktoken as the fast tokenizer transformers loads.
+  const std::vector<std::string> tokens =
+      io::read_tiktoken_vocabulary(t.files / io::kLlama3VocabularyFiles[0]);
+  return {{"special_tokens_map.json", llama3_special_tokens_map_json()},
+          {"tokenizer.json", llama3_tokenizer_json(tokens)},
+          {"tokenizer_config.json", llama3_tokenizer_config_json(model.max_seq_len)}};
 }
 
 }  // namespace octet::hf

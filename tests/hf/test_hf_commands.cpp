@@ -2,7 +2,9 @@
 // --init-from` through the built binary. Every refusal exits with 2, says what is wrong and where in one
 // line, and writes nothing; the exported files read in Python (when /usr/bin/python3 has torch) have the
 // names, shapes and dtypes of transformers' state dicts.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 
 #include <gtest/gtest.h>
@@ -196,6 +198,51 @@ TEST(HuggingFaceCommands, ExportRefusesWhatItCannotWrite) {
                  "need both dimensions to be multiples of the 128 x 128 block", dir.path());
   expect_refused({"export", (dir.path() / "nothing").string(), "--format", "hf", "--out", out}, "CHECKPOINT:",
                  dir.path());
+}
+
+// A run that used the Llama 3 tokenizer exports transformers' tokenizer files for it (tokenizer.json,
+// tokenizer_config.json, special_tokens_map.json) in place of llama3.tiktoken; a damaged llama3.tiktoken is
+// refused before anything is written. tests/io/test_llama3_tokenizer_json.cpp checks what the files encode.
+TEST(HuggingFaceCommands, ExportOfALlama3RunWritesItsTokenizerJson) {
+  ScratchDir dir;
+  RunConfig config = testing::tiny_llama_run(false, true);
+  config.model.vocab_size = 128256;
+  config.model.heads = 2;
+  config.model.channels = 16;
+  config.model.ffn_hidden = 32;
+  config.tokenizer = "llama3";
+  const fs::path checkpoint =
+      testing::save_random_checkpoint(parse_run_config(to_toml(config), "llama3"), dir.path() / "run", 3);
+  const std::string out = (dir.path() / "out").string();
+  io::write_file_atomically(checkpoint / "llama3.tiktoken", "IQ== 0\nIg==1\n");
+  expect_refused({"export", checkpoint.string(), "--format", "hf", "--out", out},
+                 (checkpoint / "llama3.tiktoken").string() + " line 2", dir.path());
+
+  const char* data_env = std::getenv("OCTET_DATA_DIR");
+  const fs::path vocabulary =
+      fs::path(data_env != nullptr && *data_env != '\0' ? data_env : OCTET_SOURCE_DIR "/.cache/data") /
+      "llama3";
+  if (!fs::is_regular_file(vocabulary / "llama3.tiktoken"))
+    GTEST_SKIP() << "Llama 3's vocabulary is not in " << vocabulary << " (run scripts/fetch_tokenizer.sh)";
+  fs::copy_file(vocabulary / "llama3.tiktoken", checkpoint / "llama3.tiktoken",
+                fs::copy_options::overwrite_existing);
+  const testing::ProcessResult r =
+      testing::run_octet({"export", checkpoint.string(), "--format", "hf", "--out", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(out))
+    files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"config.json", "model.safetensors", "special_tokens_map.json",
+                                             "tokenizer.json", "tokenizer_config.json"}));
+  const json tokenizer = json::parse(testing::read_text(fs::path(out) / "tokenizer.json"));
+  EXPECT_EQ(tokenizer.at("model").at("vocab").size(), 128000u);
+  EXPECT_EQ(tokenizer.at("model").at("merges").size(), 280147u);
+  EXPECT_EQ(tokenizer.at("added_tokens").size(), 256u);
+  const json tokenizer_config = json::parse(testing::read_text(fs::path(out) / "tokenizer_config.json"));
+  EXPECT_EQ(tokenizer_config.at("model_max_length"), config.model.max_seq_len);
+  EXPECT_EQ(config_of(out).at("bos_token_id"), 128000);
+  EXPECT_EQ(config_of(out).at("eos_token_id"), 128001);
 }
 
 TEST(HuggingFaceCommands, ImportThenTrainWithInitFromStartsFromTheImportedWeights) {

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io_test_util.h"
-#include "octet/io/corpus.h"
+#include "llama3_test_data.h"
 #include "octet/io/llama3_tokenizer.h"
 
 namespace octet::io {
@@ -25,8 +25,7 @@ using octet::testing::TempDir;
 using octet::testing::write_file;
 
 std::filesystem::path data_dir() {
-  const char* env = std::getenv("OCTET_DATA_DIR");
-  return env != nullptr && *env != '\0' ? std::filesystem::path(env) : OCTET_SOURCE_DIR "/.cache/data";
+  return octet::testing::tokenizer_data_dir();
 }
 
 std::filesystem::path vocabulary_dir() {
@@ -92,41 +91,10 @@ TEST(Llama3PreTokenize, SplitsAsLlama3sPattern) {
                     "b"}));
 }
 
-std::string base64(std::string_view bytes) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < bytes.size(); i += 3) {
-    uint32_t group = static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])) << 16;
-    if (i + 1 < bytes.size()) group |= static_cast<uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8;
-    if (i + 2 < bytes.size()) group |= static_cast<unsigned char>(bytes[i + 2]);
-    out.push_back(kAlphabet[(group >> 18) & 63]);
-    out.push_back(kAlphabet[(group >> 12) & 63]);
-    out.push_back(i + 1 < bytes.size() ? kAlphabet[(group >> 6) & 63] : '=');
-    out.push_back(i + 2 < bytes.size() ? kAlphabet[group & 63] : '=');
-  }
-  return out;
-}
-
-// A vocabulary of Llama 3's size written by hand: the 256 bytes, a few tokens that merges make, "xyz" (which
-// no merge reaches), and filler tokens that start with byte F8 (never in the test texts) up to 128,000.
-std::string tiny_vocabulary() {
-  std::vector<std::string> tokens;
-  for (int byte = 0; byte < 256; ++byte) tokens.emplace_back(1, static_cast<char>(byte));
-  for (const char* token : {"ll", "he", "hell", "hello", " w", "xyz"}) tokens.emplace_back(token);
-  while (tokens.size() < static_cast<size_t>(Llama3Tokenizer::kRankedTokens)) {
-    const size_t i = tokens.size();
-    tokens.push_back(
-        std::string{'\xF8', static_cast<char>(i >> 16), static_cast<char>(i >> 8), static_cast<char>(i)});
-  }
-  std::string text;
-  for (size_t rank = 0; rank < tokens.size(); ++rank)
-    text += base64(tokens[rank]) + " " + std::to_string(rank) + "\n";
-  return text;
-}
-
 TEST(Llama3Tokenizer, MergesByRankOnAHandMadeVocabulary) {
   TempDir dir;
-  write_file(dir / "llama3.tiktoken", tiny_vocabulary());
+  write_file(dir / "llama3.tiktoken",
+             octet::testing::tiktoken_file(octet::testing::hand_made_llama3_tokens()));
   const Llama3Tokenizer tokenizer(dir.path());
   EXPECT_EQ(tokenizer.vocab_size(), 128256);
   EXPECT_EQ(tokenizer.encode("hello"), (std::vector<int32_t>{259}));
@@ -262,39 +230,8 @@ std::optional<Reference> reference(const std::string& text, std::string& why) {
 TEST(Llama3Tokenizer, MatchesTheJavaScriptReferenceOnMixedText) {
   SKIP_WITHOUT_VOCABULARY();
   const Llama3Tokenizer tokenizer(vocabulary_dir());
-  // Left out: U+0085 and U+FEFF (JavaScript's \s differs from Unicode's White_Space in those two) and "'ſ"
-  // (JavaScript's pattern spells the contractions' case out in ASCII; tiktoken folds ſ to s).
-  const std::string text =
-      "Hello world! The quick brown fox jumps over the lazy dog.\n"
-      "It's, they're, we've, I'm, you'll, he'd; don't. DON'T IT'S We'Re THEY'LL she'D 'tis' ''quoted'' x's\n"
-      "Numbers: 0 7 42 1961 3.14159 -273.15 1,000,000 2^10=1024 #1 $5 50% 12th 0x1F 12345678901234567890\n"
-      "int main(int argc, char** argv) {\n    for (size_t i = 0; i < n; ++i) x[i] += y[i] * 2;\n"
-      "    return argc > 1 ? EXIT_FAILURE : 0;  // done\n}\n"
-      "def f(x):\n\tif x:\n\t\treturn {'a': [1, 2], \"b\": None}\n"
-      "Whitespace:  two  spaces,\tone\ttab,\t\ttwo tabs, trailing spaces   \n"
-      "\n\n\nthree blank lines, then a line of spaces\n      \nand CRLF\r\nend\r\n  \r\n\r\n x\n"
-      "Punctuation: ... !!! ??? --- (parens) [brackets] {braces} <angle> \"quotes\" `tick` @#%&*+=|\\/~^_\n"
-      "Caf\xC3\xA9 na\xC3\xAFve r\xC3\xA9sum\xC3\xA9 Stra\xC3\x9F"
-      "e \xC3\x85ngstr\xC3\xB6m fa\xC3\xA7"
-      "ade \xC3\x89L\xC3\x88VE\n"
-      "Greek: \xCE\x93\xCE\xB5\xCE\xB9\xCE\xAC \xCF\x83\xCE\xBF\xCF\x85 \xCF\x80=3.14\n"
-      "Cyrillic: \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82, \xD0\xBC\xD0\xB8\xD1\x80!\n"
-      "CJK: \xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C\xE3\x80\x82 "
-      "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xAE\xE3\x83\x86\xE3\x82\xAD\xE3\x82\xB9\xE3\x83\x88 "
-      "\xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4 \xE9\x95\x87\n"
-      "Emoji: \xF0\x9F\x99\x82 \xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9"
-      "\xE2\x80\x8D\xF0\x9F\x91\xA7 \xE2\x9D\xA4\xEF\xB8\x8F!! \xF0\x9F\xA6\x99Llama\n"
-      "Combining: e\xCC\x81 a\xCC\x88o\xCC\x88 n\xCC\x83 \xE0\xA4\xB9\xE0\xA4\xBF\xE0\xA4\xA8\xE0\xA5\x8D"
-      "\xE0\xA4\xA6\xE0\xA5\x80\n"
-      "Digits: \xD9\xA1\xD9\xA2\xD9\xA3\xD9\xA4 \xE2\x85\xA0\xE2\x85\xA1 \xC2\xBD \xE2\x91\xA0 "
-      "\xEF\xBC\x91\xEF\xBC\x92\n"
-      "Spaces: a\xC2\xA0"
-      "b c\xE2\x80\x83"
-      "d e\xE3\x80\x80"
-      "f g\xE2\x80\xA8h\n"
-      "<|begin_of_text|> <|eot_id|> Arabic: \xD9\x85\xD8\xB1\xD8\xAD\xD8\xA8\xD8\xA7 Hebrew: "
-      "\xD7\xA9\xD7\x9C\xD7\x95\xD7\x9D\n"
-      "   leading spaces and trailing ones \t \n  ";
+  // Special tokens' spellings are ordinary text to both.
+  const std::string text = octet::testing::llama3_mixed_text() + "<|begin_of_text|> <|eot_id|>\n";
   EXPECT_MATCHES_REFERENCE(tokenizer, text);
 }
 
@@ -312,79 +249,18 @@ TEST(Llama3Tokenizer, SpecialTokensAreTheReferences) {
   }
 }
 
-// Text drawn at random (a fixed linear congruential sequence) from fragments chosen to meet at awkward
-// boundaries: runs of mixed white space and line breaks, apostrophes next to letters of either case, digits
-// of several scripts, letters of several scripts, combining marks, emoji and punctuation.
 TEST(Llama3Tokenizer, MatchesTheJavaScriptReferenceOnRandomFragments) {
   SKIP_WITHOUT_VOCABULARY();
   const Llama3Tokenizer tokenizer(vocabulary_dir());
-  const std::vector<std::string> fragments = {" ",
-                                              " ",
-                                              "  ",
-                                              "\t",
-                                              "\n",
-                                              "\r\n",
-                                              "\r",
-                                              "'",
-                                              "'s",
-                                              "'T",
-                                              "'re",
-                                              "'VE",
-                                              "'m",
-                                              "'Ll",
-                                              "'d",
-                                              "'S",
-                                              "a",
-                                              "the",
-                                              "Z",
-                                              "ing",
-                                              "1",
-                                              "42",
-                                              "2024",
-                                              "7",
-                                              ".",
-                                              ",",
-                                              "!?",
-                                              "--",
-                                              "\"",
-                                              "(",
-                                              ")",
-                                              "$",
-                                              "%",
-                                              "_",
-                                              "caf\xC3\xA9",
-                                              "\xC3\x9F",
-                                              "\xCE\xB1\xCE\xB2",
-                                              "\xD0\xB4\xD0\xB0",
-                                              "\xE6\x97\xA5",
-                                              "\xE3\x81\x82",
-                                              "\xD9\xA3",
-                                              "\xC2\xBD",
-                                              "\xCC\x81",
-                                              "\xF0\x9F\x99\x82",
-                                              "\xE2\x80\x8D",
-                                              "\xC2\xA0",
-                                              "\xE3\x80\x80",
-                                              "\xE2\x80\xA8",
-                                              "\xEF\xBC\x91"};
-  std::string text;
-  uint64_t state = 20240801;
-  while (text.size() < 30'000) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    text += fragments[(state >> 33) % fragments.size()];
-  }
+  const std::string text = octet::testing::llama3_random_fragments(30'000);
   EXPECT_MATCHES_REFERENCE(tokenizer, text);
 }
 
 TEST(Llama3Tokenizer, MatchesTheJavaScriptReferenceOnTheBrownCorpus) {
   SKIP_WITHOUT_VOCABULARY();
-  const auto text_dir = data_dir() / "brown/text";
-  if (!std::filesystem::is_directory(text_dir)) GTEST_SKIP() << "the Brown corpus is not in " << text_dir;
-  const auto files = list_files(text_dir, ".txt");
+  const std::string text = octet::testing::brown_corpus_sample();
+  if (text.empty()) GTEST_SKIP() << "the Brown corpus is not in " << data_dir() / "brown/text";
   const Llama3Tokenizer tokenizer(vocabulary_dir());
-  // Documents from every genre, about 200 KB in all.
-  std::string text;
-  for (size_t i = 0; i < files.size() && text.size() < 200'000; i += 17) text += read_file_bytes(files[i]);
   EXPECT_MATCHES_REFERENCE(tokenizer, text);
 }
 
