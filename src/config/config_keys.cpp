@@ -1,0 +1,351 @@
+// The run configuration's single table of keys: name, type, valid values, the setting each reaches and its
+// description, in the order `octet config show` prints them and docs/config.md lists them.
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "config_key.h"
+
+namespace octet::config_detail {
+namespace {
+
+// Upper bounds of the shape keys, so that no size derived from them overflows (run_config.cpp's
+// check_consistency bounds their products). Token ids are int32 in batches and shards.
+constexpr int64_t kMaxTokenId = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxSequence = int64_t{1} << 20;
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
+constexpr int64_t kMaxHeads = int64_t{1} << 16;
+constexpr int64_t kMaxExperts = 256;
+constexpr int64_t kMaxChannels = int64_t{1} << 20;
+constexpr int64_t kMaxBatch = int64_t{1} << 20;
+
+}  // namespace
+
+// The single table of keys, in the order `octet config show` prints them.
+const std::vector<Key>& keys() {
+  static const std::vector<Key> table = [] {
+    const int64_t big = std::numeric_limits<int64_t>::max();
+    const double inf = std::numeric_limits<double>::infinity();
+    std::vector<Key> k;
+    // [model]
+    k.push_back(choice<ModelArchitecture>(
+        "model.arch", [](RunConfig& c) -> ModelArchitecture& { return c.model.arch; },
+        {{"gpt2", ModelArchitecture::gpt2}, {"llama", ModelArchitecture::llama}},
+        "Model architecture: GPT-2 (learned positions, LayerNorm, GELU MLP with biases, LM head tied to the "
+        "embedding) or Llama (rotary positions, RMSNorm, SwiGLU MLP, grouped-query attention, no biases, "
+        "untied head)."));
+    k.push_back(integer<int64_t>(
+        "model.vocab_size", [](RunConfig& c) -> int64_t& { return c.model.vocab_size; }, 2, kMaxTokenId,
+        "Tokens the model predicts (the loss covers exactly these)."));
+    k.push_back(integer<int64_t>(
+        "model.padded_vocab_size", [](RunConfig& c) -> int64_t& { return c.model.padded_vocab_size; }, 0,
+        kMaxTokenId, "Rows of the token embedding; 0 rounds vocab_size up to a multiple of 64."));
+    k.push_back(integer<int64_t>(
+        "model.max_seq_len", [](RunConfig& c) -> int64_t& { return c.model.max_seq_len; }, 1, kMaxSequence,
+        "Positions of the learned position embedding (the context length)."));
+    k.push_back(integer<int64_t>(
+        "model.layers", [](RunConfig& c) -> int64_t& { return c.model.layers; }, 1, kMaxLayers,
+        "Transformer blocks."));
+    k.push_back(integer<int64_t>(
+        "model.heads", [](RunConfig& c) -> int64_t& { return c.model.heads; }, 1, kMaxHeads,
+        "Attention heads."));
+    k.push_back(integer<int64_t>(
+        "model.channels", [](RunConfig& c) -> int64_t& { return c.model.channels; }, 1, kMaxChannels,
+        "Width of the residual stream; a multiple of heads."));
+    k.push_back(integer<int64_t>(
+        "model.kv_heads", [](RunConfig& c) -> int64_t& { return c.model.kv_heads; }, 0, kMaxHeads,
+        "Llama: key and value heads (grouped-query attention), dividing heads; 0 means as many as heads."));
+    k.push_back(integer<int64_t>(
+        "model.ffn_hidden", [](RunConfig& c) -> int64_t& { return c.model.ffn_hidden; }, 0, kMaxChannels,
+        "Llama: the SwiGLU MLP's hidden width; 0 means 8 x channels / 3 rounded up to a multiple of 256."));
+    k.push_back(number(
+        "model.rope_theta", [](RunConfig& c) -> float& { return c.model.rope_theta; }, 1.0, true, inf, false,
+        "Llama: the rotary embedding's base (Llama 3: 500000)."));
+    k.push_back(number(
+        "model.rope_scaling_factor", [](RunConfig& c) -> float& { return c.model.rope_scaling.factor; }, 0.0,
+        false, inf, false,
+        "Llama: Llama 3.1's scaling of the low rotary frequencies for long contexts (8 in Llama 3.1); 0 is "
+        "off."));
+    k.push_back(number(
+        "model.rope_low_freq_factor",
+        [](RunConfig& c) -> float& { return c.model.rope_scaling.low_freq_factor; }, 0.0, true, inf, false,
+        "Llama 3.1 rotary scaling: the low frequency factor."));
+    k.push_back(number(
+        "model.rope_high_freq_factor",
+        [](RunConfig& c) -> float& { return c.model.rope_scaling.high_freq_factor; }, 0.0, true, inf, false,
+        "Llama 3.1 rotary scaling: the high frequency factor."));
+    k.push_back(integer<int64_t>(
+        "model.rope_original_max_seq_len",
+        [](RunConfig& c) -> int64_t& { return c.model.rope_scaling.original_max_seq_len; }, 1, kMaxSequence,
+        "Llama 3.1 rotary scaling: the context the frequencies were trained for (8192)."));
+    k.push_back(boolean(
+        "model.tie_embeddings", [](RunConfig& c) -> bool& { return c.model.tie_embeddings; },
+        "Llama: the head reads the token embedding instead of its own weight (GPT-2's always does)."));
+    k.push_back(integer<int64_t>(
+        "model.experts", [](RunConfig& c) -> int64_t& { return c.model.experts; }, 0, kMaxExperts,
+        "Llama: experts in each block's mixture-of-experts MLP (Mixtral's); 0 is the dense MLP."));
+    k.push_back(integer<int64_t>(
+        "model.experts_per_token", [](RunConfig& c) -> int64_t& { return c.model.experts_per_token; }, 1,
+        kMaxExperts, "Mixture of experts: the experts the router chooses for each token (top-k)."));
+    k.push_back(boolean(
+        "model.shared_expert", [](RunConfig& c) -> bool& { return c.model.shared_expert; },
+        "Mixture of experts: one more SwiGLU MLP that every token runs, added to the chosen experts' sum."));
+    k.push_back(number(
+        "model.router_aux_loss_coef", [](RunConfig& c) -> float& { return c.model.router_aux_loss_coef; },
+        0.0, false, inf, false,
+        "Mixture of experts: the weight of each layer's load-balancing loss in the training loss."));
+    // [train]
+    k.push_back(choice<MixedPrecision>(
+        "train.mixed_precision", [](RunConfig& c) -> MixedPrecision& { return c.precision.mode; },
+        {{"fp32", MixedPrecision::fp32},
+         {"bf16", MixedPrecision::bf16},
+         {"fp16", MixedPrecision::fp16},
+         {"fp8", MixedPrecision::fp8}},
+        "Precision mode (docs/precision.md)."));
+    k.push_back(integer<int64_t>(
+        "train.batch_size", [](RunConfig& c) -> int64_t& { return c.train.batch_size; }, 1, kMaxBatch,
+        "Sequences per micro-batch (B)."));
+    k.push_back(integer<int64_t>(
+        "train.seq_len", [](RunConfig& c) -> int64_t& { return c.train.seq_len; }, 1, kMaxSequence,
+        "Tokens per sequence (T); at most model.max_seq_len."));
+    k.push_back(integer<int64_t>(
+        "train.grad_accum_steps", [](RunConfig& c) -> int64_t& { return c.train.grad_accum_steps; }, 1,
+        kMaxBatch, "Micro-batches per optimizer step."));
+    k.push_back(integer<int64_t>(
+        "train.steps", [](RunConfig& c) -> int64_t& { return c.steps; }, 1, big,
+        "Optimizer steps of the run."));
+    k.push_back(integer<uint64_t>(
+        "train.seed", [](RunConfig& c) -> uint64_t& { return c.seed; }, 0, big,
+        "Seed of the initial weights and the data order."));
+    k.push_back(choice<std::string>(
+        "train.device", [](RunConfig& c) -> std::string& { return c.device; },
+        {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}},
+        "Where to train; auto picks a GPU when the build has CUDA and one is present."));
+    k.push_back(choice<std::string>(
+        "train.attention", [](RunConfig& c) -> std::string& { return c.attention; },
+        {{"auto", "auto"}, {"cudnn", "cudnn"}, {"octet", "octet"}},
+        "Attention kernels on the GPU: cudnn (cuDNN's fused flash attention, loaded at run time), octet (its "
+        "own kernels), or auto (cuDNN where it loads and supports the shape; the log says which). cuDNN's "
+        "backward is not bit-reproducible at training sizes (a few dQ elements round differently from run to "
+        "run); \"octet\" is, at about 1.9x the attention time (docs/gpu.md)."));
+    k.push_back(choice<bool>(
+        "train.gemm_algorithms", [](RunConfig& c) -> bool& { return c.time_gemm_algorithms; },
+        {{"heuristic", false}, {"timed", true}},
+        "How the GPU picks each GEMM shape's cuBLASLt algorithm: heuristic (cuBLASLt's first answer, the "
+        "same on every run) or timed (the fastest of its first 8 answers, each timed on the shape's first "
+        "product in the run's first step; which one wins can differ from run to run, and with it the last "
+        "bits of results). No effect on the CPU (docs/gpu.md)."));
+    k.push_back(integer<int64_t>(
+        "train.max_consecutive_skips", [](RunConfig& c) -> int64_t& { return c.train.max_consecutive_skips; },
+        1, big, "Skipped (non-finite) steps in a row after which the run stops (exit code 3)."));
+    k.push_back(choice<bool>(
+        "train.weight_gradients", [](RunConfig& c) -> bool& { return c.precision.bf16_weight_gradients; },
+        {{"float32", false}, {"bf16", true}},
+        "How the block layers' weight gradients are kept: float32, or rounded to bf16 once by their BF16 or "
+        "FP8 weight-gradient GEMM, as PyTorch autocast's are (on the GPU also stored in bf16: half the "
+        "gradient memory and traffic; accumulation over micro-batches then adds in bf16). bf16 needs "
+        "train.mixed_precision bf16 or fp8 (docs/precision.md)."));
+    k.push_back(choice<ActivationCheckpointing>(
+        "train.activation_checkpointing",
+        [](RunConfig& c) -> ActivationCheckpointing& { return c.precision.activation_checkpointing; },
+        {{"none", ActivationCheckpointing::none},
+         {"selective", ActivationCheckpointing::selective},
+         {"full", ActivationCheckpointing::full}},
+        "What each block keeps for its backward: everything (none); all but the normalizations' and the MLP "
+        "activation's outputs, made again in the backward (selective); only its input, the block's forward "
+        "run again before its backward (full). Same losses and gradients, less memory (docs/precision.md)."));
+    // [fp8]
+    k.push_back(choice<RecipeKind>(
+        "fp8.recipe", [](RunConfig& c) -> RecipeKind& { return c.precision.recipe; },
+        {{"delayed", RecipeKind::delayed},
+         {"current", RecipeKind::current},
+         {"static", RecipeKind::static_scale},
+         {"block", RecipeKind::block},
+         {"mxfp8", RecipeKind::mxfp8}},
+        "Scaling recipe (docs/fp8.md)."));
+    k.push_back(choice<bool>(
+        "fp8.formats", [](RunConfig& c) -> bool& { return c.precision.all_e4m3; },
+        {{"hybrid", false}, {"e4m3", true}},
+        "hybrid: E4M3 activations and weights, E5M2 gradients; e4m3: E4M3 everywhere."));
+    k.push_back(integer<int>(
+        "fp8.amax_history", [](RunConfig& c) -> int& { return c.precision.amax_history; }, 1, 1024,
+        "Length of the delayed recipe's amax history."));
+    k.push_back(choice<AmaxAlgorithm>(
+        "fp8.amax_algorithm", [](RunConfig& c) -> AmaxAlgorithm& { return c.precision.amax_algorithm; },
+        {{"max", AmaxAlgorithm::max}, {"most_recent", AmaxAlgorithm::most_recent}},
+        "How the delayed recipe reads its history."));
+    k.push_back(integer<int>(
+        "fp8.margin", [](RunConfig& c) -> int& { return c.precision.margin; }, 0, 16,
+        "Headroom: scales are divided by 2^margin."));
+    k.push_back(number(
+        "fp8.static_scale", [](RunConfig& c) -> float& { return c.precision.static_scale; }, 0, true, 3.4e38,
+        false, "The scale of the static recipe."));
+    k.push_back(boolean(
+        "fp8.power_of_two_scales", [](RunConfig& c) -> bool& { return c.precision.power_of_two_scales; },
+        "Block recipe: round scales down to powers of two."));
+    k.push_back(strings(
+        "fp8.include", [](RunConfig& c) -> std::vector<std::string>& { return c.precision.include; },
+        "When not empty, only block layers matching one of these convert."));
+    k.push_back(strings(
+        "fp8.exclude", [](RunConfig& c) -> std::vector<std::string>& { return c.precision.exclude; },
+        "Layers matching one of these stay in BF16."));
+    k.push_back(boolean(
+        "fp8.lm_head", [](RunConfig& c) -> bool& { return c.precision.lm_head; },
+        "Convert the LM head too."));
+    k.push_back(boolean(
+        "fp8.experts", [](RunConfig& c) -> bool& { return c.precision.experts; },
+        "Convert the mixture-of-experts layers' experts too, each with its own scaling state."));
+    k.push_back(boolean(
+        "fp8.first_last_blocks_bf16",
+        [](RunConfig& c) -> bool& { return c.precision.first_last_blocks_bf16; },
+        "Keep the first and the last block in BF16."));
+    k.push_back(boolean(
+        "fp8.recompute_mlp", [](RunConfig& c) -> bool& { return c.precision.recompute_mlp; },
+        "Keep the FP8 input codes of each FP8 mlp.c_fc instead of its output (GELU's input) and run its "
+        "forward GEMM again in the backward: less memory, one more FP8 GEMM per block."));
+    k.push_back(boolean(
+        "fp8.recompute_qkv", [](RunConfig& c) -> bool& { return c.precision.recompute_qkv; },
+        "Keep the FP8 input codes of each FP8 attn.c_attn instead of q, k and v and run its forward GEMM "
+        "again in the backward: less memory, one more FP8 GEMM per block."));
+    k.push_back(boolean(
+        "fp8.recompute_residual", [](RunConfig& c) -> bool& { return c.precision.recompute_residual; },
+        "Keep the FP8 input codes of each FP8 attn.c_proj instead of the residual stream it writes (ln_2's "
+        "input) and run its forward GEMM and residual add again in the backward: less memory, one more FP8 "
+        "GEMM per block."));
+    k.push_back(boolean(
+        "fp8.recompute_weight_transposes",
+        [](RunConfig& c) -> bool& { return c.precision.recompute_weight_transposes; },
+        "Keep only the FP8 codes of each weight, not those of its transpose too, and transpose them before "
+        "each input-gradient GEMM: one byte a weight less (GPU), one transpose per layer and backward."));
+    k.push_back(boolean(
+        "fp8.forward", [](RunConfig& c) -> bool& { return c.precision.fp8_forward; },
+        "Run converted layers' forward GEMMs in FP8."));
+    k.push_back(boolean(
+        "fp8.input_gradient", [](RunConfig& c) -> bool& { return c.precision.fp8_input_gradient; },
+        "Run converted layers' input-gradient GEMMs in FP8."));
+    k.push_back(boolean(
+        "fp8.weight_gradient", [](RunConfig& c) -> bool& { return c.precision.fp8_weight_gradient; },
+        "Run converted layers' weight-gradient GEMMs in FP8 (needs the forward in FP8)."));
+    k.push_back(boolean(
+        "fp8.fast_accumulation_forward",
+        [](RunConfig& c) -> bool& { return c.precision.fast_accumulation_forward; },
+        "Forward FP8 GEMMs keep the sum in the tensor cores' narrow accumulator (GPU; faster, less exact)."));
+    k.push_back(boolean(
+        "fp8.fast_accumulation_backward",
+        [](RunConfig& c) -> bool& { return c.precision.fast_accumulation_backward; },
+        "The same for the input- and weight-gradient FP8 GEMMs (GPU); off promotes partial sums to "
+        "float32."));
+    k.push_back(boolean(
+        "fp8.strict", [](RunConfig& c) -> bool& { return c.fp8_strict; },
+        "Refuse to start instead of running FP8 GEMMs in BF16 where the device has no FP8 tensor cores."));
+    k.push_back(choice<AlertAction>(
+        "fp8.on_alert", [](RunConfig& c) -> AlertAction& { return c.telemetry.on_alert; },
+        {{"warn", AlertAction::warn}, {"bf16_layer", AlertAction::bf16_layer}, {"stop", AlertAction::stop}},
+        "What an FP8 alert does besides one warning line and an event row: nothing (warn), run the layer's "
+        "GEMMs in BF16 from the next step (bf16_layer), or save a checkpoint and stop with exit code 3 "
+        "(docs/telemetry.md)."));
+    k.push_back(number(
+        "fp8.alert_saturation", [](RunConfig& c) -> float& { return c.telemetry.alert_saturation; }, 0, false,
+        1, false,
+        "Alert when more than this fraction of an FP8 tensor's values saturate in a telemetry interval; 1: "
+        "never."));
+    k.push_back(number(
+        "fp8.alert_underflow", [](RunConfig& c) -> float& { return c.telemetry.alert_underflow; }, 0, false,
+        1, false,
+        "Alert when more than this fraction of an FP8 tensor's non-zero values underflow to zero in a "
+        "telemetry interval; 1: never."));
+    k.push_back(number(
+        "fp8.alert_scale_jump", [](RunConfig& c) -> float& { return c.telemetry.alert_scale_jump; }, 0, false,
+        inf, false,
+        "Alert when an FP8 activation's or weight's magnitude moves lastingly by more than this factor "
+        "between telemetry records (delayed scaling: the median amax of the casts since the previous "
+        "record); gradients never raise it; 0: never, otherwise more than 1."));
+    // [optimizer]
+    k.push_back(number(
+        "optimizer.learning_rate", [](RunConfig& c) -> float& { return c.train.schedule.max_learning_rate; },
+        0, true, inf, false, "Peak learning rate."));
+    k.push_back(number(
+        "optimizer.beta1", [](RunConfig& c) -> float& { return c.train.adamw.beta1; }, 0, false, 1, true,
+        "AdamW beta1."));
+    k.push_back(number(
+        "optimizer.beta2", [](RunConfig& c) -> float& { return c.train.adamw.beta2; }, 0, false, 1, true,
+        "AdamW beta2."));
+    k.push_back(number(
+        "optimizer.eps", [](RunConfig& c) -> float& { return c.train.adamw.eps; }, 0, true, inf, false,
+        "AdamW epsilon."));
+    k.push_back(number(
+        "optimizer.weight_decay", [](RunConfig& c) -> float& { return c.train.adamw.weight_decay; }, 0, false,
+        inf, false, "Decoupled weight decay, applied to matrices only."));
+    k.push_back(number(
+        "optimizer.grad_clip", [](RunConfig& c) -> float& { return c.train.grad_clip; }, 0, false, inf, false,
+        "Largest global gradient norm; 0 turns clipping off."));
+    // [scheduler]
+    k.push_back(integer<int64_t>(
+        "scheduler.warmup_steps", [](RunConfig& c) -> int64_t& { return c.train.schedule.warmup_steps; }, 0,
+        big, "Steps of linear warm-up; at most train.steps."));
+    k.push_back(number(
+        "scheduler.final_fraction", [](RunConfig& c) -> float& { return c.train.schedule.final_fraction; }, 0,
+        false, 1, false, "The cosine decay's floor, as a fraction of the peak learning rate."));
+    // [loss_scale] (fp16 mode)
+    k.push_back(number(
+        "loss_scale.initial_scale", [](RunConfig& c) -> float& { return c.train.loss_scale.initial_scale; },
+        0, true, 3.4e38, false, "fp16: the first loss scale."));
+    k.push_back(integer<int64_t>(
+        "loss_scale.growth_interval",
+        [](RunConfig& c) -> int64_t& { return c.train.loss_scale.growth_interval; }, 1, big,
+        "fp16: clean steps in a row before the scale grows."));
+    k.push_back(number(
+        "loss_scale.backoff_factor", [](RunConfig& c) -> float& { return c.train.loss_scale.backoff_factor; },
+        0, true, 1, true, "fp16: factor applied to the scale on overflow."));
+    k.push_back(number(
+        "loss_scale.growth_factor", [](RunConfig& c) -> float& { return c.train.loss_scale.growth_factor; },
+        1, true, inf, false, "fp16: factor applied after growth_interval clean steps."));
+    // [data]
+    k.push_back(text(
+        "data.dir", [](const RunConfig& c) { return c.data_dir.string(); },
+        [](RunConfig& c, std::string v) { c.data_dir = std::move(v); },
+        "Directory of the token shards (train_*.bin, val_*.bin), as `octet data prepare` writes them."));
+    k.push_back(choice<std::string>(
+        "data.tokenizer", [](RunConfig& c) -> std::string& { return c.tokenizer; },
+        {{"bytes", "bytes"}, {"gpt2", "gpt2"}, {"llama3", "llama3"}},
+        "The tokenizer the shards were made with."));
+    k.push_back(integer<int64_t>(
+        "data.eval_every", [](RunConfig& c) -> int64_t& { return c.eval_every; }, 0, big,
+        "Steps between validation losses; 0: at the end only."));
+    k.push_back(integer<int64_t>(
+        "data.eval_batches", [](RunConfig& c) -> int64_t& { return c.eval_batches; }, 1, kMaxBatch,
+        "Batches of the validation split per validation loss."));
+    // [checkpoint]
+    k.push_back(integer<int64_t>(
+        "checkpoint.every", [](RunConfig& c) -> int64_t& { return c.checkpoint_every; }, 0, big,
+        "Steps between checkpoints; 0: at the end and on interruption only."));
+    k.push_back(integer<int64_t>(
+        "checkpoint.keep_last", [](RunConfig& c) -> int64_t& { return c.keep_last; }, 1, big,
+        "Checkpoints kept; older ones are deleted after a successful save."));
+    // [logging]
+    k.push_back(text(
+        "logging.run_dir", [](const RunConfig& c) { return c.run_dir.string(); },
+        [](RunConfig& c, std::string v) { c.run_dir = std::move(v); },
+        "Where the run writes its metrics, precision map, resolved config and checkpoints."));
+    k.push_back(integer<int64_t>(
+        "logging.log_every", [](RunConfig& c) -> int64_t& { return c.log_every; }, 1, big,
+        "Steps between progress lines when the output is not a terminal."));
+    // [telemetry]
+    k.push_back(boolean(
+        "telemetry.enabled", [](RunConfig& c) -> bool& { return c.telemetry.enabled; },
+        "Record per-step metrics and FP8 tensor statistics in RUN_DIR/telemetry.sqlite and raise FP8 alerts "
+        "(docs/telemetry.md)."));
+    k.push_back(integer<int64_t>(
+        "telemetry.interval", [](RunConfig& c) -> int64_t& { return c.telemetry.interval; }, 1, big,
+        "Steps between records of every FP8 tensor's amax, scale, saturation and underflow (and alert "
+        "checks)."));
+    k.push_back(boolean(
+        "telemetry.sqnr", [](RunConfig& c) -> bool& { return c.telemetry.sqnr; },
+        "Also measure each FP8 cast's signal-to-quantization-noise ratio (a dequantizing pass per cast)."));
+    return k;
+  }();
+  return table;
+}
+
+}  // namespace octet::config_detail
