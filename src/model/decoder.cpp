@@ -48,12 +48,12 @@ Decoder::Linear& Decoder::linear(std::string_view name) {
 Decoder::BlockNames Decoder::block_names(int64_t l) const {
   if (config_.arch == ModelArchitecture::gpt2) {
     const std::string h = fmt::format("h.{}.", l);
-    return {h + "attn.c_attn", h + "attn.c_proj", h + "mlp.c_fc", h + "mlp.c_proj", h + "ln_1", h + "ln_2"};
+    return {h + "attn.c_attn", h + "attn.c_proj", h + "mlp.c_fc", h + "mlp.c_proj", h + "ln_1", h + "ln_2", {}, {}};
   }
   const std::string h = fmt::format("layers.{}.", l);
   if (!config_.moe()) {
     return {h + "self_attn.qkv_proj", h + "self_attn.o_proj",        h + "mlp.gate_up_proj",
-            h + "mlp.down_proj",      h + "input_layernorm", h + "post_attention_layernorm"};
+            h + "mlp.down_proj",      h + "input_layernorm", h + "post_attention_layernorm", {}, {}};
   }
   const std::string shared = config_.shared_expert ? h + "mlp.shared_expert." : std::string();
   return {h + "self_attn.qkv_proj",

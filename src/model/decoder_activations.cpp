@@ -105,14 +105,14 @@ void Decoder::plan_activations() {
     if (inputs && k.fch_gelu) p.take(x.fch_gelu, k.fch_gelu_type, N * H);
   };
   // A mixture-of-experts block's routing and experts' tensors (decoder_internal.h).
-  const int64_t E = config_.experts, k = config_.experts_per_token;
-  const int64_t M = config_.moe() ? grouped_rows(N, k, E, kExpertRowAlign) : 0;
+  const int64_t E = config_.experts, top_k = config_.experts_per_token;
+  const int64_t M = config_.moe() ? grouped_rows(N, top_k, E, kExpertRowAlign) : 0;
   auto take_moe = [&](Planner& p, Activations::Moe& m) {
     p.take(m.probs, N * E);
-    p.take(reinterpret_cast<void*&>(m.experts), Dtype::f32, N * k);
-    p.take(m.weights, N * k);
+    p.take(reinterpret_cast<void*&>(m.experts), Dtype::f32, N * top_k);
+    p.take(m.weights, N * top_k);
     p.take(reinterpret_cast<void*&>(m.slots), Dtype::f32, M);
-    p.take(reinterpret_cast<void*&>(m.positions), Dtype::f32, N * k);
+    p.take(reinterpret_cast<void*&>(m.positions), Dtype::f32, N * top_k);
     p.take(reinterpret_cast<void*&>(m.offsets), Dtype::f32, E + 1);
     p.take(m.dispatched, M * C);
     p.take(m.fch, hidden_type_, M * 2 * H);

@@ -193,8 +193,8 @@ void TelemetryRecorder::record_tensors(int64_t step) {
         row.underflow_fraction = static_cast<double>(d.underflowed) / static_cast<double>(d.nonzero);
       if (settings_.sqnr && d.signal_energy > 0.0 && d.noise_energy > 0.0)
         row.sqnr_db = 10.0 * std::log10(d.signal_energy / d.noise_energy);
-      TensorReading reading{step,     plan.name, o.name, row.saturated_fraction, row.underflow_fraction,
-                            row.scale};
+      TensorReading reading{step,      plan.name, o.name, row.saturated_fraction, row.underflow_fraction,
+                            row.scale, {}};
       if (!o.scaling.amax_history.empty()) {
         // The history holds the newest amax first; the reading wants those of the casts since the previous
         // reading, oldest first.
