@@ -213,6 +213,17 @@ Check exact(std::string target, std::string why) {
   return c;
 }
 
+Check exact_ints(std::string target, std::string why) {
+  Check c = exact(std::move(target), std::move(why));
+  c.integers = true;
+  return c;
+}
+
+Check nan_free(Check check) {
+  check.finite = true;
+  return check;
+}
+
 Check close(std::string target, int64_t reduction_length, std::vector<float> magnitude, std::string why,
             Dtype dtype) {
   Check c;
@@ -224,8 +235,55 @@ Check close(std::string target, int64_t reduction_length, std::vector<float> mag
   return c;
 }
 
+namespace {
+
+::testing::AssertionResult ints_equal_with_report(const std::string& label, std::span<const float> actual,
+                                                  std::span<const float> expected) {
+  ::testing::AssertionResult result = ::testing::AssertionSuccess();
+  if (actual.size() != expected.size()) {
+    result = ::testing::AssertionFailure()
+             << "sizes differ: actual " << actual.size() << ", expected " << expected.size();
+  } else {
+    std::ostringstream report;
+    int64_t failures = 0;
+    for (size_t i = 0; i < actual.size(); ++i) {
+      const auto a = std::bit_cast<int32_t>(actual[i]), e = std::bit_cast<int32_t>(expected[i]);
+      if (a == e) continue;
+      if (failures < 8) report << "\n  [" << i << "] actual " << a << ", expected " << e;
+      ++failures;
+    }
+    if (failures > 0) {
+      result = ::testing::AssertionFailure()
+               << failures << " of " << actual.size() << " integers differ:" << report.str();
+    }
+  }
+  std::printf("  %-64s %s (%zu integers)\n", label.c_str(), result ? "identical" : "NOT identical",
+              expected.size());
+  if (!result) result << "\n  in " << label;
+  return result;
+}
+
+::testing::AssertionResult finite_everywhere(const std::string& label, std::span<const float> actual,
+                                             std::span<const float> expected) {
+  const auto non_finite = [](std::span<const float> v) {
+    return std::count_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+  };
+  const auto in_actual = non_finite(actual), in_expected = non_finite(expected);
+  if (in_actual == 0 && in_expected == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << label << ": " << in_actual << " non-finite values in the tested output, " << in_expected
+         << " in the reference's, where none may be";
+}
+
+}  // namespace
+
 ::testing::AssertionResult check_output(const std::string& label, const Check& check,
                                         std::span<const float> actual, std::span<const float> expected) {
+  if (check.finite) {
+    ::testing::AssertionResult finite = finite_everywhere(label, actual, expected);
+    if (!finite) return finite << "\ntolerance: " << check.why;
+  }
+  if (check.integers) return ints_equal_with_report(label, actual, expected) << "\ntolerance: " << check.why;
   if (check.exact) return exact_with_report(label, actual, expected) << "\ntolerance: " << check.why;
   CompareOptions options = check.options;
   options.magnitude = check.magnitude;

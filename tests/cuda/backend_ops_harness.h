@@ -97,19 +97,26 @@ struct Operand {
 Operand input(std::string name, std::span<const float> values);
 Operand input_ints(std::string name, std::span<const int32_t> values);
 Operand in_out(std::string name, std::span<const float> values);
+// count float32 or int32 values, all quiet NaN (as int32, 0x7FC00000: no index an op writes).
 Operand output(std::string name, size_t count);
 
 // How one output (or the op's scalar result) is held to the reference.
 struct Check {
-  std::string target;  // operand name, or "result" for the op's scalar results
-  bool exact = false;  // bit for bit (NaNs agree whatever their payload)
+  std::string target;     // operand name, or "result" for the op's scalar results
+  bool exact = false;     // bit for bit (NaNs agree whatever their payload)
+  bool integers = false;  // int32 values, equal one for one (read as floats, two negative integers would
+                          // both be NaN and agree)
+  bool finite = false;    // and no NaN or Inf on either side (the comparisons let a NaN agree with a NaN)
   CompareOptions options;
   std::vector<float> magnitude;  // per element, for options.magnitude; empty: |expected|
   std::string why;               // the tolerance's rationale, one line
 };
 Check exact(std::string target, std::string why);
+Check exact_ints(std::string target, std::string why);
 Check close(std::string target, int64_t reduction_length, std::vector<float> magnitude, std::string why,
             Dtype dtype = Dtype::f32);
+// The same check, that also requires every value of both outputs to be finite.
+Check nan_free(Check check);
 
 // One op on one shape: its operands, how to run it given pointers into one backend's buffers (in operand
 // order), and its checks. `run` returns the op's scalar results (sum_of_squares, all_finite), if any.

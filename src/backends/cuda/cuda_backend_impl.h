@@ -2,7 +2,7 @@
 // copy (which owns the layer's device scaling state, device_scaling.h) and the forward's saved FP8 input.
 // The class's methods are defined by responsibility: cuda_backend.cu (construction, memory, op timing, the
 // tensor entries), device_scaling.cu, operand_casts.cu, norm_activation.cu, linear.cu, weight_update.cu,
-// attention_dispatch.cu.
+// attention_dispatch.cu, fusions.cu, routing.cu (mixture-of-experts routing).
 // Internal to the CUDA backend: include only from its .cu files.
 #pragma once
 

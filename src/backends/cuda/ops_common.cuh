@@ -97,6 +97,20 @@ __device__ inline double block_sum(double v) {
   return v;
 }
 
+// The float32 sum and the maximum over a warp, by butterfly: every lane ends with the same bits (each step
+// combines the same two values on both lanes, in an order fixed by the lane numbers alone). Every lane of
+// the warp must call them. fmaxf passes over a NaN lane.
+__device__ __forceinline__ float warp_float_sum(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v = __fadd_rn(v, __shfl_xor_sync(elementwise::kFullMask, v, offset));
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v = fmaxf(v, __shfl_xor_sync(elementwise::kFullMask, v, offset));
+  return v;
+}
+
 __device__ __forceinline__ uint16_t bf16_bits(float x) {
   // round_to_bf16 leaves the BF16 code in the upper half (its NaN is the canonical 0x7FFF).
   return static_cast<uint16_t>(__float_as_uint(round_to_bf16(x)) >> 16);
