@@ -1,6 +1,7 @@
 // Reading and writing Hugging Face's config.json and shard index (see hf_config.h).
 #include "octet/huggingface/hf_config.h"
 
+#include <charconv>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -86,6 +87,15 @@ std::optional<int64_t> token_field(const json& j, const char* key, std::string_v
   return first.get<int64_t>();
 }
 
+// The double of the shortest decimal that reads back as `x` (0.02, not 0.019999999552965164), so that
+// config.json shows the number a person wrote.
+double shortest_double(float x) {
+  const std::string text = fmt::format("{}", x);
+  double value = static_cast<double>(x);
+  std::from_chars(text.data(), text.data() + text.size(), value);
+  return value;
+}
+
 void require_epsilon(double eps, const char* key, std::string_view origin, std::string_view norm) {
   OCTET_REQUIRE(std::fabs(eps - kNormEpsilon) <= 1e-12, "{}: \"{}\" is {}; octet's {} uses 1e-5 and cannot load it",
                 origin, key, eps, norm);
@@ -136,22 +146,36 @@ void read_rope_scaling(const json& scaling, std::string_view origin, ModelConfig
   OCTET_REQUIRE(c.rope_scaling.factor > 0.0f, "{}: the llama3 rope scaling \"factor\" must be positive", origin);
 }
 
-ModelConfig llama_config(const json& j, std::string_view origin) {
+// What transformers assumes for the fields a config.json may leave out, where Llama and Mixtral differ.
+struct LlamaFamilyDefaults {
+  std::optional<int64_t> kv_heads;  // nullopt: as many as the attention heads
+  double rope_theta = 10000.0;
+  std::optional<double> rms_norm_eps;  // nullopt: absent is refused (LlamaConfig's 1e-6 is not octet's)
+};
+
+// The fields Llama and Mixtral share: the attention, the norms, the rotary embedding and the SwiGLU width
+// (Mixtral's intermediate_size is each expert's).
+ModelConfig llama_family_config(const json& j, std::string_view origin, const LlamaFamilyDefaults& defaults) {
   ModelConfig c;
   c.arch = ModelArchitecture::llama;
   c.layers = size_field(j, "num_hidden_layers", origin);
   c.heads = size_field(j, "num_attention_heads", origin);
-  c.kv_heads = has(j, "num_key_value_heads") ? size_field(j, "num_key_value_heads", origin) : c.heads;
+  if (has(j, "num_key_value_heads")) {
+    c.kv_heads = size_field(j, "num_key_value_heads", origin);
+  } else {
+    // Both configurations turn an explicit null into as many as the heads; an absent field takes the default.
+    c.kv_heads = j.contains("num_key_value_heads") ? c.heads : defaults.kv_heads.value_or(c.heads);
+  }
   c.channels = size_field(j, "hidden_size", origin);
   c.ffn_hidden = size_field(j, "intermediate_size", origin);
   c.vocab_size = size_field(j, "vocab_size", origin, 2);
   c.max_seq_len = size_field(j, "max_position_embeddings", origin);
   c.tie_embeddings = bool_field(j, "tie_word_embeddings", origin, false);
-  // Hugging Face's LlamaConfig defaults rms_norm_eps to 1e-6: an absent one is not octet's.
-  OCTET_REQUIRE(has(j, "rms_norm_eps"),
+  OCTET_REQUIRE(has(j, "rms_norm_eps") || defaults.rms_norm_eps.has_value(),
                 "{}: \"rms_norm_eps\" is missing (Hugging Face then uses 1e-6); octet's RMSNorm uses 1e-5",
                 origin);
-  require_epsilon(number_field(j, "rms_norm_eps", origin, 0.0), "rms_norm_eps", origin, "RMSNorm");
+  require_epsilon(number_field(j, "rms_norm_eps", origin, defaults.rms_norm_eps.value_or(0.0)),
+                  "rms_norm_eps", origin, "RMSNorm");
   const std::string activation = string_field(j, "hidden_act", origin, "silu");
   OCTET_REQUIRE(activation == "silu", "{}: \"hidden_act\" is \"{}\"; octet's Llama MLP uses silu (SwiGLU)",
                 origin, io::printable(activation));
@@ -172,7 +196,7 @@ ModelConfig llama_config(const json& j, std::string_view origin) {
   const json& parameters = has(j, "rope_parameters") ? j.at("rope_parameters") : none;
   OCTET_REQUIRE(parameters.is_null() || parameters.is_object(), "{}: \"rope_parameters\" must be an object",
                 origin);
-  c.rope_theta = static_cast<float>(number_field(j, "rope_theta", origin, 10000.0));
+  c.rope_theta = static_cast<float>(number_field(j, "rope_theta", origin, defaults.rope_theta));
   if (parameters.is_object()) {
     c.rope_theta = static_cast<float>(number_field(parameters, "rope_theta", origin, c.rope_theta));
     read_rope_scaling(parameters, origin, c);
@@ -184,34 +208,97 @@ ModelConfig llama_config(const json& j, std::string_view origin) {
   return c;
 }
 
-}  // namespace
-
-std::string_view architecture_class(ModelArchitecture architecture) {
-  return architecture == ModelArchitecture::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel";
+ModelConfig llama_config(const json& j, std::string_view origin) {
+  return llama_family_config(j, origin, LlamaFamilyDefaults{});
 }
 
-std::string_view model_type(ModelArchitecture architecture) {
-  return architecture == ModelArchitecture::llama ? "llama" : "gpt2";
+// MixtralConfig's defaults (transformers 4 and 5 alike): 8 key/value heads, rope_theta 1e6, rms_norm_eps
+// 1e-5, router_aux_loss_coef 0.001. The experts' counts are shape fields and required.
+ModelConfig mixtral_config(const json& j, std::string_view origin) {
+  ModelConfig c = llama_family_config(j, origin, LlamaFamilyDefaults{8, 1e6, kNormEpsilon});
+  c.experts = size_field(j, "num_local_experts", origin);
+  c.experts_per_token = size_field(j, "num_experts_per_tok", origin);
+  c.shared_expert = false;
+  const double coefficient = number_field(j, "router_aux_loss_coef", origin, 0.001);
+  OCTET_REQUIRE(coefficient >= 0.0 && coefficient <= 1e6,
+                "{}: \"router_aux_loss_coef\" must be from 0 to 1e6, got {}", origin, coefficient);
+  c.router_aux_loss_coef = static_cast<float>(coefficient);
+  // Mistral's sliding-window attention: octet's attention sees the whole causal context.
+  OCTET_REQUIRE(!has(j, "sliding_window"),
+                "{}: \"sliding_window\" is {}; octet's attention is not windowed (it must be null)", origin,
+                io::printable(j.at("sliding_window").dump()));
+  const double jitter = number_field(j, "router_jitter_noise", origin, 0.0);
+  OCTET_REQUIRE(jitter == 0.0,
+                "{}: \"router_jitter_noise\" is {}; octet's router multiplies no noise into its input in "
+                "training (it must be 0)",
+                origin, jitter);
+  return c;
+}
+
+}  // namespace
+
+HfArchitecture hf_architecture(const ModelConfig& model) {
+  if (model.arch == ModelArchitecture::gpt2) return HfArchitecture::gpt2;
+  return model.moe() ? HfArchitecture::mixtral : HfArchitecture::llama;
+}
+
+std::string_view architecture_class(HfArchitecture architecture) {
+  switch (architecture) {
+    case HfArchitecture::gpt2:
+      return "GPT2LMHeadModel";
+    case HfArchitecture::llama:
+      return "LlamaForCausalLM";
+    case HfArchitecture::mixtral:
+      return "MixtralForCausalLM";
+  }
+  return "unknown";
+}
+
+std::string_view model_type(HfArchitecture architecture) {
+  switch (architecture) {
+    case HfArchitecture::gpt2:
+      return "gpt2";
+    case HfArchitecture::llama:
+      return "llama";
+    case HfArchitecture::mixtral:
+      return "mixtral";
+  }
+  return "unknown";
 }
 
 HfModelConfig parse_config(std::string_view text, std::string_view origin) {
   const json j = parse_object(text, origin, "expected a Hugging Face config.json");
-  OCTET_REQUIRE(has(j, "architectures") && j.at("architectures").is_array() && j.at("architectures").size() == 1 &&
-                    j.at("architectures").front().is_string(),
-                "{}: \"architectures\" must list one class name (GPT2LMHeadModel or LlamaForCausalLM)", origin);
+  OCTET_REQUIRE(has(j, "architectures") && j.at("architectures").is_array() &&
+                    j.at("architectures").size() == 1 && j.at("architectures").front().is_string(),
+                "{}: \"architectures\" must list one class name (GPT2LMHeadModel, LlamaForCausalLM or "
+                "MixtralForCausalLM)",
+                origin);
   const std::string name = j.at("architectures").front().get<std::string>();
-  std::optional<ModelArchitecture> architecture;
-  for (const ModelArchitecture a : {ModelArchitecture::gpt2, ModelArchitecture::llama}) {
+  std::optional<HfArchitecture> architecture;
+  for (const HfArchitecture a : {HfArchitecture::gpt2, HfArchitecture::llama, HfArchitecture::mixtral}) {
     if (name == architecture_class(a)) architecture = a;
   }
-  OCTET_REQUIRE(architecture.has_value(),
-                "{}: architecture \"{}\" is not one octet builds; it imports GPT2LMHeadModel and LlamaForCausalLM",
-                origin, io::printable(name));
+  OCTET_REQUIRE(
+      architecture.has_value(),
+      "{}: architecture \"{}\" is not one octet builds; it imports GPT2LMHeadModel, LlamaForCausalLM "
+      "and MixtralForCausalLM",
+      origin, io::printable(name));
   const std::string type = string_field(j, "model_type", origin, std::string(model_type(*architecture)));
   OCTET_REQUIRE(type == model_type(*architecture), "{}: \"model_type\" is \"{}\" but the architecture is {}",
                 origin, io::printable(type), name);
   HfModelConfig result;
-  result.model = *architecture == ModelArchitecture::llama ? llama_config(j, origin) : gpt2_config(j, origin);
+  result.architecture = *architecture;
+  switch (*architecture) {
+    case HfArchitecture::gpt2:
+      result.model = gpt2_config(j, origin);
+      break;
+    case HfArchitecture::llama:
+      result.model = llama_config(j, origin);
+      break;
+    case HfArchitecture::mixtral:
+      result.model = mixtral_config(j, origin);
+      break;
+  }
   result.bos_token_id = token_field(j, "bos_token_id", origin);
   result.eos_token_id = token_field(j, "eos_token_id", origin);
   try {
@@ -223,9 +310,12 @@ HfModelConfig parse_config(std::string_view text, std::string_view origin) {
 }
 
 std::string config_json(const ModelConfig& m, const TokenIds& tokens, std::string_view quantization) {
+  OCTET_CHECK(!(m.moe() && m.shared_expert), "a model without a shared expert (Mixtral has none), got {}",
+              m.describe());
+  const HfArchitecture architecture = hf_architecture(m);
   json j;
-  j["architectures"] = {std::string(architecture_class(m.arch))};
-  j["model_type"] = std::string(model_type(m.arch));
+  j["architectures"] = {std::string(architecture_class(architecture))};
+  j["model_type"] = std::string(model_type(architecture));
   j["vocab_size"] = m.vocab_size;
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
@@ -242,11 +332,22 @@ std::string config_json(const ModelConfig& m, const TokenIds& tokens, std::strin
     j["max_position_embeddings"] = m.max_seq_len;
     j["rms_norm_eps"] = kNormEpsilon;
     j["hidden_act"] = "silu";
-    j["attention_bias"] = false;
     j["attention_dropout"] = 0.0;
-    j["mlp_bias"] = false;
-    j["pretraining_tp"] = 1;
     j["tie_word_embeddings"] = m.tie_embeddings;
+    if (architecture == HfArchitecture::llama) {
+      j["attention_bias"] = false;
+      j["mlp_bias"] = false;
+      j["pretraining_tp"] = 1;
+    } else {
+      // intermediate_size above is each expert's width. output_router_logits false: from_pretrained's
+      // model returns no router logits and adds no balance loss unless asked, as for any Mixtral.
+      j["num_local_experts"] = m.experts;
+      j["num_experts_per_tok"] = m.experts_per_token;
+      j["router_aux_loss_coef"] = shortest_double(m.router_aux_loss_coef);
+      j["output_router_logits"] = false;
+      j["router_jitter_noise"] = 0.0;
+      j["sliding_window"] = nullptr;
+    }
     // Both spellings: rope_theta and rope_scaling for transformers 4, rope_parameters for 5.
     const double theta = static_cast<double>(m.rope_theta);
     j["rope_theta"] = theta;
@@ -281,6 +382,11 @@ std::string config_json(const ModelConfig& m, const TokenIds& tokens, std::strin
   }
   if (tokens.bos) j["bos_token_id"] = *tokens.bos;
   if (tokens.eos) j["eos_token_id"] = *tokens.eos;
+  if (architecture == HfArchitecture::mixtral) {
+    // MixtralConfig takes 1 and 2 for absent token ids: a model without them says null.
+    if (!tokens.bos) j["bos_token_id"] = nullptr;
+    if (!tokens.eos) j["eos_token_id"] = nullptr;
+  }
   if (!quantization.empty()) j["quantization_config"] = json::parse(quantization);
   return j.dump(2) + "\n";
 }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "hf_tensor_map.h"
 #include "hf_tokenizer.h"
 #include "octet/backend/cpu_backend.h"
 #include "octet/check.h"
@@ -29,24 +30,34 @@ namespace {
 // transformers' fine-grained FP8 layout: one float32 scale_inv per 128 x 128 block of a weight.
 constexpr int64_t kBlock = 128;
 
-// The Llama linear layers that transformers' fine-grained FP8 replaces with FP8Linear (every nn.Linear but
-// lm_head), by the suffix of their Hugging Face weight name.
-bool is_fp8_linear(const std::string& hf_name) {
+// The linear layers that transformers' fine-grained FP8 replaces with its FP8 layers, by their Hugging Face
+// weight name: Llama's and Mixtral's attention projections, Llama's MLP projections and each Mixtral
+// expert's (w1, w3 and w2 of block_sparse_moe.experts.E). Not lm_head, nor Mixtral's router
+// (block_sparse_moe.gate), which modules_to_not_convert keeps in float32.
+bool is_fp8_linear(std::string_view hf_name) {
   for (const char* suffix : {".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
                              ".self_attn.o_proj.weight", ".mlp.gate_proj.weight", ".mlp.up_proj.weight",
                              ".mlp.down_proj.weight"}) {
-    const std::string_view s(suffix);
-    if (hf_name.size() > s.size() && hf_name.compare(hf_name.size() - s.size(), s.size(), s) == 0) return true;
+    if (hf_name.ends_with(suffix)) return true;
   }
-  return false;
+  if (hf_name.find(".block_sparse_moe.experts.") == std::string_view::npos) return false;
+  return hf_name.ends_with(".w1.weight") || hf_name.ends_with(".w2.weight") ||
+         hf_name.ends_with(".w3.weight");
 }
 
-std::string quantization_config() {
+std::string quantization_config(HfArchitecture architecture) {
+  nlohmann::json keep = nlohmann::json::array({"lm_head"});
+  if (architecture == HfArchitecture::mixtral) {
+    // The router: an nn.Linear named block_sparse_moe.gate in transformers 4, mlp.gate in 5 (where it is no
+    // nn.Linear, but a model may still be loaded with either name).
+    keep.push_back("block_sparse_moe.gate");
+    keep.push_back("mlp.gate");
+  }
   const nlohmann::json q = {{"quant_method", "fp8"},
                             {"activation_scheme", "dynamic"},
                             {"fmt", "e4m3"},
                             {"weight_block_size", {kBlock, kBlock}},
-                            {"modules_to_not_convert", {"lm_head"}}};
+                            {"modules_to_not_convert", keep}};
   return q.dump();
 }
 
@@ -77,11 +88,18 @@ ExportSummary export_checkpoint(const fs::path& checkpoint, const fs::path& out,
     OCTET_REQUIRE(false, "{} is not a checkpoint octet can export: {}", checkpoint.string(), e.what());
   }
   ExportSummary summary;
-  summary.architecture = std::string(architecture_class(config.model.arch));
-  OCTET_REQUIRE(format != ExportFormat::fp8 || config.model.arch == ModelArchitecture::llama,
-                "--format hf-fp8 exports Llama models (transformers' FP8 layers replace nn.Linear, and GPT-2's "
-                "layers are Conv1D); {} holds a {}",
-                checkpoint.string(), summary.architecture);
+  const HfArchitecture architecture = hf_architecture(config.model);
+  summary.architecture = std::string(architecture_class(architecture));
+  OCTET_REQUIRE(
+      format != ExportFormat::fp8 || config.model.arch == ModelArchitecture::llama,
+      "--format hf-fp8 exports Llama and Mixtral models (transformers' FP8 layers replace nn.Linear, "
+      "and GPT-2's layers are Conv1D); {} holds a {}",
+      checkpoint.string(), summary.architecture);
+  OCTET_REQUIRE(
+      !(config.model.moe() && config.model.shared_expert),
+      "{} holds a mixture of experts with a shared expert (model.shared_expert); octet exports mixtures "
+      "of experts as MixtralForCausalLM, which has no shared expert",
+      checkpoint.string());
 
   std::unique_ptr<Backend> backend = make_cpu_backend();
   std::unique_ptr<Model> model =
@@ -91,8 +109,10 @@ ExportSummary export_checkpoint(const fs::path& checkpoint, const fs::path& out,
 
   std::vector<OutputTensor> tensors;
   for (const ParameterInfo& p : model->parameters()) {
-    const std::string name = model->hf_name(p);
-    const std::vector<int64_t> shape = model->hf_shape(p);
+    // The classic place: a whole tensor, in Model::hf_shape's layout, that every transformers version reads.
+    const TensorPlace place = tensor_places(*model, p, config.model, architecture).front();
+    const std::string& name = place.tensor;
+    const std::vector<int64_t>& shape = place.shape;
     std::vector<float> values = model->to_hf(p, params);
     if (format != ExportFormat::fp8 || !is_fp8_linear(name)) {
       tensors.push_back({name, Dtype::f32, shape, float_bytes(values)});
@@ -125,7 +145,8 @@ ExportSummary export_checkpoint(const fs::path& checkpoint, const fs::path& out,
   summary.files.push_back("model.safetensors");
   io::write_file_atomically(
       temporary / "config.json",
-      config_json(config.model, tokenizer.ids, format == ExportFormat::fp8 ? quantization_config() : ""));
+      config_json(config.model, tokenizer.ids,
+                  format == ExportFormat::fp8 ? quantization_config(architecture) : ""));
   summary.files.push_back("config.json");
   for (const TokenizerFile& file : tokenizer_files) {
     io::write_file_atomically(temporary / file.name, file.contents);

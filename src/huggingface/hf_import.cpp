@@ -2,9 +2,11 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <span>
 
 #include <fmt/format.h>
 
+#include "hf_tensor_map.h"
 #include "octet/backend/cpu_backend.h"
 #include "octet/check.h"
 #include "octet/config/run_config.h"
@@ -147,7 +149,7 @@ ImportSummary import_checkpoint(const fs::path& hf_dir, const fs::path& out, con
   const HfModelConfig hf =
       parse_config(io::read_regular_file(config_path, "Hugging Face config", kMaxJsonBytes), config_path.string());
   ImportSummary summary;
-  summary.architecture = std::string(architecture_class(hf.model.arch));
+  summary.architecture = std::string(architecture_class(hf.architecture));
   summary.tokenizer = choose_tokenizer(options, hf.model);
   const RunConfig config = import_config(hf, summary.tokenizer, out, config_path);
   summary.model = config.model;
@@ -158,24 +160,46 @@ ImportSummary import_checkpoint(const fs::path& hf_dir, const fs::path& out, con
       make_model(config.model, *backend, PrecisionPolicy(PrecisionSettings{}, config.model, 1), 1, 1);
   std::vector<float> params(static_cast<size_t>(model->parameter_count()), 0.0f);
   for (const ParameterInfo& p : model->parameters()) {
-    const std::string name = model->hf_name(p);
-    auto it = tensors.find(name);
-    // GPT2Model's own checkpoints (openai-community/gpt2) name the tensors without "transformer.".
-    const std::string prefix = "transformer.";
-    if (it == tensors.end() && name.rfind(prefix, 0) == 0) it = tensors.find(name.substr(prefix.size()));
-    OCTET_REQUIRE(it != tensors.end(), "{}: tensor '{}' ({} {}) is missing", hf_dir.string(), name,
-                  summary.architecture, shape_text(model->hf_shape(p)));
-    SourceTensor& source = it->second;
-    const std::vector<int64_t> shape = model->hf_shape(p);
-    OCTET_REQUIRE(source.tensor.shape == shape, "{}: tensor '{}' has shape {}; config.json's model needs {}",
-                  source.file.string(), io::printable(it->first), shape_text(source.tensor.shape), shape_text(shape));
-    for (size_t i = 0; i < source.tensor.data.size(); ++i) {
-      OCTET_REQUIRE(std::isfinite(source.tensor.data[i]), "{}: tensor '{}' holds {} at index {}; weights must be finite",
-                    source.file.string(), io::printable(it->first), source.tensor.data[i], i);
+    const std::vector<TensorPlace> places = tensor_places(*model, p, config.model, hf.architecture);
+    // The first place the checkpoint has a tensor for.
+    const TensorPlace* place = nullptr;
+    auto it = tensors.end();
+    for (const TensorPlace& candidate : places) {
+      it = tensors.find(candidate.tensor);
+      // GPT2Model's own checkpoints (openai-community/gpt2) name the tensors without "transformer.".
+      const std::string prefix = "transformer.";
+      if (it == tensors.end() && candidate.tensor.rfind(prefix, 0) == 0) {
+        it = tensors.find(candidate.tensor.substr(prefix.size()));
+      }
+      if (it != tensors.end()) {
+        place = &candidate;
+        break;
+      }
     }
-    model->from_hf(p, source.tensor.data, params);
+    if (place == nullptr) {
+      std::string alternatives;
+      for (size_t i = 1; i < places.size(); ++i) {
+        alternatives += fmt::format(", as is '{}' {}, where transformers 5's layout would hold it",
+                                    places[i].tensor, shape_text(places[i].shape));
+      }
+      OCTET_REQUIRE(false, "{}: tensor '{}' ({} {}) is missing{}", hf_dir.string(), places.front().tensor,
+                    summary.architecture, shape_text(places.front().shape), alternatives);
+    }
+    SourceTensor& source = it->second;
+    OCTET_REQUIRE(source.tensor.shape == place->shape,
+                  "{}: tensor '{}' has shape {}; config.json's model needs {}", source.file.string(),
+                  io::printable(it->first), shape_text(source.tensor.shape), shape_text(place->shape));
+    const std::span<const float> values =
+        std::span<const float>(source.tensor.data)
+            .subspan(static_cast<size_t>(place->offset), static_cast<size_t>(place->count));
+    for (size_t i = 0; i < values.size(); ++i) {
+      OCTET_REQUIRE(std::isfinite(values[i]), "{}: tensor '{}' holds {} at index {}; weights must be finite",
+                    source.file.string(), io::printable(it->first), values[i],
+                    static_cast<size_t>(place->offset) + i);
+    }
+    model->from_hf(p, values, params);
+    if (!source.used) ++summary.tensors;
     source.used = true;
-    ++summary.tensors;
   }
   int64_t buffers = 0;
   for (auto& [name, source] : tensors) {

@@ -1,5 +1,5 @@
-// Fuzzing the Hugging Face readers: mutated config.json texts (GPT-2 and Llama, as octet writes them and as
-// transformers 4 and 5 write them) and mutated shard indexes. Every case ends in a result or one clean
+// Fuzzing the Hugging Face readers: mutated config.json texts (GPT-2, Llama and Mixtral, as octet writes them
+// and as transformers 4 and 5 write them) and mutated shard indexes. Every case ends in a result or one clean
 // refusal; an accepted config.json writes back (config_json) to a text that parses to the same model.
 #include <cstdlib>
 #include <fstream>
@@ -19,9 +19,26 @@ std::vector<std::string> config_corpus() {
   llama.kv_heads = 4;
   llama.ffn_hidden = 2048;
   llama.rope_scaling = {8.0f, 1.0f, 4.0f, 8192};
+  ModelConfig mixtral = llama;
+  mixtral.rope_scaling = {};
+  mixtral.experts = 8;
+  mixtral.experts_per_token = 2;
+  mixtral.router_aux_loss_coef = 0.02f;
   return {
       hf::config_json(ModelConfig{}, {50256, 50256}),
       hf::config_json(llama, {128000, 128001}),
+      hf::config_json(mixtral, {}),
+      R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 256,
+          "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8,
+          "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000, "max_position_embeddings": 4096,
+          "rms_norm_eps": 1e-05, "sliding_window": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+          "router_jitter_noise": 0.0, "output_router_logits": false, "bos_token_id": 1, "eos_token_id": 2,
+          "torch_dtype": "bfloat16", "transformers_version": "4.57.1"})",
+      R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 256,
+          "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8, "num_local_experts": 4,
+          "num_experts_per_tok": 1, "vocab_size": 512, "max_position_embeddings": 128, "head_dim": 32,
+          "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "dtype": "float32",
+          "transformers_version": "5.0.0"})",
       R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
           "max_position_embeddings": 128, "rms_norm_eps": 1e-05, "hidden_act": "silu", "tie_word_embeddings": false,

@@ -1,5 +1,5 @@
 """Checks a directory written by `octet export --format hf|hf-fp8` against the state dict transformers builds
-from its config.json: every name, shape and dtype (F32, or F8_E4M3 with F32 weight_scale_inv of the 128x128
+from its config.json (GPT-2, Llama or Mixtral): every name, shape and dtype (F32, or F8_E4M3 with F32 weight_scale_inv of the 128x128
 block grid under quantization_config), nothing missing, nothing extra, every float finite.
 
 Usage: check_hf_export.py DIR. Uses the safetensors package when it is installed, else reads the header with
@@ -47,9 +47,19 @@ def expected(config):
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = [C]
         shapes[p + "post_attention_layernorm.weight"] = [C]
-        for name, shape in {"self_attn.q_proj": [config["num_attention_heads"] * hd, C], "self_attn.k_proj": [kv, C],
-                            "self_attn.v_proj": [kv, C], "self_attn.o_proj": [C, config["num_attention_heads"] * hd],
-                            "mlp.gate_proj": [F, C], "mlp.up_proj": [F, C], "mlp.down_proj": [C, F]}.items():
+        layers = {"self_attn.q_proj": [config["num_attention_heads"] * hd, C], "self_attn.k_proj": [kv, C],
+                  "self_attn.v_proj": [kv, C], "self_attn.o_proj": [C, config["num_attention_heads"] * hd]}
+        if config["model_type"] == "mixtral":
+            # MixtralForCausalLM as every transformers version saves it: the router (not converted to FP8)
+            # and each expert's w1 (gate), w3 (up) and w2 (down).
+            E = config["num_local_experts"]
+            shapes[p + "block_sparse_moe.gate.weight"] = [E, C]
+            for e in range(E):
+                x = f"block_sparse_moe.experts.{e}."
+                layers.update({x + "w1": [F, C], x + "w3": [F, C], x + "w2": [C, F]})
+        else:
+            layers.update({"mlp.gate_proj": [F, C], "mlp.up_proj": [F, C], "mlp.down_proj": [C, F]})
+        for name, shape in layers.items():
             shapes[p + name + ".weight"] = shape
             linear.add(p + name + ".weight")
     return shapes, linear
@@ -64,6 +74,8 @@ def main(directory):
     if fp8:
         assert quantization["quant_method"] == "fp8", quantization
         block = quantization["weight_block_size"]
+        if config["model_type"] == "mixtral":
+            assert "block_sparse_moe.gate" in quantization["modules_to_not_convert"], quantization
         for name in linear:
             rows, cols = shapes[name]
             shapes[name[: -len("weight")] + "weight_scale_inv"] = [math.ceil(rows / block[0]), math.ceil(cols / block[1])]

@@ -1,15 +1,16 @@
-// Shared pieces of the Hugging Face import and export tests: tiny GPT-2 and Llama run configurations, a
-// checkpoint saved from one with random weights, safetensors files written by hand (any dtype, shards), and
-// Hugging Face model directories built from an exported one.
+// Shared pieces of the Hugging Face import and export tests: tiny GPT-2, Llama and Mixtral run
+// configurations, a checkpoint saved from one with random weights, safetensors files written by hand (any
+// dtype, shards), and Hugging Face model directories built from an exported one.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <filesystem>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "octet/numerics/format.h"
 #include "octet/train/checkpoint.h"
 #include "octet/train/trainer.h"
+#include "tiny_model.h"
 
 namespace octet::testing {
 
@@ -55,6 +57,25 @@ inline RunConfig tiny_llama_run(bool fp8_shape = false, bool tied = false) {
   c.model.tie_embeddings = tied;
   c.model_arch = c.model.arch;
   return parse_run_config(to_toml(c), "tiny_llama");
+}
+
+// tiny_moe_config's mixture of experts (4 experts 32 wide, 2 per token) as a Mixtral: the tiny GPT-2's
+// 300-token vocabulary and context of 16 (the byte tokenizer needs at least 256 tokens); `fp8_shape` makes
+// every converted layer's dimensions multiples of 128 as tiny_llama_run does (experts 128 wide).
+inline RunConfig tiny_mixtral_run(bool fp8_shape = false, bool shared_expert = false) {
+  RunConfig c = tiny_gpt2_run();
+  const ModelConfig base = c.model;
+  c.model = tiny_moe_config(shared_expert);
+  c.model.vocab_size = base.vocab_size;
+  c.model.padded_vocab_size = 0;
+  c.model.max_seq_len = base.max_seq_len;
+  if (fp8_shape) {
+    c.model.heads = 2;
+    c.model.channels = 128;
+    c.model.ffn_hidden = 128;
+  }
+  c.model_arch = c.model.arch;
+  return parse_run_config(to_toml(c), "tiny_mixtral");
 }
 
 // A checkpoint of `config`'s model with the weights of init_weights(seed), the biases and norms made
@@ -140,6 +161,46 @@ inline void write_hf_directory(const std::filesystem::path& dir, const nlohmann:
   std::filesystem::create_directories(dir);
   io::write_file_atomically(dir / "config.json", config.dump(2));
   write_raw_safetensors(dir / "model.safetensors", tensors);
+}
+
+// A Mixtral's tensors in the classic layout (block_sparse_moe.gate and block_sparse_moe.experts.E.w1, w3,
+// w2) rewritten in transformers 5's fused one (mlp.gate, mlp.experts.gate_up_proj [E, 2F, C] with each
+// expert's w1 rows before its w3 rows, mlp.experts.down_proj [E, C, F]); the other tensors as they were.
+inline std::vector<RawTensor> fuse_mixtral_experts(const std::vector<RawTensor>& classic,
+                                                   const ModelConfig& m) {
+  const int64_t C = m.channels, F = m.hidden(), E = m.experts;
+  std::map<std::string, const RawTensor*> by_name;
+  for (const RawTensor& t : classic) by_name[t.name] = &t;
+  auto take = [&](const std::string& name) -> const std::vector<float>& {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) throw std::runtime_error("no tensor " + name);
+    const RawTensor* t = it->second;
+    by_name.erase(it);
+    return t->values;
+  };
+  std::vector<RawTensor> fused;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const std::string block = "model.layers." + std::to_string(l) + ".";
+    fused.push_back(
+        {block + "mlp.gate.weight", Dtype::f32, {E, C}, take(block + "block_sparse_moe.gate.weight")});
+    RawTensor gate_up{block + "mlp.experts.gate_up_proj", Dtype::f32, {E, 2 * F, C}, {}};
+    RawTensor down{block + "mlp.experts.down_proj", Dtype::f32, {E, C, F}, {}};
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string expert = block + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      for (const char* w : {"w1.weight", "w3.weight"}) {
+        const std::vector<float>& v = take(expert + w);
+        gate_up.values.insert(gate_up.values.end(), v.begin(), v.end());
+      }
+      const std::vector<float>& v = take(expert + "w2.weight");
+      down.values.insert(down.values.end(), v.begin(), v.end());
+    }
+    fused.push_back(std::move(gate_up));
+    fused.push_back(std::move(down));
+  }
+  for (const RawTensor& t : classic) {
+    if (by_name.contains(t.name)) fused.push_back(t);
+  }
+  return fused;
 }
 
 }  // namespace octet::testing

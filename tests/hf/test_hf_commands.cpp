@@ -1,7 +1,7 @@
 // The Hugging Face commands as a user runs them: `octet import hf`, `octet export` and `octet train
-// --init-from` through the built binary. Every refusal exits with 2, says what is wrong and where in one
-// line, and writes nothing; the exported files read in Python (when /usr/bin/python3 has torch) have the
-// names, shapes and dtypes of transformers' state dicts.
+// --init-from` through the built binary, for GPT-2, Llama and Mixtral. Every refusal exits with 2, says what
+// is wrong and where in one line, and writes nothing; the exported files read in Python (when
+// /usr/bin/python3 has torch) have the names, shapes and dtypes of transformers' state dicts.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -147,6 +147,113 @@ TEST(HuggingFaceCommands, ImportRefusesEveryBadInputWithExitCode2AndWritesNothin
   }
 }
 
+TEST(HuggingFaceCommands, ImportRefusesAMixtralItCannotRepresentWithExitCode2AndWritesNothing) {
+  const RunConfig config = testing::tiny_mixtral_run();
+  auto set = [](const char* key, json value) {
+    return [key, value](const fs::path& d) {
+      json c = config_of(d);
+      c[key] = value;
+      write_config(d, c);
+    };
+  };
+  auto erase = [](const char* key) {
+    return [key](const fs::path& d) {
+      json c = config_of(d);
+      c.erase(key);
+      write_config(d, c);
+    };
+  };
+  // Edits the tensors, in the classic layout or in transformers 5's fused one.
+  auto edit_tensors = [&](bool fused, std::function<void(std::vector<testing::RawTensor>&)> edit) {
+    return [&config, fused, edit](const fs::path& d) {
+      std::vector<testing::RawTensor> t = testing::tensors_of(d / "model.safetensors");
+      if (fused) t = testing::fuse_mixtral_experts(t, config.model);
+      edit(t);
+      testing::write_raw_safetensors(d / "model.safetensors", t);
+    };
+  };
+  auto erase_tensor = [](const std::string& name) {
+    return [name](std::vector<testing::RawTensor>& t) {
+      const size_t before = t.size();
+      std::erase_if(t, [&](const testing::RawTensor& x) { return x.name == name; });
+      if (t.size() == before) throw std::runtime_error("no tensor " + name);
+    };
+  };
+  auto reshape_tensor = [](const std::string& name, std::vector<int64_t> shape) {
+    return [name, shape](std::vector<testing::RawTensor>& t) {
+      for (testing::RawTensor& x : t) {
+        if (x.name == name) x.shape = shape;
+      }
+    };
+  };
+  const std::vector<ImportCase> cases = {
+      {"sliding window", set("sliding_window", 4096),
+       "\"sliding_window\" is 4096; octet's attention is not windowed (it must be null)"},
+      {"router jitter", set("router_jitter_noise", 0.01), "\"router_jitter_noise\" is 0.01"},
+      {"no expert count", erase("num_local_experts"), "\"num_local_experts\" is missing"},
+      {"more experts per token than experts", set("num_experts_per_tok", 5),
+       "model.experts_per_token (5) must be between 1 and model.experts (4)"},
+      {"rms_norm_eps", set("rms_norm_eps", 1e-6), "\"rms_norm_eps\" is 1e-06"},
+      {"rope type", set("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 4.0}}),
+       "rope scaling of type \"yarn\""},
+      {"model_type", set("model_type", "llama"),
+       "\"model_type\" is \"llama\" but the architecture is MixtralForCausalLM"},
+      {"missing expert tensor",
+       edit_tensors(false, erase_tensor("model.layers.1.block_sparse_moe.experts.3.w2.weight")),
+       "tensor 'model.layers.1.block_sparse_moe.experts.3.w2.weight' (MixtralForCausalLM [64, 32]) is "
+       "missing, as is 'model.layers.1.mlp.experts.down_proj' [4, 64, 32], where transformers 5's layout would "
+       "hold it"},
+      {"missing router", edit_tensors(false, erase_tensor("model.layers.0.block_sparse_moe.gate.weight")),
+       "tensor 'model.layers.0.block_sparse_moe.gate.weight' (MixtralForCausalLM [4, 64]) is missing, as is "
+       "'model.layers.0.mlp.gate.weight' [4, 64]"},
+      {"mis-shaped expert",
+       edit_tensors(false, reshape_tensor("model.layers.0.block_sparse_moe.experts.2.w1.weight", {64, 32})),
+       "tensor 'model.layers.0.block_sparse_moe.experts.2.w1.weight' has shape [64, 32]; config.json's model "
+       "needs [32, 64]"},
+      {"mis-shaped router",
+       edit_tensors(false, reshape_tensor("model.layers.1.block_sparse_moe.gate.weight", {2, 128})),
+       "tensor 'model.layers.1.block_sparse_moe.gate.weight' has shape [2, 128]; config.json's model needs "
+       "[4, 64]"},
+      {"missing fused experts", edit_tensors(true, erase_tensor("model.layers.0.mlp.experts.gate_up_proj")),
+       "tensor 'model.layers.0.block_sparse_moe.experts.0.w1.weight' (MixtralForCausalLM [32, 64]) is "
+       "missing, as is 'model.layers.0.mlp.experts.gate_up_proj' [4, 64, 64]"},
+      {"mis-shaped fused experts",
+       edit_tensors(true, reshape_tensor("model.layers.1.mlp.experts.gate_up_proj", {4, 32, 128})),
+       "tensor 'model.layers.1.mlp.experts.gate_up_proj' has shape [4, 32, 128]; config.json's model needs "
+       "[4, 64, 64]"},
+      {"transposed fused experts",
+       edit_tensors(true, reshape_tensor("model.layers.0.mlp.experts.down_proj", {4, 32, 64})),
+       "tensor 'model.layers.0.mlp.experts.down_proj' has shape [4, 32, 64]; config.json's model needs "
+       "[4, 64, 32]"},
+      {"both layouts",
+       [&](const fs::path& d) {
+         std::vector<testing::RawTensor> t = testing::tensors_of(d / "model.safetensors");
+         for (const testing::RawTensor& x : testing::fuse_mixtral_experts(t, config.model)) {
+           if (x.name == "model.layers.1.mlp.experts.down_proj") t.push_back(x);
+         }
+         testing::write_raw_safetensors(d / "model.safetensors", t);
+       },
+       "tensor 'model.layers.1.mlp.experts.down_proj' is not a parameter of MixtralForCausalLM"},
+      {"non-finite expert value",
+       edit_tensors(true,
+                    [](std::vector<testing::RawTensor>& t) {
+                      for (testing::RawTensor& x : t) {
+                        if (x.name == "model.layers.0.mlp.experts.down_proj")
+                          x.values[3 * 64 * 32 + 5] = INFINITY;
+                      }
+                    }),
+       "tensor 'model.layers.0.mlp.experts.down_proj' holds inf at index 6149; weights must be finite"},
+  };
+  for (const ImportCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    ScratchDir dir;
+    const fs::path hf_dir = llama_directory(dir.path(), config);
+    c.damage(hf_dir);
+    expect_refused({"import", "hf", hf_dir.string(), "--out", (dir.path() / "out").string()}, c.expected,
+                   dir.path());
+  }
+}
+
 TEST(HuggingFaceCommands, ImportRefusesAGpt2ItCannotComputeAlike) {
   ScratchDir dir;
   const fs::path checkpoint = testing::save_random_checkpoint(testing::tiny_gpt2_run(), dir.path() / "run", 7);
@@ -193,11 +300,25 @@ TEST(HuggingFaceCommands, ExportRefusesWhatItCannotWrite) {
   expect_refused({"export", (dir.path() / "gpt2").string(), "--format", "onnx", "--out", out},
                  "--format 'onnx' is not one octet writes", dir.path());
   expect_refused({"export", (dir.path() / "gpt2").string(), "--format", "hf-fp8", "--out", out},
-                 "--format hf-fp8 exports Llama models", dir.path());
+                 "--format hf-fp8 exports Llama and Mixtral models", dir.path());
   expect_refused({"export", (dir.path() / "llama").string(), "--format", "hf-fp8", "--out", out},
                  "need both dimensions to be multiples of the 128 x 128 block", dir.path());
   expect_refused({"export", (dir.path() / "nothing").string(), "--format", "hf", "--out", out}, "CHECKPOINT:",
                  dir.path());
+  // Mixtral has no shared expert: a mixture of experts with one has no Hugging Face class to go to.
+  testing::save_random_checkpoint(testing::tiny_mixtral_run(true, true), dir.path() / "shared", 1);
+  for (const char* format : {"hf", "hf-fp8"}) {
+    expect_refused(
+        {"export", (dir.path() / "shared").string(), "--format", format, "--out", out},
+        "holds a mixture of experts with a shared expert (model.shared_expert); octet exports mixtures of "
+        "experts as MixtralForCausalLM, which has no shared expert",
+        dir.path());
+  }
+  testing::save_random_checkpoint(testing::tiny_mixtral_run(), dir.path() / "mixtral", 1);
+  expect_refused(
+      {"export", (dir.path() / "mixtral").string(), "--format", "hf-fp8", "--out", out},
+      "model.layers.0.self_attn.q_proj.weight is [64, 64]; transformers' FP8 layers need both dimensions",
+      dir.path());
 }
 
 // A run that used the Llama 3 tokenizer exports transformers' tokenizer files for it (tokenizer.json,
@@ -296,7 +417,11 @@ TEST(HuggingFaceCommands, ExportedFilesHaveTransformersNamesShapesAndDtypesInPyt
   hf::export_checkpoint(gpt2, dir.path() / "gpt2-hf", hf::ExportFormat::float32, false);
   hf::export_checkpoint(llama, dir.path() / "llama-hf", hf::ExportFormat::float32, false);
   hf::export_checkpoint(llama, dir.path() / "llama-fp8", hf::ExportFormat::fp8, false);
-  for (const char* name : {"gpt2-hf", "llama-hf", "llama-fp8"}) {
+  const fs::path mixtral =
+      testing::save_random_checkpoint(testing::tiny_mixtral_run(true), dir.path() / "mixtral", 2);
+  hf::export_checkpoint(mixtral, dir.path() / "mixtral-hf", hf::ExportFormat::float32, false);
+  hf::export_checkpoint(mixtral, dir.path() / "mixtral-fp8", hf::ExportFormat::fp8, false);
+  for (const char* name : {"gpt2-hf", "llama-hf", "llama-fp8", "mixtral-hf", "mixtral-fp8"}) {
     const std::string command = fmt::format("/usr/bin/python3 {}/check_hf_export.py {}", OCTET_HF_TEST_SOURCE_DIR,
                                             (dir.path() / name).string());
     EXPECT_EQ(std::system(command.c_str()), 0) << command;

@@ -15,7 +15,9 @@ namespace octet::cli {
 HuggingFaceCommands::HuggingFaceCommands(CLI::App& root) {
   import_ = root.add_subcommand("import", "Import a model from another format into an octet checkpoint");
   import_hf_ = import_->add_subcommand(
-      "hf", "A Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory into a checkpoint at step 0");
+      "hf",
+      "A Hugging Face GPT2LMHeadModel, LlamaForCausalLM or MixtralForCausalLM directory into a checkpoint at "
+      "step 0");
   import_hf_->add_option("DIR", source_, "Directory with config.json and model.safetensors (or shards and "
                                          "model.safetensors.index.json)")
       ->required();
@@ -38,9 +40,10 @@ HuggingFaceCommands::HuggingFaceCommands(CLI::App& root) {
   export_
       ->add_option("CHECKPOINT", source_, "A checkpoint directory, or a run directory (its latest checkpoint)")
       ->required();
-  export_->add_option("--format", format_,
-                      "hf: float32 weights transformers' from_pretrained loads; hf-fp8: Llama's linear layers "
-                      "as E4M3 with 128x128 block scales (transformers' \"fp8\" quantization)")
+  export_
+      ->add_option("--format", format_,
+                   "hf: float32 weights transformers' from_pretrained loads; hf-fp8: Llama's and Mixtral's "
+                   "linear layers as E4M3 with 128x128 block scales (transformers' \"fp8\" quantization)")
       ->required();
   export_->add_option("--out", out_, "Directory to create")->required();
   export_->add_flag("--force", force_, "Replace --out if it exists and is not empty");

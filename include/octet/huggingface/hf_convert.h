@@ -37,13 +37,15 @@ struct ImportSummary {
 // [model] section, and the tokenizer's files where octet has them). Tensors may be F32, BF16 or F16; every
 // parameter must be present with its Hugging Face shape and finite, and no other tensor may be (the buffers
 // that transformers used to save, attn.bias and rotary_emb.inv_freq, and a tied lm_head.weight equal to
-// the embedding are skipped with a note).
+// the embedding are skipped with a note). A Mixtral's experts may be stored per expert (block_sparse_moe, as
+// every transformers version saves them) or fused per layer (transformers 5's mlp.experts.gate_up_proj and
+// down_proj); see hf_tensor_map.h.
 ImportSummary import_checkpoint(const std::filesystem::path& hf_dir, const std::filesystem::path& out,
                                 const ImportOptions& options);
 
 enum class ExportFormat : uint8_t {
   float32,  // --format hf
-  fp8,      // --format hf-fp8: Llama's q, k, v, o, gate, up and down projections as E4M3 with block scales
+  fp8,      // --format hf-fp8: attention and MLP (or expert) projections as E4M3 with block scales
 };
 
 struct ExportSummary {
@@ -57,7 +59,9 @@ struct ExportSummary {
 // Exports the checkpoint directory `checkpoint` to `out`: config.json, model.safetensors and the
 // tokenizer's files (GPT-2: vocab.json, merges.txt, tokenizer_config.json; Llama 3: llama3.tiktoken, see
 // docs/huggingface.md) when the checkpoint's run used a tokenizer whose files are found. An existing `out`
-// that is not an empty directory is refused unless `replace`.
+// that is not an empty directory is refused unless `replace`. A mixture of experts is written as a
+// MixtralForCausalLM with its experts per expert (block_sparse_moe.experts.E.w1, w3, w2); one with a
+// shared expert is refused.
 ExportSummary export_checkpoint(const std::filesystem::path& checkpoint, const std::filesystem::path& out,
                                 ExportFormat format, bool replace);
 
