@@ -215,7 +215,8 @@ std::vector<FusionRecord> Decoder::fusions() const {
         if (fp8_forward) add(*l, Fusion::input_cast, b.norm1);
         break;
       case LinearRole::fc:
-        if (fp8_forward) add(*l, Fusion::input_cast, b.norm2);
+        // A mixture of experts' shared expert casts its own input (decoder_moe.cpp).
+        if (fp8_forward && !config_.moe()) add(*l, Fusion::input_cast, b.norm2);
         if (casts_gradient(l->exec)) add(*l, Fusion::gradient_cast, mlp + activation);
         break;
       case LinearRole::fc_proj:

@@ -96,6 +96,11 @@ std::string Decoder::model_json() const {
                            {"high_freq_factor", config_.rope_scaling.high_freq_factor},
                            {"original_max_position_embeddings", config_.rope_scaling.original_max_seq_len}};
     }
+    if (config_.moe()) {  // MixtralConfig's names, and the shared expert Mixtral lacks
+      j["num_local_experts"] = config_.experts;
+      j["num_experts_per_tok"] = config_.experts_per_token;
+      j["shared_expert"] = config_.shared_expert;
+    }
     return j.dump();
   }
   const nlohmann::json j = {{"n_layer", config_.layers},

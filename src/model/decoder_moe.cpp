@@ -50,16 +50,13 @@ void Decoder::moe_forward(int64_t l, int64_t B, int64_t T, const float* residual
   Activations::Moe& m = a.moe[static_cast<size_t>(l)];
   const float* norm_weight = params() + parameter(b.norm2 + ".weight").offset;
 
-  // The normalization in float32 for the router, the gather and the shared expert, which also takes its FP8
-  // cast from this pass where its gate/up runs in FP8.
+  // The normalization in float32 for the router, the gather and the shared expert. The shared expert's
+  // gate/up casts its own input (an FP8 producer's cast would be overwritten by the experts' casts before
+  // that GEMM runs, on a backend that shares one buffer for input codes).
   Linear* shared_fc = config_.shared_expert ? &linear(b.fc) : nullptr;
-  Fp8CastTarget cast;
-  if (shared_fc != nullptr && shared_fc->exec.forward == GemmMode::fp8) {
-    cast = {&shared_fc->exec, &shared_fc->input_codes};
-  }
   const ConstTensorView ln2(x.ln2, Dtype::f32, {N, C});
   backend_.normalization_forward(norm_kind(), TensorView(x.ln2, Dtype::f32, {N, C}), x.ln2_mean, x.ln2_rstd,
-                                 ConstTensorView(residual2, {N, C}), norm_weight, nullptr, cast);
+                                 ConstTensorView(residual2, {N, C}), norm_weight, nullptr, {});
 
   // Routing: logits, the top-k softmax, the grouping by expert.
   Linear& router = linear(b.router);
@@ -119,7 +116,7 @@ void Decoder::moe_forward(int64_t l, int64_t B, int64_t T, const float* residual
     const int64_t FC = 2 * H;
     void* fch = x.fch != nullptr ? x.fch : a.fch_scratch;
     backend_.linear_forward(TensorView(fch, hidden_type_, {N, FC}), ln2, weight_of(fc), fc.copy.get(), {},
-                            fc.exec, fp8_input(fc, true));
+                            fc.exec, fp8_input(fc, false));
     round_hidden(fch, N * FC);
     activation_into(fc_proj, x.fch_gelu, fch, N, H);
     backend_.linear_forward(TensorView(x.residual3, {N, C}),

