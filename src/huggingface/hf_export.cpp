@@ -16,6 +16,7 @@
 #include "octet/io/atomic_file.h"
 #include "octet/io/safetensors.h"
 #include "octet/model/model.h"
+#include "octet/numerics/minifloat.h"
 #include "octet/numerics/quantize.h"
 #include "octet/train/checkpoint.h"
 #include "octet/version.h"
@@ -33,7 +34,7 @@ constexpr int64_t kBlock = 128;
 // The linear layers that transformers' fine-grained FP8 replaces with its FP8 layers, by their Hugging Face
 // weight name: Llama's and Mixtral's attention projections, Llama's MLP projections and each Mixtral
 // expert's (w1, w3 and w2 of block_sparse_moe.experts.E). Not lm_head, nor Mixtral's router
-// (block_sparse_moe.gate), which modules_to_not_convert keeps in float32.
+// (block_sparse_moe.gate), which modules_to_not_convert keeps in the dtype they are stored in.
 bool is_fp8_linear(std::string_view hf_name) {
   for (const char* suffix : {".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
                              ".self_attn.o_proj.weight", ".mlp.gate_proj.weight", ".mlp.up_proj.weight",
@@ -68,6 +69,18 @@ struct OutputTensor {
   std::vector<int64_t> shape;
   std::vector<uint8_t> bytes;
 };
+
+// x rounded to BF16 (to nearest even), as little-endian bytes.
+std::vector<uint8_t> bf16_bytes(const std::vector<float>& x) {
+  std::vector<uint8_t> bytes(x.size() * 2);
+  const MinifloatSpec bf16 = minifloat_spec(Dtype::bf16);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint32_t code = encode(bf16, x[i], Overflow::non_saturating);
+    bytes[2 * i] = static_cast<uint8_t>(code & 0xFF);
+    bytes[2 * i + 1] = static_cast<uint8_t>(code >> 8);
+  }
+  return bytes;
+}
 
 std::vector<uint8_t> float_bytes(const std::vector<float>& x) {
   std::vector<uint8_t> bytes(x.size() * sizeof(float));
@@ -114,6 +127,12 @@ ExportSummary export_checkpoint(const fs::path& checkpoint, const fs::path& out,
     const std::string& name = place.tensor;
     const std::vector<int64_t>& shape = place.shape;
     std::vector<float> values = model->to_hf(p, params);
+    if (format == ExportFormat::fp8 && name.ends_with(".block_sparse_moe.gate.weight")) {
+      // transformers' FP8 model computes in BF16 and keeps a module it does not convert in its stored
+      // dtype: a float32 router would meet BF16 hidden states.
+      tensors.push_back({name, Dtype::bf16, shape, bf16_bytes(values)});
+      continue;
+    }
     if (format != ExportFormat::fp8 || !is_fp8_linear(name)) {
       tensors.push_back({name, Dtype::f32, shape, float_bytes(values)});
       continue;

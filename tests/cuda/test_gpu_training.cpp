@@ -182,11 +182,15 @@ TEST_P(GpuTraining, FollowsTheCpuReference) {
       EXPECT_EQ(device.fp8_gemms.back() + device.other_gemms.back(), 24 + 48 + 6 + 3);
     }
     // Largest relative difference of the amax histories, per operand (activation, weight, gradient).
+    // With `routed_too` false, experts' layers are left out: once a token's choice of experts differs
+    // between the runs (their router logits drift apart like any other activation), the experts involved
+    // see different tokens, and their amaxes say nothing about the kernels.
     const auto amax_differences = [&](const std::vector<Fp8LinearState>& expected,
-                                      const std::vector<Fp8LinearState>& actual) {
+                                      const std::vector<Fp8LinearState>& actual, bool routed_too) {
       std::array<double, 3> largest{0.0, 0.0, 0.0};
       EXPECT_EQ(expected.size(), actual.size());
       for (size_t i = 0; i < std::min(expected.size(), actual.size()); ++i) {
+        if (!routed_too && device.layers[i].find(".experts.") != std::string::npos) continue;
         const ScalingState* rs[3] = {&expected[i].activation, &expected[i].weight, &expected[i].gradient};
         const ScalingState* ds[3] = {&actual[i].activation, &actual[i].weight, &actual[i].gradient};
         for (size_t k = 0; k < 3; ++k) {
@@ -205,10 +209,10 @@ TEST_P(GpuTraining, FollowsTheCpuReference) {
     // accumulation order (and Hopper's fast accumulation in the forward) is the only difference, but AdamW's
     // normalised update turns a tiny gradient difference into a step of about the learning rate, so even the
     // weights' amaxes move apart by that much.
-    const std::array<double, 3> early = amax_differences(reference.early_states, device.early_states);
+    const std::array<double, 3> early = amax_differences(reference.early_states, device.early_states, true);
     // After 50 steps each run has followed its own rounding: activations and weights a little apart, and a
     // gradient's amax, the largest of many small values, further.
-    const std::array<double, 3> late = amax_differences(reference.states, device.states);
+    const std::array<double, 3> late = amax_differences(reference.states, device.states, false);
     std::printf(
         "[%s] largest relative amax history difference over %zu layers after %lld steps: activation "
         "%.3g, weight %.3g, gradient %.3g; after %lld steps: %.3g, %.3g, %.3g\n",
