@@ -12,19 +12,13 @@
 
 #include "errors.h"
 #include "octet/backend/cpu_backend.h"
-#include "octet/numerics/random.h"
+#include "random.h"
 
 namespace octet {
 namespace {
 
 std::vector<float> uniform(int64_t n, uint64_t seed, float lo = -2.0f, float hi = 2.0f) {
-  const CounterRng rng(seed);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    x[static_cast<size_t>(i)] =
-        lo + (hi - lo) * static_cast<float>(rng.bits(static_cast<uint64_t>(i), 0) >> 8) / 16777216.0f;
-  }
-  return x;
+  return testing::random_uniform(static_cast<size_t>(n), seed, lo, hi);
 }
 
 std::vector<double> softmax64(const float* z, int64_t E) {

@@ -428,4 +428,15 @@ void run_case(Backend& reference, Backend& tested, const OpCase& c) {
                             << " is not deterministic: its scalar results differ between two runs";
 }
 
+void run_all(const std::vector<OpCase>& cases) {
+  const auto reference = make_reference_backend();
+  const std::vector<const BackendFactory*> backends = tested_backends();
+  ASSERT_FALSE(backends.empty());
+  for (const BackendFactory* factory : backends) {
+    SCOPED_TRACE(std::string("backend ") + std::string(factory->name()));
+    const auto tested = factory->make(BackendOptions{});
+    for (const OpCase& c : cases) run_case(*reference, *tested, c);
+  }
+}
+
 }  // namespace octet::testing::backend_ops

@@ -155,5 +155,8 @@ std::vector<int32_t> random_indices(size_t count, uint64_t seed, int64_t n);
 
 // Runs the case on both backends and makes every check; then the determinism and guard checks.
 void run_case(Backend& reference, Backend& tested, const OpCase& c);
+// Every case on every tested backend (each registered backend with a device here), made with its default
+// options, against the reference.
+void run_all(const std::vector<OpCase>& cases);
 
 }  // namespace octet::testing::backend_ops

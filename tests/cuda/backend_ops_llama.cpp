@@ -33,17 +33,6 @@ std::vector<double> none() {
   return {};
 }
 
-void run_all(const std::vector<OpCase>& cases) {
-  const auto reference = make_reference_backend();
-  const std::vector<const octet::BackendFactory*> backends = tested_backends();
-  ASSERT_FALSE(backends.empty());
-  for (const octet::BackendFactory* factory : backends) {
-    SCOPED_TRACE(std::string("backend ") + std::string(factory->name()));
-    const auto tested = factory->make(octet::BackendOptions{});
-    for (const OpCase& c : cases) run_case(*reference, *tested, c);
-  }
-}
-
 // Where results are subnormal a rounding costs up to half a subnormal step: a term of 2^-126 covers it.
 const float kSubnormalStep = std::ldexp(1.0f, -126);
 

@@ -35,17 +35,6 @@ std::vector<double> none() {
   return {};
 }
 
-void run_all(const std::vector<OpCase>& cases) {
-  const auto reference = make_reference_backend();
-  const std::vector<const octet::BackendFactory*> backends = tested_backends();
-  ASSERT_FALSE(backends.empty());
-  for (const octet::BackendFactory* factory : backends) {
-    SCOPED_TRACE(std::string("backend ") + std::string(factory->name()));
-    const auto tested = factory->make(octet::BackendOptions{});
-    for (const OpCase& c : cases) run_case(*reference, *tested, c);
-  }
-}
-
 // --- the router ---
 
 struct RouterShape {

@@ -34,19 +34,6 @@ std::vector<double> none() {
   return {};
 }
 
-// Every case on every tested backend (each registered backend with a device here), made with its default
-// options.
-void run_all(const std::vector<OpCase>& cases) {
-  const auto reference = make_reference_backend();
-  const std::vector<const octet::BackendFactory*> backends = tested_backends();
-  ASSERT_FALSE(backends.empty());
-  for (const octet::BackendFactory* factory : backends) {
-    SCOPED_TRACE(std::string("backend ") + std::string(factory->name()));
-    const auto tested = factory->make(octet::BackendOptions{});
-    for (const OpCase& c : cases) run_case(*reference, *tested, c);
-  }
-}
-
 // Element counts for the elementwise ops: one, odd, prime, and past one pass of a typical grid.
 const std::vector<int64_t> kCounts = {1, 7, 91, 3221, 65537, (1 << 20) + 3};
 

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -50,10 +51,18 @@ inline BatchSource pattern_stream(uint64_t seed, int64_t B, int64_t T, int64_t V
 // extrapolation of two central differences cancels the h^2 term (sharp attention makes it large); what
 // remains is float32 rounding of the loss, about 1e-6 / h. Scale the weights up first, so that gradients
 // stand well above that noise.
-inline void expect_gradients_match_finite_differences(Model& m, const std::vector<int32_t>& tokens,
-                                                      const std::vector<int32_t>& targets, int64_t B,
-                                                      int64_t T) {
-  m.forward(tokens.data(), targets.data(), B, T);
+// The loss the gradients are taken of: by default the mean loss forward returns.
+using Objective = std::function<double(Model& m, const std::vector<int32_t>& tokens,
+                                       const std::vector<int32_t>& targets, int64_t B, int64_t T)>;
+
+// The same against `objective` (which backward must differentiate, such as a mixture of experts' loss with
+// its balance term), with central differences of step h and 2h. `checked(p, k, numeric)` is called for every
+// element compared.
+inline void expect_gradients_match_finite_differences(
+    Model& m, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t B, int64_t T,
+    const Objective& objective, float h, double absolute_tolerance,
+    const std::function<void(const ParameterInfo&, int64_t, double)>& checked = nullptr) {
+  objective(m, tokens, targets, B, T);
   m.zero_grad();
   m.backward(1.0f / static_cast<float>(B * T));
   const std::vector<float> grads(m.grads(), m.grads() + m.parameter_count());
@@ -61,22 +70,31 @@ inline void expect_gradients_match_finite_differences(Model& m, const std::vecto
     for (const int64_t k : {int64_t{0}, p.count / 3, p.count / 2 + 1, p.count - 1}) {
       float* x = m.params() + p.offset + k;
       const float original = *x;
-      auto central = [&](float h) {
-        *x = original + h;
+      auto central = [&](float step) {
+        *x = original + step;
         m.refresh_weight_copies();
-        const double up = m.forward(tokens.data(), targets.data(), B, T);
-        *x = original - h;
+        const double up = objective(m, tokens, targets, B, T);
+        *x = original - step;
         m.refresh_weight_copies();
-        const double down = m.forward(tokens.data(), targets.data(), B, T);
+        const double down = objective(m, tokens, targets, B, T);
         *x = original;
         m.refresh_weight_copies();
-        return (up - down) / (2.0 * static_cast<double>(h));
+        return (up - down) / (2.0 * static_cast<double>(step));
       };
-      const double numeric = (4.0 * central(2e-3f) - central(4e-3f)) / 3.0;
+      const double numeric = (4.0 * central(h) - central(2.0f * h)) / 3.0;
       const double analytic = grads[static_cast<size_t>(p.grad_offset + k)];
-      EXPECT_NEAR(analytic, numeric, 1e-3 + 0.01 * std::fabs(numeric)) << p.name << "[" << k << "]";
+      EXPECT_NEAR(analytic, numeric, absolute_tolerance + 0.01 * std::fabs(numeric)) << p.name << "[" << k << "]";
+      if (checked) checked(p, k, numeric);
     }
   }
+}
+
+inline void expect_gradients_match_finite_differences(Model& m, const std::vector<int32_t>& tokens,
+                                                      const std::vector<int32_t>& targets, int64_t B,
+                                                      int64_t T) {
+  const Objective mean_loss = [](Model& model, const std::vector<int32_t>& x, const std::vector<int32_t>& y,
+                                 int64_t b, int64_t t) { return static_cast<double>(model.forward(x.data(), y.data(), b, t)); };
+  expect_gradients_match_finite_differences(m, tokens, targets, B, T, mean_loss, 2e-3f, 1e-3);
 }
 
 }  // namespace octet::testing

@@ -73,10 +73,10 @@ TEST(Moe, ConfigRefusesExpertsItCannotBuild) {
 }
 
 // The loss training descends: the mean loss plus the balance loss of every layer.
-double training_loss(Decoder& m, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
-                     int64_t B, int64_t T) {
+double training_loss(Model& m, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t B,
+                     int64_t T) {
   const double loss = m.forward(tokens.data(), targets.data(), B, T);
-  const ModelConfig& c = m.config();
+  const ModelConfig& c = dynamic_cast<Decoder&>(m).config();
   return loss + static_cast<double>(c.router_aux_loss_coef) * static_cast<double>(c.layers) * *m.router_balance();
 }
 
@@ -98,32 +98,12 @@ TEST_P(MoeGradients, MatchFiniteDifferencesOfTheLossWithItsBalanceTerm) {
   const double balance = *m.router_balance();
   EXPECT_GT(balance, 1.0) << "a random router is not balanced";
   EXPECT_LE(balance, 4.0);
-  m.zero_grad();
-  m.backward(1.0f / static_cast<float>(B * T));
-  const std::vector<float> grads(m.grads(), m.grads() + m.parameter_count());
+  // Steps half the dense model's: a step that flips a token's choice of experts makes the loss jump.
   int64_t routers = 0;
-  for (const ParameterInfo& p : m.parameters()) {
-    for (const int64_t k : {int64_t{0}, p.count / 3, p.count / 2 + 1, p.count - 1}) {
-      float* x = m.params() + p.offset + k;
-      const float original = *x;
-      auto central = [&](float h) {
-        *x = original + h;
-        m.refresh_weight_copies();
-        const double up = training_loss(m, tokens, targets, B, T);
-        *x = original - h;
-        m.refresh_weight_copies();
-        const double down = training_loss(m, tokens, targets, B, T);
-        *x = original;
-        m.refresh_weight_copies();
-        return (up - down) / (2.0 * static_cast<double>(h));
-      };
-      // Steps half the dense model's: a step that flips a token's choice of experts makes the loss jump.
-      const double numeric = (4.0 * central(1e-3f) - central(2e-3f)) / 3.0;
-      const double analytic = grads[static_cast<size_t>(p.grad_offset + k)];
-      EXPECT_NEAR(analytic, numeric, 2e-3 + 0.01 * std::fabs(numeric)) << p.name << "[" << k << "]";
-      if (p.name.find("mlp.gate.") != std::string::npos && std::fabs(numeric) > 1e-2) ++routers;
-    }
-  }
+  testing::expect_gradients_match_finite_differences(
+      m, tokens, targets, B, T, training_loss, 1e-3f, 2e-3, [&](const ParameterInfo& p, int64_t, double numeric) {
+        if (p.name.find("mlp.gate.") != std::string::npos && std::fabs(numeric) > 1e-2) ++routers;
+      });
   EXPECT_GE(routers, 4) << "the routers' gradients must be checked where they are large";
 }
 
