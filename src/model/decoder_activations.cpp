@@ -104,7 +104,21 @@ void Decoder::plan_activations() {
     if (k.fch) p.take(x.fch, hidden_type_, N * FC);
     if (inputs && k.fch_gelu) p.take(x.fch_gelu, k.fch_gelu_type, N * H);
   };
-  // A mixture-of-experts block's routing and experts' tensors (decoder_internal.h).
+  // A mixture-of-experts block's routing and experts' tensors (decoder_internal.h), the experts' rows in bf16
+  // where every GEMM that reads them is BF16.
+  auto experts_bf16 = [&](LinearRole role, bool reads_input) {
+    bool all = config_.moe();
+    for (const auto& l : linears_) {
+      if (l->role != role) continue;
+      const GemmMode first = reads_input ? l->exec.forward : l->exec.input_gradient;
+      all &= first == GemmMode::bf16 && l->exec.weight_gradient == GemmMode::bf16;
+    }
+    return all ? backend_.storage_type({StorageRole::rounded_activation}) : Dtype::f32;
+  };
+  expert_input_type_ = experts_bf16(LinearRole::expert_fc, true);
+  expert_act_type_ = experts_bf16(LinearRole::expert_fc_proj, true);
+  expert_dout_type_ = experts_bf16(LinearRole::expert_fc_proj, false);
+  expert_fch_gradient_type_ = hidden_in_bf16_ ? experts_bf16(LinearRole::expert_fc, false) : Dtype::f32;
   const int64_t E = config_.experts, top_k = config_.experts_per_token;
   const int64_t M = config_.moe() ? grouped_rows(N, top_k, E, kExpertRowAlign) : 0;
   auto take_moe = [&](Planner& p, Activations::Moe& m) {
@@ -114,9 +128,9 @@ void Decoder::plan_activations() {
     p.take(reinterpret_cast<void*&>(m.slots), Dtype::f32, M);
     p.take(reinterpret_cast<void*&>(m.positions), Dtype::f32, N * top_k);
     p.take(reinterpret_cast<void*&>(m.offsets), Dtype::f32, E + 1);
-    p.take(m.dispatched, M * C);
+    p.take(m.dispatched, expert_input_type_, M * C);
     p.take(m.fch, hidden_type_, M * 2 * H);
-    p.take(m.act, M * H);
+    p.take(m.act, expert_act_type_, M * H);
     p.take(m.out, M * C);
   };
   auto lay_out = [&](Activations& a, Planner& p, ActivationCheckpointing level) {
@@ -227,9 +241,10 @@ void Decoder::plan_gradients() {
   if (config_.moe()) {
     const int64_t E = config_.experts, k = config_.experts_per_token;
     const int64_t M = grouped_rows(N, k, E, kExpertRowAlign);
+    q.take(dacts_->rows_dout, expert_dout_type_, M * C);
     q.take(dacts_->rows_c, M * C);
     q.take(dacts_->rows_f, hidden_type_, M * H);
-    q.take(dacts_->rows_2f, M * 2 * H);
+    q.take(dacts_->rows_2f, Dtype::f32, M * 2 * H);
     q.take(dacts_->dweights, N * k);
     q.take(dacts_->dlogits, N * E);
     q.take(dacts_->dprobs, E);

@@ -72,9 +72,10 @@ struct Decoder::Activations {
     int32_t* slots = nullptr;      // [M]: the assignment n k + j each grouped row holds (-1: padding)
     int32_t* positions = nullptr;  // [N k]: the grouped row of each assignment
     int32_t* offsets = nullptr;    // [E + 1]: where each expert's rows start
-    float* dispatched = nullptr;   // [M, C]: the tokens' normalized rows, grouped (the experts' gate/up input)
+    void* dispatched = nullptr;    // [M, C] in expert_input_type_: the tokens' normalized rows, grouped (the
+                                   // experts' gate/up input)
     void* fch = nullptr;           // [M, 2 F] in hidden_type_: the experts' gate/up output
-    float* act = nullptr;          // [M, F]: SwiGLU's output (the experts' down input)
+    void* act = nullptr;           // [M, F] in expert_act_type_: SwiGLU's output (the experts' down input)
     float* out = nullptr;          // [M, C]: the experts' down output
   };
   std::vector<Moe> moe;
@@ -105,14 +106,16 @@ struct Decoder::Gradients {
   float* wide_a = nullptr;
   float* wide_b = nullptr;
   // A mixture-of-experts block's (decoder_moe.cpp), M grouped rows:
-  //   rows_c   [M, C]: d(out) (combine -> the experts' down), then d(dispatched) (gate/up -> the gather)
+  //   rows_dout [M, C] in expert_dout_type_: d(out) (combine -> the experts' down)
+  //   rows_c   [M, C]: d(dispatched) (gate/up -> the gather)
   //   rows_f   [M, F] in hidden_type_: d(act) (down -> SwiGLU)
-  //   rows_2f  [M, 2 F]: d(fch) (SwiGLU -> gate/up)
+  //   rows_2f  [M, 2 F] in expert_fch_gradient_type_: d(fch) (SwiGLU -> gate/up)
   //   dweights [N k], dlogits [N, E], dprobs [E]: the routing's gradients
   //   dln      [N, C]: the MoE part of d(ln2) where a shared expert writes its own part into ln
+  void* rows_dout = nullptr;
   float* rows_c = nullptr;
   void* rows_f = nullptr;
-  float* rows_2f = nullptr;
+  void* rows_2f = nullptr;
   float* dweights = nullptr;
   float* dlogits = nullptr;
   float* dprobs = nullptr;

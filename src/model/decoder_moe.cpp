@@ -88,23 +88,25 @@ void Decoder::moe_forward(int64_t l, int64_t B, int64_t T, const float* residual
   const int64_t M = at.back();
 
   // The experts: gather, gate/up per expert, SwiGLU over every row at once, down per expert.
-  backend_.gather_rows(TensorView(m.dispatched, {M, C}), ln2, m.slots, k, nullptr);
+  backend_.gather_rows(TensorView(m.dispatched, expert_input_type_, {M, C}), ln2, m.slots, k, nullptr);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
     if (rows == 0) continue;
     Linear& up = linear(b.expert_fc(e));
     backend_.linear_forward(TensorView(rows_past(m.fch, hidden_type_, from, 2 * H), hidden_type_, {rows, 2 * H}),
-                            ConstTensorView(m.dispatched + from * C, {rows, C}), weight_of(up), up.copy.get(), {},
-                            up.exec, fp8_input(up, false));
+                            ConstTensorView(rows_past(m.dispatched, expert_input_type_, from, C), expert_input_type_,
+                                            {rows, C}),
+                            weight_of(up), up.copy.get(), {}, up.exec, fp8_input(up, false));
   }
   round_hidden(m.fch, M * 2 * H);
-  backend_.activation_forward(Activation::swiglu, TensorView(m.act, {M, H}),
+  backend_.activation_forward(Activation::swiglu, TensorView(m.act, expert_act_type_, {M, H}),
                               ConstTensorView(m.fch, hidden_type_, {M, 2 * H}), {});
   for (int64_t e = 0; e < E; ++e) {
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
     if (rows == 0) continue;
     Linear& down = linear(b.expert_fc_proj(e));
-    backend_.linear_forward(TensorView(m.out + from * C, {rows, C}), ConstTensorView(m.act + from * H, {rows, H}),
+    backend_.linear_forward(TensorView(m.out + from * C, {rows, C}),
+                            ConstTensorView(rows_past(m.act, expert_act_type_, from, H), expert_act_type_, {rows, H}),
                             weight_of(down), down.copy.get(), {}, down.exec, fp8_input(down, false));
   }
 
@@ -183,7 +185,8 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
   }
 
   // The combine's backward: each grouped row's gradient (the token's, weighted) and each weight's.
-  backend_.gather_rows(TensorView(d.rows_c, {M, C}), ConstTensorView(d.residual, {N, C}), m.slots, k, m.weights);
+  backend_.gather_rows(TensorView(d.rows_dout, expert_dout_type_, {M, C}), ConstTensorView(d.residual, {N, C}),
+                       m.slots, k, m.weights);
   backend_.row_dots(d.dweights, ConstTensorView(d.residual, {N, C}), ConstTensorView(m.out, {M, C}), m.positions,
                     k);
   // The router: the top-k softmax's backward with the balance loss's gradient, then its GEMMs.
@@ -204,30 +207,35 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
                                   m.weights, d.dweights, k, dprobs);
   backward_linear(linear(b.router), dln, Dtype::f32, nullptr, d.dlogits, Dtype::f32, x.ln2, Dtype::f32, N);
 
-  // The experts, from their outputs' gradient in rows_c: down, SwiGLU, gate/up (into rows_c again).
+  // The experts, from their outputs' gradient in rows_dout: down, SwiGLU, gate/up (into rows_c).
   for (int64_t e = 0; e < E; ++e) {
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
     if (rows == 0) continue;
     backward_linear(linear(b.expert_fc_proj(e)), rows_past(d.rows_f, hidden_type_, from, H), hidden_type_,
-                    nullptr, d.rows_c + from * C, Dtype::f32, m.act + from * H, Dtype::f32, rows);
+                    nullptr, rows_past(d.rows_dout, expert_dout_type_, from, C), expert_dout_type_,
+                    rows_past(m.act, expert_act_type_, from, H), expert_act_type_, rows);
   }
   round_hidden(d.rows_f, M * H);
   // The gate/up output gradient rounded to bf16 once where every expert's GEMMs that read it are BF16 (as the
-  // dense MLP's), in float32 otherwise.
+  // dense MLP's): stored so where the backend does (expert_fch_gradient_type_), rounded in place otherwise.
   bool rounded = hidden_in_bf16_;
   for (int64_t e = 0; e < E; ++e) {
     const LinearExecution& up = linear(b.expert_fc(e)).exec;
     rounded &= up.input_gradient == GemmMode::bf16 && up.weight_gradient == GemmMode::bf16;
   }
-  backend_.activation_backward(Activation::swiglu, TensorView(d.rows_2f, {M, 2 * H}),
+  const Dtype dfch_type = rounded ? expert_fch_gradient_type_ : Dtype::f32;
+  backend_.activation_backward(Activation::swiglu, TensorView(d.rows_2f, dfch_type, {M, 2 * H}),
                                ConstTensorView(m.fch, hidden_type_, {M, 2 * H}),
                                ConstTensorView(d.rows_f, hidden_type_, {M, H}), nullptr, {});
-  if (rounded) backend_.round_in_place(d.rows_2f, M * 2 * H, Dtype::bf16);
+  if (rounded && dfch_type == Dtype::f32) {
+    backend_.round_in_place(static_cast<float*>(d.rows_2f), M * 2 * H, Dtype::bf16);
+  }
   for (int64_t e = 0; e < E; ++e) {
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
     if (rows == 0) continue;
-    backward_linear(linear(b.expert_fc(e)), d.rows_c + from * C, Dtype::f32, nullptr, d.rows_2f + from * 2 * H,
-                    Dtype::f32, m.dispatched + from * C, Dtype::f32, rows);
+    backward_linear(linear(b.expert_fc(e)), d.rows_c + from * C, Dtype::f32, nullptr,
+                    rows_past(d.rows_2f, dfch_type, from, 2 * H), dfch_type,
+                    rows_past(m.dispatched, expert_input_type_, from, C), expert_input_type_, rows);
   }
   // The gather's backward: each token's rows summed into d(ln2).
   backend_.combine_rows(TensorView(dln, {N, C}), dln, ConstTensorView(d.rows_c, {M, C}), m.positions, k, nullptr);

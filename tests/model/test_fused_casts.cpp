@@ -140,8 +140,7 @@ struct TrainingRecord {
 // Four steps, `moved` (h.1.mlp.c_fc unless said) moved to BF16 after the second (the fused path stops for it
 // mid-run), then an evaluation.
 TrainingRecord train(Backend& backend, const PrecisionSettings& precision,
-                     const char* moved = "h.1.mlp.c_fc") {
-  const ModelConfig c = tiny_config();
+                     const char* moved = "h.1.mlp.c_fc", const ModelConfig& c = tiny_config()) {
   Decoder model(c, backend, PrecisionPolicy(precision, c, 32), 2, 16);
   model.init_weights(21);
   model.set_telemetry(true, true);
@@ -386,6 +385,13 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
     store(dinp);
   }
   // How many bf16 tensors the ops wrote and read.
+  void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index, int64_t divisor,
+                   const float* scale) override {
+    inner_.gather_rows(output(out), src, index, divisor, scale);
+    if (out.dtype == Dtype::bf16) ++gathered_;
+    store(out);
+  }
+  int64_t gathered() const { return gathered_; }
   int64_t stored() const { return stored_; }
   int64_t read() const { return read_; }
 
@@ -420,6 +426,7 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
   std::vector<float> widened_[2];
   int64_t stored_ = 0;
   int64_t read_ = 0;
+  int64_t gathered_ = 0;  // gather_rows into bf16
 };
 
 // bf16 and fp8 modes round the MLP's hidden activation and its gradient to bf16, as PyTorch autocast keeps
@@ -491,6 +498,28 @@ INSTANTIATE_TEST_SUITE_P(
                       HiddenCase{"fp8_delayed_recompute", MixedPrecision::fp8, RecipeKind::delayed, true},
                       HiddenCase{"fp32", MixedPrecision::fp32, RecipeKind::delayed, false}),
     [](const auto& p) { return std::string(p.param.name); });
+
+// A mixture of experts' rows (the experts' gathered inputs, SwiGLU's outputs, the gradients of the experts'
+// outputs and of their gate/up outputs) stored in bf16 where every GEMM that reads them is BF16: the same
+// bits as float32 rows rounded to bf16, in bf16 mode and in fp8 mode with the experts in BF16 and in FP8
+// (where the experts' rows stay float32 for their casts).
+TEST(ExpertRowsInBf16, StoredAsBf16TrainBitForBitAsRoundedFloat32) {
+  const ModelConfig c = testing::tiny_moe_config(true);
+  for (const int variant : {0, 1, 2}) {
+    PrecisionSettings precision = variant == 0 ? mode(MixedPrecision::bf16) : fp8_with(RecipeKind::delayed);
+    precision.experts = variant == 2;
+    auto rounding_backend = make_cpu_backend();
+    const TrainingRecord rounded = train(*rounding_backend, precision, "layers.1.mlp.shared_expert.down_proj", c);
+    auto inner = make_cpu_backend();
+    Bf16HiddenStorage bf16_backend(*inner);
+    const TrainingRecord stored = train(bf16_backend, precision, "layers.1.mlp.shared_expert.down_proj", c);
+    for (const float loss : stored.losses) ASSERT_FALSE(std::isnan(loss)) << variant;
+    expect_same_training(stored, rounded, RecipeKind::delayed);
+    // The experts' inputs and their outputs' gradients gathered into bf16 where the experts are BF16: twice
+    // per block and training step, once per block in the evaluation; never where they are FP8.
+    EXPECT_EQ(bf16_backend.gathered(), variant == 2 ? 0 : 2 * (2 * 4 + 1)) << variant;
+  }
+}
 
 }  // namespace
 }  // namespace octet

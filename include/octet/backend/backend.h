@@ -395,7 +395,7 @@ class Backend {
   virtual void group_by_expert(int32_t* offsets, int32_t* slots, int32_t* positions, const int32_t* experts,
                                int64_t N, int64_t k, int64_t E, int64_t align) = 0;
   // out [M, C] row m = scale[index[m]] (null: 1) x src [R, C] row index[m] / divisor; zero where
-  // index[m] < 0. float32.
+  // index[m] < 0. src float32; out float32, or bf16 (each value rounded once) where storage_type says so.
   virtual void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index,
                            int64_t divisor, const float* scale) = 0;
   // out [R, C] row r = base row r (null: zero) + the sum over j < k, in j order, of weights[r k + j] (null:

@@ -185,6 +185,14 @@ class Decoder final : public Model {
   // Each expert's assignments in block l's last forward, and the layer's balance (router_balance).
   std::vector<std::vector<int64_t>> expert_counts_;
   std::vector<double> layer_balance_;
+  // How the experts' grouped rows are stored: the gate/up input, the down input, the down output's gradient
+  // and the gate/up output's gradient, each bf16 (Backend::storage_type, rounded_activation) where every
+  // expert's GEMMs that read it are BF16, which round it to bf16 anyway, and float32 otherwise (FP8 casts
+  // read float32).
+  Dtype expert_input_type_ = Dtype::f32;
+  Dtype expert_act_type_ = Dtype::f32;
+  Dtype expert_dout_type_ = Dtype::f32;
+  Dtype expert_fch_gradient_type_ = Dtype::f32;
   // The linear layers of each block, in the order the block runs them.
   std::vector<std::vector<Linear*>> block_linears_;
   void build_parameters();

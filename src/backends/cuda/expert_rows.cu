@@ -8,6 +8,8 @@
 // ops_common.cuh's.
 #include "expert_rows.h"
 
+#include <type_traits>
+
 #include "elementwise.cuh"
 #include "octet/check.h"
 #include "octet/cuda/device.h"
@@ -27,9 +29,11 @@ using ops_internal::kThreads;
 using ops_internal::kWarp;
 using ops_internal::warp_float_sum;
 
-// With W = 4, C is a multiple of 4, so a group of four elements lies in one row.
+// With W = 4, C is a multiple of 4, so a group of four elements lies in one row. Out is float (float32) or
+// uint16_t (bf16: each float32 value rounded once, to nearest even).
+template <typename Out>
 struct GatherRows {
-  float* out;
+  Out* out;
   const float* src;
   const int32_t* index;
   const float* scale;  // null: 1
@@ -123,16 +127,37 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void gather_rows(float* out, const float* src, const int32_t* index, const float* scale, int64_t M, int64_t R,
-                 int64_t C, int64_t divisor, cudaStream_t stream) {
+namespace {
+
+template <typename Out>
+void gather_rows_as(Out* out, const float* src, const int32_t* index, const float* scale, int64_t M, int64_t R,
+                    int64_t C, int64_t divisor, cudaStream_t stream) {
   check_size(M, "gather_rows");
   check_size(R, "gather_rows");
   check_size(C, "gather_rows");
   OCTET_CHECK(divisor >= 1, "gather_rows: the divisor is at least 1, given {}", divisor);
   if (M * C == 0) return;
-  const bool vector = C % 4 == 0 && aligned16(out) && aligned16(src);
-  for_each(GatherRows{out, src, index, scale, R, C, divisor}, M * C, vector, stream);
+  bool out_aligned = false;
+  if constexpr (std::is_same_v<Out, float>) {
+    out_aligned = aligned16(out);
+  } else {
+    out_aligned = elementwise::pack_aligned(out);
+  }
+  const bool vector = C % 4 == 0 && out_aligned && aligned16(src);
+  for_each(GatherRows<Out>{out, src, index, scale, R, C, divisor}, M * C, vector, stream);
   OCTET_CUDA_CHECK_LAUNCH("gather_rows");
+}
+
+}  // namespace
+
+void gather_rows(float* out, const float* src, const int32_t* index, const float* scale, int64_t M, int64_t R,
+                 int64_t C, int64_t divisor, cudaStream_t stream) {
+  gather_rows_as(out, src, index, scale, M, R, C, divisor, stream);
+}
+
+void gather_rows(uint16_t* out, const float* src, const int32_t* index, const float* scale, int64_t M,
+                 int64_t R, int64_t C, int64_t divisor, cudaStream_t stream) {
+  gather_rows_as(out, src, index, scale, M, R, C, divisor, stream);
 }
 
 void combine_rows(float* out, const float* base, const float* src, const int32_t* positions,

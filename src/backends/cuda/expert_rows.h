@@ -13,6 +13,9 @@ namespace octet::cuda {
 // An index past src's rows (which the CPU reference refuses, and a kernel cannot) gives a row of NaN.
 void gather_rows(float* out, const float* src, const int32_t* index, const float* scale, int64_t M, int64_t R,
                  int64_t C, int64_t divisor, cudaStream_t stream);
+// The same into bf16 out: each float32 value rounded once, to nearest even.
+void gather_rows(uint16_t* out, const float* src, const int32_t* index, const float* scale, int64_t M,
+                 int64_t R, int64_t C, int64_t divisor, cudaStream_t stream);
 // out [R, C] row r = base row r (null: zero) + the sum over j < k, in j order, of weights[r k + j] (null: 1)
 // x src row positions[r k + j]. out may be base.
 void combine_rows(float* out, const float* base, const float* src, const int32_t* positions,

@@ -45,13 +45,17 @@ void CudaBackend::group_by_expert(int32_t* offsets, int32_t* slots, int32_t* pos
 
 void CudaBackend::gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index,
                               int64_t divisor, const float* scale) {
-  check_dtype("gather_rows", "out", out.dtype, {Dtype::f32});
+  check_dtype("gather_rows", "out", out.dtype, {Dtype::f32, Dtype::bf16});
   check_dtype("gather_rows", "src", src.dtype, {Dtype::f32});
   const int64_t M = out.rows(), C = out.cols(), R = src.rows();
   check_matrix("gather_rows", "src", src.shape, R, C);
   OCTET_CHECK(divisor >= 1, "gather_rows: the divisor is at least 1, given {}", divisor);
   const OpScope scope(*this, OpKind::other);
-  cuda::gather_rows(out.f32(), src.f32(), index, scale, M, R, C, divisor, stream_);
+  if (out.dtype == Dtype::bf16) {
+    cuda::gather_rows(static_cast<uint16_t*>(out.data), src.f32(), index, scale, M, R, C, divisor, stream_);
+  } else {
+    cuda::gather_rows(out.f32(), src.f32(), index, scale, M, R, C, divisor, stream_);
+  }
 }
 
 void CudaBackend::combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,
