@@ -20,7 +20,7 @@ namespace {
 
 using elementwise::load_pack;
 using elementwise::Pack;
-using elementwise::store_pack;
+using ops_internal::store_pack;  // float32 (elementwise.cuh's) and bf16
 using ops_internal::aligned16;
 using ops_internal::ceil_div;
 using ops_internal::check_size;
