@@ -98,40 +98,23 @@ for config in "${configs[@]}"; do
   if [[ $rc -ne 0 ]]; then echo "  failed (exit $rc): $(tail -1 "$out/$name-peer.log")"; status=1; fi
 done
 
-"$python" - "$out" "$steps" "$warmup" "${names[@]}" <<'TABLE' | tee "$out/compare.md"
-import json, sys
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$out" "$steps" "$warmup" "${names[@]}" <<'TABLE' | tee "$out/compare.md"
+import sys
+
+from compare_table import gpu_line, load, number, ratio
 
 out, steps, warmup, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 
 
 def octet_result(name, mode):
-    try:
-        with open(f"{out}/{name}-octet-{mode}.json") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    return load(f"{out}/{name}-octet-{mode}.json")
 
 
 def peer_result(name):
-    try:
-        with open(f"{out}/{name}-peer.json") as f:
-            lines = [l for l in f.read().splitlines() if l.startswith("{")]
-        return json.loads(lines[-1]) if lines else None
-    except (OSError, ValueError):
-        return None
+    return load(f"{out}/{name}-peer.json", last_line=True)
 
 
-def number(value, digits=0):
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def ratio(a, b):
-    # Three decimals: the targets are ratios like 1.40, which a rounded 1.396 must not seem to meet.
-    return "-" if a is None or b is None or b == 0 else f"{a / b:.3f}"
-
-
-gpu = open(f"{out}/gpu.txt").read().strip()
-print(f"GPU: {gpu}. Random tokens; each run timed over {steps} steps after {warmup} warm-up steps.")
+print(gpu_line(out, steps, warmup))
 print()
 print("| model | octet fp8 tok/s | octet bf16 tok/s | PyTorch bf16 tok/s | fp8 / peer | bf16 / peer "
       "| octet fp8 GiB | octet bf16 GiB | PyTorch GiB | fp8 / bf16 memory | octet fp8 MFU (BF16 peak) |")

@@ -78,34 +78,14 @@ for name in "${presets[@]}"; do
   done
 done
 
-"$python" - "$out" "$steps" "$warmup" "${presets[@]}" <<'TABLE' | tee "$out/compare.md"
-import json, sys
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$out" "$steps" "$warmup" "${presets[@]}" <<'TABLE' | tee "$out/compare.md"
+import sys
+
+from compare_table import gpu_line, load, number, ratio
 
 out, steps, warmup, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 
-
-def load(path, last_line=False):
-    try:
-        with open(path) as f:
-            text = f.read()
-        if last_line:
-            lines = [l for l in text.splitlines() if l.startswith("{")]
-            return json.loads(lines[-1]) if lines else None
-        return json.loads(text)
-    except (OSError, ValueError):
-        return None
-
-
-def number(value, digits=0):
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def ratio(a, b):
-    return "-" if a is None or b is None or b == 0 else f"{a / b:.3f}"
-
-
-gpu = open(f"{out}/gpu.txt").read().strip()
-print(f"GPU: {gpu}. Random tokens; each run timed over {steps} steps after {warmup} warm-up steps.")
+print(gpu_line(out, steps, warmup))
 print()
 print("| model | octet fp8 tok/s | octet bf16 tok/s | PyTorch bf16 tok/s | PyTorch + torchao fp8 tok/s "
       "| fp8 / peer bf16 | fp8 / peer fp8 | bf16 / peer bf16 | octet fp8 GiB | octet bf16 GiB | PyTorch GiB |")

@@ -53,30 +53,14 @@ for name in "${presets[@]}"; do
   done
 done
 
-"$python" - "$out" "$steps" "$warmup" "${presets[@]}" <<'TABLE' | tee "$out/compare.md"
-import json, sys
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$out" "$steps" "$warmup" "${presets[@]}" <<'TABLE' | tee "$out/compare.md"
+import sys
+
+from compare_table import gpu_line, load, number, ratio
 
 out, steps, warmup, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def number(value, digits=0):
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def ratio(a, b):
-    return "-" if a is None or b is None or b == 0 else f"{a / b:.3f}"
-
-
-gpu = open(f"{out}/gpu.txt").read().strip()
-print(f"GPU: {gpu}. Random tokens; each run timed over {steps} steps after {warmup} warm-up steps.")
+print(gpu_line(out, steps, warmup))
 print()
 print("| model | bf16 tok/s | fp8 tok/s (experts BF16) | fp8 tok/s (experts FP8) | fp8 / bf16 | fp8 experts / bf16 "
       "| bf16 GiB | fp8 GiB | fp8 experts GiB |")

@@ -163,6 +163,8 @@ TEST(LmHeadChunk, Bf16HeadRoundsItsLogitsToBf16) {
                  .inp = ConstTensorView(inp.data(), {n, C}),
                  .weight = ConstTensorView(weight.data(), {Vp, C}),
                  .copy = copy.get(),
+                 .input = {},
+                 .gradient = {},
                  .V = V,
                  .dloss = dloss},
                 exec);

@@ -14,7 +14,7 @@ namespace {
 
 TensorReading reading(int64_t step, std::optional<double> saturated, std::optional<double> underflow,
                       std::optional<double> scale, std::string tensor = "activation") {
-  return {step, "h.0.mlp.c_fc", std::move(tensor), saturated, underflow, scale};
+  return {step, "h.0.mlp.c_fc", std::move(tensor), saturated, underflow, scale, {}};
 }
 
 TEST(AlertMonitor, EachKindFiresOncePerTensorAboveItsThreshold) {
