@@ -226,11 +226,24 @@ std::vector<FusionRecord> Decoder::fusions() const {
       case LinearRole::proj:
         add(*l, Fusion::residual_add, name);
         break;
+      case LinearRole::expert_fc: {
+        // An expert's rows are cast for it by the gather (its input) and by its SwiGLU's backward (its
+        // output gradient); its down projection's by its SwiGLU and by the gather of the combine's gradient
+        // (decoder_moe.cpp).
+        const std::string expert = name.substr(0, name.rfind('.') + 1);  // "layers.3.mlp.experts.5."
+        if (fp8_forward) add(*l, Fusion::input_cast, b.experts + "gather");
+        if (casts_gradient(l->exec)) add(*l, Fusion::gradient_cast, expert + activation);
+        break;
+      }
+      case LinearRole::expert_fc_proj: {
+        const std::string expert = name.substr(0, name.rfind('.') + 1);
+        if (fp8_forward) add(*l, Fusion::input_cast, expert + activation);
+        if (casts_gradient(l->exec)) add(*l, Fusion::gradient_cast, b.experts + "gather");
+        break;
+      }
       case LinearRole::head:
       case LinearRole::router:
-      case LinearRole::expert_fc:
-      case LinearRole::expert_fc_proj:
-        break;  // a router's and the experts' inputs are gathered or kept in float32: no producer casts
+        break;  // a router's input is kept in float32: no producer casts
     }
   }
   return out;

@@ -33,6 +33,12 @@ T* rows_past(T* p, Dtype type, int64_t rows, int64_t width) {
   return reinterpret_cast<T*>(reinterpret_cast<Byte*>(p) + storage_bytes(type, rows * width));
 }
 
+// An expert's rows [from, from + rows) of a tensor of `width` columns, or null where the op that would write
+// them writes only their FP8 cast (`cast_only`), which is all that the expert's GEMMs read.
+void* expert_rows(void* p, Dtype type, int64_t from, int64_t width, bool cast_only) {
+  return cast_only ? nullptr : rows_past(p, type, from, width);
+}
+
 }  // namespace
 
 std::optional<double> Decoder::router_balance() const {
@@ -87,27 +93,60 @@ void Decoder::moe_forward(int64_t l, int64_t B, int64_t T, const float* residual
   layer_balance_[static_cast<size_t>(l)] = static_cast<double>(E) * balance;
   const int64_t M = at.back();
 
-  // The experts: gather, gate/up per expert, SwiGLU over every row at once, down per expert.
-  backend_.gather_rows(TensorView(m.dispatched, expert_input_type_, {M, C}), ln2, m.slots, k, nullptr);
+  // The experts: gather, gate/up per expert, SwiGLU, down per expert. An FP8 expert's input and hidden
+  // activation are cast for it where they are made, each with that expert's own scale: by the gather of its
+  // rows and by SwiGLU over its rows, an expert at a time, each followed by the GEMM that reads the cast.
+  // Where no expert's GEMM there is FP8, one gather and one SwiGLU cover every row.
+  std::vector<Linear*> ups(static_cast<size_t>(E), nullptr), downs(static_cast<size_t>(E), nullptr);
+  bool fp8_up = false, fp8_down = false;
   for (int64_t e = 0; e < E; ++e) {
+    if (at[static_cast<size_t>(e) + 1] == at[static_cast<size_t>(e)]) continue;
+    ups[static_cast<size_t>(e)] = &linear(b.expert_fc(e));
+    downs[static_cast<size_t>(e)] = &linear(b.expert_fc_proj(e));
+    fp8_up |= ups[static_cast<size_t>(e)]->exec.forward == GemmMode::fp8;
+    fp8_down |= downs[static_cast<size_t>(e)]->exec.forward == GemmMode::fp8;
+  }
+  if (!fp8_up) {
+    backend_.gather_rows(TensorView(m.dispatched, expert_input_type_, {M, C}), ln2, m.slots, k, nullptr, {},
+                         TensorRole::activation);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    if (ups[static_cast<size_t>(e)] == nullptr) continue;
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
-    if (rows == 0) continue;
-    Linear& up = linear(b.expert_fc(e));
-    backend_.linear_forward(TensorView(rows_past(m.fch, hidden_type_, from, 2 * H), hidden_type_, {rows, 2 * H}),
-                            ConstTensorView(rows_past(m.dispatched, expert_input_type_, from, C), expert_input_type_,
-                                            {rows, C}),
-                            weight_of(up), up.copy.get(), {}, up.exec, fp8_input(up, false));
+    Linear& up = *ups[static_cast<size_t>(e)];
+    const bool cast = up.exec.forward == GemmMode::fp8;
+    void* rows_in =
+        expert_rows(m.dispatched, expert_input_type_, from, C, cast && input_cast_suffices(up.exec));
+    if (fp8_up) {
+      backend_.gather_rows(TensorView(rows_in, expert_input_type_, {rows, C}), ln2, m.slots + from, k,
+                           nullptr, cast ? Fp8CastTarget{&up.exec, &up.input_codes} : Fp8CastTarget{},
+                           TensorRole::activation);
+    }
+    backend_.linear_forward(
+        TensorView(rows_past(m.fch, hidden_type_, from, 2 * H), hidden_type_, {rows, 2 * H}),
+        ConstTensorView(rows_in, expert_input_type_, {rows, C}), weight_of(up), up.copy.get(), {}, up.exec,
+        fp8_input(up, true));
   }
   round_hidden(m.fch, M * 2 * H);
-  backend_.activation_forward(Activation::swiglu, TensorView(m.act, expert_act_type_, {M, H}),
-                              ConstTensorView(m.fch, hidden_type_, {M, 2 * H}), {});
+  if (!fp8_down) {
+    backend_.activation_forward(Activation::swiglu, TensorView(m.act, expert_act_type_, {M, H}),
+                                ConstTensorView(m.fch, hidden_type_, {M, 2 * H}), {});
+  }
   for (int64_t e = 0; e < E; ++e) {
+    if (downs[static_cast<size_t>(e)] == nullptr) continue;
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
-    if (rows == 0) continue;
-    Linear& down = linear(b.expert_fc_proj(e));
+    Linear& down = *downs[static_cast<size_t>(e)];
+    const bool cast = down.exec.forward == GemmMode::fp8;
+    void* act = expert_rows(m.act, expert_act_type_, from, H, cast && input_cast_suffices(down.exec));
+    if (fp8_down) {
+      backend_.activation_forward(
+          Activation::swiglu, TensorView(act, expert_act_type_, {rows, H}),
+          ConstTensorView(rows_past(m.fch, hidden_type_, from, 2 * H), hidden_type_, {rows, 2 * H}),
+          cast ? Fp8CastTarget{&down.exec, &down.input_codes} : Fp8CastTarget{});
+    }
     backend_.linear_forward(TensorView(m.out + from * C, {rows, C}),
-                            ConstTensorView(rows_past(m.act, expert_act_type_, from, H), expert_act_type_, {rows, H}),
-                            weight_of(down), down.copy.get(), {}, down.exec, fp8_input(down, false));
+                            ConstTensorView(act, expert_act_type_, {rows, H}), weight_of(down),
+                            down.copy.get(), {}, down.exec, fp8_input(down, true));
   }
 
   // residual3 = residual2 (+ the shared expert's MLP) + the weighted experts' rows of each token.
@@ -123,7 +162,8 @@ void Decoder::moe_forward(int64_t l, int64_t B, int64_t T, const float* residual
     activation_into(fc_proj, x.fch_gelu, fch, N, H);
     backend_.linear_forward(TensorView(x.residual3, {N, C}),
                             ConstTensorView(x.fch_gelu, fc_proj.input_type, {N, H}), weight_of(fc_proj),
-                            fc_proj.copy.get(), {.residual = residual2}, fc_proj.exec, fp8_input(fc_proj, true));
+                            fc_proj.copy.get(), {.residual = residual2}, fc_proj.exec,
+                            fp8_input(fc_proj, true));
     base = x.residual3;
   }
   backend_.combine_rows(TensorView(x.residual3, {N, C}), base, ConstTensorView(m.out, {M, C}), m.positions, k,
@@ -184,11 +224,24 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
     dln = d.dln;
   }
 
-  // The combine's backward: each grouped row's gradient (the token's, weighted) and each weight's.
-  backend_.gather_rows(TensorView(d.rows_dout, expert_dout_type_, {M, C}), ConstTensorView(d.residual, {N, C}),
-                       m.slots, k, m.weights);
-  backend_.row_dots(d.dweights, ConstTensorView(d.residual, {N, C}), ConstTensorView(m.out, {M, C}), m.positions,
-                    k);
+  // The combine's backward: each grouped row's gradient (the token's, weighted), for every row at once where
+  // no expert's down projection casts it (else an expert at a time, below), and each weight's.
+  std::vector<Linear*> ups(static_cast<size_t>(E), nullptr), downs(static_cast<size_t>(E), nullptr);
+  bool fp8_down = false, fp8_up = false;
+  for (int64_t e = 0; e < E; ++e) {
+    if (at[static_cast<size_t>(e) + 1] == at[static_cast<size_t>(e)]) continue;
+    ups[static_cast<size_t>(e)] = &linear(b.expert_fc(e));
+    downs[static_cast<size_t>(e)] = &linear(b.expert_fc_proj(e));
+    fp8_down |= casts_gradient(downs[static_cast<size_t>(e)]->exec);
+    fp8_up |= casts_gradient(ups[static_cast<size_t>(e)]->exec);
+  }
+  if (!fp8_down) {
+    backend_.gather_rows(TensorView(d.rows_dout, expert_dout_type_, {M, C}),
+                         ConstTensorView(d.residual, {N, C}), m.slots, k, m.weights, {},
+                         TensorRole::gradient);
+  }
+  backend_.row_dots(d.dweights, ConstTensorView(d.residual, {N, C}), ConstTensorView(m.out, {M, C}),
+                    m.positions, k);
   // The router: the top-k softmax's backward with the balance loss's gradient, then its GEMMs.
   const float* dprobs = nullptr;
   if (config_.router_aux_loss_coef > 0.0f) {
@@ -196,8 +249,9 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
     const double per_token = static_cast<double>(dloss_scale) * static_cast<double>(N) *
                              config_.router_aux_loss_coef * static_cast<double>(E) / static_cast<double>(N);
     for (int64_t e = 0; e < E; ++e) {
-      const double share = static_cast<double>(expert_counts_[static_cast<size_t>(l)][static_cast<size_t>(e)]) /
-                           static_cast<double>(N * k);
+      const double share =
+          static_cast<double>(expert_counts_[static_cast<size_t>(l)][static_cast<size_t>(e)]) /
+          static_cast<double>(N * k);
       host[static_cast<size_t>(e)] = static_cast<float>(per_token * share);
     }
     backend_.copy_from_host(d.dprobs, host.data(), host.size() * sizeof(float));
@@ -207,44 +261,72 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
                                   m.weights, d.dweights, k, dprobs);
   backward_linear(linear(b.router), dln, Dtype::f32, nullptr, d.dlogits, Dtype::f32, x.ln2, Dtype::f32, N);
 
-  // The experts, from their outputs' gradient in rows_dout: down, SwiGLU, gate/up (into rows_c).
+  // The experts, from their outputs' gradient: down (its output gradient cast by the gather of its rows where
+  // it is FP8), SwiGLU (casting gate/up's output gradient where that is FP8, an expert at a time), gate/up
+  // (into rows_c).
   for (int64_t e = 0; e < E; ++e) {
+    if (downs[static_cast<size_t>(e)] == nullptr) continue;
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
-    if (rows == 0) continue;
-    backward_linear(linear(b.expert_fc_proj(e)), rows_past(d.rows_f, hidden_type_, from, H), hidden_type_,
-                    nullptr, rows_past(d.rows_dout, expert_dout_type_, from, C), expert_dout_type_,
-                    rows_past(m.act, expert_act_type_, from, H), expert_act_type_, rows);
+    Linear& down = *downs[static_cast<size_t>(e)];
+    const bool cast = casts_gradient(down.exec);
+    void* dout =
+        expert_rows(d.rows_dout, expert_dout_type_, from, C, cast && gradient_cast_suffices(down.exec));
+    if (fp8_down) {
+      backend_.gather_rows(TensorView(dout, expert_dout_type_, {rows, C}),
+                           ConstTensorView(d.residual, {N, C}), m.slots + from, k, m.weights,
+                           cast ? Fp8CastTarget{&down.exec, &gradient_codes_} : Fp8CastTarget{},
+                           TensorRole::gradient);
+    }
+    void* act = expert_rows(m.act, expert_act_type_, from, H,
+                            down.exec.forward == GemmMode::fp8 && input_cast_suffices(down.exec));
+    backward_linear(down, rows_past(d.rows_f, hidden_type_, from, H), hidden_type_, nullptr, dout,
+                    expert_dout_type_, act, expert_act_type_, rows, cast);
   }
   round_hidden(d.rows_f, M * H);
-  // The gate/up output gradient rounded to bf16 once where every expert's GEMMs that read it are BF16 (as the
-  // dense MLP's): stored so where the backend does (expert_fch_gradient_type_), rounded in place otherwise.
+  // Where no expert's gate/up casts its output gradient, SwiGLU's backward covers every row at once, that
+  // gradient rounded to bf16 once where every expert's GEMMs that read it are BF16 (as the dense MLP's):
+  // stored so where the backend does (expert_fch_gradient_type_), rounded in place otherwise.
   bool rounded = hidden_in_bf16_;
   for (int64_t e = 0; e < E; ++e) {
     const LinearExecution& up = linear(b.expert_fc(e)).exec;
     rounded &= up.input_gradient == GemmMode::bf16 && up.weight_gradient == GemmMode::bf16;
   }
   const Dtype dfch_type = rounded ? expert_fch_gradient_type_ : Dtype::f32;
-  backend_.activation_backward(Activation::swiglu, TensorView(d.rows_2f, dfch_type, {M, 2 * H}),
-                               ConstTensorView(m.fch, hidden_type_, {M, 2 * H}),
-                               ConstTensorView(d.rows_f, hidden_type_, {M, H}), nullptr, {});
-  if (rounded && dfch_type == Dtype::f32) {
-    backend_.round_in_place(static_cast<float*>(d.rows_2f), M * 2 * H, Dtype::bf16);
+  if (!fp8_up) {
+    backend_.activation_backward(Activation::swiglu, TensorView(d.rows_2f, dfch_type, {M, 2 * H}),
+                                 ConstTensorView(m.fch, hidden_type_, {M, 2 * H}),
+                                 ConstTensorView(d.rows_f, hidden_type_, {M, H}), nullptr, {});
+    if (rounded && dfch_type == Dtype::f32) {
+      backend_.round_in_place(static_cast<float*>(d.rows_2f), M * 2 * H, Dtype::bf16);
+    }
   }
   for (int64_t e = 0; e < E; ++e) {
+    if (ups[static_cast<size_t>(e)] == nullptr) continue;
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
-    if (rows == 0) continue;
-    backward_linear(linear(b.expert_fc(e)), d.rows_c + from * C, Dtype::f32, nullptr,
-                    rows_past(d.rows_2f, dfch_type, from, 2 * H), dfch_type,
-                    rows_past(m.dispatched, expert_input_type_, from, C), expert_input_type_, rows);
+    Linear& up = *ups[static_cast<size_t>(e)];
+    const bool cast = casts_gradient(up.exec);
+    void* dfch = expert_rows(d.rows_2f, dfch_type, from, 2 * H, cast && gradient_cast_suffices(up.exec));
+    if (fp8_up) {
+      backend_.activation_backward(
+          Activation::swiglu, TensorView(dfch, dfch_type, {rows, 2 * H}),
+          ConstTensorView(rows_past(m.fch, hidden_type_, from, 2 * H), hidden_type_, {rows, 2 * H}),
+          ConstTensorView(rows_past(d.rows_f, hidden_type_, from, H), hidden_type_, {rows, H}), nullptr,
+          cast ? Fp8CastTarget{&up.exec, &gradient_codes_} : Fp8CastTarget{});
+    }
+    const void* inp = expert_rows(m.dispatched, expert_input_type_, from, C,
+                                  up.exec.forward == GemmMode::fp8 && input_cast_suffices(up.exec));
+    backward_linear(up, d.rows_c + from * C, Dtype::f32, nullptr, dfch, dfch_type, inp, expert_input_type_,
+                    rows, cast);
   }
   // The gather's backward: each token's rows summed into d(ln2).
-  backend_.combine_rows(TensorView(dln, {N, C}), dln, ConstTensorView(d.rows_c, {M, C}), m.positions, k, nullptr);
-  if (shared_fc != nullptr) backend_.add(TensorView(d.ln, {N, C}), ConstTensorView(d.ln, {N, C}),
-                                         ConstTensorView(dln, {N, C}));
+  backend_.combine_rows(TensorView(dln, {N, C}), dln, ConstTensorView(d.rows_c, {M, C}), m.positions, k,
+                        nullptr);
+  if (shared_fc != nullptr)
+    backend_.add(TensorView(d.ln, {N, C}), ConstTensorView(d.ln, {N, C}), ConstTensorView(dln, {N, C}));
   OCTET_CHECK(grads_->floats() != nullptr, "the gradient buffer");
   backend_.normalization_backward(norm_kind(), d.residual, grads_->floats() + norm.grad_offset, nullptr,
-                                  ConstTensorView(d.ln, {N, C}), residual2, params() + norm.offset, x.ln2_mean,
-                                  x.ln2_rstd);
+                                  ConstTensorView(d.ln, {N, C}), residual2, params() + norm.offset,
+                                  x.ln2_mean, x.ln2_rstd);
 }
 
 }  // namespace octet

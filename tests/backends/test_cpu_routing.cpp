@@ -115,7 +115,7 @@ TEST(CpuRouting, GatherCombineAndDotsAreExactOnSmallIntegers) {
   const std::vector<int32_t> index = {4, -1, 0, 5, 1, 2, 3, -1};  // assignments r k + j; -1 padding
   std::vector<float> gathered(M * C, 7.0f);
   cpu->gather_rows(TensorView(gathered.data(), {M, C}), ConstTensorView(src.data(), {R, C}), index.data(), k,
-                   scale.data());
+                   scale.data(), {}, TensorRole::activation);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t c = 0; c < C; ++c) {
       const float want = index[m] < 0 ? 0.0f : scale[index[m]] * src[(index[m] / k) * C + c];

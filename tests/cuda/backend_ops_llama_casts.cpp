@@ -1,5 +1,6 @@
-// RMSNorm's and SwiGLU's forwards with their consumer's FP8 input cast (Fusion::input_cast), and SwiGLU's
-// backward with its consumer's FP8 gradient cast and bias gradient (Fusion::gradient_cast), on the CUDA
+// RMSNorm's and SwiGLU's forwards and a mixture of experts' gather of rows with their consumer's FP8 input
+// cast (Fusion::input_cast), and SwiGLU's backward with its consumer's FP8 gradient cast and bias gradient
+// and the gather with its consumer's gradient cast (Fusion::gradient_cast), on the CUDA
 // backend as the model drives them: the producer with a cast target, then the consumer layer's linear op
 // taking the producer's cast. Held against the unfused ops on a twin layer from the same start: the producer
 // without a cast target, then the linear op casting its own operand. Over several steps (the delayed recipe's
@@ -132,15 +133,30 @@ void expect_same_layers(Backend& backend, Layer& fused, Layer& unfused) {
   EXPECT_EQ(fused.underflowed, unfused.underflowed);
 }
 
-// The producers of a layer's input: RMSNorm over [N, C], or SwiGLU over [N, 2C].
-enum class Producer { rmsnorm, swiglu };
+// The producers of a layer's input: RMSNorm over [N, C], SwiGLU over [N, 2C], or a mixture of experts'
+// gather of an expert's rows from [N, C] (the rows of kN tokens that chose 2 experts each).
+enum class Producer { rmsnorm, swiglu, gather };
+
+constexpr int64_t kTopK = 2;
+
+// An expert's kN grouped rows: kN - 8 of the kN kTopK assignments, in a scrambled order, then 8 rows of padding
+// (-1), as group_by_expert leaves them.
+std::vector<int32_t> expert_slots(int step) {
+  std::vector<int32_t> slots(static_cast<size_t>(kN), -1);
+  for (int64_t m = 0; m + 8 < kN; ++m) {
+    slots[static_cast<size_t>(m)] = static_cast<int32_t>((m * 37 + 5 * step) % (kN * kTopK));
+  }
+  return slots;
+}
 
 void run_input_cast(Backend& backend, const Config& config, Producer producer) {
-  const char* name = producer == Producer::rmsnorm ? "rmsnorm" : "swiglu";
+  const char* name = producer == Producer::rmsnorm  ? "rmsnorm"
+                     : producer == Producer::swiglu ? "swiglu"
+                                                    : "gather_rows";
   SCOPED_TRACE(std::string(name) + " " + config.name);
   std::printf("[ op ] %s_forward_cast %s\n", name, config.name.c_str());
   Layer fused(backend, config, kC, kOC), unfused(backend, config, kC, kOC);
-  const int64_t width = producer == Producer::rmsnorm ? kC : 2 * kC;
+  const int64_t width = producer == Producer::swiglu ? 2 * kC : kC;
   for (int step = 0; step < kSteps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const uint64_t seed = seed_of(name, config.name + " step " + std::to_string(step));
@@ -152,6 +168,7 @@ void run_input_cast(Backend& backend, const Config& config, Producer producer) {
     GuardedBuffer kept(backend, as_bytes(nan_filled(kN * kC))), plain(backend, as_bytes(nan_filled(kN * kC)));
     GuardedBuffer rstd_fused(backend, as_bytes(nan_filled(kN))),
         rstd_plain(backend, as_bytes(nan_filled(kN)));
+    GuardedBuffer slots(backend, as_bytes(expert_slots(step)));
     // The producer's output is kept where the consumer reads more than its cast.
     float* out = octet::input_cast_suffices(fused.exec) ? nullptr : kept.floats();
     const auto produce = [&](float* y, float* rstd, const octet::Fp8CastTarget& target) {
@@ -159,9 +176,13 @@ void run_input_cast(Backend& backend, const Config& config, Producer producer) {
         backend.normalization_forward(Normalization::rmsnorm, TensorView(y, {kN, kC}), nullptr, rstd,
                                       ConstTensorView(inp.floats(), {kN, kC}), gain.floats(), nullptr,
                                       target);
-      } else {
+      } else if (producer == Producer::swiglu) {
         backend.activation_forward(Activation::swiglu, TensorView(y, {kN, kC}),
                                    ConstTensorView(inp.floats(), {kN, width}), target);
+      } else {
+        backend.gather_rows(TensorView(y, {kN, kC}), ConstTensorView(inp.floats(), {kN, kC}),
+                            static_cast<const int32_t*>(slots.data()), kTopK, nullptr, target,
+                            octet::TensorRole::activation);
       }
     };
     for (Layer* layer : {&fused, &unfused})
@@ -262,6 +283,67 @@ void run_gradient_cast(Backend& backend, const Config& config, bool bias) {
   EXPECT_GT(fused.telemetry.gradient.casts, 0);
 }
 
+// A mixture of experts' gather of an expert's rows of the combine's gradient [N, W] (each row scaled by its
+// assignment's weight) as the output gradient of the expert's layer [C0 -> W]: the gather with a cast
+// target, then the layer's backward taking that cast, against the plain gather and the backward casting it.
+void run_gather_gradient_cast(Backend& backend, const Config& config) {
+  SCOPED_TRACE(config.name);
+  std::printf("[ op ] gather_rows gradient cast %s\n", config.name.c_str());
+  constexpr int64_t kC0 = 48, kWidth = kC;
+  Layer fused(backend, config, kC0, kWidth), unfused(backend, config, kC0, kWidth);
+  for (int step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const uint64_t seed = seed_of("gather gradient", config.name + " step " + std::to_string(step));
+    const float dout_std[] = {1e-2f, 1e-3f, 5e-2f, 2e-3f};
+    GuardedBuffer weight(backend, as_bytes(octet::testing::random_normal(kWidth * kC0, seed, 0.5f)));
+    GuardedBuffer x(backend, as_bytes(octet::testing::random_normal(kN * kC0, seed + 1)));
+    std::vector<float> d = octet::testing::random_normal(kN * kWidth, seed + 2, dout_std[step]);
+    for (size_t i = 5; i < d.size(); i += 11) d[i] *= 1e-11f;  // underflows
+    GuardedBuffer dresidual(backend, as_bytes(d));
+    GuardedBuffer weights(
+        backend, as_bytes(octet::testing::random_uniform(static_cast<size_t>(kN * kTopK), seed + 3, 0.0f, 1.0f)));
+    GuardedBuffer slots(backend, as_bytes(expert_slots(step)));
+    GuardedBuffer kept(backend, as_bytes(nan_filled(kN * kWidth))),
+        plain(backend, as_bytes(nan_filled(kN * kWidth)));
+    for (Layer* layer : {&fused, &unfused}) {
+      backend.prepare_weight(layer->copy, weight.floats(), kWidth, kC0, layer->exec);
+      backend.linear_forward(TensorView(layer->out.floats(), {kN, kWidth}),
+                             ConstTensorView(x.floats(), {kN, kC0}),
+                             ConstTensorView(weight.floats(), {kWidth, kC0}), layer->copy.get(), {},
+                             layer->exec, {&layer->input_codes});
+    }
+    const auto* index = static_cast<const int32_t*>(slots.data());
+    float* d_kept = octet::gradient_cast_suffices(fused.exec) ? nullptr : kept.floats();
+    backend.gather_rows(TensorView(d_kept, {kN, kWidth}), ConstTensorView(dresidual.floats(), {kN, kWidth}),
+                        index, kTopK, weights.floats(), {&fused.exec, &fused.gradient_codes},
+                        octet::TensorRole::gradient);
+    backend.linear_backward(TensorView(fused.dinp.floats(), {kN, kC0}),
+                            TensorView(fused.dweight.floats(), {kWidth, kC0}), nullptr,
+                            ConstTensorView(d_kept, {kN, kWidth}), ConstTensorView(x.floats(), {kN, kC0}),
+                            ConstTensorView(weight.floats(), {kWidth, kC0}), fused.copy.get(), fused.exec,
+                            fused.input_codes.get(), {&fused.gradient_codes, true});
+    backend.gather_rows(TensorView(plain.floats(), {kN, kWidth}),
+                        ConstTensorView(dresidual.floats(), {kN, kWidth}), index, kTopK, weights.floats(), {},
+                        octet::TensorRole::gradient);
+    backend.linear_backward(
+        TensorView(unfused.dinp.floats(), {kN, kC0}), TensorView(unfused.dweight.floats(), {kWidth, kC0}),
+        nullptr, ConstTensorView(plain.floats(), {kN, kWidth}), ConstTensorView(x.floats(), {kN, kC0}),
+        ConstTensorView(weight.floats(), {kWidth, kC0}), unfused.copy.get(), unfused.exec,
+        unfused.input_codes.get(), {&unfused.gradient_codes});
+    backend.synchronize();
+    EXPECT_TRUE(
+        exact_with_report(config.name + " dinp", read(fused.dinp, "dinp"), read(unfused.dinp, "dinp")));
+    EXPECT_TRUE(exact_with_report(config.name + " dweight", read(fused.dweight, "dweight"),
+                                  read(unfused.dweight, "dweight")));
+    EXPECT_TRUE(octet::testing::has_nonzero(read(fused.dinp, "dinp")));
+    if (d_kept != nullptr) {
+      EXPECT_TRUE(exact_with_report(config.name + " kept", read(kept, "kept"), read(plain, "plain")));
+    }
+    expect_same_layers(backend, fused, unfused);
+  }
+  EXPECT_GT(fused.telemetry.gradient.casts, 0);
+}
+
 TEST(BackendOpsLlamaCasts, RmsNormInputCastAsTheUnfusedOps) {
   SKIP_WITHOUT_TESTED_BACKEND();
   const auto backend = make_tested_backend();
@@ -281,6 +363,18 @@ TEST(BackendOpsLlamaCasts, SwigluGradientCastAsTheUnfusedOps) {
     run_gradient_cast(*backend, config, true);
     run_gradient_cast(*backend, config, false);
   }
+}
+
+TEST(BackendOpsLlamaCasts, ExpertGatherInputCastAsTheUnfusedOps) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  const auto backend = make_tested_backend();
+  for (const Config& config : configs()) run_input_cast(*backend, config, Producer::gather);
+}
+
+TEST(BackendOpsLlamaCasts, ExpertGatherGradientCastAsTheUnfusedOps) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  const auto backend = make_tested_backend();
+  for (const Config& config : configs()) run_gather_gradient_cast(*backend, config);
 }
 
 }  // namespace

@@ -301,7 +301,8 @@ std::vector<OpCase> gather_rows_cases() {
                       input_ints("index", index), input("scale", random_normal(s.N * s.k, seed + 2))};
         c.run = [M, R, divisor, scaled, C = s.C](Backend& b, const std::vector<void*>& p) {
           b.gather_rows(TensorView(floats_at(p, 0), {M, C}), ConstTensorView(floats_at(p, 1), {R, C}),
-                        ints_at(p, 2), divisor, scaled ? floats_at(p, 3) : nullptr);
+                        ints_at(p, 2), divisor, scaled ? floats_at(p, 3) : nullptr, {},
+                        octet::TensorRole::activation);
           return none();
         };
         c.checks = {nan_free(
@@ -477,7 +478,8 @@ TEST(BackendOpsRouting, OutOfRangeIndicesOnTheCudaBackend) {
   GuardedBuffer source(*backend, as_bytes(src)), rows_index(*backend, as_bytes(index)),
       out(*backend, as_bytes(std::vector<float>(12, 7.0f)));
   backend->gather_rows(TensorView(out.floats(), {4, 3}), ConstTensorView(source.floats(), {2, 3}),
-                       static_cast<int32_t*>(rows_index.data()), 2, nullptr);
+                       static_cast<int32_t*>(rows_index.data()), 2, nullptr, {},
+                       octet::TensorRole::activation);
   bool out_ok = false;
   const std::vector<float> gathered = as_floats(out.download(&out_ok));
   EXPECT_TRUE(out_ok) << "a write out of bounds";

@@ -89,8 +89,8 @@ class ForwardingBackend : public Backend {
     inner_.group_by_expert(offsets, slots, positions, experts, N, k, E, align);
   }
   void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index, int64_t divisor,
-                   const float* scale) override {
-    inner_.gather_rows(out, src, index, divisor, scale);
+                   const float* scale, const Fp8CastTarget& cast_for, TensorRole cast_as) override {
+    inner_.gather_rows(out, src, index, divisor, scale, cast_for, cast_as);
   }
   void combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,
                     const int32_t* positions, int64_t k, const float* weights) override {

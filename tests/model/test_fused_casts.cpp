@@ -98,8 +98,32 @@ class UnfusedCasts final : public testing::ForwardingBackend {
     inner_.linear_backward(dinp, dweight, dbias, dy, inp, weight, copy, exec, input,
                            {gradient.tensor, false});
   }
+  // A mixture of experts' gather of an expert's rows, cast for its input or its output gradient.
+  void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index, int64_t divisor,
+                   const float* scale, const Fp8CastTarget& cast_for, TensorRole cast_as) override {
+    if (!cast_for.given()) {
+      inner_.gather_rows(out, src, index, divisor, scale, {}, cast_as);
+      return;
+    }
+    ++gathers_cast_;
+    if (cast_as == TensorRole::activation) {
+      inner_.gather_rows(hold_input(*cast_for.layer, out), src, index, divisor, scale, {}, cast_as);
+      return;
+    }
+    EXPECT_TRUE(casts_gradient(*cast_for.layer));
+    TensorView d = out;
+    if (!d.has_data()) {
+      std::vector<float>& held = held_[cast_for.layer];
+      held.resize(static_cast<size_t>(d.numel()));
+      d.data = held.data();
+    }
+    inner_.gather_rows(d, src, index, divisor, scale, {}, cast_as);
+    gradients_[cast_for.layer] = {d.f32(), nullptr};
+  }
   // How many GELU backwards the model fused with a gradient cast.
   int64_t fused_backward() const { return fused_backward_; }
+  // How many gathers of rows the model asked to cast.
+  int64_t gathers_cast() const { return gathers_cast_; }
   // How many forward GEMMs the backward ran again (fp8.recompute_mlp, _qkv, _residual).
   int64_t recomputed() const { return recomputed_; }
 
@@ -127,6 +151,7 @@ class UnfusedCasts final : public testing::ForwardingBackend {
   std::unordered_map<const LinearExecution*, Gradient> gradients_;
   int64_t fused_backward_ = 0;
   int64_t recomputed_ = 0;
+  int64_t gathers_cast_ = 0;
 };
 
 struct TrainingRecord {
@@ -216,6 +241,27 @@ TEST_P(FusedCasts, TrainBitForBitAsTheUnfusedOps) {
   // mlp.c_fc of both blocks for two steps, then of block 0 only.
   EXPECT_EQ(unfused_backend.fused_backward(), 2 * 2 + 2 * 1);
 
+  expect_same_training(fused, unfused, GetParam());
+}
+
+// A mixture of experts with its experts in FP8: each expert's input cast by the gather of its rows and by
+// SwiGLU over them, each expert's output gradients by the gather of the combine's gradient and by SwiGLU's
+// backward, each with that expert's own scale, train as the experts' own linear ops casting the float32 rows,
+// with an expert moved to BF16 mid-run.
+TEST_P(FusedCasts, ExpertsTrainBitForBitAsTheUnfusedOps) {
+  PrecisionSettings precision = fp8_with(GetParam());
+  precision.experts = true;
+  const ModelConfig c = testing::tiny_moe_config(false);
+  const char* moved = "layers.1.mlp.experts.2.gate_up_proj";
+  auto fused_backend = make_cpu_backend();
+  auto inner = make_cpu_backend();
+  UnfusedCasts unfused_backend(*inner);
+  const TrainingRecord fused = train(*fused_backend, precision, moved, c);
+  const TrainingRecord unfused = train(unfused_backend, precision, moved, c);
+  for (const float loss : fused.losses) ASSERT_FALSE(std::isnan(loss));
+  // Forward and backward, each block's experts with rows: the gathers of inputs and of gradients.
+  EXPECT_GT(unfused_backend.gathers_cast(), 2 * 4);
+  EXPECT_GT(unfused_backend.fused_backward(), 2 * 4);
   expect_same_training(fused, unfused, GetParam());
 }
 
@@ -386,8 +432,8 @@ class Bf16HiddenStorage final : public testing::ForwardingBackend {
   }
   // How many bf16 tensors the ops wrote and read.
   void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index, int64_t divisor,
-                   const float* scale) override {
-    inner_.gather_rows(output(out), src, index, divisor, scale);
+                   const float* scale, const Fp8CastTarget& cast_for, TensorRole cast_as) override {
+    inner_.gather_rows(output(out), src, index, divisor, scale, cast_for, cast_as);
     if (out.dtype == Dtype::bf16) ++gathered_;
     store(out);
   }

@@ -210,11 +210,11 @@ struct StorageQuery {
 // arguments either way and give the same results, but where the backend does not fuse, the work runs as the
 // separate passes the answer names. No fallback goes unrecorded.
 enum class Fusion : uint8_t {
-  // A normalization or activation forward (cast_for) writes its consumer's FP8 input cast in the pass that
-  // writes its output.
+  // A normalization, activation forward or gather of rows (cast_for) writes its consumer's FP8 input cast in
+  // the pass that writes its output.
   input_cast,
-  // An activation backward (cast_for) writes its consumer's FP8 output-gradient cast, and sums the bias
-  // gradient, in the pass that writes the gradient.
+  // An activation backward or a gather of rows (cast_for) writes its consumer's FP8 output-gradient cast
+  // (and the activation sums the bias gradient) in the pass that writes the gradient.
   gradient_cast,
   // A linear layer's forward GEMM adds the residual (Epilogue::residual) in its epilogue.
   residual_add,
@@ -396,8 +396,13 @@ class Backend {
                                int64_t N, int64_t k, int64_t E, int64_t align) = 0;
   // out [M, C] row m = scale[index[m]] (null: 1) x src [R, C] row index[m] / divisor; zero where
   // index[m] < 0. src float32; out float32, or bf16 (each value rounded once) where storage_type says so.
+  // With a cast target (an expert's rows gathered for its FP8 layer), the op also casts out for that layer:
+  // as its input (`cast_as` activation) exactly as normalization_forward's target does, or as its output
+  // gradient (`cast_as` gradient) exactly as activation_backward's does, without a bias. out is then float32,
+  // or has no data where input_cast_suffices (gradient_cast_suffices): the float32 rows are not written.
   virtual void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index,
-                           int64_t divisor, const float* scale) = 0;
+                           int64_t divisor, const float* scale, const Fp8CastTarget& cast_for,
+                           TensorRole cast_as) = 0;
   // out [R, C] row r = base row r (null: zero) + the sum over j < k, in j order, of weights[r k + j] (null:
   // 1) x src [M, C] row positions[r k + j]. out may be base. float32.
   virtual void combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,

@@ -71,7 +71,7 @@ class CpuBackend final : public Backend {
   void group_by_expert(int32_t* offsets, int32_t* slots, int32_t* positions, const int32_t* experts, int64_t N,
                        int64_t k, int64_t E, int64_t align) override;
   void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index, int64_t divisor,
-                   const float* scale) override;
+                   const float* scale, const Fp8CastTarget& cast_for, TensorRole cast_as) override;
   void combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,
                     const int32_t* positions, int64_t k, const float* weights) override;
   void row_dots(float* out, const ConstTensorView& a, const ConstTensorView& src, const int32_t* positions,
@@ -131,6 +131,10 @@ class CpuBackend final : public Backend {
                       std::unique_ptr<Fp8Tensor>* into);
   void activate_cast(Activation kind, float* out, const float* inp, int64_t N, int64_t C,
                      LinearExecution& consumer, std::unique_ptr<Fp8Tensor>* into);
+  // The consumer's cast of y [N, C] that a producer wrote (gather_rows' target): as its input (`role`
+  // activation) or its output gradient (gradient), as its linear_forward or linear_backward would make it.
+  void cast_produced(const float* y, int64_t N, int64_t C, LinearExecution& consumer, TensorRole role,
+                     std::unique_ptr<Fp8Tensor>* into);
   // dinp [N, k C] (k = activation_inputs(kind)).
   void activate_backward_cast(Activation kind, float* dinp, const float* inp, const float* dout, int64_t N,
                               int64_t C, float* dbias, LinearExecution& consumer,

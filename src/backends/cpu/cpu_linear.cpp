@@ -244,6 +244,18 @@ void CpuBackend::activate_cast(Activation kind, float* out, const float* inp, in
   cast_input(y, N, C, consumer, into);
 }
 
+void CpuBackend::cast_produced(const float* y, int64_t N, int64_t C, LinearExecution& consumer, TensorRole role,
+                               std::unique_ptr<Fp8Tensor>* into) {
+  if (role == TensorRole::activation) {
+    OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+    cast_input(y, N, C, consumer, into);
+  } else {
+    OCTET_CHECK(role == TensorRole::gradient && casts_gradient(consumer),
+                "a consumer with an FP8 backward GEMM for a produced gradient");
+    cast_gradient(y, N, C, consumer, into);
+  }
+}
+
 // The activation's backward, then linear_backward's bias sum and gradient cast, in that order: the same bits
 // as the two ops in turn.
 void CpuBackend::activate_backward_cast(Activation kind, float* dinp, const float* inp, const float* dout,

@@ -110,14 +110,26 @@ void CpuBackend::group_by_expert(int32_t* offsets, int32_t* slots, int32_t* posi
 }
 
 void CpuBackend::gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index,
-                             int64_t divisor, const float* scale) {
+                             int64_t divisor, const float* scale, const Fp8CastTarget& cast_for,
+                             TensorRole cast_as) {
   check_dtype("gather_rows", "out", out.dtype, kF32);
   check_dtype("gather_rows", "src", src.dtype, kF32);
   const int64_t M = out.rows(), C = out.cols(), R = src.rows();
   check_matrix("gather_rows", "src", src.shape, R, C);
   OCTET_CHECK(divisor >= 1, "gather_rows: the divisor is at least 1, given {}", divisor);
   const float* s = src.f32();
+  // With a cast target, the rows are gathered (into scratch where out has no data), then cast.
+  std::vector<float> scratch;
   float* o = out.f32();
+  if (cast_for.given()) {
+    const bool suffices = cast_as == TensorRole::activation ? input_cast_suffices(*cast_for.layer)
+                                                            : gradient_cast_suffices(*cast_for.layer);
+    OCTET_CHECK(o != nullptr || suffices, "gather_rows: the rows kept for a consumer that reads them");
+    if (o == nullptr) {
+      scratch.resize(static_cast<size_t>(M * C));
+      o = scratch.data();
+    }
+  }
   for (int64_t m = 0; m < M; ++m) {
     float* row = o + m * C;
     const int64_t i = index[m];
@@ -130,6 +142,7 @@ void CpuBackend::gather_rows(const TensorView& out, const ConstTensorView& src, 
     const float f = scale != nullptr ? scale[i] : 1.0f;
     for (int64_t c = 0; c < C; ++c) row[c] = f * s[r * C + c];
   }
+  if (cast_for.given()) cast_produced(o, M, C, *cast_for.layer, cast_as, cast_for.tensor);
 }
 
 void CpuBackend::combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,

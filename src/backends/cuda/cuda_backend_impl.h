@@ -224,7 +224,7 @@ class CudaBackend final : public Backend {
   void group_by_expert(int32_t* offsets, int32_t* slots, int32_t* positions, const int32_t* experts, int64_t N,
                        int64_t k, int64_t E, int64_t align) override;
   void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index, int64_t divisor,
-                   const float* scale) override;
+                   const float* scale, const Fp8CastTarget& cast_for, TensorRole cast_as) override;
   void combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,
                     const int32_t* positions, int64_t k, const float* weights) override;
   void row_dots(float* out, const ConstTensorView& a, const ConstTensorView& src, const int32_t* positions,
@@ -435,6 +435,10 @@ class CudaBackend final : public Backend {
   // float32 output into y (out, or scratch where out is null) and cast_input casts it.
   template <typename Fused, typename Plain>
   void produce_input(float* out, int64_t N, int64_t C, const Fp8CastTarget& target, Fused fused, Plain plain);
+  // gather_rows with a cast target: the rows' cast for the consumer's input (as produce_input) or output
+  // gradient (as an activation backward's target), in the gather's pass where producer_casts says so.
+  void gather_rows_cast(const TensorView& out, const ConstTensorView& src, const int32_t* index,
+                        int64_t divisor, const float* scale, const Fp8CastTarget& cast_for, TensorRole cast_as);
   // Casts the backward's output gradient dout [N, OC] as the layer's gradient operand into the tensor in
   // `slot` (linear_backward's cast; gelu_backward_cast's where it cannot fuse), and adds the column sums of
   // dout to dbias when given: in the cast's own pass where producer_casts(exec), else by bias_backward

@@ -114,6 +114,12 @@ void bias_backward_cast(float* dbias, const uint16_t* dout, int64_t rows, int64_
 // bias_backward_cast) needs for `rows` rows: one per tile of rows.
 int64_t column_partial_rows(int64_t rows);
 
+// gather_rows (expert_rows.h: out [M, C] row m = scale[index[m]] (null: 1) x src [R, C] row index[m] /
+// divisor, zero where index[m] < 0, NaN past src's rows; exactly its values), writing the FP8 cast of out;
+// out itself is written only when not null.
+void gather_rows_cast(float* out, const float* src, const int32_t* index, const float* scale, int64_t M,
+                      int64_t R, int64_t C, int64_t divisor, const FusedCast& cast, cudaStream_t stream);
+
 // The FP8 cast of bf16 values x [rows, cols] (their bits): exactly what cast_amax writes for the float32
 // values they are (codes, transposed codes when asked for, scale_inv, CastResults).
 void cast_bf16(const uint16_t* x, int64_t rows, int64_t cols, const FusedCast& cast, cudaStream_t stream);

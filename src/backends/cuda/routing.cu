@@ -44,17 +44,53 @@ void CudaBackend::group_by_expert(int32_t* offsets, int32_t* slots, int32_t* pos
 }
 
 void CudaBackend::gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index,
-                              int64_t divisor, const float* scale) {
+                              int64_t divisor, const float* scale, const Fp8CastTarget& cast_for,
+                              TensorRole cast_as) {
   check_dtype("gather_rows", "out", out.dtype, {Dtype::f32, Dtype::bf16});
   check_dtype("gather_rows", "src", src.dtype, {Dtype::f32});
   const int64_t M = out.rows(), C = out.cols(), R = src.rows();
   check_matrix("gather_rows", "src", src.shape, R, C);
   OCTET_CHECK(divisor >= 1, "gather_rows: the divisor is at least 1, given {}", divisor);
   const OpScope scope(*this, OpKind::other);
+  if (cast_for.given()) {
+    gather_rows_cast(out, src, index, divisor, scale, cast_for, cast_as);
+    return;
+  }
   if (out.dtype == Dtype::bf16) {
     cuda::gather_rows(static_cast<uint16_t*>(out.data), src.f32(), index, scale, M, R, C, divisor, stream_);
   } else {
     cuda::gather_rows(out.f32(), src.f32(), index, scale, M, R, C, divisor, stream_);
+  }
+}
+
+void CudaBackend::gather_rows_cast(const TensorView& out, const ConstTensorView& src, const int32_t* index,
+                                   int64_t divisor, const float* scale, const Fp8CastTarget& cast_for,
+                                   TensorRole cast_as) {
+  check_dtype("gather_rows", "out (with a cast target)", out.dtype, {Dtype::f32});
+  const int64_t M = out.rows(), C = out.cols(), R = src.rows();
+  float* o = out.has_data() ? out.f32() : nullptr;
+  LinearExecution& consumer = *cast_for.layer;
+  auto gather = [&](float* y) { cuda::gather_rows(y, src.f32(), index, scale, M, R, C, divisor, stream_); };
+  auto fused = [&](const FusedCast& cast) {
+    cuda::gather_rows_cast(o, src.f32(), index, scale, M, R, C, divisor, cast, stream_);
+  };
+  if (cast_as == TensorRole::activation) {
+    produce_input(o, M, C, cast_for, fused, gather);
+    return;
+  }
+  // The output gradient: as activation_backward's target casts it (gelu_backward_cast_as), without a bias.
+  OCTET_CHECK(cast_as == TensorRole::gradient && casts_gradient(consumer),
+              "gather_rows: a gradient cast for a consumer with an FP8 backward GEMM");
+  OCTET_CHECK(o != nullptr || gradient_cast_suffices(consumer), "gather_rows: the rows kept for a consumer "
+              "that reads them");
+  Layer& layer = mapped_layer(consumer);
+  if (producer_casts(consumer)) {
+    fused(gradient_fused_cast(layer, consumer, M, C, cast_for.tensor));
+    end_cast(layer, kGradient, consumer.formats.gradient, M * C, true, consumer.telemetry != nullptr);
+  } else {
+    float* y = o != nullptr ? o : producer_output_.as<float>(static_cast<size_t>(M * C), stream_);
+    gather(y);
+    cast_gradient(layer, y, M, C, consumer, cast_for.tensor);
   }
 }
 
