@@ -41,7 +41,7 @@ cp configs/quickstart.toml configs/llama-quickstart.toml tests/peers/torch_fp8_c
 # DIR/data/brown-llama3, run in DIR, where octet finds Llama 3's vocabulary as the fetch script places it.
 cp -r data/brown-llama3 gpu-bundle/data/
 mkdir -p gpu-bundle/.cache/data/llama3
-cp "${OCTET_DATA_DIR:-.cache/data}"/llama3/llama3.tiktoken gpu-bundle/.cache/data/llama3/
+cp data/brown-llama3/llama3.tiktoken gpu-bundle/.cache/data/llama3/
 cp tests/peers/hf_finetune.py gpu-bundle/
 # The throughput comparison against PyTorch (docs/benchmarks.md): bash DIR/compare.sh [CONFIG...].
 mkdir -p gpu-bundle/configs/bench gpu-bundle/peers
