@@ -35,7 +35,11 @@ import tempfile
 import time
 import traceback
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as e:  # pragma: no cover - setup problem
+    print(json.dumps({"ok": False, "error": f"missing package: {e}"}))
+    sys.exit(2)
 
 VOCAB = 128256  # Llama 3's: 128000 ranked tokens and 256 special ones
 BEGIN_OF_TEXT = 128000  # what octet writes before every document, and where its generation stops
@@ -516,7 +520,7 @@ def main():
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     result["ok"] = bool(ok)
-    print(json.dumps(result, ensure_ascii=False))
+    print(json.dumps(result))
     return 0 if ok else 1
 
 
