@@ -24,26 +24,15 @@ cudnn_lib="$("$python" -c 'import os, nvidia.cudnn as m; print(os.path.join(list
   2>/dev/null || true)"
 if [[ -n "$cudnn_lib" && -d "$cudnn_lib" ]]; then export LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 
-octet="${OCTET:-}"
-if [[ -z "$octet" ]]; then
-  for candidate in "$here/octet" "$here/../build/tools/octet/octet" "$here/../build-gpu/tools/octet/octet"; do
-    if [[ -x "$candidate" ]]; then octet="$candidate"; break; fi
-  done
-fi
-if [[ -z "$octet" || ! -x "$octet" ]]; then
-  echo "compare.sh: no octet binary found: set OCTET=path/to/octet" >&2
-  exit 2
-fi
+source "$here/common.sh"  # $octet, $config_dir
 peer="${PEER:-$here/peers/torch_gpt2.py}"
 if [[ ! -f "$peer" ]]; then
   echo "compare.sh: no peer script at $peer: set PEER=path/to/torch_gpt2.py" >&2
   exit 2
 fi
 configs=("$@")
-if [[ ${#configs[@]} -eq 0 ]]; then
-  for dir in "$here/configs/bench" "$here/../configs/bench"; do
-    if [[ -d "$dir" ]]; then configs=("$dir/gpt2-124M.toml" "$dir/gpt2-350M.toml" "$dir/gpt2-1.5B.toml"); break; fi
-  done
+if [[ ${#configs[@]} -eq 0 && -n "$config_dir" ]]; then
+  configs=("$config_dir/gpt2-124M.toml" "$config_dir/gpt2-350M.toml" "$config_dir/gpt2-1.5B.toml")
 fi
 if [[ ${#configs[@]} -eq 0 ]]; then
   echo "compare.sh: no configs given and no configs/bench directory found" >&2

@@ -21,16 +21,7 @@ cudnn_lib="$("$python" -c 'import os, nvidia.cudnn as m; print(os.path.join(list
   2>/dev/null || true)"
 if [[ -n "$cudnn_lib" && -d "$cudnn_lib" ]]; then export LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 
-octet="${OCTET:-}"
-if [[ -z "$octet" ]]; then
-  for candidate in "$here/octet" "$here/../build/tools/octet/octet" "$here/../build-gpu/tools/octet/octet"; do
-    if [[ -x "$candidate" ]]; then octet="$candidate"; break; fi
-  done
-fi
-if [[ -z "$octet" || ! -x "$octet" ]]; then
-  echo "compare_llama.sh: no octet binary found: set OCTET=path/to/octet" >&2
-  exit 2
-fi
+source "$here/common.sh"  # $octet, $config_dir
 peer="${PEER:-}"
 for candidate in "$here/peers/torch_llama.py" "$here/../../shared/peers/torch_llama.py"; do
   if [[ -z "$peer" && -f "$candidate" ]]; then peer="$candidate"; fi
@@ -39,10 +30,6 @@ if [[ -z "$peer" || ! -f "$peer" ]]; then
   echo "compare_llama.sh: no peer script found: set PEER=path/to/torch_llama.py" >&2
   exit 2
 fi
-config_dir=""
-for dir in "$here/configs/bench" "$here/../configs/bench"; do
-  if [[ -z "$config_dir" && -d "$dir" ]]; then config_dir="$dir"; fi
-done
 presets=("$@")
 if [[ ${#presets[@]} -eq 0 ]]; then presets=(llama3-1B); fi
 

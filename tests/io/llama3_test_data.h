@@ -23,13 +23,6 @@ std::vector<std::string> hand_made_llama3_tokens();
 // `tokens` as a tiktoken file: "<the token's bytes in base64> <rank>" a line.
 std::string tiktoken_file(std::span<const std::string> tokens);
 
-// Mixed text: prose, contractions in either case, numbers, code, runs of spaces, tabs and line breaks (CRLF
-// too), accented Latin, Greek, Cyrillic, CJK, Korean, Arabic and Hebrew letters, emoji with modifiers and
-// joiners, combining marks, digits of other scripts and Unicode spaces. Left out: U+0085 and U+FEFF
-// (JavaScript's \s differs from Unicode's White_Space in those two), "'ſ" (llama3-tokenizer-js spells the
-// contractions' case out in ASCII; tiktoken folds ſ to s) and special tokens' spellings.
-std::string llama3_mixed_text();
-
 // At least `size` bytes drawn at random (a fixed linear congruential sequence) from fragments chosen to meet
 // at awkward boundaries.
 std::string llama3_random_fragments(size_t size);

@@ -14,6 +14,7 @@
 
 #include "io_test_util.h"
 #include "llama3_test_data.h"
+#include "mixed_text.h"
 #include "octet/io/llama3_tokenizer.h"
 
 namespace octet::io {
@@ -231,7 +232,7 @@ TEST(Llama3Tokenizer, MatchesTheJavaScriptReferenceOnMixedText) {
   SKIP_WITHOUT_VOCABULARY();
   const Llama3Tokenizer tokenizer(vocabulary_dir());
   // Special tokens' spellings are ordinary text to both.
-  const std::string text = octet::testing::llama3_mixed_text() + "<|begin_of_text|> <|eot_id|>\n";
+  const std::string text = std::string(octet::testing::kMixedScriptText) + "<|begin_of_text|> <|eot_id|>\n";
   EXPECT_MATCHES_REFERENCE(tokenizer, text);
 }
 

@@ -20,6 +20,7 @@
 #include "io_test_util.h"
 #include "llama3_test_data.h"
 #include "llama3_tokenizer_json.h"
+#include "mixed_text.h"
 #include "octet/io/llama3_tokenizer.h"
 
 namespace octet::hf {
@@ -287,7 +288,7 @@ void expect_octets_ids(const Llama3Tokenizer& tokenizer, const std::string& text
 TEST(Llama3TokenizerJson, HuggingFacesTokenizerGivesOctetsIdsOnMixedText) {
   SKIP_WITHOUT_VOCABULARY();
   const Llama3Tokenizer tokenizer(vocabulary_dir());
-  const std::string text = octet::testing::llama3_mixed_text();
+  const std::string text(octet::testing::kMixedScriptText);
   // Special tokens spelled in the text are those tokens to Hugging Face's tokenizer (octet's encode takes
   // them for ordinary text, as tiktoken's encode_ordinary).
   const std::string with_special = "Hi<|eot_id|>\n<|begin_of_text|>x";
