@@ -121,6 +121,11 @@ void Decoder::plan_activations() {
   expert_fch_gradient_type_ = hidden_in_bf16_ ? experts_bf16(LinearRole::expert_fc, false) : Dtype::f32;
   const int64_t E = config_.experts, top_k = config_.experts_per_token;
   const int64_t M = config_.moe() ? grouped_rows(N, top_k, E, kExpertRowAlign) : 0;
+  // The experts' gathered inputs and SwiGLU outputs, unless each expert's FP8 cast of them is all that expert
+  // reads (the gather and SwiGLU then write only the casts; keep_input_of makes them for an expert that
+  // moves to BF16).
+  const bool dispatched_read = experts_read(LinearRole::expert_fc, TensorRole::activation);
+  const bool act_read = experts_read(LinearRole::expert_fc_proj, TensorRole::activation);
   auto take_moe = [&](Planner& p, Activations::Moe& m) {
     p.take(m.probs, N * E);
     p.take(reinterpret_cast<void*&>(m.experts), Dtype::f32, N * top_k);
@@ -128,9 +133,9 @@ void Decoder::plan_activations() {
     p.take(reinterpret_cast<void*&>(m.slots), Dtype::f32, M);
     p.take(reinterpret_cast<void*&>(m.positions), Dtype::f32, N * top_k);
     p.take(reinterpret_cast<void*&>(m.offsets), Dtype::f32, E + 1);
-    p.take(m.dispatched, expert_input_type_, M * C);
+    if (dispatched_read) p.take(m.dispatched, expert_input_type_, M * C);
     p.take(m.fch, hidden_type_, M * 2 * H);
-    p.take(m.act, expert_act_type_, M * H);
+    if (act_read) p.take(m.act, expert_act_type_, M * H);
     p.take(m.out, M * C);
   };
   auto lay_out = [&](Activations& a, Planner& p, ActivationCheckpointing level) {
@@ -230,7 +235,10 @@ void Decoder::plan_gradients() {
   }
   const int64_t wide_a = std::max(H, config_.qkv_width());
   const int64_t wide_b = dfch_written ? std::max(FC, C) : C;
-  if (gradient_scratch_ != nullptr && wide_b == gradient_wide_b_) return;
+  // The experts' output gradients in float32, unless each expert's FP8 casts of them are all it reads.
+  const std::pair<bool, bool> expert_rows{experts_read(LinearRole::expert_fc_proj, TensorRole::gradient),
+                                          experts_read(LinearRole::expert_fc, TensorRole::gradient)};
+  if (gradient_scratch_ != nullptr && wide_b == gradient_wide_b_ && expert_rows == gradient_expert_rows_) return;
   gradient_scratch_.reset();  // freed before the new plan is allocated
   dacts_ = std::make_unique<Gradients>();
   Planner q;
@@ -241,10 +249,10 @@ void Decoder::plan_gradients() {
   if (config_.moe()) {
     const int64_t E = config_.experts, k = config_.experts_per_token;
     const int64_t M = grouped_rows(N, k, E, kExpertRowAlign);
-    q.take(dacts_->rows_dout, expert_dout_type_, M * C);
+    if (expert_rows.first) q.take(dacts_->rows_dout, expert_dout_type_, M * C);
     q.take(dacts_->rows_c, M * C);
     q.take(dacts_->rows_f, hidden_type_, M * H);
-    q.take(dacts_->rows_2f, Dtype::f32, M * 2 * H);
+    if (expert_rows.second) q.take(dacts_->rows_2f, Dtype::f32, M * 2 * H);
     q.take(dacts_->dweights, N * k);
     q.take(dacts_->dlogits, N * E);
     q.take(dacts_->dprobs, E);
@@ -253,23 +261,42 @@ void Decoder::plan_gradients() {
   gradient_scratch_ = backend_.allocate(static_cast<size_t>(q.size()) * sizeof(float));
   q.bind(gradient_scratch_->floats());
   gradient_wide_b_ = wide_b;
+  gradient_expert_rows_ = expert_rows;
+}
+
+bool Decoder::experts_read(LinearRole role, TensorRole operand) const {
+  for (const auto& l : linears_) {
+    if (l->role != role) continue;
+    if (operand == TensorRole::activation ? !input_cast_suffices(l->exec) : !gradient_cast_suffices(l->exec)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void Decoder::keep_input_of(std::string_view layer) {
   const int64_t N = max_batch_ * max_seq_len_, C = config_.channels, H = config_.hidden();
   // In float32: a layer that moves to BF16 was planned FP8, with input_type f32.
-  auto keep = [&](auto*& slot, int64_t width) {
+  auto keep = [&](auto*& slot, int64_t floats) {
     if (slot != nullptr) return;
-    late_inputs_.push_back(backend_.allocate(static_cast<size_t>(N * width) * sizeof(float)));
+    late_inputs_.push_back(backend_.allocate(static_cast<size_t>(floats) * sizeof(float)));
     slot = late_inputs_.back()->floats();
   };
-  if (layer == "lm_head") return keep(acts_->lnf, C);
+  if (layer == "lm_head") return keep(acts_->lnf, N * C);
   for (int64_t l = 0; l < config_.layers; ++l) {
     const BlockNames b = block_names(l);
     Activations::Layer& x = acts_->layers[static_cast<size_t>(l)];
-    if (layer == b.qkv) return keep(x.ln1, C);
-    if (layer == b.fc) return keep(x.ln2, C);
-    if (layer == b.fc_proj) return keep(x.fch_gelu, H);
+    if (layer == b.qkv) return keep(x.ln1, N * C);
+    if (layer == b.fc) return keep(x.ln2, N * C);
+    if (layer == b.fc_proj) return keep(x.fch_gelu, N * H);
+    if (config_.moe() && layer.starts_with(b.experts)) {
+      // An expert's rows: the block's gathered inputs or SwiGLU outputs, for every expert of the block
+      // (grouped_rows of them), in float32 (the experts' rows of a block with an FP8 expert).
+      const int64_t rows = grouped_rows(N, config_.experts_per_token, config_.experts, kExpertRowAlign);
+      Activations::Moe& m = acts_->moe[static_cast<size_t>(l)];
+      const bool up = linear(layer).role == LinearRole::expert_fc;
+      return keep(up ? m.dispatched : m.act, rows * (up ? C : H));
+    }
   }
 }
 

@@ -200,6 +200,9 @@ class Decoder final : public Model {
   // Allocates the float32 input of `layer` that the plan left out (its FP8 cast was all it read) once the
   // layer reads it, i.e. after it moved to BF16.
   void keep_input_of(std::string_view layer);
+  // Whether some expert of `role` (expert_fc, expert_fc_proj) reads more of its input (`operand`
+  // activation) or output gradient (gradient) than its FP8 cast: a float32 copy of those rows is kept.
+  bool experts_read(LinearRole role, TensorRole operand) const;
   // Whether the output of linear layer `layer` is recomputed in the backward (fp8.recompute_mlp, _qkv,
   // _residual) rather than kept; keep_output_of allocates it once that layer moves to BF16.
   bool recomputes(std::string_view layer);
@@ -296,6 +299,9 @@ class Decoder final : public Model {
   int64_t unchecked_activation_bytes_ = 0;
   std::unique_ptr<Buffer> gradient_scratch_;
   int64_t gradient_wide_b_ = 0;                       // the width of Gradients::wide_b in gradient_scratch_
+  // Whether gradient_scratch_ holds the experts' output gradients in float32 (rows_dout, rows_2f): where
+  // some expert's backward reads more of them than their FP8 casts.
+  std::pair<bool, bool> gradient_expert_rows_{false, false};
   std::vector<std::unique_ptr<Buffer>> late_inputs_;  // keep_input_of
   std::unique_ptr<Buffer> full_logits_;               // forward_logits only
   // The FP8 cast of the output gradient that each FP8 layer's backward reads, one for all layers in turn.
