@@ -371,6 +371,9 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
     if (name.rfind(".tmp_step_", 0) == 0 || name.rfind(".old_step_", 0) == 0) fs::remove_all(e.path());
   }
 
+  // A sharded optimizer holds a part of the moments; checkpoints of shards come with their manifest.
+  OCTET_REQUIRE(!trainer.optimizer().sharded(),
+                "checkpoints of a sharded optimizer state (distributed.dp_shard > 1) are not written yet");
   Backend& backend = model.backend();
   const std::vector<float> params = to_host(backend, model.params(), model.parameter_count());
   const std::vector<float> m = to_host(backend, trainer.optimizer().first_moment(), model.parameter_count());
@@ -565,6 +568,9 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
                     trainer.settings().loss_scale.dynamic ? "dynamic" : "static"));
   }
 
+  OCTET_REQUIRE(
+      !trainer.optimizer().sharded(),
+      "a checkpoint cannot be loaded into a sharded optimizer state (distributed.dp_shard > 1) yet");
   // Everything is valid: only now change the model and the trainer.
   Backend& backend = model.backend();
   const size_t n = params.size();
