@@ -29,7 +29,12 @@ using testing::tiny_config;
 constexpr int64_t B = 2, T = 16;
 constexpr int kSteps = 4;
 
+// The models the tests train: GPT-2, Llama (fused q/k/v and gate/up weights, grouped-query attention) and a
+// mixture of experts (routing, the balance loss, every expert in FP8 with a scaling state of its own).
+enum class Architecture : uint8_t { gpt2, llama, moe };
+
 struct RunShape {
+  Architecture architecture = Architecture::gpt2;
   MixedPrecision precision = MixedPrecision::fp32;
   RecipeKind recipe = RecipeKind::delayed;
   int ranks = 2;
@@ -39,7 +44,10 @@ struct RunShape {
 };
 
 inline std::string name_of(const RunShape& s) {
-  std::string name(mixed_precision_name(s.precision));
+  std::string name = s.architecture == Architecture::gpt2    ? ""
+                     : s.architecture == Architecture::llama ? "llama_"
+                                                             : "moe_";
+  name += mixed_precision_name(s.precision);
   if (s.precision == MixedPrecision::fp8) name += std::string("_") + recipe_name(s.recipe);
   return name + "_" + std::to_string(s.ranks) + "ranks_" + std::to_string(s.micro) + "micro" +
          (s.shard ? "_zero1" : "");
@@ -76,7 +84,10 @@ inline std::unique_ptr<Model> model_of(const RunShape& s, Backend& backend) {
   PrecisionSettings p = mode(s.precision);
   p.recipe = s.recipe;
   p.lm_head = true;  // the head in FP8 too, where the mode is fp8
-  const ModelConfig c = tiny_config();
+  p.experts = true;
+  const ModelConfig c = s.architecture == Architecture::gpt2    ? tiny_config()
+                        : s.architecture == Architecture::llama ? testing::tiny_llama_config()
+                                                                : testing::tiny_moe_config(true);
   // The policy sees the tokens of a whole step, whichever way the step is split.
   std::unique_ptr<Model> m = make_model(c, backend, PrecisionPolicy(p, c, B * T * s.micro * s.ranks), B, T);
   m->init_weights(11);

@@ -44,7 +44,19 @@ std::vector<RunShape> every_shape() {
                                           std::pair{MixedPrecision::fp8, RecipeKind::current}}) {
     for (const int ranks : {2, 4}) {
       for (const int64_t micro : {int64_t{1}, int64_t{2}}) {
-        for (const bool shard : {false, true}) out.push_back({precision, recipe, ranks, micro, shard});
+        for (const bool shard : {false, true}) {
+          out.push_back(
+              {.precision = precision, .recipe = recipe, .ranks = ranks, .micro = micro, .shard = shard});
+        }
+      }
+    }
+  }
+  // The other architectures: 2 ranks of 2 micro-batches, in float32 and in FP8.
+  for (const Architecture architecture : {Architecture::llama, Architecture::moe}) {
+    for (const MixedPrecision precision : {MixedPrecision::fp32, MixedPrecision::fp8}) {
+      for (const bool shard : {false, true}) {
+        out.push_back(
+            {.architecture = architecture, .precision = precision, .ranks = 2, .micro = 2, .shard = shard});
       }
     }
   }
