@@ -327,6 +327,12 @@ const std::vector<Key>& keys() {
         "distributed.dp_replicate", [](RunConfig& c) -> int64_t& { return c.distributed.dp_replicate; },
         "Groups of dp_shard ranks that each hold a whole copy of the optimizer state; dp_shard x "
         "dp_replicate is the number of ranks."));
+    k.push_back(choice<dist::GradientReduceType>(
+        "distributed.gradient_reduce_dtype",
+        [](RunConfig& c) -> dist::GradientReduceType& { return c.distributed.gradient_reduce_type; },
+        {{"float32", dist::GradientReduceType::float32}, {"bf16", dist::GradientReduceType::bf16}},
+        "The type in which the ranks sum their gradients: float32, or bf16 (half the traffic; each rank's "
+        "gradient and every partial sum rounded to bf16)."));
     // [data]
     k.push_back(text(
         "data.dir", [](const RunConfig& c) { return c.data_dir.string(); },

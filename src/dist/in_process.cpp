@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "octet/check.h"
+#include "octet/numerics/minifloat.h"
 
 namespace octet::dist {
 
@@ -23,6 +24,7 @@ namespace {
 
 enum class Op : uint8_t {
   all_reduce_sum_f32,
+  all_reduce_sum_bf16,
   all_reduce_sum_f64,
   all_reduce_max_f32,
   reduce_scatter_sum_f32,
@@ -36,6 +38,8 @@ const char* op_name(Op op) {
   switch (op) {
     case Op::all_reduce_sum_f32:
       return "all_reduce_sum (float32)";
+    case Op::all_reduce_sum_bf16:
+      return "all_reduce_sum (bf16)";
     case Op::all_reduce_sum_f64:
       return "all_reduce_sum (float64)";
     case Op::all_reduce_max_f32:
@@ -112,6 +116,18 @@ class InProcessCommunicator final : public Communicator {
 
   void all_reduce_sum(std::span<float> values) override { sum(Op::all_reduce_sum_f32, values); }
   void all_reduce_sum(std::span<double> values) override { sum(Op::all_reduce_sum_f64, values); }
+
+  void all_reduce_sum_bf16(std::span<uint16_t> values) override {
+    std::vector<uint16_t> out(values.size());
+    run({Op::all_reduce_sum_bf16, values.data(), values.size(), values.size(), 0}, [&] {
+      for (size_t i = 0; i < values.size(); ++i) {
+        float s = bf16_to_float(input<uint16_t>(0)[i]);
+        for (int r = 1; r < size(); ++r) s = round_to_bf16(s + bf16_to_float(input<uint16_t>(r)[i]));
+        out[i] = float_to_bf16(s);
+      }
+    });
+    std::copy(out.begin(), out.end(), values.begin());
+  }
 
   void all_reduce_max(std::span<float> values) override {
     std::vector<float> out(values.size());

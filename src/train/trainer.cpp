@@ -9,6 +9,7 @@
 
 #include "octet/check.h"
 #include "octet/io/atomic_file.h"
+#include "octet/numerics/minifloat.h"
 #include "step_scaling.h"
 
 namespace octet {
@@ -164,7 +165,8 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
   const int64_t B = settings_.batch_size, T = settings_.seq_len, micro = settings_.grad_accum_steps;
   std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
   // Emulated ranks: each group of micro-batches accumulates from zero as a rank would, and the groups' sums
-  // are added in order on the host, the float32 additions the ranks' all-reduce makes (data_parallel.h).
+  // are added in order on the host, the additions the ranks' all-reduce makes (data_parallel.h): in
+  // float32, or in BF16 with every operand and partial sum rounded as Communicator::all_reduce_sum_bf16 does.
   const int64_t groups = parallel_.communicator != nullptr ? 1 : parallel_.emulated_ranks;
   std::vector<float> group_sum, group;
   double loss_sum = 0.0;
@@ -185,8 +187,15 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
     if (groups == 1) break;
     group.resize(static_cast<size_t>(gradient_floats_));
     model_.backend().copy_to_host(group.data(), model_.grads(), group.size() * sizeof(float));
+    const bool bf16 = parallel_.reduce_type == dist::GradientReduceType::bf16;
     if (g == 0) {
       group_sum = group;
+      if (bf16) {
+        for (float& x : group_sum) x = round_to_bf16(x);
+      }
+    } else if (bf16) {
+      for (size_t i = 0; i < group.size(); ++i)
+        group_sum[i] = round_to_bf16(group_sum[i] + round_to_bf16(group[i]));
     } else {
       for (size_t i = 0; i < group.size(); ++i) group_sum[i] = group_sum[i] + group[i];
     }
@@ -200,8 +209,20 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
 void Trainer::sum_gradients_over_ranks() {
   if (parallel_.communicator == nullptr) return;
   // grads() first zeroes any weight gradient no backward wrote, so every element is this rank's sum.
-  parallel_.communicator->all_reduce_sum(
-      std::span<float>(model_.grads(), static_cast<size_t>(gradient_floats_)));
+  float* grads = model_.grads();
+  const auto n = static_cast<size_t>(gradient_floats_);
+  if (parallel_.reduce_type == dist::GradientReduceType::float32) {
+    parallel_.communicator->all_reduce_sum(std::span<float>(grads, n));
+    return;
+  }
+  // BF16 codes through the host (the in-process communicator's memory), the sum back in float32.
+  std::vector<float> values(n);
+  model_.backend().copy_to_host(values.data(), grads, n * sizeof(float));
+  std::vector<uint16_t> codes(n);
+  for (size_t i = 0; i < n; ++i) codes[i] = float_to_bf16(values[i]);
+  parallel_.communicator->all_reduce_sum_bf16(codes);
+  for (size_t i = 0; i < n; ++i) values[i] = bf16_to_float(codes[i]);
+  model_.backend().copy_from_host(grads, values.data(), n * sizeof(float));
 }
 
 void Trainer::gather_parameters() {

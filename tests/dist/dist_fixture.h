@@ -40,6 +40,7 @@ struct RunShape {
   int ranks = 2;
   int64_t micro = 1;  // micro-batches per rank and step
   bool shard = false;
+  dist::GradientReduceType reduce = dist::GradientReduceType::float32;
   float initial_loss_scale = 0.0f;  // fp16: 0 for the default
 };
 
@@ -50,7 +51,7 @@ inline std::string name_of(const RunShape& s) {
   name += mixed_precision_name(s.precision);
   if (s.precision == MixedPrecision::fp8) name += std::string("_") + recipe_name(s.recipe);
   return name + "_" + std::to_string(s.ranks) + "ranks_" + std::to_string(s.micro) + "micro" +
-         (s.shard ? "_zero1" : "");
+         (s.shard ? "_zero1" : "") + (s.reduce == dist::GradientReduceType::bf16 ? "_bf16sum" : "");
 }
 
 // What a rank ends with.
@@ -157,7 +158,7 @@ inline Outcome one_rank(const RunShape& s,
                         const std::function<BatchSource(int rank, int ranks, io::DataLoader**)>& source) {
   auto backend = make_cpu_backend();
   std::unique_ptr<Model> m = model_of(s, *backend);
-  Trainer trainer(*m, settings_of(s), DataParallel{.emulated_ranks = s.ranks});
+  Trainer trainer(*m, settings_of(s), DataParallel{.reduce_type = s.reduce, .emulated_ranks = s.ranks});
   io::DataLoader* loader = nullptr;
   const BatchSource data = source(0, 1, &loader);
   return train(s, *m, trainer, data, loader);
@@ -170,7 +171,9 @@ inline std::vector<Outcome> many_ranks(
   dist::run_ranks(s.ranks, [&](dist::Communicator& c) {
     auto backend = make_cpu_backend();
     std::unique_ptr<Model> m = model_of(s, *backend);
-    Trainer trainer(*m, settings_of(s), DataParallel{.communicator = &c, .shard_optimizer_state = s.shard});
+    Trainer trainer(
+        *m, settings_of(s),
+        DataParallel{.communicator = &c, .shard_optimizer_state = s.shard, .reduce_type = s.reduce});
     io::DataLoader* loader = nullptr;
     const BatchSource data =
         rank_batches(source(c.rank(), c.size(), &loader), c.rank(), c.size(), s.micro, B, T);

@@ -15,6 +15,7 @@
 #include "octet/check.h"
 #include "octet/dist/in_process.h"
 #include "octet/dist/topology.h"
+#include "octet/numerics/minifloat.h"
 
 namespace octet::dist {
 namespace {
@@ -100,6 +101,24 @@ TEST_P(Ranks, SumsInRankOrderOnEveryRankAndEveryRun) {
                 0)
           << "rank " << r << ", run " << run;
     }
+  }
+}
+
+TEST_P(Ranks, Bf16SumsRoundAfterEveryAddition) {
+  // Rank 0 holds 1, every other rank 2^-8: half a BF16 unit of 1 each, so every addition rounds back to 1
+  // (to even), where a float32 sum rounded once at the end would reach 1 + 2^-7 from 3 ranks on. The second
+  // element is exact: small integers.
+  const int n = GetParam();
+  PerRank<uint16_t> out(n);
+  run_ranks(n, [&](Communicator& c) {
+    std::vector<uint16_t> v = {float_to_bf16(c.rank() == 0 ? 1.0f : 0x1p-8f),
+                               float_to_bf16(static_cast<float>(c.rank() + 1))};
+    c.all_reduce_sum_bf16(v);
+    out.put(c.rank(), v);
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(bf16_to_float(out.values[static_cast<size_t>(r)][0]), 1.0f);
+    EXPECT_EQ(bf16_to_float(out.values[static_cast<size_t>(r)][1]), static_cast<float>(n * (n + 1) / 2));
   }
 }
 

@@ -3,6 +3,7 @@
 // mode: the losses, gradient norms, parameters, AdamW moments and FP8 scaling state of every rank. The data
 // loader's position after each step is the same on every rank and on one rank, so a run resumes on another
 // number of ranks where it stopped.
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -51,6 +52,16 @@ std::vector<RunShape> every_shape() {
       }
     }
   }
+  // Gradients summed in BF16.
+  for (const MixedPrecision precision : {MixedPrecision::fp32, MixedPrecision::bf16, MixedPrecision::fp8}) {
+    for (const int ranks : {2, 4}) {
+      out.push_back({.precision = precision,
+                     .ranks = ranks,
+                     .micro = 2,
+                     .shard = ranks == 4,
+                     .reduce = dist::GradientReduceType::bf16});
+    }
+  }
   // The other architectures: 2 ranks of 2 micro-batches, in float32 and in FP8.
   for (const Architecture architecture : {Architecture::llama, Architecture::moe}) {
     for (const MixedPrecision precision : {MixedPrecision::fp32, MixedPrecision::fp8}) {
@@ -81,6 +92,17 @@ TEST(DataParallel, RanksThatReadTheSameMicroBatchesDoNotMatch) {
   });
   EXPECT_NE(outcomes[0].losses[0], reference.losses[0]);
   EXPECT_EQ(outcomes[0].losses[0], outcomes[1].losses[0]) << "both ranks still agree with each other";
+}
+
+TEST(DataParallel, GradientsSummedInBf16AreNotTheFloat32Sum) {
+  // The equality above for BF16 sums would hold vacuously if the option changed nothing.
+  const RunShape float32{.precision = MixedPrecision::fp32, .ranks = 2, .micro = 2};
+  RunShape bf16 = float32;
+  bf16.reduce = dist::GradientReduceType::bf16;
+  const std::vector<Outcome> a = many_ranks(float32, pattern), b = many_ranks(bf16, pattern);
+  EXPECT_EQ(a[0].losses[0], b[0].losses[0]) << "the first forward is the same";
+  EXPECT_NE(a[0].losses[1], b[0].losses[1]) << "the first update is not";
+  EXPECT_TRUE(std::isfinite(b[0].losses.back()));
 }
 
 TEST(DataParallel, LossScalingSkipsTheSameStepsOnEveryRank) {

@@ -26,13 +26,20 @@ TEST(DistributedConfig, DefaultsShardOverEveryRankAndRoundTrip) {
   EXPECT_EQ(defaults.distributed.dp_shard, -1);
   EXPECT_EQ(defaults.distributed.dp_replicate, 1);
   const std::string toml = to_toml(defaults);
-  EXPECT_NE(toml.find("[distributed]\ndp_shard = -1\ndp_replicate = 1\n"), std::string::npos) << toml;
-  const RunConfig set = parse_run_config("[distributed]\ndp_shard = 2\ndp_replicate = -1\n", "run.toml");
+  EXPECT_EQ(defaults.distributed.gradient_reduce_type, dist::GradientReduceType::float32);
+  EXPECT_NE(
+      toml.find("[distributed]\ndp_shard = -1\ndp_replicate = 1\ngradient_reduce_dtype = \"float32\"\n"),
+      std::string::npos)
+      << toml;
+  const RunConfig set = parse_run_config(
+      "[distributed]\ndp_shard = 2\ndp_replicate = -1\ngradient_reduce_dtype = \"bf16\"\n", "run.toml");
+  EXPECT_EQ(set.distributed.gradient_reduce_type, dist::GradientReduceType::bf16);
   EXPECT_EQ(set.distributed.dp_shard, 2);
   EXPECT_EQ(set.distributed.dp_replicate, -1);
   const RunConfig back = parse_run_config(to_toml(set), "back.toml");
   EXPECT_EQ(back.distributed.dp_shard, 2);
   EXPECT_EQ(back.distributed.dp_replicate, -1);
+  EXPECT_EQ(back.distributed.gradient_reduce_type, dist::GradientReduceType::bf16);
 }
 
 TEST(DistributedConfig, EveryInvalidValueGetsOneMessageNamingTheKey) {
@@ -52,6 +59,10 @@ TEST(DistributedConfig, EveryInvalidValueGetsOneMessageNamingTheKey) {
       refusal("[distributed]\ndp_replicate = -1\n"),
       "run.toml: distributed.dp_shard and distributed.dp_replicate cannot both be -1: at most one of them "
       "takes the ranks the other leaves");
+  EXPECT_EQ(
+      refusal("[distributed]\ngradient_reduce_dtype = \"fp8\"\n"),
+      "run.toml:2: distributed.gradient_reduce_dtype = \"fp8\" is not valid; expected one of \"float32\", "
+      "\"bf16\"");
   EXPECT_NE(refusal("[distributed]\ndp_shards = 2\n").find("did you mean distributed.dp_shard?"),
             std::string::npos);
 }

@@ -25,6 +25,9 @@ class Communicator {
   // values[i] = the sum over ranks, in rank order, of each rank's values[i].
   virtual void all_reduce_sum(std::span<float> values) = 0;
   virtual void all_reduce_sum(std::span<double> values) = 0;
+  // The same over BF16 codes: rank 0's value, then each next rank's added in float32 and the sum rounded to
+  // BF16 (to nearest even) after every addition, as a BF16 all-reduce rounds at every hop.
+  virtual void all_reduce_sum_bf16(std::span<uint16_t> values) = 0;
   // values[i] = the largest of the ranks' values[i], NaN where any rank's is NaN (amaxes: a NaN amax must
   // reach every rank, as it would have reached one rank casting the whole batch).
   virtual void all_reduce_max(std::span<float> values) = 0;

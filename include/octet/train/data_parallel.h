@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "octet/dist/communicator.h"
+#include "octet/dist/topology.h"
 #include "octet/train/batch_source.h"
 
 namespace octet {
@@ -32,6 +33,9 @@ struct DataParallel {
   // (dist::shard_range over every rank), updates that shard of the float32 master weights, and the updated
   // parameters are all-gathered before the weight copies are remade.
   bool shard_optimizer_state = false;
+  // The type the ranks sum their gradients in: float32, or BF16, each rank's accumulated gradient and every
+  // partial sum rounded to BF16 (Communicator::all_reduce_sum_bf16; emulated ranks round alike).
+  dist::GradientReduceType reduce_type = dist::GradientReduceType::float32;
   // Without a communicator: accumulate each step as this many ranks would (above), to reproduce a
   // data-parallel run on one rank. 1: plain accumulation, the behaviour of a run of one rank.
   int64_t emulated_ranks = 1;
