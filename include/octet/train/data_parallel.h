@@ -12,10 +12,11 @@
 // The sum of the step's gradients is therefore (((g_0 + g_1) + g_2) + ...), g_r being rank r's accumulated
 // gradient. One rank reproduces that sum bit for bit by accumulating its G micro-batches in `emulated_ranks`
 // groups of M, each group from zero as a rank does, and adding the groups' sums in order: the very same
-// float32 additions. Accumulating all G micro-batches into one buffer would add in a different order (the
-// backward GEMMs, the embedding's and the biases' gradients add each micro-batch into the running sum
-// element by element), which is why a data-parallel run and a run with plain accumulation agree only to
-// rounding; the grouped accumulation makes "the same bits on N ranks as on one" a property that tests check.
+// additions (in float32, or in BF16 with the same roundings). Accumulating all G micro-batches into one
+// buffer would add in a different order (the backward GEMMs, the embedding's and the biases' gradients add
+// each micro-batch into the running sum element by element), which is why a data-parallel run and a run with
+// plain accumulation agree only to rounding; the grouped accumulation makes "the same bits on N ranks as on
+// one" a property that tests check.
 #pragma once
 
 #include <cstdint>
