@@ -41,6 +41,9 @@ struct RunShape {
   int64_t micro = 1;  // micro-batches per rank and step
   bool shard = false;
   dist::GradientReduceType reduce = dist::GradientReduceType::float32;
+  // What the blocks keep for their backward, and whether FP8 layers run their forward GEMMs again there.
+  ActivationCheckpointing checkpointing = ActivationCheckpointing::none;
+  bool recompute = false;
   float initial_loss_scale = 0.0f;  // fp16: 0 for the default
 };
 
@@ -51,7 +54,11 @@ inline std::string name_of(const RunShape& s) {
   name += mixed_precision_name(s.precision);
   if (s.precision == MixedPrecision::fp8) name += std::string("_") + recipe_name(s.recipe);
   return name + "_" + std::to_string(s.ranks) + "ranks_" + std::to_string(s.micro) + "micro" +
-         (s.shard ? "_zero1" : "") + (s.reduce == dist::GradientReduceType::bf16 ? "_bf16sum" : "");
+         (s.shard ? "_zero1" : "") + (s.reduce == dist::GradientReduceType::bf16 ? "_bf16sum" : "") +
+         (s.checkpointing == ActivationCheckpointing::full        ? "_full_checkpointing"
+          : s.checkpointing == ActivationCheckpointing::selective ? "_selective_checkpointing"
+                                                                  : "") +
+         (s.recompute ? "_recompute" : "");
 }
 
 // What a rank ends with.
@@ -86,6 +93,8 @@ inline std::unique_ptr<Model> model_of(const RunShape& s, Backend& backend) {
   p.recipe = s.recipe;
   p.lm_head = true;  // the head in FP8 too, where the mode is fp8
   p.experts = true;
+  p.activation_checkpointing = s.checkpointing;
+  p.recompute_mlp = p.recompute_qkv = p.recompute_residual = s.recompute;
   const ModelConfig c = s.architecture == Architecture::gpt2    ? tiny_config()
                         : s.architecture == Architecture::llama ? testing::tiny_llama_config()
                                                                 : testing::tiny_moe_config(true);

@@ -62,6 +62,18 @@ std::vector<RunShape> every_shape() {
                      .reduce = dist::GradientReduceType::bf16});
     }
   }
+  // FP8 with activation checkpointing (a block's forward again in the backward, casting with the scales the
+  // first forward took) and with FP8 forward GEMMs run again from their input codes.
+  for (const auto& [checkpointing, recompute] :
+       {std::pair{ActivationCheckpointing::full, false}, std::pair{ActivationCheckpointing::selective, false},
+        std::pair{ActivationCheckpointing::none, true}}) {
+    out.push_back({.precision = MixedPrecision::fp8,
+                   .ranks = 2,
+                   .micro = 2,
+                   .shard = true,
+                   .checkpointing = checkpointing,
+                   .recompute = recompute});
+  }
   // The other architectures: 2 ranks of 2 micro-batches, in float32 and in FP8.
   for (const Architecture architecture : {Architecture::llama, Architecture::moe}) {
     for (const MixedPrecision precision : {MixedPrecision::fp32, MixedPrecision::fp8}) {
