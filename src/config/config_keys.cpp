@@ -2,6 +2,7 @@
 // description, in the order `octet config show` prints them and docs/config.md lists them.
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,22 @@ constexpr int64_t kMaxHeads = int64_t{1} << 16;
 constexpr int64_t kMaxExperts = 256;
 constexpr int64_t kMaxChannels = int64_t{1} << 20;
 constexpr int64_t kMaxBatch = int64_t{1} << 20;
+constexpr int64_t kMaxRanks = int64_t{1} << 16;
+
+// A number of ranks: -1 (the ranks the other [distributed] key leaves) or 1 to kMaxRanks.
+Key ranks(std::string name, std::function<int64_t&(RunConfig&)> ref, std::string description) {
+  const std::string valid = fmt::format("-1 (the ranks the other key leaves) or 1 to {}", kMaxRanks);
+  Key k = integer<int64_t>(name, ref, -1, kMaxRanks, std::move(description));
+  k.valid = valid;
+  k.set = [=](RunConfig& c, const toml::node& n, const std::string& where) {
+    const std::optional<int64_t> v = n.is_integer() ? n.value<int64_t>() : std::nullopt;
+    if (!v || *v == 0 || *v < -1 || *v > kMaxRanks) {
+      fail(fmt::format("{}: {} must be {}, got {}", where, name, valid, describe_node(n)));
+    }
+    ref(c) = *v;
+  };
+  return k;
+}
 
 }  // namespace
 
@@ -301,6 +318,21 @@ const std::vector<Key>& keys() {
     k.push_back(number(
         "loss_scale.growth_factor", [](RunConfig& c) -> float& { return c.train.loss_scale.growth_factor; },
         1, true, inf, false, "fp16: factor applied after growth_interval clean steps."));
+    // [distributed]
+    k.push_back(ranks(
+        "distributed.dp_shard", [](RunConfig& c) -> int64_t& { return c.distributed.dp_shard; },
+        "Data-parallel ranks that share one copy of the optimizer state, each keeping and updating a "
+        "contiguous shard of it (docs/distributed.md)."));
+    k.push_back(ranks(
+        "distributed.dp_replicate", [](RunConfig& c) -> int64_t& { return c.distributed.dp_replicate; },
+        "Groups of dp_shard ranks that each hold a whole copy of the optimizer state; dp_shard x "
+        "dp_replicate is the number of ranks."));
+    k.push_back(choice<dist::GradientReduceType>(
+        "distributed.gradient_reduce_dtype",
+        [](RunConfig& c) -> dist::GradientReduceType& { return c.distributed.gradient_reduce_type; },
+        {{"float32", dist::GradientReduceType::float32}, {"bf16", dist::GradientReduceType::bf16}},
+        "The type in which the ranks sum their gradients: float32, or bf16 (half the traffic; each rank's "
+        "gradient and every partial sum rounded to bf16)."));
     // [data]
     k.push_back(text(
         "data.dir", [](const RunConfig& c) { return c.data_dir.string(); },

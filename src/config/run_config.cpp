@@ -162,6 +162,10 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
           fmt::format("train.weight_gradients = \"bf16\" needs train.mixed_precision = \"bf16\" or \"fp8\" "
                       "(weight-gradient GEMMs that round to bf16), got \"{}\"",
                       mixed_precision_name(c.precision.mode)));
+  require(
+      c.distributed.dp_shard != -1 || c.distributed.dp_replicate != -1,
+      "distributed.dp_shard and distributed.dp_replicate cannot both be -1: at most one of them takes the "
+      "ranks the other leaves");
   require(c.telemetry.alert_scale_jump == 0.0f || c.telemetry.alert_scale_jump > 1.0f,
           fmt::format("fp8.alert_scale_jump ({}) must be 0 (never) or more than 1: a scale always moves by a "
                       "factor of at least 1",

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "octet/check.h"
+#include "octet/dist/communicator.h"
 #include "octet/io/atomic_file.h"
 #include "octet/io/input.h"
 #include "octet/io/safetensors.h"
@@ -69,6 +70,21 @@ std::vector<float> to_host(Backend& backend, const float* source, int64_t count)
   std::vector<float> host(static_cast<size_t>(count));
   backend.copy_to_host(host.data(), source, host.size() * sizeof(float));
   return host;
+}
+
+// A moment of every parameter: the optimizer's own, or gathered from every rank's shard (a collective:
+// every rank of a sharded optimizer calls it).
+std::vector<float> whole_moment(Model& model, Trainer& trainer, const float* moment) {
+  const AdamW& optimizer = trainer.optimizer();
+  if (!optimizer.sharded()) return to_host(model.backend(), moment, model.parameter_count());
+  dist::Communicator& ranks = *trainer.parallel().communicator;
+  const dist::ShardRange& shard = optimizer.shard();
+  std::vector<float> all(static_cast<size_t>(shard.chunk * ranks.size()), 0.0f);
+  float* mine = all.data() + shard.chunk * ranks.rank();
+  model.backend().copy_to_host(mine, moment, static_cast<size_t>(shard.size()) * sizeof(float));
+  ranks.all_gather(std::span<const float>(mine, static_cast<size_t>(shard.chunk)), std::span<float>(all));
+  all.resize(static_cast<size_t>(model.parameter_count()));
+  return all;
 }
 
 // The step of a directory named step_<digits>, or -1.
@@ -357,10 +373,12 @@ std::optional<fs::path> checkpoint_to_continue(const fs::path& run_dir) {
   return latest;
 }
 
-fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer,
-                         const TrainingProgress& progress, const CheckpointOptions& options) {
-  OCTET_REQUIRE(options.keep_last >= 1, "checkpoint keep_last must be at least 1, got {}", options.keep_last);
-  const fs::path final_dir = checkpoint_directory(run_dir, trainer.steps_done());
+namespace {
+
+// The checkpoint files of `final_dir`, written and put in place (save_checkpoint).
+fs::path write_checkpoint(const fs::path& run_dir, const fs::path& final_dir, Model& model, Trainer& trainer,
+                          const TrainingProgress& progress, const CheckpointOptions& options,
+                          const std::vector<float>& m, const std::vector<float>& v) {
   const fs::path root = final_dir.parent_path();
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -373,8 +391,6 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
 
   Backend& backend = model.backend();
   const std::vector<float> params = to_host(backend, model.params(), model.parameter_count());
-  const std::vector<float> m = to_host(backend, trainer.optimizer().first_moment(), model.parameter_count());
-  const std::vector<float> v = to_host(backend, trainer.optimizer().second_moment(), model.parameter_count());
 
   const fs::path temporary = root / (".tmp_" + final_dir.filename().string());
   fs::create_directory(temporary, ec);
@@ -434,6 +450,27 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
     fs::remove_all(complete[i]);
   }
   return final_dir;
+}
+
+}  // namespace
+
+fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer,
+                         const TrainingProgress& progress, const CheckpointOptions& options) {
+  OCTET_REQUIRE(options.keep_last >= 1, "checkpoint keep_last must be at least 1, got {}", options.keep_last);
+  const fs::path final_dir = checkpoint_directory(run_dir, trainer.steps_done());
+  // On several ranks every rank holds the same parameters and scaling state; a sharded optimizer's moments
+  // are gathered from every rank, and rank 0 writes the one checkpoint, the same files one rank would write.
+  // The others wait until it is in place.
+  const std::vector<float> m = whole_moment(model, trainer, trainer.optimizer().first_moment());
+  const std::vector<float> v = whole_moment(model, trainer, trainer.optimizer().second_moment());
+  dist::Communicator* ranks = trainer.parallel().communicator;
+  if (ranks != nullptr && ranks->rank() != 0) {
+    ranks->barrier();
+    return final_dir;
+  }
+  const fs::path saved = write_checkpoint(run_dir, final_dir, model, trainer, progress, options, m, v);
+  if (ranks != nullptr) ranks->barrier();
+  return saved;
 }
 
 fs::path training_tokenizer_files(std::string_view tokenizer, const fs::path& data_dir) {
@@ -569,8 +606,11 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
   Backend& backend = model.backend();
   const size_t n = params.size();
   backend.copy_from_host(model.params(), params.data(), n * sizeof(float));
-  backend.copy_from_host(trainer.optimizer().first_moment(), m.data(), n * sizeof(float));
-  backend.copy_from_host(trainer.optimizer().second_moment(), v.data(), n * sizeof(float));
+  // A sharded optimizer takes its shard of the moments, whatever the number of ranks that saved them.
+  const dist::ShardRange& shard = trainer.optimizer().shard();
+  const auto shard_bytes = static_cast<size_t>(shard.size()) * sizeof(float);
+  backend.copy_from_host(trainer.optimizer().first_moment(), m.data() + shard.begin, shard_bytes);
+  backend.copy_from_host(trainer.optimizer().second_moment(), v.data() + shard.begin, shard_bytes);
   trainer.restore(saved.step, saved.consecutive_skips);
   trainer.optimizer().restore_steps(saved.optimizer_steps);
   if (restore_scaler) trainer.loss_scaler().restore(saved.loss_scale, saved.clean_steps);

@@ -9,13 +9,34 @@
 
 #include "octet/check.h"
 #include "octet/io/atomic_file.h"
+#include "octet/numerics/minifloat.h"
+#include "step_scaling.h"
 
 namespace octet {
 
+namespace {
+
+AdamW make_optimizer(Model& model, const TrainSettings& settings, const DataParallel& parallel) {
+  if (!parallel.shard_optimizer_state) {
+    return AdamW(model.backend(), model.parameters(), model.parameter_count(), settings.adamw);
+  }
+  const int ranks = static_cast<int>(parallel.ranks());
+  return AdamW(model.backend(), model.parameters(), model.parameter_count(), settings.adamw,
+               dist::shard_range(model.parameter_count(), parallel.rank(), ranks));
+}
+
+}  // namespace
+
 Trainer::Trainer(Model& model, TrainSettings settings)
+    : Trainer(model, std::move(settings), DataParallel{}) {}
+
+Trainer::~Trainer() = default;
+
+Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
     : model_(model),
       settings_(settings),
-      optimizer_(model.backend(), model.parameters(), model.parameter_count(), settings.adamw),
+      parallel_(parallel),
+      optimizer_(make_optimizer(model, settings, parallel)),
       scaler_(settings.loss_scale) {
   OCTET_REQUIRE(settings.batch_size >= 1, "train.batch_size must be at least 1, got {}", settings.batch_size);
   OCTET_REQUIRE(settings.seq_len >= 1, "train.seq_len must be at least 1, got {}", settings.seq_len);
@@ -25,6 +46,19 @@ Trainer::Trainer(Model& model, TrainSettings settings)
                 settings.grad_clip);
   OCTET_REQUIRE(settings.max_consecutive_skips >= 1, "train.max_consecutive_skips must be at least 1, got {}",
                 settings.max_consecutive_skips);
+  OCTET_REQUIRE(
+      parallel_.emulated_ranks >= 1 && (parallel_.communicator == nullptr || parallel_.emulated_ranks == 1),
+      "emulated ranks: at least 1, and only without a communicator; got {}", parallel_.emulated_ranks);
+  OCTET_REQUIRE(!parallel_.shard_optimizer_state || parallel_.communicator != nullptr,
+                "a sharded optimizer state needs the communicator of the ranks that share it");
+  for (const ParameterInfo& p : model.parameters()) {
+    OCTET_REQUIRE(parallel_.ranks() == 1 || p.grad_type == Dtype::f32,
+                  "data-parallel training sums float32 gradients; the gradient of {} is kept in bf16 "
+                  "(train.weight_gradients = \"bf16\" is not supported on several ranks yet)",
+                  p.name);
+    if (p.grad_type == Dtype::f32) gradient_floats_ = std::max(gradient_floats_, p.grad_offset + p.count);
+  }
+  if (parallel_.ranks() > 1) step_scaling_ = std::make_unique<StepScaling>(model);
   for (const std::string& line : {model.policy().startup_line(), model.memory_line()}) {
     if (!line.empty() && settings_.log) settings_.log(line);
   }
@@ -56,31 +90,27 @@ StepResult Trainer::step(const BatchSource& data) {
   r.step = step_;
   r.loss_scale = scaler_.scale();
   r.learning_rate = settings_.schedule.at(step_);
-  r.tokens = B * T * micro;
+  r.tokens = B * T * micro * parallel_.ranks();
   const GemmCounters before = model_.counters();
   const auto phase = [this](StepPhase p) {
     if (settings_.phase_began) settings_.phase_began(p);
   };
 
-  std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
   phase(StepPhase::optimizer);
-  model_.zero_grad();
-  double loss_sum = 0.0;
-  bool loss_finite = true;
-  // The gradient of the scaled mean loss; each forward runs the LM head's backward with it, chunk by chunk.
-  const float dloss = r.loss_scale / static_cast<float>(B * T * micro);
-  for (int64_t m = 0; m < micro; ++m) {
-    phase(StepPhase::data);
-    data(tokens.data(), targets.data());
-    phase(StepPhase::forward);
-    const float loss = model_.forward(tokens.data(), targets.data(), B, T, dloss);
-    loss_finite &= std::isfinite(loss);
-    loss_sum += loss;
-    phase(StepPhase::backward);
-    model_.backward(dloss);
+  // The gradient of the scaled mean loss over the step's micro-batches on every rank; each forward runs the
+  // LM head's backward with it, chunk by chunk.
+  const int64_t micro_batches = micro * parallel_.ranks();
+  const float dloss = r.loss_scale / static_cast<float>(B * T * micro_batches);
+  double loss_sum = accumulate(data, dloss, phase);
+  if (parallel_.communicator != nullptr) {
+    parallel_.communicator->all_reduce_sum(std::span<double>(&loss_sum, 1));
   }
+  // A float64 sum of the losses is finite exactly when every loss is; every rank sees the same sum.
+  const bool loss_finite = std::isfinite(loss_sum);
+  if (step_scaling_) step_scaling_->finish(parallel_.communicator);
+  if (loss_finite) sum_gradients_over_ranks();
   phase(StepPhase::optimizer);
-  r.loss = static_cast<float>(loss_sum / static_cast<double>(micro));
+  r.loss = static_cast<float>(loss_sum / static_cast<double>(micro_batches));
   r.fp8_gemms = model_.counters().fp8_gemms - before.fp8_gemms;
   r.other_gemms = model_.counters().other_gemms - before.other_gemms;
 
@@ -122,11 +152,95 @@ StepResult Trainer::step(const BatchSource& data) {
   const std::vector<Model::WeightCopySlot> copies = model_.weight_copy_slots();
   optimizer_.step(model_.params(), model_.grads(), r.learning_rate, clip / r.loss_scale, copies,
                   model_.grads_bf16());
+  if (optimizer_.sharded()) gather_parameters();
   scaler_.update(false);
   consecutive_skips_ = 0;
   ++step_;
   phase(StepPhase::done);
   return r;
+}
+
+double Trainer::accumulate(const BatchSource& data, float dloss,
+                           const std::function<void(StepPhase)>& phase) {
+  const int64_t B = settings_.batch_size, T = settings_.seq_len, micro = settings_.grad_accum_steps;
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
+  // Emulated ranks: each group of micro-batches accumulates from zero as a rank would, and the groups' sums
+  // are added in order on the host, the additions the ranks' all-reduce makes (data_parallel.h): in
+  // float32, or in BF16 with every operand and partial sum rounded as Communicator::all_reduce_sum_bf16 does.
+  const int64_t groups = parallel_.communicator != nullptr ? 1 : parallel_.emulated_ranks;
+  std::vector<float> group_sum, group;
+  double loss_sum = 0.0;
+  if (step_scaling_) step_scaling_->begin();
+  for (int64_t g = 0; g < groups; ++g) {
+    model_.zero_grad();
+    double group_loss = 0.0;
+    for (int64_t m = 0; m < micro; ++m) {
+      phase(StepPhase::data);
+      data(tokens.data(), targets.data());
+      phase(StepPhase::forward);
+      group_loss += model_.forward(tokens.data(), targets.data(), B, T, dloss);
+      phase(StepPhase::backward);
+      model_.backward(dloss);
+      if (step_scaling_) step_scaling_->after_micro_batch();
+    }
+    loss_sum = g == 0 ? group_loss : loss_sum + group_loss;
+    if (groups == 1) break;
+    group.resize(static_cast<size_t>(gradient_floats_));
+    model_.backend().copy_to_host(group.data(), model_.grads(), group.size() * sizeof(float));
+    const bool bf16 = parallel_.reduce_type == dist::GradientReduceType::bf16;
+    if (g == 0) {
+      group_sum = group;
+      if (bf16) {
+        for (float& x : group_sum) x = round_to_bf16(x);
+      }
+    } else if (bf16) {
+      for (size_t i = 0; i < group.size(); ++i)
+        group_sum[i] = round_to_bf16(group_sum[i] + round_to_bf16(group[i]));
+    } else {
+      for (size_t i = 0; i < group.size(); ++i) group_sum[i] = group_sum[i] + group[i];
+    }
+  }
+  if (groups > 1) {
+    model_.backend().copy_from_host(model_.grads(), group_sum.data(), group_sum.size() * sizeof(float));
+  }
+  return loss_sum;
+}
+
+void Trainer::sum_gradients_over_ranks() {
+  if (parallel_.communicator == nullptr) return;
+  // grads() first zeroes any weight gradient no backward wrote, so every element is this rank's sum.
+  float* grads = model_.grads();
+  const auto n = static_cast<size_t>(gradient_floats_);
+  if (parallel_.reduce_type == dist::GradientReduceType::float32) {
+    parallel_.communicator->all_reduce_sum(std::span<float>(grads, n));
+    return;
+  }
+  // BF16 codes through the host (the in-process communicator's memory), the sum back in float32.
+  std::vector<float> values(n);
+  model_.backend().copy_to_host(values.data(), grads, n * sizeof(float));
+  std::vector<uint16_t> codes(n);
+  for (size_t i = 0; i < n; ++i) codes[i] = float_to_bf16(values[i]);
+  parallel_.communicator->all_reduce_sum_bf16(codes);
+  for (size_t i = 0; i < n; ++i) values[i] = bf16_to_float(codes[i]);
+  model_.backend().copy_from_host(grads, values.data(), n * sizeof(float));
+}
+
+void Trainer::gather_parameters() {
+  // Every rank's shard, each padded to the chunk, gathered through the host (the in-process communicator's
+  // memory; a GPU communicator would gather the device's buffers in place).
+  const dist::ShardRange& shard = optimizer_.shard();
+  const int64_t ranks = parallel_.ranks(), count = model_.parameter_count();
+  std::vector<float> gathered(static_cast<size_t>(shard.chunk * ranks), 0.0f);
+  float* mine = gathered.data() + shard.chunk * parallel_.rank();
+  if (shard.size() > 0) {
+    model_.backend().copy_to_host(mine, model_.params() + shard.begin,
+                                  static_cast<size_t>(shard.size()) * sizeof(float));
+  }
+  parallel_.communicator->all_gather(std::span<const float>(mine, static_cast<size_t>(shard.chunk)),
+                                     std::span<float>(gathered));
+  model_.backend().copy_from_host(model_.params(), gathered.data(),
+                                  static_cast<size_t>(count) * sizeof(float));
+  model_.refresh_weight_copies();
 }
 
 float Trainer::evaluate(const BatchSource& data, int64_t batches) {

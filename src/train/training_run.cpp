@@ -18,6 +18,7 @@
 
 #include "octet/backend/registry.h"
 #include "octet/check.h"
+#include "octet/dist/topology.h"
 #include "octet/io/atomic_file.h"
 #include "octet/io/data_loader.h"
 #include "octet/io/tokenizer.h"
@@ -277,6 +278,8 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   // Everything that can be refused is refused before anything is written: device, data, the run directory,
   // the model's memory, the checkpoint a resumed run continues from.
   const DeviceChoice device = choose_device(config);
+  // One process trains as one rank; the [distributed] keys must describe a world of one.
+  dist::resolve_layout(config.distributed, 1, 0);
   OCTET_REQUIRE(!config.data_dir.empty(),
                 "data.dir is not set: point it at shards made by `octet data prepare`");
   const int64_t B = config.train.batch_size, T = config.train.seq_len;

@@ -1,7 +1,7 @@
 // The configuration of a training run: one TOML file with sections [model], [train], [fp8], [optimizer],
-// [scheduler], [loss_scale], [data], [checkpoint], [logging], [telemetry], and `--set section.key=value`
-// overrides. Every key is described once (run_config.cpp's key table), which drives parsing, validation,
-// `octet config show` and the key reference in docs/config.md.
+// [scheduler], [loss_scale], [distributed], [data], [checkpoint], [logging], [telemetry], and
+// `--set section.key=value` overrides. Every key is described once (run_config.cpp's key table), which
+// drives parsing, validation, `octet config show` and the key reference in docs/config.md.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "octet/config/train_settings.h"
+#include "octet/dist/topology.h"
 #include "octet/model/config.h"
 #include "octet/model/precision_policy.h"
 #include "octet/telemetry/settings.h"
@@ -27,6 +28,8 @@ struct RunConfig {
   std::string device = "auto";        // "auto" | "cpu" | "cuda"
   std::string attention = "auto";     // on the GPU: "auto" | "cudnn" | "octet"
   bool time_gemm_algorithms = false;  // train.gemm_algorithms = "timed" (GPU only)
+  // [distributed]: how the ranks share the work (a world of one rank trains as it always has)
+  dist::DistributedSettings distributed;
   // [data]
   std::filesystem::path data_dir;  // shards: train_NNNNNN.bin and val_NNNNNN.bin
   std::string tokenizer = "bytes";

@@ -65,7 +65,9 @@ std::filesystem::path checkpoint_directory(const std::filesystem::path& run_dir,
 // Saves the state after trainer.steps_done() steps and returns the checkpoint's directory. The files go to
 // RUN_DIR/checkpoints/.tmp_step_N, each flushed to disk, and the directory is then renamed into place, so
 // a checkpoint is either complete or absent. Afterwards only the newest keep_last complete checkpoints and
-// no temporary directories remain. Saving changes nothing in the running model.
+// no temporary directories remain. Saving changes nothing in the running model. A data-parallel trainer's
+// ranks all call it: the moments of a sharded optimizer are gathered from every rank, rank 0 writes the
+// checkpoint one rank would write, and every rank returns once it is in place (docs/distributed.md).
 std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, Model& model, Trainer& trainer,
                                       const TrainingProgress& progress,
                                       const CheckpointOptions& options = {});
@@ -99,7 +101,9 @@ struct CheckpointLoad {
 // mismatch, and the model and trainer are left untouched. Values no run produces are refused naming the
 // field: negative step counts or positions, a loss scale or FP8 scale that is not positive and finite, a
 // negative or NaN amax in a history, a negative last amax (NaN or Inf there is legitimate: it records what
-// an overflowing step's cast saw), non-finite master weights or moments, and negative second moments.
+// an overflowing step's cast saw), non-finite master weights or moments, and negative second moments. A
+// sharded optimizer (data_parallel.h) takes its own shard of the moments, whatever the number of ranks that
+// saved them.
 CheckpointLoad load_checkpoint(const std::filesystem::path& checkpoint_dir, Model& model, Trainer& trainer);
 
 // The weights only (--init-from): the master weights of a checkpoint made for the same model shape, copied

@@ -1,32 +1,40 @@
 // One optimizer step of a GPT: micro-batches with gradient accumulation, loss scaling, a check that the
 // loss and every gradient are finite (skipping the step and naming the first non-finite tensor when not),
-// clipping by the global gradient norm, AdamW, and the refresh of the GEMMs' weight copies.
+// clipping by the global gradient norm, AdamW, and the refresh of the GEMMs' weight copies; on one rank or
+// as one of several data-parallel ranks (data_parallel.h).
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "octet/config/train_settings.h"
 #include "octet/model/model.h"
 #include "octet/telemetry/source.h"
+#include "octet/train/batch_source.h"
+#include "octet/train/data_parallel.h"
 #include "octet/train/optimizer.h"
 #include "octet/train/schedule.h"
 
 namespace octet {
 
-// Fills tokens and targets [B, T] (host memory) for the next micro-batch.
-using BatchSource = std::function<void(int32_t* tokens, int32_t* targets)>;
-
 // What one optimizer step did: the numbers the run's step table records (telemetry/source.h), as the trainer
 // returns them.
 using StepResult = StepStatistics;
+
+class StepScaling;
 
 class Trainer {
  public:
   // Reports the FP8 startup line through settings.log (fp8 mode only) and writes the per-layer precision map
   // to settings.run_directory/precision_map.json when a run directory is set.
   Trainer(Model& model, TrainSettings settings);
+  // One data-parallel rank (data_parallel.h): `data` gives this rank's micro-batches (rank_batches), the
+  // step's results (loss, gradient norm, tokens) are the whole step's over every rank. Throws invalid_input
+  // where the model keeps weight gradients in bf16, which the ranks do not sum yet.
+  Trainer(Model& model, TrainSettings settings, DataParallel parallel);
+  ~Trainer();
   // Runs one optimizer step. Throws octet::Error (ErrorKind::training_failed) after
   // max_consecutive_skips skipped steps in a row.
   StepResult step(const BatchSource& data);
@@ -43,6 +51,7 @@ class Trainer {
   }
   LossScaler& loss_scaler() { return scaler_; }
   AdamW& optimizer() { return optimizer_; }
+  const DataParallel& parallel() const { return parallel_; }
   const TrainSettings& settings() const { return settings_; }
 
  private:
@@ -50,9 +59,21 @@ class Trainer {
   // gradients' sum of squares came out non-finite.
   std::string first_non_finite_gradient();
   void write_precision_map();
+  // The micro-batches of this rank (of every emulated rank in turn), their gradients accumulated as
+  // data_parallel.h says; returns the float64 sum of their losses.
+  double accumulate(const BatchSource& data, float dloss, const std::function<void(StepPhase)>& phase);
+  // Sums the float32 gradients over the ranks, in rank order (nothing on one rank).
+  void sum_gradients_over_ranks();
+  // After an optimizer that holds a shard has updated it: every rank's updated shard of the parameters,
+  // gathered into the whole buffer, and the weight copies remade from it.
+  void gather_parameters();
 
   Model& model_;
   TrainSettings settings_;
+  DataParallel parallel_;
+  int64_t gradient_floats_ = 0;  // the float32 gradients' extent, which the ranks sum
+  // FP8 scaling once per step, on several ranks (real or emulated); null on one.
+  std::unique_ptr<StepScaling> step_scaling_;
   AdamW optimizer_;
   LossScaler scaler_;
   int64_t step_ = 0;

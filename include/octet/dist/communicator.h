@@ -1,0 +1,58 @@
+// The collectives that data-parallel and sharded training need, behind one interface: NCCL will implement it
+// on GPUs, and InProcessGroup (in_process.h) implements it for ranks that are threads of one process, with a
+// fixed reduction order, so that the CPU shows what every rank computes bit for bit.
+//
+// Every rank of a group calls the same collectives in the same order with the same sizes; a collective
+// returns on a rank once that rank's output is complete. The spans lie in the memory of the backend the
+// ranks train on (host memory for the CPU backend). Sums are taken in a fixed order, the same on every rank:
+// rank 0's value, plus rank 1's, plus rank 2's, and so on, in the span's own type, so that every rank holds
+// the same bits and a run repeats exactly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace octet::dist {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // values[i] = the sum over ranks, in rank order, of each rank's values[i].
+  virtual void all_reduce_sum(std::span<float> values) = 0;
+  virtual void all_reduce_sum(std::span<double> values) = 0;
+  // The same over BF16 codes: rank 0's value, then each next rank's added in float32 and the sum rounded to
+  // BF16 (to nearest even) after every addition, as a BF16 all-reduce rounds at every hop.
+  virtual void all_reduce_sum_bf16(std::span<uint16_t> values) = 0;
+  // values[i] = the largest of the ranks' values[i], NaN where any rank's is NaN (amaxes: a NaN amax must
+  // reach every rank, as it would have reached one rank casting the whole batch).
+  virtual void all_reduce_max(std::span<float> values) = 0;
+  // `send` holds size() chunks of receive.size() values; rank r receives the sum over ranks, in rank order,
+  // of chunk r.
+  virtual void reduce_scatter_sum(std::span<const float> send, std::span<float> receive) = 0;
+  // `receive` holds size() chunks of send.size() values: chunk r is rank r's `send`. `send` may be chunk
+  // rank() of `receive` itself (gathering in place).
+  virtual void all_gather(std::span<const float> send, std::span<float> receive) = 0;
+  virtual void all_gather(std::span<const std::byte> send, std::span<std::byte> receive) = 0;
+  // Every rank's `data` becomes rank root's.
+  virtual void broadcast(std::span<std::byte> data, int root) = 0;
+  // Returns once every rank has called it.
+  virtual void barrier() = 0;
+};
+
+// The contiguous run of `count` elements that rank `rank` of `ranks` owns when they are split as evenly as
+// the count allows, in rank order: every rank but the last holds ceil(count / ranks) elements (the chunk),
+// and the last holds what remains (possibly fewer, possibly none).
+struct ShardRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t chunk = 0;  // ceil(count / ranks): the padded size every rank's shard occupies in a gather
+  int64_t size() const { return end - begin; }
+};
+ShardRange shard_range(int64_t count, int rank, int ranks);
+
+}  // namespace octet::dist

@@ -1,0 +1,36 @@
+// How a run's ranks are arranged for data parallelism ([distributed] in the configuration): dp_shard ranks
+// share one copy of the optimizer state, each holding a contiguous shard of it, and dp_replicate such groups
+// each hold a whole copy. The ranks of a shard group are consecutive: rank = replica * shard + shard_rank.
+// A world of one rank is training as it has always been. The ranks sum their gradients in float32, or in BF16
+// where the configuration says so (half the traffic, each addition rounded to BF16).
+#pragma once
+
+#include <cstdint>
+
+namespace octet::dist {
+
+// The type in which the ranks sum their gradients ([distributed] gradient_reduce_dtype).
+enum class GradientReduceType : uint8_t { float32, bf16 };
+
+// [distributed]: -1 stands for "every rank the other key leaves", so the defaults shard over all ranks.
+struct DistributedSettings {
+  int64_t dp_shard = -1;
+  int64_t dp_replicate = 1;
+  GradientReduceType gradient_reduce_type = GradientReduceType::float32;
+};
+
+struct DataParallelLayout {
+  int world = 1;      // ranks in the run
+  int shard = 1;      // ranks in a shard group
+  int replicate = 1;  // shard groups
+  int rank = 0;
+
+  int shard_rank() const { return rank % shard; }
+  int replica() const { return rank / shard; }
+};
+
+// The layout of `world` ranks that `settings` asks for, as seen by `rank`. Throws invalid_input naming the
+// keys when their product is not the world (with -1 resolved first), or both are -1.
+DataParallelLayout resolve_layout(const DistributedSettings& settings, int world, int rank);
+
+}  // namespace octet::dist

@@ -1,0 +1,56 @@
+// Data-parallel training: how the trainer (trainer.h) spreads an optimizer step over ranks, each holding a
+// replica of the model, and which rank reads which micro-batches.
+//
+// A step of G = ranks x train.grad_accum_steps micro-batches runs as follows. Rank r reads micro-batches
+// r * M .. r * M + M - 1 of the step (M = train.grad_accum_steps) and accumulates their gradients as one
+// rank always has; the ranks' gradients and losses are then summed through the communicator in rank order;
+// every rank takes the same gradient norm, the same skip decision and the same update. FP8 scaling moves once
+// per step: every micro-batch casts with the scales the step began with, and the step's amax of each operand
+// is the largest any rank saw (one all-reduce of all amaxes), so that every rank keeps the same scaling
+// state.
+//
+// The sum of the step's gradients is therefore (((g_0 + g_1) + g_2) + ...), g_r being rank r's accumulated
+// gradient. One rank reproduces that sum bit for bit by accumulating its G micro-batches in `emulated_ranks`
+// groups of M, each group from zero as a rank does, and adding the groups' sums in order: the very same
+// additions (in float32, or in BF16 with the same roundings). Accumulating all G micro-batches into one
+// buffer would add in a different order (the backward GEMMs, the embedding's and the biases' gradients add
+// each micro-batch into the running sum element by element), which is why a data-parallel run and a run with
+// plain accumulation agree only to rounding; the grouped accumulation makes "the same bits on N ranks as on
+// one" a property that tests check.
+#pragma once
+
+#include <cstdint>
+
+#include "octet/dist/communicator.h"
+#include "octet/dist/topology.h"
+#include "octet/train/batch_source.h"
+
+namespace octet {
+
+struct DataParallel {
+  // The ranks this one trains with; null: one rank on its own.
+  dist::Communicator* communicator = nullptr;
+  // ZeRO stage 1: each rank keeps the AdamW moments of its contiguous shard of the parameters only
+  // (dist::shard_range over every rank), updates that shard of the float32 master weights, and the updated
+  // parameters are all-gathered before the weight copies are remade.
+  bool shard_optimizer_state = false;
+  // The type the ranks sum their gradients in: float32, or BF16, each rank's accumulated gradient and every
+  // partial sum rounded to BF16 (Communicator::all_reduce_sum_bf16; emulated ranks round alike).
+  dist::GradientReduceType reduce_type = dist::GradientReduceType::float32;
+  // Without a communicator: accumulate each step as this many ranks would (above), to reproduce a
+  // data-parallel run on one rank. 1: plain accumulation, the behaviour of a run of one rank.
+  int64_t emulated_ranks = 1;
+
+  int64_t ranks() const { return communicator != nullptr ? communicator->size() : emulated_ranks; }
+  int rank() const { return communicator != nullptr ? communicator->rank() : 0; }
+};
+
+// Rank `rank`'s micro-batches out of `global`, the source of every rank's micro-batches in order: of each
+// step's ranks x micro_batches micro-batches of [B, T], it returns those of index rank * micro_batches ..
+// (rank + 1) * micro_batches - 1 and reads past the others. Every rank's source thus reads the whole global
+// batch of every step and stands, between steps, where one rank's would: a data loader's position is the
+// same on every rank and holds for any number of ranks (a run resumes on another number of ranks exactly).
+BatchSource rank_batches(BatchSource global, int rank, int ranks, int64_t micro_batches, int64_t B,
+                         int64_t T);
+
+}  // namespace octet

@@ -1,0 +1,264 @@
+// Data-parallel training on the CPU, ranks as threads: 2 and 4 ranks, with and without a sharded optimizer
+// state (ZeRO stage 1), give the same bits as one rank accumulating the same global batch in every precision
+// mode: the losses, gradient norms, parameters, AdamW moments and FP8 scaling state of every rank. The data
+// loader's position after each step is the same on every rank and on one rank, so a run resumes on another
+// number of ranks where it stopped.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "dist_fixture.h"
+
+namespace octet {
+namespace {
+
+using namespace dist_testing;
+using testing::pattern_stream;
+using testing::tiny_config;
+
+class DataParallelTraining : public ::testing::TestWithParam<RunShape> {};
+
+TEST_P(DataParallelTraining, EveryRankHoldsTheBitsOfOneRankAccumulatingTheGlobalBatch) {
+  const RunShape s = GetParam();
+  const Outcome reference = one_rank(s, pattern);
+  ASSERT_EQ(reference.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_NE(reference.losses.front(), reference.losses.back()) << "the model trains";
+  if (s.precision == MixedPrecision::fp8) {
+    EXPECT_FALSE(reference.scaling.empty());
+  }
+  const std::vector<Outcome> ranks = many_ranks(s, pattern);
+  for (int r = 0; r < s.ranks; ++r)
+    expect_same(reference, ranks[static_cast<size_t>(r)], "rank " + std::to_string(r));
+}
+
+std::vector<RunShape> every_shape() {
+  std::vector<RunShape> out;
+  for (const auto& [precision, recipe] : {std::pair{MixedPrecision::fp32, RecipeKind::delayed},
+                                          std::pair{MixedPrecision::bf16, RecipeKind::delayed},
+                                          std::pair{MixedPrecision::fp16, RecipeKind::delayed},
+                                          std::pair{MixedPrecision::fp8, RecipeKind::delayed},
+                                          std::pair{MixedPrecision::fp8, RecipeKind::current}}) {
+    for (const int ranks : {2, 4}) {
+      for (const int64_t micro : {int64_t{1}, int64_t{2}}) {
+        for (const bool shard : {false, true}) {
+          out.push_back(
+              {.precision = precision, .recipe = recipe, .ranks = ranks, .micro = micro, .shard = shard});
+        }
+      }
+    }
+  }
+  // Gradients summed in BF16.
+  for (const MixedPrecision precision : {MixedPrecision::fp32, MixedPrecision::bf16, MixedPrecision::fp8}) {
+    for (const int ranks : {2, 4}) {
+      out.push_back({.precision = precision,
+                     .ranks = ranks,
+                     .micro = 2,
+                     .shard = ranks == 4,
+                     .reduce = dist::GradientReduceType::bf16});
+    }
+  }
+  // FP8 with activation checkpointing (a block's forward again in the backward, casting with the scales the
+  // first forward took) and with FP8 forward GEMMs run again from their input codes.
+  for (const auto& [checkpointing, recompute] :
+       {std::pair{ActivationCheckpointing::full, false}, std::pair{ActivationCheckpointing::selective, false},
+        std::pair{ActivationCheckpointing::none, true}}) {
+    out.push_back({.precision = MixedPrecision::fp8,
+                   .ranks = 2,
+                   .micro = 2,
+                   .shard = true,
+                   .checkpointing = checkpointing,
+                   .recompute = recompute});
+  }
+  // The other architectures: 2 ranks of 2 micro-batches, in float32 and in FP8.
+  for (const Architecture architecture : {Architecture::llama, Architecture::moe}) {
+    for (const MixedPrecision precision : {MixedPrecision::fp32, MixedPrecision::fp8}) {
+      for (const bool shard : {false, true}) {
+        out.push_back(
+            {.architecture = architecture, .precision = precision, .ranks = 2, .micro = 2, .shard = shard});
+      }
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Setups, DataParallelTraining, ::testing::ValuesIn(every_shape()),
+                         [](const auto& p) { return name_of(p.param); });
+
+// The same step on 2 ranks but each rank reading the whole batch's first micro-batches (no sharding of the
+// data) must differ: the equality above rests on every rank reading its own micro-batches.
+TEST(DataParallel, RanksThatReadTheSameMicroBatchesDoNotMatch) {
+  const RunShape s{.precision = MixedPrecision::fp32, .ranks = 2, .micro = 1};
+  const Outcome reference = one_rank(s, pattern);
+  std::vector<Outcome> outcomes(2);
+  dist::run_ranks(2, [&](dist::Communicator& c) {
+    auto backend = make_cpu_backend();
+    std::unique_ptr<Model> m = model_of(s, *backend);
+    Trainer trainer(*m, settings_of(s), DataParallel{.communicator = &c});
+    const BatchSource data = pattern_stream(5, B, T, tiny_config().vocab_size);  // not rank_batches
+    outcomes[static_cast<size_t>(c.rank())].losses.push_back(trainer.step(data).loss);
+  });
+  EXPECT_NE(outcomes[0].losses[0], reference.losses[0]);
+  EXPECT_EQ(outcomes[0].losses[0], outcomes[1].losses[0]) << "both ranks still agree with each other";
+}
+
+TEST(DataParallel, GradientsSummedInBf16AreNotTheFloat32Sum) {
+  // The equality above for BF16 sums would hold vacuously if the option changed nothing.
+  const RunShape float32{.precision = MixedPrecision::fp32, .ranks = 2, .micro = 2};
+  RunShape bf16 = float32;
+  bf16.reduce = dist::GradientReduceType::bf16;
+  const std::vector<Outcome> a = many_ranks(float32, pattern), b = many_ranks(bf16, pattern);
+  EXPECT_EQ(a[0].losses[0], b[0].losses[0]) << "the first forward is the same";
+  EXPECT_NE(a[0].losses[1], b[0].losses[1]) << "the first update is not";
+  EXPECT_TRUE(std::isfinite(b[0].losses.back()));
+}
+
+TEST(DataParallel, LossScalingSkipsTheSameStepsOnEveryRank) {
+  // fp16 from a loss scale so large that the gradients overflow: the first step is skipped and the scale
+  // backs off, on every rank as on one.
+  const RunShape s{.precision = MixedPrecision::fp16, .ranks = 2, .micro = 2, .initial_loss_scale = 0x1p24f};
+  const Outcome reference = one_rank(s, pattern);
+  EXPECT_EQ(reference.skipped.front(), 1);
+  EXPECT_EQ(reference.skipped.back(), 0) << "the scale came down far enough to train";
+  const std::vector<Outcome> ranks = many_ranks(s, pattern);
+  for (int r = 0; r < s.ranks; ++r) {
+    expect_same(reference, ranks[static_cast<size_t>(r)], "rank " + std::to_string(r));
+  }
+}
+
+TEST(DataParallel, ANonFiniteLossOnOneRankSkipsTheStepOnEveryRank) {
+  // Rank 1's replica alone holds a NaN weight: its loss is NaN, the ranks' loss sum is too, and every rank
+  // skips the step, keeping its parameters.
+  const RunShape s{.precision = MixedPrecision::fp32, .ranks = 2, .micro = 1};
+  std::vector<StepResult> results(2);
+  std::vector<std::vector<float>> before(2), after(2);
+  dist::run_ranks(2, [&](dist::Communicator& c) {
+    auto backend = make_cpu_backend();
+    std::unique_ptr<Model> m = model_of(s, *backend);
+    const size_t r = static_cast<size_t>(c.rank());
+    if (r == 1) {
+      m->params()[m->parameter("ln_f.weight").offset] = NAN;
+      m->refresh_weight_copies();
+    }
+    Trainer trainer(*m, settings_of(s), DataParallel{.communicator = &c});
+    before[r].assign(m->params(), m->params() + m->parameter_count());
+    results[r] = trainer.step(rank_batches(pattern(0, 2, nullptr), c.rank(), 2, 1, B, T));
+    after[r].assign(m->params(), m->params() + m->parameter_count());
+  });
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_TRUE(results[r].skipped) << "rank " << r;
+    EXPECT_EQ(results[r].skip_reason, results[0].skip_reason);
+    EXPECT_NE(results[r].skip_reason.find("non-finite loss"), std::string::npos) << results[r].skip_reason;
+    EXPECT_TRUE(same_bits(before[r], after[r])) << "rank " << r << " kept its parameters";
+  }
+}
+
+TEST(DataParallel, ShardedLoaderTrainsAsOneLoaderAndStandsWhereItWould) {
+  // 20 windows of T + 1 tokens, shuffled; 2 ranks x 2 micro-batches of 2 windows a step: an epoch ends
+  // inside the third step, so positions cross into epoch 1.
+  const TokenShardFile shard;
+  std::mutex mutex;
+  std::vector<std::unique_ptr<io::DataLoader>> loaders;
+  auto source = [&](int, int, io::DataLoader** loader) -> BatchSource {
+    std::lock_guard lock(mutex);
+    loaders.push_back(std::make_unique<io::DataLoader>(
+        std::vector{shard.path()}, io::DataLoaderOptions{B, T, true, 9, tiny_config().vocab_size}));
+    io::DataLoader* l = loaders.back().get();
+    *loader = l;
+    return [l](int32_t* tokens, int32_t* targets) {
+      l->next_batch(std::span<int32_t>(tokens, B * T), std::span<int32_t>(targets, B * T));
+    };
+  };
+  const RunShape s{.precision = MixedPrecision::fp8, .ranks = 2, .micro = 2, .shard = true};
+  const Outcome reference = one_rank(s, source);
+  EXPECT_EQ(reference.positions.back().epoch, 1);
+  const std::vector<Outcome> ranks = many_ranks(s, source);
+  for (int r = 0; r < s.ranks; ++r)
+    expect_same(reference, ranks[static_cast<size_t>(r)], "rank " + std::to_string(r));
+}
+
+TEST(DataParallel, ALoaderResumedOnAnotherNumberOfRanksReadsWhatOneLoaderWould) {
+  // Two steps on 2 ranks x 2 micro-batches, then the position is kept; 4 ranks x 1 micro-batch resume from
+  // it. Together the 4 ranks read, in rank order, the micro-batches one loader reads next.
+  const TokenShardFile shard;
+  const io::DataLoaderOptions options{B, T, true, 9, tiny_config().vocab_size};
+  io::DataLoader one({shard.path()}, options);
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  io::LoaderPosition kept;
+  std::vector<io::LoaderPosition> seen(2);
+  for (int r = 0; r < 2; ++r) {
+    io::DataLoader loader({shard.path()}, options);
+    const BatchSource mine = rank_batches(
+        [&](int32_t* x, int32_t* y) {
+          loader.next_batch(std::span<int32_t>(x, B * T), std::span<int32_t>(y, B * T));
+        },
+        r, 2, 2, B, T);
+    for (int i = 0; i < 2 * 2; ++i) mine(tokens.data(), targets.data());
+    seen[static_cast<size_t>(r)] = loader.position();
+  }
+  EXPECT_EQ(seen[0], seen[1]);
+  for (int i = 0; i < 2 * 2 * 2; ++i) one.next_batch(std::span<int32_t>(tokens), std::span<int32_t>(targets));
+  EXPECT_EQ(seen[0], one.position()) << "after two steps every rank's loader stands where one loader does";
+  kept = seen[0];
+  for (int r = 0; r < 4; ++r) {
+    io::DataLoader loader({shard.path()}, options);
+    loader.seek(kept);
+    const BatchSource mine = rank_batches(
+        [&](int32_t* x, int32_t* y) {
+          loader.next_batch(std::span<int32_t>(x, B * T), std::span<int32_t>(y, B * T));
+        },
+        r, 4, 1, B, T);
+    std::vector<int32_t> rank_tokens(B * T), rank_targets(B * T);
+    mine(rank_tokens.data(), rank_targets.data());
+    one.next_batch(std::span<int32_t>(tokens), std::span<int32_t>(targets));
+    EXPECT_EQ(rank_tokens, tokens) << "rank " << r << " of 4";
+    EXPECT_EQ(rank_targets, targets) << "rank " << r << " of 4";
+  }
+}
+
+TEST(DataParallel, AWorldOfOneIsTrainingAsBefore) {
+  // A communicator of one rank, and no communicator at all, against the plain trainer: the same bits.
+  const RunShape s{.precision = MixedPrecision::fp8, .ranks = 1, .micro = 2};
+  auto plain = [&](DataParallel parallel) {
+    auto backend = make_cpu_backend();
+    std::unique_ptr<Model> m = model_of(s, *backend);
+    Trainer trainer(*m, settings_of(s), parallel);
+    const BatchSource data = pattern(0, 1, nullptr);
+    std::vector<float> losses;
+    for (int i = 0; i < kSteps; ++i) losses.push_back(trainer.step(data).loss);
+    losses.insert(losses.end(), m->params(), m->params() + m->parameter_count());
+    record_scaling(*m, losses);
+    return losses;
+  };
+  const std::vector<float> before = [&] {
+    auto backend = make_cpu_backend();
+    std::unique_ptr<Model> m = model_of(s, *backend);
+    Trainer trainer(*m, settings_of(s));
+    const BatchSource data = pattern(0, 1, nullptr);
+    std::vector<float> losses;
+    for (int i = 0; i < kSteps; ++i) losses.push_back(trainer.step(data).loss);
+    losses.insert(losses.end(), m->params(), m->params() + m->parameter_count());
+    record_scaling(*m, losses);
+    return losses;
+  }();
+  EXPECT_TRUE(same_bits(before, plain(DataParallel{})));
+  std::vector<float> alone;
+  dist::run_ranks(1, [&](dist::Communicator& c) { alone = plain(DataParallel{.communicator = &c}); });
+  EXPECT_TRUE(same_bits(before, alone)) << first_difference(before, alone);
+}
+
+TEST(DataParallel, RefusesWhatItCannotDoYet) {
+  auto backend = make_cpu_backend();
+  const RunShape s;
+  std::unique_ptr<Model> m = model_of(s, *backend);
+  auto trainer = [&](DataParallel parallel) { Trainer t(*m, settings_of(s), parallel); };
+  EXPECT_THROW(trainer(DataParallel{.shard_optimizer_state = true}), Error) << "a shard needs its ranks";
+  EXPECT_THROW(trainer(DataParallel{.emulated_ranks = 0}), Error);
+}
+
+}  // namespace
+}  // namespace octet
