@@ -219,12 +219,15 @@ TEST_P(GpuTraining, FollowsTheCpuReference) {
         c.name, device.states.size(), static_cast<long long>(kEarlySteps), early[0], early[1], early[2],
         static_cast<long long>(kSteps), late[0], late[1], late[2]);
     // A mixture of experts' output gradients also pass through the router's weights, which the two runs
-    // compute in different orders from the first step: its gradients' amaxes move apart a little further.
+    // compute in different orders from the first step: its gradients' amaxes move apart a little further, and
+    // after 50 steps its activations' too (0.167 and 0.209 against the CPU backends of two machines, whose
+    // BLAS libraries sum in different orders).
     const double gradient_early = c.shape == 2 ? 0.1 : 0.06, gradient_late = c.shape == 2 ? 0.6 : 0.4;
+    const double activation_late = c.shape == 2 ? 0.3 : 0.2;
     EXPECT_LE(early[0], 0.06);
     EXPECT_LE(early[1], 0.06);
     EXPECT_LE(early[2], gradient_early);
-    EXPECT_LE(late[0], 0.2);
+    EXPECT_LE(late[0], activation_late);
     EXPECT_LE(late[1], 0.2);
     EXPECT_LE(late[2], gradient_late);
   }

@@ -1,0 +1,293 @@
+// NcclGroup (nccl_group.h): NCCL loaded with dlopen, one communicator per GPU made by ncclCommInitAll, each
+// collective enqueued on its rank's stream and waited for. The maximum runs over order-preserving integer
+// keys of the floats, so that a NaN on any rank reaches every rank (NCCL's own float maximum need not keep
+// it): an amax that is NaN on one rank must stop every rank's step alike.
+#include "octet/dist/nccl_group.h"
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include "octet/check.h"
+
+namespace octet::dist {
+
+namespace {
+
+// The NCCL functions octet calls, from libnccl.so.2.
+struct NcclApi {
+  void* library = nullptr;
+  decltype(&ncclGetVersion) get_version = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+  decltype(&ncclCommInitAll) comm_init_all = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclReduceScatter) reduce_scatter = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclBroadcast) broadcast = nullptr;
+  std::string why_not;
+};
+
+template <typename F>
+void load_symbol(void* library, const char* name, F*& out, std::string& missing) {
+  out = reinterpret_cast<F*>(dlsym(library, name));
+  if (out == nullptr && missing.empty()) missing = name;
+}
+
+// Loaded once per process; the library stays loaded.
+const NcclApi& api() {
+  static const NcclApi loaded = [] {
+    NcclApi a;
+    a.library = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (a.library == nullptr) {
+      a.why_not = fmt::format(
+          "libnccl.so.2 could not be loaded ({}); install NCCL 2 or put its lib directory on LD_LIBRARY_PATH "
+          "(PyTorch's wheel ships one under site-packages/nvidia/nccl/lib)",
+          dlerror());
+      return a;
+    }
+    std::string missing;
+    load_symbol(a.library, "ncclGetVersion", a.get_version, missing);
+    load_symbol(a.library, "ncclGetErrorString", a.error_string, missing);
+    load_symbol(a.library, "ncclCommInitAll", a.comm_init_all, missing);
+    load_symbol(a.library, "ncclCommDestroy", a.comm_destroy, missing);
+    load_symbol(a.library, "ncclCommAbort", a.comm_abort, missing);
+    load_symbol(a.library, "ncclAllReduce", a.all_reduce, missing);
+    load_symbol(a.library, "ncclReduceScatter", a.reduce_scatter, missing);
+    load_symbol(a.library, "ncclAllGather", a.all_gather, missing);
+    load_symbol(a.library, "ncclBroadcast", a.broadcast, missing);
+    if (!missing.empty())
+      a.why_not = fmt::format("libnccl.so.2 has no {}: NCCL 2.12 or later is needed", missing);
+    return a;
+  }();
+  return loaded;
+}
+
+void check_nccl(ncclResult_t result, const char* what, int rank) {
+  if (result == ncclSuccess) return;
+  throw Error(ErrorKind::training_failed, fmt::format("NCCL {} on rank {} failed: {} (code {})", what, rank,
+                                                      api().error_string(result), static_cast<int>(result)));
+}
+
+void check_cuda(cudaError_t result, const char* what, int rank) {
+  if (result == cudaSuccess) return;
+  throw Error(ErrorKind::training_failed,
+              fmt::format("CUDA {} on rank {} failed: {}", what, rank, cudaGetErrorString(result)));
+}
+
+// Order-preserving keys of float bits: key(a) < key(b) exactly when a < b, every NaN the largest key (so a
+// NaN wins the maximum) and mapped back to the canonical quiet NaN.
+__global__ void float_keys_kernel(const float* x, uint32_t* keys, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t bits = __float_as_uint(x[i]);
+    const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    keys[i] = nan ? 0xFFFFFFFFu : ((bits & 0x80000000u) != 0u ? ~bits : bits | 0x80000000u);
+  }
+}
+
+__global__ void keys_to_floats_kernel(const uint32_t* keys, float* x, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t k = keys[i];
+    x[i] = k == 0xFFFFFFFFu ? __uint_as_float(0x7FC00000u)
+                            : __uint_as_float((k & 0x80000000u) != 0u ? k & 0x7FFFFFFFu : ~k);
+  }
+}
+
+unsigned blocks_for(size_t n) {
+  const size_t blocks = (n + 255) / 256;
+  return static_cast<unsigned>(blocks < 1024 ? (blocks < 1 ? 1 : blocks) : 1024);
+}
+
+cudaError_t to_keys(const float* x, uint32_t* keys, size_t n, cudaStream_t stream) {
+  float_keys_kernel<<<blocks_for(n), 256, 0, stream>>>(x, keys, n);
+  return cudaGetLastError();
+}
+
+cudaError_t from_keys(const uint32_t* keys, float* x, size_t n, cudaStream_t stream) {
+  keys_to_floats_kernel<<<blocks_for(n), 256, 0, stream>>>(keys, x, n);
+  return cudaGetLastError();
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int device, int rank, int size)
+      : comm_(comm), device_(device), rank_(rank), size_(size) {
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice", rank_);
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", rank_);
+  }
+  ~NcclCommunicator() override {
+    cudaSetDevice(device_);
+    if (keys_ != nullptr) cudaFree(keys_);
+    if (barrier_value_ != nullptr) cudaFree(barrier_value_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce_sum(std::span<float> values) override {
+    run("all_reduce_sum (float32)", [&] {
+      return api().all_reduce(values.data(), values.data(), values.size(), ncclFloat32, ncclSum, comm_,
+                              stream_);
+    });
+  }
+  void all_reduce_sum(std::span<double> values) override {
+    run("all_reduce_sum (float64)", [&] {
+      return api().all_reduce(values.data(), values.data(), values.size(), ncclFloat64, ncclSum, comm_,
+                              stream_);
+    });
+  }
+  void all_reduce_sum_bf16(std::span<uint16_t> values) override {
+    run("all_reduce_sum (bf16)", [&] {
+      return api().all_reduce(values.data(), values.data(), values.size(), ncclBfloat16, ncclSum, comm_,
+                              stream_);
+    });
+  }
+  void all_reduce_max(std::span<float> values) override {
+    const size_t n = values.size();
+    if (n == 0) return barrier();
+    select_device();
+    if (keys_capacity_ < n) {
+      if (keys_ != nullptr) check_cuda(cudaFree(keys_), "cudaFree", rank_);
+      keys_ = nullptr;
+      check_cuda(cudaMalloc(reinterpret_cast<void**>(&keys_), n * sizeof(uint32_t)), "cudaMalloc", rank_);
+      keys_capacity_ = n;
+    }
+    check_cuda(to_keys(values.data(), keys_, n, stream_), "launch of the amaxes' keys", rank_);
+    run("all_reduce_max (float32)",
+        [&] { return api().all_reduce(keys_, keys_, n, ncclUint32, ncclMax, comm_, stream_); });
+    check_cuda(from_keys(keys_, values.data(), n, stream_), "launch of the amaxes' keys", rank_);
+    check_cuda(cudaStreamSynchronize(stream_), "all_reduce_max", rank_);
+  }
+  void reduce_scatter_sum(std::span<const float> send, std::span<float> receive) override {
+    OCTET_CHECK(send.size() == receive.size() * static_cast<size_t>(size_),
+                "reduce_scatter_sum: {} values to send for {} ranks of {}", send.size(), size_,
+                receive.size());
+    run("reduce_scatter_sum (float32)", [&] {
+      return api().reduce_scatter(send.data(), receive.data(), receive.size(), ncclFloat32, ncclSum, comm_,
+                                  stream_);
+    });
+  }
+  void all_gather(std::span<const float> send, std::span<float> receive) override {
+    OCTET_CHECK(receive.size() == send.size() * static_cast<size_t>(size_),
+                "all_gather: {} values to receive from {} ranks of {}", receive.size(), size_, send.size());
+    run("all_gather (float32)", [&] {
+      return api().all_gather(send.data(), receive.data(), send.size(), ncclFloat32, comm_, stream_);
+    });
+  }
+  void all_gather(std::span<const std::byte> send, std::span<std::byte> receive) override {
+    OCTET_CHECK(receive.size() == send.size() * static_cast<size_t>(size_),
+                "all_gather: {} bytes to receive from {} ranks of {}", receive.size(), size_, send.size());
+    run("all_gather (bytes)", [&] {
+      return api().all_gather(send.data(), receive.data(), send.size(), ncclUint8, comm_, stream_);
+    });
+  }
+  void broadcast(std::span<std::byte> data, int root) override {
+    OCTET_CHECK(root >= 0 && root < size_, "broadcast: root {} of {} ranks", root, size_);
+    run("broadcast", [&] {
+      return api().broadcast(data.data(), data.data(), data.size(), ncclUint8, root, comm_, stream_);
+    });
+  }
+  void barrier() override {
+    select_device();
+    if (barrier_value_ == nullptr)
+      check_cuda(cudaMalloc(reinterpret_cast<void**>(&barrier_value_), sizeof(float)), "cudaMalloc", rank_);
+    run("barrier", [&] {
+      return api().all_reduce(barrier_value_, barrier_value_, 1, ncclFloat32, ncclSum, comm_, stream_);
+    });
+  }
+
+ private:
+  void select_device() { check_cuda(cudaSetDevice(device_), "cudaSetDevice", rank_); }
+  // Enqueues `collective` on the rank's stream and waits for it.
+  template <typename Enqueue>
+  void run(const char* what, Enqueue enqueue) {
+    select_device();
+    check_nccl(enqueue(), what, rank_);
+    check_cuda(cudaStreamSynchronize(stream_), what, rank_);
+  }
+
+  ncclComm_t comm_;
+  int device_;
+  int rank_;
+  int size_;
+  cudaStream_t stream_ = nullptr;
+  uint32_t* keys_ = nullptr;
+  size_t keys_capacity_ = 0;
+  float* barrier_value_ = nullptr;
+};
+
+}  // namespace
+
+bool nccl_available(std::string* why_not) {
+  const NcclApi& a = api();
+  if (why_not != nullptr) *why_not = a.why_not;
+  return a.why_not.empty();
+}
+
+int nccl_version() {
+  if (!nccl_available(nullptr)) return 0;
+  int version = 0;
+  return api().get_version(&version) == ncclSuccess ? version : 0;
+}
+
+struct NcclGroup::State {
+  std::vector<ncclComm_t> comms;
+  std::vector<std::unique_ptr<NcclCommunicator>> ranks;
+  bool aborted = false;
+};
+
+NcclGroup::NcclGroup(std::span<const int> devices) : state_(std::make_unique<State>()) {
+  std::string why;
+  OCTET_REQUIRE(nccl_available(&why), "several GPUs need NCCL: {}", why);
+  const int n = static_cast<int>(devices.size());
+  OCTET_REQUIRE(n >= 1, "an NCCL group needs at least one GPU");
+  int count = 0;
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount", 0);
+  for (const int d : devices) {
+    OCTET_REQUIRE(d >= 0 && d < count, "GPU {} asked for, this machine has {} (0 .. {})", d, count,
+                  count - 1);
+  }
+  state_->comms.resize(static_cast<size_t>(n));
+  check_nccl(api().comm_init_all(state_->comms.data(), n, devices.data()), "ncclCommInitAll", 0);
+  for (int r = 0; r < n; ++r) {
+    state_->ranks.push_back(std::make_unique<NcclCommunicator>(state_->comms[static_cast<size_t>(r)],
+                                                               devices[static_cast<size_t>(r)], r, n));
+  }
+}
+
+NcclGroup::~NcclGroup() {
+  state_->ranks.clear();  // their streams and buffers first
+  for (ncclComm_t comm : state_->comms) {
+    if (state_->aborted) continue;  // ncclCommAbort freed it
+    api().comm_destroy(comm);
+  }
+}
+
+int NcclGroup::size() const {
+  return static_cast<int>(state_->ranks.size());
+}
+
+Communicator& NcclGroup::communicator(int rank) {
+  OCTET_CHECK(rank >= 0 && rank < size(), "rank {} of an NCCL group of {}", rank, size());
+  return *state_->ranks[static_cast<size_t>(rank)];
+}
+
+void NcclGroup::abort() {
+  if (state_->aborted) return;
+  state_->aborted = true;
+  for (ncclComm_t comm : state_->comms) api().comm_abort(comm);
+}
+
+}  // namespace octet::dist
