@@ -58,6 +58,9 @@ class Trainer {
   // The first parameter tensor, in backward order, with a non-finite gradient ("" when none): only after the
   // gradients' sum of squares came out non-finite.
   std::string first_non_finite_gradient();
+  // The sum of the squares of every gradient, in float64 and a fixed order: the model's own, or, with the
+  // optimizer state in shards, the shards' sums added in rank order.
+  double gradient_sum_of_squares();
   void write_precision_map();
   // The micro-batches of this rank (of every emulated rank in turn), their gradients accumulated as
   // data_parallel.h says; returns the float64 sum of their losses.
