@@ -31,7 +31,8 @@ class Trainer {
   // to settings.run_directory/precision_map.json when a run directory is set.
   Trainer(Model& model, TrainSettings settings);
   // One data-parallel rank (data_parallel.h): `data` gives this rank's micro-batches (rank_batches), the
-  // step's results (loss, gradient norm, tokens) are the whole step's over every rank. Throws invalid_input
+  // step's results (loss, gradient norm, tokens) are the whole step's over every rank, its GEMM counts this
+  // rank's. Throws invalid_input
   // where the model keeps weight gradients in bf16, which the ranks do not sum yet.
   Trainer(Model& model, TrainSettings settings, DataParallel parallel);
   ~Trainer();
