@@ -17,7 +17,9 @@ namespace octet {
 namespace {
 
 AdamW make_optimizer(Model& model, const TrainSettings& settings, const DataParallel& parallel) {
-  if (!parallel.shard_optimizer_state) {
+  // Emulated ranks keep the whole state: AdamW is element-wise, so updating the shards one after another is
+  // updating the whole buffer.
+  if (!parallel.shard_optimizer_state || parallel.communicator == nullptr) {
     return AdamW(model.backend(), model.parameters(), model.parameter_count(), settings.adamw);
   }
   const int ranks = static_cast<int>(parallel.ranks());
@@ -49,13 +51,14 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
   OCTET_REQUIRE(
       parallel_.emulated_ranks >= 1 && (parallel_.communicator == nullptr || parallel_.emulated_ranks == 1),
       "emulated ranks: at least 1, and only without a communicator; got {}", parallel_.emulated_ranks);
-  OCTET_REQUIRE(!parallel_.shard_optimizer_state || parallel_.communicator != nullptr,
-                "a sharded optimizer state needs the communicator of the ranks that share it");
   for (const ParameterInfo& p : model.parameters()) {
     OCTET_REQUIRE(parallel_.ranks() == 1 || p.grad_type == Dtype::f32,
                   "data-parallel training sums float32 gradients; the gradient of {} is kept in bf16 "
                   "(train.weight_gradients = \"bf16\" is not supported on several ranks yet)",
                   p.name);
+    // A shard of the gradients is the same shard of the parameters.
+    OCTET_CHECK(!parallel_.shard_optimizer_state || p.grad_offset == p.offset,
+                "the gradient of {} at its parameter's offset", p.name);
     if (p.grad_type == Dtype::f32) gradient_floats_ = std::max(gradient_floats_, p.grad_offset + p.count);
   }
   if (parallel_.ranks() > 1) step_scaling_ = std::make_unique<StepScaling>(model);
@@ -76,12 +79,52 @@ void Trainer::write_precision_map() {
 std::string Trainer::first_non_finite_gradient() {
   // In backward order: the LM head (tied to wte) first, then the last parameters back to the first.
   const auto& params = model_.parameters();
-  const ParameterInfo& wte = model_.parameter("wte");
-  if (!model_.gradient_finite(wte)) return wte.name;
-  for (auto it = params.rbegin(); it != params.rend(); ++it) {
-    if (!model_.gradient_finite(*it)) return it->name;
+  std::vector<const ParameterInfo*> order = {&model_.parameter("wte")};
+  for (auto it = params.rbegin(); it != params.rend(); ++it) order.push_back(&*it);
+  if (!optimizer_.sharded()) {
+    for (const ParameterInfo* p : order) {
+      if (!model_.gradient_finite(*p)) return p->name;
+    }
+    return {};
   }
-  return {};
+  // A rank holds the summed gradients of its shard only: each finds the first parameter whose part in its
+  // shard is not finite, and the ranks agree on the first of those (a max of minus the positions).
+  const dist::ShardRange& shard = optimizer_.shard();
+  const float* grads = model_.grads();
+  float first = -static_cast<float>(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int64_t begin = std::max(order[i]->offset, shard.begin);
+    const int64_t end = std::min(order[i]->offset + order[i]->count, shard.end);
+    if (begin < end && !model_.backend().all_finite(grads + begin, end - begin)) {
+      first = -static_cast<float>(i);
+      break;
+    }
+  }
+  parallel_.communicator->all_reduce_max(std::span<float>(&first, 1));
+  const auto position = static_cast<size_t>(-first);
+  return position < order.size() ? order[position]->name : std::string();
+}
+
+double Trainer::gradient_sum_of_squares() {
+  if (!parallel_.shard_optimizer_state) return model_.gradient_sum_of_squares();
+  // With the optimizer state in shards, each shard's sum of squares, and the shards' sums added in rank
+  // order: the ranks of a sharded state hold the summed gradients of their shard only (reduce-scatter), and
+  // emulated ranks add the same sums in the same order.
+  const int ranks = static_cast<int>(parallel_.ranks());
+  const float* grads = model_.grads();
+  auto shard_sum = [&](int rank) {
+    const dist::ShardRange s = dist::shard_range(model_.parameter_count(), rank, ranks);
+    if (s.size() == 0) return 0.0;
+    return model_.backend().sum_of_squares(ConstTensorView(grads + s.begin, {s.size()}));
+  };
+  if (parallel_.communicator != nullptr) {
+    double sum = shard_sum(parallel_.rank());
+    parallel_.communicator->all_reduce_sum(std::span<double>(&sum, 1));
+    return sum;
+  }
+  double sum = shard_sum(0);
+  for (int r = 1; r < ranks; ++r) sum = sum + shard_sum(r);
+  return sum;
 }
 
 StepResult Trainer::step(const BatchSource& data) {
@@ -120,7 +163,7 @@ StepResult Trainer::step(const BatchSource& data) {
   } else {
     // A float64 sum of float32 squares is finite exactly when every gradient is: one reduction checks them
     // all, and only a non-finite sum pays for the search, tensor by tensor, for the first bad one.
-    sum_of_squares = model_.gradient_sum_of_squares();
+    sum_of_squares = gradient_sum_of_squares();
     const std::string name = std::isfinite(sum_of_squares) ? std::string() : first_non_finite_gradient();
     if (!name.empty()) {
       r.skip_reason = fmt::format("non-finite gradient in {}", name);
@@ -211,6 +254,19 @@ void Trainer::sum_gradients_over_ranks() {
   // grads() first zeroes any weight gradient no backward wrote, so every element is this rank's sum.
   float* grads = model_.grads();
   const auto n = static_cast<size_t>(gradient_floats_);
+  if (parallel_.reduce_type == dist::GradientReduceType::float32 && optimizer_.sharded()) {
+    // Each rank needs the sum of its own shard only: a reduce-scatter, through the host (the in-process
+    // communicator's memory), every rank's buffer padded to whole chunks. The sums are those an all-reduce
+    // would give, element for element.
+    const dist::ShardRange& shard = optimizer_.shard();
+    const auto chunk = static_cast<size_t>(shard.chunk);
+    std::vector<float> all(chunk * static_cast<size_t>(parallel_.ranks()), 0.0f), mine(chunk);
+    model_.backend().copy_to_host(all.data(), grads, n * sizeof(float));
+    parallel_.communicator->reduce_scatter_sum(all, mine);
+    model_.backend().copy_from_host(grads + shard.begin, mine.data(),
+                                    static_cast<size_t>(shard.size()) * sizeof(float));
+    return;
+  }
   if (parallel_.reduce_type == dist::GradientReduceType::float32) {
     parallel_.communicator->all_reduce_sum(std::span<float>(grads, n));
     return;

@@ -65,6 +65,7 @@ inline std::string name_of(const RunShape& s) {
 struct Outcome {
   std::vector<float> losses, grad_norms, loss_scales;
   std::vector<int> skipped;
+  std::vector<std::string> skip_reasons;
   std::vector<float> params, m, v;
   std::vector<float> scaling;  // every FP8 layer's scales, amax histories and counts, as floats
   std::vector<io::LoaderPosition> positions;  // after each step, where the data came from a loader
@@ -149,6 +150,7 @@ inline Outcome train(const RunShape& s, Model& m, Trainer& trainer, const BatchS
       EXPECT_FALSE(r.skipped) << r.skip_reason;
     }
     o.skipped.push_back(r.skipped ? 1 : 0);
+    o.skip_reasons.push_back(r.skip_reason);
     o.loss_scales.push_back(r.loss_scale);
     EXPECT_EQ(r.tokens, B * T * s.micro * s.ranks);
     o.losses.push_back(r.loss);
@@ -167,7 +169,9 @@ inline Outcome one_rank(const RunShape& s,
                         const std::function<BatchSource(int rank, int ranks, io::DataLoader**)>& source) {
   auto backend = make_cpu_backend();
   std::unique_ptr<Model> m = model_of(s, *backend);
-  Trainer trainer(*m, settings_of(s), DataParallel{.reduce_type = s.reduce, .emulated_ranks = s.ranks});
+  Trainer trainer(
+      *m, settings_of(s),
+      DataParallel{.shard_optimizer_state = s.shard, .reduce_type = s.reduce, .emulated_ranks = s.ranks});
   io::DataLoader* loader = nullptr;
   const BatchSource data = source(0, 1, &loader);
   return train(s, *m, trainer, data, loader);
@@ -218,6 +222,7 @@ inline void expect_same(const Outcome& reference, const Outcome& rank, const std
   }
   EXPECT_EQ(reference.positions, rank.positions) << who << ": the data loader's positions";
   EXPECT_EQ(reference.skipped, rank.skipped) << who << ": the skipped steps";
+  EXPECT_EQ(reference.skip_reasons, rank.skip_reasons) << who << ": why steps were skipped";
 }
 
 inline BatchSource pattern(int, int, io::DataLoader**) {

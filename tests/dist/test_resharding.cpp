@@ -69,7 +69,7 @@ std::vector<Outcome> run(const RunShape& s, bool emulate, const TokenShardFile& 
     }
     return o;
   };
-  if (emulate) return {one(DataParallel{.emulated_ranks = s.ranks})};
+  if (emulate) return {one(DataParallel{.shard_optimizer_state = s.shard, .emulated_ranks = s.ranks})};
   std::vector<Outcome> outcomes(static_cast<size_t>(s.ranks));
   dist::run_ranks(s.ranks, [&](dist::Communicator& c) {
     outcomes[static_cast<size_t>(c.rank())] =
@@ -97,14 +97,18 @@ TEST(Resharding, TwoShardedRanksCheckpointAsOneRankAndResumeOnFour) {
 
   const std::vector<Outcome> reference = run(after, true, shard, kAfter, one_checkpoint, {});
   const std::vector<Outcome> four = run(after, false, shard, kAfter, ranks_checkpoint, {});
-  for (int r = 0; r < after.ranks; ++r)
+  for (int r = 0; r < after.ranks; ++r) {
     expect_same(reference[0], four[static_cast<size_t>(r)], "rank " + std::to_string(r));
-  // Four ranks that keep whole moments resume from the sharded ranks' checkpoint too.
+  }
+  // Four ranks that keep whole moments resume from the sharded ranks' checkpoint too (their gradient norm is
+  // summed otherwise: against one rank that sums it alike).
   RunShape replicated = after;
   replicated.shard = false;
+  const std::vector<Outcome> whole_reference = run(replicated, true, shard, kAfter, one_checkpoint, {});
   const std::vector<Outcome> whole = run(replicated, false, shard, kAfter, ranks_checkpoint, {});
-  for (int r = 0; r < after.ranks; ++r)
-    expect_same(reference[0], whole[static_cast<size_t>(r)], "rank " + std::to_string(r));
+  for (int r = 0; r < after.ranks; ++r) {
+    expect_same(whole_reference[0], whole[static_cast<size_t>(r)], "rank " + std::to_string(r));
+  }
 }
 
 }  // namespace

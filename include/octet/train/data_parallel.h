@@ -31,8 +31,11 @@ struct DataParallel {
   // The ranks this one trains with; null: one rank on its own.
   dist::Communicator* communicator = nullptr;
   // ZeRO stage 1: each rank keeps the AdamW moments of its contiguous shard of the parameters only
-  // (dist::shard_range over every rank), updates that shard of the float32 master weights, and the updated
-  // parameters are all-gathered before the weight copies are remade.
+  // (dist::shard_range over every rank), receives the summed gradients of that shard only (a reduce-scatter,
+  // for float32 sums), updates that shard of the float32 master weights, and the updated parameters are
+  // all-gathered before the weight copies are remade. The gradient norm's sum of squares is then taken shard
+  // by shard, the shards' sums added in rank order. Emulated ranks take the norm the same way (their
+  // optimizer keeps the whole state, whose element-wise update is the same).
   bool shard_optimizer_state = false;
   // The type the ranks sum their gradients in: float32, or BF16, each rank's accumulated gradient and every
   // partial sum rounded to BF16 (Communicator::all_reduce_sum_bf16; emulated ranks round alike).

@@ -31,7 +31,8 @@ class Trainer {
   // to settings.run_directory/precision_map.json when a run directory is set.
   Trainer(Model& model, TrainSettings settings);
   // One data-parallel rank (data_parallel.h): `data` gives this rank's micro-batches (rank_batches), the
-  // step's results (loss, gradient norm, tokens) are the whole step's over every rank. Throws invalid_input
+  // step's results (loss, gradient norm, tokens) are the whole step's over every rank, its GEMM counts this
+  // rank's. Throws invalid_input
   // where the model keeps weight gradients in bf16, which the ranks do not sum yet.
   Trainer(Model& model, TrainSettings settings, DataParallel parallel);
   ~Trainer();
@@ -58,6 +59,9 @@ class Trainer {
   // The first parameter tensor, in backward order, with a non-finite gradient ("" when none): only after the
   // gradients' sum of squares came out non-finite.
   std::string first_non_finite_gradient();
+  // The sum of the squares of every gradient, in float64 and a fixed order: the model's own, or, with the
+  // optimizer state in shards, the shards' sums added in rank order.
+  double gradient_sum_of_squares();
   void write_precision_map();
   // The micro-batches of this rank (of every emulated rank in turn), their gradients accumulated as
   // data_parallel.h says; returns the float64 sum of their losses.
