@@ -14,6 +14,8 @@
 // the router through P_e only: its gradient is dloss x coef x E x f_e / N for every token's probs[n, e].
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -31,6 +33,34 @@ template <typename T>
 T* rows_past(T* p, Dtype type, int64_t rows, int64_t width) {
   using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
   return reinterpret_cast<T*>(reinterpret_cast<Byte*>(p) + storage_bytes(type, rows * width));
+}
+
+// The gate/up and down layers (Layer: the decoder's linear layers) of the experts that have rows this step,
+// null for the others, with `at` the experts' row offsets; `up(e)` and `down(e)` find expert e's layers.
+template <typename Layer>
+struct ExpertLayers {
+  std::vector<Layer*> up, down;
+  template <typename Test>
+  bool any_up(Test test) const {
+    return std::any_of(up.begin(), up.end(), [&](const Layer* l) { return l != nullptr && test(l->exec); });
+  }
+  template <typename Test>
+  bool any_down(Test test) const {
+    return std::any_of(down.begin(), down.end(),
+                       [&](const Layer* l) { return l != nullptr && test(l->exec); });
+  }
+};
+template <typename Up, typename Down>
+auto experts_with_rows(const std::vector<int64_t>& at, Up up, Down down) {
+  using Layer = std::remove_pointer_t<decltype(up(int64_t{0}))>;
+  const size_t E = at.size() - 1;
+  ExpertLayers<Layer> layers{std::vector<Layer*>(E, nullptr), std::vector<Layer*>(E, nullptr)};
+  for (size_t e = 0; e < E; ++e) {
+    if (at[e + 1] == at[e]) continue;
+    layers.up[e] = up(static_cast<int64_t>(e));
+    layers.down[e] = down(static_cast<int64_t>(e));
+  }
+  return layers;
 }
 
 // An expert's rows [from, from + rows) of a tensor of `width` columns, or null where the op that would write
@@ -97,15 +127,13 @@ void Decoder::moe_forward(int64_t l, int64_t B, int64_t T, const float* residual
   // activation are cast for it where they are made, each with that expert's own scale: by the gather of its
   // rows and by SwiGLU over its rows, an expert at a time, each followed by the GEMM that reads the cast.
   // Where no expert's GEMM there is FP8, one gather and one SwiGLU cover every row.
-  std::vector<Linear*> ups(static_cast<size_t>(E), nullptr), downs(static_cast<size_t>(E), nullptr);
-  bool fp8_up = false, fp8_down = false;
-  for (int64_t e = 0; e < E; ++e) {
-    if (at[static_cast<size_t>(e) + 1] == at[static_cast<size_t>(e)]) continue;
-    ups[static_cast<size_t>(e)] = &linear(b.expert_fc(e));
-    downs[static_cast<size_t>(e)] = &linear(b.expert_fc_proj(e));
-    fp8_up |= ups[static_cast<size_t>(e)]->exec.forward == GemmMode::fp8;
-    fp8_down |= downs[static_cast<size_t>(e)]->exec.forward == GemmMode::fp8;
-  }
+  const auto layers = experts_with_rows(
+      at, [&](int64_t e) { return &linear(b.expert_fc(e)); },
+      [&](int64_t e) { return &linear(b.expert_fc_proj(e)); });
+  const std::vector<Linear*>& ups = layers.up;
+  const std::vector<Linear*>& downs = layers.down;
+  const bool fp8_up = layers.any_up([](const LinearExecution& exec) { return exec.forward == GemmMode::fp8; });
+  const bool fp8_down = layers.any_down([](const LinearExecution& exec) { return exec.forward == GemmMode::fp8; });
   if (!fp8_up) {
     backend_.gather_rows(TensorView(m.dispatched, expert_input_type_, {M, C}), ln2, m.slots, k, nullptr, {},
                          TensorRole::activation);
@@ -226,15 +254,13 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
 
   // The combine's backward: each grouped row's gradient (the token's, weighted), for every row at once where
   // no expert's down projection casts it (else an expert at a time, below), and each weight's.
-  std::vector<Linear*> ups(static_cast<size_t>(E), nullptr), downs(static_cast<size_t>(E), nullptr);
-  bool fp8_down = false, fp8_up = false;
-  for (int64_t e = 0; e < E; ++e) {
-    if (at[static_cast<size_t>(e) + 1] == at[static_cast<size_t>(e)]) continue;
-    ups[static_cast<size_t>(e)] = &linear(b.expert_fc(e));
-    downs[static_cast<size_t>(e)] = &linear(b.expert_fc_proj(e));
-    fp8_down |= casts_gradient(downs[static_cast<size_t>(e)]->exec);
-    fp8_up |= casts_gradient(ups[static_cast<size_t>(e)]->exec);
-  }
+  const auto layers = experts_with_rows(
+      at, [&](int64_t e) { return &linear(b.expert_fc(e)); },
+      [&](int64_t e) { return &linear(b.expert_fc_proj(e)); });
+  const std::vector<Linear*>& ups = layers.up;
+  const std::vector<Linear*>& downs = layers.down;
+  const bool fp8_down = layers.any_down([](const LinearExecution& exec) { return casts_gradient(exec); });
+  const bool fp8_up = layers.any_up([](const LinearExecution& exec) { return casts_gradient(exec); });
   if (!fp8_down) {
     backend_.gather_rows(TensorView(d.rows_dout, expert_dout_type_, {M, C}),
                          ConstTensorView(d.residual, {N, C}), m.slots, k, m.weights, {},

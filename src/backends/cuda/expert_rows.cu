@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "elementwise.cuh"
+#include "gathered_rows.cuh"
 #include "octet/check.h"
 #include "octet/cuda/device.h"
 #include "ops_common.cuh"
@@ -43,22 +44,7 @@ struct GatherRows {
   template <int W>
   __device__ void apply(int64_t i) const {
     const int64_t m = i / C;
-    const int64_t c = i - m * C;
-    const int64_t a = index[m];
-    Pack<W> x;
-    if (a < 0 || a / divisor >= R) {
-      const float fill = a < 0 ? 0.0f : __int_as_float(0x7FC00000);  // padding: zero; out of range: NaN
-#pragma unroll
-      for (int k = 0; k < W; ++k) x.v[k] = fill;
-    } else {
-      x = load_pack<W>(src + (a / divisor) * C + c);
-      if (scale != nullptr) {  // without a scale, a copy (as the reference's product by 1)
-        const float f = scale[a];
-#pragma unroll
-        for (int k = 0; k < W; ++k) x.v[k] = __fmul_rn(f, x.v[k]);
-      }
-    }
-    store_pack<W>(out + i, x);
+    store_pack<W>(out + i, elementwise::gathered<W>(src, index, scale, R, C, divisor, m, i - m * C));
   }
 };
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "elementwise.cuh"
+#include "gathered_rows.cuh"
 #include "fused_common.cuh"
 #include "octet/check.h"
 #include "octet/cuda/device.h"
@@ -17,7 +18,6 @@
 namespace octet::cuda {
 namespace {
 
-using elementwise::load_pack;
 using elementwise::Pack;
 using elementwise::store_pack;
 using fused_internal::check_cast;
@@ -41,22 +41,7 @@ struct GatherProducer {
   template <int W>
   __device__ __forceinline__ Pack<W> load(int64_t i) const {
     const int64_t m = i / C;
-    const int64_t c = i - m * C;
-    const int64_t a = index[m];
-    Pack<W> x;
-    if (a < 0 || a / divisor >= R) {
-      const float fill = a < 0 ? 0.0f : __int_as_float(0x7FC00000);  // padding: zero; out of range: NaN
-#pragma unroll
-      for (int k = 0; k < W; ++k) x.v[k] = fill;
-      return x;
-    }
-    x = load_pack<W>(src + (a / divisor) * C + c);
-    if (scale != nullptr) {
-      const float f = scale[a];
-#pragma unroll
-      for (int k = 0; k < W; ++k) x.v[k] = __fmul_rn(f, x.v[k]);
-    }
-    return x;
+    return elementwise::gathered<W>(src, index, scale, R, C, divisor, m, i - m * C);
   }
   template <int W>
   __device__ __forceinline__ Pack<W> finish(const Pack<W>& x, int64_t i) const {
