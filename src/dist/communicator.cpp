@@ -2,10 +2,21 @@
 #include "octet/dist/communicator.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "octet/check.h"
 
 namespace octet::dist {
+
+void Communicator::all_gather_shards(std::span<float> values) {
+  const auto count = static_cast<int64_t>(values.size());
+  const ShardRange mine = shard_range(count, rank(), size());
+  std::vector<float> all(static_cast<size_t>(mine.chunk * size()), 0.0f);
+  float* chunk = all.data() + mine.chunk * rank();
+  std::copy(values.begin() + mine.begin, values.begin() + mine.end, chunk);
+  all_gather(std::span<const float>(chunk, static_cast<size_t>(mine.chunk)), std::span<float>(all));
+  std::copy_n(all.begin(), values.size(), values.begin());
+}
 
 ShardRange shard_range(int64_t count, int rank, int ranks) {
   OCTET_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && count >= 0, "rank {} of {} ranks, {} elements", rank,

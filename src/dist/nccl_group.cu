@@ -37,6 +37,8 @@ struct NcclApi {
   decltype(&ncclReduceScatter) reduce_scatter = nullptr;
   decltype(&ncclAllGather) all_gather = nullptr;
   decltype(&ncclBroadcast) broadcast = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
   std::string why_not;
 };
 
@@ -71,6 +73,8 @@ const NcclApi& api() {
     load_symbol(a.library, "ncclReduceScatter", a.reduce_scatter, missing);
     load_symbol(a.library, "ncclAllGather", a.all_gather, missing);
     load_symbol(a.library, "ncclBroadcast", a.broadcast, missing);
+    load_symbol(a.library, "ncclGroupStart", a.group_start, missing);
+    load_symbol(a.library, "ncclGroupEnd", a.group_end, missing);
     if (!missing.empty())
       a.why_not = fmt::format("libnccl.so.2 has no {}: NCCL 2.12 or later is needed", missing);
     return a;
@@ -136,6 +140,7 @@ class NcclCommunicator final : public Communicator {
     cudaSetDevice(device_);
     if (keys_ != nullptr) cudaFree(keys_);
     if (staging_ != nullptr) cudaFree(staging_);
+    if (after_ != nullptr) cudaEventDestroy(after_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (owns_comm_ && !aborted_) api().comm_destroy(comm_);  // ncclCommAbort freed an aborted one
   }
@@ -209,6 +214,42 @@ class NcclCommunicator final : public Communicator {
     in_place("broadcast", data, [&](void* d) {
       return api().broadcast(d, d, data.size(), ncclUint8, root, comm_, stream_);
     });
+  }
+  void start_all_reduce_sum(std::span<float> values, void* stream) override {
+    select_device();
+    if (host_memory(values.data())) return all_reduce_sum(values);
+    if (after_ == nullptr) {
+      check_cuda(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming), "cudaEventCreate", rank_);
+    }
+    // NCCL's stream waits for the work the backend has enqueued so far (the backward that wrote `values`).
+    if (stream != nullptr) {
+      check_cuda(cudaEventRecord(after_, static_cast<cudaStream_t>(stream)), "cudaEventRecord", rank_);
+      check_cuda(cudaStreamWaitEvent(stream_, after_, 0), "cudaStreamWaitEvent", rank_);
+    }
+    check_nccl(api().all_reduce(values.data(), values.data(), values.size(), ncclFloat32, ncclSum, comm_, stream_),
+               "all_reduce_sum (float32, overlapped)", rank_);
+    started_ = true;
+  }
+  void finish_started() override {
+    if (!started_) return;
+    started_ = false;
+    select_device();
+    finish("all_reduce_sum (float32, overlapped)", ncclSuccess);
+  }
+  // Each rank's shard broadcast from it, in place, the broadcasts grouped into one launch.
+  void all_gather_shards(std::span<float> values) override {
+    select_device();
+    if (host_memory(values.data())) return Communicator::all_gather_shards(values);
+    const auto count = static_cast<int64_t>(values.size());
+    ncclResult_t r = api().group_start();
+    for (int root = 0; root < size_ && r == ncclSuccess; ++root) {
+      const ShardRange shard = shard_range(count, root, size_);
+      if (shard.size() == 0) continue;
+      float* at = values.data() + shard.begin;
+      r = api().broadcast(at, at, static_cast<size_t>(shard.size()), ncclFloat32, root, comm_, stream_);
+    }
+    const ncclResult_t ended = api().group_end();
+    finish("all_gather_shards (float32)", r != ncclSuccess ? r : ended);
   }
   void barrier() override {
     float one = 0.0f;
@@ -308,6 +349,8 @@ class NcclCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   bool aborted_ = false;
   bool owns_comm_ = false;
+  bool started_ = false;            // sums started and not yet finished
+  cudaEvent_t after_ = nullptr;     // the backend's work a started sum waits for
   cudaStream_t stream_ = nullptr;
   uint32_t* keys_ = nullptr;
   size_t keys_capacity_ = 0;

@@ -144,6 +144,21 @@ Fp8LinearState* Decoder::fp8_state(std::string_view layer) {
   return &l.state;
 }
 
+std::vector<Fp8LinearState*> Decoder::fp8_states(std::span<const std::string> layers) {
+  std::vector<Fp8LinearState*> states;
+  states.reserve(layers.size());
+  for (const std::string& name : layers) {
+    Linear& l = linear(name);
+    states.push_back(l.plan->fp8() ? &l.state : nullptr);
+  }
+  std::vector<Fp8LinearState*> present;
+  for (Fp8LinearState* s : states) {
+    if (s != nullptr) present.push_back(s);
+  }
+  backend_.fetch_scaling(present);
+  return states;
+}
+
 Fp8LinearTelemetry* Decoder::telemetry(std::string_view layer) {
   Linear& l = linear(layer);
   if (!l.plan->fp8()) return nullptr;
@@ -604,6 +619,13 @@ void Decoder::backward(float dloss_scale) {
   backend_.normalization_backward(norm_kind(), d.residual, G(lnf + ".weight"), norm_bias_grad(lnf),
                                   ConstTensorView(d.ln, {N, C}), last_residual, P(lnf + ".weight"), a.lnf_mean,
                                   a.lnf_rstd);
+  // What gradients are final as the backward goes: the head's and the final norm's now, each block's after
+  // its backward, the embeddings' at the end.
+  const std::string block_word = gpt2 ? "h." : "layers.";
+  const auto embedding = [&](std::string_view name) { return name == embedding_name() || name == "wpe"; };
+  if (gradient_ready_) {
+    report_gradients([&](std::string_view name) { return !embedding(name) && !name.starts_with(block_word); });
+  }
 
   for (int64_t l = config_.layers - 1; l >= 0; --l) {
     const BlockNames b = block_names(l);
@@ -678,10 +700,37 @@ void Decoder::backward(float dloss_scale) {
     backend_.normalization_backward(norm_kind(), d.residual, G(b.norm1 + ".weight"), norm_bias_grad(b.norm1),
                                     ConstTensorView(d.ln, dln1_type, {N, C}), residual, P(b.norm1 + ".weight"),
                                     x.ln1_mean, x.ln1_rstd);
+    if (gradient_ready_) {
+      const std::string block = fmt::format("{}{}.", block_word, l);
+      report_gradients([&](std::string_view name) { return name.starts_with(block); });
+    }
   }
   backend_.embedding_backward(TensorView(G(embedding_name()), {config_.padded_vocab(), C}),
                               gpt2 ? TensorView(G("wpe"), {T, C}) : TensorView(),
                               ConstTensorView(d.residual, {B, T, C}), tokens_->ints());
+  if (gradient_ready_) report_gradients(embedding);
+}
+
+void Decoder::report_gradients(const std::function<bool(std::string_view name)>& part) {
+  for (const auto& l : linears_) {
+    if (l->weight_gradient_written || l->weight_grad_type != Dtype::f32) continue;
+    const auto first = std::find_if(parameters_.begin(), parameters_.end(),
+                                    [&](const ParameterInfo& p) { return p.offset == l->weight_offset; });
+    if (first == parameters_.end() || !part(first->name)) continue;
+    backend_.fill_zero(static_cast<float*>(l->weight_grad), l->weight_count);
+    l->weight_gradient_written = true;
+  }
+  // The parameters' float32 gradients in runs: neighbours in grads() merge into one run.
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (const ParameterInfo& p : parameters_) {
+    if (p.grad_type != Dtype::f32 || !part(p.name)) continue;
+    if (!runs.empty() && runs.back().second == p.grad_offset) {
+      runs.back().second += p.count;
+    } else {
+      runs.emplace_back(p.grad_offset, p.grad_offset + p.count);
+    }
+  }
+  for (const auto& [begin, end] : runs) gradient_ready_(begin, end);
 }
 
 void Decoder::set_scaling_updates(bool on) {

@@ -33,15 +33,21 @@ class StepScaling {
 
  private:
   struct Operand {
-    std::string layer;
     ScalingState Fp8LinearState::*state;
     Dtype format;
     ScalingState at_begin;
     float step_amax = 0.0f;
     bool cast = false;  // whether any micro-batch of this step cast it
   };
+  // An FP8 layer's activation and gradient operands.
+  struct Layer {
+    Operand operands[2];
+  };
+  void publish(const std::vector<Fp8LinearState*>& live);
+
   Model& model_;
-  std::vector<Operand> operands_;
+  std::vector<std::string> names_;  // the layers in FP8 at begin(), fetched and published together
+  std::vector<Layer> layers_;
 };
 
 }  // namespace octet

@@ -10,11 +10,16 @@
 #include "octet/check.h"
 #include "octet/io/atomic_file.h"
 #include "octet/numerics/minifloat.h"
+#include "overlapped_sums.h"
 #include "step_scaling.h"
 
 namespace octet {
 
 namespace {
+
+// The gradients' sums over the ranks start in buckets of at least this many elements (64 MiB of float32):
+// large enough for NCCL to run at full bandwidth, small enough to start while most of the backward remains.
+constexpr int64_t kGradientBucket = int64_t{1} << 24;
 
 AdamW make_optimizer(Model& model, const TrainSettings& settings, const DataParallel& parallel) {
   // Emulated ranks keep the whole state: AdamW is element-wise, so updating the shards one after another is
@@ -62,6 +67,9 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
     if (p.grad_type == Dtype::f32) gradient_floats_ = std::max(gradient_floats_, p.grad_offset + p.count);
   }
   if (parallel_.ranks() > 1) step_scaling_ = std::make_unique<StepScaling>(model);
+  // The buffer itself, taken now: grads() in the middle of a step would zero what the backward has not yet
+  // written, and it moves no more.
+  gradient_base_ = model.grads();
   for (const std::string& line : {model.policy().startup_line(), model.memory_line()}) {
     if (!line.empty() && settings_.log) settings_.log(line);
   }
@@ -151,7 +159,12 @@ StepResult Trainer::step(const BatchSource& data) {
   // A float64 sum of the losses is finite exactly when every loss is; every rank sees the same sum.
   const bool loss_finite = std::isfinite(loss_sum);
   if (step_scaling_) step_scaling_->finish(parallel_.communicator);
-  if (loss_finite) sum_gradients_over_ranks();
+  if (overlapped_) {  // the sums started during the last backward: finished whatever the loss
+    overlapped_->finish();
+    overlapped_.reset();
+  } else if (loss_finite) {
+    sum_gradients_over_ranks();
+  }
   phase(StepPhase::optimizer);
   r.loss = static_cast<float>(loss_sum / static_cast<double>(micro_batches));
   r.fp8_gemms = model_.counters().fp8_gemms - before.fp8_gemms;
@@ -223,7 +236,15 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
       phase(StepPhase::forward);
       group_loss += model_.forward(tokens.data(), targets.data(), B, T, dloss);
       phase(StepPhase::backward);
+      // The last micro-batch's backward starts the ranks' sums of the gradients it finishes.
+      if (m == micro - 1 && overlap_gradient_sums()) {
+        overlapped_ = std::make_unique<OverlappedSums>(*parallel_.communicator, gradient_base_,
+                                                       gradient_floats_, model_.backend().native_stream(),
+                                                       kGradientBucket);
+        model_.set_gradient_ready([this](int64_t begin, int64_t end) { overlapped_->ready(begin, end); });
+      }
       model_.backward(dloss);
+      model_.set_gradient_ready(nullptr);
       if (step_scaling_) step_scaling_->after_micro_batch();
     }
     loss_sum = g == 0 ? group_loss : loss_sum + group_loss;
@@ -249,31 +270,21 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
   return loss_sum;
 }
 
+bool Trainer::overlap_gradient_sums() const {
+  // Float32 sums: every rank receives the whole buffer's sums, a sharded optimizer reading its shard of them
+  // (the sums a reduce-scatter gives it, element for element, for twice its traffic, none of it through the
+  // host). BF16 sums go at the end of the step.
+  return parallel_.communicator != nullptr && parallel_.reduce_type == dist::GradientReduceType::float32;
+}
+
 void Trainer::sum_gradients_over_ranks() {
+  // Float32 sums start during the backward (overlap_gradient_sums); what comes here are the BF16 sums.
   if (parallel_.communicator == nullptr) return;
-  // A communicator of its own (NCCL's stream) reads the gradients once the backward has written them.
-  model_.backend().synchronize();
+  OCTET_CHECK(parallel_.reduce_type == dist::GradientReduceType::bf16, "float32 sums overlapped with the backward");
   // grads() first zeroes any weight gradient no backward wrote, so every element is this rank's sum.
   float* grads = model_.grads();
   const auto n = static_cast<size_t>(gradient_floats_);
-  if (parallel_.reduce_type == dist::GradientReduceType::float32 && optimizer_.sharded()) {
-    // Each rank needs the sum of its own shard only: a reduce-scatter, through the host (the in-process
-    // communicator's memory), every rank's buffer padded to whole chunks. The sums are those an all-reduce
-    // would give, element for element.
-    const dist::ShardRange& shard = optimizer_.shard();
-    const auto chunk = static_cast<size_t>(shard.chunk);
-    std::vector<float> all(chunk * static_cast<size_t>(parallel_.ranks()), 0.0f), mine(chunk);
-    model_.backend().copy_to_host(all.data(), grads, n * sizeof(float));
-    parallel_.communicator->reduce_scatter_sum(all, mine);
-    model_.backend().copy_from_host(grads + shard.begin, mine.data(),
-                                    static_cast<size_t>(shard.size()) * sizeof(float));
-    return;
-  }
-  if (parallel_.reduce_type == dist::GradientReduceType::float32) {
-    parallel_.communicator->all_reduce_sum(std::span<float>(grads, n));
-    return;
-  }
-  // BF16 codes through the host (the in-process communicator's memory), the sum back in float32.
+  // BF16 codes through the host (the CPU communicators' memory), the sum back in float32.
   std::vector<float> values(n);
   model_.backend().copy_to_host(values.data(), grads, n * sizeof(float));
   std::vector<uint16_t> codes(n);
@@ -284,20 +295,11 @@ void Trainer::sum_gradients_over_ranks() {
 }
 
 void Trainer::gather_parameters() {
-  // Every rank's shard, each padded to the chunk, gathered through the host (the in-process communicator's
-  // memory; a GPU communicator would gather the device's buffers in place).
-  const dist::ShardRange& shard = optimizer_.shard();
-  const int64_t ranks = parallel_.ranks(), count = model_.parameter_count();
-  std::vector<float> gathered(static_cast<size_t>(shard.chunk * ranks), 0.0f);
-  float* mine = gathered.data() + shard.chunk * parallel_.rank();
-  if (shard.size() > 0) {
-    model_.backend().copy_to_host(mine, model_.params() + shard.begin,
-                                  static_cast<size_t>(shard.size()) * sizeof(float));
-  }
-  parallel_.communicator->all_gather(std::span<const float>(mine, static_cast<size_t>(shard.chunk)),
-                                     std::span<float>(gathered));
-  model_.backend().copy_from_host(model_.params(), gathered.data(),
-                                  static_cast<size_t>(count) * sizeof(float));
+  // Every rank's updated shard, to every rank, in place (in the backend's memory where the communicator
+  // works there: NCCL on GPUs, on its own stream, once the update is done).
+  model_.backend().synchronize();
+  parallel_.communicator->all_gather_shards(
+      std::span<float>(model_.params(), static_cast<size_t>(model_.parameter_count())));
   model_.refresh_weight_copies();
 }
 

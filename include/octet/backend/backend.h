@@ -244,12 +244,23 @@ class Backend {
   // Waits until every op enqueued so far has finished (a GPU backend's ops are asynchronous; a value copied
   // to the host is always complete).
   virtual void synchronize() {}
+  // The stream this backend enqueues its work on, for a communicator that overlaps its collectives with that
+  // work (Communicator::start_all_reduce_sum): a cudaStream_t on the CUDA backend; null where work is not
+  // enqueued (the CPU).
+  virtual void* native_stream() { return nullptr; }
 
   // FP8 scaling state that a backend keeps in its own memory (the CUDA backend keeps it on the device so
   // that casts read and update it without the host). fetch_scaling brings the host copy up to date;
   // publish_scaling sends a changed host copy (a restored checkpoint) to the backend. No-ops on the CPU.
   virtual void fetch_scaling(Fp8LinearState& /*state*/) {}
   virtual void publish_scaling(const Fp8LinearState& /*state*/) {}
+  // The same for many layers together (a GPU waits once for all of them, not once per layer).
+  virtual void fetch_scaling(std::span<Fp8LinearState* const> states) {
+    for (Fp8LinearState* s : states) fetch_scaling(*s);
+  }
+  virtual void publish_scaling(std::span<const Fp8LinearState* const> states) {
+    for (const Fp8LinearState* s : states) publish_scaling(*s);
+  }
   // The same for a layer's cast telemetry: adds what the backend counted since the last fetch to the host
   // copy and zeroes its own counters (on the CPU the counts go straight to the host copy: a no-op).
   virtual void fetch_telemetry(Fp8LinearTelemetry& /*telemetry*/) {}

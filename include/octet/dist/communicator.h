@@ -42,6 +42,21 @@ class Communicator {
   virtual void broadcast(std::span<std::byte> data, int root) = 0;
   // Returns once every rank has called it.
   virtual void barrier() = 0;
+
+  // Sums that overlap with a backend's work. start_all_reduce_sum enqueues all_reduce_sum(values) to run once
+  // the work enqueued so far on `stream` (Backend::native_stream) is done and returns at once; its result is
+  // there once finish_started() has returned, which waits for every sum started. Every rank starts the same
+  // sums in the same order. A communicator without streams of its own sums at once (the default).
+  virtual void start_all_reduce_sum(std::span<float> values, void* stream) {
+    (void)stream;
+    all_reduce_sum(values);
+  }
+  virtual void finish_started() {}
+
+  // `values` is split into every rank's shard (shard_range of values.size() over the ranks), this rank's up
+  // to date: afterwards every shard is, on every rank. In place, whatever the shards' sizes. The default
+  // gathers through all_gather over a copy padded to whole chunks, in the communicator's memory.
+  virtual void all_gather_shards(std::span<float> values);
 };
 
 // The contiguous run of `count` elements that rank `rank` of `ranks` owns when they are split as evenly as

@@ -94,6 +94,8 @@ class Decoder final : public Model {
   // after a loss-only forward it runs the head's backward first (recomputing the logits when they took more
   // than one chunk).
   void backward(float dloss_scale) override;
+  void set_gradient_ready(GradientReady ready) override { gradient_ready_ = std::move(ready); }
+  std::vector<Fp8LinearState*> fp8_states(std::span<const std::string> layers) override;
   std::optional<double> router_balance() const override;
   // Zeroes the gradients: the linear layers' weight gradients by their next backward, which writes them
   // instead of adding to them (LinearExecution::accumulate_weight_gradient), the others here.
@@ -325,6 +327,10 @@ class Decoder final : public Model {
   std::unordered_map<std::string, Linear*> linear_by_name_;
   GemmCounters counters_;
   bool collect_telemetry_ = true;
+  GradientReady gradient_ready_;  // set_gradient_ready
+  // Reports to gradient_ready_ the float32 gradients of the parameters `part` names, whose backward is
+  // enqueued; a weight gradient no backward wrote this step is zeroed first, as grads() would.
+  void report_gradients(const std::function<bool(std::string_view name)>& part);
   int64_t last_B_ = 0;
   int64_t last_T_ = 0;
   Pending pending_ = Pending::nothing;

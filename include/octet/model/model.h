@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -123,6 +124,12 @@ class Model {
   // Use dloss_scale = loss_scale / (B * T * accumulation_steps) for the mean over an accumulated step; after
   // forward(..., dloss) it takes the same dloss.
   virtual void backward(float dloss_scale) = 0;
+  // While set, backward() calls ready(begin, end) for each run [begin, end) of float32 gradient elements
+  // (offsets into grads()) that the rest of the backward will not write, once the work that writes it is
+  // enqueued on the backend: a data-parallel trainer starts summing those over the ranks while the backward
+  // goes on. Runs never reported are the caller's to take after backward() returns. Null: none (the default).
+  using GradientReady = std::function<void(int64_t begin, int64_t end)>;
+  virtual void set_gradient_ready(GradientReady ready) { (void)ready; }
   // A mixture-of-experts model's router balance over the last forward: each layer's E x sum_e f_e P_e (f_e
   // expert e's share of the assignments, P_e its mean router probability), averaged over the layers; 1 when
   // balanced, up to E when every token goes to one expert. The auxiliary loss that training adds to the
@@ -140,6 +147,9 @@ class Model {
   virtual void set_scaling_updates(bool on) = 0;
   // FP8 scaling state of a linear layer named in policy().layers() (null when the layer is not in FP8).
   virtual Fp8LinearState* fp8_state(std::string_view layer) = 0;
+  // The FP8 scaling states of the layers `layers` names (null for one not in FP8), brought up to date from
+  // the backend together: one wait for a GPU, where fp8_state waits once per layer.
+  virtual std::vector<Fp8LinearState*> fp8_states(std::span<const std::string> layers) = 0;
   // FP8 cast telemetry of a linear layer: running totals of its training casts since construction or the
   // last reset_telemetry (null when the layer is not in FP8), brought up to date from the backend (a copy
   // from the device on a GPU: call it on telemetry steps only). reset_telemetry zeroes the host copies.

@@ -24,6 +24,7 @@ namespace octet {
 using StepResult = StepStatistics;
 
 class StepScaling;
+class OverlappedSums;
 
 class Trainer {
  public:
@@ -66,8 +67,11 @@ class Trainer {
   // The micro-batches of this rank (of every emulated rank in turn), their gradients accumulated as
   // data_parallel.h says; returns the float64 sum of their losses.
   double accumulate(const BatchSource& data, float dloss, const std::function<void(StepPhase)>& phase);
-  // Sums the float32 gradients over the ranks, in rank order (nothing on one rank).
+  // Sums the gradients over the ranks in BF16, in rank order, at the end of the step (nothing on one rank;
+  // float32 sums start during the backward instead: overlapped_sums.h).
   void sum_gradients_over_ranks();
+  // Whether the sums start during the last micro-batch's backward (overlapped_sums.h).
+  bool overlap_gradient_sums() const;
   // After an optimizer that holds a shard has updated it: every rank's updated shard of the parameters,
   // gathered into the whole buffer, and the weight copies remade from it.
   void gather_parameters();
@@ -76,8 +80,11 @@ class Trainer {
   TrainSettings settings_;
   DataParallel parallel_;
   int64_t gradient_floats_ = 0;  // the float32 gradients' extent, which the ranks sum
+  float* gradient_base_ = nullptr;  // model.grads()
   // FP8 scaling once per step, on several ranks (real or emulated); null on one.
   std::unique_ptr<StepScaling> step_scaling_;
+  // The gradient sums started during this step's backward; null when none are.
+  std::unique_ptr<OverlappedSums> overlapped_;
   AdamW optimizer_;
   LossScaler scaler_;
   int64_t step_ = 0;

@@ -63,6 +63,7 @@ CudaBackend::~CudaBackend() {
   }
   layers_.clear();
   gemm_.reset();
+  if (pinned_states_ != nullptr) cudaFreeHost(pinned_states_);
   cudaStreamDestroy(stream_);
 }
 

@@ -169,6 +169,7 @@ class CudaBackend final : public Backend {
     if (!on) timed_used_ = 0;
   }
   OpTimes take_op_times() override;
+  void* native_stream() override { return stream_; }
   void synchronize() override {
     sums_aside_.join(stream_);
     OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -357,6 +358,8 @@ class CudaBackend final : public Backend {
 
   void fetch_scaling(Fp8LinearState& state) override;
   void publish_scaling(const Fp8LinearState& state) override;
+  void fetch_scaling(std::span<Fp8LinearState* const> states) override;
+  void publish_scaling(std::span<const Fp8LinearState* const> states) override;
   void fetch_telemetry(Fp8LinearTelemetry& telemetry) override;
 
   // Drops the host-state and telemetry mappings of a layer whose weight copy is going away.
@@ -612,6 +615,10 @@ class CudaBackend final : public Backend {
   std::vector<ScalingUpdate> pending_updates_;
   std::vector<Layer*> pending_layers_;
   std::unordered_map<const Fp8LinearState*, Layer*> layers_;
+  // Pinned host records for fetch_scaling and publish_scaling: their copies queue without a wait each.
+  DeviceLayerState* pinned_layer_states(size_t count);
+  DeviceLayerState* pinned_states_ = nullptr;
+  size_t pinned_states_capacity_ = 0;
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
   DeviceScratch wide_[2], emulation_[3], producer_output_, column_partials_;
   // A bf16 weight gradient widened for an AdamW update that reads float32 (update_weight_alone).

@@ -209,14 +209,10 @@ CudaBackend::Layer& CudaBackend::mapped_layer(LinearExecution& exec) {
   return *it->second;
 }
 
-void CudaBackend::publish_scaling(const Fp8LinearState& state) {
-  apply_scaling_updates();
-  auto it = layers_.find(&state);
-  if (it == layers_.end()) return;  // made with the layer's weight copy, from the host state as it is then
-  DeviceLayerState host{};
-  OCTET_CUDA_CHECK(
-      cudaMemcpyAsync(&host, it->second->device, sizeof(DeviceLayerState), cudaMemcpyDeviceToHost, stream_));
-  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+namespace {
+
+// The host's scaling state of a layer written into its device record, and read back.
+void write_device_state(const Fp8LinearState& state, DeviceLayerState& host) {
   const ScalingState* operands[3] = {&state.activation, &state.weight, &state.gradient};
   for (int i = 0; i < 3; ++i) {
     const ScalingState& s = *operands[i];
@@ -234,19 +230,9 @@ void CudaBackend::publish_scaling(const Fp8LinearState& state) {
     std::copy(s.amax_history.begin(), s.amax_history.end(), d.history);
   }
   host.weight_copy_scale = state.weight_copy_scale;
-  OCTET_CUDA_CHECK(
-      cudaMemcpyAsync(it->second->device, &host, sizeof(DeviceLayerState), cudaMemcpyHostToDevice, stream_));
-  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaBackend::fetch_scaling(Fp8LinearState& state) {
-  apply_scaling_updates();
-  auto it = layers_.find(&state);
-  if (it == layers_.end()) return;  // never used on the device: the host copy is the state
-  DeviceLayerState host{};
-  OCTET_CUDA_CHECK(
-      cudaMemcpyAsync(&host, it->second->device, sizeof(DeviceLayerState), cudaMemcpyDeviceToHost, stream_));
-  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+void read_device_state(const DeviceLayerState& host, Fp8LinearState& state) {
   ScalingState* operands[3] = {&state.activation, &state.weight, &state.gradient};
   for (int i = 0; i < 3; ++i) {
     ScalingState& s = *operands[i];
@@ -259,6 +245,70 @@ void CudaBackend::fetch_scaling(Fp8LinearState& state) {
     s.degenerate_amax = static_cast<int64_t>(d.degenerate);
   }
   state.weight_copy_scale = host.weight_copy_scale;
+}
+
+}  // namespace
+
+DeviceLayerState* CudaBackend::pinned_layer_states(size_t count) {
+  if (pinned_states_capacity_ < count) {
+    if (pinned_states_ != nullptr) OCTET_CUDA_CHECK(cudaFreeHost(pinned_states_));
+    pinned_states_ = nullptr;
+    OCTET_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_states_), count * sizeof(DeviceLayerState)));
+    pinned_states_capacity_ = count;
+  }
+  return pinned_states_;
+}
+
+void CudaBackend::publish_scaling(const Fp8LinearState& state) {
+  const Fp8LinearState* one[1] = {&state};
+  publish_scaling(std::span<const Fp8LinearState* const>(one));
+}
+
+void CudaBackend::fetch_scaling(Fp8LinearState& state) {
+  Fp8LinearState* one[1] = {&state};
+  fetch_scaling(std::span<Fp8LinearState* const>(one));
+}
+
+void CudaBackend::publish_scaling(std::span<const Fp8LinearState* const> states) {
+  apply_scaling_updates();
+  // A layer not mapped yet is made with its weight copy, from the host state as it is then. The others' device
+  // records are read first (the telemetry in them stays), then written, each direction with one wait.
+  std::vector<std::pair<const Fp8LinearState*, DeviceLayerState*>> mapped;
+  for (const Fp8LinearState* s : states) {
+    const auto it = layers_.find(s);
+    if (it != layers_.end()) mapped.emplace_back(s, it->second->device);
+  }
+  if (mapped.empty()) return;
+  DeviceLayerState* host = pinned_layer_states(mapped.size());
+  for (size_t i = 0; i < mapped.size(); ++i) {
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(&host[i], mapped[i].second, sizeof(DeviceLayerState),
+                                     cudaMemcpyDeviceToHost, stream_));
+  }
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < mapped.size(); ++i) {
+    write_device_state(*mapped[i].first, host[i]);
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(mapped[i].second, &host[i], sizeof(DeviceLayerState),
+                                     cudaMemcpyHostToDevice, stream_));
+  }
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::fetch_scaling(std::span<Fp8LinearState* const> states) {
+  apply_scaling_updates();
+  // A layer never used on the device keeps its host copy, which is its state.
+  std::vector<std::pair<Fp8LinearState*, const DeviceLayerState*>> mapped;
+  for (Fp8LinearState* s : states) {
+    const auto it = layers_.find(s);
+    if (it != layers_.end()) mapped.emplace_back(s, it->second->device);
+  }
+  if (mapped.empty()) return;
+  DeviceLayerState* host = pinned_layer_states(mapped.size());
+  for (size_t i = 0; i < mapped.size(); ++i) {
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(&host[i], mapped[i].second, sizeof(DeviceLayerState),
+                                     cudaMemcpyDeviceToHost, stream_));
+  }
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < mapped.size(); ++i) read_device_state(host[i], *mapped[i].first);
 }
 
 void CudaBackend::fetch_telemetry(Fp8LinearTelemetry& telemetry) {

@@ -1,0 +1,63 @@
+// Gradient sums started while the backward goes on (see overlapped_sums.h).
+#include "overlapped_sums.h"
+
+#include <algorithm>
+#include <span>
+
+#include "octet/check.h"
+
+namespace octet {
+
+OverlappedSums::OverlappedSums(dist::Communicator& communicator, float* grads, int64_t count, void* stream,
+                               int64_t bucket)
+    : communicator_(communicator), grads_(grads), count_(count), stream_(stream), bucket_(bucket) {
+  OCTET_CHECK(count >= 0 && bucket >= 1, "{} gradients in buckets of {}", count, bucket);
+}
+
+void OverlappedSums::ready(int64_t begin, int64_t end) {
+  OCTET_CHECK(0 <= begin && begin <= end && end <= count_, "gradients [{}, {}) of {}", begin, end, count_);
+  if (begin == end) return;
+  if (pending_begin_ == pending_end_) {
+    pending_begin_ = begin;
+    pending_end_ = end;
+  } else if (end == pending_begin_) {  // the backward runs from the last parameters to the first
+    pending_begin_ = begin;
+  } else if (begin == pending_end_) {
+    pending_end_ = end;
+  } else {
+    flush();
+    pending_begin_ = begin;
+    pending_end_ = end;
+  }
+  if (pending_end_ - pending_begin_ >= bucket_) flush();
+}
+
+void OverlappedSums::flush() {
+  if (pending_begin_ == pending_end_) return;
+  start(pending_begin_, pending_end_);
+  pending_begin_ = pending_end_ = 0;
+}
+
+void OverlappedSums::start(int64_t begin, int64_t end) {
+  communicator_.start_all_reduce_sum(std::span<float>(grads_ + begin, static_cast<size_t>(end - begin)),
+                                     stream_);
+  started_.emplace_back(begin, end);
+}
+
+void OverlappedSums::finish() {
+  flush();
+  // What no report covered, in order: the same on every rank.
+  std::vector<std::pair<int64_t, int64_t>> done = started_;
+  std::sort(done.begin(), done.end());
+  int64_t at = 0;
+  for (const auto& [begin, end] : done) {
+    OCTET_CHECK(begin >= at, "gradient runs overlap at {}", begin);
+    if (begin > at) start(at, begin);
+    at = end;
+  }
+  if (at < count_) start(at, count_);
+  communicator_.finish_started();
+  started_.clear();
+}
+
+}  // namespace octet
