@@ -61,6 +61,7 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
                 "the gradient of {} at its parameter's offset", p.name);
     if (p.grad_type == Dtype::f32) gradient_floats_ = std::max(gradient_floats_, p.grad_offset + p.count);
   }
+  optimizer_.check_groups(model.weight_copy_slots());
   if (parallel_.ranks() > 1) step_scaling_ = std::make_unique<StepScaling>(model);
   for (const std::string& line : {model.policy().startup_line(), model.memory_line()}) {
     if (!line.empty() && settings_.log) settings_.log(line);
