@@ -26,6 +26,7 @@
 #include "octet/model/sampling.h"
 #include "octet/telemetry/recorder.h"
 #include "octet/train/checkpoint.h"
+#include "octet/train/precision_schedule.h"
 #include "octet/train/run_directory.h"
 #include "octet/train/telemetry_source.h"
 #include "octet/version.h"
@@ -277,7 +278,9 @@ TrainingBackend make_training_backend(const RunConfig& config) {
 TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOptions& options) {
   // Everything that can be refused is refused before anything is written: device, data, the run directory,
   // the model's memory, the checkpoint a resumed run continues from.
-  const DeviceChoice device = choose_device(config);
+  // Every mode of a precision schedule must run here (precision_schedule.h).
+  const PrecisionSchedule schedule(config);
+  for (const PrecisionSpan& span : schedule.spans()) choose_device(config_in_mode(config, span.mode));
   // One process trains as one rank; the [distributed] keys must describe a world of one.
   dist::resolve_layout(config.distributed, 1, 0);
   OCTET_REQUIRE(!config.data_dir.empty(),
@@ -292,6 +295,9 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   RunDirectoryLock lock;
   lock.lock_existing(run_dir);  // another run that lives is refused now, naming it
   const RunStart start = plan_run_start(run_dir, options.resume, options.resume_from, options.overwrite);
+  // The model is built in the mode of the step the run starts at (a resumed run's checkpoint's).
+  const RunConfig start_mode = schedule.config_at(start.checkpoint ? checkpoint_step(*start.checkpoint) : 0);
+  const DeviceChoice device = choose_device(start_mode);
 
   // On telemetry steps the step is split into phases (data, forward, backward, optimizer) for the phases
   // table: the backend is synchronised at each phase boundary of those steps only, so that a phase's time is
@@ -302,17 +308,11 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   std::unique_ptr<Trainer> trainer;
   // No run directory and no log for the trainer: its startup lines and precision map come below, once every
   // check has passed and telemetry has put back the layers a resumed run had moved to BF16.
-  TrainSettings settings = config.train;
+  TrainSettings settings = start_mode.train;
   if (config.telemetry.enabled) {
     settings.phase_began = [&phases, &backend](StepPhase phase) { phases.begin(phase, *backend); };
   }
-  allocate_or_refuse(config, [&] {
-    backend = make_backend(device, config);
-    model = make_model(config.model, *backend, PrecisionPolicy(config.precision, config.model, B * T), B, T);
-    model->init_weights(config.seed);
-    if (!config.telemetry.enabled) model->set_telemetry(false, false);
-    trainer = std::make_unique<Trainer>(*model, settings);
-  });
+  allocate_or_refuse(config, [&] { build_training_stack(start_mode, settings, {backend, model, trainer}); });
   OCTET_REQUIRE(options.init_from.empty() || !start.checkpoint,
                 "--init-from starts a new run from a checkpoint's weights; --resume and --resume-from continue "
                 "one: give one of them");
@@ -349,7 +349,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   // Said every time, so that nobody takes a CPU run for a GPU one or an emulated FP8 GEMM for a real one.
   say(out, device.line);
   say(out, fmt::format("octet {}: {}; {} on the {} backend; run directory {}", kVersion, model->describe(),
-                       mixed_precision_name(config.precision.mode), backend->name(), run_dir.string()));
+                       mixed_precision_name(start_mode.precision.mode), backend->name(), run_dir.string()));
   if (start.remove_present) {
     say(out, fmt::format("--overwrite: removed the previous run's {} from {}; other files there are kept",
                          fmt::join(start.present, ", "), run_dir.string()));
@@ -374,7 +374,8 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     telemetry = std::make_unique<TelemetryRecorder>(*telemetry_layers, *telemetry_store, config.telemetry,
                                                     recorder_options);
   }
-  for (const std::string& line : {model->policy().startup_line(), model->memory_line()}) {
+  for (const std::string& line : {schedule.describe(), model->policy().startup_line(), model->memory_line(),
+                                  trainer->optimizer().groups_line()}) {
     if (!line.empty()) say(out, line);
   }
   io::write_file_atomically(run_dir / "precision_map.json", precision_map_json(*model));
@@ -417,7 +418,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     telemetry->start({{"name", (fs::absolute(run_dir) / "").parent_path().filename().string()},
                       {"octet_version", kVersion},
                       {"started_at", started},
-                      {"mode", std::string(mixed_precision_name(config.precision.mode))},
+                      {"mode", std::string(mixed_precision_name(start_mode.precision.mode))},
                       {"device", std::string(backend->name())},
                       {"recipe", recipe != nullptr ? recipe->describe() : "none"},
                       {"telemetry_interval", std::to_string(config.telemetry.interval)},
@@ -477,6 +478,26 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     const auto began = std::chrono::steady_clock::now();
     const int64_t first_step = trainer->steps_done();
     for (int64_t step = trainer->steps_done(); step < config.steps; ++step) {
+      // A precision schedule's switch: said, recorded, and the precision map rewritten
+      // (precision_schedule.h).
+      if (const std::optional<PrecisionSwitch> change =
+              schedule.switch_before(step, model->policy().mode())) {
+        switch_precision(schedule.config_at(step), settings, {backend, model, trainer});
+        if (options.interactive) std::fputs("\n", out);
+        for (const std::string& line : {change->line(), model->policy().startup_line()}) {
+          if (!line.empty()) say(out, line);
+        }
+        io::write_file_atomically(run_dir / "precision_map.json", precision_map_json(*model));
+        metrics.write(nlohmann::json{{"step", step},
+                                     {"event", "precision_switch"},
+                                     {"from", mixed_precision_name(change->from)},
+                                     {"to", mixed_precision_name(change->to)}});
+        if (telemetry) {
+          telemetry_layers->rebind(*model);
+          telemetry->precision_changed(step, mixed_precision_name(change->from),
+                                       mixed_precision_name(change->to));
+        }
+      }
       const auto t0 = std::chrono::steady_clock::now();
       phases.reset(telemetry != nullptr && telemetry->is_telemetry_step(step + 1, config.steps));
       const StepResult r = trainer->step(train_data);
@@ -486,17 +507,18 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
       // A mixture-of-experts model's router balance over the step's last micro-batch (1: balanced).
       const std::optional<double> balance = model->router_balance();
       nlohmann::json row{{"step", step + 1},
-                                   {"loss", r.loss},
-                                   {"lr", r.learning_rate},
-                                   {"grad_norm", r.skipped ? 0.0f : r.grad_norm},
-                                   {"loss_scale", r.loss_scale},
-                                   {"skipped", r.skipped},
-                                   {"skip_reason", r.skip_reason},
-                                   {"fp8_gemms", r.fp8_gemms},
-                                   {"other_gemms", r.other_gemms},
-                                   {"tokens", r.tokens},
-                                   {"tokens_per_second", tokens_per_second},
-                                   {"ms", seconds * 1000.0}};
+                         {"mode", mixed_precision_name(model->policy().mode())},
+                         {"loss", r.loss},
+                         {"lr", r.learning_rate},
+                         {"grad_norm", r.skipped ? 0.0f : r.grad_norm},
+                         {"loss_scale", r.loss_scale},
+                         {"skipped", r.skipped},
+                         {"skip_reason", r.skip_reason},
+                         {"fp8_gemms", r.fp8_gemms},
+                         {"other_gemms", r.other_gemms},
+                         {"tokens", r.tokens},
+                         {"tokens_per_second", tokens_per_second},
+                         {"ms", seconds * 1000.0}};
       if (balance) row["router_balance"] = *balance;
       metrics.write(row);
       const int64_t done = step + 1;
@@ -574,6 +596,8 @@ Restored restore(const fs::path& checkpoint, int64_t batch, int64_t seq_len, con
                  std::string* device_line) {
   Restored r;
   r.config = parse_run_config(checkpoint_config(checkpoint), (checkpoint / "state.json").string());
+  // A run with a precision schedule is evaluated in the mode its checkpoint's step trained in.
+  r.config = config_in_mode(r.config, precision_at(r.config, checkpoint_step(checkpoint)));
   if (!device.empty()) {
     OCTET_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
                   "--device must be \"auto\", \"cpu\" or \"cuda\", got \"{}\"", device);
