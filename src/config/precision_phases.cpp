@@ -1,6 +1,8 @@
 // A run's precision schedule as its configuration states it (train.precision_phases, or fp8.bf16_warmup_steps
 // and fp8.bf16_cooldown_steps around fp8 steps): the checks, and the steps of each mode (run_config.h). The
 // run loop that switches modes is train/precision_schedule.h.
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -66,7 +68,8 @@ void check_precision_phases(const RunConfig& c, const std::string& origin) {
         fmt::format("fp8.bf16_warmup_steps and fp8.bf16_cooldown_steps put bf16 steps around fp8 ones and "
                     "need train.mixed_precision = \"fp8\", got \"{}\"",
                     mixed_precision_name(c.precision.mode)));
-    require(c.bf16_warmup_steps + c.bf16_cooldown_steps < c.steps,
+    // Compared without adding them, which could overflow.
+    require(c.bf16_warmup_steps < c.steps && c.bf16_cooldown_steps < c.steps - c.bf16_warmup_steps,
             fmt::format("fp8.bf16_warmup_steps ({}) and fp8.bf16_cooldown_steps ({}) leave no fp8 step of "
                         "train.steps ({})",
                         c.bf16_warmup_steps, c.bf16_cooldown_steps, c.steps));
@@ -90,7 +93,9 @@ void check_precision_phases(const RunConfig& c, const std::string& origin) {
       require(i == 0 || phases[i - 1].mode != p.mode,
               fmt::format("entries {} and {} of train.precision_phases are both {}; join them into one phase",
                           i, i + 1, mixed_precision_name(p.mode)));
-      total += p.steps;
+      // total <= train.steps so far; the sum saturates rather than overflow.
+      total = p.steps > std::numeric_limits<int64_t>::max() - total ? std::numeric_limits<int64_t>::max()
+                                                                    : total + p.steps;
       require(
           total <= c.steps && (i + 1 == phases.size() || total < c.steps),
           fmt::format("train.precision_phases: the phases up to entry {} take {} steps, {} train.steps ({})",

@@ -84,6 +84,15 @@ TEST_F(PrecisionScheduleRun, ASwitchEqualsACheckpointResumedInTheNextMode) {
   EXPECT_NE(metrics.find("\"mode\":\"fp8\""), std::string::npos);
   EXPECT_NE(read(root_ / "scheduled" / "precision_map.json").find("\"forward\": \"fp8\""), std::string::npos)
       << "the precision map is the fp8 phase's";
+  // The telemetry records the switch as it records a resume in another mode.
+  const testing::ProcessResult inspect = run_octet({"inspect", (root_ / "scheduled").string()});
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("from step 4: mode fp8 (bf16 before): 4 of 5 layers with a GEMM in FP8"),
+            std::string::npos)
+      << inspect.out;
+  EXPECT_NE(inspect.out.find("step 3 mode_change: mode fp8 from step 4 (bf16 before): precision schedule"),
+            std::string::npos)
+      << inspect.out;
 }
 
 // bf16, fp8, bf16: an uninterrupted run that saves after every step, and runs branched from its checkpoints

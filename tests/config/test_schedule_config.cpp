@@ -170,6 +170,16 @@ TEST(PrecisionPhases, ShorthandMistakesAreRefused) {
                "[fp8]\nbf16_warmup_steps = 10\n"),
       "run.toml: fp8.bf16_warmup_steps and fp8.bf16_cooldown_steps are a shorthand for "
       "train.precision_phases; give one or the other");
+  EXPECT_EQ(
+      error_of("[train]\nmixed_precision = \"fp8\"\nsteps = 20\n[fp8]\nbf16_warmup_steps = 10\n"
+               "bf16_cooldown_steps = 9223372036854775807\n"),
+      "run.toml: fp8.bf16_warmup_steps (10) and fp8.bf16_cooldown_steps (9223372036854775807) leave no fp8 "
+      "step of train.steps (20)");
+  EXPECT_EQ(
+      error_of("[train]\nsteps = 20\nprecision_phases = [{ mode = \"bf16\", steps = 10 }, { mode = "
+               "\"fp8\", steps = 9223372036854775807 }]\n"),
+      "run.toml: train.precision_phases: the phases up to entry 2 take 9223372036854775807 steps, more than "
+      "train.steps (20)");
   EXPECT_EQ(error_of("[fp8]\nbf16_cooldown_steps = -1\n"),
             "run.toml:2: fp8.bf16_cooldown_steps must be at least 0, got -1");
 }
