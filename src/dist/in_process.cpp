@@ -5,7 +5,7 @@
 // and every rank computes the same sums in the same order.
 #include "octet/dist/in_process.h"
 
-#include <cmath>
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -16,51 +16,15 @@
 #include <fmt/format.h>
 
 #include "octet/check.h"
-#include "octet/numerics/minifloat.h"
+#include "rank_order.h"
 
 namespace octet::dist {
 
 namespace {
 
-enum class Op : uint8_t {
-  all_reduce_sum_f32,
-  all_reduce_sum_bf16,
-  all_reduce_sum_f64,
-  all_reduce_max_f32,
-  reduce_scatter_sum_f32,
-  all_gather_f32,
-  all_gather_bytes,
-  broadcast,
-  barrier
-};
-
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::all_reduce_sum_f32:
-      return "all_reduce_sum (float32)";
-    case Op::all_reduce_sum_bf16:
-      return "all_reduce_sum (bf16)";
-    case Op::all_reduce_sum_f64:
-      return "all_reduce_sum (float64)";
-    case Op::all_reduce_max_f32:
-      return "all_reduce_max (float32)";
-    case Op::reduce_scatter_sum_f32:
-      return "reduce_scatter_sum (float32)";
-    case Op::all_gather_f32:
-      return "all_gather (float32)";
-    case Op::all_gather_bytes:
-      return "all_gather (bytes)";
-    case Op::broadcast:
-      return "broadcast";
-    case Op::barrier:
-      return "barrier";
-  }
-  return "?";
-}
-
 // What one rank posted for the collective in progress.
 struct Posted {
-  Op op = Op::barrier;
+  CollectiveOp op = CollectiveOp::barrier;
   const void* send = nullptr;
   size_t send_count = 0;
   size_t receive_count = 0;
@@ -114,35 +78,15 @@ class InProcessCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return group_.ranks; }
 
-  void all_reduce_sum(std::span<float> values) override { sum(Op::all_reduce_sum_f32, values); }
-  void all_reduce_sum(std::span<double> values) override { sum(Op::all_reduce_sum_f64, values); }
+  void all_reduce_sum(std::span<float> values) override { sum(CollectiveOp::all_reduce_sum_f32, values); }
+  void all_reduce_sum(std::span<double> values) override { sum(CollectiveOp::all_reduce_sum_f64, values); }
 
   void all_reduce_sum_bf16(std::span<uint16_t> values) override {
-    std::vector<uint16_t> out(values.size());
-    run({Op::all_reduce_sum_bf16, values.data(), values.size(), values.size(), 0}, [&] {
-      for (size_t i = 0; i < values.size(); ++i) {
-        float s = bf16_to_float(input<uint16_t>(0)[i]);
-        for (int r = 1; r < size(); ++r) s = round_to_bf16(s + bf16_to_float(input<uint16_t>(r)[i]));
-        out[i] = float_to_bf16(s);
-      }
-    });
-    std::copy(out.begin(), out.end(), values.begin());
+    reduce(CollectiveOp::all_reduce_sum_bf16, values, rank_order::add_bf16);
   }
 
   void all_reduce_max(std::span<float> values) override {
-    std::vector<float> out(values.size());
-    run({Op::all_reduce_max_f32, values.data(), values.size(), values.size(), 0}, [&] {
-      for (size_t i = 0; i < values.size(); ++i) {
-        float m = input<float>(0)[i];
-        for (int r = 1; r < size(); ++r) {
-          const float v = input<float>(r)[i];
-          // The first NaN in rank order wins, so that every rank keeps the same bits.
-          if (!std::isnan(m) && (std::isnan(v) || v > m)) m = v;
-        }
-        out[i] = m;
-      }
-    });
-    std::copy(out.begin(), out.end(), values.begin());
+    reduce(CollectiveOp::all_reduce_max_f32, values, rank_order::max);
   }
 
   void reduce_scatter_sum(std::span<const float> send, std::span<float> receive) override {
@@ -150,34 +94,31 @@ class InProcessCommunicator final : public Communicator {
                 "reduce_scatter_sum: {} values sent for {} ranks of {}", send.size(), size(), receive.size());
     std::vector<float> out(receive.size());
     const size_t at = receive.size() * static_cast<size_t>(rank_);
-    run({Op::reduce_scatter_sum_f32, send.data(), send.size(), receive.size(), 0}, [&] {
-      for (size_t i = 0; i < out.size(); ++i) {
-        float s = input<float>(0)[at + i];
-        for (int r = 1; r < size(); ++r) s += input<float>(r)[at + i];
-        out[i] = s;
-      }
+    run({CollectiveOp::reduce_scatter_sum_f32, send.data(), send.size(), receive.size(), 0}, [&] {
+      std::copy_n(input<float>(0) + at, out.size(), out.begin());
+      for (int r = 1; r < size(); ++r) rank_order::add(out.data(), input<float>(r) + at, out.size());
     });
     std::copy(out.begin(), out.end(), receive.begin());
   }
 
   void all_gather(std::span<const float> send, std::span<float> receive) override {
-    gather(Op::all_gather_f32, std::as_bytes(send), std::as_writable_bytes(receive));
+    gather(CollectiveOp::all_gather_f32, std::as_bytes(send), std::as_writable_bytes(receive));
   }
   void all_gather(std::span<const std::byte> send, std::span<std::byte> receive) override {
-    gather(Op::all_gather_bytes, send, receive);
+    gather(CollectiveOp::all_gather_bytes, send, receive);
   }
 
   void broadcast(std::span<std::byte> data, int root) override {
     OCTET_CHECK(root >= 0 && root < size(), "broadcast from rank {} of {}", root, size());
     std::vector<std::byte> out(data.size());
-    run({Op::broadcast, data.data(), data.size(), data.size(), root}, [&] {
+    run({CollectiveOp::broadcast, data.data(), data.size(), data.size(), root}, [&] {
       if (!out.empty()) std::memcpy(out.data(), input<std::byte>(root), out.size());
     });
     std::copy(out.begin(), out.end(), data.begin());
   }
 
   void barrier() override {
-    run({Op::barrier, nullptr, 0, 0, 0}, [] {});
+    run({CollectiveOp::barrier, nullptr, 0, 0, 0}, [] {});
   }
 
  private:
@@ -201,8 +142,8 @@ class InProcessCommunicator final : public Communicator {
         throw Error(ErrorKind::internal,
                     fmt::format("the ranks disagree on a collective: rank 0 called {} with {} values (to {}, "
                                 "root {}), rank {} called {} with {} values (to {}, root {})",
-                                op_name(first.op), first.send_count, first.receive_count, first.root, r,
-                                op_name(p.op), p.send_count, p.receive_count, p.root));
+                                collective_name(first.op), first.send_count, first.receive_count, first.root, r,
+                                collective_name(p.op), p.send_count, p.receive_count, p.root));
       }
     }
     compute();
@@ -210,19 +151,22 @@ class InProcessCommunicator final : public Communicator {
   }
 
   template <typename T>
-  void sum(Op op, std::span<T> values) {
+  void sum(CollectiveOp op, std::span<T> values) {
+    reduce(op, values, rank_order::add<T>);
+  }
+
+  // values = fold(fold(rank 0's, rank 1's), rank 2's) ..., each rank computing the same.
+  template <typename T, typename Fold>
+  void reduce(CollectiveOp op, std::span<T> values, Fold fold) {
     std::vector<T> out(values.size());
     run({op, values.data(), values.size(), values.size(), 0}, [&] {
-      for (size_t i = 0; i < values.size(); ++i) {
-        T s = input<T>(0)[i];
-        for (int r = 1; r < size(); ++r) s += input<T>(r)[i];
-        out[i] = s;
-      }
+      std::copy_n(input<T>(0), out.size(), out.begin());
+      for (int r = 1; r < size(); ++r) fold(out.data(), input<T>(r), out.size());
     });
     std::copy(out.begin(), out.end(), values.begin());
   }
 
-  void gather(Op op, std::span<const std::byte> send, std::span<std::byte> receive) {
+  void gather(CollectiveOp op, std::span<const std::byte> send, std::span<std::byte> receive) {
     OCTET_CHECK(receive.size() == send.size() * static_cast<size_t>(size()),
                 "all_gather: {} bytes from each of {} ranks into {}", send.size(), size(), receive.size());
     std::vector<std::byte> out(receive.size());

@@ -6,8 +6,9 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
 #include <cstdint>
-#include <mutex>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -15,6 +16,7 @@
 #include <nccl.h>
 
 #include "octet/check.h"
+#include "octet/dist/socket_group.h"
 
 namespace octet::dist {
 
@@ -26,6 +28,9 @@ struct NcclApi {
   decltype(&ncclGetVersion) get_version = nullptr;
   decltype(&ncclGetErrorString) error_string = nullptr;
   decltype(&ncclCommInitAll) comm_init_all = nullptr;
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&ncclCommGetAsyncError) async_error = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
   decltype(&ncclCommAbort) comm_abort = nullptr;
   decltype(&ncclAllReduce) all_reduce = nullptr;
@@ -57,6 +62,9 @@ const NcclApi& api() {
     load_symbol(a.library, "ncclGetVersion", a.get_version, missing);
     load_symbol(a.library, "ncclGetErrorString", a.error_string, missing);
     load_symbol(a.library, "ncclCommInitAll", a.comm_init_all, missing);
+    load_symbol(a.library, "ncclGetUniqueId", a.get_unique_id, missing);
+    load_symbol(a.library, "ncclCommInitRank", a.comm_init_rank, missing);
+    load_symbol(a.library, "ncclCommGetAsyncError", a.async_error, missing);
     load_symbol(a.library, "ncclCommDestroy", a.comm_destroy, missing);
     load_symbol(a.library, "ncclCommAbort", a.comm_abort, missing);
     load_symbol(a.library, "ncclAllReduce", a.all_reduce, missing);
@@ -119,113 +127,192 @@ cudaError_t from_keys(const uint32_t* keys, float* x, size_t n, cudaStream_t str
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int device, int rank, int size)
-      : comm_(comm), device_(device), rank_(rank), size_(size) {
+  NcclCommunicator(ncclComm_t comm, int device, int rank, int size, std::chrono::milliseconds timeout)
+      : comm_(comm), device_(device), rank_(rank), size_(size), timeout_(timeout) {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice", rank_);
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", rank_);
   }
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
     if (keys_ != nullptr) cudaFree(keys_);
-    if (barrier_value_ != nullptr) cudaFree(barrier_value_);
+    if (staging_ != nullptr) cudaFree(staging_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (owns_comm_ && !aborted_) api().comm_destroy(comm_);  // ncclCommAbort freed an aborted one
   }
+  // The communicator is this object's to destroy (a rank of processes; a group destroys its own).
+  void own_comm() { owns_comm_ = true; }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  ncclComm_t comm() const { return comm_; }
 
   void all_reduce_sum(std::span<float> values) override {
-    run("all_reduce_sum (float32)", [&] {
-      return api().all_reduce(values.data(), values.data(), values.size(), ncclFloat32, ncclSum, comm_,
-                              stream_);
+    in_place("all_reduce_sum (float32)", std::as_writable_bytes(values), [&](void* d) {
+      return api().all_reduce(d, d, values.size(), ncclFloat32, ncclSum, comm_, stream_);
     });
   }
   void all_reduce_sum(std::span<double> values) override {
-    run("all_reduce_sum (float64)", [&] {
-      return api().all_reduce(values.data(), values.data(), values.size(), ncclFloat64, ncclSum, comm_,
-                              stream_);
+    in_place("all_reduce_sum (float64)", std::as_writable_bytes(values), [&](void* d) {
+      return api().all_reduce(d, d, values.size(), ncclFloat64, ncclSum, comm_, stream_);
     });
   }
   void all_reduce_sum_bf16(std::span<uint16_t> values) override {
-    run("all_reduce_sum (bf16)", [&] {
-      return api().all_reduce(values.data(), values.data(), values.size(), ncclBfloat16, ncclSum, comm_,
-                              stream_);
+    in_place("all_reduce_sum (bf16)", std::as_writable_bytes(values), [&](void* d) {
+      return api().all_reduce(d, d, values.size(), ncclBfloat16, ncclSum, comm_, stream_);
     });
   }
   void all_reduce_max(std::span<float> values) override {
     const size_t n = values.size();
     if (n == 0) return barrier();
-    select_device();
-    if (keys_capacity_ < n) {
-      if (keys_ != nullptr) check_cuda(cudaFree(keys_), "cudaFree", rank_);
-      keys_ = nullptr;
-      check_cuda(cudaMalloc(reinterpret_cast<void**>(&keys_), n * sizeof(uint32_t)), "cudaMalloc", rank_);
-      keys_capacity_ = n;
-    }
-    check_cuda(to_keys(values.data(), keys_, n, stream_), "launch of the amaxes' keys", rank_);
-    run("all_reduce_max (float32)",
-        [&] { return api().all_reduce(keys_, keys_, n, ncclUint32, ncclMax, comm_, stream_); });
-    check_cuda(from_keys(keys_, values.data(), n, stream_), "launch of the amaxes' keys", rank_);
-    check_cuda(cudaStreamSynchronize(stream_), "all_reduce_max", rank_);
+    in_place("all_reduce_max (float32)", std::as_writable_bytes(values), [&](void* d) {
+      float* x = static_cast<float*>(d);
+      if (keys_capacity_ < n) {
+        if (keys_ != nullptr) check_cuda(cudaFree(keys_), "cudaFree", rank_);
+        keys_ = nullptr;
+        check_cuda(cudaMalloc(reinterpret_cast<void**>(&keys_), n * sizeof(uint32_t)), "cudaMalloc", rank_);
+        keys_capacity_ = n;
+      }
+      check_cuda(to_keys(x, keys_, n, stream_), "launch of the amaxes' keys", rank_);
+      const ncclResult_t r = api().all_reduce(keys_, keys_, n, ncclUint32, ncclMax, comm_, stream_);
+      if (r == ncclSuccess) check_cuda(from_keys(keys_, x, n, stream_), "launch of the amaxes' keys", rank_);
+      return r;
+    });
   }
   void reduce_scatter_sum(std::span<const float> send, std::span<float> receive) override {
     OCTET_CHECK(send.size() == receive.size() * static_cast<size_t>(size_),
                 "reduce_scatter_sum: {} values to send for {} ranks of {}", send.size(), size_,
                 receive.size());
-    run("reduce_scatter_sum (float32)", [&] {
-      return api().reduce_scatter(send.data(), receive.data(), receive.size(), ncclFloat32, ncclSum, comm_,
-                                  stream_);
-    });
+    moved("reduce_scatter_sum (float32)", std::as_bytes(send), std::as_writable_bytes(receive),
+          [&](const void* from, void* to) {
+            return api().reduce_scatter(from, to, receive.size(), ncclFloat32, ncclSum, comm_, stream_);
+          });
   }
   void all_gather(std::span<const float> send, std::span<float> receive) override {
     OCTET_CHECK(receive.size() == send.size() * static_cast<size_t>(size_),
                 "all_gather: {} values to receive from {} ranks of {}", receive.size(), size_, send.size());
-    run("all_gather (float32)", [&] {
-      return api().all_gather(send.data(), receive.data(), send.size(), ncclFloat32, comm_, stream_);
-    });
+    moved("all_gather (float32)", std::as_bytes(send), std::as_writable_bytes(receive),
+          [&](const void* from, void* to) {
+            return api().all_gather(from, to, send.size(), ncclFloat32, comm_, stream_);
+          });
   }
   void all_gather(std::span<const std::byte> send, std::span<std::byte> receive) override {
     OCTET_CHECK(receive.size() == send.size() * static_cast<size_t>(size_),
                 "all_gather: {} bytes to receive from {} ranks of {}", receive.size(), size_, send.size());
-    run("all_gather (bytes)", [&] {
-      return api().all_gather(send.data(), receive.data(), send.size(), ncclUint8, comm_, stream_);
+    moved("all_gather (bytes)", send, receive, [&](const void* from, void* to) {
+      return api().all_gather(from, to, send.size(), ncclUint8, comm_, stream_);
     });
   }
   void broadcast(std::span<std::byte> data, int root) override {
     OCTET_CHECK(root >= 0 && root < size_, "broadcast: root {} of {} ranks", root, size_);
-    run("broadcast", [&] {
-      return api().broadcast(data.data(), data.data(), data.size(), ncclUint8, root, comm_, stream_);
+    in_place("broadcast", data, [&](void* d) {
+      return api().broadcast(d, d, data.size(), ncclUint8, root, comm_, stream_);
     });
   }
   void barrier() override {
-    select_device();
-    if (barrier_value_ == nullptr)
-      check_cuda(cudaMalloc(reinterpret_cast<void**>(&barrier_value_), sizeof(float)), "cudaMalloc", rank_);
-    run("barrier", [&] {
-      return api().all_reduce(barrier_value_, barrier_value_, 1, ncclFloat32, ncclSum, comm_, stream_);
-    });
+    float one = 0.0f;
+    all_reduce_sum(std::span<float>(&one, 1));
   }
+
+  // Ends this rank's collectives: one waiting now returns with an error.
+  void abort() {
+    if (aborted_) return;
+    aborted_ = true;
+    api().comm_abort(comm_);
+  }
+  bool aborted() const { return aborted_; }
 
  private:
   void select_device() { check_cuda(cudaSetDevice(device_), "cudaSetDevice", rank_); }
-  // Enqueues `collective` on the rank's stream and waits for it.
+
+  // Whether `p` is host memory, which NCCL cannot read: the collective then runs on a device copy.
+  bool host_memory(const void* p) const {
+    if (p == nullptr) return false;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return true;
+    }
+    return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
+  }
+
+  std::byte* staging(size_t bytes) {
+    if (staging_capacity_ < bytes) {
+      if (staging_ != nullptr) check_cuda(cudaFree(staging_), "cudaFree", rank_);
+      staging_ = nullptr;
+      check_cuda(cudaMalloc(reinterpret_cast<void**>(&staging_), bytes), "cudaMalloc", rank_);
+      staging_capacity_ = bytes;
+    }
+    return staging_;
+  }
+
+  // A collective over one buffer, read and written in place (through a device copy where it is host memory).
   template <typename Enqueue>
-  void run(const char* what, Enqueue enqueue) {
+  void in_place(const char* what, std::span<std::byte> data, Enqueue enqueue) {
     select_device();
-    check_nccl(enqueue(), what, rank_);
-    check_cuda(cudaStreamSynchronize(stream_), what, rank_);
+    if (!host_memory(data.data())) {
+      finish(what, enqueue(static_cast<void*>(data.data())));
+      return;
+    }
+    std::byte* d = staging(data.size());
+    check_cuda(cudaMemcpyAsync(d, data.data(), data.size(), cudaMemcpyHostToDevice, stream_), what, rank_);
+    finish(what, enqueue(static_cast<void*>(d)));
+    check_cuda(cudaMemcpy(data.data(), d, data.size(), cudaMemcpyDeviceToHost), what, rank_);
+  }
+
+  // A collective from one buffer into another (through device copies where they are host memory).
+  template <typename Enqueue>
+  void moved(const char* what, std::span<const std::byte> send, std::span<std::byte> receive, Enqueue enqueue) {
+    select_device();
+    if (!host_memory(send.data()) && !host_memory(receive.data())) {
+      finish(what, enqueue(static_cast<const void*>(send.data()), static_cast<void*>(receive.data())));
+      return;
+    }
+    std::byte* d = staging(send.size() + receive.size());
+    check_cuda(cudaMemcpyAsync(d, send.data(), send.size(), cudaMemcpyDefault, stream_), what, rank_);
+    finish(what, enqueue(static_cast<const void*>(d), static_cast<void*>(d + send.size())));
+    check_cuda(cudaMemcpy(receive.data(), d + send.size(), receive.size(), cudaMemcpyDefault), what, rank_);
+  }
+
+  // Waits for the collective just enqueued, watching NCCL's asynchronous errors: a rank that died or hangs
+  // makes this one abort its communicator and throw within the timeout, never wait forever.
+  void finish(const char* what, ncclResult_t enqueued) {
+    check_nccl(enqueued, what, rank_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (int polls = 0;; ++polls) {
+      const cudaError_t done = cudaStreamQuery(stream_);
+      if (done == cudaSuccess) return;
+      if (done != cudaErrorNotReady) check_cuda(done, what, rank_);
+      ncclResult_t async = ncclSuccess;
+      api().async_error(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        abort();
+        check_nccl(async, what, rank_);
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        abort();
+        throw Error(ErrorKind::training_failed,
+                    fmt::format("NCCL {} on rank {} did not complete within {} s: another rank hangs or died "
+                                "(OCTET_DIST_TIMEOUT sets how long ranks wait)",
+                                what, rank_, std::chrono::duration<double>(timeout_).count()));
+      }
+      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 
   ncclComm_t comm_;
   int device_;
   int rank_;
   int size_;
+  std::chrono::milliseconds timeout_;
+  bool aborted_ = false;
+  bool owns_comm_ = false;
   cudaStream_t stream_ = nullptr;
   uint32_t* keys_ = nullptr;
   size_t keys_capacity_ = 0;
-  float* barrier_value_ = nullptr;
+  std::byte* staging_ = nullptr;
+  size_t staging_capacity_ = 0;
 };
 
 }  // namespace
@@ -262,16 +349,16 @@ NcclGroup::NcclGroup(std::span<const int> devices) : state_(std::make_unique<Sta
   state_->comms.resize(static_cast<size_t>(n));
   check_nccl(api().comm_init_all(state_->comms.data(), n, devices.data()), "ncclCommInitAll", 0);
   for (int r = 0; r < n; ++r) {
-    state_->ranks.push_back(std::make_unique<NcclCommunicator>(state_->comms[static_cast<size_t>(r)],
-                                                               devices[static_cast<size_t>(r)], r, n));
+    state_->ranks.push_back(std::make_unique<NcclCommunicator>(
+        state_->comms[static_cast<size_t>(r)], devices[static_cast<size_t>(r)], r, n, rank_timeout()));
   }
 }
 
 NcclGroup::~NcclGroup() {
-  state_->ranks.clear();  // their streams and buffers first
-  for (ncclComm_t comm : state_->comms) {
-    if (state_->aborted) continue;  // ncclCommAbort freed it
-    api().comm_destroy(comm);
+  for (size_t r = 0; r < state_->ranks.size(); ++r) {
+    const bool aborted = state_->aborted || state_->ranks[r]->aborted();  // ncclCommAbort freed it
+    state_->ranks[r].reset();  // its stream and buffers first
+    if (!aborted) api().comm_destroy(state_->comms[r]);
   }
 }
 
@@ -287,7 +374,22 @@ Communicator& NcclGroup::communicator(int rank) {
 void NcclGroup::abort() {
   if (state_->aborted) return;
   state_->aborted = true;
-  for (ncclComm_t comm : state_->comms) api().comm_abort(comm);
+  for (auto& rank : state_->ranks) rank->abort();
+}
+
+std::unique_ptr<Communicator> join_nccl(Communicator& control, int device) {
+  std::string why;
+  OCTET_REQUIRE(nccl_available(&why), "training on several GPUs needs NCCL: {}", why);
+  ncclUniqueId id{};
+  if (control.rank() == 0) check_nccl(api().get_unique_id(&id), "ncclGetUniqueId", 0);
+  control.broadcast(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
+  check_cuda(cudaSetDevice(device), "cudaSetDevice", control.rank());
+  ncclComm_t comm = nullptr;
+  check_nccl(api().comm_init_rank(&comm, control.size(), id, control.rank()), "ncclCommInitRank",
+             control.rank());
+  auto rank = std::make_unique<NcclCommunicator>(comm, device, control.rank(), control.size(), rank_timeout());
+  rank->own_comm();
+  return rank;
 }
 
 }  // namespace octet::dist

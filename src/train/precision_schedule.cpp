@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include "octet/check.h"
-#include "octet/train/training_run.h"
 
 namespace octet {
 
@@ -48,25 +47,13 @@ std::string PrecisionSchedule::describe() const {
   return fmt::format("precision schedule: {}", fmt::join(parts, ", "));
 }
 
-void build_training_stack(const RunConfig& config, TrainSettings settings, TrainingStack stack) {
-  const int64_t B = config.train.batch_size, T = config.train.seq_len;
-  stack.backend = make_training_backend(config).backend;
-  stack.model =
-      make_model(config.model, *stack.backend, PrecisionPolicy(config.precision, config.model, B * T), B, T);
-  stack.model->init_weights(config.seed);
-  if (!config.telemetry.enabled) stack.model->set_telemetry(false, false);
-  settings.loss_scale.dynamic = config.train.loss_scale.dynamic;
-  stack.trainer = std::make_unique<Trainer>(*stack.model, std::move(settings));
-}
-
-CheckpointLoad switch_precision(const RunConfig& config, const TrainSettings& settings, TrainingStack stack) {
+CheckpointLoad switch_precision(TrainingStack stack, const std::function<void()>& rebuild) {
   const TrainingState state = capture_training_state(*stack.model, *stack.trainer);
-  // The trainer's optimizer and the model hold the backend's memory: released in that order, before the
-  // next mode's are made.
+  // The trainer's optimizer and the model hold the backend's memory: released in that order.
   stack.trainer.reset();
   stack.model.reset();
-  stack.backend.reset();
-  build_training_stack(config, settings, stack);
+  rebuild();
+  OCTET_CHECK(stack.backend && stack.model && stack.trainer, "a backend, model and trainer after a switch");
   return restore_training_state(state, *stack.model, *stack.trainer);
 }
 

@@ -252,6 +252,8 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
 
 void Trainer::sum_gradients_over_ranks() {
   if (parallel_.communicator == nullptr) return;
+  // A communicator of its own (NCCL's stream) reads the gradients once the backward has written them.
+  model_.backend().synchronize();
   // grads() first zeroes any weight gradient no backward wrote, so every element is this rank's sum.
   float* grads = model_.grads();
   const auto n = static_cast<size_t>(gradient_floats_);

@@ -18,6 +18,7 @@
 
 #include "octet/backend/registry.h"
 #include "octet/check.h"
+#include "octet/dist/socket_group.h"
 #include "octet/dist/topology.h"
 #include "octet/io/atomic_file.h"
 #include "octet/io/data_loader.h"
@@ -26,6 +27,7 @@
 #include "octet/model/sampling.h"
 #include "octet/telemetry/recorder.h"
 #include "octet/train/checkpoint.h"
+#include "octet/train/data_parallel.h"
 #include "octet/train/precision_schedule.h"
 #include "octet/train/run_directory.h"
 #include "octet/train/telemetry_source.h"
@@ -52,6 +54,7 @@ struct DeviceChoice {
   const BackendFactory* backend = nullptr;  // the registered "cpu" or "cuda" backend
   bool cuda = false;
   bool emulate_fp8 = false;  // fp8 on a GPU without FP8 tensor cores: BF16 GEMMs on the FP8 codes
+  int gpu = 0;               // the CUDA device this process trains on
   std::string line;          // what the run says about it at start
 };
 
@@ -61,8 +64,9 @@ AttentionKernelChoice attention_kernels(const RunConfig& config) {
                                        : AttentionKernelChoice::automatic;
 }
 
-DeviceChoice choose_device(const RunConfig& config) {
+DeviceChoice choose_device(const RunConfig& config, int gpu = 0) {
   DeviceChoice d;
+  d.gpu = gpu;
   const bool fp8 = config.precision.mode == MixedPrecision::fp8;
   // Null in a build without CUDA (or a program that did not register it).
   const BackendFactory* cuda = find_backend("cuda");
@@ -98,7 +102,9 @@ DeviceChoice choose_device(const RunConfig& config) {
     return d;
   }
   d.backend = cuda;
-  const BackendDevice info = cuda->device(0);
+  OCTET_REQUIRE(gpu < gpus, "this rank is rank {} on its machine, which shows {} GPU(s): start at most one rank "
+                "per GPU", gpu, gpus);
+  const BackendDevice info = cuda->device(gpu);
   if (fp8) {
     const RecipeKind kind = config.precision.recipe;
     OCTET_REQUIRE(cuda->supports_recipe(kind),
@@ -113,7 +119,7 @@ DeviceChoice choose_device(const RunConfig& config) {
       d.emulate_fp8 = true;
     }
   }
-  d.line = fmt::format("training on {}{}", cuda->describe_device(0),
+  d.line = fmt::format("training on {}{}", cuda->describe_device(gpu),
                        !fp8            ? ""
                        : d.emulate_fp8 ? "; WARNING: no FP8 tensor cores, FP8 GEMMs run as BF16 GEMMs on "
                                          "the FP8 values (FP8 numerics, no FP8 speed)"
@@ -141,6 +147,7 @@ std::unique_ptr<Backend> make_backend(const DeviceChoice& device, const RunConfi
   options.bf16_attention = config.precision.mode != MixedPrecision::fp32;
   options.attention = attention_kernels(config);
   options.time_gemm_algorithms = config.time_gemm_algorithms;
+  options.device = device.gpu;
   return device.backend->make(options);
 }
 
@@ -197,6 +204,7 @@ class PhaseTimer {
 // A line of progress or report, flushed at once: under nohup, a scheduler or `> log` standard output is a
 // file, and a line left in a buffer is a line the user does not see (and a kill -9 loses).
 void say(std::FILE* out, const std::string& line) {
+  if (out == nullptr) return;  // a rank other than rank 0
   std::fprintf(out, "%s\n", line.c_str());
   std::fflush(out);
 }
@@ -268,6 +276,41 @@ void allocate_or_refuse(const RunConfig& config, Allocate&& allocate) {
   }
 }
 
+// This process's place among the run's ranks.
+struct RankContext {
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;
+  std::string launcher;
+  dist::DataParallelLayout layout;
+  dist::SocketGroup* control = nullptr;  // the run's processes joined; null for a run of one
+  bool lead() const { return rank == 0; }
+};
+
+// What every rank of a run must agree on: the octet binary (a digest of the executable's bytes) and the
+// configuration with the options that choose where the run starts.
+dist::Fingerprint run_fingerprint(const RunConfig& config, const TrainingRunOptions& options) {
+  const auto digest = [](std::string_view bytes) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (const char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    return fmt::format("{:016x}", h);
+  };
+  std::string binary;
+  {
+    std::ifstream exe("/proc/self/exe", std::ios::binary);
+    binary.assign(std::istreambuf_iterator<char>(exe), std::istreambuf_iterator<char>());
+  }
+  const std::string start = fmt::format("resume={} resume_from={} init_from={} overwrite={}", options.resume,
+                                        options.resume_from.string(), options.init_from.string(),
+                                        options.overwrite);
+  return {{{"octet binary", fmt::format("{} {}", kVersion, digest(binary))},
+           {"configuration", digest(to_toml(config))},
+           {"start options", start}}};
+}
+
+TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptions& options,
+                                 const RankContext& ranks);
+
 }  // namespace
 
 TrainingBackend make_training_backend(const RunConfig& config) {
@@ -275,14 +318,53 @@ TrainingBackend make_training_backend(const RunConfig& config) {
   return {make_backend(device, config), device.cuda, device.line};
 }
 
+void check_ranks(const RunConfig& config, int world) {
+  const dist::DataParallelLayout layout = dist::resolve_layout(config.distributed, world, 0);
+  OCTET_REQUIRE(layout.shard == 1 || layout.replicate == 1,
+                "[distributed] dp_shard = {} with dp_replicate = {}: a hybrid layout is not supported yet; shard "
+                "the optimizer state over every rank (dp_shard = -1) or over none (dp_shard = 1, dp_replicate = "
+                "-1)",
+                layout.shard, layout.replicate);
+  OCTET_REQUIRE(world == 1 || config.telemetry.on_alert != AlertAction::bf16_layer,
+                "fp8.on_alert = \"bf16_layer\" is not supported on several ranks yet (every rank would have to "
+                "move the same layer at the same step); use \"warn\" or \"stop\"");
+}
+
 TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOptions& options) {
+  RankContext ranks;
+  if (options.ranks) {
+    ranks.rank = options.ranks->rank;
+    ranks.world = options.ranks->world;
+    ranks.local_rank = options.ranks->local_rank;
+    ranks.launcher = options.ranks->launcher;
+  }
+  check_ranks(config, ranks.world);
+  ranks.layout = dist::resolve_layout(config.distributed, ranks.world, ranks.rank);
+  if (ranks.world == 1) return train_as_rank(config, options, ranks);
+  // Several ranks join first, so that a rank started with another binary, configuration or start is refused,
+  // on every rank, before any work; a rank that fails afterwards tells the others, which stop naming it.
+  dist::SocketGroup control(*options.ranks, run_fingerprint(config, options), dist::rank_timeout());
+  ranks.control = &control;
+  try {
+    return train_as_rank(config, options, ranks);
+  } catch (const std::exception& e) {
+    control.abort(e.what());
+    throw;
+  }
+}
+
+namespace {
+
+TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptions& options,
+                                 const RankContext& ranks) {
+  const bool lead = ranks.lead();
   // Everything that can be refused is refused before anything is written: device, data, the run directory,
-  // the model's memory, the checkpoint a resumed run continues from.
-  // Every mode of a precision schedule must run here (precision_schedule.h).
+  // the model's memory, the checkpoint a resumed run continues from. On several ranks, every rank checks
+  // what it sees, and rank 0 writes nothing until all have passed. Every mode of a precision schedule must
+  // run here (precision_schedule.h).
   const PrecisionSchedule schedule(config);
-  for (const PrecisionSpan& span : schedule.spans()) choose_device(config_in_mode(config, span.mode));
-  // One process trains as one rank; the [distributed] keys must describe a world of one.
-  dist::resolve_layout(config.distributed, 1, 0);
+  for (const PrecisionSpan& span : schedule.spans())
+    choose_device(config_in_mode(config, span.mode), ranks.local_rank);
   OCTET_REQUIRE(!config.data_dir.empty(),
                 "data.dir is not set: point it at shards made by `octet data prepare`");
   const int64_t B = config.train.batch_size, T = config.train.seq_len;
@@ -293,11 +375,11 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   const fs::path& run_dir = config.run_dir;
   check_run_directory(run_dir);
   RunDirectoryLock lock;
-  lock.lock_existing(run_dir);  // another run that lives is refused now, naming it
+  if (lead) lock.lock_existing(run_dir);  // another run that lives is refused now, naming it
   const RunStart start = plan_run_start(run_dir, options.resume, options.resume_from, options.overwrite);
   // The model is built in the mode of the step the run starts at (a resumed run's checkpoint's).
   const RunConfig start_mode = schedule.config_at(start.checkpoint ? checkpoint_step(*start.checkpoint) : 0);
-  const DeviceChoice device = choose_device(start_mode);
+  const DeviceChoice device = choose_device(start_mode, ranks.local_rank);
 
   // On telemetry steps the step is split into phases (data, forward, backward, optimizer) for the phases
   // table: the backend is synchronised at each phase boundary of those steps only, so that a phase's time is
@@ -308,11 +390,38 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   std::unique_ptr<Trainer> trainer;
   // No run directory and no log for the trainer: its startup lines and precision map come below, once every
   // check has passed and telemetry has put back the layers a resumed run had moved to BF16.
-  TrainSettings settings = start_mode.train;
-  if (config.telemetry.enabled) {
+  TrainSettings settings = config.train;
+  const bool telemetry_here = config.telemetry.enabled && lead;  // rank 0 records for the run
+  if (telemetry_here) {
     settings.phase_began = [&phases, &backend](StepPhase phase) { phases.begin(phase, *backend); };
   }
-  allocate_or_refuse(config, [&] { build_training_stack(start_mode, settings, {backend, model, trainer}); });
+  // The ranks exchange the backend's tensors over its own communicator (NCCL on GPUs), or over the joined
+  // processes themselves (the CPU backend's tensors are host memory).
+  std::unique_ptr<dist::Communicator> tensors =
+      ranks.control != nullptr ? device.backend->join_ranks(*ranks.control, device.gpu) : nullptr;
+  DataParallel parallel;
+  parallel.communicator = tensors ? tensors.get() : ranks.control;
+  parallel.shard_optimizer_state = ranks.layout.shard > 1;
+  parallel.reduce_type = config.distributed.gradient_reduce_type;
+  // The backend, model and trainer in `mode`'s precision: at the start, and at each switch of a precision
+  // schedule, which keeps the backend unless the mode asks for another (fp32's attention, emulated FP8).
+  std::pair<bool, bool> backend_made_for;  // emulate_fp8, bf16_attention
+  auto build = [&](const RunConfig& mode) {
+    const DeviceChoice chosen = choose_device(mode, ranks.local_rank);
+    const std::pair<bool, bool> wanted{chosen.emulate_fp8, mode.precision.mode != MixedPrecision::fp32};
+    if (!backend || wanted != backend_made_for) {
+      backend.reset();
+      backend = make_backend(chosen, mode);
+      backend_made_for = wanted;
+    }
+    model = make_model(mode.model, *backend, PrecisionPolicy(mode.precision, mode.model, B * T), B, T);
+    model->init_weights(config.seed);
+    if (!telemetry_here) model->set_telemetry(false, false);
+    TrainSettings mode_settings = settings;
+    mode_settings.loss_scale.dynamic = mode.train.loss_scale.dynamic;
+    trainer = std::make_unique<Trainer>(*model, mode_settings, parallel);
+  };
+  allocate_or_refuse(config, [&] { build(start_mode); });
   OCTET_REQUIRE(options.init_from.empty() || !start.checkpoint,
                 "--init-from starts a new run from a checkpoint's weights; --resume and --resume-from continue "
                 "one: give one of them");
@@ -331,23 +440,44 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
     if (load->progress.train_position) train_loader.seek(*load->progress.train_position);
   }
 
-  // Every check has passed: from here on the run directory is written.
-  {
+  // Every check has passed, on every rank: from here on rank 0 writes the run directory.
+  if (ranks.control != nullptr) ranks.control->barrier();
+  std::unique_ptr<MetricsFile> metrics;
+  if (lead) {
     std::error_code ec;
     fs::create_directories(run_dir, ec);
     OCTET_REQUIRE(!ec, "cannot create logging.run_dir {}: {}", run_dir.string(), ec.message());
+    lock.acquire(run_dir);
+    OCTET_REQUIRE(run_files_present(run_dir) == start.present,
+                  "{} changed while this run was starting (another run wrote there); start again",
+                  run_dir.string());
+    if (start.remove_present) remove_run_files(run_dir);
+    io::write_file_atomically(run_dir / "config.toml", to_toml(config));
+    metrics = std::make_unique<MetricsFile>(run_dir / "metrics.jsonl");
   }
-  lock.acquire(run_dir);
-  OCTET_REQUIRE(run_files_present(run_dir) == start.present,
-                "{} changed while this run was starting (another run wrote there); start again",
-                run_dir.string());
-  if (start.remove_present) remove_run_files(run_dir);
-  io::write_file_atomically(run_dir / "config.toml", to_toml(config));
-  MetricsFile metrics(run_dir / "metrics.jsonl");
 
-  std::FILE* out = options.out;
+  // Rank 0 alone prints progress; every other rank says once where it trains, on standard error.
+  std::FILE* out = lead ? options.out : nullptr;
+  const bool interactive = lead && options.interactive;
+  if (!lead) {
+    std::fprintf(stderr, "rank %d of %d (%s): %s\n", ranks.rank, ranks.world, ranks.launcher.c_str(),
+                 device.line.c_str());
+    std::fflush(stderr);
+  }
   // Said every time, so that nobody takes a CPU run for a GPU one or an emulated FP8 GEMM for a real one.
   say(out, device.line);
+  if (ranks.world > 1) {
+    say(out, fmt::format(
+                 "rank 0 of {} ({}): data parallel, each rank {} micro-batch(es) of the step's {}; gradients "
+                 "summed in {} over {}{}",
+                 ranks.world, ranks.launcher, config.train.grad_accum_steps,
+                 config.train.grad_accum_steps * ranks.world,
+                 config.distributed.gradient_reduce_type == dist::GradientReduceType::bf16 ? "bf16" : "float32",
+                 tensors ? "NCCL" : "the ranks' sockets",
+                 parallel.shard_optimizer_state
+                     ? fmt::format("; optimizer state sharded over {} ranks (ZeRO-1)", ranks.world)
+                     : std::string()));
+  }
   say(out, fmt::format("octet {}: {}; {} on the {} backend; run directory {}", kVersion, model->describe(),
                        mixed_precision_name(start_mode.precision.mode), backend->name(), run_dir.string()));
   if (start.remove_present) {
@@ -360,14 +490,14 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   std::unique_ptr<TelemetryStore> telemetry_store;
   std::unique_ptr<ModelLayerSource> telemetry_layers;
   std::unique_ptr<TelemetryRecorder> telemetry;
-  if (config.telemetry.enabled) {
+  if (telemetry_here) {
     const std::optional<int64_t> resume_step =
         start.continues_run_directory ? std::optional<int64_t>(load->step) : std::nullopt;
     telemetry_store = std::make_unique<TelemetryStore>(run_dir / kTelemetryFile, resume_step);
     RecorderOptions recorder_options;
     recorder_options.run_directory = run_dir;
-    recorder_options.log = [out, &options](std::string_view line) {
-      if (options.interactive) std::fputs("\n", out);
+    recorder_options.log = [out, interactive](std::string_view line) {
+      if (interactive) std::fputs("\n", out);
       say(out, std::string(line));
     };
     telemetry_layers = std::make_unique<ModelLayerSource>(*model);
@@ -378,7 +508,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
                                   trainer->optimizer().groups_line()}) {
     if (!line.empty()) say(out, line);
   }
-  io::write_file_atomically(run_dir / "precision_map.json", precision_map_json(*model));
+  if (lead) io::write_file_atomically(run_dir / "precision_map.json", precision_map_json(*model));
   if (!options.init_from.empty()) {
     const auto source = initialised_from.find("source");
     say(out, fmt::format("initialised from the weights of {}{} (step 0, fresh optimizer)", options.init_from.string(),
@@ -452,22 +582,28 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
                               kept ? fmt::format("the last complete checkpoint, {}, is kept", kept->string())
                                    : std::string("no complete checkpoint was saved")));
     }
-    if (options.interactive) std::fputs("\n", out);
+    if (interactive) std::fputs("\n", out);
     say(out, fmt::format("saved checkpoint {}", saved.string()));
   };
 
-  const BatchSource train_data = [&](int32_t* tokens, int32_t* targets) {
-    train_loader.next_batch({tokens, static_cast<size_t>(B * T)}, {targets, static_cast<size_t>(B * T)});
-  };
+  // Every rank reads the whole stream and keeps its own micro-batches of each step (data_parallel.h), so the
+  // loader's position is the same on every rank.
+  const BatchSource train_data = rank_batches(
+      [&](int32_t* tokens, int32_t* targets) {
+        train_loader.next_batch({tokens, static_cast<size_t>(B * T)}, {targets, static_cast<size_t>(B * T)});
+      },
+      ranks.rank, ranks.world, config.train.grad_accum_steps, B, T);
   const BatchSource validation_data = [&](int32_t* tokens, int32_t* targets) {
     validation_loader.next_batch({tokens, static_cast<size_t>(B * T)}, {targets, static_cast<size_t>(B * T)});
   };
+  // Rank 0 validates for the run (every rank holds the same weights).
   auto validate = [&](int64_t step) {
+    if (!lead) return 0.0f;
     validation_loader.reset();
     const float loss = trainer->evaluate(validation_data, config.eval_batches);
-    if (options.interactive) std::fputs("\n", out);
+    if (interactive) std::fputs("\n", out);
     say(out, fmt::format("step {}: validation loss {:.4f} (perplexity {:.2f})", step, loss, std::exp(loss)));
-    metrics.write(nlohmann::json{{"step", step}, {"val_loss", loss}});
+    metrics->write(nlohmann::json{{"step", step}, {"val_loss", loss}});
     if (telemetry) telemetry->record_validation(step, loss);
     return loss;
   };
@@ -482,16 +618,18 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
       // (precision_schedule.h).
       if (const std::optional<PrecisionSwitch> change =
               schedule.switch_before(step, model->policy().mode())) {
-        switch_precision(schedule.config_at(step), settings, {backend, model, trainer});
-        if (options.interactive) std::fputs("\n", out);
+        switch_precision({backend, model, trainer}, [&] { build(schedule.config_at(step)); });
+        if (interactive) std::fputs("\n", out);
         for (const std::string& line : {change->line(), model->policy().startup_line()}) {
           if (!line.empty()) say(out, line);
         }
-        io::write_file_atomically(run_dir / "precision_map.json", precision_map_json(*model));
-        metrics.write(nlohmann::json{{"step", step},
-                                     {"event", "precision_switch"},
-                                     {"from", mixed_precision_name(change->from)},
-                                     {"to", mixed_precision_name(change->to)}});
+        if (lead) io::write_file_atomically(run_dir / "precision_map.json", precision_map_json(*model));
+        if (metrics) {
+          metrics->write(nlohmann::json{{"step", step},
+                                        {"event", "precision_switch"},
+                                        {"from", mixed_precision_name(change->from)},
+                                        {"to", mixed_precision_name(change->to)}});
+        }
         if (telemetry) {
           telemetry_layers->rebind(*model);
           telemetry->precision_changed(step, mixed_precision_name(change->from),
@@ -520,7 +658,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
                          {"tokens_per_second", tokens_per_second},
                          {"ms", seconds * 1000.0}};
       if (balance) row["router_balance"] = *balance;
-      metrics.write(row);
+      if (metrics) metrics->write(row);
       const int64_t done = step + 1;
       const double eta =
           elapsed / static_cast<double>(done - first_step) * static_cast<double>(config.steps - done);
@@ -530,7 +668,7 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
           balance ? fmt::format(" | router balance {:.3f}", *balance) : std::string(), tokens_per_second,
           duration(eta),
           r.skipped ? fmt::format(" | skipped: {}", r.skip_reason) : std::string());
-      if (options.interactive) {
+      if (interactive) {
         std::fprintf(out, "\r\033[K%s", line.c_str());
         std::fflush(out);
       } else if (done % config.log_every == 0 || done == config.steps || r.skipped) {
@@ -540,18 +678,23 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
         telemetry->record_step(r, seconds * 1000.0, tokens_per_second,
                                telemetry->is_telemetry_step(done, config.steps));
         for (const auto& [phase, ms] : phases.totals()) telemetry_store->add(PhaseRecord{done, phase, ms});
-        if (telemetry->stop_requested()) {  // fp8.on_alert = "stop"
-          save();
-          telemetry_store->close();
-          throw Error(ErrorKind::training_failed, telemetry->stop_message());
-        }
+      }
+      // Whether the run stops after this step, as rank 0 decides for every rank: a signal, or an FP8 alert
+      // with fp8.on_alert = "stop".
+      int32_t stop[2] = {g_stop_signal.load(), telemetry && telemetry->stop_requested() ? 1 : 0};
+      if (ranks.control != nullptr) ranks.control->broadcast(std::as_writable_bytes(std::span<int32_t>(stop)), 0);
+      if (stop[1] != 0) {
+        save();
+        if (telemetry_store) telemetry_store->close();
+        throw Error(ErrorKind::training_failed,
+                    telemetry ? telemetry->stop_message() : std::string("rank 0 stopped the run (an FP8 alert)"));
       }
       summary.last_loss = r.loss;
       if (config.eval_every > 0 && done % config.eval_every == 0 && done != config.steps) validate(done);
-      if (g_stop_signal.load() != 0) {
+      if (stop[0] != 0) {
         summary.interrupted = true;
-        summary.stop_signal = g_stop_signal.load();
-        if (options.interactive) std::fputs("\n", out);
+        summary.stop_signal = stop[0];
+        if (interactive) std::fputs("\n", out);
         say(out, fmt::format("stopped by signal {} after step {}", summary.stop_signal, done));
         save();
         break;
@@ -573,16 +716,14 @@ TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOption
   } catch (const Error& e) {
     // A write that fails once training is under way (a full disk, a file taken away) is no invalid input.
     if (e.kind() != ErrorKind::invalid_input) throw;
-    if (options.interactive) std::fputs("\n", out);
+    if (interactive) std::fputs("\n", out);
     throw Error(ErrorKind::training_failed, e.what());
   } catch (const fs::filesystem_error& e) {
-    if (options.interactive) std::fputs("\n", out);
+    if (interactive) std::fputs("\n", out);
     throw Error(ErrorKind::training_failed, fmt::format("{}: {}", e.path1().string(), e.code().message()));
   }
   return summary;
 }
-
-namespace {
 
 // A model (and the trainer that owns its optimizer state) rebuilt from a checkpoint's saved configuration.
 struct Restored {

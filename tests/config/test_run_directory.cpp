@@ -273,18 +273,6 @@ TEST_F(RunDirectory, RunFilesGetTheUsualMode) {
   }
 }
 
-// The loss of every step in a metrics file, by step.
-std::map<int, std::string> step_losses(const std::string& metrics) {
-  std::map<int, std::string> out;
-  std::istringstream lines(metrics);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t loss = line.find("\"loss\":"), step = line.find("\"step\":");
-    if (loss == std::string::npos || step == std::string::npos) continue;
-    out[std::stoi(line.substr(step + 7))] = line.substr(loss + 7, line.find(',', loss) - loss - 7);
-  }
-  return out;
-}
-
 TEST_F(RunDirectory, ResumeFromBranchesFromAnyCheckpoint) {
   const std::vector<std::string> keep = {"--set", "checkpoint.every=2", "--set", "checkpoint.keep_last=5",
                                          "--set", "data.eval_every=0"};

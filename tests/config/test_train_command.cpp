@@ -93,18 +93,6 @@ TEST_F(TrainCommand, SigtermStopsAfterTheCurrentStep) {
   EXPECT_NE(r.out.find("stopped by signal 15 after step "), std::string::npos) << r.out;
 }
 
-// The loss of every step in a metrics file, by step.
-std::map<int, std::string> step_losses(const std::string& metrics) {
-  std::map<int, std::string> out;
-  std::istringstream lines(metrics);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t loss = line.find("\"loss\":"), step = line.find("\"step\":");
-    if (loss == std::string::npos || step == std::string::npos) continue;  // validation lines
-    out[std::stoi(line.substr(step + 7))] = line.substr(loss + 7, line.find(',', loss) - loss - 7);
-  }
-  return out;
-}
-
 TEST_F(TrainCommand, ResumeAfterSigtermContinuesTheRunExactly) {
   const fs::path config =
       write_config("fp8", 3000);  // long enough (a few seconds) for the stop to land partway

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -53,6 +54,18 @@ class TrainFixture : public ::testing::Test {
     std::stringstream s;
     s << in.rdbuf();
     return s.str();
+  }
+
+  // The loss of every step in a metrics file, by step.
+  static std::map<int, std::string> step_losses(const std::string& metrics) {
+    std::map<int, std::string> out;
+    std::istringstream lines(metrics);
+    for (std::string line; std::getline(lines, line);) {
+      const size_t loss = line.find("\"loss\":"), step = line.find("\"step\":");
+      if (loss == std::string::npos || step == std::string::npos) continue;  // validation lines
+      out[std::stoi(line.substr(step + 7))] = line.substr(loss + 7, line.find(',', loss) - loss - 7);
+    }
+    return out;
   }
 
   std::filesystem::path root_;

@@ -10,6 +10,9 @@
 #include <fmt/format.h>
 
 #include "number_parse.h"
+#include "rank_launcher.h"
+#include "octet/backend/registry.h"
+#include "octet/dist/launch.h"
 #include "octet/check.h"
 #include "octet/config/run_config.h"
 #include "octet/io/corpus.h"
@@ -65,6 +68,15 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
       "import hf`; a run directory: its latest); its model must equal the configuration's [model]");
   resume->excludes(resume_from)->excludes(overwrite)->excludes(init_from);
   resume_from->excludes(init_from);
+  CLI::Option* gpus = train_->add_option(
+      "--gpus", gpus_,
+      "Train on N GPUs of this machine, one process (rank) each, data parallel (docs/distributed.md); under "
+      "mpirun, srun or torchrun, the number of ranks they start");
+  CLI::Option* ranks = train_->add_option(
+      "--ranks", ranks_,
+      "Train as N processes of this machine on the device train.device names (CPU ranks: the GPU run's "
+      "arithmetic, for tests and small runs)");
+  gpus->excludes(ranks);
   train_->footer(
       "Writes config.toml, precision_map.json, metrics.jsonl (one JSON object per step, each line flushed) "
       "and\n"
@@ -80,7 +92,10 @@ WorkflowCommands::WorkflowCommands(CLI::App& root) {
       "too many non-finite steps, an FP8 alert with fp8.on_alert = \"stop\"); 130 or 143 stopped by SIGINT "
       "or\n"
       "SIGTERM (128 + the signal) after saving its checkpoint.\n"
+      "Several ranks (--gpus N, or a launcher: mpirun, srun, torchrun): rank 0 prints and writes the run\n"
+      "directory; a rank that fails stops every rank, and the exit code is the first failing rank's.\n"
       "Examples:\n  octet train configs/quickstart.toml --set train.steps=100\n"
+      "  octet train configs/llama3-1B.toml --gpus 4\n"
       "  octet train configs/quickstart.toml --resume\n"
       "  octet train configs/quickstart.toml --resume-from runs/quickstart/checkpoints/step_000200 --set "
       "logging.run_dir=runs/branch\n"
@@ -236,6 +251,29 @@ int WorkflowCommands::run() const {
     } catch (const Error& e) {
       throw Error(e.kind(), fmt::format("--init-from: {}", e.what()));
     }
+  }
+  const int64_t wanted = gpus_ > 0 ? gpus_ : ranks_;
+  OCTET_REQUIRE(wanted >= 0 && wanted <= 4096, "{} {}: expected a number of ranks from 1 to 4096",
+                gpus_ > 0 ? "--gpus" : "--ranks", wanted);
+  options.ranks = dist::rank_environment();
+  if (options.ranks && options.ranks->world == 1) options.ranks.reset();
+  if (options.ranks) {
+    // A rank of a launcher's run (this tool's own --gpus, mpirun, srun, torchrun).
+    OCTET_REQUIRE(wanted <= 1 || wanted == options.ranks->world,
+                  "{} {} but {} started {} ranks: give the launcher's number, or leave the option out",
+                  gpus_ > 0 ? "--gpus" : "--ranks", wanted, options.ranks->launcher, options.ranks->world);
+  } else if (wanted > 1) {
+    if (gpus_ > 0) {
+      OCTET_REQUIRE(config.device != "cpu",
+                    "--gpus {} trains on GPUs, and train.device = \"cpu\"; use --ranks {} for CPU ranks",
+                    gpus_, gpus_);
+      const BackendFactory* cuda = find_backend("cuda");
+      const int visible = cuda != nullptr ? cuda->device_count() : 0;
+      OCTET_REQUIRE(visible >= gpus_, "--gpus {}: this machine shows {} CUDA GPU(s){}", gpus_, visible,
+                    cuda == nullptr ? " (this octet was built without CUDA)" : "");
+    }
+    check_ranks(config, static_cast<int>(wanted));
+    return launch_local_ranks(static_cast<int>(wanted));
   }
   const TrainingRunSummary summary = run_training(config, options);
   // A stopped run is no finished one: 128 + the signal, as a shell reports a process the signal ended.

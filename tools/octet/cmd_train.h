@@ -63,6 +63,8 @@ class WorkflowCommands {
   std::string resume_from_;
   std::string init_from_;
   bool overwrite_ = false;
+  int64_t gpus_ = 0;
+  int64_t ranks_ = 0;
 };
 
 }  // namespace octet::cli

@@ -20,6 +20,7 @@
 
 #include "octet/backend/backend.h"
 #include "octet/backend/gpu_bench.h"
+#include "octet/dist/communicator.h"
 #include "octet/numerics/scaling.h"
 
 namespace octet {
@@ -87,6 +88,12 @@ class BackendFactory {
   virtual std::unique_ptr<Backend> make(const BackendOptions& options) const = 0;
   // The device measurements of `octet bench`; null where the backend has none (the CPU).
   virtual const DeviceBench* device_bench() const { return nullptr; }
+  // The communicator over which the ranks of a run exchange this backend's tensors on `device`, made over
+  // `control`, the run's processes joined (dist/socket_group.h): NCCL on the GPU. Null where `control` serves
+  // as it is (the CPU backend, whose tensors lie in host memory).
+  virtual std::unique_ptr<dist::Communicator> join_ranks(dist::Communicator& /*control*/, int /*device*/) const {
+    return nullptr;
+  }
 };
 
 // Adds `factory` under its name. A name registered already keeps its first factory, so that registering twice

@@ -26,7 +26,8 @@ int nccl_version();
 
 // Ranks as threads of one process, rank r on GPU devices[r], their NCCL communicators made together
 // (ncclCommInitAll). Each rank's thread calls its own communicator; a collective runs on the rank's own
-// stream and returns once the rank's output is complete (communicator.h).
+// stream and returns once the rank's output is complete (communicator.h). A span in host memory is copied to
+// the GPU and back (small values: losses, amaxes, norms); tensors stay on the GPU.
 class NcclGroup {
  public:
   explicit NcclGroup(std::span<const int> devices);
@@ -46,5 +47,11 @@ class NcclGroup {
  private:
   std::unique_ptr<State> state_;
 };
+
+// This process's rank of a run of processes (socket_group.h), on its GPU `device`: an NCCL communicator made
+// with ncclCommInitRank from the unique id that rank 0 makes and sends over `control`, which every rank of
+// the run has joined. A collective that NCCL reports failed, or that does not complete within
+// rank_timeout() (a rank hangs or died), aborts the communicator and throws training_failed on this rank.
+std::unique_ptr<Communicator> join_nccl(Communicator& control, int device);
 
 }  // namespace octet::dist

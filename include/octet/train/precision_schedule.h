@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,14 +62,12 @@ struct TrainingStack {
   std::unique_ptr<Trainer>& trainer;
 };
 
-// Makes the backend (as train.device says), the model (initialised from train.seed, its cast telemetry off
-// when telemetry is) and its trainer, in `config`'s mode; `settings` as the trainer takes them, their
-// loss_scale.dynamic taken from `config`. Throws what allocation throws.
-void build_training_stack(const RunConfig& config, TrainSettings settings, TrainingStack stack);
-
-// Rebuilds `stack` in `config`'s mode (PrecisionSchedule::config_at of the switch's step) with the state of
-// the one it replaces, which is released first so that the two never hold memory together. Returns the
-// restore's account (CheckpointLoad::fresh_fp8_layers, notes).
-CheckpointLoad switch_precision(const RunConfig& config, const TrainSettings& settings, TrainingStack stack);
+// Replaces the model and trainer of `stack` (and its backend, where `rebuild` remakes it) with those that
+// `rebuild` makes in the next mode, as the run made its first ones, carrying the training state across
+// (capture_training_state, restore_training_state). The old trainer and model are released before `rebuild`
+// runs, so that the two never hold memory together. On several ranks every rank switches at the same step
+// (capturing a sharded optimizer's state is a collective). Returns the restore's account
+// (CheckpointLoad::fresh_fp8_layers, notes).
+CheckpointLoad switch_precision(TrainingStack stack, const std::function<void()>& rebuild);
 
 }  // namespace octet

@@ -7,10 +7,12 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "octet/backend/backend.h"
 #include "octet/config/run_config.h"
+#include "octet/dist/launch.h"
 #include "octet/model/sampling.h"
 
 namespace octet {
@@ -26,6 +28,10 @@ struct TrainingRunOptions {
   std::filesystem::path init_from;
   bool overwrite = false;  // remove octet's files of a previous run in the run directory and start afresh
   bool handle_signals = true;
+  // This process is one rank of a run of several (a launcher's environment, dist/launch.h): it joins the
+  // others, trains its share of every step, and rank 0 alone prints progress and writes the run directory.
+  // Nothing: a run of one.
+  std::optional<dist::RankEnvironment> ranks;
 };
 
 struct TrainingRunSummary {
@@ -55,6 +61,11 @@ TrainingBackend make_training_backend(const RunConfig& config);
 // under way, a failure to write (a checkpoint, metrics.jsonl, the telemetry database) throws octet::Error
 // (training_failed) naming the file and the reason; the last complete checkpoint is kept.
 TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOptions& options);
+
+// Throws octet::Error (invalid_input) when the configuration cannot train on `world` ranks: a [distributed]
+// layout that does not fit them, or one not supported yet. run_training checks it too; a launcher checks it
+// before it starts the ranks, so that the refusal is said once.
+void check_ranks(const RunConfig& config, int world);
 
 struct EvaluationResult {
   float loss = 0.0f;  // mean cross-entropy per token over the validation batches

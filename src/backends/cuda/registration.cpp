@@ -7,6 +7,7 @@
 #include "octet/backend/cuda_backend.h"
 #include "octet/backend/gpu_bench.h"
 #include "octet/backend/registry.h"
+#include "octet/dist/nccl_group.h"
 
 namespace octet {
 namespace {
@@ -67,6 +68,9 @@ class CudaBackendFactory final : public BackendFactory {
   std::string attention_kernels(int64_t B, int64_t T, int64_t C, int64_t NH,
                                 AttentionKernelChoice choice) const override {
     return cuda_attention_kernels(B, T, C, NH, cuda_attention_choice(choice));
+  }
+  std::unique_ptr<dist::Communicator> join_ranks(dist::Communicator& control, int device) const override {
+    return dist::join_nccl(control, device);
   }
   std::unique_ptr<Backend> make(const BackendOptions& options) const override {
     CudaBackendOptions cuda_options;

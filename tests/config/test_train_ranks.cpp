@@ -1,0 +1,216 @@
+// `octet train --ranks N` as a user runs it: N processes of one data-parallel run on this machine, joined
+// over TCP (dist/socket_group.h), the path `--gpus N` takes with NCCL for the tensors. Rank 0 alone prints
+// and writes; the run repeats exactly and resumes exactly; it starts where one rank would (the first step's
+// loss is one rank's over the same global batch); a rank that dies stops the run naming it; ranks started
+// with different configurations are refused before anything is written.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "process.h"
+#include "train_fixture.h"
+
+namespace octet {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_octet;
+
+class TrainRanks : public TrainFixture {
+ protected:
+  // Starts `octet args` in the background with `env` added, standard output and error into files.
+  pid_t start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+              const fs::path& out, const fs::path& err) {
+    std::vector<std::string> all = {OCTET_BINARY};
+    all.insert(all.end(), args.begin(), args.end());
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      if (!std::freopen(out.c_str(), "w", stdout) || !std::freopen(err.c_str(), "w", stderr)) std::_Exit(126);
+      std::vector<char*> argv;
+      for (std::string& a : all) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      std::_Exit(127);
+    }
+    return pid;
+  }
+
+  // The exit status of `pid`, waiting at most `limit`; nothing when it did not end in time (it is killed).
+  static std::optional<int> wait_for(pid_t pid, std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) return status;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return std::nullopt;
+  }
+
+  static int free_port() {
+    // Ports apart per test and per process, in a range the kernel does not hand out for outgoing connections.
+    return 20000 + static_cast<int>(::getpid() % 5000) * 2;
+  }
+};
+
+TEST_F(TrainRanks, TwoRanksTrainOneRunThatRankZeroWritesAndThatRepeatsExactly) {
+  const fs::path config = write_config("fp8", 4);
+  const testing::ProcessResult r = run_octet({"train", config.string(), "--ranks", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("rank 0 of 2 (octet train --gpus/--ranks): data parallel, each rank 1 micro-batch(es) of "
+                       "the step's 2; gradients summed in float32 over the ranks' sockets; optimizer state "
+                       "sharded over 2 ranks (ZeRO-1)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.err.find("rank 1 of 2 (octet train --gpus/--ranks): "), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("rank 1 of"), std::string::npos) << "rank 1 prints no progress:\n" << r.out;
+  const std::string metrics = read(root_ / "run" / "metrics.jsonl");
+  const auto losses = step_losses(metrics);
+  ASSERT_EQ(losses.size(), 4u) << metrics;
+  // Each step trains on both ranks' micro-batches: 2 ranks x 2 sequences x 16 tokens.
+  EXPECT_NE(metrics.find("\"tokens\":64,"), std::string::npos) << metrics;
+  EXPECT_TRUE(fs::exists(root_ / "run" / "checkpoints" / "step_000004" / "model.safetensors"));
+
+  const testing::ProcessResult again = run_octet(
+      {"train", config.string(), "--ranks", "2", "--set", "logging.run_dir=" + (root_ / "again").string()});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(step_losses(read(root_ / "again" / "metrics.jsonl")), losses);
+}
+
+TEST_F(TrainRanks, TheFirstStepIsOneRanksOverTheSameGlobalBatch) {
+  // Same weights, same micro-batches: the step's loss is the same sum of the same losses. (Later steps agree
+  // to rounding: one rank adds the micro-batches' gradients in another order; the library's data-parallel
+  // tests show the exact equality against a rank accumulating as the ranks do.)
+  const fs::path config = write_config("fp32", 3);
+  const testing::ProcessResult two = run_octet({"train", config.string(), "--ranks", "2"});
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  const testing::ProcessResult one =
+      run_octet({"train", config.string(), "--set", "train.grad_accum_steps=2", "--set",
+                 "logging.run_dir=" + (root_ / "one").string()});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const auto a = step_losses(read(root_ / "run" / "metrics.jsonl"));
+  const auto b = step_losses(read(root_ / "one" / "metrics.jsonl"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(a.at(1), b.at(1));
+  for (int step = 2; step <= 3; ++step) {
+    EXPECT_NEAR(std::stod(a.at(step)), std::stod(b.at(step)), 1e-4 * std::stod(b.at(step))) << "step " << step;
+  }
+}
+
+TEST_F(TrainRanks, AResumedRunOfTwoRanksContinuesExactly) {
+  const fs::path config = write_config("bf16", 6);
+  const std::vector<std::string> keep = {"--set", "checkpoint.every=3", "--set", "checkpoint.keep_last=3"};
+  std::vector<std::string> whole = {"train", config.string(), "--ranks", "2"};
+  whole.insert(whole.end(), keep.begin(), keep.end());
+  const testing::ProcessResult w = run_octet(whole);
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  std::vector<std::string> resumed = {"train",
+                                      config.string(),
+                                      "--ranks",
+                                      "2",
+                                      "--resume-from",
+                                      (root_ / "run" / "checkpoints" / "step_000003").string(),
+                                      "--set",
+                                      "logging.run_dir=" + (root_ / "resumed").string()};
+  resumed.insert(resumed.end(), keep.begin(), keep.end());
+  const testing::ProcessResult r = run_octet(resumed);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto expected = step_losses(read(root_ / "run" / "metrics.jsonl"));
+  const auto got = step_losses(read(root_ / "resumed" / "metrics.jsonl"));
+  expected.erase(expected.begin(), expected.find(4));
+  ASSERT_EQ(expected.size(), 3u);
+  EXPECT_EQ(got, expected) << "steps 4 to 6 after the resume equal the uninterrupted run's";
+}
+
+TEST_F(TrainRanks, ARankThatDiesStopsTheRunNamingIt) {
+  const fs::path config = write_config("fp32", 100000);
+  const pid_t launcher = start({"train", config.string(), "--ranks", "2", "--set", "data.eval_every=0"},
+                               {{"OCTET_DIST_TIMEOUT", "60"}}, root_ / "out.txt", root_ / "err.txt");
+  // Once training is under way, rank 1 is killed.
+  const fs::path metrics = root_ / "run" / "metrics.jsonl";
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until && (!fs::exists(metrics) || fs::file_size(metrics) == 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(fs::exists(metrics) && fs::file_size(metrics) > 0) << read(root_ / "err.txt");
+  pid_t rank1 = -1;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string environ = read(entry.path() / "environ");
+    const std::string status = read(entry.path() / "status");
+    if (status.find("PPid:\t" + std::to_string(launcher) + "\n") == std::string::npos) continue;
+    if (environ.find(std::string("OCTET_RANK=1") + '\0') != std::string::npos)
+      rank1 = std::stoi(entry.path().filename().string());
+  }
+  ASSERT_GT(rank1, 0) << "rank 1's process";
+  const auto killed = std::chrono::steady_clock::now();
+  ::kill(rank1, SIGKILL);
+  const std::optional<int> status = wait_for(launcher, std::chrono::seconds(60));
+  ASSERT_TRUE(status.has_value()) << "the run did not stop";
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGKILL) << *status;
+  const std::string err = read(root_ / "err.txt");
+  EXPECT_NE(err.find("octet: rank 1 was ended by signal 9; stopping the other ranks"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank 1 closed its connection"), std::string::npos)
+      << "rank 0 says which rank it lost:\n" << err;
+  EXPECT_LT(seconds, 30.0);
+}
+
+TEST_F(TrainRanks, RanksStartedWithDifferentConfigurationsAreRefusedBeforeAnythingIsWritten) {
+  const fs::path config = write_config("bf16", 3);
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> args = {"train", config.string()};
+    if (r == 1) args.insert(args.end(), {"--set", "train.seed=7"});
+    ranks.push_back(start(args,
+                          {{"OMPI_COMM_WORLD_RANK", std::to_string(r)},
+                           {"OMPI_COMM_WORLD_SIZE", "2"},
+                           {"OCTET_MASTER_PORT", port},
+                           {"OCTET_DIST_TIMEOUT", "60"}},
+                          root_ / ("out" + std::to_string(r) + ".txt"), root_ / ("err" + std::to_string(r) + ".txt")));
+  }
+  for (int r = 0; r < 2; ++r) {
+    const std::optional<int> status = wait_for(ranks[static_cast<size_t>(r)], std::chrono::seconds(60));
+    ASSERT_TRUE(status.has_value()) << "rank " << r << " did not stop";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2) << "rank " << r << ": " << *status;
+    const std::string err = read(root_ / ("err" + std::to_string(r) + ".txt"));
+    EXPECT_NE(err.find("rank 1's configuration differs from rank 0's"), std::string::npos) << err;
+  }
+  EXPECT_FALSE(fs::exists(root_ / "run")) << "nothing is written";
+}
+
+TEST_F(TrainRanks, GpusOnTheCpuOrBeyondTheMachineAreRefused) {
+  const fs::path config = write_config("bf16", 3);
+  const testing::ProcessResult cpu =
+      run_octet({"train", config.string(), "--gpus", "2", "--set", "train.device=cpu"});
+  EXPECT_EQ(cpu.exit_code, 2);
+  EXPECT_NE(cpu.err.find("--gpus 2 trains on GPUs, and train.device = \"cpu\"; use --ranks 2 for CPU ranks"),
+            std::string::npos)
+      << cpu.err;
+  const testing::ProcessResult many = run_octet({"train", config.string(), "--gpus", "4096"});
+  EXPECT_EQ(many.exit_code, 2);
+  EXPECT_NE(many.err.find("--gpus 4096: this machine shows "), std::string::npos) << many.err;
+  const testing::ProcessResult hybrid = run_octet(
+      {"train", config.string(), "--ranks", "4", "--set", "distributed.dp_shard=2", "--set",
+       "distributed.dp_replicate=2"});
+  EXPECT_NE(hybrid.exit_code, 0);
+  EXPECT_NE(hybrid.err.find("a hybrid layout is not supported yet"), std::string::npos) << hybrid.err;
+  EXPECT_FALSE(fs::exists(root_ / "run"));
+}
+
+}  // namespace
+}  // namespace octet
