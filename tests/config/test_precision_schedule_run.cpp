@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "process.h"
@@ -123,6 +124,50 @@ TEST_F(PrecisionScheduleRun, AResumeContinuesInItsPhaseExactly) {
     EXPECT_TRUE(optimizer_file(name, 9) == optimizer_file("whole", 9)) << "resumed at " << from;
     EXPECT_EQ(r.out.find("step " + std::to_string(from + 1) + ": precision"), std::string::npos)
         << "the run starts in its step's mode, switching nothing: " << r.out;
+  }
+}
+
+// The same on two ranks whose optimizer state is sharded (ZeRO-1): every rank switches at the same step,
+// the moments gathered from both shards and each rank's shard put back.
+TEST_F(PrecisionScheduleRun, TwoRanksSwitchAsACheckpointResumedInTheNextMode) {
+  const std::vector<std::string> ranks = {"--ranks", "2"};
+  std::vector<std::string> scheduled = ranks;
+  scheduled.insert(scheduled.end(),
+                   {"--set", "train.precision_phases=[{ mode = \"bf16\", steps = 3 }, { mode = \"fp8\" }]"});
+  const testing::ProcessResult r = train(write_config("bf16", 6), "scheduled", scheduled);
+  EXPECT_NE(r.out.find("optimizer state sharded over 2 ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step 4: precision bf16 -> fp8 (precision schedule)"), std::string::npos) << r.out;
+  std::vector<std::string> bf16 = ranks;
+  bf16.insert(bf16.end(), {"--set", "checkpoint.every=3"});
+  train(write_config("bf16", 6), "bf16", bf16);
+  std::vector<std::string> fp8 = ranks;
+  fp8.insert(fp8.end(), {"--resume-from", (root_ / "bf16" / "checkpoints" / "step_000003").string()});
+  train(write_config("fp8", 6), "fp8", fp8);
+  const std::map<int, std::string> got = losses("scheduled"), first = losses("bf16"), then = losses("fp8");
+  ASSERT_EQ(got.size(), 6u);
+  for (int step = 1; step <= 6; ++step)
+    EXPECT_EQ(got.at(step), step <= 3 ? first.at(step) : then.at(step)) << "step " << step;
+  EXPECT_TRUE(optimizer_file("scheduled", 6) == optimizer_file("fp8", 6));
+}
+
+// fp8 -> bf16 (FP8 state dropped) and fp32 -> bf16 (a backend made anew for attention in BF16) too.
+TEST_F(PrecisionScheduleRun, OtherSwitchesEqualTheManualWayToo) {
+  for (const auto& [from, to] :
+       {std::pair{"fp8", "bf16"}, std::pair{"fp32", "bf16"}, std::pair{"bf16", "fp32"}}) {
+    const std::string name = std::string(from) + "_" + to;
+    train(
+        write_config(from, 5), name,
+        {"--set", fmt::format("train.precision_phases=[{{ mode = \"{}\", steps = 2 }}, {{ mode = \"{}\" }}]",
+                              from, to)});
+    train(write_config(from, 5), name + "_first", {"--set", "checkpoint.every=2"});
+    train(write_config(to, 5), name + "_then",
+          {"--resume-from", (root_ / (name + "_first") / "checkpoints" / "step_000002").string()});
+    const std::map<int, std::string> got = losses(name), first = losses(name + "_first"),
+                                     then = losses(name + "_then");
+    ASSERT_EQ(got.size(), 5u) << name;
+    for (int step = 1; step <= 5; ++step)
+      EXPECT_EQ(got.at(step), step <= 2 ? first.at(step) : then.at(step)) << name << ", step " << step;
+    EXPECT_TRUE(optimizer_file(name, 5) == optimizer_file(name + "_then", 5)) << name;
   }
 }
 
