@@ -132,6 +132,9 @@ void TelemetryRecorder::precision_changed(int64_t steps_done, std::string_view f
     }
   }
   store_.add(RunInfoRecord{"precision_map", layers_.precision_map_json()});
+  // A run that started in a mode without FP8 names its recipe once an fp8 phase has one.
+  if (const ScalingRecipe* recipe = layers_.scaling_recipe())
+    store_.add(RunInfoRecord{"recipe", recipe->describe()});
 }
 
 void TelemetryRecorder::record_validation(int64_t steps_done, float loss) {

@@ -94,6 +94,8 @@ TEST_F(PrecisionScheduleRun, ASwitchEqualsACheckpointResumedInTheNextMode) {
   EXPECT_NE(inspect.out.find("step 3 mode_change: mode fp8 from step 4 (bf16 before): precision schedule"),
             std::string::npos)
       << inspect.out;
+  EXPECT_NE(inspect.out.find("recipe delayed"), std::string::npos)
+      << "the fp8 phase's recipe: " << inspect.out;
 }
 
 // bf16, fp8, bf16: an uninterrupted run that saves after every step, and runs branched from its checkpoints
