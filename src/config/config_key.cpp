@@ -56,6 +56,21 @@ std::string describe_node(const toml::node& n) {
   return "a date or time";
 }
 
+void check_glob(const std::string& value, const std::string& where, const std::string& name) {
+  const size_t invalid = io::first_invalid_utf8(value);
+  if (invalid != std::string::npos) {
+    fail(fmt::format("{}: {} holds a string that is not valid UTF-8 (byte {} of {})", where, name, invalid,
+                     quote(value)));
+  }
+  const bool control = std::any_of(value.begin(), value.end(), [](char ch) {
+    return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7F;
+  });
+  if (value.size() > kMaxGlobBytes || control) {
+    fail(fmt::format("{}: {} holds {}; a glob is printable text of at most {} bytes", where, name,
+                     quote(value), kMaxGlobBytes));
+  }
+}
+
 std::string format_number(float v) {
   std::string s = fmt::format("{}", v);
   if (s.find_first_of(".en") == std::string::npos) s += ".0";  // keep it a TOML float
@@ -163,18 +178,7 @@ Key strings(std::string name, std::function<std::vector<std::string>&(RunConfig&
               if (!e.is_string())
                 fail(fmt::format("{}: {} must hold strings only, got {}", where, name, describe_node(e)));
               const std::string value = *e.value<std::string>();
-              const size_t invalid = io::first_invalid_utf8(value);
-              if (invalid != std::string::npos) {
-                fail(fmt::format("{}: {} holds a string that is not valid UTF-8 (byte {} of {})", where, name,
-                                 invalid, quote(value)));
-              }
-              const bool control = std::any_of(value.begin(), value.end(), [](char ch) {
-                return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7F;
-              });
-              if (value.size() > kMaxGlobBytes || control) {
-                fail(fmt::format("{}: {} holds {}; a glob is printable text of at most {} bytes", where, name,
-                                 quote(value), kMaxGlobBytes));
-              }
+              check_glob(value, where, name);
               out.push_back(value);
             }
             ref(c) = std::move(out);

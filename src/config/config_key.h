@@ -37,6 +37,9 @@ std::string toml_string(std::string_view s);
 // A node's type and value as a message shows what it got ("integer 3", "an array").
 std::string describe_node(const toml::node& n);
 
+// Refuses a glob (a name pattern of `name`) that is not printable UTF-8 text of at most 256 bytes.
+void check_glob(const std::string& value, const std::string& where, const std::string& name);
+
 // Numbers are float32 settings: the shortest text that reads back as the same float ("0.1", not
 // "0.10000000149011612").
 std::string format_number(float v);
@@ -112,5 +115,15 @@ Key choice(std::string name, std::function<E&(RunConfig&)> ref,
 
 Key strings(std::string name, std::function<std::vector<std::string>&(RunConfig&)> ref,
             std::string description);
+
+// train.precision_phases: a list of tables {mode, steps} (config_tables.cpp).
+Key precision_phases(std::string name, std::function<std::vector<PrecisionPhase>&(RunConfig&)> ref,
+                     std::string description);
+// optimizer.groups: a list of tables {match, lr_scale, weight_decay} (config_tables.cpp).
+Key parameter_groups(std::string name, std::function<std::vector<ParameterGroup>&(RunConfig&)> ref,
+                     std::string description);
+
+// The checks of a precision schedule against the rest of the configuration (precision_phases.cpp).
+void check_precision_phases(const RunConfig& config, const std::string& origin);
 
 }  // namespace octet::config_detail

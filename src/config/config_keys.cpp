@@ -172,6 +172,14 @@ const std::vector<Key>& keys() {
         "What each block keeps for its backward: everything (none); all but the normalizations' and the MLP "
         "activation's outputs, made again in the backward (selective); only its input, the block's forward "
         "run again before its backward (full). Same losses and gradients, less memory (docs/precision.md)."));
+    k.push_back(precision_phases(
+        "train.precision_phases",
+        [](RunConfig& c) -> std::vector<PrecisionPhase>& { return c.precision_phases; },
+        "A precision schedule: the run trains each phase's steps in its mode, switching modes in the run "
+        "(master weights, AdamW moments, loss scale and data position carried over as a checkpoint resumed "
+        "in the new mode carries them), e.g. [{ mode = \"bf16\", steps = 200 }, { mode = \"fp8\" }]; the "
+        "last phase may leave out steps to run to the end. When given it decides every step's mode and "
+        "train.mixed_precision is its first phase's (docs/precision.md)."));
     // [fp8]
     k.push_back(choice<RecipeKind>(
         "fp8.recipe", [](RunConfig& c) -> RecipeKind& { return c.precision.recipe; },
@@ -181,6 +189,14 @@ const std::vector<Key>& keys() {
          {"block", RecipeKind::block},
          {"mxfp8", RecipeKind::mxfp8}},
         "Scaling recipe (docs/fp8.md)."));
+    k.push_back(integer<int64_t>(
+        "fp8.bf16_warmup_steps", [](RunConfig& c) -> int64_t& { return c.bf16_warmup_steps; }, 0, big,
+        "fp8 mode: train the run's first steps in bf16, then switch to fp8 in the run (a shorthand for "
+        "train.precision_phases)."));
+    k.push_back(integer<int64_t>(
+        "fp8.bf16_cooldown_steps", [](RunConfig& c) -> int64_t& { return c.bf16_cooldown_steps; }, 0, big,
+        "fp8 mode: train the run's last steps in bf16, switching from fp8 in the run (a shorthand for "
+        "train.precision_phases)."));
     k.push_back(choice<bool>(
         "fp8.formats", [](RunConfig& c) -> bool& { return c.precision.all_e4m3; },
         {{"hybrid", false}, {"e4m3", true}},
@@ -297,6 +313,12 @@ const std::vector<Key>& keys() {
     k.push_back(number(
         "optimizer.grad_clip", [](RunConfig& c) -> float& { return c.train.grad_clip; }, 0, false, inf, false,
         "Largest global gradient norm; 0 turns clipping off."));
+    k.push_back(parameter_groups(
+        "optimizer.groups", [](RunConfig& c) -> std::vector<ParameterGroup>& { return c.train.adamw.groups; },
+        "Parameter groups by name glob, e.g. [{ match = \"h.*.attn.*\", lr_scale = 0.5 }]: each group's "
+        "parameters take the learning rate times lr_scale and, where given, their own weight_decay (for "
+        "those that decay, the matrices). The first group that matches a parameter holds it; a glob that "
+        "matches no parameter is refused. Also [[optimizer.groups]] tables."));
     // [scheduler]
     k.push_back(integer<int64_t>(
         "scheduler.warmup_steps", [](RunConfig& c) -> int64_t& { return c.train.schedule.warmup_steps; }, 0,

@@ -157,11 +157,7 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
   require(c.train.schedule.warmup_steps <= c.steps,
           fmt::format("scheduler.warmup_steps ({}) is more than train.steps ({})",
                       c.train.schedule.warmup_steps, c.steps));
-  require(!c.precision.bf16_weight_gradients || c.precision.mode == MixedPrecision::bf16 ||
-              c.precision.mode == MixedPrecision::fp8,
-          fmt::format("train.weight_gradients = \"bf16\" needs train.mixed_precision = \"bf16\" or \"fp8\" "
-                      "(weight-gradient GEMMs that round to bf16), got \"{}\"",
-                      mixed_precision_name(c.precision.mode)));
+  config_detail::check_precision_phases(c, origin);
   require(
       c.distributed.dp_shard != -1 || c.distributed.dp_replicate != -1,
       "distributed.dp_shard and distributed.dp_replicate cannot both be -1: at most one of them takes the "
@@ -203,6 +199,8 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
 constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 
 void finish(RunConfig& c) {
+  // A schedule of phases decides every step's mode; train.mixed_precision says the first.
+  if (!c.precision_phases.empty()) c.precision.mode = c.precision_phases.front().mode;
   c.train.schedule.total_steps = c.steps;
   c.train.loss_scale.dynamic = c.precision.mode == MixedPrecision::fp16;
 }

@@ -53,6 +53,7 @@ TelemetryRecorder::TelemetryRecorder(Fp8LayerSource& layers, TelemetryStore& sto
     for (const LinearLayerPrecision& plan : layers_.linear_layers())
       known |= plan.name == layer && plan.fp8();
     if (known) layers_.move_layer_to_bf16(layer, reason);
+    moved_to_bf16_[layer] = reason;
   }
 }
 
@@ -111,6 +112,31 @@ void TelemetryRecorder::record_event(EventRecord event) {
   store_.add(std::move(event));
 }
 
+void TelemetryRecorder::precision_changed(int64_t steps_done, std::string_view from, std::string_view to) {
+  layers_.set_cast_telemetry(true, settings_.sqnr);
+  for (const auto& [layer, reason] : moved_to_bf16_) {
+    if (runs_in_fp8(layers_, layer)) layers_.move_layer_to_bf16(layer, reason);
+  }
+  previous_.clear();
+  amax_updates_.clear();
+  after_switch_ = true;
+  // As start() records a run resumed in another mode, so that `octet inspect` reads both alike.
+  store_.add(EventRecord{
+      steps_done, "mode_change", std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+      fmt::format("mode {} from step {} ({} before): precision schedule", to, steps_done + 1, from)});
+  for (const LinearLayerPrecision& plan : layers_.linear_layers()) {
+    const GemmMode modes[] = {plan.forward, plan.input_gradient, plan.weight_gradient};
+    for (int g = 0; g < 3; ++g) {
+      store_.add(GemmRecord{plan.name, kGemmNames[g], std::string(gemm_mode_name(modes[g])), plan.reason,
+                            steps_done + 1});
+    }
+  }
+  store_.add(RunInfoRecord{"precision_map", layers_.precision_map_json()});
+  // A run that started in a mode without FP8 names its recipe once an fp8 phase has one.
+  if (const ScalingRecipe* recipe = layers_.scaling_recipe())
+    store_.add(RunInfoRecord{"recipe", recipe->describe()});
+}
+
 void TelemetryRecorder::record_validation(int64_t steps_done, float loss) {
   store_.add(ValidationRecord{steps_done, loss});
 }
@@ -137,7 +163,9 @@ void TelemetryRecorder::record_step(const StepStatistics& r, double step_ms, dou
                            fmt::format("step {} skipped: {}", done, r.skip_reason)});
   }
   if (telemetry_step) record_tensors(done);
-  if (done == 1 && !telemetry_step) {
+  const bool first_of_model = done == 1 || after_switch_;
+  after_switch_ = false;
+  if (first_of_model && !telemetry_step) {
     // The first step's casts are left out of the first interval: under delayed scaling they use the initial
     // scale of 1, as no amax is known yet, and would raise alerts that say nothing about the run.
     // For the same reason the first step's amaxes are not among those a scale jump compares.
@@ -256,6 +284,7 @@ void TelemetryRecorder::act_on(const Alert& a) {
 void TelemetryRecorder::move_to_bf16(const std::string& layer, const std::string& reason,
                                      int64_t since_step) {
   layers_.move_layer_to_bf16(layer, reason);
+  moved_to_bf16_[layer] = reason;
   for (const char* gemm : kGemmNames) store_.add(GemmRecord{layer, gemm, "bf16", reason, since_step});
   store_.add(EventRecord{since_step - 1, "layer_to_bf16", layer, std::nullopt, std::nullopt, std::nullopt,
                          fmt::format("{}: {}", layer, reason)});

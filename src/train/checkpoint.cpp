@@ -490,6 +490,10 @@ std::string checkpoint_config(const fs::path& checkpoint_dir) {
   return parse_state(checkpoint_dir / kStateFile).progress.config;
 }
 
+int64_t checkpoint_step(const fs::path& checkpoint_dir) {
+  return parse_state(checkpoint_dir / kStateFile).step;
+}
+
 namespace {
 
 // The checks every load makes before reading weights: the three files are there and state.json describes
@@ -539,9 +543,9 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
   // Master weights and moments: exact, in octet's layout.
   const fs::path optimizer_path = dir / kOptimizerFile;
   const io::SafetensorsFile exact = io::read_safetensors(optimizer_path);
-  const std::vector<float> params = read_exact_set(exact, optimizer_path, model, "");
-  const std::vector<float> m = read_exact_set(exact, optimizer_path, model, "m.");
-  const std::vector<float> v = read_exact_set(exact, optimizer_path, model, "v.");
+  std::vector<float> params = read_exact_set(exact, optimizer_path, model, "");
+  std::vector<float> m = read_exact_set(exact, optimizer_path, model, "m.");
+  std::vector<float> v = read_exact_set(exact, optimizer_path, model, "v.");
   // The Hugging Face copy must be valid and agree with the master weights bit for bit.
   const fs::path model_path = dir / kModelFile;
   const io::SafetensorsFile hf = io::read_safetensors(model_path);
@@ -558,6 +562,53 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
                   optimizer_path.string());
   }
 
+  TrainingState state;
+  state.params = std::move(params);
+  state.m = std::move(m);
+  state.v = std::move(v);
+  state.step = saved.step;
+  state.optimizer_steps = saved.optimizer_steps;
+  state.consecutive_skips = saved.consecutive_skips;
+  state.mode = saved.mode;
+  state.dynamic_loss_scale = saved.dynamic_loss_scale;
+  state.loss_scale = saved.loss_scale;
+  state.clean_steps = saved.clean_steps;
+  state.recipe = saved.recipe;
+  state.fp8 = saved.fp8;
+  CheckpointLoad result = restore_training_state(state, model, trainer);
+  result.progress = saved.progress;
+  result.octet_version = saved.octet_version;
+  return result;
+}
+
+TrainingState capture_training_state(Model& model, Trainer& trainer) {
+  TrainingState state;
+  state.params = to_host(model.backend(), model.params(), model.parameter_count());
+  state.m = whole_moment(model, trainer, trainer.optimizer().first_moment());
+  state.v = whole_moment(model, trainer, trainer.optimizer().second_moment());
+  state.step = trainer.steps_done();
+  state.optimizer_steps = trainer.optimizer().steps();
+  state.consecutive_skips = trainer.consecutive_skips();
+  state.mode = model.policy().mode();
+  state.dynamic_loss_scale = trainer.settings().loss_scale.dynamic;
+  state.loss_scale = trainer.loss_scaler().scale();
+  state.clean_steps = trainer.loss_scaler().clean_steps();
+  for (const LinearPlan& plan : model.policy().layers()) {
+    if (const Fp8LinearState* s = model.fp8_state(plan.name)) state.fp8[plan.name] = *s;
+  }
+  if (model.policy().recipe() != nullptr && !state.fp8.empty())
+    state.recipe = model.policy().recipe()->describe();
+  return state;
+}
+
+CheckpointLoad restore_training_state(const TrainingState& saved, Model& model, Trainer& trainer) {
+  OCTET_CHECK(saved.params.size() == static_cast<size_t>(model.parameter_count()) &&
+                  saved.m.size() == saved.params.size() && saved.v.size() == saved.params.size(),
+              "a training state of the model's {} parameters, got {}", model.parameter_count(),
+              saved.params.size());
+  const std::vector<float>& params = saved.params;
+  const std::vector<float>& m = saved.m;
+  const std::vector<float>& v = saved.v;
   // FP8 scaling state: carried over where the layer was FP8 under the same recipe, fresh otherwise.
   CheckpointLoad result;
   struct Fp8Restore {
@@ -630,8 +681,6 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
     backend.publish_scaling(*r.live);
   }
   result.step = saved.step;
-  result.progress = saved.progress;
-  result.octet_version = saved.octet_version;
   result.saved_mode = saved.mode;
   return result;
 }

@@ -66,6 +66,7 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
                 "the gradient of {} at its parameter's offset", p.name);
     if (p.grad_type == Dtype::f32) gradient_floats_ = std::max(gradient_floats_, p.grad_offset + p.count);
   }
+  optimizer_.check_groups(model.weight_copy_slots());
   if (parallel_.ranks() > 1) step_scaling_ = std::make_unique<StepScaling>(model);
   // The buffer itself, taken now: grads() in the middle of a step would zero what the backward has not yet
   // written, and it moves no more.

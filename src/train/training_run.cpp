@@ -28,6 +28,7 @@
 #include "octet/telemetry/recorder.h"
 #include "octet/train/checkpoint.h"
 #include "octet/train/data_parallel.h"
+#include "octet/train/precision_schedule.h"
 #include "octet/train/run_directory.h"
 #include "octet/train/telemetry_source.h"
 #include "octet/version.h"
@@ -359,8 +360,11 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   const bool lead = ranks.lead();
   // Everything that can be refused is refused before anything is written: device, data, the run directory,
   // the model's memory, the checkpoint a resumed run continues from. On several ranks, every rank checks
-  // what it sees, and rank 0 writes nothing until all have passed.
-  const DeviceChoice device = choose_device(config, ranks.local_rank);
+  // what it sees, and rank 0 writes nothing until all have passed. Every mode of a precision schedule must
+  // run here (precision_schedule.h).
+  const PrecisionSchedule schedule(config);
+  for (const PrecisionSpan& span : schedule.spans())
+    choose_device(config_in_mode(config, span.mode), ranks.local_rank);
   OCTET_REQUIRE(!config.data_dir.empty(),
                 "data.dir is not set: point it at shards made by `octet data prepare`");
   const int64_t B = config.train.batch_size, T = config.train.seq_len;
@@ -373,6 +377,9 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   RunDirectoryLock lock;
   if (lead) lock.lock_existing(run_dir);  // another run that lives is refused now, naming it
   const RunStart start = plan_run_start(run_dir, options.resume, options.resume_from, options.overwrite);
+  // The model is built in the mode of the step the run starts at (a resumed run's checkpoint's).
+  const RunConfig start_mode = schedule.config_at(start.checkpoint ? checkpoint_step(*start.checkpoint) : 0);
+  const DeviceChoice device = choose_device(start_mode, ranks.local_rank);
 
   // On telemetry steps the step is split into phases (data, forward, backward, optimizer) for the phases
   // table: the backend is synchronised at each phase boundary of those steps only, so that a phase's time is
@@ -396,13 +403,25 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   parallel.communicator = tensors ? tensors.get() : ranks.control;
   parallel.shard_optimizer_state = ranks.layout.shard > 1;
   parallel.reduce_type = config.distributed.gradient_reduce_type;
-  allocate_or_refuse(config, [&] {
-    backend = make_backend(device, config);
-    model = make_model(config.model, *backend, PrecisionPolicy(config.precision, config.model, B * T), B, T);
+  // The backend, model and trainer in `mode`'s precision: at the start, and at each switch of a precision
+  // schedule, which keeps the backend unless the mode asks for another (fp32's attention, emulated FP8).
+  std::pair<bool, bool> backend_made_for;  // emulate_fp8, bf16_attention
+  auto build = [&](const RunConfig& mode) {
+    const DeviceChoice chosen = choose_device(mode, ranks.local_rank);
+    const std::pair<bool, bool> wanted{chosen.emulate_fp8, mode.precision.mode != MixedPrecision::fp32};
+    if (!backend || wanted != backend_made_for) {
+      backend.reset();
+      backend = make_backend(chosen, mode);
+      backend_made_for = wanted;
+    }
+    model = make_model(mode.model, *backend, PrecisionPolicy(mode.precision, mode.model, B * T), B, T);
     model->init_weights(config.seed);
     if (!telemetry_here) model->set_telemetry(false, false);
-    trainer = std::make_unique<Trainer>(*model, settings, parallel);
-  });
+    TrainSettings mode_settings = settings;
+    mode_settings.loss_scale.dynamic = mode.train.loss_scale.dynamic;
+    trainer = std::make_unique<Trainer>(*model, mode_settings, parallel);
+  };
+  allocate_or_refuse(config, [&] { build(start_mode); });
   OCTET_REQUIRE(options.init_from.empty() || !start.checkpoint,
                 "--init-from starts a new run from a checkpoint's weights; --resume and --resume-from continue "
                 "one: give one of them");
@@ -460,7 +479,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
                      : std::string()));
   }
   say(out, fmt::format("octet {}: {}; {} on the {} backend; run directory {}", kVersion, model->describe(),
-                       mixed_precision_name(config.precision.mode), backend->name(), run_dir.string()));
+                       mixed_precision_name(start_mode.precision.mode), backend->name(), run_dir.string()));
   if (start.remove_present) {
     say(out, fmt::format("--overwrite: removed the previous run's {} from {}; other files there are kept",
                          fmt::join(start.present, ", "), run_dir.string()));
@@ -485,7 +504,8 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
     telemetry = std::make_unique<TelemetryRecorder>(*telemetry_layers, *telemetry_store, config.telemetry,
                                                     recorder_options);
   }
-  for (const std::string& line : {model->policy().startup_line(), model->memory_line()}) {
+  for (const std::string& line : {schedule.describe(), model->policy().startup_line(), model->memory_line(),
+                                  trainer->optimizer().groups_line()}) {
     if (!line.empty()) say(out, line);
   }
   if (lead) io::write_file_atomically(run_dir / "precision_map.json", precision_map_json(*model));
@@ -528,7 +548,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
     telemetry->start({{"name", (fs::absolute(run_dir) / "").parent_path().filename().string()},
                       {"octet_version", kVersion},
                       {"started_at", started},
-                      {"mode", std::string(mixed_precision_name(config.precision.mode))},
+                      {"mode", std::string(mixed_precision_name(start_mode.precision.mode))},
                       {"device", std::string(backend->name())},
                       {"recipe", recipe != nullptr ? recipe->describe() : "none"},
                       {"telemetry_interval", std::to_string(config.telemetry.interval)},
@@ -594,6 +614,28 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
     const auto began = std::chrono::steady_clock::now();
     const int64_t first_step = trainer->steps_done();
     for (int64_t step = trainer->steps_done(); step < config.steps; ++step) {
+      // A precision schedule's switch: said, recorded, and the precision map rewritten
+      // (precision_schedule.h).
+      if (const std::optional<PrecisionSwitch> change =
+              schedule.switch_before(step, model->policy().mode())) {
+        switch_precision({backend, model, trainer}, [&] { build(schedule.config_at(step)); });
+        if (interactive) std::fputs("\n", out);
+        for (const std::string& line : {change->line(), model->policy().startup_line()}) {
+          if (!line.empty()) say(out, line);
+        }
+        if (lead) io::write_file_atomically(run_dir / "precision_map.json", precision_map_json(*model));
+        if (metrics) {
+          metrics->write(nlohmann::json{{"step", step},
+                                        {"event", "precision_switch"},
+                                        {"from", mixed_precision_name(change->from)},
+                                        {"to", mixed_precision_name(change->to)}});
+        }
+        if (telemetry) {
+          telemetry_layers->rebind(*model);
+          telemetry->precision_changed(step, mixed_precision_name(change->from),
+                                       mixed_precision_name(change->to));
+        }
+      }
       const auto t0 = std::chrono::steady_clock::now();
       phases.reset(telemetry != nullptr && telemetry->is_telemetry_step(step + 1, config.steps));
       const StepResult r = trainer->step(train_data);
@@ -603,17 +645,18 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
       // A mixture-of-experts model's router balance over the step's last micro-batch (1: balanced).
       const std::optional<double> balance = model->router_balance();
       nlohmann::json row{{"step", step + 1},
-                                   {"loss", r.loss},
-                                   {"lr", r.learning_rate},
-                                   {"grad_norm", r.skipped ? 0.0f : r.grad_norm},
-                                   {"loss_scale", r.loss_scale},
-                                   {"skipped", r.skipped},
-                                   {"skip_reason", r.skip_reason},
-                                   {"fp8_gemms", r.fp8_gemms},
-                                   {"other_gemms", r.other_gemms},
-                                   {"tokens", r.tokens},
-                                   {"tokens_per_second", tokens_per_second},
-                                   {"ms", seconds * 1000.0}};
+                         {"mode", mixed_precision_name(model->policy().mode())},
+                         {"loss", r.loss},
+                         {"lr", r.learning_rate},
+                         {"grad_norm", r.skipped ? 0.0f : r.grad_norm},
+                         {"loss_scale", r.loss_scale},
+                         {"skipped", r.skipped},
+                         {"skip_reason", r.skip_reason},
+                         {"fp8_gemms", r.fp8_gemms},
+                         {"other_gemms", r.other_gemms},
+                         {"tokens", r.tokens},
+                         {"tokens_per_second", tokens_per_second},
+                         {"ms", seconds * 1000.0}};
       if (balance) row["router_balance"] = *balance;
       if (metrics) metrics->write(row);
       const int64_t done = step + 1;
@@ -694,6 +737,8 @@ Restored restore(const fs::path& checkpoint, int64_t batch, int64_t seq_len, con
                  std::string* device_line) {
   Restored r;
   r.config = parse_run_config(checkpoint_config(checkpoint), (checkpoint / "state.json").string());
+  // A run with a precision schedule is evaluated in the mode its checkpoint's step trained in.
+  r.config = config_in_mode(r.config, precision_at(r.config, checkpoint_step(checkpoint)));
   if (!device.empty()) {
     OCTET_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
                   "--device must be \"auto\", \"cpu\" or \"cuda\", got \"{}\"", device);

@@ -70,13 +70,14 @@ inline TrainSettings checkpoint_settings() {
 
 // Everything a training process holds; a new TrainingProcess is a relaunch.
 struct TrainingProcess {
-  TrainingProcess(const ModelConfig& config, MixedPrecision precision, const std::filesystem::path& shard)
+  TrainingProcess(const ModelConfig& config, MixedPrecision precision, const std::filesystem::path& shard,
+                  const TrainSettings& settings = checkpoint_settings())
       : backend(make_cpu_backend()),
         model(make_model(config, *backend, PrecisionPolicy(mode(precision), config, 32), 2, 16)),
         trainer(nullptr),
         loader({shard}, loader_options(config)) {
     model->init_weights(11);
-    trainer = std::make_unique<Trainer>(*model, checkpoint_settings());
+    trainer = std::make_unique<Trainer>(*model, settings);
   }
   static io::DataLoaderOptions loader_options(const ModelConfig& config) {
     io::DataLoaderOptions o;

@@ -114,6 +114,31 @@ INSTANTIATE_TEST_SUITE_P(Modes, Resume, ::testing::Values(MixedPrecision::fp32, 
                          [](const auto& p) { return std::string(mixed_precision_name(p.param)); });
 
 // In float32 a save changes nothing in the saving run: a run that never saves takes the same steps.
+// With parameter groups (optimizer.groups) a resumed run continues exactly too: the groups are the
+// configuration's, applied to the loaded state as to the running one.
+TEST(Checkpoint, ResumeWithParameterGroupsIsBitExact) {
+  ScratchDir dir;
+  const fs::path shard = testing::write_pattern_shard(dir.path(), tiny_config().vocab_size);
+  TrainSettings settings = testing::checkpoint_settings();
+  settings.adamw.groups = {{"h.*.attn.*", 0.5f, std::nullopt}, {"wte", 0.25f, 0.0f}, {"h.1.*", 2.0f, 0.3f}};
+  TrainingProcess a(tiny_config(), MixedPrecision::fp8, shard, settings);
+  const std::vector<float> losses_a = a.train(8);
+  {
+    TrainingProcess b(tiny_config(), MixedPrecision::fp8, shard, settings);
+    b.train(4);
+    save_checkpoint(dir.path() / "run", *b.model, *b.trainer, b.progress());
+  }
+  TrainingProcess resumed(tiny_config(), MixedPrecision::fp8, shard, settings);
+  const CheckpointLoad load =
+      load_checkpoint(dir.path() / "run" / "checkpoints" / "step_000004", *resumed.model, *resumed.trainer);
+  resumed.loader.seek(*load.progress.train_position);
+  const std::vector<float> rest = resumed.train(4);
+  EXPECT_TRUE(same_bits(std::vector<float>(losses_a.begin() + 4, losses_a.end()), rest))
+      << ::testing::PrintToString(losses_a) << "\n"
+      << ::testing::PrintToString(rest);
+  EXPECT_TRUE(same_bits(a.params(), resumed.params()));
+}
+
 TEST(Checkpoint, SavingLeavesAFloat32RunUnchanged) {
   ScratchDir dir;
   const fs::path shard = testing::write_pattern_shard(dir.path(), tiny_config().vocab_size);

@@ -305,7 +305,8 @@ std::vector<Check> adamw_checks(const Backend::AdamWStep& h, std::span<const Bac
       const double m_new = beta1 * m[i] + (1.0 - beta1) * g, v_new = beta2 * v[i] + (1.0 - beta2) * g * g;
       m_terms[i] = static_cast<float>(beta1 * std::fabs(m[i]) + (1.0 - beta1) * std::fabs(g));
       v_terms[i] = static_cast<float>(v_new);
-      const double update = h.learning_rate / bias1 * std::fabs(m_new) / (std::sqrt(v_new / bias2) + h.eps);
+      const double update = h.learning_rate * s.learning_rate_scale / bias1 * std::fabs(m_new) /
+                            (std::sqrt(v_new / bias2) + h.eps);
       p_terms[i] = static_cast<float>(std::fabs(params[i]) + update);
     }
   }

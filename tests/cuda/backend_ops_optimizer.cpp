@@ -39,6 +39,7 @@ struct Layer {
   GemmMode mode;
   std::shared_ptr<const octet::ScalingRecipe> recipe;  // FP8 layers
   float weight_decay = 0.1f;
+  float learning_rate_scale = 1.0f;  // its parameter group's (weight and bias)
 };
 
 // A layer's execution state on one side.
@@ -156,6 +157,7 @@ void run_update(const std::vector<Layer>& layers, bool bf16_gradients) {
       for (size_t i = 0; i < layers.size(); ++i) {
         const Layer& l = layers[i];
         Backend::UpdateSegment w{.offset = weight_at[i], .count = l.OC * l.C, .weight_decay = l.weight_decay};
+        w.learning_rate_scale = l.learning_rate_scale;
         if (weights) {
           w.copy = &side.layers[i].copy;
           w.exec = &side.layers[i].exec;
@@ -168,8 +170,10 @@ void run_update(const std::vector<Layer>& layers, bool bf16_gradients) {
       }
       for (size_t i = 0; i < layers.size(); ++i) {
         if (layers[i].bias) {
-          segments.push_back(
-              {.offset = bias_at[i], .count = layers[i].OC, .bias_of = side.layers[i].copy.get()});
+          segments.push_back({.offset = bias_at[i],
+                              .count = layers[i].OC,
+                              .learning_rate_scale = layers[i].learning_rate_scale,
+                              .bias_of = side.layers[i].copy.get()});
         }
       }
       segments.push_back({.offset = plain_at, .count = plain_count});
@@ -268,6 +272,19 @@ TEST(BackendOpsOptimizer, WeightsWithAnotherWeightDecay) {
   std::vector<Layer> layers = model_mix();
   layers[1].weight_decay = 0.05f;
   layers[2].weight_decay = 0.05f;
+  run_update(layers, true);
+}
+
+// Parameter groups: segments of other learning-rate multipliers (0 included) in the same call, each group's
+// launches with the step's rate times its multiplier, as the CPU scales it.
+TEST(BackendOpsOptimizer, SegmentsOfOtherLearningRates) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  std::vector<Layer> layers = model_mix();
+  layers[0].learning_rate_scale = 0.5f;
+  layers[1].learning_rate_scale = 0.0f;
+  layers[3].learning_rate_scale = 0.5f;
+  layers[5].learning_rate_scale = 2.0f;
+  layers[5].weight_decay = 0.05f;
   run_update(layers, true);
 }
 

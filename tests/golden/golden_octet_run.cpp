@@ -64,7 +64,8 @@ std::vector<GoldenCase> gpt2_golden_cases() {
   c.seed = 20240611;
   c.steps = 10;
   c.learning_rate = 1e-3f;
-  c.optimizer = AdamWSettings{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  c.optimizer =
+      AdamWSettings{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .groups = {}};
   GoldenCase wide = c;
   wide.name = "wide";
   wide.seed = 20240612;
@@ -93,7 +94,8 @@ std::vector<GoldenCase> llama_golden_cases() {
   grouped.matrix_scale = 10.0f;
   grouped.steps = 10;
   grouped.learning_rate = 1e-3f;
-  grouped.optimizer = AdamWSettings{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  grouped.optimizer =
+      AdamWSettings{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .groups = {}};
 
   GoldenCase tied = grouped;
   tied.name = "multi_query_tied";

@@ -497,6 +497,10 @@ class Backend {
     float weight_decay = 0.0f;
     // Where the segment's gradient starts in grads; -1: at offset, as in the other three tensors.
     int64_t grad_offset = -1;
+    // The segment's learning rate is AdamWStep::learning_rate times this (its parameter group's multiplier,
+    // optimizer.groups), computed in float32 as learning_rate * learning_rate_scale on every backend; the
+    // weight decay's step uses the scaled rate too.
+    float learning_rate_scale = 1.0f;
     // Where the segment is a linear layer's bias: that layer's weight copy, in which a GPU backend keeps the
     // bias as its forward GEMM's epilogue reads it (rounded to BF16) and writes it again in the AdamW pass.
     // Null otherwise, and ignored by backends that keep no such copy.

@@ -17,10 +17,22 @@
 
 namespace octet {
 
+// One phase of train.precision_phases: `steps` optimizer steps in `mode`; steps 0 (the last phase only):
+// to the end of the run.
+struct PrecisionPhase {
+  MixedPrecision mode = MixedPrecision::fp32;
+  int64_t steps = 0;
+};
+
 struct RunConfig {
   ModelArchitecture model_arch = ModelArchitecture::gpt2;  // which Model make_model builds
   ModelConfig model;                                       // its shape
   PrecisionSettings precision;  // mode from train.mixed_precision, the rest from [fp8]
+  // A run that changes mode (precision_schedule): train.precision_phases, or the shorthand of
+  // fp8.bf16_warmup_steps and fp8.bf16_cooldown_steps around fp8 steps; none of them: one mode throughout.
+  std::vector<PrecisionPhase> precision_phases;
+  int64_t bf16_warmup_steps = 0;
+  int64_t bf16_cooldown_steps = 0;
   bool fp8_strict = false;      // refuse to start when FP8 cannot run as configured
   TrainSettings train;          // batch, sequence, accumulation, schedule, optimizer, loss scale
   int64_t steps = 1000;
@@ -68,5 +80,21 @@ RunConfig parse_run_config(std::string_view toml, std::string_view origin,
 
 // The fully resolved configuration as TOML, every key with its value (defaults included).
 std::string to_toml(const RunConfig& config);
+
+// The steps first_step .. end_step - 1 (0-based) of a run, trained in `mode`.
+struct PrecisionSpan {
+  MixedPrecision mode = MixedPrecision::fp32;
+  int64_t first_step = 0;
+  int64_t end_step = 0;
+};
+// The run's modes, step by step, in order: train.precision_phases, or fp8.bf16_warmup_steps bf16 steps, fp8
+// steps and fp8.bf16_cooldown_steps bf16 steps, or train.mixed_precision for every step. Every step of
+// 0 .. steps - 1 is in exactly one span; neighbouring spans differ in mode. A validated configuration only.
+std::vector<PrecisionSpan> precision_schedule(const RunConfig& config);
+// The mode of step `step` (0-based; a step at or beyond the end: the last span's).
+MixedPrecision precision_at(const RunConfig& config, int64_t step);
+// The configuration as a run of `mode` alone uses it: train.mixed_precision = mode, and what follows from the
+// mode (the dynamic loss scale of fp16).
+RunConfig config_in_mode(const RunConfig& config, MixedPrecision mode);
 
 }  // namespace octet

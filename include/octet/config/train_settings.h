@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace octet {
 
@@ -34,11 +37,22 @@ struct LossScaleSettings {
   float growth_factor = 2.0f;
 };
 
+// Parameters whose names match a glob ('*' any run of characters, '?' one character), with their own
+// learning-rate multiplier and, optionally, their own weight decay ([optimizer] groups). A parameter belongs
+// to the first group that matches it; one that none matches trains as the optimizer's settings say.
+struct ParameterGroup {
+  std::string match;
+  float lr_scale = 1.0f;  // the step's learning rate times this, for the group's parameters
+  // Replaces AdamWSettings::weight_decay for the group's parameters that decay (matrices); none: the same.
+  std::optional<float> weight_decay;
+};
+
 struct AdamWSettings {
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.1f;
+  std::vector<ParameterGroup> groups;  // in order: the first that matches a parameter's name holds it
 };
 
 struct TrainSettings {

@@ -46,6 +46,12 @@ class TelemetryRecorder {
   void record_step(const StepStatistics& result, double step_ms, double tokens_per_s, bool telemetry_step);
   void record_validation(int64_t steps_done, float loss);
   void record_event(EventRecord event);
+  // The run switched precision mode after `steps_done` steps (a precision schedule), and `layers` now reads
+  // the new mode's model: a mode_change event, the GEMM rows from the next step on, the precision map, cast
+  // telemetry switched on as at the start, and the layers that alerts moved to BF16 moved again. The new
+  // model's casts count from zero; the first step after the switch is left out of the next interval, as
+  // the run's first step is.
+  void precision_changed(int64_t steps_done, std::string_view from, std::string_view to);
 
   // An alert with fp8.on_alert = "stop" fired: the run should save a checkpoint and end with this message.
   bool stop_requested() const { return !stop_message_.empty(); }
@@ -67,6 +73,9 @@ class TelemetryRecorder {
   std::map<std::string, Fp8LinearTelemetry> previous_;  // totals at the last telemetry step, per layer
   // Per (layer, tensor): the scaling state's amax updates at the last telemetry step (delayed scaling).
   std::map<std::pair<std::string, std::string>, int64_t> amax_updates_;
+  // Layers that alerts moved to BF16 (and why), moved again when the run switches to a new model.
+  std::map<std::string, std::string> moved_to_bf16_;
+  bool after_switch_ = false;  // the step after a switch of precision mode is to come
   std::string stop_message_;
   int64_t alerts_raised_ = 0;
 };

@@ -87,6 +87,10 @@ std::optional<std::filesystem::path> checkpoint_to_continue(const std::filesyste
 // anything else; throws invalid_input when the checkpoint's state.json is missing or malformed.
 std::string checkpoint_config(const std::filesystem::path& checkpoint_dir);
 
+// The step a checkpoint was saved at (the next step's index), read without loading anything else; throws
+// invalid_input when the checkpoint's state.json is missing or malformed.
+int64_t checkpoint_step(const std::filesystem::path& checkpoint_dir);
+
 struct CheckpointLoad {
   int64_t step = 0;  // optimizer steps done (the next step's index)
   TrainingProgress progress;
@@ -105,6 +109,35 @@ struct CheckpointLoad {
 // sharded optimizer (data_parallel.h) takes its own shard of the moments, whatever the number of ranks that
 // saved them.
 CheckpointLoad load_checkpoint(const std::filesystem::path& checkpoint_dir, Model& model, Trainer& trainer);
+
+// What a checkpoint keeps of a model and its trainer, in memory: every parameter's master weight and AdamW
+// moments, the step counts, the loss scaler, and each FP8 layer's scaling state under its recipe (empty
+// outside fp8 mode). A run that changes precision mode (train/precision_schedule.h) carries it from the
+// model of one mode to the model of the next, exactly as saving a checkpoint and loading it into a run of
+// the next mode would.
+struct TrainingState {
+  std::vector<float> params;
+  std::vector<float> m;
+  std::vector<float> v;
+  int64_t step = 0;
+  int64_t optimizer_steps = 0;
+  int64_t consecutive_skips = 0;
+  MixedPrecision mode{};
+  bool dynamic_loss_scale = false;
+  float loss_scale = 1.0f;
+  int64_t clean_steps = 0;
+  std::string recipe;  // ScalingRecipe::describe() of the FP8 layers' recipe; empty when there are none
+  std::map<std::string, Fp8LinearState> fp8;
+};
+
+// The state of `model` and `trainer` as save_checkpoint would write it (a collective where the optimizer
+// state is sharded, as save_checkpoint).
+TrainingState capture_training_state(Model& model, Trainer& trainer);
+// Puts `state` into a model and trainer of the same shapes, in any precision mode, as load_checkpoint puts
+// a checkpoint's (load_checkpoint calls it once the files are validated): FP8 state carried where the layer
+// was FP8 under the same recipe and fresh otherwise, the loss scale carried where both scale alike, the
+// weight copies remade. The returned load has step, saved_mode, fresh_fp8_layers and notes set.
+CheckpointLoad restore_training_state(const TrainingState& state, Model& model, Trainer& trainer);
 
 // The weights only (--init-from): the master weights of a checkpoint made for the same model shape, copied
 // into `model` (its weight copies remade); the optimizer, step counts, loss scale and FP8 state are not read.

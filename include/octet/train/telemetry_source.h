@@ -16,7 +16,10 @@ namespace octet {
 class ModelLayerSource final : public Fp8LayerSource {
  public:
   // `model` must outlive this source.
-  explicit ModelLayerSource(Model& model) : model_(model) {}
+  explicit ModelLayerSource(Model& model) : model_(&model) {}
+  // The layers of `model` from now on, which replaced the model this source read (a run's switch of
+  // precision mode, precision_schedule.h); it must outlive this source too.
+  void rebind(Model& model) { model_ = &model; }
 
   std::vector<LinearLayerPrecision> linear_layers() const override;
   std::string precision_map_json() const override;
@@ -27,7 +30,7 @@ class ModelLayerSource final : public Fp8LayerSource {
   void move_layer_to_bf16(std::string_view layer, std::string reason) override;
 
  private:
-  Model& model_;
+  Model* model_;
 };
 
 }  // namespace octet

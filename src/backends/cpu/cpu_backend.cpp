@@ -264,8 +264,10 @@ void CpuBackend::optimizer_update(const AdamWStep& step, const OptimizerTensors&
   check_segments(segments, false);
   for (const UpdateSegment& s : segments) {
     float* params = tensors.params + s.offset;
+    AdamWStep scaled = step;
+    scaled.learning_rate = step.learning_rate * s.learning_rate_scale;  // its parameter group's
     adamw_update(params, tensors.m + s.offset, tensors.v + s.offset, tensors.grads + s.grad_at(), s.count,
-                 step, s.weight_decay);
+                 scaled, s.weight_decay);
     if (s.is_weight()) prepare_weight(*s.copy, params, s.rows, s.cols, *s.exec);
   }
 }

@@ -517,6 +517,9 @@ class CudaBackend final : public Backend {
   void end_weight_cast(WeightCopy& copy, const float* params, int64_t OC, int64_t C, LinearExecution& exec);
   // optimizer_update's passes that do not join a launch across segments: a weight by itself (its copy made
   // in the AdamW pass where it can be, else by prepare_weight after it), and the plain AdamW of one segment.
+  // optimizer_update's passes over segments of one learning rate (`step`'s), grouped by what they write.
+  void update_segments(const AdamWStep& step, const OptimizerTensors& tensors,
+                       std::span<const UpdateSegment> segments);
   void update_weight_alone(const AdamWStep& step, const OptimizerTensors& tensors,
                            const UpdateSegment& weight);
   void update_segment_alone(const AdamWStep& step, const OptimizerTensors& tensors,

@@ -78,6 +78,31 @@ void CudaBackend::optimizer_update(const AdamWStep& step, const OptimizerTensors
       copy->bias_current = false;
     }
   }
+  // One learning-rate multiplier at a time (parameter groups, UpdateSegment::learning_rate_scale), each
+  // group's segments with the step's rate times its multiplier, as the CPU backend scales it: without groups
+  // a single pass over every segment, as before.
+  std::vector<float> scales;
+  for (const UpdateSegment& s : segments) {
+    if (std::find(scales.begin(), scales.end(), s.learning_rate_scale) == scales.end())
+      scales.push_back(s.learning_rate_scale);
+  }
+  for (const float scale : scales) {
+    AdamWStep scaled = step;
+    scaled.learning_rate = step.learning_rate * scale;
+    if (scales.size() == 1) {
+      update_segments(scaled, tensors, segments);
+      break;
+    }
+    std::vector<UpdateSegment> group;
+    for (const UpdateSegment& s : segments) {
+      if (s.learning_rate_scale == scale) group.push_back(s);
+    }
+    update_segments(scaled, tensors, group);
+  }
+}
+
+void CudaBackend::update_segments(const AdamWStep& step, const OptimizerTensors& tensors,
+                                  std::span<const UpdateSegment> segments) {
   // The segments by what their pass writes besides params, m and v: a weight's FP8 copy and transpose (one
   // launch), a weight's BF16 copy (another), nothing (a third, update_tensors). A launch takes one weight
   // decay besides none; a weight with another, or whose copy is made apart, goes by itself, first.
