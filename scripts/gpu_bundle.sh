@@ -46,7 +46,8 @@ cp tests/peers/hf_finetune.py gpu-bundle/
 # The throughput comparison against PyTorch (docs/benchmarks.md): bash DIR/compare.sh [CONFIG...].
 mkdir -p gpu-bundle/configs/bench gpu-bundle/peers
 cp configs/bench/*.toml gpu-bundle/configs/bench/
-cp bench/common.sh bench/compare.sh bench/compare_llama.sh bench/compare_moe.sh bench/compare_table.py gpu-bundle/
+cp bench/common.sh bench/compare.sh bench/compare_llama.sh bench/compare_moe.sh bench/compare_table.py bench/scaling.sh \
+  gpu-bundle/
 cp bench/peers/torch_gpt2.py gpu-bundle/peers/
 # The Llama peer (bash DIR/compare_llama.sh [PRESET...]), from ../shared beside the checkout.
 if [[ -f ../shared/peers/torch_llama.py ]]; then cp ../shared/peers/torch_llama.py gpu-bundle/peers/; fi
