@@ -579,8 +579,7 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
     if (usable) {
       fp8.push_back({live, it->second, true});
     } else {
-      const ScalingState fresh = recipe->initial_state();
-      fp8.push_back({live, Fp8LinearState{fresh, fresh, fresh}, false});
+      fp8.push_back({live, model.policy().initial_fp8_state(plan.name), false});
       result.fresh_fp8_layers.push_back(plan.name);
     }
   }
