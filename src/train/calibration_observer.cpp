@@ -117,7 +117,7 @@ void ObservingBackend::linear_backward(const TensorView& dinp, const TensorView&
                                        const Fp8Operand& gradient) {
   backward_seen_.insert(&exec);
   const auto it = watched_.find(&exec);
-  // dinp may be the very buffer dout lies in on some backends' chunks: read dout before the op.
+  // dout is read before the op runs, so that nothing the op writes can have changed it.
   if (it != watched_.end()) {
     it->second.histograms[static_cast<size_t>(OperandIndex::gradient)].add(host_values(dout));
   }
