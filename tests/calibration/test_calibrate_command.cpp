@@ -72,6 +72,12 @@ TEST_F(CalibrateCommand, WritesBesideTheConfigurationAndTheStaticRunUsesIt) {
   EXPECT_EQ(map[0]["calibration"], file.string());
   EXPECT_FALSE(map[4].contains("scales"));
 
+  // Evaluating the checkpoint reads the file again and casts with the checkpoint's (the file's) scales.
+  const testing::ProcessResult eval =
+      testing::run_octet({"eval", (root_ / "run").string(), "--batches", "1"});
+  EXPECT_EQ(eval.exit_code, 0) << eval.err;
+  EXPECT_NE(eval.out.find("(step 4, fp8): validation loss"), std::string::npos) << eval.out;
+
   // Resumed, the run keeps the calibrated scales: they are in every checkpoint's scaling state.
   const testing::ProcessResult more = train(file, {"--resume", "--set", "train.steps=6"});
   ASSERT_EQ(more.exit_code, 0) << more.err;
