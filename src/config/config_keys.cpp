@@ -214,6 +214,11 @@ const std::vector<Key>& keys() {
     k.push_back(number(
         "fp8.static_scale", [](RunConfig& c) -> float& { return c.precision.static_scale; }, 0, true, 3.4e38,
         false, "The scale of the static recipe."));
+    k.push_back(text(
+        "fp8.calibration", [](const RunConfig& c) { return c.precision.calibration.string(); },
+        [](RunConfig& c, std::string v) { c.precision.calibration = std::move(v); },
+        "Static recipe: a calibration file written by `octet calibrate`, whose per-layer scales replace "
+        "fp8.static_scale; empty: none (docs/localization.md)."));
     k.push_back(boolean(
         "fp8.power_of_two_scales", [](RunConfig& c) -> bool& { return c.precision.power_of_two_scales; },
         "Block recipe: round scales down to powers of two."));

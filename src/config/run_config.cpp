@@ -158,6 +158,11 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
           fmt::format("scheduler.warmup_steps ({}) is more than train.steps ({})",
                       c.train.schedule.warmup_steps, c.steps));
   config_detail::check_precision_phases(c, origin);
+  require(c.precision.calibration.empty() || c.precision.mode != MixedPrecision::fp8 ||
+              c.precision.recipe == RecipeKind::static_scale,
+          fmt::format("fp8.calibration gives the static recipe its scales, and fp8.recipe is \"{}\": set "
+                      "fp8.recipe = \"static\", or leave fp8.calibration out",
+                      recipe_name(c.precision.recipe)));
   require(
       c.distributed.dp_shard != -1 || c.distributed.dp_replicate != -1,
       "distributed.dp_shard and distributed.dp_replicate cannot both be -1: at most one of them takes the "

@@ -144,7 +144,7 @@ void Decoder::build_parameters() {
       e.formats = policy_.formats();
       e.fast_accumulation_forward = policy_.settings().fast_accumulation_forward;
       e.fast_accumulation_backward = policy_.settings().fast_accumulation_backward;
-      linear->state = {e.recipe->initial_state(), e.recipe->initial_state(), e.recipe->initial_state()};
+      linear->state = policy_.initial_fp8_state(plan.name);  // calibrated scales where the policy has them
       e.state = &linear->state;
       e.telemetry = &linear->telemetry;
     }
@@ -317,8 +317,8 @@ std::vector<Decoder::WeightCopySlot> Decoder::weight_copy_slots() {
     const LinearPlan& plan = *l->plan;
     const bool wide = plan.forward != GemmMode::f32 || plan.input_gradient != GemmMode::f32;
     if (wide) {
-      slots.push_back(
-          {l->weight_offset, plan.out_features, plan.in_features, &l->copy, &l->exec, l->bias_offset});
+      slots.push_back({l->weight_offset, plan.out_features, plan.in_features, &l->copy, &l->exec,
+                       l->bias_offset, plan.name});
     }
   }
   return slots;

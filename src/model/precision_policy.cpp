@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "octet/check.h"
+#include "octet/model/calibration.h"
 
 namespace octet {
 
@@ -47,7 +49,7 @@ static std::unique_ptr<ScalingRecipe> make_recipe(const PrecisionSettings& s) {
     case RecipeKind::delayed:
       return std::make_unique<DelayedScaling>(s.amax_history, s.amax_algorithm, s.margin);
     case RecipeKind::static_scale:
-      return std::make_unique<StaticScaling>(s.static_scale);
+      return std::make_unique<StaticScaling>(s.static_scale, s.calibration.string());
     case RecipeKind::block:
       return std::make_unique<BlockScaling>(s.power_of_two_scales);
     case RecipeKind::mxfp8:
@@ -133,6 +135,35 @@ PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const ModelC
   for (const LinearShape& l : model.linear_layers()) {
     add(l.name, l.in_features, l.out_features, l.block, l.kind);
   }
+  if (fp8 && !settings.calibration.empty()) {
+    OCTET_REQUIRE(settings.recipe == RecipeKind::static_scale,
+                  "fp8.calibration = \"{}\" gives the static recipe its scales; fp8.recipe is \"{}\": set "
+                  "fp8.recipe = \"static\", or leave fp8.calibration out",
+                  settings.calibration.string(), recipe_name(settings.recipe));
+    const Calibration calibration = read_calibration_file(settings.calibration);
+    calibrated_scales_ =
+        octet::calibrated_scales(calibration, settings.calibration.string(), model, layers_, formats());
+  }
+}
+
+std::optional<std::array<float, 3>> PrecisionPolicy::calibrated_scales(std::string_view layer) const {
+  for (size_t i = 0; i < calibrated_scales_.size(); ++i) {
+    if (layers_[i].name == layer) return calibrated_scales_[i];
+  }
+  return std::nullopt;
+}
+
+Fp8LinearState PrecisionPolicy::initial_fp8_state(std::string_view layer) const {
+  OCTET_CHECK(recipe_ != nullptr, "a policy in fp8 mode for the FP8 state of {}", layer);
+  Fp8LinearState state{recipe_->initial_state(), recipe_->initial_state(), recipe_->initial_state()};
+  if (const std::optional<std::array<float, 3>> scales = calibrated_scales(layer)) {
+    ScalingState* operands[3] = {&state.activation, &state.weight, &state.gradient};
+    for (size_t k = 0; k < 3; ++k) {
+      operands[k]->scale = (*scales)[k];
+      operands[k]->scale_inv = 1.0f / (*scales)[k];
+    }
+  }
+  return state;
 }
 
 const LinearPlan& PrecisionPolicy::layer(std::string_view name) const {
@@ -180,7 +211,9 @@ std::string PrecisionPolicy::startup_line() const {
       details = fmt::format("{}, margin {}", formats, settings_.margin);
       break;
     case RecipeKind::static_scale:
-      details = fmt::format("{}, scale {}", formats, settings_.static_scale);
+      details = calibrated() ? fmt::format("{}, per-layer scales calibrated in {}", formats,
+                                           settings_.calibration.string())
+                             : fmt::format("{}, scale {}", formats, settings_.static_scale);
       break;
     case RecipeKind::block:
       details = fmt::format("{}, 1x128 activations and gradients, 128x128 weights{}", formats,
@@ -212,11 +245,19 @@ std::string PrecisionPolicy::map_json(const std::function<std::string(const Line
   std::string out = "[\n";
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LinearPlan& p = layers_[i];
+    std::string scales;
+    if (i < calibrated_scales_.size() && calibrated_scales_[i]) {
+      const std::array<float, 3>& s = *calibrated_scales_[i];
+      scales = fmt::format(
+          ", \"scales\": {{\"activation\": {}, \"weight\": {}, \"gradient\": {}}}, \"calibration\": {}",
+          nlohmann::json(s[0]).dump(), nlohmann::json(s[1]).dump(), nlohmann::json(s[2]).dump(),
+          nlohmann::json(settings_.calibration.string()).dump());
+    }
     out += fmt::format(
         "  {{\"layer\": \"{}\", \"in_features\": {}, \"out_features\": {}, \"forward\": \"{}\", "
-        "\"input_gradient\": \"{}\", \"weight_gradient\": \"{}\", \"reason\": \"{}\"{}}}{}\n",
+        "\"input_gradient\": \"{}\", \"weight_gradient\": \"{}\", \"reason\": \"{}\"{}{}}}{}\n",
         p.name, p.in_features, p.out_features, gemm_mode_name(p.forward), gemm_mode_name(p.input_gradient),
-        gemm_mode_name(p.weight_gradient), p.reason, more ? more(p) : std::string(),
+        gemm_mode_name(p.weight_gradient), p.reason, scales, more ? more(p) : std::string(),
         i + 1 < layers_.size() ? "," : "");
   }
   return out + "]\n";

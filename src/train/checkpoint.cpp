@@ -630,8 +630,7 @@ CheckpointLoad restore_training_state(const TrainingState& saved, Model& model, 
     if (usable) {
       fp8.push_back({live, it->second, true});
     } else {
-      const ScalingState fresh = recipe->initial_state();
-      fp8.push_back({live, Fp8LinearState{fresh, fresh, fresh}, false});
+      fp8.push_back({live, model.policy().initial_fp8_state(plan.name), false});
       result.fresh_fp8_layers.push_back(plan.name);
     }
   }

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -65,6 +66,9 @@ struct LinearConfig {
   GemmMode forward, input_gradient, weight_gradient;
   std::shared_ptr<const ScalingRecipe> recipe;  // FP8 configs only
   octet::Fp8Formats formats;
+  // The scales the operands' states start with (activation, weight, gradient), as a calibration file sets
+  // them for the static recipe; zeros: the recipe's initial state as it is.
+  std::array<float, 3> state_scales{};
   bool fp8() const { return recipe != nullptr; }
   bool prepares_weight() const { return forward != GemmMode::f32 || input_gradient != GemmMode::f32; }
   // The same layer with every FP8 GEMM in BF16: what a backend that routes FP8 GEMMs of unsupported shapes to
@@ -162,6 +166,13 @@ Trace run_linear(Backend& backend, const LinearConfig& config, const LinearShape
     exec->recipe = config.recipe.get();
     exec->formats = config.formats;
     *state = {config.recipe->initial_state(), config.recipe->initial_state(), config.recipe->initial_state()};
+    if (config.state_scales[0] > 0.0f) {
+      octet::ScalingState* operands[3] = {&state->activation, &state->weight, &state->gradient};
+      for (size_t k = 0; k < 3; ++k) {
+        operands[k]->scale = config.state_scales[k];
+        operands[k]->scale_inv = 1.0f / config.state_scales[k];
+      }
+    }
     exec->state = state.get();
   }
   exec->fp8_gemms = &counters.fp8_gemms;
@@ -578,7 +589,12 @@ std::vector<LinearConfig> fp8_configs() {
   auto delayed_short = std::make_shared<octet::DelayedScaling>(4, octet::AmaxAlgorithm::most_recent, 1);
   auto current = std::make_shared<octet::CurrentScaling>(0);
   auto fixed = std::make_shared<octet::StaticScaling>(64.0f);  // E4M3 saturates beyond |x| = 7
+  // The static recipe with per-operand scales in the states, as from a calibration file: each cast must use
+  // its operand's scale, not the recipe's.
+  LinearConfig calibrated = fp8("fp8 static, per-operand scales 8, 256, 4096 hybrid", fixed);
+  calibrated.state_scales = {8.0f, 256.0f, 4096.0f};
   return {fp8("fp8 delayed hybrid", delayed),
+          calibrated,
           fp8("fp8 delayed(4, most recent, margin 1) hybrid", delayed_short),
           fp8("fp8 current hybrid", current),
           fp8("fp8 static hybrid", fixed),

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cmd_bench.h"
+#include "cmd_calibrate.h"
 #include "cmd_fp8.h"
 #include "cmd_hf.h"
 #include "cmd_inspect.h"
@@ -74,6 +75,7 @@ int run_command_line(int argc, char** argv) {
       "  octet inspect runs/quickstart --layer h.0.mlp.c_fc\n"
       "  octet report runs/quickstart --compare runs/quickstart-bf16\n"
       "  octet bench train configs/bench/gpt2-124M.toml\n"
+      "  octet calibrate configs/quickstart.toml --batches 16\n"
       "  octet import hf ~/models/Llama-3.2-1B --out imported/llama-1b\n"
       "  octet export runs/quickstart --format hf --out exported/quickstart\n"
       "  octet fp8 table --format e5m2\n"
@@ -85,6 +87,7 @@ int run_command_line(int argc, char** argv) {
   octet::cli::InspectCommand inspect(app);
   octet::cli::BenchCommands bench(app);
   octet::cli::HuggingFaceCommands huggingface(app);
+  octet::cli::CalibrateCommand calibrate(app);
 
   try {
     app.parse(argc, argv);
@@ -105,7 +108,7 @@ int run_command_line(int argc, char** argv) {
 
   const std::string command = command_path(app);
   if (!fp8.leaf_selected() && !report.selected() && !inspect.selected() && !bench.leaf_selected() &&
-      (!workflow.selected() || workflow.group_without_command()) &&
+      !calibrate.selected() && (!workflow.selected() || workflow.group_without_command()) &&
       (!huggingface.selected() || huggingface.group_without_command())) {
     // `octet` or `octet fp8` alone: a usage error whose most useful message is the list of commands.
     std::fputs(app.help().c_str(), stderr);
@@ -117,6 +120,7 @@ int run_command_line(int argc, char** argv) {
     if (inspect.selected()) return inspect.run();
     if (bench.leaf_selected()) return bench.run();
     if (huggingface.selected()) return huggingface.run();
+    if (calibrate.selected()) return calibrate.run();
     fp8.run(stdin, stdout, stderr);
     return 0;
   } catch (const octet::Error& e) {

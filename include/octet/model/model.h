@@ -108,6 +108,7 @@ class Model {
     std::unique_ptr<WeightCopy>* copy;
     LinearExecution* exec;
     int64_t bias_offset = -1;  // of the layer's bias in params(); -1: none
+    std::string_view layer;    // the layer's name in policy().layers()
   };
   virtual std::vector<WeightCopySlot> weight_copy_slots() = 0;
 

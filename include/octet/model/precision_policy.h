@@ -3,9 +3,12 @@
 // records (the per-layer map), and the backend executes without changing it.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,9 @@ struct PrecisionSettings {
   AmaxAlgorithm amax_algorithm = AmaxAlgorithm::max;
   int margin = 0;
   float static_scale = 1.0f;
+  // fp8.calibration: a calibration file (`octet calibrate`, model/calibration.h) whose per-layer scales the
+  // static recipe casts with instead of static_scale; empty: none. Read when the policy is made.
+  std::filesystem::path calibration;
   bool power_of_two_scales = false;
   bool all_e4m3 = false;  // false: HYBRID (E4M3 forward tensors, E5M2 gradients)
   // Which linear layers convert: layer names such as "h.0.attn.c_attn", "h.3.mlp.c_proj", "lm_head".
@@ -111,19 +117,31 @@ class PrecisionPolicy {
   const ScalingRecipe* recipe() const { return recipe_.get(); }
   Fp8Formats formats() const;
   int64_t fp8_layer_count() const;
+  // Whether the static recipe casts with per-layer scales from settings().calibration.
+  bool calibrated() const { return !calibrated_scales_.empty(); }
+  // The scales of an FP8 layer's activation, weight and gradient from the calibration file; nullopt when
+  // there is none for it (no calibration, or the layer is not in FP8).
+  std::optional<std::array<float, 3>> calibrated_scales(std::string_view layer) const;
+  // The FP8 scaling state a layer starts with: the recipe's initial state, with the calibrated scales where
+  // there are some.
+  Fp8LinearState initial_fp8_state(std::string_view layer) const;
 
   // The line printed at start in fp8 mode, e.g. "FP8 training enabled: recipe=delayed (hybrid E4M3/E5M2,
   // history 16, margin 0); 48 of 49 linear layers in FP8; lm_head: excluded by config", ending "; weight
-  // gradients in bf16" under train.weight_gradients = "bf16". Empty otherwise.
+  // gradients in bf16" under train.weight_gradients = "bf16"; a calibrated static recipe says "recipe=static
+  // (hybrid E4M3/E5M2, per-layer scales calibrated in FILE)". Empty otherwise.
   std::string startup_line() const;
-  // The per-layer map as JSON (one object per layer: name, shape, the three GEMM modes, reason). With
-  // `more`, each object also holds the members more(layer) returns (", \"key\": value" text, or empty).
+  // The per-layer map as JSON (one object per layer: name, shape, the three GEMM modes, reason, and for a
+  // calibrated FP8 layer its "scales" and their "calibration" file). With `more`, each object also holds the
+  // members more(layer) returns (", \"key\": value" text, or empty).
   std::string map_json(const std::function<std::string(const LinearPlan&)>& more = nullptr) const;
 
  private:
   PrecisionSettings settings_;
   std::vector<LinearPlan> layers_;
   std::unique_ptr<ScalingRecipe> recipe_;
+  // Per layer of layers_ (same order), where the layers are calibrated; empty otherwise.
+  std::vector<std::optional<std::array<float, 3>>> calibrated_scales_;
 };
 
 }  // namespace octet

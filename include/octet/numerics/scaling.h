@@ -117,10 +117,13 @@ class DelayedScaling final : public ScalingRecipe {
   int margin_;
 };
 
-// A fixed scale, for example from a calibration pass; amaxes are still recorded for telemetry.
+// Fixed scales: each tensor keeps the scale its state starts with (`scale` by default, or a per-layer scale
+// from a calibration pass that the model sets in the state), and casts with it on every step; amaxes are
+// still recorded for telemetry. `calibration` names the calibration file the per-layer scales come from
+// (empty: none), for describe(), which checkpoints compare on resume.
 class StaticScaling final : public ScalingRecipe {
  public:
-  explicit StaticScaling(float scale);
+  explicit StaticScaling(float scale, std::string calibration = {});
   RecipeKind kind() const override { return RecipeKind::static_scale; }
   std::string describe() const override;
   ScaleGranularity granularity(TensorRole) const override { return ScaleGranularity::per_tensor; }
@@ -128,9 +131,11 @@ class StaticScaling final : public ScalingRecipe {
   void update(ScalingState& state, float tensor_amax, Dtype format) const override;
   ScalingState initial_state() const override;
   float scale() const { return scale_; }
+  const std::string& calibration() const { return calibration_; }
 
  private:
   float scale_;
+  std::string calibration_;
 };
 
 // DeepSeek-V3 style: 1x128 tiles for activations and gradients, 128x128 blocks for weights, float32 scales

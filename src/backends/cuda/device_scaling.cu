@@ -15,7 +15,7 @@ namespace octet::cuda::backend_internal {
 namespace {
 
 RecipeParameters recipe_parameters(const ScalingRecipe& recipe) {
-  RecipeParameters p{recipe.kind(), 0, false, 1.0f};
+  RecipeParameters p{recipe.kind(), 0, false};
   switch (recipe.kind()) {
     case RecipeKind::current:
       p.margin = static_cast<const CurrentScaling&>(recipe).margin();
@@ -29,8 +29,7 @@ RecipeParameters recipe_parameters(const ScalingRecipe& recipe) {
       p.most_recent = d.algorithm() == AmaxAlgorithm::most_recent;
       break;
     }
-    case RecipeKind::static_scale:
-      p.static_scale = static_cast<const StaticScaling&>(recipe).scale();
+    case RecipeKind::static_scale:  // each operand's scale is its state's (a calibrated one, or the recipe's)
       break;
     case RecipeKind::block:
     case RecipeKind::mxfp8:
@@ -65,10 +64,7 @@ __global__ void prepare_scale_kernel(DeviceLayerState* s, int operand, RecipePar
     case RecipeKind::current:
       *out = device_scale_from_amax(pre->amax, fp8_max, r.margin, t.scale, &unused);
       break;
-    case RecipeKind::static_scale:
-      *out = r.static_scale;
-      break;
-    default:
+    default:  // delayed and static: the state's scale
       *out = t.scale;
       break;
   }
@@ -116,9 +112,8 @@ __device__ void apply_scaling_update(DeviceLayerState* s, int operand, RecipePar
       if (degenerate) t.degenerate += 1;
       break;
     }
-    case RecipeKind::static_scale:
-      t.scale = r.static_scale;
-      t.scale_inv = __fdiv_rn(1.0f, r.static_scale);
+    case RecipeKind::static_scale:  // the state's scale stays
+      t.scale_inv = __fdiv_rn(1.0f, t.scale);
       t.last_amax = amax;
       t.updates += 1;
       if (!(amax > 0.0f) || !isfinite(amax)) t.degenerate += 1;

@@ -56,7 +56,6 @@ struct RecipeParameters {
   RecipeKind kind;
   int margin;
   bool most_recent;
-  float static_scale;
 };
 
 // One cast whose scaling update and telemetry are still to be applied.
