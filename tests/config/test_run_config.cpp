@@ -15,20 +15,12 @@
 #include "files.h"
 #include "octet/check.h"
 #include "octet/config/run_config.h"
+#include "parse_errors.h"
 
 namespace octet {
 namespace {
 
-// The message of the Error that parsing `text` (with `overrides`) throws; empty when it parses.
-std::string error_of(std::string_view text, std::vector<std::string> overrides = {}) {
-  try {
-    parse_run_config(text, "run.toml", overrides);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.exit_code(), 2);
-    return e.what();
-  }
-  return {};
-}
+using testing::error_of;
 
 TEST(RunConfig, DefaultsRoundTripThroughToml) {
   const RunConfig defaults = parse_run_config("", "empty.toml");

@@ -8,19 +8,12 @@
 
 #include "octet/check.h"
 #include "octet/config/run_config.h"
+#include "parse_errors.h"
 
 namespace octet {
 namespace {
 
-std::string error_of(std::string_view text, std::vector<std::string> overrides = {}) {
-  try {
-    parse_run_config(text, "run.toml", overrides);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.exit_code(), 2);
-    return e.what();
-  }
-  return {};
-}
+using testing::error_of;
 
 struct Span {
   MixedPrecision mode;

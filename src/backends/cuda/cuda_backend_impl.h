@@ -620,6 +620,10 @@ class CudaBackend final : public Backend {
   std::unordered_map<const Fp8LinearState*, Layer*> layers_;
   // Pinned host records for fetch_scaling and publish_scaling: their copies queue without a wait each.
   DeviceLayerState* pinned_layer_states(size_t count);
+  // The device records of those of `states` that the device holds (`found`: each one's index in `states` and
+  // its record), read into pinned host records with one wait; null when it holds none.
+  DeviceLayerState* read_layer_states(std::span<const Fp8LinearState* const> states,
+                                      std::vector<std::pair<size_t, DeviceLayerState*>>& found);
   DeviceLayerState* pinned_states_ = nullptr;
   size_t pinned_states_capacity_ = 0;
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;

@@ -264,46 +264,43 @@ void CudaBackend::fetch_scaling(Fp8LinearState& state) {
   fetch_scaling(std::span<Fp8LinearState* const>(one));
 }
 
-void CudaBackend::publish_scaling(std::span<const Fp8LinearState* const> states) {
+DeviceLayerState* CudaBackend::read_layer_states(std::span<const Fp8LinearState* const> states,
+                                                 std::vector<std::pair<size_t, DeviceLayerState*>>& found) {
   apply_scaling_updates();
-  // A layer not mapped yet is made with its weight copy, from the host state as it is then. The others' device
-  // records are read first (the telemetry in them stays), then written, each direction with one wait.
-  std::vector<std::pair<const Fp8LinearState*, DeviceLayerState*>> mapped;
-  for (const Fp8LinearState* s : states) {
-    const auto it = layers_.find(s);
-    if (it != layers_.end()) mapped.emplace_back(s, it->second->device);
+  found.clear();
+  for (size_t i = 0; i < states.size(); ++i) {
+    const auto it = layers_.find(states[i]);
+    if (it != layers_.end()) found.emplace_back(i, it->second->device);
   }
-  if (mapped.empty()) return;
-  DeviceLayerState* host = pinned_layer_states(mapped.size());
-  for (size_t i = 0; i < mapped.size(); ++i) {
-    OCTET_CUDA_CHECK(cudaMemcpyAsync(&host[i], mapped[i].second, sizeof(DeviceLayerState),
+  if (found.empty()) return nullptr;
+  DeviceLayerState* host = pinned_layer_states(found.size());
+  for (size_t i = 0; i < found.size(); ++i) {
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(&host[i], found[i].second, sizeof(DeviceLayerState),
                                      cudaMemcpyDeviceToHost, stream_));
   }
   OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  for (size_t i = 0; i < mapped.size(); ++i) {
-    write_device_state(*mapped[i].first, host[i]);
-    OCTET_CUDA_CHECK(cudaMemcpyAsync(mapped[i].second, &host[i], sizeof(DeviceLayerState),
+  return host;
+}
+
+void CudaBackend::publish_scaling(std::span<const Fp8LinearState* const> states) {
+  // A layer not mapped yet is made with its weight copy, from the host state as it is then. The others' device
+  // records are read first (the telemetry in them stays), then written, each direction with one wait.
+  std::vector<std::pair<size_t, DeviceLayerState*>> found;
+  DeviceLayerState* host = read_layer_states(states, found);
+  for (size_t i = 0; i < found.size(); ++i) {
+    write_device_state(*states[found[i].first], host[i]);
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(found[i].second, &host[i], sizeof(DeviceLayerState),
                                      cudaMemcpyHostToDevice, stream_));
   }
-  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (!found.empty()) OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::fetch_scaling(std::span<Fp8LinearState* const> states) {
-  apply_scaling_updates();
   // A layer never used on the device keeps its host copy, which is its state.
-  std::vector<std::pair<Fp8LinearState*, const DeviceLayerState*>> mapped;
-  for (Fp8LinearState* s : states) {
-    const auto it = layers_.find(s);
-    if (it != layers_.end()) mapped.emplace_back(s, it->second->device);
-  }
-  if (mapped.empty()) return;
-  DeviceLayerState* host = pinned_layer_states(mapped.size());
-  for (size_t i = 0; i < mapped.size(); ++i) {
-    OCTET_CUDA_CHECK(cudaMemcpyAsync(&host[i], mapped[i].second, sizeof(DeviceLayerState),
-                                     cudaMemcpyDeviceToHost, stream_));
-  }
-  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  for (size_t i = 0; i < mapped.size(); ++i) read_device_state(host[i], *mapped[i].first);
+  const std::vector<const Fp8LinearState*> read(states.begin(), states.end());
+  std::vector<std::pair<size_t, DeviceLayerState*>> found;
+  const DeviceLayerState* host = read_layer_states(read, found);
+  for (size_t i = 0; i < found.size(); ++i) read_device_state(host[i], *states[found[i].first]);
 }
 
 void CudaBackend::fetch_telemetry(Fp8LinearTelemetry& telemetry) {
