@@ -32,6 +32,7 @@
 #include "octet/train/run_directory.h"
 #include "octet/train/telemetry_source.h"
 #include "octet/version.h"
+#include "run_device.h"
 
 namespace octet {
 namespace {
@@ -47,108 +48,6 @@ std::string duration(double seconds) {
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
   return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60)
                    : fmt::format("{}m{:02}s", s / 60, s % 60);
-}
-
-// Where the run trains, decided (and refused) before anything is written.
-struct DeviceChoice {
-  const BackendFactory* backend = nullptr;  // the registered "cpu" or "cuda" backend
-  bool cuda = false;
-  bool emulate_fp8 = false;  // fp8 on a GPU without FP8 tensor cores: BF16 GEMMs on the FP8 codes
-  int gpu = 0;               // the CUDA device this process trains on
-  std::string line;          // what the run says about it at start
-};
-
-AttentionKernelChoice attention_kernels(const RunConfig& config) {
-  return config.attention == "cudnn"   ? AttentionKernelChoice::cudnn
-         : config.attention == "octet" ? AttentionKernelChoice::octet
-                                       : AttentionKernelChoice::automatic;
-}
-
-DeviceChoice choose_device(const RunConfig& config, int gpu = 0) {
-  DeviceChoice d;
-  d.gpu = gpu;
-  const bool fp8 = config.precision.mode == MixedPrecision::fp8;
-  // Null in a build without CUDA (or a program that did not register it).
-  const BackendFactory* cuda = find_backend("cuda");
-  const int gpus = cuda != nullptr ? cuda->device_count() : 0;
-  if (config.device == "cuda") {
-    OCTET_REQUIRE(
-        cuda != nullptr,
-        "train.device = \"cuda\": this octet was built without CUDA; rebuild where nvcc is found, or "
-        "use \"cpu\" or \"auto\"");
-    OCTET_REQUIRE(gpus > 0,
-                  "train.device = \"cuda\": no CUDA GPU is visible (no driver, or no device); use "
-                  "\"cpu\" or \"auto\"");
-  }
-  d.cuda = config.device == "cuda" || (config.device == "auto" && gpus > 0);
-  OCTET_REQUIRE(
-      config.attention != "cudnn" || d.cuda,
-      "train.attention = \"cudnn\" runs on the GPU only, and this run trains on the CPU backend; use "
-      "\"auto\" or \"octet\"");
-  OCTET_REQUIRE(
-      config.attention != "cudnn" || config.precision.mode != MixedPrecision::fp32,
-      "train.attention = \"cudnn\" runs attention on BF16 tensor cores, and train.mixed_precision = "
-      "\"fp32\" keeps it in float32; use \"auto\" or \"octet\", or another mixed_precision");
-  if (!d.cuda) {
-    d.backend = find_backend("cpu");
-    OCTET_CHECK(d.backend != nullptr, "the CPU backend is registered");
-    d.line = config.device == "auto"
-                 ? fmt::format("train.device = \"auto\": training on the CPU backend ({}){}",
-                               cuda != nullptr ? "no CUDA GPU visible" : "built without CUDA",
-                               fp8 ? ", FP8 emulated bit for bit" : "")
-                 : std::string(fp8 ? "training on the CPU backend, FP8 emulated bit for bit"
-                                   : "training on the CPU backend");
-    if (config.time_gemm_algorithms) d.line += " (train.gemm_algorithms = \"timed\" applies to the GPU only)";
-    return d;
-  }
-  d.backend = cuda;
-  OCTET_REQUIRE(gpu < gpus, "this rank is rank {} on its machine, which shows {} GPU(s): start at most one rank "
-                "per GPU", gpu, gpus);
-  const BackendDevice info = cuda->device(gpu);
-  if (fp8) {
-    const RecipeKind kind = config.precision.recipe;
-    OCTET_REQUIRE(cuda->supports_recipe(kind),
-                  "fp8.recipe = \"{}\" is not supported on the CUDA backend yet; use \"delayed\", "
-                  "\"current\" or \"static\" on the GPU, or train.device = \"cpu\"",
-                  recipe_name(kind));
-    if (!info.fp8_tensor_cores) {
-      OCTET_REQUIRE(!config.fp8_strict,
-                    "fp8.strict = true: {} (compute capability {}.{}) has no FP8 tensor cores (8.9 or above "
-                    "needed); set fp8.strict = false to run FP8 GEMMs as BF16 GEMMs on the FP8 values",
-                    info.name, info.major, info.minor);
-      d.emulate_fp8 = true;
-    }
-  }
-  d.line = fmt::format("training on {}{}", cuda->describe_device(gpu),
-                       !fp8            ? ""
-                       : d.emulate_fp8 ? "; WARNING: no FP8 tensor cores, FP8 GEMMs run as BF16 GEMMs on "
-                                         "the FP8 values (FP8 numerics, no FP8 speed)"
-                                       : "; FP8 GEMMs on FP8 tensor cores (cuBLASLt)");
-  if (config.time_gemm_algorithms) d.line += "; GEMM algorithms timed (train.gemm_algorithms)";
-  // Every mode but fp32 asks for attention on BF16 tensor cores (make_backend); say where it really runs.
-  if (config.precision.mode != MixedPrecision::fp32) {
-    const int64_t C = config.model.channels, NH = config.model.heads;
-    d.line += cuda->attention_on_tensor_cores(C, NH)
-                  ? fmt::format("; attention on BF16 tensor cores: {}",
-                                cuda->attention_kernels(config.train.batch_size, config.train.seq_len, C, NH,
-                                                        attention_kernels(config)))
-                  : fmt::format(
-                        "; WARNING: attention in float32, not on BF16 tensor cores (head size {} is not "
-                        "a multiple of 16 up to 128, or the GPU predates compute capability 8.0): "
-                        "correct but much slower",
-                        NH > 0 ? C / NH : 0);
-  }
-  return d;
-}
-
-std::unique_ptr<Backend> make_backend(const DeviceChoice& device, const RunConfig& config) {
-  BackendOptions options;  // the CPU backend takes none of them
-  options.emulate_fp8 = device.emulate_fp8;
-  options.bf16_attention = config.precision.mode != MixedPrecision::fp32;
-  options.attention = attention_kernels(config);
-  options.time_gemm_algorithms = config.time_gemm_algorithms;
-  options.device = device.gpu;
-  return device.backend->make(options);
 }
 
 // Milliseconds per phase of one step, summed over the phase's stretches (the optimizer phase opens the step,
@@ -256,25 +155,6 @@ class StopSignals {
   bool handle_;
 };
 
-// Runs `allocate` (building a model, its trainer), turning a failed allocation into a refusal that says
-// which configuration asked for too much: std::bad_alloc and std::length_error are not internal errors here.
-template <typename Allocate>
-void allocate_or_refuse(const RunConfig& config, Allocate&& allocate) {
-  try {
-    allocate();
-  } catch (const std::bad_alloc&) {
-    OCTET_REQUIRE(
-        false,
-        "the model ({}) with train.batch_size {} and train.seq_len {} needs more memory than can be "
-        "allocated; choose smaller model.* sizes, batch or sequence",
-        config.model.describe(), config.train.batch_size, config.train.seq_len);
-  } catch (const std::length_error&) {
-    OCTET_REQUIRE(false,
-                  "the model ({}) with train.batch_size {} and train.seq_len {} is too large to be "
-                  "allocated; choose smaller model.* sizes, batch or sequence",
-                  config.model.describe(), config.train.batch_size, config.train.seq_len);
-  }
-}
 
 // This process's place among the run's ranks.
 struct RankContext {
@@ -725,83 +605,5 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   return summary;
 }
 
-// A model (and the trainer that owns its optimizer state) rebuilt from a checkpoint's saved configuration.
-struct Restored {
-  RunConfig config;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Trainer> trainer;
-};
-
-Restored restore(const fs::path& checkpoint, int64_t batch, int64_t seq_len, const std::string& device,
-                 std::string* device_line) {
-  Restored r;
-  r.config = parse_run_config(checkpoint_config(checkpoint), (checkpoint / "state.json").string());
-  // A run with a precision schedule is evaluated in the mode its checkpoint's step trained in.
-  r.config = config_in_mode(r.config, precision_at(r.config, checkpoint_step(checkpoint)));
-  if (!device.empty()) {
-    OCTET_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
-                  "--device must be \"auto\", \"cpu\" or \"cuda\", got \"{}\"", device);
-    r.config.device = device;
-  }
-  const DeviceChoice choice = choose_device(r.config);
-  r.backend = make_backend(choice, r.config);
-  if (device_line != nullptr) *device_line = choice.line;
-  const int64_t B = batch > 0 ? batch : r.config.train.batch_size;
-  const int64_t T = seq_len > 0 ? seq_len : r.config.train.seq_len;
-  TrainSettings settings = r.config.train;
-  settings.batch_size = B;
-  settings.seq_len = T;
-  allocate_or_refuse(r.config, [&] {
-    r.model = make_model(r.config.model, *r.backend,
-                         PrecisionPolicy(r.config.precision, r.config.model, B * T), B, T);
-    r.trainer = std::make_unique<Trainer>(*r.model, settings);
-  });
-  load_checkpoint(checkpoint, *r.model, *r.trainer);
-  return r;
-}
-
 }  // namespace
-
-EvaluationResult evaluate_checkpoint(const fs::path& checkpoint, const fs::path& data_dir, int64_t batches,
-                                     const std::string& device) {
-  OCTET_REQUIRE(batches >= 0,
-                "the number of batches must be at least 1 (0: the run's data.eval_batches), got {}", batches);
-  EvaluationResult result;
-  Restored r = restore(checkpoint, 0, 0, device, &result.device_line);
-  if (batches == 0) batches = r.config.eval_batches;
-  const fs::path dir = data_dir.empty() ? r.config.data_dir : data_dir;
-  const int64_t B = r.config.train.batch_size, T = r.config.train.seq_len;
-  io::DataLoader loader(dir, io::DataSplit::validation,
-                        io::DataLoaderOptions{B, T, false, 0, r.config.model.vocab_size});
-  const BatchSource data = [&](int32_t* tokens, int32_t* targets) {
-    loader.next_batch({tokens, static_cast<size_t>(B * T)}, {targets, static_cast<size_t>(B * T)});
-  };
-  result.loss = r.trainer->evaluate(data, batches);
-  result.perplexity = std::exp(result.loss);
-  result.tokens = batches * B * T;
-  result.step = r.trainer->steps_done();
-  result.mode = r.config.precision.mode;
-  return result;
-}
-
-std::string generate_from_checkpoint(const fs::path& checkpoint, std::string_view prompt,
-                                     const SamplingSettings& settings, const std::string& device) {
-  const RunConfig config =
-      parse_run_config(checkpoint_config(checkpoint), (checkpoint / "state.json").string());
-  const std::optional<io::TokenizerKind> kind = io::parse_tokenizer_kind(config.tokenizer);
-  OCTET_REQUIRE(kind.has_value(), "the checkpoint's tokenizer '{}' is not one octet knows", config.tokenizer);
-  // A BPE tokenizer's files come with the checkpoint (or the data directory, or the default place), so that
-  // generation works from any directory.
-  const std::unique_ptr<io::Tokenizer> tokenizer =
-      io::tokenizer_files(*kind).empty()
-          ? io::make_tokenizer(*kind)
-          : io::make_tokenizer(*kind, checkpoint_tokenizer_files(*kind, checkpoint, config.data_dir));
-  const std::vector<int32_t> tokens = tokenizer->encode(prompt);
-  OCTET_REQUIRE(!tokens.empty(), "the prompt is empty: give some text to continue");
-  Restored r = restore(checkpoint, 1, config.model.max_seq_len, device, nullptr);
-  const std::vector<int32_t> continuation = generate(*r.model, tokens, settings, tokenizer->end_of_text());
-  return tokenizer->decode(continuation);
-}
-
 }  // namespace octet

@@ -23,6 +23,17 @@ inline PrecisionSettings mode(MixedPrecision m) {
 }
 
 // n tokens drawn uniformly from 0 .. V - 1, deterministic from the seed.
+// Settings of a short run of the tiny models: micro-batches of [2, 16], a warm-up of 2 steps in 20.
+inline TrainSettings small_settings() {
+  TrainSettings s;
+  s.batch_size = 2;
+  s.seq_len = 16;
+  s.schedule.max_learning_rate = 3e-3f;
+  s.schedule.warmup_steps = 2;
+  s.schedule.total_steps = 20;
+  return s;
+}
+
 inline std::vector<int32_t> random_tokens(size_t n, uint64_t seed, int64_t V) {
   std::mt19937_64 rng(seed);
   std::vector<int32_t> t(n);

@@ -19,12 +19,7 @@ using testing::tiny_config;
 using testing::tiny_llama_config;
 
 TrainSettings group_settings(std::vector<ParameterGroup> groups) {
-  TrainSettings s;
-  s.batch_size = 2;
-  s.seq_len = 16;
-  s.schedule.max_learning_rate = 3e-3f;
-  s.schedule.warmup_steps = 2;
-  s.schedule.total_steps = 20;
+  TrainSettings s = testing::small_settings();
   s.adamw.groups = std::move(groups);
   return s;
 }

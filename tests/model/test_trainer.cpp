@@ -17,15 +17,7 @@ using testing::mode;
 using testing::pattern_stream;
 using testing::tiny_config;
 
-TrainSettings small_settings() {
-  TrainSettings s;
-  s.batch_size = 2;
-  s.seq_len = 16;
-  s.schedule.max_learning_rate = 3e-3f;
-  s.schedule.warmup_steps = 2;
-  s.schedule.total_steps = 20;
-  return s;
-}
+using testing::small_settings;
 
 TEST(LearningRateSchedule, WarmupThenCosineToTheFloor) {
   LearningRateSchedule s;
