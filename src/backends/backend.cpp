@@ -2,6 +2,10 @@
 // its optional ops, and the checks of an op's arguments that every backend makes alike.
 #include "octet/backend/backend.h"
 
+#include <algorithm>
+#include <bit>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "octet/check.h"
@@ -55,6 +59,45 @@ std::string separate_passes(Fusion fusion) {
       return "the GEMM writes the layer's output, then a residual add reads it in a pass of its own";
   }
   return "separate passes";
+}
+
+void MagnitudeCounts::add(std::span<const float> x) {
+  values += static_cast<int64_t>(x.size());
+  for (const float v : x) {
+    const uint32_t magnitude = std::bit_cast<uint32_t>(v) & 0x7FFFFFFFu;
+    if (magnitude == 0) {
+      ++zeros;
+    } else if (magnitude >= 0x7F800000u) {  // Inf and NaN
+      ++non_finite;
+    } else {
+      ++bins[magnitude >> (23 - kMantissaBits)];
+      amax = std::max(amax, std::bit_cast<float>(magnitude));
+    }
+  }
+}
+
+void MagnitudeCounts::add(const MagnitudeCounts& other) {
+  for (size_t b = 0; b < kBins; ++b) bins[b] += other.bins[b];
+  values += other.values;
+  zeros += other.zeros;
+  non_finite += other.non_finite;
+  amax = std::max(amax, other.amax);
+}
+
+void Backend::count_magnitudes(MagnitudeCounts& counts, const ConstTensorView& x) {
+  const auto n = static_cast<size_t>(x.numel());
+  if (n == 0) return;
+  OCTET_CHECK(x.has_data(), "count_magnitudes: a view with data");
+  std::vector<float> values(n);
+  if (x.dtype == Dtype::f32) {
+    copy_to_host(values.data(), x.data, n * sizeof(float));
+  } else {
+    OCTET_CHECK(x.dtype == Dtype::bf16, "count_magnitudes: x in f32 or bf16, got {}", dtype_name(x.dtype));
+    std::vector<uint16_t> bits(n);
+    copy_to_host(bits.data(), x.data, n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; ++i) values[i] = std::bit_cast<float>(static_cast<uint32_t>(bits[i]) << 16);
+  }
+  counts.add(values);
 }
 
 FusionSupport Backend::supports(Fusion fusion, const LinearExecution& /*layer*/) const {

@@ -360,6 +360,11 @@ const std::vector<Key>& keys() {
         {{"float32", dist::GradientReduceType::float32}, {"bf16", dist::GradientReduceType::bf16}},
         "The type in which the ranks sum their gradients: float32, or bf16 (half the traffic; each rank's "
         "gradient and every partial sum rounded to bf16)."));
+    k.push_back(integer<int64_t>(
+        "distributed.bucket_mb", [](RunConfig& c) -> int64_t& { return c.distributed.bucket_mb; }, 0, 1 << 20,
+        "MiB of float32 gradients in each bucket whose sum over the ranks starts during the backward (64: "
+        "large enough for NCCL to run at full bandwidth, small enough to start while most of the backward "
+        "remains); 0: every sum starts after the backward."));
     // [data]
     k.push_back(text(
         "data.dir", [](const RunConfig& c) { return c.data_dir.string(); },

@@ -134,7 +134,12 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(ncclComm_t comm, int device, int rank, int size, std::chrono::milliseconds timeout)
       : comm_(comm), device_(device), rank_(rank), size_(size), timeout_(timeout) {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice", rank_);
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", rank_);
+    // The highest priority: a sum started during the backward gets SMs as soon as the compute kernels
+    // running free some, rather than after the kernels queued behind them.
+    int least = 0, greatest = 0;
+    check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange", rank_);
+    check_cuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest), "cudaStreamCreate",
+               rank_);
   }
   ~NcclCommunicator() override {
     cudaSetDevice(device_);

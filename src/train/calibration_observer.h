@@ -1,7 +1,7 @@
 // What `octet calibrate` measures, and where: a histogram of magnitudes that keeps an operand's amax exactly
 // and its upper percentiles to 1/16 in bounded memory, and a backend that runs every op on another backend
-// unchanged while it copies the operands of the linear layers it watches (input, weight, output gradient) to
-// the host and adds them to their histograms. Internal to the engine (src/train/calibration_run.cpp and the
+// unchanged while it counts the operands of the linear layers it watches (input, weight, output gradient)
+// into their histograms, where the operands are (Backend::count_magnitudes: on the device for a GPU). Internal to the engine (src/train/calibration_run.cpp and the
 // tests).
 #pragma once
 
@@ -22,26 +22,24 @@
 
 namespace octet {
 
-// Counts of float32 magnitudes in bins of 16 per power of two (the exponent and the top four mantissa bits of
-// |x|), with the exact amax and the numbers of zeros and of Inf and NaN beside them: 32 KiB whatever it is
-// fed. OperandStatistics (calibration.h) says how its percentiles are read.
+// Counts of float32 magnitudes in bins of 16 per power of two (MagnitudeCounts, backend.h: the exponent and
+// the top four mantissa bits of |x|), with the exact amax and the numbers of zeros and of Inf and NaN beside
+// them: 32 KiB whatever it is fed. OperandStatistics (calibration.h) says how its percentiles are read.
 class MagnitudeHistogram {
  public:
-  void add(std::span<const float> values);
+  void add(std::span<const float> values) { counts_.add(values); }
+  // Counts a backend made (Backend::count_magnitudes).
+  void add(const MagnitudeCounts& counts) { counts_.add(counts); }
   OperandStatistics statistics() const;
   // The q-quantile of the finite non-zero magnitudes, q = numerator / denominator: the lower edge of the bin
   // of the k-th smallest, k = ceil(q * count); 0 when there are none.
   float percentile(int64_t numerator, int64_t denominator) const;
 
-  static constexpr int kMantissaBits = 4;
-  static constexpr size_t kBins = size_t{1} << (8 + kMantissaBits);
+  static constexpr int kMantissaBits = MagnitudeCounts::kMantissaBits;
+  static constexpr size_t kBins = MagnitudeCounts::kBins;
 
  private:
-  std::vector<uint64_t> bins_;  // allocated by the first non-zero finite value
-  int64_t values_ = 0;
-  int64_t zeros_ = 0;
-  int64_t non_finite_ = 0;
-  float amax_ = 0.0f;
+  MagnitudeCounts counts_;
 };
 
 // Runs every op on `inner`; for the linear layers it is told to watch, adds the values of each forward's
@@ -187,7 +185,8 @@ class ObservingBackend final : public Backend {
     std::array<MagnitudeHistogram, 3> histograms;  // OperandIndex order
   };
   // The values of a float32 or bf16 tensor in backend memory, as float32 on the host.
-  std::vector<float> host_values(const ConstTensorView& x);
+  // Adds x's magnitudes to `histogram`, counted by the inner backend where x is.
+  void count(MagnitudeHistogram& histogram, const ConstTensorView& x);
 
   std::unique_ptr<Backend> inner_;
   std::map<const LinearExecution*, Watched> watched_;

@@ -1,6 +1,7 @@
 // One optimizer step (see trainer.h).
 #include "octet/train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -16,10 +17,6 @@
 namespace octet {
 
 namespace {
-
-// The gradients' sums over the ranks start in buckets of at least this many elements (64 MiB of float32):
-// large enough for NCCL to run at full bandwidth, small enough to start while most of the backward remains.
-constexpr int64_t kGradientBucket = int64_t{1} << 24;
 
 AdamW make_optimizer(Model& model, const TrainSettings& settings, const DataParallel& parallel) {
   // Emulated ranks keep the whole state: AdamW is element-wise, so updating the shards one after another is
@@ -241,7 +238,7 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
       if (m == micro - 1 && overlap_gradient_sums()) {
         overlapped_ = std::make_unique<OverlappedSums>(*parallel_.communicator, gradient_base_,
                                                        gradient_floats_, model_.backend().native_stream(),
-                                                       kGradientBucket);
+                                                       bucket_elements());
         model_.set_gradient_ready([this](int64_t begin, int64_t end) { overlapped_->ready(begin, end); });
       }
       model_.backward(dloss);
@@ -269,6 +266,11 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
     model_.backend().copy_from_host(model_.grads(), group_sum.data(), group_sum.size() * sizeof(float));
   }
   return loss_sum;
+}
+
+int64_t Trainer::bucket_elements() const {
+  // 0: one bucket larger than every gradient, so that every sum starts in finish(), after the backward.
+  return parallel_.bucket_elements > 0 ? parallel_.bucket_elements : std::max<int64_t>(gradient_floats_, 1) + 1;
 }
 
 bool Trainer::overlap_gradient_sums() const {

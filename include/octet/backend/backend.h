@@ -236,6 +236,23 @@ inline bool logits_in_bf16(const LinearExecution& exec) {
          exec.weight_gradient == GemmMode::bf16;
 }
 
+// The magnitudes of a tensor's values counted for a calibration (src/train/calibration_observer.h): each
+// finite non-zero |x| in one of 16 bins per power of two (its float32 exponent and top four mantissa bits,
+// bin = bits(|x|) >> 19), with the zeros, the Inf and NaN values and the largest finite magnitude beside
+// them. Counts only: the same on every backend, bit for bit.
+struct MagnitudeCounts {
+  static constexpr int kMantissaBits = 4;
+  static constexpr size_t kBins = size_t{1} << (8 + kMantissaBits);
+  std::array<uint64_t, kBins> bins{};
+  int64_t values = 0;
+  int64_t zeros = 0;
+  int64_t non_finite = 0;
+  float amax = 0.0f;
+  // Adds every float32 value of `values` (the reference counting that backends are held to).
+  void add(std::span<const float> values);
+  void add(const MagnitudeCounts& other);
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -465,6 +482,9 @@ class Backend {
   // values, in the order a float32 x of the same length takes).
   virtual double sum_of_squares(const ConstTensorView& x) = 0;
   virtual bool all_finite(const float* x, int64_t n) = 0;
+  // Adds the magnitudes of x (float32, or bf16 read as its float32 values) to `counts` (host memory); waits
+  // for x. By default through a copy to the host; a GPU backend counts on the device and copies the bins.
+  virtual void count_magnitudes(MagnitudeCounts& counts, const ConstTensorView& x);
   virtual void scale(float* x, int64_t n, float factor) = 0;
   // AdamW on float32 master weights, p -= lr * wd * p, then the Adam step with bias-corrected moments
   // (g = grads * grad_scale), over the segments of the four tensors, each with its own weight decay: the

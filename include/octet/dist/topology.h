@@ -17,6 +17,9 @@ struct DistributedSettings {
   int64_t dp_shard = -1;
   int64_t dp_replicate = 1;
   GradientReduceType gradient_reduce_type = GradientReduceType::float32;
+  // The float32 gradients' sums start during the backward in buckets of at least this many MiB; 0: all
+  // of them after the backward (no overlap).
+  int64_t bucket_mb = 64;
 };
 
 struct DataParallelLayout {

@@ -40,6 +40,9 @@ struct DataParallel {
   // The type the ranks sum their gradients in: float32, or BF16, each rank's accumulated gradient and every
   // partial sum rounded to BF16 (Communicator::all_reduce_sum_bf16; emulated ranks round alike).
   dist::GradientReduceType reduce_type = dist::GradientReduceType::float32;
+  // Float32 sums over a communicator start during the last micro-batch's backward in buckets of at least
+  // this many gradients (src/train/overlapped_sums.h); 0: every sum starts after the backward.
+  int64_t bucket_elements = int64_t{1} << 24;
   // Without a communicator: accumulate each step as this many ranks would (above), to reproduce a
   // data-parallel run on one rank. 1: plain accumulation, the behaviour of a run of one rank.
   int64_t emulated_ranks = 1;

@@ -72,6 +72,8 @@ class Trainer {
   void sum_gradients_over_ranks();
   // Whether the sums start during the last micro-batch's backward (overlapped_sums.h).
   bool overlap_gradient_sums() const;
+  // The elements of a bucket of the overlapped sums (DataParallel::bucket_elements; 0 there: one bucket).
+  int64_t bucket_elements() const;
   // After an optimizer that holds a shard has updated it: every rank's updated shard of the parameters,
   // gathered into the whole buffer, and the weight copies remade from it.
   void gather_parameters();

@@ -345,6 +345,15 @@ class CudaBackend final : public Backend {
     const OpScope scope(*this, OpKind::optimizer);
     return cuda::sum_of_squares(static_cast<const uint16_t*>(x), n, workspace_, stream_);
   }
+  void count_magnitudes(MagnitudeCounts& counts, const ConstTensorView& x) override {
+    check_dtype("count_magnitudes", "x", x.dtype, {Dtype::f32, Dtype::bf16});
+    const OpScope scope(*this, OpKind::other);
+    if (x.dtype == Dtype::f32) {
+      cuda::count_magnitudes(counts, static_cast<const float*>(x.data), x.numel(), workspace_, stream_);
+    } else {
+      cuda::count_magnitudes(counts, static_cast<const uint16_t*>(x.data), x.numel(), workspace_, stream_);
+    }
+  }
   bool all_finite(const float* x, int64_t n) override {
     const OpScope scope(*this, OpKind::optimizer);
     return cuda::all_finite(x, n, workspace_, stream_);

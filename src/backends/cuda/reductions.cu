@@ -1,9 +1,11 @@
-// Reductions of a tensor to one value returned to the host (reductions.h): the float64 sum of squares of
-// the gradient norm and the check for Inf and NaN. The conventions that every op follows are
+// Reductions of a tensor to values returned to the host (reductions.h): the float64 sum of squares of the
+// gradient norm, the check for Inf and NaN, and the counts of magnitudes a calibration reads. The conventions that every op follows are
 // ops_common.cuh's.
 #include "reductions.h"
 
 #include <algorithm>
+#include <bit>
+#include <vector>
 
 #include "elementwise.cuh"
 #include "octet/check.h"
@@ -101,6 +103,81 @@ double sum_of_squares_of(const T* x, int64_t n, Workspace& workspace, cudaStream
   return *host;
 }
 
+// The float32 bits of |x| (bf16 bits widened).
+__device__ inline uint32_t magnitude_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+__device__ inline uint32_t magnitude_bits(uint16_t v) { return (static_cast<uint32_t>(v) << 16) & 0x7FFFFFFFu; }
+
+constexpr int kMagnitudeBins = static_cast<int>(MagnitudeCounts::kBins);
+constexpr int kMagnitudeShift = 23 - MagnitudeCounts::kMantissaBits;
+
+// Each block counts its part of x into bins in shared memory, then adds the non-empty ones to the global
+// bins. `totals` holds the zeros, the non-finite values and the amax's bits (non-negative floats order as
+// their bits).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    count_magnitudes_kernel(const T* x, int64_t n, unsigned long long* bins, unsigned long long* totals) {
+  __shared__ unsigned int local[kMagnitudeBins];
+  __shared__ unsigned int block_zeros, block_non_finite, block_amax;
+  for (int i = threadIdx.x; i < kMagnitudeBins; i += blockDim.x) local[i] = 0;
+  if (threadIdx.x == 0) {
+    block_zeros = 0;
+    block_non_finite = 0;
+    block_amax = 0;
+  }
+  __syncthreads();
+  unsigned int zeros = 0, non_finite = 0, amax = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const uint32_t m = magnitude_bits(x[i]);
+    if (m == 0) {
+      ++zeros;
+    } else if (m >= 0x7F800000u) {
+      ++non_finite;
+    } else {
+      atomicAdd(&local[m >> kMagnitudeShift], 1u);
+      amax = max(amax, m);
+    }
+  }
+  if (zeros != 0) atomicAdd(&block_zeros, zeros);
+  if (non_finite != 0) atomicAdd(&block_non_finite, non_finite);
+  if (amax != 0) atomicMax(&block_amax, amax);
+  __syncthreads();
+  for (int i = threadIdx.x; i < kMagnitudeBins; i += blockDim.x) {
+    if (local[i] != 0) atomicAdd(&bins[i], static_cast<unsigned long long>(local[i]));
+  }
+  if (threadIdx.x == 0) {
+    atomicAdd(&totals[0], static_cast<unsigned long long>(block_zeros));
+    atomicAdd(&totals[1], static_cast<unsigned long long>(block_non_finite));
+    atomicMax(&totals[2], static_cast<unsigned long long>(block_amax));
+  }
+}
+
+template <typename T>
+void count_magnitudes_of(MagnitudeCounts& counts, const T* x, int64_t n, Workspace& workspace,
+                         cudaStream_t stream) {
+  check_size(n, "count_magnitudes");
+  if (n == 0) return;
+  constexpr size_t kWords = MagnitudeCounts::kBins + 3;
+  auto* device = static_cast<unsigned long long*>(workspace.get(kWords * sizeof(uint64_t), stream));
+  OCTET_CUDA_CHECK(cudaMemsetAsync(device, 0, kWords * sizeof(uint64_t), stream));
+  const int64_t blocks = std::clamp<int64_t>(ceil_div(n, kThreads * 16), 1, 1024);
+  OCTET_CHECK(ceil_div(n, blocks) <= int64_t{0xFFFFFFFF},
+              "count_magnitudes: at most 2^32 values a block of 1024 (32-bit shared bins), got {} values", n);
+  count_magnitudes_kernel<T>
+      <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, device, device + MagnitudeCounts::kBins);
+  OCTET_CUDA_CHECK_LAUNCH("count_magnitudes_kernel");
+  std::vector<uint64_t> host(kWords);
+  OCTET_CUDA_CHECK(
+      cudaMemcpyAsync(host.data(), device, kWords * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (size_t b = 0; b < MagnitudeCounts::kBins; ++b) counts.bins[b] += host[b];
+  counts.values += n;
+  counts.zeros += static_cast<int64_t>(host[MagnitudeCounts::kBins]);
+  counts.non_finite += static_cast<int64_t>(host[MagnitudeCounts::kBins + 1]);
+  const float amax = std::bit_cast<float>(static_cast<uint32_t>(host[MagnitudeCounts::kBins + 2]));
+  counts.amax = std::max(counts.amax, amax);
+}
+
 }  // namespace
 
 double sum_of_squares(const float* x, int64_t n, Workspace& workspace, cudaStream_t stream) {
@@ -122,6 +199,16 @@ bool all_finite(const float* x, int64_t n, Workspace& workspace, cudaStream_t st
   OCTET_CUDA_CHECK(cudaMemcpyAsync(host, flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
   OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
   return *host == 0;
+}
+
+void count_magnitudes(MagnitudeCounts& counts, const float* x, int64_t n, Workspace& workspace,
+                      cudaStream_t stream) {
+  count_magnitudes_of(counts, x, n, workspace, stream);
+}
+
+void count_magnitudes(MagnitudeCounts& counts, const uint16_t* x, int64_t n, Workspace& workspace,
+                      cudaStream_t stream) {
+  count_magnitudes_of(counts, x, n, workspace, stream);
 }
 
 }  // namespace octet::cuda
