@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "octet/check.h"
+#include "octet/numerics/minifloat.h"
 
 namespace octet::dist {
 
@@ -16,6 +17,14 @@ void Communicator::all_gather_shards(std::span<float> values) {
   std::copy(values.begin() + mine.begin, values.begin() + mine.end, chunk);
   all_gather(std::span<const float>(chunk, static_cast<size_t>(mine.chunk)), std::span<float>(all));
   std::copy_n(all.begin(), values.size(), values.begin());
+}
+
+void Communicator::start_all_reduce_sum_bf16(std::span<float> values, void* stream) {
+  (void)stream;
+  std::vector<uint16_t> codes(values.size());
+  for (size_t i = 0; i < values.size(); ++i) codes[i] = float_to_bf16(values[i]);
+  all_reduce_sum_bf16(codes);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = bf16_to_float(codes[i]);
 }
 
 ShardRange shard_range(int64_t count, int rank, int ranks) {

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <nccl.h>
@@ -114,6 +115,21 @@ __global__ void keys_to_floats_kernel(const uint32_t* keys, float* x, size_t n) 
   }
 }
 
+// Gradients to BF16 (round to nearest even) for a BF16 sum, and the sums back to float32.
+__global__ void to_bf16_kernel(const float* x, __nv_bfloat16* codes, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    codes[i] = __float2bfloat16_rn(x[i]);
+  }
+}
+
+__global__ void from_bf16_kernel(const __nv_bfloat16* codes, float* x, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    x[i] = __bfloat162float(codes[i]);
+  }
+}
+
 unsigned blocks_for(size_t n) {
   const size_t blocks = (n + 255) / 256;
   return static_cast<unsigned>(blocks < 1024 ? (blocks < 1 ? 1 : blocks) : 1024);
@@ -145,6 +161,7 @@ class NcclCommunicator final : public Communicator {
     cudaSetDevice(device_);
     if (keys_ != nullptr) cudaFree(keys_);
     if (staging_ != nullptr) cudaFree(staging_);
+    if (codes_ != nullptr) cudaFree(codes_);
     if (after_ != nullptr) cudaEventDestroy(after_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (owns_comm_ && !aborted_) api().comm_destroy(comm_);  // ncclCommAbort freed an aborted one
@@ -223,16 +240,32 @@ class NcclCommunicator final : public Communicator {
   void start_all_reduce_sum(std::span<float> values, void* stream) override {
     select_device();
     if (host_memory(values.data())) return all_reduce_sum(values);
-    if (after_ == nullptr) {
-      check_cuda(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming), "cudaEventCreate", rank_);
-    }
-    // NCCL's stream waits for the work the backend has enqueued so far (the backward that wrote `values`).
-    if (stream != nullptr) {
-      check_cuda(cudaEventRecord(after_, static_cast<cudaStream_t>(stream)), "cudaEventRecord", rank_);
-      check_cuda(cudaStreamWaitEvent(stream_, after_, 0), "cudaStreamWaitEvent", rank_);
-    }
+    wait_for(stream);
     check_nccl(api().all_reduce(values.data(), values.data(), values.size(), ncclFloat32, ncclSum, comm_, stream_),
                "all_reduce_sum (float32, overlapped)", rank_);
+    started_ = true;
+  }
+  // On NCCL's stream: the values rounded into a BF16 buffer, NCCL's BF16 sum, the sums widened back. The
+  // stream runs one bucket after another, so one buffer of the largest bucket serves them all.
+  void start_all_reduce_sum_bf16(std::span<float> values, void* stream) override {
+    select_device();
+    if (host_memory(values.data())) return Communicator::start_all_reduce_sum_bf16(values, stream);
+    const size_t n = values.size();
+    if (n == 0) return;
+    if (codes_capacity_ < n) {  // the first step's buckets; what is under way may still read the old buffer
+      check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", rank_);
+      if (codes_ != nullptr) check_cuda(cudaFree(codes_), "cudaFree", rank_);
+      codes_ = nullptr;
+      check_cuda(cudaMalloc(reinterpret_cast<void**>(&codes_), n * sizeof(__nv_bfloat16)), "cudaMalloc", rank_);
+      codes_capacity_ = n;
+    }
+    wait_for(stream);
+    to_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(values.data(), codes_, n);
+    check_cuda(cudaGetLastError(), "launch of the gradients' BF16 rounding", rank_);
+    check_nccl(api().all_reduce(codes_, codes_, n, ncclBfloat16, ncclSum, comm_, stream_),
+               "all_reduce_sum (bf16, overlapped)", rank_);
+    from_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(codes_, values.data(), n);
+    check_cuda(cudaGetLastError(), "launch of the BF16 sums' widening", rank_);
     started_ = true;
   }
   void finish_started() override {
@@ -271,6 +304,17 @@ class NcclCommunicator final : public Communicator {
 
  private:
   void select_device() { check_cuda(cudaSetDevice(device_), "cudaSetDevice", rank_); }
+
+  // NCCL's stream waits for the work the backend has enqueued so far on `stream` (the backward that wrote
+  // the values a sum reads).
+  void wait_for(void* stream) {
+    if (stream == nullptr) return;
+    if (after_ == nullptr) {
+      check_cuda(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming), "cudaEventCreate", rank_);
+    }
+    check_cuda(cudaEventRecord(after_, static_cast<cudaStream_t>(stream)), "cudaEventRecord", rank_);
+    check_cuda(cudaStreamWaitEvent(stream_, after_, 0), "cudaStreamWaitEvent", rank_);
+  }
 
   // Whether `p` is host memory, which NCCL cannot read: the collective then runs on a device copy.
   bool host_memory(const void* p) const {
@@ -361,6 +405,8 @@ class NcclCommunicator final : public Communicator {
   size_t keys_capacity_ = 0;
   std::byte* staging_ = nullptr;
   size_t staging_capacity_ = 0;
+  __nv_bfloat16* codes_ = nullptr;  // the BF16 sums started during the backward
+  size_t codes_capacity_ = 0;
 };
 
 }  // namespace

@@ -9,8 +9,8 @@
 namespace octet {
 
 OverlappedSums::OverlappedSums(dist::Communicator& communicator, float* grads, int64_t count, void* stream,
-                               int64_t bucket)
-    : communicator_(communicator), grads_(grads), count_(count), stream_(stream), bucket_(bucket) {
+                               int64_t bucket, dist::GradientReduceType type)
+    : communicator_(communicator), grads_(grads), count_(count), stream_(stream), bucket_(bucket), type_(type) {
   OCTET_CHECK(count >= 0 && bucket >= 1, "{} gradients in buckets of {}", count, bucket);
 }
 
@@ -39,8 +39,12 @@ void OverlappedSums::flush() {
 }
 
 void OverlappedSums::start(int64_t begin, int64_t end) {
-  communicator_.start_all_reduce_sum(std::span<float>(grads_ + begin, static_cast<size_t>(end - begin)),
-                                     stream_);
+  const std::span<float> values(grads_ + begin, static_cast<size_t>(end - begin));
+  if (type_ == dist::GradientReduceType::bf16) {
+    communicator_.start_all_reduce_sum_bf16(values, stream_);
+  } else {
+    communicator_.start_all_reduce_sum(values, stream_);
+  }
   started_.emplace_back(begin, end);
 }
 

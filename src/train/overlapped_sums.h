@@ -3,7 +3,7 @@
 //
 // The model reports the gradients that its backward has finished (Model::set_gradient_ready) in runs; runs
 // that touch are gathered into a bucket, and a bucket of at least `bucket` elements is started
-// (Communicator::start_all_reduce_sum) as soon as it is complete. finish() starts what is left, the runs
+// (Communicator::start_all_reduce_sum, or its BF16 form) as soon as it is complete. finish() starts what is left, the runs
 // never reported included, and waits for every sum. Every rank reports the same runs in the same order, so
 // every rank starts the same sums. The sums are element-wise: their result is the all-reduce of the whole
 // buffer after the backward, bit for bit.
@@ -14,13 +14,16 @@
 #include <vector>
 
 #include "octet/dist/communicator.h"
+#include "octet/dist/topology.h"
 
 namespace octet {
 
 class OverlappedSums {
  public:
-  // The gradients are grads[0, count); `stream` the backend's (Backend::native_stream).
-  OverlappedSums(dist::Communicator& communicator, float* grads, int64_t count, void* stream, int64_t bucket);
+  // The gradients are grads[0, count); `stream` the backend's (Backend::native_stream). `type`: the sums in
+  // float32, or in BF16 (Communicator::start_all_reduce_sum_bf16).
+  OverlappedSums(dist::Communicator& communicator, float* grads, int64_t count, void* stream, int64_t bucket,
+                 dist::GradientReduceType type);
 
   // The backward has finished grads[begin, end).
   void ready(int64_t begin, int64_t end);
@@ -36,6 +39,7 @@ class OverlappedSums {
   int64_t count_;
   void* stream_;
   int64_t bucket_;
+  dist::GradientReduceType type_;
   int64_t pending_begin_ = 0, pending_end_ = 0;  // the bucket being gathered; empty when equal
   std::vector<std::pair<int64_t, int64_t>> started_;
 };

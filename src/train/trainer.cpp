@@ -160,8 +160,6 @@ StepResult Trainer::step(const BatchSource& data) {
   if (overlapped_) {  // the sums started during the last backward: finished whatever the loss
     overlapped_->finish();
     overlapped_.reset();
-  } else if (loss_finite) {
-    sum_gradients_over_ranks();
   }
   phase(StepPhase::optimizer);
   r.loss = static_cast<float>(loss_sum / static_cast<double>(micro_batches));
@@ -238,7 +236,7 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
       if (m == micro - 1 && overlap_gradient_sums()) {
         overlapped_ = std::make_unique<OverlappedSums>(*parallel_.communicator, gradient_base_,
                                                        gradient_floats_, model_.backend().native_stream(),
-                                                       bucket_elements());
+                                                       bucket_elements(), parallel_.reduce_type);
         model_.set_gradient_ready([this](int64_t begin, int64_t end) { overlapped_->ready(begin, end); });
       }
       model_.backward(dloss);
@@ -274,27 +272,10 @@ int64_t Trainer::bucket_elements() const {
 }
 
 bool Trainer::overlap_gradient_sums() const {
-  // Float32 sums: every rank receives the whole buffer's sums, a sharded optimizer reading its shard of them
-  // (the sums a reduce-scatter gives it, element for element, for twice its traffic, none of it through the
-  // host). BF16 sums go at the end of the step.
-  return parallel_.communicator != nullptr && parallel_.reduce_type == dist::GradientReduceType::float32;
-}
-
-void Trainer::sum_gradients_over_ranks() {
-  // Float32 sums start during the backward (overlap_gradient_sums); what comes here are the BF16 sums.
-  if (parallel_.communicator == nullptr) return;
-  OCTET_CHECK(parallel_.reduce_type == dist::GradientReduceType::bf16, "float32 sums overlapped with the backward");
-  // grads() first zeroes any weight gradient no backward wrote, so every element is this rank's sum.
-  float* grads = model_.grads();
-  const auto n = static_cast<size_t>(gradient_floats_);
-  // BF16 codes through the host (the CPU communicators' memory), the sum back in float32.
-  std::vector<float> values(n);
-  model_.backend().copy_to_host(values.data(), grads, n * sizeof(float));
-  std::vector<uint16_t> codes(n);
-  for (size_t i = 0; i < n; ++i) codes[i] = float_to_bf16(values[i]);
-  parallel_.communicator->all_reduce_sum_bf16(codes);
-  for (size_t i = 0; i < n; ++i) values[i] = bf16_to_float(codes[i]);
-  model_.backend().copy_from_host(grads, values.data(), n * sizeof(float));
+  // Every rank receives the whole buffer's sums, float32 or BF16, a sharded optimizer reading its shard of
+  // them (the sums a reduce-scatter gives it, element for element, for twice its traffic, none of it through
+  // the host).
+  return parallel_.communicator != nullptr;
 }
 
 void Trainer::gather_parameters() {

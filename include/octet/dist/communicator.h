@@ -51,6 +51,10 @@ class Communicator {
     (void)stream;
     all_reduce_sum(values);
   }
+  // The same sum in BF16: `values` (float32) rounded to BF16, summed as all_reduce_sum_bf16 sums, and the
+  // BF16 sums written back as float32. The default rounds, sums and widens at once, in host memory, with the
+  // rank-order additions of all_reduce_sum_bf16.
+  virtual void start_all_reduce_sum_bf16(std::span<float> values, void* stream);
   virtual void finish_started() {}
 
   // `values` is split into every rank's shard (shard_range of values.size() over the ranks), this rank's up

@@ -67,9 +67,6 @@ class Trainer {
   // The micro-batches of this rank (of every emulated rank in turn), their gradients accumulated as
   // data_parallel.h says; returns the float64 sum of their losses.
   double accumulate(const BatchSource& data, float dloss, const std::function<void(StepPhase)>& phase);
-  // Sums the gradients over the ranks in BF16, in rank order, at the end of the step (nothing on one rank;
-  // float32 sums start during the backward instead: overlapped_sums.h).
-  void sum_gradients_over_ranks();
   // Whether the sums start during the last micro-batch's backward (overlapped_sums.h).
   bool overlap_gradient_sums() const;
   // The elements of a bucket of the overlapped sums (DataParallel::bucket_elements; 0 there: one bucket).
