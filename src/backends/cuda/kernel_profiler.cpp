@@ -32,9 +32,10 @@ struct Sink {
   uint64_t dropped = 0;
   bool callbacks_registered = false;
 };
+// Never destroyed: CUPTI may hand back buffers from its own exit handlers, after static objects are gone.
 Sink& sink() {
-  static Sink s;
-  return s;
+  static Sink* const s = new Sink;
+  return *s;
 }
 
 std::string result_text(CUptiResult result) {
@@ -196,14 +197,19 @@ class CuptiKernelProfiler final : public KernelProfiler {
  private:
   static void check(CUptiResult result, const char* doing) {
     if (result == CUPTI_SUCCESS) return;
-    if (result == CUPTI_ERROR_INSUFFICIENT_PRIVILEGES) {
+    if (result == CUPTI_ERROR_INSUFFICIENT_PRIVILEGES ||
+        result == CUPTI_ERROR_VIRTUALIZED_DEVICE_INSUFFICIENT_PRIVILEGES) {
+      throw Error(ErrorKind::training_failed,
+                  fmt::format("CUPTI refused {} ({}): this user may not profile the GPU here; see "
+                              "docs/troubleshooting.md, \"Kernel profiling is off\"",
+                              doing, result_text(result)));
+    }
+    if (result == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
       throw Error(
           ErrorKind::training_failed,
-          fmt::format("CUPTI refused {} (CUPTI_ERROR_INSUFFICIENT_PRIVILEGES): this user may not profile "
-                      "the GPU; run as root, or have the administrator allow it "
-                      "(NVreg_RestrictProfilingToAdminUsers=0, "
-                      "docs/troubleshooting.md)",
-                      doing));
+          fmt::format("CUPTI refused {} ({}): another profiler (Nsight Systems, Nsight Compute) holds "
+                      "CUPTI in this process; profile with one or the other",
+                      doing, result_text(result)));
     }
     throw Error(ErrorKind::training_failed, fmt::format("CUPTI refused {}: {}", doing, result_text(result)));
   }
