@@ -511,8 +511,9 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
           {step, "profiling_off", std::nullopt, std::nullopt, std::nullopt, std::nullopt, message});
     }
   };
-  StepProfiling profiling(config, *device.backend, device.backend->describe_device(device.gpu), lead,
-                          std::move(profiling_hooks));
+  const std::string profiled_device =
+      config.profiling.enabled ? device.backend->describe_device(device.gpu) : std::string();
+  StepProfiling profiling(config, *device.backend, profiled_device, lead, std::move(profiling_hooks));
   try {
     const auto began = std::chrono::steady_clock::now();
     const int64_t first_step = trainer->steps_done();
