@@ -55,8 +55,9 @@ cat > gpu-bundle/check.sh <<'CHECK'
 #!/usr/bin/env bash
 # On the GPU machine: every GPU test (the op harness against the CPU reference, end-to-end training against
 # the CPU backend, the codec against the hardware conversions), compute-sanitizer memcheck over the op
-# harness, a short FP8 and BF16 training run of the quickstart model on the GPU, and the kernels of one
-# training step under Nsight Compute (the FP8 GEMMs show as nvjet_sm90_qq*/qr* kernels). Logs go to $1.
+# harness, a short FP8 and BF16 training run of the quickstart model on the GPU, the kernels of two steps
+# as octet's own profiler records them, and the kernels of one training step under Nsight Compute (the FP8
+# GEMMs show as nvjet_sm90_qq*/qr* kernels). Logs go to $1.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="$(mkdir -p "${1:-.}" && cd "${1:-.}" && pwd)"
@@ -80,6 +81,15 @@ for mode in fp8 bf16; do
     --set checkpoint.every=1000 --set logging.log_every=20 > "$out/train-$mode.log" 2>&1
   status=$((status | $?)); tail -3 "$out/train-$mode.log"
 done
+# The kernels of two steps as octet records them itself through CUPTI ([profiling], docs/gpu.md): the
+# summary's last lines say how many FP8 GEMM kernels ran and their share of the GPU time.
+./octet train "$config" --set train.device=cuda --set train.mixed_precision=fp8 --set train.steps=6 \
+  --set data.dir=data/brown-gpt2 --set logging.run_dir="$out/run-profile" --set data.eval_every=1000 \
+  --set checkpoint.every=1000 --set profiling.enabled=true --set profiling.start_step=5 \
+  --set profiling.end_step=6 --overwrite > "$out/train-profile.log" 2>&1
+status=$((status | $?)); grep -E "kernel trace|profiling is off" "$out/train-profile.log"
+./octet inspect "$out/run-profile" --kernels > "$out/kernels.txt" 2>&1
+status=$((status | $?)); grep -E "^(FP8 GEMM kernels|octet's FP8 casts)" "$out/kernels.txt"
 if command -v ncu > /dev/null; then
   ncu --clock-control none --launch-skip 2000 --launch-count 500 --csv --metrics gpu__time_duration.sum \
     ./octet train "$config" --set train.device=cuda --set train.steps=8 --set scheduler.warmup_steps=1 \

@@ -407,6 +407,22 @@ const std::vector<Key>& keys() {
     k.push_back(boolean(
         "telemetry.sqnr", [](RunConfig& c) -> bool& { return c.telemetry.sqnr; },
         "Also measure each FP8 cast's signal-to-quantization-noise ratio (a dequantizing pass per cast)."));
+    // [profiling]
+    k.push_back(boolean(
+        "profiling.enabled", [](RunConfig& c) -> bool& { return c.profiling.enabled; },
+        "Record every GPU kernel of the steps start_step to end_step through CUPTI into trace_dir "
+        "(kernels.jsonl, trace.json, summary.json; `octet inspect RUN_DIR --kernels`); needs the CUDA "
+        "backend (docs/gpu.md)."));
+    k.push_back(integer<int64_t>(
+        "profiling.start_step", [](RunConfig& c) -> int64_t& { return c.profiling.start_step; }, 1, big,
+        "The first optimizer step profiled (1-based; step 1 carries one-off work)."));
+    k.push_back(integer<int64_t>(
+        "profiling.end_step", [](RunConfig& c) -> int64_t& { return c.profiling.end_step; }, 1, big,
+        "The last optimizer step profiled (included); at least start_step and at most train.steps."));
+    k.push_back(text(
+        "profiling.trace_dir", [](const RunConfig& c) { return c.profiling.trace_dir.string(); },
+        [](RunConfig& c, std::string v) { c.profiling.trace_dir = std::move(v); },
+        "Where the trace is written; a relative path is relative to the run directory."));
     return k;
   }();
   return table;

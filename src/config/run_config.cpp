@@ -167,6 +167,14 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
       c.distributed.dp_shard != -1 || c.distributed.dp_replicate != -1,
       "distributed.dp_shard and distributed.dp_replicate cannot both be -1: at most one of them takes the "
       "ranks the other leaves");
+  require(c.profiling.start_step <= c.profiling.end_step,
+          fmt::format("profiling.start_step ({}) is after profiling.end_step ({})", c.profiling.start_step,
+                      c.profiling.end_step));
+  require(!c.profiling.enabled || c.profiling.end_step <= c.steps,
+          fmt::format("profiling.end_step ({}) is beyond train.steps ({}): the run never reaches it",
+                      c.profiling.end_step, c.steps));
+  require(!c.profiling.enabled || !c.profiling.trace_dir.empty(),
+          "profiling.trace_dir is empty: name a directory (\"profile\" puts it in the run directory)");
   require(c.telemetry.alert_scale_jump == 0.0f || c.telemetry.alert_scale_jump > 1.0f,
           fmt::format("fp8.alert_scale_jump ({}) must be 0 (never) or more than 1: a scale always moves by a "
                       "factor of at least 1",
@@ -272,6 +280,11 @@ std::string to_toml(const RunConfig& config) {
     out += fmt::format("{} = {}\n", k.name.substr(k.name.find('.') + 1), k.get(config));
   }
   return out;
+}
+
+std::filesystem::path profiling_trace_dir(const RunConfig& config) {
+  return config.profiling.trace_dir.is_absolute() ? config.profiling.trace_dir
+                                                  : config.run_dir / config.profiling.trace_dir;
 }
 
 }  // namespace octet

@@ -32,6 +32,7 @@
 #include "octet/train/run_directory.h"
 #include "octet/train/telemetry_source.h"
 #include "octet/version.h"
+#include "kernel_profiling.h"
 #include "run_device.h"
 
 namespace octet {
@@ -260,6 +261,11 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   // The model is built in the mode of the step the run starts at (a resumed run's checkpoint's).
   const RunConfig start_mode = schedule.config_at(start.checkpoint ? checkpoint_step(*start.checkpoint) : 0);
   const DeviceChoice device = choose_device(start_mode, ranks.local_rank);
+  OCTET_REQUIRE(!config.profiling.enabled || device.backend->make_kernel_profiler() != nullptr,
+                "profiling.enabled = true records the GPU's kernels through CUPTI, and this run trains on the "
+                "{} backend, whose ops are no GPU kernels: train on the GPU (train.device = \"cuda\") or "
+                "leave [profiling] off (docs/gpu.md, \"Profiling\")",
+                device.backend->name());
 
   // On telemetry steps the step is split into phases (data, forward, backward, optimizer) for the phases
   // table: the backend is synchronised at each phase boundary of those steps only, so that a phase's time is
@@ -491,6 +497,24 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
 
   const StopSignals signals(options.handle_signals);
   TrainingRunSummary summary;
+  StepProfiling::Hooks profiling_hooks;
+  profiling_hooks.say = [&](const std::string& line) {
+    if (interactive) std::fputs("\n", out);
+    say(out, line);
+  };
+  profiling_hooks.fallback = [&](int64_t step, const std::string& message) {
+    summary.profiling_fell_back = true;
+    if (metrics) {
+      metrics->write(nlohmann::json{{"step", step}, {"event", "profiling_off"}, {"message", message}});
+    }
+    if (telemetry) {
+      telemetry->record_event(
+          {step, "profiling_off", std::nullopt, std::nullopt, std::nullopt, std::nullopt, message});
+    }
+  };
+  const std::string profiled_device =
+      config.profiling.enabled ? device.backend->describe_device(device.gpu) : std::string();
+  StepProfiling profiling(config, *device.backend, profiled_device, lead, std::move(profiling_hooks));
   try {
     const auto began = std::chrono::steady_clock::now();
     const int64_t first_step = trainer->steps_done();
@@ -517,10 +541,12 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
                                        mixed_precision_name(change->to));
         }
       }
+      profiling.before_step(step + 1, *backend);
       const auto t0 = std::chrono::steady_clock::now();
       phases.reset(telemetry != nullptr && telemetry->is_telemetry_step(step + 1, config.steps));
       const StepResult r = trainer->step(train_data);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      profiling.after_step(step + 1, *backend);
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
       const double tokens_per_second = static_cast<double>(r.tokens) / seconds;
       // A mixture-of-experts model's router balance over the step's last micro-batch (1: balanced).
@@ -577,12 +603,14 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
         summary.stop_signal = stop[0];
         if (interactive) std::fputs("\n", out);
         say(out, fmt::format("stopped by signal {} after step {}", summary.stop_signal, done));
+        profiling.finish(*backend);
         save();
         break;
       }
       if (config.checkpoint_every > 0 && done % config.checkpoint_every == 0 && done != config.steps) save();
     }
     summary.steps_done = trainer->steps_done();
+    summary.kernel_trace_dir = profiling.written();
     if (!summary.interrupted) {
       summary.last_validation_loss = validate(summary.steps_done);
       save();

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "octet/telemetry/inspect.h"
+#include "octet/telemetry/kernel_trace.h"
 
 namespace octet::cli {
 namespace {
@@ -191,6 +192,39 @@ std::string to_text(const InspectReport& r, const InspectOptions& options) {
   return out;
 }
 
+// `--kernels`: the kernel trace's summary, one row per kernel name, most time first.
+std::string kernels_text(const KernelSummary& s, const std::string& source) {
+  const auto share = [&](uint64_t ns) {
+    return s.total_ns > 0 ? static_cast<double>(ns) / static_cast<double>(s.total_ns) : 0.0;
+  };
+  std::string out = fmt::format("Kernel trace {}\n", source);
+  out += fmt::format("  steps {} to {} on {}: {} launches, {:.3f} ms of GPU time{}\n", s.first_step,
+                     s.last_step, s.device, s.launches, static_cast<double>(s.total_ns) / 1e6,
+                     s.dropped_records > 0
+                         ? fmt::format(" ({} records lost: the trace is incomplete)", s.dropped_records)
+                         : std::string());
+  out +=
+      fmt::format("  {:<64} {:>7} {:>10} {:>10} {:>7}\n", "kernel", "count", "total ms", "mean us", "share");
+  for (const KernelSummaryRow& r : s.rows) {
+    const char* marker = r.kernel_class == KernelClass::fp8_gemm ? "  FP8 GEMM"
+                         : r.kernel_class == KernelClass::cast   ? "  cast"
+                                                                 : "";
+    out += fmt::format("  {:<64} {:>7} {:>10.3f} {:>10.2f} {:>7}{}\n",
+                       r.kind == DeviceActivity::Kind::kernel ? kernel_display_name(r.name) : r.name, r.count,
+                       static_cast<double>(r.total_ns) / 1e6, r.mean_ns / 1e3, percent(r.share), marker);
+  }
+  if (s.fp8_gemm_launches > 0) {
+    out += fmt::format("FP8 GEMM kernels: {} launches, {} of GPU time\n", s.fp8_gemm_launches,
+                       percent(share(s.fp8_gemm_ns)));
+  } else {
+    out +=
+        fmt::format("FP8 GEMM kernels: none ran in the profiled steps ({} launches recorded)\n", s.launches);
+  }
+  out += fmt::format("octet's FP8 casts: {} launches, {} of GPU time\n", s.cast_launches,
+                     percent(share(s.cast_ns)));
+  return out;
+}
+
 }  // namespace
 
 InspectCommand::InspectCommand(CLI::App& root) {
@@ -198,14 +232,21 @@ InspectCommand::InspectCommand(CLI::App& root) {
       root.add_subcommand("inspect", "Show what a run's FP8 scaling did, layer by layer, from its telemetry");
   inspect_->add_option("RUN_DIR", run_dir_, "Run directory holding telemetry.sqlite")->required();
   inspect_->add_flag("--json", json_, "Print one JSON document (keys in docs/telemetry.md)");
-  inspect_->add_option("--layer", layer_,
-                       "Also print this layer's amax, scale, saturation and underflow history");
-  inspect_->add_option("--top", top_, "Layers in each ranking (default 5)");
+  CLI::Option* layer = inspect_->add_option(
+      "--layer", layer_, "Also print this layer's amax, scale, saturation and underflow history");
+  CLI::Option* top = inspect_->add_option("--top", top_, "Layers in each ranking (default 5)");
+  inspect_
+      ->add_flag("--kernels", kernels_,
+                 "Print the kernel trace of [profiling] instead (RUN_DIR/profile/kernels.jsonl, or RUN_DIR "
+                 "itself holding kernels.jsonl): each kernel's launches, time and share, FP8 GEMMs marked")
+      ->excludes(layer)
+      ->excludes(top);
   inspect_->footer(
       "Works while the run is still training. docs/telemetry.md explains every figure.\n"
-      "Exit codes: 0 printed, 2 no run directory, no or unreadable telemetry.sqlite, or an unknown layer.\n"
+      "Exit codes: 0 printed, 2 no run directory, no or unreadable telemetry.sqlite, or an unknown layer;\n"
+      "with --kernels, 2 no kernel trace or an unreadable one.\n"
       "Examples:\n  octet inspect runs/quickstart\n  octet inspect runs/quickstart --layer h.0.mlp.c_fc\n"
-      "  octet inspect runs/quickstart --json");
+      "  octet inspect runs/quickstart --json\n  octet inspect runs/quickstart --kernels");
 }
 
 bool InspectCommand::selected() const {
@@ -213,6 +254,20 @@ bool InspectCommand::selected() const {
 }
 
 int InspectCommand::run() const {
+  if (kernels_) {
+    const std::filesystem::path file = find_kernel_trace(run_dir_);
+    const KernelSummary summary = summarize_kernels(read_kernel_trace(file));
+    std::string text;
+    if (json_) {
+      json doc = json::parse(kernel_summary_json(summary));
+      doc["trace"] = file.string();
+      text = doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+    } else {
+      text = kernels_text(summary, file.string());
+    }
+    std::fputs(text.c_str(), stdout);
+    return 0;
+  }
   InspectOptions options;
   options.layer = layer_;
   options.top = top_;

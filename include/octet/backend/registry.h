@@ -20,6 +20,7 @@
 
 #include "octet/backend/backend.h"
 #include "octet/backend/gpu_bench.h"
+#include "octet/backend/kernel_profiler.h"
 #include "octet/dist/communicator.h"
 #include "octet/numerics/scaling.h"
 
@@ -88,6 +89,9 @@ class BackendFactory {
   virtual std::unique_ptr<Backend> make(const BackendOptions& options) const = 0;
   // The device measurements of `octet bench`; null where the backend has none (the CPU).
   virtual const DeviceBench* device_bench() const { return nullptr; }
+  // A recorder of the device's kernels for [profiling] (kernel_profiler.h); null where the backend has none
+  // (the CPU, whose ops are no kernels).
+  virtual std::unique_ptr<KernelProfiler> make_kernel_profiler() const { return nullptr; }
   // The communicator over which the ranks of a run exchange this backend's tensors on `device`, made over
   // `control`, the run's processes joined (dist/socket_group.h): NCCL on the GPU. Null where `control` serves
   // as it is (the CPU backend, whose tensors lie in host memory).

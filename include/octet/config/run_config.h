@@ -1,5 +1,5 @@
 // The configuration of a training run: one TOML file with sections [model], [train], [fp8], [optimizer],
-// [scheduler], [loss_scale], [distributed], [data], [checkpoint], [logging], [telemetry], and
+// [scheduler], [loss_scale], [distributed], [data], [checkpoint], [logging], [telemetry], [profiling], and
 // `--set section.key=value` overrides. Every key is described once (run_config.cpp's key table), which
 // drives parsing, validation, `octet config show` and the key reference in docs/config.md.
 #pragma once
@@ -22,6 +22,15 @@ namespace octet {
 struct PrecisionPhase {
   MixedPrecision mode = MixedPrecision::fp32;
   int64_t steps = 0;
+};
+
+// [profiling]: the optimizer steps (1-based, both ends included) whose device kernels the run records into
+// trace_dir, relative to the run directory unless absolute (docs/gpu.md, "Profiling").
+struct ProfilingSettings {
+  bool enabled = false;
+  int64_t start_step = 2;  // step 1 carries one-off work (workspaces, algorithm choices)
+  int64_t end_step = 2;
+  std::filesystem::path trace_dir = "profile";
 };
 
 struct RunConfig {
@@ -55,7 +64,11 @@ struct RunConfig {
   int64_t log_every = 10;  // steps between plain progress lines when the output is not a terminal
   // [telemetry], and the alert keys of [fp8]
   TelemetrySettings telemetry;
+  ProfilingSettings profiling;
 };
+
+// Where a run of `config` writes its kernel trace: profiling.trace_dir, relative to logging.run_dir.
+std::filesystem::path profiling_trace_dir(const RunConfig& config);
 
 // A key of the configuration, for documentation and `octet config show`.
 struct ConfigKeyInfo {

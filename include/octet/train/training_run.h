@@ -40,6 +40,10 @@ struct TrainingRunSummary {
   float last_validation_loss = 0.0f;
   bool interrupted = false;
   int stop_signal = 0;  // the signal (SIGINT, SIGTERM) that stopped the run, when interrupted
+  // [profiling]: where the kernel trace was written (empty: none), and whether the run gave it up (a
+  // fallback: the profiler could not record, and the run trained on without it)
+  std::filesystem::path kernel_trace_dir;
+  bool profiling_fell_back = false;
 };
 
 // The backend a run trains on, as train.device says (the GPU for "auto" when one is visible), and the line

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "kernel_profiler.h"
 #include "octet/backend/cuda_backend.h"
 #include "octet/backend/gpu_bench.h"
 #include "octet/backend/registry.h"
@@ -82,6 +83,9 @@ class CudaBackendFactory final : public BackendFactory {
     return make_cuda_backend(cuda_options);
   }
   const DeviceBench* device_bench() const override { return &bench_; }
+  std::unique_ptr<KernelProfiler> make_kernel_profiler() const override {
+    return cuda::make_cupti_kernel_profiler();
+  }
 
  private:
   CudaDeviceBench bench_;
