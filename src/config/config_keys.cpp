@@ -314,8 +314,8 @@ const std::vector<Key>& keys() {
     k.push_back(number(
         "fp8.shadow_cosine_threshold",
         [](RunConfig& c) -> float& { return c.telemetry.shadow_cosine_threshold; }, -1, false, 1, false,
-        "A shadow_cosine alert fires when a layer's FP8 weight gradient has a cosine below this with the BF16 "
-        "shadow's."));
+        "A shadow_cosine alert fires when a layer's FP8 weight gradient has a cosine below this with the "
+        "BF16 shadow's."));
     k.push_back(integer<int64_t>(
         "fp8.recalibrate_every", [](RunConfig& c) -> int64_t& { return c.telemetry.recalibrate_every; }, 0,
         big,

@@ -131,8 +131,8 @@ std::vector<Alert> AlertMonitor::observe_shadow(const ShadowReading& r) {
     if (lowest == nullptr || !(*cosine >= *lowest->second)) lowest = &entry;
     if (low && first_time(layer, "weight_gradient", "shadow_cosine")) {
       alerts.push_back({"shadow_cosine", r.step, layer, "weight_gradient", *cosine, cosine_threshold,
-                        fmt::format("its weight gradient in FP8 has a cosine of {:.4g} with the BF16 shadow's "
-                                    "(threshold {:.3g})",
+                        fmt::format("its weight gradient in FP8 has a cosine of {:.4g} with the BF16 "
+                                    "shadow's (threshold {:.3g})",
                                     *cosine, cosine_threshold)});
     }
   }

@@ -277,7 +277,8 @@ void TelemetryRecorder::act_on(const Alert& a) {
                                                          : fmt::format("{:.3g}%", a.value * 100)),
                  a.step + 1);
   } else if (settings_.on_alert == AlertAction::recalibrate && recalibration_request_.empty()) {
-    recalibration_request_ = fmt::format("FP8 {} alert at step {} ({} {})", a.kind, a.step, a.layer, a.tensor);
+    recalibration_request_ =
+        fmt::format("FP8 {} alert at step {} ({} {})", a.kind, a.step, a.layer, a.tensor);
   } else if (settings_.on_alert == AlertAction::stop && stop_message_.empty()) {
     stop_message_ = fmt::format(
         "training stopped at step {} by an FP8 {} alert: {} {}: {} (fp8.on_alert = \"stop\"). Run `octet "
@@ -302,8 +303,8 @@ void TelemetryRecorder::record_recalibration(int64_t steps_done, const std::vect
     changed += row.scale_after != row.scale_before ? 1 : 0;
     store_.add(row);
   }
-  store_.add(EventRecord{steps_done, "recalibration", std::nullopt, std::nullopt, static_cast<double>(changed),
-                         std::nullopt, line});
+  store_.add(EventRecord{steps_done, "recalibration", std::nullopt, std::nullopt,
+                         static_cast<double>(changed), std::nullopt, line});
 }
 
 void TelemetryRecorder::move_to_bf16(const std::string& layer, const std::string& reason,

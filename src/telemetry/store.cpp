@@ -164,8 +164,8 @@ TelemetryStore::TelemetryStore(const std::filesystem::path& path, std::optional<
     const int64_t k = *resume_at;
     Statement alerts(db,
                      "SELECT DISTINCT layer, tensor, kind FROM events WHERE step <= ?1 AND layer IS NOT NULL "
-                     "AND tensor IS NOT NULL AND kind IN ('saturation', 'underflow', 'scale_jump', 'shadow_loss', "
-                     "'shadow_cosine')");
+                     "AND tensor IS NOT NULL AND kind IN ('saturation', 'underflow', 'scale_jump', "
+                     "'shadow_loss', 'shadow_cosine')");
     alerts.bind(1, k);
     while (alerts.step()) resumed_.alerts_raised.insert({alerts.text(0), alerts.text(1), alerts.text(2)});
     // A move decided at step k's telemetry applies from step k + 1, which the resumed run redoes.

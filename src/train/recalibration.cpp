@@ -15,12 +15,13 @@ std::vector<RecalibrationRecord> install_calibrated_scales(Model& model,
                                                            int64_t steps_done, const std::string& reason) {
   const ScalingRecipe* recipe = model.policy().recipe();
   OCTET_CHECK(recipe != nullptr && recipe->kind() == RecipeKind::static_scale,
-              "recalibration under the static recipe, got {}", recipe != nullptr ? recipe->describe() : "none");
+              "recalibration under the static recipe, got {}",
+              recipe != nullptr ? recipe->describe() : "none");
   std::vector<RecalibrationRecord> rows;
   for (const CalibratedLayer& layer : measured) {
     if (!layer.excluded.empty()) continue;
     Fp8LinearState* state = model.fp8_state(layer.name);  // brought up to date from the backend
-    if (state == nullptr) continue;                          // moved to BF16 since
+    if (state == nullptr) continue;                       // moved to BF16 since
     ScalingState* operands[3] = {&state->activation, &state->weight, &state->gradient};
     for (size_t k = 0; k < 3; ++k) {
       const CalibratedOperand& o = layer.operands[k];

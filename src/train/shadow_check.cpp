@@ -56,7 +56,8 @@ std::vector<float> host_gradient(Model& model, const ParameterInfo& p, int64_t f
   std::vector<uint16_t> bits(values.size());
   model.backend().copy_to_host(bits.data(), static_cast<const uint16_t*>(gradient) + first,
                                bits.size() * sizeof(uint16_t));
-  for (size_t i = 0; i < bits.size(); ++i) values[i] = std::bit_cast<float>(static_cast<uint32_t>(bits[i]) << 16);
+  for (size_t i = 0; i < bits.size(); ++i)
+    values[i] = std::bit_cast<float>(static_cast<uint32_t>(bits[i]) << 16);
   return values;
 }
 
@@ -88,8 +89,8 @@ Model& ShadowModel::prepare(Model& model) {
   if (!shadow_ || built_on_ != &model.backend()) {
     release();
     observer_ = std::make_unique<ObservingBackend>(model.backend());
-    shadow_ = make_model(bf16_.model, *observer_, PrecisionPolicy(bf16_.precision, bf16_.model, B_ * T_), B_,
-                         T_);
+    shadow_ =
+        make_model(bf16_.model, *observer_, PrecisionPolicy(bf16_.precision, bf16_.model, B_ * T_), B_, T_);
     shadow_->set_telemetry(false, false);
     built_on_ = &model.backend();
   }

@@ -1,5 +1,5 @@
-// The BF16 shadow of an FP8 run (docs/localization.md, "Shadow checks" and "Recalibration in a run"): a second
-// model of the same shape in BF16, on the run's backend seen through an observing backend
+// The BF16 shadow of an FP8 run (docs/localization.md, "Shadow checks" and "Recalibration in a run"): a
+// second model of the same shape in BF16, on the run's backend seen through an observing backend
 // (calibration_observer.h), into which the FP8 model's weights are copied whenever it is used. It runs a
 // step's first micro-batch again to compare the FP8 loss and weight gradients with BF16's, and measures the
 // FP8 operands' statistics for a recalibration. It changes nothing of the FP8 model, its trainer or the data:

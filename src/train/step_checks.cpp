@@ -61,7 +61,8 @@ std::vector<std::string> StepChecks::after_step(Trainer& trainer, Model& model, 
   if (reason.empty() || !have_batch_ || model.policy().mode() != MixedPrecision::fp8) return lines;
   // Measured after the step's update, on its first micro-batch: the scales the next step casts with.
   const std::vector<CalibratedLayer> measured = shadow_->measure(model, tokens_, targets_, dloss_);
-  const std::vector<RecalibrationRecord> rows = install_calibrated_scales(model, measured, steps_done, reason);
+  const std::vector<RecalibrationRecord> rows =
+      install_calibrated_scales(model, measured, steps_done, reason);
   lines.push_back(recalibration_line(steps_done, rows, reason));
   telemetry.record_recalibration(steps_done, rows, lines.back());
   return lines;

@@ -37,7 +37,8 @@ class ShadowFixture : public TrainFixture {
     const std::string path = (root_ / "run" / "telemetry.sqlite").string();
     EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << path;
     sqlite3_stmt* s = nullptr;
-    EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr), SQLITE_OK) << sqlite3_errmsg(db) << ": " << sql;
+    EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr), SQLITE_OK)
+        << sqlite3_errmsg(db) << ": " << sql;
     while (s != nullptr && sqlite3_step(s) == SQLITE_ROW) {
       std::vector<std::string> row;
       for (int c = 0; c < sqlite3_column_count(s); ++c) {

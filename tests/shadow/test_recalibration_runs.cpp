@@ -26,8 +26,8 @@ float as_float(const std::string& text) {
 
 TEST_F(Recalibration, ReplacesABadStaticScaleWithTheCalibratedOne) {
   const testing::ProcessResult r =
-      train(4, {"fp8.recipe=static", "fp8.static_scale=0.001", "fp8.recalibrate_every=3", "telemetry.interval=1",
-                "fp8.alert_underflow=1"});
+      train(4, {"fp8.recipe=static", "fp8.static_scale=0.001", "fp8.recalibrate_every=3",
+                "telemetry.interval=1", "fp8.alert_underflow=1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("step 3: FP8 scales recalibrated (every 3 steps): 12 of 12 operand scales changed"),
             std::string::npos)
@@ -65,11 +65,13 @@ TEST_F(Recalibration, ReplacesABadStaticScaleWithTheCalibratedOne) {
 }
 
 TEST_F(Recalibration, AResumedRunContinuesExactly) {
-  const std::vector<std::string> sets = {"fp8.recipe=static", "fp8.static_scale=0.001", "fp8.recalibrate_every=3",
-                                         "fp8.alert_underflow=1", "checkpoint.every=4"};
+  const std::vector<std::string> sets = {"fp8.recipe=static", "fp8.static_scale=0.001",
+                                         "fp8.recalibrate_every=3", "fp8.alert_underflow=1",
+                                         "checkpoint.every=4"};
   ASSERT_EQ(train(8, sets).exit_code, 0);
   const fs::path last = root_ / "run" / "checkpoints" / "step_000008";
-  const std::string weights = read(last / "model.safetensors"), moments = read(last / "optimizer.safetensors");
+  const std::string weights = read(last / "model.safetensors"),
+                    moments = read(last / "optimizer.safetensors");
   Json state = Json::parse(read(last / "state.json"));
   const auto recalibrated = query("SELECT * FROM recalibrations ORDER BY step, layer, tensor");
   ASSERT_EQ(recalibrated.size(), 24u);  // steps 3 and 6
@@ -98,8 +100,9 @@ TEST_F(Recalibration, AShadowAlertRecalibratesAndTheLayerAgreesAgain) {
   // scale of 1e-4 flushes to zero; a calibration file plants it.
   const fs::path config = write_config("fp8", 2);
   const fs::path file = root_ / "planted.calibration.json";
-  ASSERT_EQ(testing::run_octet({"calibrate", config.string(), "--batches", "2", "--out", file.string()}).exit_code,
-            0);
+  ASSERT_EQ(
+      testing::run_octet({"calibrate", config.string(), "--batches", "2", "--out", file.string()}).exit_code,
+      0);
   Json c = Json::parse(read(file));
   for (Json& layer : c["layers"]) {
     if (layer["name"] == "h.0.mlp.c_proj") layer["operands"]["activation"]["scale"] = 1e-4;
@@ -109,8 +112,9 @@ TEST_F(Recalibration, AShadowAlertRecalibratesAndTheLayerAgreesAgain) {
       train(6, {"fp8.recipe=static", "fp8.calibration=" + file.string(), "fp8.shadow_every=2",
                 "fp8.on_alert=recalibrate", "fp8.alert_underflow=1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("the FP8 scales are measured again on this step's batch (fp8.on_alert = \"recalibrate\")"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("the FP8 scales are measured again on this step's batch (fp8.on_alert = \"recalibrate\")"),
+      std::string::npos)
       << r.out;
   const auto rows = query(
       "SELECT step, printf('%.17g', scale_before), printf('%.17g', scale_after), reason FROM recalibrations "

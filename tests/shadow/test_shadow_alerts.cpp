@@ -16,7 +16,7 @@ namespace octet {
 namespace {
 
 TEST(GradientCosine, IsExactOnRepresentableInputs) {
-  EXPECT_EQ(gradient_cosine({1.0f, 2.0f}, {2.0f, 4.0f}), 1.0);    // 10 / sqrt(5 * 20)
+  EXPECT_EQ(gradient_cosine({1.0f, 2.0f}, {2.0f, 4.0f}), 1.0);  // 10 / sqrt(5 * 20)
   EXPECT_EQ(gradient_cosine({1.0f, 2.0f}, {-2.0f, -4.0f}), -1.0);
   EXPECT_EQ(gradient_cosine({1.0f, 0.0f}, {0.0f, 3.0f}), 0.0);
   EXPECT_EQ(gradient_cosine({3.0f, 4.0f}, {4.0f, 3.0f}), 24.0 / 25.0);
@@ -47,7 +47,8 @@ TEST(ShadowAlerts, HealthyReadingRaisesNothingAndThresholdsAreStrict) {
   settings.shadow_cosine_threshold = 0.5f;
   AlertMonitor monitor(settings);
   // A loss difference of exactly 0.25 and a cosine of exactly 0.5 are at the thresholds, not across them.
-  EXPECT_TRUE(monitor.observe_shadow(reading(2, 5.0, 4.0, {{"a", 0.5}, {"b", 1.0}, {"c", std::nullopt}})).empty());
+  EXPECT_TRUE(
+      monitor.observe_shadow(reading(2, 5.0, 4.0, {{"a", 0.5}, {"b", 1.0}, {"c", std::nullopt}})).empty());
   EXPECT_EQ(reading(2, 5.0, 4.0, {}).relative_loss_difference(), 0.25);
 }
 

@@ -46,7 +46,8 @@ class ShadowRun : public ShadowFixture {
 TEST_F(ShadowRun, HealthyRunRecordsLossesAndCosinesAndRaisesNothing) {
   const testing::ProcessResult r = train(8, {"fp8.shadow_every=2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto losses = query("SELECT step, fp8_loss, bf16_loss, relative_difference FROM shadow_loss ORDER BY step");
+  const auto losses =
+      query("SELECT step, fp8_loss, bf16_loss, relative_difference FROM shadow_loss ORDER BY step");
   ASSERT_EQ(losses.size(), 4u);
   for (size_t i = 0; i < losses.size(); ++i) {
     EXPECT_EQ(losses[i][0], std::to_string(2 * (i + 1)));
@@ -112,19 +113,20 @@ TEST_F(ShadowRun, PlantedLayerFiresTheAlertAndMovesToBf16) {
       << r.out;
   EXPECT_NE(r.out.find(std::string(kPlanted) + " runs in BF16 from step 3"), std::string::npos) << r.out;
   // Every other layer agrees with its shadow.
-  EXPECT_EQ(number(std::string("SELECT COUNT(*) FROM shadow WHERE layer != '") + kPlanted +
-                   "' AND cosine > 0.9"),
-            9.0);
+  EXPECT_EQ(
+      number(std::string("SELECT COUNT(*) FROM shadow WHERE layer != '") + kPlanted + "' AND cosine > 0.9"),
+      9.0);
   // Moved: its GEMMs in BF16 from step 3, three FP8 GEMMs fewer per step, no more shadow rows for it.
   const auto gemms =
-      query(std::string("SELECT gemm, mode, since_step FROM gemms WHERE since_step > 0 AND layer = '") + kPlanted +
-            "' ORDER BY gemm");
+      query(std::string("SELECT gemm, mode, since_step FROM gemms WHERE since_step > 0 AND layer = '") +
+            kPlanted + "' ORDER BY gemm");
   ASSERT_EQ(gemms.size(), 3u);
   for (const auto& g : gemms) {
     EXPECT_EQ(g[1], "bf16");
     EXPECT_EQ(g[2], "3");
   }
-  EXPECT_EQ(number("SELECT fp8_gemms FROM steps WHERE step = 2") - number("SELECT fp8_gemms FROM steps WHERE step = 3"),
+  EXPECT_EQ(number("SELECT fp8_gemms FROM steps WHERE step = 2") -
+                number("SELECT fp8_gemms FROM steps WHERE step = 3"),
             3.0);
   EXPECT_EQ(number(std::string("SELECT COUNT(*) FROM shadow WHERE layer = '") + kPlanted + "'"), 1.0);
   const Json map = Json::parse(read(root_ / "run" / "precision_map.json"));
@@ -138,8 +140,9 @@ TEST_F(ShadowRun, PlantedLayerFiresTheAlertAndMovesToBf16) {
 
   // Resumed for two more steps, the run remembers the alert and the move: no second alert, the layer in BF16.
   const testing::ProcessResult resumed =
-      train(8, {"fp8.recipe=static", "fp8.calibration=" + calibration.string(), "fp8.shadow_every=2",
-                "fp8.on_alert=bf16_layer", "fp8.alert_underflow=1"},
+      train(8,
+            {"fp8.recipe=static", "fp8.calibration=" + calibration.string(), "fp8.shadow_every=2",
+             "fp8.on_alert=bf16_layer", "fp8.alert_underflow=1"},
             {"--resume"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(resumed.out.find("warning"), std::string::npos) << resumed.out;
@@ -164,8 +167,9 @@ TEST_F(ShadowRun, BadValuesAndCombinationsAreRefusedWithNothingWritten) {
       {{"train.mixed_precision=bf16", "fp8.shadow_every=2"},
        "fp8.shadow_every = 2 acts on fp8 steps, and this run trains in bf16 throughout"},
       {{"telemetry.enabled=false", "fp8.shadow_every=2"}, "telemetry.enabled = false"},
-      {{"fp8.recalibrate_every=5"}, "fp8.recalibrate_every = 5 installs the static recipe's scales, and "
-                                    "fp8.recipe is \"delayed\""},
+      {{"fp8.recalibrate_every=5"},
+       "fp8.recalibrate_every = 5 installs the static recipe's scales, and "
+       "fp8.recipe is \"delayed\""},
       {{"fp8.on_alert=recalibrate", "fp8.recipe=current"}, "fp8.on_alert = \"recalibrate\" installs"},
   };
   for (const Case& c : cases) {

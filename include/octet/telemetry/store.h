@@ -92,8 +92,8 @@ struct RecalibrationRecord {
 };
 struct EventRecord {
   std::optional<int64_t> step;
-  // saturation, underflow, scale_jump, shadow_loss, shadow_cosine, skipped_step, layer_to_bf16, recalibration,
-  // mode_change, stop, info
+  // saturation, underflow, scale_jump, shadow_loss, shadow_cosine, skipped_step, layer_to_bf16,
+  // recalibration, mode_change, stop, info
   std::string kind;
   std::optional<std::string> layer;
   std::optional<std::string> tensor;
