@@ -45,14 +45,14 @@ void StepChecks::before_step(Trainer& trainer, Model& model, int64_t steps_done)
 }
 
 std::vector<std::string> StepChecks::after_step(Trainer& trainer, Model& model, int64_t steps_done,
-                                                TelemetryRecorder& telemetry) {
+                                                bool step_skipped, TelemetryRecorder& telemetry) {
   std::vector<std::string> lines;
   if (!active_) return lines;
   trainer.set_micro_batch_probe(nullptr);
-  if (reading_) {
+  if (reading_ && !step_skipped) {
     telemetry.record_shadow(*reading_);
-    reading_.reset();
   }
+  reading_.reset();
   std::string reason = telemetry.take_recalibration_request();
   if (settings_.recalibrate_every > 0 && steps_done % settings_.recalibrate_every == 0) {
     const std::string every = fmt::format("every {} steps", settings_.recalibrate_every);

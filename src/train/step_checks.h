@@ -32,9 +32,9 @@ class StepChecks {
   // be recalibrated after (the model in fp8 mode).
   void before_step(Trainer& trainer, Model& model, int64_t steps_done);
   // After that step and its telemetry record (whose alerts may ask for a recalibration): the shadow reading
-  // recorded and acted on, then the recalibration, if any, installed and recorded. Returns the lines for
-  // the run's log.
-  std::vector<std::string> after_step(Trainer& trainer, Model& model, int64_t steps_done,
+  // recorded and acted on (not for a step skipped for a non-finite loss or gradient, whose skip is its own
+  // event), then the recalibration, if any, installed and recorded. Returns the lines for the run's log.
+  std::vector<std::string> after_step(Trainer& trainer, Model& model, int64_t steps_done, bool step_skipped,
                                       TelemetryRecorder& telemetry);
   // The run is about to replace its model and maybe its backend (a precision schedule's switch).
   void model_replaced();

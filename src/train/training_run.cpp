@@ -569,7 +569,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
         telemetry->record_step(r, seconds * 1000.0, tokens_per_second,
                                telemetry->is_telemetry_step(done, config.steps));
         for (const auto& [phase, ms] : phases.totals()) telemetry_store->add(PhaseRecord{done, phase, ms});
-        for (const std::string& checked : checks.after_step(*trainer, *model, done, *telemetry)) {
+        for (const std::string& checked : checks.after_step(*trainer, *model, done, r.skipped, *telemetry)) {
           if (interactive) std::fputs("\n", out);
           say(out, checked);
         }
