@@ -279,10 +279,13 @@ const std::vector<Key>& keys() {
         "Refuse to start instead of running FP8 GEMMs in BF16 where the device has no FP8 tensor cores."));
     k.push_back(choice<AlertAction>(
         "fp8.on_alert", [](RunConfig& c) -> AlertAction& { return c.telemetry.on_alert; },
-        {{"warn", AlertAction::warn}, {"bf16_layer", AlertAction::bf16_layer}, {"stop", AlertAction::stop}},
+        {{"warn", AlertAction::warn},
+         {"bf16_layer", AlertAction::bf16_layer},
+         {"stop", AlertAction::stop},
+         {"recalibrate", AlertAction::recalibrate}},
         "What an FP8 alert does besides one warning line and an event row: nothing (warn), run the layer's "
-        "GEMMs in BF16 from the next step (bf16_layer), or save a checkpoint and stop with exit code 3 "
-        "(docs/telemetry.md)."));
+        "GEMMs in BF16 from the next step (bf16_layer), save a checkpoint and stop with exit code 3 (stop), "
+        "or measure the static recipe's scales again on the step's batch (recalibrate; docs/telemetry.md)."));
     k.push_back(number(
         "fp8.alert_saturation", [](RunConfig& c) -> float& { return c.telemetry.alert_saturation; }, 0, false,
         1, false,
@@ -299,6 +302,25 @@ const std::vector<Key>& keys() {
         "Alert when an FP8 activation's or weight's magnitude moves lastingly by more than this factor "
         "between telemetry records (delayed scaling: the median amax of the casts since the previous "
         "record); gradients never raise it; 0: never, otherwise more than 1."));
+    k.push_back(integer<int64_t>(
+        "fp8.shadow_every", [](RunConfig& c) -> int64_t& { return c.telemetry.shadow_every; }, 0, big,
+        "Every this many fp8 steps, run the step's first micro-batch again in BF16 and record the loss "
+        "difference and each FP8 layer's weight-gradient cosine (docs/localization.md); 0: never."));
+    k.push_back(number(
+        "fp8.shadow_loss_threshold", [](RunConfig& c) -> float& { return c.telemetry.shadow_loss_threshold; },
+        0, true, inf, false,
+        "A shadow_loss alert fires when the FP8 loss differs from the BF16 shadow's by more than this "
+        "fraction of it."));
+    k.push_back(number(
+        "fp8.shadow_cosine_threshold",
+        [](RunConfig& c) -> float& { return c.telemetry.shadow_cosine_threshold; }, -1, false, 1, false,
+        "A shadow_cosine alert fires when a layer's FP8 weight gradient has a cosine below this with the "
+        "BF16 shadow's."));
+    k.push_back(integer<int64_t>(
+        "fp8.recalibrate_every", [](RunConfig& c) -> int64_t& { return c.telemetry.recalibrate_every; }, 0,
+        big,
+        "Every this many steps, measure the FP8 operands on the step's first micro-batch and install the "
+        "calibrated scales (fp8.recipe = \"static\"; docs/localization.md); 0: never."));
     // [optimizer]
     k.push_back(number(
         "optimizer.learning_rate", [](RunConfig& c) -> float& { return c.train.schedule.max_learning_rate; },

@@ -134,6 +134,38 @@ void apply_override(RunConfig& config, const std::string& assignment) {
   k->set(config, *parsed.get("value"), where);
 }
 
+// fp8.shadow_every, fp8.recalibrate_every and fp8.on_alert = "recalibrate" (docs/localization.md): refused,
+// never ignored, where they cannot act.
+void check_shadow_and_recalibration(const RunConfig& c, const std::string& origin) {
+  const TelemetrySettings& t = c.telemetry;
+  const bool recalibrates = t.recalibrate_every > 0 || t.on_alert == AlertAction::recalibrate;
+  if (t.shadow_every == 0 && !recalibrates) return;
+  const std::string what =
+      t.shadow_every > 0 ? fmt::format("fp8.shadow_every = {}", t.shadow_every)
+      : t.recalibrate_every > 0 ? fmt::format("fp8.recalibrate_every = {}", t.recalibrate_every)
+                                : std::string("fp8.on_alert = \"recalibrate\"");
+  bool any_fp8 = false;
+  for (const PrecisionSpan& span : precision_schedule(c)) any_fp8 |= span.mode == MixedPrecision::fp8;
+  if (!any_fp8) {
+    fail(fmt::format("{}: {} acts on fp8 steps, and this run trains in {} throughout: train in fp8, or leave "
+                     "it out",
+                     origin, what, mixed_precision_name(c.precision.mode)));
+  }
+  if (!t.enabled) {
+    fail(fmt::format("{}: {} records in RUN_DIR/telemetry.sqlite, and telemetry.enabled = false: enable "
+                     "telemetry, or leave it out",
+                     origin, what));
+  }
+  if (recalibrates && c.precision.recipe != RecipeKind::static_scale) {
+    fail(fmt::format("{}: {} installs the static recipe's scales, and fp8.recipe is \"{}\" (which chooses "
+                     "its scales itself): set fp8.recipe = \"static\", or leave it out",
+                     origin,
+                     t.recalibrate_every > 0 ? fmt::format("fp8.recalibrate_every = {}", t.recalibrate_every)
+                                             : std::string("fp8.on_alert = \"recalibrate\""),
+                     recipe_name(c.precision.recipe)));
+  }
+}
+
 void check_consistency(const RunConfig& c, const std::string& origin) {
   auto require = [&](bool ok, const std::string& message) {
     if (!ok) fail(fmt::format("{}: {}", origin, message));
@@ -179,6 +211,7 @@ void check_consistency(const RunConfig& c, const std::string& origin) {
           fmt::format("fp8.alert_scale_jump ({}) must be 0 (never) or more than 1: a scale always moves by a "
                       "factor of at least 1",
                       c.telemetry.alert_scale_jump));
+  check_shadow_and_recalibration(c, origin);
   // Each shape key is bounded; their products must be too (computed in double, which cannot overflow here).
   const double V = static_cast<double>(c.model.padded_vocab()), C = static_cast<double>(c.model.channels),
                L = static_cast<double>(c.model.layers), NH = static_cast<double>(c.model.heads),

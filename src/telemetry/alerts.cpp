@@ -17,6 +17,8 @@ std::string_view alert_action_name(AlertAction a) {
       return "bf16_layer";
     case AlertAction::stop:
       return "stop";
+    case AlertAction::recalibrate:
+      return "recalibrate";
   }
   return "?";
 }
@@ -108,6 +110,47 @@ std::vector<Alert> AlertMonitor::observe(const TensorReading& r) {
       }
     }
     last_scale_[key] = {r.step, *r.scale};
+  }
+  return alerts;
+}
+
+double ShadowReading::relative_loss_difference() const {
+  if (!std::isfinite(fp8_loss) || !std::isfinite(bf16_loss)) return NAN;
+  return std::abs(fp8_loss - bf16_loss) / std::abs(bf16_loss);
+}
+
+std::vector<Alert> AlertMonitor::observe_shadow(const ShadowReading& r) {
+  std::vector<Alert> alerts;
+  // A NaN never passes: a cosine or a loss difference that is not a number crosses its threshold.
+  const double cosine_threshold = setting(settings_.shadow_cosine_threshold);
+  const std::pair<std::string, std::optional<double>>* lowest = nullptr;
+  for (const auto& entry : r.cosines) {
+    const auto& [layer, cosine] = entry;
+    if (!cosine) continue;
+    const bool low = !(static_cast<float>(*cosine) >= settings_.shadow_cosine_threshold);
+    if (lowest == nullptr || !(*cosine >= *lowest->second)) lowest = &entry;
+    if (low && first_time(layer, "weight_gradient", "shadow_cosine")) {
+      alerts.push_back({"shadow_cosine", r.step, layer, "weight_gradient", *cosine, cosine_threshold,
+                        fmt::format("its weight gradient in FP8 has a cosine of {:.4g} with the BF16 "
+                                    "shadow's (threshold {:.3g})",
+                                    *cosine, cosine_threshold)});
+    }
+  }
+  const double difference = r.relative_loss_difference();
+  if (!(static_cast<float>(difference) <= settings_.shadow_loss_threshold)) {
+    const std::string layer = lowest != nullptr ? lowest->first : std::string("model");
+    if (first_time(layer, "loss", "shadow_loss")) {
+      const double threshold = setting(settings_.shadow_loss_threshold);
+      alerts.push_back(
+          {"shadow_loss", r.step, layer, "loss", difference, threshold,
+           fmt::format("the loss of the step's first micro-batch is {:.6g} in FP8 and {:.6g} in BF16, a "
+                       "relative difference of {} (threshold {}){}",
+                       r.fp8_loss, r.bf16_loss, percent(difference), percent(threshold),
+                       lowest != nullptr ? fmt::format("; the lowest weight-gradient cosine is this layer's, "
+                                                       "{:.4g}",
+                                                       *lowest->second)
+                                         : std::string())});
+    }
   }
   return alerts;
 }

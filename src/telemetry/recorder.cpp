@@ -260,6 +260,9 @@ void TelemetryRecorder::act_on(const Alert& a) {
     case AlertAction::stop:
       consequence = fmt::format("the run stops after a checkpoint ({})", action_key);
       break;
+    case AlertAction::recalibrate:
+      consequence = fmt::format("the FP8 scales are measured again on this step's batch ({})", action_key);
+      break;
   }
   const std::string line = fmt::format("warning: FP8 {} alert at step {}: {} {}: {}; {}", a.kind, a.step,
                                        a.layer, a.tensor, a.what, consequence);
@@ -269,9 +272,13 @@ void TelemetryRecorder::act_on(const Alert& a) {
     move_to_bf16(a.layer,
                  fmt::format("BF16 from step {} after an FP8 {} alert at step {} ({} {})", a.step + 1, a.kind,
                              a.step, a.tensor,
-                             a.kind == "scale_jump" ? fmt::format("factor {:.3g}", a.value)
-                                                    : fmt::format("{:.3g}%", a.value * 100)),
+                             a.kind == "scale_jump"      ? fmt::format("factor {:.3g}", a.value)
+                             : a.kind == "shadow_cosine" ? fmt::format("cosine {:.4g}", a.value)
+                                                         : fmt::format("{:.3g}%", a.value * 100)),
                  a.step + 1);
+  } else if (settings_.on_alert == AlertAction::recalibrate && recalibration_request_.empty()) {
+    recalibration_request_ =
+        fmt::format("FP8 {} alert at step {} ({} {})", a.kind, a.step, a.layer, a.tensor);
   } else if (settings_.on_alert == AlertAction::stop && stop_message_.empty()) {
     stop_message_ = fmt::format(
         "training stopped at step {} by an FP8 {} alert: {} {}: {} (fp8.on_alert = \"stop\"). Run `octet "
@@ -279,6 +286,25 @@ void TelemetryRecorder::act_on(const Alert& a) {
         a.step, a.kind, a.layer, a.tensor, a.what);
     store_.add(EventRecord{a.step, "stop", a.layer, a.tensor, a.value, a.threshold, stop_message_});
   }
+}
+
+void TelemetryRecorder::record_shadow(const ShadowReading& r) {
+  store_.add(ShadowLossRecord{r.step, finite_or_null(r.fp8_loss), finite_or_null(r.bf16_loss),
+                              finite_or_null(r.relative_loss_difference())});
+  for (const auto& [layer, cosine] : r.cosines)
+    store_.add(ShadowLayerRecord{r.step, layer, cosine ? finite_or_null(*cosine) : std::nullopt});
+  for (const Alert& a : monitor_.observe_shadow(r)) act_on(a);
+}
+
+void TelemetryRecorder::record_recalibration(int64_t steps_done, const std::vector<RecalibrationRecord>& rows,
+                                             const std::string& line) {
+  int64_t changed = 0;
+  for (const RecalibrationRecord& row : rows) {
+    changed += row.scale_after != row.scale_before ? 1 : 0;
+    store_.add(row);
+  }
+  store_.add(EventRecord{steps_done, "recalibration", std::nullopt, std::nullopt,
+                         static_cast<double>(changed), std::nullopt, line});
 }
 
 void TelemetryRecorder::move_to_bf16(const std::string& layer, const std::string& reason,

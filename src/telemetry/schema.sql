@@ -19,5 +19,13 @@ CREATE TABLE phases(step INTEGER NOT NULL, phase TEXT NOT NULL, ms REAL, PRIMARY
   -- optional per-phase step time (forward, backward, optimizer, data, ...) when measured
 CREATE TABLE events(id INTEGER PRIMARY KEY, step INTEGER, kind TEXT NOT NULL, layer TEXT, tensor TEXT,
   value REAL, threshold REAL, message TEXT NOT NULL);
-  -- kind: saturation|underflow|scale_jump|skipped_step|layer_to_bf16|mode_change|stop|info
+  -- kind: saturation|underflow|scale_jump|shadow_loss|shadow_cosine|skipped_step|layer_to_bf16|recalibration|mode_change|stop|info
+CREATE TABLE shadow_loss(step INTEGER PRIMARY KEY, fp8_loss REAL, bf16_loss REAL, relative_difference REAL);
+  -- one row per BF16 shadow check (fp8.shadow_every): the step's first micro-batch's loss in FP8 and in BF16
+CREATE TABLE shadow(step INTEGER NOT NULL, layer TEXT NOT NULL, cosine REAL, PRIMARY KEY(step, layer));
+  -- each FP8 layer's weight-gradient cosine, FP8 against BF16, at a shadow check (NULL: both gradients zero)
+CREATE TABLE recalibrations(step INTEGER NOT NULL, layer TEXT NOT NULL, tensor TEXT NOT NULL,
+  scale_before REAL NOT NULL, scale_after REAL NOT NULL, amax REAL, reason TEXT NOT NULL,
+  PRIMARY KEY(step, layer, tensor));
+  -- one row per FP8 operand at each recalibration in the run (fp8.recalibrate_every, fp8.on_alert = "recalibrate")
 -- Layer names are the precision policy's: h.0.attn.c_attn, h.0.attn.c_proj, h.0.mlp.c_fc, h.0.mlp.c_proj, ..., lm_head.

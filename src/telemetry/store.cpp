@@ -28,6 +28,13 @@ CREATE TABLE IF NOT EXISTS phases(step INTEGER NOT NULL, phase TEXT NOT NULL, ms
   PRIMARY KEY(step, phase));
 CREATE TABLE IF NOT EXISTS events(id INTEGER PRIMARY KEY, step INTEGER, kind TEXT NOT NULL, layer TEXT,
   tensor TEXT, value REAL, threshold REAL, message TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS shadow_loss(step INTEGER PRIMARY KEY, fp8_loss REAL, bf16_loss REAL,
+  relative_difference REAL);
+CREATE TABLE IF NOT EXISTS shadow(step INTEGER NOT NULL, layer TEXT NOT NULL, cosine REAL,
+  PRIMARY KEY(step, layer));
+CREATE TABLE IF NOT EXISTS recalibrations(step INTEGER NOT NULL, layer TEXT NOT NULL, tensor TEXT NOT NULL,
+  scale_before REAL NOT NULL, scale_after REAL NOT NULL, amax REAL, reason TEXT NOT NULL,
+  PRIMARY KEY(step, layer, tensor));
 )sql";
 
 // A writable database with the telemetry tables in place. These are the connection's first statements, so a
@@ -59,7 +66,14 @@ struct TelemetryStore::Writer {
         phase(db, "INSERT OR REPLACE INTO phases(step, phase, ms) VALUES(?1, ?2, ?3)"),
         event(db,
               "INSERT INTO events(step, kind, layer, tensor, value, threshold, message) "
-              "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)") {}
+              "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
+        shadow_loss(db,
+                    "INSERT OR REPLACE INTO shadow_loss(step, fp8_loss, bf16_loss, relative_difference) "
+                    "VALUES(?1, ?2, ?3, ?4)"),
+        shadow(db, "INSERT OR REPLACE INTO shadow(step, layer, cosine) VALUES(?1, ?2, ?3)"),
+        recalibration(db,
+                      "INSERT OR REPLACE INTO recalibrations(step, layer, tensor, scale_before, scale_after, "
+                      "amax, reason) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)") {}
 
   void write(const RunInfoRecord& r) {
     Statement& s = r.keep_existing ? run_keep : run_replace;
@@ -114,8 +128,26 @@ struct TelemetryStore::Writer {
         .run();
   }
 
+  void write(const ShadowLossRecord& r) {
+    shadow_loss.bind(1, r.step).bind(2, r.fp8_loss).bind(3, r.bf16_loss).bind(4, r.relative_difference).run();
+  }
+  void write(const ShadowLayerRecord& r) {
+    shadow.bind(1, r.step).bind(2, std::string_view(r.layer)).bind(3, r.cosine).run();
+  }
+  void write(const RecalibrationRecord& r) {
+    recalibration.bind(1, r.step)
+        .bind(2, std::string_view(r.layer))
+        .bind(3, std::string_view(r.tensor))
+        .bind(4, r.scale_before)
+        .bind(5, r.scale_after)
+        .bind(6, r.amax)
+        .bind(7, std::string_view(r.reason))
+        .run();
+  }
+
   TelemetryDatabase db;
-  Statement run_replace, run_keep, step, validation, tensor, gemm, phase, event;
+  Statement run_replace, run_keep, step, validation, tensor, gemm, phase, event, shadow_loss, shadow,
+      recalibration;
 };
 
 TelemetryStore::TelemetryStore(const std::filesystem::path& path, std::optional<int64_t> resume_at)
@@ -126,12 +158,14 @@ TelemetryStore::TelemetryStore(const std::filesystem::path& path, std::optional<
     // A run that starts afresh in this directory starts its telemetry afresh too.
     db.execute(
         "BEGIN; DELETE FROM run; DELETE FROM steps; DELETE FROM validation; DELETE FROM tensor_stats; "
-        "DELETE FROM gemms; DELETE FROM phases; DELETE FROM events; COMMIT;");
+        "DELETE FROM gemms; DELETE FROM phases; DELETE FROM events; DELETE FROM shadow_loss; "
+        "DELETE FROM shadow; DELETE FROM recalibrations; COMMIT;");
   } else {
     const int64_t k = *resume_at;
     Statement alerts(db,
                      "SELECT DISTINCT layer, tensor, kind FROM events WHERE step <= ?1 AND layer IS NOT NULL "
-                     "AND tensor IS NOT NULL AND kind IN ('saturation', 'underflow', 'scale_jump')");
+                     "AND tensor IS NOT NULL AND kind IN ('saturation', 'underflow', 'scale_jump', "
+                     "'shadow_loss', 'shadow_cosine')");
     alerts.bind(1, k);
     while (alerts.step()) resumed_.alerts_raised.insert({alerts.text(0), alerts.text(1), alerts.text(2)});
     // A move decided at step k's telemetry applies from step k + 1, which the resumed run redoes.
@@ -153,7 +187,9 @@ TelemetryStore::TelemetryStore(const std::filesystem::path& path, std::optional<
     db.execute(
         fmt::format("BEGIN; DELETE FROM steps WHERE step > {0}; DELETE FROM validation WHERE step > {0}; "
                     "DELETE FROM tensor_stats WHERE step > {0}; DELETE FROM phases WHERE step > {0}; "
-                    "DELETE FROM events WHERE step > {0}; DELETE FROM gemms WHERE since_step > {1}; COMMIT;",
+                    "DELETE FROM events WHERE step > {0}; DELETE FROM gemms WHERE since_step > {1}; "
+                    "DELETE FROM shadow_loss WHERE step > {0}; DELETE FROM shadow WHERE step > {0}; "
+                    "DELETE FROM recalibrations WHERE step > {0}; COMMIT;",
                     k, k + 1));
   }
   thread_ = std::thread([this] { run_writer(); });

@@ -40,9 +40,12 @@ OperandStatistics MagnitudeHistogram::statistics() const {
   return s;
 }
 
-ObservingBackend::ObservingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {
+ObservingBackend::ObservingBackend(std::unique_ptr<Backend> inner)
+    : owned_(std::move(inner)), inner_(owned_.get()) {
   OCTET_CHECK(inner_ != nullptr, "a backend to run the ops on");
 }
+
+ObservingBackend::ObservingBackend(Backend& inner) : inner_(&inner) {}
 
 void ObservingBackend::watch(const LinearExecution* exec, std::string name) {
   watched_[exec].name = std::move(name);

@@ -50,10 +50,18 @@ class MagnitudeHistogram {
 class ObservingBackend final : public Backend {
  public:
   explicit ObservingBackend(std::unique_ptr<Backend> inner);
+  // Runs every op on `inner`, which it does not own and which must outlive it (a run's own backend, which a
+  // recalibration in the run observes through a second model: src/train/shadow_check.h).
+  explicit ObservingBackend(Backend& inner);
 
   // Watch the layer whose ops take `exec`, under `name`.
   void watch(const LinearExecution* exec, std::string name);
   void begin_batch() { backward_seen_.clear(); }
+  // Watches nothing any more, and forgets what was observed.
+  void clear_watched() {
+    watched_.clear();
+    backward_seen_.clear();
+  }
   // Adds the values of a watched layer's weight [OC, C] (in this backend's memory) to its histogram: once,
   // since calibrating changes no weight; also for an expert that no token chose.
   void add_weight(const LinearExecution* exec, const ConstTensorView& weight);
@@ -188,7 +196,8 @@ class ObservingBackend final : public Backend {
   // Adds x's magnitudes to `histogram`, counted by the inner backend where x is.
   void count(MagnitudeHistogram& histogram, const ConstTensorView& x);
 
-  std::unique_ptr<Backend> inner_;
+  std::unique_ptr<Backend> owned_;  // null where the inner backend is not this one's
+  Backend* inner_;
   std::map<const LinearExecution*, Watched> watched_;
   std::set<const LinearExecution*> backward_seen_;  // layers whose backward ran since begin_batch
 };

@@ -230,7 +230,8 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
       phase(StepPhase::data);
       data(tokens.data(), targets.data());
       phase(StepPhase::forward);
-      group_loss += model_.forward(tokens.data(), targets.data(), B, T, dloss);
+      const float loss = model_.forward(tokens.data(), targets.data(), B, T, dloss);
+      group_loss += loss;
       phase(StepPhase::backward);
       // The last micro-batch's backward starts the ranks' sums of the gradients it finishes.
       if (m == micro - 1 && overlap_gradient_sums()) {
@@ -242,6 +243,7 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
       model_.backward(dloss);
       model_.set_gradient_ready(nullptr);
       if (step_scaling_) step_scaling_->after_micro_batch();
+      if (probe_ && g == 0 && m == 0) probe_(MicroBatch{tokens.data(), targets.data(), B, T, loss, dloss});
     }
     loss_sum = g == 0 ? group_loss : loss_sum + group_loss;
     if (groups == 1) break;

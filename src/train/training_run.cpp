@@ -34,6 +34,7 @@
 #include "octet/version.h"
 #include "kernel_profiling.h"
 #include "run_device.h"
+#include "step_checks.h"
 
 namespace octet {
 namespace {
@@ -209,6 +210,12 @@ void check_ranks(const RunConfig& config, int world) {
   OCTET_REQUIRE(world == 1 || config.telemetry.on_alert != AlertAction::bf16_layer,
                 "fp8.on_alert = \"bf16_layer\" is not supported on several ranks yet (every rank would have to "
                 "move the same layer at the same step); use \"warn\" or \"stop\"");
+  OCTET_REQUIRE(world == 1 || config.telemetry.on_alert != AlertAction::recalibrate,
+                "fp8.on_alert = \"recalibrate\" is not supported on several ranks yet (every rank would have "
+                "to install the same scales at the same step); use \"warn\" or \"stop\"");
+  OCTET_REQUIRE(world == 1 || (config.telemetry.shadow_every == 0 && config.telemetry.recalibrate_every == 0),
+                "fp8.shadow_every and fp8.recalibrate_every are not supported on several ranks yet (the BF16 "
+                "shadow runs on rank 0's micro-batch alone); set them to 0, or train on one rank");
 }
 
 TrainingRunSummary run_training(const RunConfig& config, const TrainingRunOptions& options) {
@@ -495,6 +502,8 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
     return loss;
   };
 
+  // fp8.shadow_every, fp8.recalibrate_every, fp8.on_alert = "recalibrate" (step_checks.h).
+  StepChecks checks(config);
   const StopSignals signals(options.handle_signals);
   TrainingRunSummary summary;
   StepProfiling::Hooks profiling_hooks;
@@ -523,6 +532,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
       // (precision_schedule.h).
       if (const std::optional<PrecisionSwitch> change =
               schedule.switch_before(step, model->policy().mode())) {
+        checks.model_replaced();
         switch_precision({backend, model, trainer}, [&] { build(schedule.config_at(step)); });
         if (interactive) std::fputs("\n", out);
         for (const std::string& line : {change->line(), model->policy().startup_line()}) {
@@ -544,6 +554,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
       profiling.before_step(step + 1, *backend);
       const auto t0 = std::chrono::steady_clock::now();
       phases.reset(telemetry != nullptr && telemetry->is_telemetry_step(step + 1, config.steps));
+      checks.before_step(*trainer, *model, step + 1);
       const StepResult r = trainer->step(train_data);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       profiling.after_step(step + 1, *backend);
@@ -585,6 +596,10 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
         telemetry->record_step(r, seconds * 1000.0, tokens_per_second,
                                telemetry->is_telemetry_step(done, config.steps));
         for (const auto& [phase, ms] : phases.totals()) telemetry_store->add(PhaseRecord{done, phase, ms});
+        for (const std::string& checked : checks.after_step(*trainer, *model, done, r.skipped, *telemetry)) {
+          if (interactive) std::fputs("\n", out);
+          say(out, checked);
+        }
       }
       // Whether the run stops after this step, as rank 0 decides for every rank: a signal, or an FP8 alert
       // with fp8.on_alert = "stop".

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "octet/telemetry/settings.h"
@@ -28,8 +29,20 @@ struct TensorReading {
   std::vector<double> recent_amax;
 };
 
+// A BF16 shadow check of one step (docs/localization.md, "Shadow checks"): the loss of the step's first
+// micro-batch in FP8 and in BF16 with the same weights, and each FP8 linear layer's weight-gradient cosine
+// between the two (nullopt where both gradients are zero).
+struct ShadowReading {
+  int64_t step = 0;  // steps done
+  double fp8_loss = 0.0;
+  double bf16_loss = 0.0;
+  std::vector<std::pair<std::string, std::optional<double>>> cosines;  // layer, cosine; the model's order
+  // |fp8_loss - bf16_loss| / |bf16_loss| (NaN where either loss is not finite).
+  double relative_loss_difference() const;
+};
+
 struct Alert {
-  std::string kind;  // "saturation", "underflow", "scale_jump"
+  std::string kind;  // "saturation", "underflow", "scale_jump", "shadow_loss", "shadow_cosine"
   int64_t step = 0;
   std::string layer;
   std::string tensor;
@@ -51,6 +64,11 @@ class AlertMonitor {
   // previous reading. Gradients raise none: their magnitudes move by orders of magnitude with the loss and
   // the learning rate, and what that costs shows in their saturation and underflow fractions.
   std::vector<Alert> observe(const TensorReading& reading);
+  // The alerts a shadow check raises for the first time: "shadow_cosine" for each layer whose cosine is
+  // below shadow_cosine_threshold (or NaN), tensor "weight_gradient"; "shadow_loss" when the relative loss
+  // difference exceeds shadow_loss_threshold (or is NaN), naming the layer of the lowest cosine (the one
+  // fp8.on_alert = "bf16_layer" moves), tensor "loss". A loss alert is raised once per layer it names.
+  std::vector<Alert> observe_shadow(const ShadowReading& reading);
 
  private:
   bool first_time(const std::string& layer, const std::string& tensor, const std::string& kind);

@@ -53,6 +53,17 @@ class TelemetryRecorder {
   // the run's first step is.
   void precision_changed(int64_t steps_done, std::string_view from, std::string_view to);
 
+  // A BF16 shadow check of the step that made reading.step steps (docs/localization.md): its rows, and the
+  // alerts it raises, acted on as fp8.on_alert says.
+  void record_shadow(const ShadowReading& reading);
+  // A recalibration in the run measured these operands' scales again (their rows say why): the rows, and
+  // one event with `line` (the run's log line) and the number of scales that changed as its value.
+  void record_recalibration(int64_t steps_done, const std::vector<RecalibrationRecord>& rows,
+                            const std::string& line);
+  // An alert with fp8.on_alert = "recalibrate" fired since the last call: why (the first such alert), once;
+  // empty when none did.
+  std::string take_recalibration_request() { return std::exchange(recalibration_request_, {}); }
+
   // An alert with fp8.on_alert = "stop" fired: the run should save a checkpoint and end with this message.
   bool stop_requested() const { return !stop_message_.empty(); }
   const std::string& stop_message() const { return stop_message_; }
@@ -77,6 +88,7 @@ class TelemetryRecorder {
   std::map<std::string, std::string> moved_to_bf16_;
   bool after_switch_ = false;  // the step after a switch of precision mode is to come
   std::string stop_message_;
+  std::string recalibration_request_;
   int64_t alerts_raised_ = 0;
 };
 

@@ -67,9 +67,34 @@ struct PhaseRecord {
   std::string phase;
   double ms = 0.0;
 };
+// A BF16 shadow check's losses (docs/localization.md, "Shadow checks").
+struct ShadowLossRecord {
+  int64_t step = 0;
+  std::optional<double> fp8_loss;
+  std::optional<double> bf16_loss;
+  std::optional<double> relative_difference;
+};
+// One FP8 layer's weight-gradient cosine in a shadow check (NULL where both gradients are zero).
+struct ShadowLayerRecord {
+  int64_t step = 0;
+  std::string layer;
+  std::optional<double> cosine;
+};
+// One operand's scale changed by a recalibration in the run.
+struct RecalibrationRecord {
+  int64_t step = 0;
+  std::string layer;
+  std::string tensor;  // "activation", "weight", "gradient"
+  double scale_before = 1.0;
+  double scale_after = 1.0;
+  std::optional<double> amax;  // the statistic measured (NULL: none seen, scale kept)
+  std::string reason;          // "every 100 steps", or the alert that asked for it
+};
 struct EventRecord {
   std::optional<int64_t> step;
-  std::string kind;  // saturation, underflow, scale_jump, skipped_step, layer_to_bf16, stop, info
+  // saturation, underflow, scale_jump, shadow_loss, shadow_cosine, skipped_step, layer_to_bf16,
+  // recalibration, mode_change, stop, info
+  std::string kind;
   std::optional<std::string> layer;
   std::optional<std::string> tensor;
   std::optional<double> value;
@@ -77,7 +102,8 @@ struct EventRecord {
   std::string message;
 };
 using TelemetryRecord = std::variant<RunInfoRecord, StepRecord, ValidationRecord, TensorRecord, GemmRecord,
-                                     PhaseRecord, EventRecord>;
+                                     PhaseRecord, EventRecord, ShadowLossRecord, ShadowLayerRecord,
+                                     RecalibrationRecord>;
 
 // What a resumed run takes over from the database: the alerts already raised (layer, tensor, kind), and the
 // layers an alert moved to BF16 (with the reason) at or before the step the run resumes at.

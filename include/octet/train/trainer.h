@@ -26,6 +26,18 @@ using StepResult = StepStatistics;
 class StepScaling;
 class OverlappedSums;
 
+// A step's first micro-batch as the trainer ran it (its forward and backward done, the optimizer not yet):
+// what a probe (Trainer::set_micro_batch_probe) sees. The model's gradients then hold this micro-batch's
+// alone, and its weights are the step's.
+struct MicroBatch {
+  const int32_t* tokens = nullptr;  // [B, T], host memory
+  const int32_t* targets = nullptr;
+  int64_t B = 0;
+  int64_t T = 0;
+  float loss = 0.0f;   // the mean loss over its B x T positions
+  float dloss = 0.0f;  // the gradient of the loss sum its backward started from (loss scale included)
+};
+
 class Trainer {
  public:
   // Reports the FP8 startup line through settings.log (fp8 mode only) and writes the per-layer precision map
@@ -42,6 +54,11 @@ class Trainer {
   StepResult step(const BatchSource& data);
   // Mean loss over `batches` micro-batches, without touching gradients or the optimizer.
   float evaluate(const BatchSource& data, int64_t batches);
+
+  // Called in every step after the first micro-batch's backward (of the first emulated rank), until reset
+  // with nullptr. A probe must change nothing the step uses: the shadow checks and recalibration of a run
+  // (src/train/shadow_check.h) read the gradients and run another model.
+  void set_micro_batch_probe(std::function<void(const MicroBatch&)> probe) { probe_ = std::move(probe); }
 
   int64_t steps_done() const { return step_; }
   int64_t consecutive_skips() const { return consecutive_skips_; }
@@ -84,6 +101,7 @@ class Trainer {
   std::unique_ptr<StepScaling> step_scaling_;
   // The gradient sums started during this step's backward; null when none are.
   std::unique_ptr<OverlappedSums> overlapped_;
+  std::function<void(const MicroBatch&)> probe_;
   AdamW optimizer_;
   LossScaler scaler_;
   int64_t step_ = 0;
