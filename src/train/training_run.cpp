@@ -28,6 +28,7 @@
 #include "octet/telemetry/recorder.h"
 #include "octet/train/checkpoint.h"
 #include "octet/train/data_parallel.h"
+#include "octet/train/layer_gain.h"
 #include "octet/train/precision_schedule.h"
 #include "octet/train/run_directory.h"
 #include "octet/train/telemetry_source.h"
@@ -294,7 +295,15 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
       backend = make_backend(chosen, mode);
       backend_made_for = wanted;
     }
-    model = make_model(mode.model, *backend, PrecisionPolicy(mode.precision, mode.model, B * T), B, T);
+    PrecisionPolicy policy(mode.precision, mode.model, B * T);
+    if (mode.precision.mode == MixedPrecision::fp8 && mode.precision.auto_filter) {
+      const DeviceBench* bench = chosen.backend->device_bench();
+      OCTET_REQUIRE(chosen.cuda && bench != nullptr,
+                    "fp8.auto_filter = true needs the CUDA backend's GEMM timing, which this run's backend "
+                    "does not have");
+      auto_filter_layers(policy, *bench, B * T);
+    }
+    model = make_model(mode.model, *backend, std::move(policy), B, T);
     model->init_weights(config.seed);
     if (!telemetry_here) model->set_telemetry(false, false);
     TrainSettings mode_settings = settings;
