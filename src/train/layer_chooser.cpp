@@ -23,7 +23,7 @@ LayerChoice choose_fp8_layers(const std::vector<ChooserCandidate>& candidates, d
     const ChooserCandidate& c = candidates[i];
     if (!(c.saving_ms > 0.0)) {
       choice.decisions[i].reason =
-          fmt::format("bf16: no gain, fp8 would take {:.4f} ms more per micro-batch", -c.saving_ms);
+          fmt::format("bf16: no gain, fp8 would take {:.3g} ms more per micro-batch", -c.saving_ms);
     } else if (std::isnan(c.loss_change) || std::isinf(c.loss_change)) {
       choice.decisions[i].reason = "bf16: the loss was not finite with this layer alone in FP8";
     } else {
@@ -44,7 +44,7 @@ LayerChoice choose_fp8_layers(const std::vector<ChooserCandidate>& candidates, d
       d.fp8 = true;
       choice.predicted_loss_change = total;
       choice.saving_ms += c.saving_ms;
-      d.reason = fmt::format("fp8: saves {:.4f} ms, loss {} alone in FP8", c.saving_ms,
+      d.reason = fmt::format("fp8: saves {:.3g} ms, loss {} alone in FP8", c.saving_ms,
                              percent_change(c.loss_change));
     } else if (cost(i) > budget) {
       d.reason = fmt::format("bf16: loss {} alone in FP8, over the budget of {}", percent_change(c.loss_change),

@@ -25,7 +25,7 @@ std::string precision_map_table(const PrecisionMapFile& map) {
       continue;
     }
     out += fmt::format(
-        "{:<{}}  {:<6} {:>10} {:>10} {:>19} {:>9.4f} {:>9.4f}  {}\n", l.name, width, l.fp8 ? "fp8" : "bf16",
+        "{:<{}}  {:<6} {:>10} {:>10} {:>19} {:>9.3g} {:>9.3g}  {}\n", l.name, width, l.fp8 ? "fp8" : "bf16",
         percent_change(l.alone_in_fp8.loss_change), percent_change(l.alone_in_bf16.loss_change),
         fmt::format("{}/{}/{}", sqnr(l.numerics[0]), sqnr(l.numerics[1]), sqnr(l.numerics[2])), l.bf16_ms,
         l.fp8_gemm_ms + l.fp8_cast_ms, l.reason);

@@ -206,6 +206,10 @@ void check_ranks(const RunConfig& config, int world) {
                 "the optimizer state over every rank (dp_shard = -1) or over none (dp_shard = 1, dp_replicate = "
                 "-1)",
                 layout.shard, layout.replicate);
+  OCTET_REQUIRE(world == 1 || !config.precision.auto_filter,
+                "fp8.auto_filter is not supported on several ranks yet (each rank would time its GEMMs and "
+                "could choose other layers); localize once with `octet localize` and train with "
+                "fp8.precision_map");
   OCTET_REQUIRE(world == 1 || config.telemetry.on_alert != AlertAction::bf16_layer,
                 "fp8.on_alert = \"bf16_layer\" is not supported on several ranks yet (every rank would have to "
                 "move the same layer at the same step); use \"warn\" or \"stop\"");

@@ -95,7 +95,7 @@ class PlantedLayer : public ::testing::Test {
                            << (root_ / "pretrain").string() << "\"\nlog_every = 50\n";
   }
   void TearDown() override {
-    if (!root_.empty() && !::testing::Test::HasFailure()) fs::remove_all(root_);
+    if (!root_.empty() && !::testing::Test::HasFailure() && !std::getenv("KEEPTMP")) fs::remove_all(root_);
   }
 
   // The pretrained checkpoint with the outliers planted, saved as a run of its own.

@@ -91,7 +91,7 @@ int LocalizeCommand::run() const {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   std::printf("gain: %s\n", map.gain_basis.c_str());
   std::printf(
-      "wrote %s: %lld of %lld measured layers in FP8 (%zu linear layers), saving %.4f ms per micro-batch; "
+      "wrote %s: %lld of %lld measured layers in FP8 (%zu linear layers), saving %.3g ms per micro-batch; "
       "loss change predicted %s, measured %s (budget %s); took %.1f s\n",
       out.string().c_str(), static_cast<long long>(fp8), static_cast<long long>(measured), map.layers.size(),
       map.saving_ms, percent_change(map.predicted_loss_change).c_str(),
