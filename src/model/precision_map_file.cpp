@@ -91,7 +91,8 @@ class Reader {
   std::string origin_;
 };
 
-SensitivityCompared read_compared(const Reader& r, const Json& layer, const std::string& at, const char* key) {
+SensitivityCompared read_compared(const Reader& r, const Json& layer, const std::string& at,
+                                  const char* key) {
   const Json& o = r.member(layer, at, key);
   const std::string where = fmt::format("{}.{}", at, key);
   constexpr double kBig = std::numeric_limits<double>::max();
@@ -145,8 +146,9 @@ std::string precision_map_file_json(const PrecisionMapFile& m) {
       Json numerics = Json::object();
       for (size_t k = 0; k < 3; ++k) {
         const CastNumerics& n = l.numerics[k];
-        numerics[std::string(kOperandNames[k])] = Json{
-            {"sqnr_db", optional_number(n.sqnr_db)}, {"saturated", n.saturated}, {"underflowed", n.underflowed}};
+        numerics[std::string(kOperandNames[k])] = Json{{"sqnr_db", optional_number(n.sqnr_db)},
+                                                       {"saturated", n.saturated},
+                                                       {"underflowed", n.underflowed}};
       }
       layer["numerics"] = std::move(numerics);
       layer["alone_in_fp8"] = compared_json(l.alone_in_fp8);
@@ -275,8 +277,8 @@ PrecisionMapFile read_precision_map_file(const std::filesystem::path& path) {
   return parse_precision_map_file(text, path.string());
 }
 
-std::vector<std::optional<std::string>> precision_map_moves(const PrecisionMapFile& map, std::string_view origin,
-                                                            const ModelConfig& model,
+std::vector<std::optional<std::string>> precision_map_moves(const PrecisionMapFile& map,
+                                                            std::string_view origin, const ModelConfig& model,
                                                             const std::vector<LinearPlan>& layers) {
   auto fail = [&](const std::string& what) {
     throw Error(ErrorKind::invalid_input, fmt::format("precision map {}: {}", origin, what));
@@ -286,9 +288,10 @@ std::vector<std::optional<std::string>> precision_map_moves(const PrecisionMapFi
     const auto it = theirs.find(key);
     const std::string there = it == theirs.end() ? std::string("missing") : it->second;
     if (there != value) {
-      fail(fmt::format("it was made for another model: model.{} is {} there, {} in this one ({}); localize "
-                       "this model",
-                       key, io::printable(there), value, model.describe()));
+      fail(
+          fmt::format("it was made for another model: model.{} is {} there, {} in this one ({}); localize "
+                      "this model",
+                      key, io::printable(there), value, model.describe()));
     }
   }
   std::map<std::string_view, const LocalizedLayer*> by_name;
@@ -311,9 +314,10 @@ std::vector<std::optional<std::string>> precision_map_moves(const PrecisionMapFi
                        l.out_features, p.in_features, p.out_features));
     }
     if (p.fp8() && !l.excluded.empty()) {
-      fail(fmt::format("layer {} runs in FP8 here but was not measured when the map was made ({}); localize "
-                       "with this run's [fp8] settings",
-                       p.name, io::printable(l.excluded, 120)));
+      fail(
+          fmt::format("layer {} runs in FP8 here but was not measured when the map was made ({}); localize "
+                      "with this run's [fp8] settings",
+                      p.name, io::printable(l.excluded, 120)));
     }
     moves.push_back(p.fp8() && l.excluded.empty() && !l.fp8 ? std::optional<std::string>(l.reason)
                                                             : std::nullopt);

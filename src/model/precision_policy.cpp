@@ -249,14 +249,13 @@ std::string PrecisionPolicy::startup_line() const {
       break;
     }
   }
-  const std::string map =
-      settings_.precision_map.empty()
-          ? std::string()
-          : fmt::format("; {} kept in BF16 by precision map {}", precision_map_moved_,
-                        settings_.precision_map.string());
+  const std::string map = settings_.precision_map.empty()
+                              ? std::string()
+                              : fmt::format("; {} kept in BF16 by precision map {}", precision_map_moved_,
+                                            settings_.precision_map.string());
   return fmt::format("FP8 training enabled: recipe={} ({}); {} of {} linear layers in FP8{}; lm_head: {}{}{}",
-                     recipe, details, fp8_layer_count(), layers_.size(), map, head.fp8() ? "FP8" : head.reason,
-                     moe,
+                     recipe, details, fp8_layer_count(), layers_.size(), map,
+                     head.fp8() ? "FP8" : head.reason, moe,
                      settings_.bf16_weight_gradients ? "; weight gradients in bf16" : "");
 }
 
@@ -276,8 +275,8 @@ std::string PrecisionPolicy::map_json(const std::function<std::string(const Line
         "  {{\"layer\": \"{}\", \"in_features\": {}, \"out_features\": {}, \"forward\": \"{}\", "
         "\"input_gradient\": \"{}\", \"weight_gradient\": \"{}\", \"reason\": {}{}{}}}{}\n",
         p.name, p.in_features, p.out_features, gemm_mode_name(p.forward), gemm_mode_name(p.input_gradient),
-        gemm_mode_name(p.weight_gradient), nlohmann::json(p.reason).dump(), scales, more ? more(p) : std::string(),
-        i + 1 < layers_.size() ? "," : "");
+        gemm_mode_name(p.weight_gradient), nlohmann::json(p.reason).dump(), scales,
+        more ? more(p) : std::string(), i + 1 < layers_.size() ? "," : "");
   }
   return out + "]\n";
 }

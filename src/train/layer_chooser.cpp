@@ -47,12 +47,13 @@ LayerChoice choose_fp8_layers(const std::vector<ChooserCandidate>& candidates, d
       d.reason = fmt::format("fp8: saves {:.3g} ms, loss {} alone in FP8", c.saving_ms,
                              percent_change(c.loss_change));
     } else if (cost(i) > budget) {
-      d.reason = fmt::format("bf16: loss {} alone in FP8, over the budget of {}", percent_change(c.loss_change),
-                             percent_change(budget).substr(1));
+      d.reason = fmt::format("bf16: loss {} alone in FP8, over the budget of {}",
+                             percent_change(c.loss_change), percent_change(budget).substr(1));
     } else {
-      d.reason = fmt::format("bf16: loss {} alone in FP8 would take the predicted change to {}, over the "
-                             "budget of {}",
-                             percent_change(c.loss_change), percent_change(total), percent_change(budget).substr(1));
+      d.reason = fmt::format(
+          "bf16: loss {} alone in FP8 would take the predicted change to {}, over the "
+          "budget of {}",
+          percent_change(c.loss_change), percent_change(total), percent_change(budget).substr(1));
     }
   }
   return choice;

@@ -20,8 +20,8 @@ std::array<GemmBenchKind, 3> fp8_kinds(const PrecisionSettings& s) {
       s.fast_accumulation_forward ? GemmBenchKind::e4m3_fast_accumulation : GemmBenchKind::e4m3;
   GemmBenchKind backward = s.all_e4m3 ? GemmBenchKind::e4m3 : GemmBenchKind::e4m3_e5m2;
   if (s.fast_accumulation_backward) {
-    backward = s.all_e4m3 ? GemmBenchKind::e4m3_fast_accumulation
-                          : GemmBenchKind::e4m3_e5m2_fast_accumulation;
+    backward =
+        s.all_e4m3 ? GemmBenchKind::e4m3_fast_accumulation : GemmBenchKind::e4m3_e5m2_fast_accumulation;
   }
   return {forward, backward, backward};
 }
@@ -29,8 +29,9 @@ std::array<GemmBenchKind, 3> fp8_kinds(const PrecisionSettings& s) {
 const GemmBenchResult& result_of(const GemmBenchRow& row, GemmBenchKind kind) {
   for (const GemmBenchResult& r : row.results) {
     if (r.kind == kind) {
-      OCTET_REQUIRE(r.skipped.empty(), "timing the {} GEMM {} x {} x {} ({}): {}", gemm_bench_kind_heading(kind),
-                    row.shape.M, row.shape.N, row.shape.K, row.shape.label, r.skipped);
+      OCTET_REQUIRE(r.skipped.empty(), "timing the {} GEMM {} x {} x {} ({}): {}",
+                    gemm_bench_kind_heading(kind), row.shape.M, row.shape.N, row.shape.K, row.shape.label,
+                    r.skipped);
       return r;
     }
   }
@@ -97,15 +98,17 @@ LayerGain LayerGainMeter::gain(const LayerShape& shape) {
 
 std::string LayerGainMeter::basis() const {
   if (bench_ != nullptr) {
-    return fmt::format("measured on the GPU: GEMMs timed as `octet bench gemm` times them, casts as bytes "
-                       "moved over the measured copy bandwidth ({:.0f} GB/s)",
-                       bandwidth_gbs_);
+    return fmt::format(
+        "measured on the GPU: GEMMs timed as `octet bench gemm` times them, casts as bytes "
+        "moved over the measured copy bandwidth ({:.0f} GB/s)",
+        bandwidth_gbs_);
   }
-  return fmt::format("modelled, not measured (no GPU): H100 SXM peaks, dense BF16 {:.0f} TFLOP/s, FP8 {:.0f} "
-                     "TFLOP/s, {}",
-                     model_.bf16_tflops, model_.fp8_tflops,
-                     model_.bandwidth_gbs > 0.0 ? fmt::format("casts at {:.2f} TB/s", model_.bandwidth_gbs / 1e3)
-                                                : std::string("casts free (--free-casts)"));
+  return fmt::format(
+      "modelled, not measured (no GPU): H100 SXM peaks, dense BF16 {:.0f} TFLOP/s, FP8 {:.0f} "
+      "TFLOP/s, {}",
+      model_.bf16_tflops, model_.fp8_tflops,
+      model_.bandwidth_gbs > 0.0 ? fmt::format("casts at {:.2f} TB/s", model_.bandwidth_gbs / 1e3)
+                                 : std::string("casts free (--free-casts)"));
 }
 
 int64_t auto_filter_layers(PrecisionPolicy& policy, const DeviceBench& bench, int64_t tokens) {
@@ -116,11 +119,10 @@ int64_t auto_filter_layers(PrecisionPolicy& policy, const DeviceBench& bench, in
     const LayerShape shape{tokens, plan.in_features, plan.out_features};
     const LayerGain g = meter.gain(shape);
     if (g.fp8_ms() <= g.bf16_ms) continue;
-    policy.move_layer_to_bf16(plan.name,
-                              fmt::format("bf16: fp8 {:.3f} ms > bf16 {:.3f} ms at M={}, N={}, K={} "
-                                          "(fp8.auto_filter)",
-                                          g.fp8_ms(), g.bf16_ms, shape.tokens, shape.out_features,
-                                          shape.in_features));
+    policy.move_layer_to_bf16(
+        plan.name, fmt::format("bf16: fp8 {:.3f} ms > bf16 {:.3f} ms at M={}, N={}, K={} "
+                               "(fp8.auto_filter)",
+                               g.fp8_ms(), g.bf16_ms, shape.tokens, shape.out_features, shape.in_features));
     ++moved;
   }
   return moved;

@@ -54,7 +54,8 @@ CastNumerics numerics_of(const CastTelemetry& t) {
   CastNumerics n;
   if (t.elements > 0) n.saturated = static_cast<double>(t.saturated) / static_cast<double>(t.elements);
   if (t.nonzero > 0) n.underflowed = static_cast<double>(t.underflowed) / static_cast<double>(t.nonzero);
-  if (t.signal_energy > 0.0 && t.noise_energy > 0.0) n.sqnr_db = 10.0 * std::log10(t.signal_energy / t.noise_energy);
+  if (t.signal_energy > 0.0 && t.noise_energy > 0.0)
+    n.sqnr_db = 10.0 * std::log10(t.signal_energy / t.noise_energy);
   return n;
 }
 
@@ -63,7 +64,8 @@ SensitivityCompared compare(const VariantResult& variant, const VariantResult& r
   SensitivityCompared s;
   s.loss_change = relative_change(variant.loss, reference.loss);
   s.layer_gradient_cosine = gradient_cosine(variant.gradients, reference.gradients, layer.begin, layer.count);
-  s.all_gradient_cosine = gradient_cosine(variant.gradients, reference.gradients, 0, reference.gradients.size());
+  s.all_gradient_cosine =
+      gradient_cosine(variant.gradients, reference.gradients, 0, reference.gradients.size());
   return s;
 }
 
@@ -134,14 +136,15 @@ PrecisionMapFile run_localization(const RunConfig& config, const LocalizationOpt
   say(options.out, device.device_line);
   say(options.out, fmt::format("octet {}: {}; localizing {} of {} linear layers over {} batches of {} x {} "
                                "tokens on the {} backend ({} variants)",
-                               kVersion, description, measured, all_fp8.layers().size(), options.batches, B, T,
-                               backend.name(), 2 * measured + 3));
+                               kVersion, description, measured, all_fp8.layers().size(), options.batches, B,
+                               T, backend.name(), 2 * measured + 3));
   VariantRunner runner(config.model, backend, batches, std::move(weights));
 
   const VariantResult bf16 = runner.run(policies.only([](const std::string&) { return false; }), false);
   const VariantResult fp8_all = runner.run(policies.only([](const std::string&) { return true; }), true);
-  say(options.out, fmt::format("every layer in bf16: loss {:.6f}; every layer in fp8: loss {:.6f} ({})",
-                               bf16.loss, fp8_all.loss, percent_change(relative_change(fp8_all.loss, bf16.loss))));
+  say(options.out,
+      fmt::format("every layer in bf16: loss {:.6f}; every layer in fp8: loss {:.6f} ({})", bf16.loss,
+                  fp8_all.loss, percent_change(relative_change(fp8_all.loss, bf16.loss))));
   OCTET_REQUIRE(std::isfinite(bf16.loss) && bf16.loss > 0.0,
                 "the loss with every layer in BF16 is {}: nothing to measure against", bf16.loss);
 
@@ -169,8 +172,10 @@ PrecisionMapFile run_localization(const RunConfig& config, const LocalizationOpt
       layer.numerics = {numerics_of(t->second.activation), numerics_of(t->second.weight),
                         numerics_of(t->second.gradient)};
     }
-    const VariantResult alone_fp8 = runner.run(policies.only([&](const std::string& n) { return n == plan.name; }), false);
-    const VariantResult alone_bf16 = runner.run(policies.only([&](const std::string& n) { return n != plan.name; }), false);
+    const VariantResult alone_fp8 =
+        runner.run(policies.only([&](const std::string& n) { return n == plan.name; }), false);
+    const VariantResult alone_bf16 =
+        runner.run(policies.only([&](const std::string& n) { return n != plan.name; }), false);
     layer.alone_in_fp8 = compare(alone_fp8, bf16, *range);
     layer.alone_in_bf16 = compare(alone_bf16, fp8_all, *range);
     const LayerGain gain = meter.gain({B * T, plan.in_features, plan.out_features});
@@ -212,7 +217,8 @@ PrecisionMapFile run_localization(const RunConfig& config, const LocalizationOpt
   if (delayed) map.recipe += ", measured as current scaling in place of the configured delayed recipe";
   map.budget = options.budget;
   map.predictor =
-      "the sum over the FP8 layers of each layer's relative loss change alone in FP8 (negative counted as 0); "
+      "the sum over the FP8 layers of each layer's relative loss change alone in FP8 (negative counted as "
+      "0); "
       "greedy by time saved per unit of that change";
   map.gain_basis = meter.basis();
   map.loss_bf16 = bf16.loss;

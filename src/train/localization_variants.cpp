@@ -53,7 +53,8 @@ VariantResult VariantRunner::run(PrecisionPolicy policy, bool measure_numerics) 
       } else {
         std::vector<uint16_t> bits(g.size());
         backend_.copy_to_host(bits.data(), device, bits.size() * sizeof(uint16_t));
-        for (size_t i = 0; i < g.size(); ++i) g[i] = std::bit_cast<float>(static_cast<uint32_t>(bits[i]) << 16);
+        for (size_t i = 0; i < g.size(); ++i)
+          g[i] = std::bit_cast<float>(static_cast<uint32_t>(bits[i]) << 16);
       }
       it = fetched.emplace(holder->name, std::move(g)).first;
     }

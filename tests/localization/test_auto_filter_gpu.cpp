@@ -29,7 +29,8 @@ TEST_F(AutoFilterGpu, SlowerFp8LayersStayInBf16WithBothTimes) {
   }
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Json map = Json::parse(read(root_ / "run" / "precision_map.json"));
-  const std::regex slower("bf16: fp8 ([0-9.]+) ms > bf16 ([0-9.]+) ms at M=32, N=[0-9]+, K=[0-9]+ \\(fp8.auto_filter\\)");
+  const std::regex slower(
+      "bf16: fp8 ([0-9.]+) ms > bf16 ([0-9.]+) ms at M=32, N=[0-9]+, K=[0-9]+ \\(fp8.auto_filter\\)");
   for (const Json& layer : map) {
     if (layer["layer"] == "lm_head") continue;
     const std::string reason = layer["reason"];

@@ -16,9 +16,9 @@ TEST(LayerChooser, KeepsTheSensitiveLayerAndFillsTheBudgetWithTheRest) {
   // Changes and savings that are exact in binary, so the sums compare exactly.
   const std::vector<ChooserCandidate> c = {{"a", 0.001953125, 1.0},  // 2^-9
                                            {"sensitive", 0.0625, 4.0},
-                                           {"b", 0.0009765625, 0.5},   // 2^-10
-                                           {"free", -0.0001, 0.25},    // counted as 0
-                                           {"slow", 0.0, -0.125}};     // no gain
+                                           {"b", 0.0009765625, 0.5},  // 2^-10
+                                           {"free", -0.0001, 0.25},   // counted as 0
+                                           {"slow", 0.0, -0.125}};    // no gain
   const LayerChoice choice = choose_fp8_layers(c, 0.005);
   ASSERT_EQ(choice.decisions.size(), c.size());
   EXPECT_TRUE(choice.decisions[0].fp8);
@@ -47,8 +47,10 @@ TEST(LayerChooser, TakesTheBestRatioFirstAndSaysWhenTheSumWouldOverrun) {
 
 TEST(LayerChooser, NonFiniteLossNeverFitsAndAZeroBudgetTakesOnlyHarmlessLayers) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  const std::vector<ChooserCandidate> c = {
-      {"nan", nan, 1.0}, {"inf", std::numeric_limits<double>::infinity(), 1.0}, {"zero", 0.0, 1.0}, {"tiny", 1e-12, 1.0}};
+  const std::vector<ChooserCandidate> c = {{"nan", nan, 1.0},
+                                           {"inf", std::numeric_limits<double>::infinity(), 1.0},
+                                           {"zero", 0.0, 1.0},
+                                           {"tiny", 1e-12, 1.0}};
   const LayerChoice choice = choose_fp8_layers(c, 0.0);
   EXPECT_FALSE(choice.decisions[0].fp8);
   EXPECT_FALSE(choice.decisions[1].fp8);

@@ -70,8 +70,10 @@ TEST_F(LocalizeCommand, WritesTheSameBytesTwiceBesideTheConfigurationAndTraining
 }
 
 TEST_F(LocalizeCommand, BadOptionsAndMapsAreRefusedWithNothingWritten) {
-  for (const std::vector<std::string>& bad :
-       {std::vector<std::string>{"--batches", "0"}, {"--budget", "-1"}, {"--budget", "x"}, {"--init-from", "/nonexistent"}}) {
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--batches", "0"},
+                                              {"--budget", "-1"},
+                                              {"--budget", "x"},
+                                              {"--init-from", "/nonexistent"}}) {
     const testing::ProcessResult r = localize(bad);
     EXPECT_EQ(r.exit_code, 2) << bad[0] << " " << bad[1] << ": " << r.err;
     EXPECT_FALSE(std::filesystem::exists(root_ / "run.precision_map.json"));

@@ -79,7 +79,8 @@ class PlantedLayer : public ::testing::Test {
     root_ = fs::temp_directory_path() / "octet-localize-planted";
     fs::remove_all(root_);
     fs::create_directories(root_);
-    std::vector<std::string> args = {"data", "prepare", "--tokenizer", "bytes", "--out", (root_ / "shards").string()};
+    std::vector<std::string> args = {"data",  "prepare", "--tokenizer",
+                                     "bytes", "--out",   (root_ / "shards").string()};
     for (const auto& entry : fs::directory_iterator(brown_text())) {
       const std::string name = entry.path().filename().string();
       if (name.starts_with("ca") || name.starts_with("cb")) args.push_back(entry.path().string());
@@ -88,14 +89,18 @@ class PlantedLayer : public ::testing::Test {
     const testing::ProcessResult r = testing::run_octet(args);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     config_ = root_ / "small.toml";
-    std::ofstream(config_) << "[model]\nvocab_size = 256\nmax_seq_len = 64\nlayers = 2\nheads = 4\nchannels = 64\n"
-                           << "[train]\nmixed_precision = \"bf16\"\nbatch_size = 8\nseq_len = 64\nsteps = 400\n"
-                           << "[scheduler]\nwarmup_steps = 10\n[data]\ndir = \"" << (root_ / "shards").string()
-                           << "\"\neval_every = 0\neval_batches = 8\n[logging]\nrun_dir = \""
-                           << (root_ / "pretrain").string() << "\"\nlog_every = 50\n";
+    std::ofstream(config_)
+        << "[model]\nvocab_size = 256\nmax_seq_len = 64\nlayers = 2\nheads = 4\nchannels = 64\n"
+        << "[train]\nmixed_precision = \"bf16\"\nbatch_size = 8\nseq_len = 64\nsteps = 400\n"
+        << "[scheduler]\nwarmup_steps = 10\n[data]\ndir = \"" << (root_ / "shards").string()
+        << "\"\neval_every = 0\neval_batches = 8\n[logging]\nrun_dir = \"" << (root_ / "pretrain").string()
+        << "\"\nlog_every = 50\n";
   }
+  // OCTET_KEEP_TEST_FILES=1 keeps the shards, checkpoints, map and runs (the figures in
+  // docs/localization.md).
   void TearDown() override {
-    if (!root_.empty() && !::testing::Test::HasFailure() && !std::getenv("KEEPTMP")) fs::remove_all(root_);
+    if (!root_.empty() && !::testing::Test::HasFailure() && !std::getenv("OCTET_KEEP_TEST_FILES"))
+      fs::remove_all(root_);
   }
 
   // The pretrained checkpoint with the outliers planted, saved as a run of its own.
@@ -118,10 +123,13 @@ class PlantedLayer : public ::testing::Test {
   }
 
   double train_from(const fs::path& checkpoint, const std::string& name, std::vector<std::string> more) {
-    std::vector<std::string> args = {"train", config_.string(), "--init-from", checkpoint.string(),
-                                     "--set", "train.steps=30", "--set", "data.eval_every=30",
-                                     "--set", "logging.run_dir=" + (root_ / name).string(),
-                                     "--set", "optimizer.learning_rate=3e-6", "--set", "scheduler.warmup_steps=0"};
+    std::vector<std::string> args = {"train",       config_.string(),
+                                     "--init-from", checkpoint.string(),
+                                     "--set",       "train.steps=30",
+                                     "--set",       "data.eval_every=30",
+                                     "--set",       "logging.run_dir=" + (root_ / name).string(),
+                                     "--set",       "optimizer.learning_rate=3e-6",
+                                     "--set",       "scheduler.warmup_steps=0"};
     args.insert(args.end(), more.begin(), more.end());
     const testing::ProcessResult r = testing::run_octet(args);
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -153,9 +161,11 @@ TEST_F(PlantedLayer, LocalizeKeepsItInBf16AndTrainingWithTheMapStaysWithinTheBud
 
   const double bf16 = train_from(planted, "bf16", {"--set", "train.mixed_precision=bf16"});
   const double fp8 = train_from(planted, "fp8", {"--set", "train.mixed_precision=fp8"});
-  const double mapped = train_from(planted, "mapped", {"--set", "train.mixed_precision=fp8", "--set",
-                                                       "fp8.precision_map=" + map_file.string()});
-  std::printf("validation loss after 30 steps: bf16 %.4f, fp8 %.4f, fp8 with the map %.4f\n", bf16, fp8, mapped);
+  const double mapped =
+      train_from(planted, "mapped",
+                 {"--set", "train.mixed_precision=fp8", "--set", "fp8.precision_map=" + map_file.string()});
+  std::printf("validation loss after 30 steps: bf16 %.4f, fp8 %.4f, fp8 with the map %.4f\n", bf16, fp8,
+              mapped);
   EXPECT_LE(std::abs(mapped - bf16) / bf16, kBudgetPercent / 100.0);
   EXPECT_GT((fp8 - bf16) / bf16, kBudgetPercent / 100.0);
 }

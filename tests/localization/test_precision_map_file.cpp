@@ -52,8 +52,10 @@ PrecisionMapFile planted(const ModelConfig& model = testing::tiny_config()) {
       l.excluded = p.reason;
     } else {
       l.fp8 = p.name != "h.1.mlp.c_fc";
-      l.reason = l.fp8 ? "fp8: saves 0.0156 ms" : "bf16: loss +12.500% alone in FP8, over the budget of 0.500%";
-      l.numerics = {CastNumerics{30.5, 0.0, 0.25}, CastNumerics{31.25, 0.0, 0.0}, CastNumerics{std::nullopt, 0.5, 1.0}};
+      l.reason =
+          l.fp8 ? "fp8: saves 0.0156 ms" : "bf16: loss +12.500% alone in FP8, over the budget of 0.500%";
+      l.numerics = {CastNumerics{30.5, 0.0, 0.25}, CastNumerics{31.25, 0.0, 0.0},
+                    CastNumerics{std::nullopt, 0.5, 1.0}};
       l.alone_in_fp8 = {l.fp8 ? 0.0009765625 : 0.125, 0.99951171875, 1.0};
       l.alone_in_bf16 = {-0.0625, 0.5, -0.25};
       l.bf16_ms = 0.03125;
@@ -113,18 +115,24 @@ TEST(PrecisionMapFile, RefusesWhatOctetNeverWrites) {
   };
   EXPECT_NE(refusal("{").find("not valid JSON"), std::string::npos);
   EXPECT_NE(refusal("[]").find("must hold a JSON object"), std::string::npos);
-  EXPECT_NE(refusal(replaced("octet-precision-map", "octet-fp8-calibration")).find("format is"), std::string::npos);
-  EXPECT_NE(refusal(replaced("\"version\": 1", "\"version\": 2")).find("version 2 is not one"), std::string::npos);
+  EXPECT_NE(refusal(replaced("octet-precision-map", "octet-fp8-calibration")).find("format is"),
+            std::string::npos);
+  EXPECT_NE(refusal(replaced("\"version\": 1", "\"version\": 2")).find("version 2 is not one"),
+            std::string::npos);
   EXPECT_NE(refusal(replaced("\"choice\": \"bf16\"", "\"choice\": \"fp16\"")).find("choice must be"),
             std::string::npos);
-  EXPECT_NE(refusal(replaced("\"saturated\": 0.5", "\"saturated\": 1.5")).find("saturated"), std::string::npos);
+  EXPECT_NE(refusal(replaced("\"saturated\": 0.5", "\"saturated\": 1.5")).find("saturated"),
+            std::string::npos);
   EXPECT_NE(refusal(replaced("\"budget\": 0.005", "\"budget\": -1")).find("budget"), std::string::npos);
-  EXPECT_NE(refusal(replaced("\"name\": \"h.0.mlp.c_fc\"", "\"name\": \"h.0.attn.c_attn\"")).find("appears twice"),
-            std::string::npos);
-  EXPECT_NE(refusal(replaced("\"batches\": 2,", "\"batches\": 2, \"batches\": 3,")).find("appears twice in one"),
-            std::string::npos);
-  EXPECT_NE(refusal(replaced("\"reason\": \"fp8: saves 0.0156 ms\"", "\"reason\": \"\"")).find("must say why"),
-            std::string::npos);
+  EXPECT_NE(
+      refusal(replaced("\"name\": \"h.0.mlp.c_fc\"", "\"name\": \"h.0.attn.c_attn\"")).find("appears twice"),
+      std::string::npos);
+  EXPECT_NE(
+      refusal(replaced("\"batches\": 2,", "\"batches\": 2, \"batches\": 3,")).find("appears twice in one"),
+      std::string::npos);
+  EXPECT_NE(
+      refusal(replaced("\"reason\": \"fp8: saves 0.0156 ms\"", "\"reason\": \"\"")).find("must say why"),
+      std::string::npos);
   EXPECT_NE(refusal("{\"a\": [[[[[[[[1]]]]]]]]}").find("nested deeper"), std::string::npos);
 }
 
@@ -170,7 +178,8 @@ PrecisionSettings fp8_with_map(const std::filesystem::path& map) {
 }
 
 TEST(PrecisionMapPolicy, RunsTheMapsBf16LayersInBf16WithItsReason) {
-  const std::filesystem::path file = write("octet-test.precision_map.json", precision_map_file_json(planted()));
+  const std::filesystem::path file =
+      write("octet-test.precision_map.json", precision_map_file_json(planted()));
   const PrecisionPolicy policy(fp8_with_map(file), testing::tiny_config(), 32);
   EXPECT_EQ(policy.precision_map_moved(), 1);
   EXPECT_EQ(policy.fp8_layer_count(), 7);
@@ -193,7 +202,8 @@ TEST(PrecisionMapPolicy, RunsTheMapsBf16LayersInBf16WithItsReason) {
 TEST(PrecisionMapPolicy, ComposesWithExcludeAndNeverMovesALayerIntoFp8) {
   PrecisionMapFile m = planted();
   m.layers[0].fp8 = true;  // h.0.attn.c_attn: fp8 in the map, excluded by the configuration
-  const std::filesystem::path file = write("octet-test-exclude.precision_map.json", precision_map_file_json(m));
+  const std::filesystem::path file =
+      write("octet-test-exclude.precision_map.json", precision_map_file_json(m));
   PrecisionSettings s = fp8_with_map(file);
   s.exclude = {"h.0.attn.*"};
   const PrecisionPolicy policy(s, testing::tiny_config(), 32);
@@ -209,14 +219,16 @@ TEST(PrecisionMapPolicy, ComposesWithExcludeAndNeverMovesALayerIntoFp8) {
     const PrecisionPolicy refused(s, testing::tiny_config(), 32);
     FAIL() << "a layer converted here that the map did not measure";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer lm_head runs in FP8 here but was not measured"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("layer lm_head runs in FP8 here but was not measured"),
+              std::string::npos)
         << e.what();
   }
 }
 
 TEST(PrecisionMapPolicy, RefusesAMapOfAnotherModel) {
   auto refused = [](const PrecisionMapFile& m, const ModelConfig& model) -> std::string {
-    const std::filesystem::path file = write("octet-test-other.precision_map.json", precision_map_file_json(m));
+    const std::filesystem::path file =
+        write("octet-test-other.precision_map.json", precision_map_file_json(m));
     try {
       const PrecisionPolicy policy(fp8_with_map(file), model, 32);
     } catch (const Error& e) {

@@ -23,9 +23,9 @@ LocalizeCommand::LocalizeCommand(CLI::App& root) {
       "localize", "Choose by measurement which linear layers run in FP8 and write a precision map");
   localize_->add_option("CONFIG", config_file_, "TOML configuration file (docs/config.md)")->required();
   localize_->add_option("--set", overrides_, "Override a key: section.key=value (repeatable)");
-  localize_->add_option("--batches", batches_,
-                        fmt::format("Batches of the training split every variant runs, 1 to {} (default 4)",
-                                    kMaxCount));
+  localize_->add_option(
+      "--batches", batches_,
+      fmt::format("Batches of the training split every variant runs, 1 to {} (default 4)", kMaxCount));
   localize_->add_option("--budget", budget_,
                         "The predicted loss change allowed, in percent of the BF16 loss (default 0.5)");
   localize_->add_option("--init-from", init_from_,

@@ -15,10 +15,10 @@
 
 #include "cmd_bench.h"
 #include "cmd_calibrate.h"
-#include "cmd_localize.h"
 #include "cmd_fp8.h"
 #include "cmd_hf.h"
 #include "cmd_inspect.h"
+#include "cmd_localize.h"
 #include "cmd_report.h"
 #include "cmd_train.h"
 #include "io.h"
@@ -111,7 +111,8 @@ int run_command_line(int argc, char** argv) {
 
   const std::string command = command_path(app);
   if (!fp8.leaf_selected() && !report.selected() && !inspect.selected() && !bench.leaf_selected() &&
-      !calibrate.selected() && !localize.selected() && (!workflow.selected() || workflow.group_without_command()) &&
+      !calibrate.selected() && !localize.selected() &&
+      (!workflow.selected() || workflow.group_without_command()) &&
       (!huggingface.selected() || huggingface.group_without_command())) {
     // `octet` or `octet fp8` alone: a usage error whose most useful message is the list of commands.
     std::fputs(app.help().c_str(), stderr);

@@ -48,8 +48,8 @@ struct LocalizedLayer {
   int64_t out_features = 0;
   // Empty where the layer was measured; otherwise why the precision policy keeps it out of FP8.
   std::string excluded;
-  bool fp8 = false;    // the choice (measured layers only)
-  std::string reason;  // why, e.g. "bf16: loss +0.8% alone in FP8, over the budget of 0.5%"
+  bool fp8 = false;                      // the choice (measured layers only)
+  std::string reason;                    // why, e.g. "bf16: loss +0.8% alone in FP8, over the budget of 0.5%"
   std::array<CastNumerics, 3> numerics;  // activation, weight, gradient
   SensitivityCompared alone_in_fp8;
   SensitivityCompared alone_in_bf16;
@@ -69,16 +69,16 @@ struct PrecisionMapFile {
   int64_t batches = 0;
   int64_t batch_size = 0;
   int64_t seq_len = 0;
-  std::string recipe;      // the recipe the FP8 variants ran with, in words
-  double budget = 0.0;     // the allowed predicted loss change, a fraction (0.005: 0.5%)
-  std::string predictor;   // how the loss change of a set of FP8 layers is predicted, in words
-  std::string gain_basis;  // measured or modelled (LayerGainMeter::basis)
-  double loss_bf16 = 0.0;  // mean loss, every layer in BF16
-  double loss_fp8 = 0.0;   // every measured layer in FP8
-  double loss_chosen = 0.0;             // the chosen layers in FP8, the others in BF16: measured
-  double predicted_loss_change = 0.0;   // of the chosen set
-  double saving_ms = 0.0;               // of the chosen set, per micro-batch
-  std::vector<LocalizedLayer> layers;   // every linear layer of the model, in the policy's order
+  std::string recipe;                  // the recipe the FP8 variants ran with, in words
+  double budget = 0.0;                 // the allowed predicted loss change, a fraction (0.005: 0.5%)
+  std::string predictor;               // how the loss change of a set of FP8 layers is predicted, in words
+  std::string gain_basis;              // measured or modelled (LayerGainMeter::basis)
+  double loss_bf16 = 0.0;              // mean loss, every layer in BF16
+  double loss_fp8 = 0.0;               // every measured layer in FP8
+  double loss_chosen = 0.0;            // the chosen layers in FP8, the others in BF16: measured
+  double predicted_loss_change = 0.0;  // of the chosen set
+  double saving_ms = 0.0;              // of the chosen set, per micro-batch
+  std::vector<LocalizedLayer> layers;  // every linear layer of the model, in the policy's order
 };
 
 // The file's text: JSON, keys in a fixed order, numbers written so that they read back to the same double.
@@ -92,8 +92,8 @@ PrecisionMapFile read_precision_map_file(const std::filesystem::path& path);
 // naming `origin`) where the map was made for another model (a shape key differs), a layer of the model is
 // missing from it or one of it is missing from the model, a layer's shape differs, or a layer that runs in
 // FP8 here was excluded when the map was made.
-std::vector<std::optional<std::string>> precision_map_moves(const PrecisionMapFile& map, std::string_view origin,
-                                                            const ModelConfig& model,
+std::vector<std::optional<std::string>> precision_map_moves(const PrecisionMapFile& map,
+                                                            std::string_view origin, const ModelConfig& model,
                                                             const std::vector<LinearPlan>& layers);
 
 }  // namespace octet
