@@ -219,6 +219,15 @@ const std::vector<Key>& keys() {
         [](RunConfig& c, std::string v) { c.precision.calibration = std::move(v); },
         "Static recipe: a calibration file written by `octet calibrate`, whose per-layer scales replace "
         "fp8.static_scale; empty: none (docs/localization.md)."));
+    k.push_back(text(
+        "fp8.precision_map", [](const RunConfig& c) { return c.precision.precision_map.string(); },
+        [](RunConfig& c, std::string v) { c.precision.precision_map = std::move(v); },
+        "A precision map written by `octet localize`: the layers it sets to BF16 run in BF16, with its "
+        "reason; it never moves a layer into FP8. Empty: none (docs/localization.md)."));
+    k.push_back(boolean(
+        "fp8.auto_filter", [](RunConfig& c) -> bool& { return c.precision.auto_filter; },
+        "CUDA backend: at start, time each FP8 layer's GEMMs in FP8 (casts included) and in BF16 at its "
+        "shape and keep it in BF16 where FP8 is slower; refused on the CPU (docs/localization.md)."));
     k.push_back(boolean(
         "fp8.power_of_two_scales", [](RunConfig& c) -> bool& { return c.precision.power_of_two_scales; },
         "Block recipe: round scales down to powers of two."));

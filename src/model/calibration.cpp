@@ -170,6 +170,12 @@ float OperandStatistics::statistic(CalibrationStatistic which) const {
   return amax;
 }
 
+std::vector<std::pair<std::string, std::string>> model_shape_keys(const ModelConfig& model) {
+  std::vector<std::pair<std::string, std::string>> keys;
+  for (const auto& [key, value] : shape_keys(model)) keys.emplace_back(key, value.dump());
+  return keys;
+}
+
 float calibrated_scale(float statistic, Dtype format, int margin, float fallback, bool* fell_back) {
   bool degenerate = false;
   const float scale =

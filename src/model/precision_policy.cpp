@@ -7,6 +7,7 @@
 
 #include "octet/check.h"
 #include "octet/model/calibration.h"
+#include "octet/model/precision_map_file.h"
 
 namespace octet {
 
@@ -135,6 +136,18 @@ PrecisionPolicy::PrecisionPolicy(const PrecisionSettings& settings, const ModelC
   for (const LinearShape& l : model.linear_layers()) {
     add(l.name, l.in_features, l.out_features, l.block, l.kind);
   }
+  if (fp8 && !settings.precision_map.empty()) {
+    const std::string origin = settings.precision_map.string();
+    const std::vector<std::optional<std::string>> moves =
+        precision_map_moves(read_precision_map_file(settings.precision_map), origin, model, layers_);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (!moves[i]) continue;
+      LinearPlan& p = layers_[i];
+      p.forward = p.input_gradient = p.weight_gradient = base;
+      p.reason = fmt::format("{} (precision map {})", *moves[i], origin);
+      ++precision_map_moved_;
+    }
+  }
   if (fp8 && !settings.calibration.empty()) {
     OCTET_REQUIRE(settings.recipe == RecipeKind::static_scale,
                   "fp8.calibration = \"{}\" gives the static recipe its scales; fp8.recipe is \"{}\": set "
@@ -236,8 +249,13 @@ std::string PrecisionPolicy::startup_line() const {
       break;
     }
   }
-  return fmt::format("FP8 training enabled: recipe={} ({}); {} of {} linear layers in FP8; lm_head: {}{}{}",
-                     recipe, details, fp8_layer_count(), layers_.size(), head.fp8() ? "FP8" : head.reason, moe,
+  const std::string map = settings_.precision_map.empty()
+                              ? std::string()
+                              : fmt::format("; {} kept in BF16 by precision map {}", precision_map_moved_,
+                                            settings_.precision_map.string());
+  return fmt::format("FP8 training enabled: recipe={} ({}); {} of {} linear layers in FP8{}; lm_head: {}{}{}",
+                     recipe, details, fp8_layer_count(), layers_.size(), map,
+                     head.fp8() ? "FP8" : head.reason, moe,
                      settings_.bf16_weight_gradients ? "; weight gradients in bf16" : "");
 }
 
@@ -255,10 +273,10 @@ std::string PrecisionPolicy::map_json(const std::function<std::string(const Line
     }
     out += fmt::format(
         "  {{\"layer\": \"{}\", \"in_features\": {}, \"out_features\": {}, \"forward\": \"{}\", "
-        "\"input_gradient\": \"{}\", \"weight_gradient\": \"{}\", \"reason\": \"{}\"{}{}}}{}\n",
+        "\"input_gradient\": \"{}\", \"weight_gradient\": \"{}\", \"reason\": {}{}{}}}{}\n",
         p.name, p.in_features, p.out_features, gemm_mode_name(p.forward), gemm_mode_name(p.input_gradient),
-        gemm_mode_name(p.weight_gradient), p.reason, scales, more ? more(p) : std::string(),
-        i + 1 < layers_.size() ? "," : "");
+        gemm_mode_name(p.weight_gradient), nlohmann::json(p.reason).dump(), scales,
+        more ? more(p) : std::string(), i + 1 < layers_.size() ? "," : "");
   }
   return out + "]\n";
 }

@@ -32,6 +32,12 @@ DeviceChoice choose_device(const RunConfig& config, int gpu) {
                   "\"cpu\" or \"auto\"");
   }
   d.cuda = config.device == "cuda" || (config.device == "auto" && gpus > 0);
+  // fp8.auto_filter measures; on the CPU there is nothing to measure, and a modelled filter would decide from
+  // numbers that are not this machine's.
+  OCTET_REQUIRE(
+      !fp8 || !config.precision.auto_filter || d.cuda,
+      "fp8.auto_filter = true times each FP8 layer's GEMMs on the GPU, and this run trains on the CPU "
+      "backend; leave fp8.auto_filter out here (`octet localize` models the gain without a GPU)");
   OCTET_REQUIRE(
       config.attention != "cudnn" || d.cuda,
       "train.attention = \"cudnn\" runs on the GPU only, and this run trains on the CPU backend; use "

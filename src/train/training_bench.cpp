@@ -7,10 +7,13 @@
 #include <random>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "octet/backend/registry.h"
 #include "octet/check.h"
 #include "octet/io/data_loader.h"
 #include "octet/model/model.h"
+#include "octet/train/layer_gain.h"
 #include "octet/train/trainer.h"
 #include "octet/train/training_run.h"
 
@@ -136,8 +139,14 @@ TrainingBenchResult benchmark_training(const RunConfig& config, const TrainingBe
   TrainingBackend device = make_training_backend(config);
   if (options.log) options.log(device.device_line);
   Backend& backend = *device.backend;
-  const std::unique_ptr<Model> built = make_model(
-      config.model, backend, PrecisionPolicy(config.precision, config.model, tokens_per_batch), B, T);
+  PrecisionPolicy policy(config.precision, config.model, tokens_per_batch);
+  if (config.precision.mode == MixedPrecision::fp8 && config.precision.auto_filter && device.cuda) {
+    const int64_t moved = auto_filter_layers(policy, *cuda->device_bench(), tokens_per_batch);
+    if (options.log) {
+      options.log(fmt::format("fp8.auto_filter: {} layer(s) that timed slower in FP8 kept in BF16", moved));
+    }
+  }
+  const std::unique_ptr<Model> built = make_model(config.model, backend, std::move(policy), B, T);
   Model& model = *built;
   model.init_weights(config.seed);
   model.set_telemetry(false, false);

@@ -28,6 +28,7 @@
 #include "octet/telemetry/recorder.h"
 #include "octet/train/checkpoint.h"
 #include "octet/train/data_parallel.h"
+#include "octet/train/layer_gain.h"
 #include "octet/train/precision_schedule.h"
 #include "octet/train/run_directory.h"
 #include "octet/train/telemetry_source.h"
@@ -207,6 +208,10 @@ void check_ranks(const RunConfig& config, int world) {
                 "the optimizer state over every rank (dp_shard = -1) or over none (dp_shard = 1, dp_replicate = "
                 "-1)",
                 layout.shard, layout.replicate);
+  OCTET_REQUIRE(world == 1 || !config.precision.auto_filter,
+                "fp8.auto_filter is not supported on several ranks yet (each rank would time its GEMMs and "
+                "could choose other layers); localize once with `octet localize` and train with "
+                "fp8.precision_map");
   OCTET_REQUIRE(world == 1 || config.telemetry.on_alert != AlertAction::bf16_layer,
                 "fp8.on_alert = \"bf16_layer\" is not supported on several ranks yet (every rank would have to "
                 "move the same layer at the same step); use \"warn\" or \"stop\"");
@@ -308,7 +313,15 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
       backend = make_backend(chosen, mode);
       backend_made_for = wanted;
     }
-    model = make_model(mode.model, *backend, PrecisionPolicy(mode.precision, mode.model, B * T), B, T);
+    PrecisionPolicy policy(mode.precision, mode.model, B * T);
+    if (mode.precision.mode == MixedPrecision::fp8 && mode.precision.auto_filter) {
+      const DeviceBench* bench = chosen.backend->device_bench();
+      OCTET_REQUIRE(chosen.cuda && bench != nullptr,
+                    "fp8.auto_filter = true needs the CUDA backend's GEMM timing, which this run's backend "
+                    "does not have");
+      auto_filter_layers(policy, *bench, B * T);
+    }
+    model = make_model(mode.model, *backend, std::move(policy), B, T);
     model->init_weights(config.seed);
     if (!telemetry_here) model->set_telemetry(false, false);
     TrainSettings mode_settings = settings;

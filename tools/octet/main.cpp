@@ -18,6 +18,7 @@
 #include "cmd_fp8.h"
 #include "cmd_hf.h"
 #include "cmd_inspect.h"
+#include "cmd_localize.h"
 #include "cmd_report.h"
 #include "cmd_train.h"
 #include "io.h"
@@ -76,6 +77,7 @@ int run_command_line(int argc, char** argv) {
       "  octet report runs/quickstart --compare runs/quickstart-bf16\n"
       "  octet bench train configs/bench/gpt2-124M.toml\n"
       "  octet calibrate configs/quickstart.toml --batches 16\n"
+      "  octet localize configs/quickstart.toml --batches 4\n"
       "  octet import hf ~/models/Llama-3.2-1B --out imported/llama-1b\n"
       "  octet export runs/quickstart --format hf --out exported/quickstart\n"
       "  octet fp8 table --format e5m2\n"
@@ -88,6 +90,7 @@ int run_command_line(int argc, char** argv) {
   octet::cli::BenchCommands bench(app);
   octet::cli::HuggingFaceCommands huggingface(app);
   octet::cli::CalibrateCommand calibrate(app);
+  octet::cli::LocalizeCommand localize(app);
 
   try {
     app.parse(argc, argv);
@@ -108,7 +111,8 @@ int run_command_line(int argc, char** argv) {
 
   const std::string command = command_path(app);
   if (!fp8.leaf_selected() && !report.selected() && !inspect.selected() && !bench.leaf_selected() &&
-      !calibrate.selected() && (!workflow.selected() || workflow.group_without_command()) &&
+      !calibrate.selected() && !localize.selected() &&
+      (!workflow.selected() || workflow.group_without_command()) &&
       (!huggingface.selected() || huggingface.group_without_command())) {
     // `octet` or `octet fp8` alone: a usage error whose most useful message is the list of commands.
     std::fputs(app.help().c_str(), stderr);
@@ -121,6 +125,7 @@ int run_command_line(int argc, char** argv) {
     if (bench.leaf_selected()) return bench.run();
     if (huggingface.selected()) return huggingface.run();
     if (calibrate.selected()) return calibrate.run();
+    if (localize.selected()) return localize.run();
     fp8.run(stdin, stdout, stderr);
     return 0;
   } catch (const octet::Error& e) {

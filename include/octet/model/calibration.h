@@ -87,6 +87,10 @@ struct Calibration {
   std::vector<CalibratedLayer> layers;  // every linear layer of the model, in the policy's order
 };
 
+// The shape keys a file made for a model is compared on (calibration, precision map): what decides the
+// linear layers and their sizes, each as (name, value as JSON text).
+std::vector<std::pair<std::string, std::string>> model_shape_keys(const ModelConfig& model);
+
 // scale = fp8_max(format) / (statistic * 2^margin), as the delayed recipe's scale_from_amax; a statistic of
 // 0 gives `fallback` and sets *fell_back.
 float calibrated_scale(float statistic, Dtype format, int margin, float fallback, bool* fell_back);

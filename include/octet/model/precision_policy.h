@@ -40,6 +40,13 @@ struct PrecisionSettings {
   // fp8.calibration: a calibration file (`octet calibrate`, model/calibration.h) whose per-layer scales the
   // static recipe casts with instead of static_scale; empty: none. Read when the policy is made.
   std::filesystem::path calibration;
+  // fp8.precision_map: a precision map file (`octet localize`, model/precision_map_file.h); the layers it
+  // sets to BF16 run their three GEMMs in BF16 with its reason. It only ever moves a layer to BF16: a layer
+  // the settings above keep out of FP8 stays out. Empty: none. Read when the policy is made.
+  std::filesystem::path precision_map;
+  // fp8.auto_filter: on the CUDA backend, a layer whose FP8 form measures slower than BF16 at its shape
+  // stays in BF16 (train/layer_gain.h, applied by the training run, not by the policy).
+  bool auto_filter = false;
   bool power_of_two_scales = false;
   bool all_e4m3 = false;  // false: HYBRID (E4M3 forward tensors, E5M2 gradients)
   // Which linear layers convert: layer names such as "h.0.attn.c_attn", "h.3.mlp.c_proj", "lm_head".
@@ -117,6 +124,8 @@ class PrecisionPolicy {
   const ScalingRecipe* recipe() const { return recipe_.get(); }
   Fp8Formats formats() const;
   int64_t fp8_layer_count() const;
+  // The layers the precision map (settings().precision_map) moved to BF16.
+  int64_t precision_map_moved() const { return precision_map_moved_; }
   // Whether the static recipe casts with per-layer scales from settings().calibration.
   bool calibrated() const { return !calibrated_scales_.empty(); }
   // The scales of an FP8 layer's activation, weight and gradient from the calibration file; nullopt when
@@ -128,7 +137,8 @@ class PrecisionPolicy {
 
   // The line printed at start in fp8 mode, e.g. "FP8 training enabled: recipe=delayed (hybrid E4M3/E5M2,
   // history 16, margin 0); 48 of 49 linear layers in FP8; lm_head: excluded by config", ending "; weight
-  // gradients in bf16" under train.weight_gradients = "bf16"; a calibrated static recipe says "recipe=static
+  // gradients in bf16" under train.weight_gradients = "bf16"; with a precision map, "...; 3 kept in BF16 by
+  // precision map FILE" after the count; a calibrated static recipe says "recipe=static
   // (hybrid E4M3/E5M2, per-layer scales calibrated in FILE)". Empty otherwise.
   std::string startup_line() const;
   // The per-layer map as JSON (one object per layer: name, shape, the three GEMM modes, reason, and for a
@@ -142,6 +152,7 @@ class PrecisionPolicy {
   std::unique_ptr<ScalingRecipe> recipe_;
   // Per layer of layers_ (same order), where the layers are calibrated; empty otherwise.
   std::vector<std::optional<std::array<float, 3>>> calibrated_scales_;
+  int64_t precision_map_moved_ = 0;
 };
 
 }  // namespace octet
