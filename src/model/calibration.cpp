@@ -12,6 +12,7 @@
 #include "octet/check.h"
 #include "octet/io/input.h"
 #include "octet/numerics/scaling.h"
+#include "strict_json.h"
 
 namespace octet {
 namespace {
@@ -44,45 +45,11 @@ Json statistics_json(const OperandStatistics& s) {
 }
 
 // Reading: every refusal names the file and the field.
-class Reader {
+class Reader : public StrictJsonReader {
  public:
-  explicit Reader(std::string_view origin) : origin_(origin) {}
-
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(ErrorKind::invalid_input, fmt::format("calibration file {}: {}", origin_, what));
-  }
-  const Json& member(const Json& object, const std::string& where, const char* key) const {
-    if (!object.is_object()) fail(fmt::format("{} must be an object, got {}", where, object.type_name()));
-    const auto it = object.find(key);
-    if (it == object.end()) fail(fmt::format("{} has no \"{}\"", where, key));
-    return *it;
-  }
-  std::string text(const Json& object, const std::string& where, const char* key) const {
-    const Json& v = member(object, where, key);
-    if (!v.is_string()) fail(fmt::format("{}.{} must be a string, got {}", where, key, v.type_name()));
-    return v.get<std::string>();
-  }
-  int64_t integer(const Json& object, const std::string& where, const char* key, int64_t low,
-                  int64_t high) const {
-    const Json& v = member(object, where, key);
-    if (!v.is_number_integer()) {
-      fail(fmt::format("{}.{} must be a whole number, got {}", where, key, v.type_name()));
-    }
-    // A number beyond int64 reads as an unsigned integer: refused as out of range.
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(high)) {
-      fail(fmt::format("{}.{} must be from {} to {}, got {}", where, key, low, high, v.dump()));
-    }
-    const int64_t value = v.get<int64_t>();
-    if (value < low || value > high) {
-      fail(fmt::format("{}.{} must be from {} to {}, got {}", where, key, low, high, value));
-    }
-    return value;
-  }
-  bool boolean(const Json& object, const std::string& where, const char* key) const {
-    const Json& v = member(object, where, key);
-    if (!v.is_boolean()) fail(fmt::format("{}.{} must be true or false, got {}", where, key, v.type_name()));
-    return v.get<bool>();
-  }
+  explicit Reader(std::string_view origin)
+      : StrictJsonReader(fmt::format("calibration file {}", origin)) {}
+  using StrictJsonReader::number;
   // A float32 that is finite and not negative (a magnitude), or, with `scale`, a usable scale.
   float number(const Json& object, const std::string& where, const char* key, bool scale = false) const {
     const Json& v = member(object, where, key);
@@ -102,8 +69,6 @@ class Reader {
     return f;
   }
 
- private:
-  std::string origin_;
 };
 
 CalibratedOperand read_operand(const Reader& r, const Json& operands, const std::string& where,
@@ -223,29 +188,7 @@ std::string calibration_json(const Calibration& c) {
 
 Calibration parse_calibration(std::string_view text, std::string_view origin) {
   const Reader r(origin);
-  if (io::json_nesting_depth(text, kMaxDepth) > kMaxDepth) {
-    r.fail(fmt::format("nested deeper than the {} levels of a calibration file", kMaxDepth));
-  }
-  // Keys in the order they come; a key given twice is refused rather than silently taking one of them.
-  Json root;
-  std::string duplicate;
-  std::vector<std::set<std::string>> keys;  // of each object being parsed, innermost last
-  try {
-    root = Json::parse(text, [&](int, Json::parse_event_t event, Json& parsed) {
-      if (event == Json::parse_event_t::object_start) keys.emplace_back();
-      if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-      if (event == Json::parse_event_t::key && !keys.empty() &&
-          !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-        duplicate = parsed.get<std::string>();
-      }
-      return true;
-    });
-  } catch (const Json::exception& e) {
-    r.fail(fmt::format("not valid JSON ({})", io::printable(e.what(), 120)));
-  }
-  if (!duplicate.empty())
-    r.fail(fmt::format("the key \"{}\" appears twice in one object", io::printable(duplicate)));
-  if (!root.is_object()) r.fail(fmt::format("must hold a JSON object, got {}", root.type_name()));
+  const Json root = r.parse(text, kMaxDepth, "a calibration file");
   const std::string format = r.text(root, "the file", "format");
   if (format != kCalibrationFormat) {
     r.fail(fmt::format("format is \"{}\", expected \"{}\" (a file that `octet calibrate` wrote)",

@@ -13,6 +13,7 @@
 #include "octet/check.h"
 #include "octet/io/input.h"
 #include "octet/model/calibration.h"
+#include "strict_json.h"
 
 namespace octet {
 namespace {
@@ -38,57 +39,9 @@ Json compared_json(const SensitivityCompared& s) {
               {"all_gradient_cosine", number_or_null(s.all_gradient_cosine)}};
 }
 
-class Reader {
+class Reader : public StrictJsonReader {
  public:
-  explicit Reader(std::string_view origin) : origin_(origin) {}
-
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(ErrorKind::invalid_input, fmt::format("precision map {}: {}", origin_, what));
-  }
-  const Json& member(const Json& object, const std::string& where, const char* key) const {
-    if (!object.is_object()) fail(fmt::format("{} must be an object, got {}", where, object.type_name()));
-    const auto it = object.find(key);
-    if (it == object.end()) fail(fmt::format("{} has no \"{}\"", where, key));
-    return *it;
-  }
-  std::string text(const Json& object, const std::string& where, const char* key) const {
-    const Json& v = member(object, where, key);
-    if (!v.is_string()) fail(fmt::format("{}.{} must be a string, got {}", where, key, v.type_name()));
-    return v.get<std::string>();
-  }
-  int64_t integer(const Json& object, const std::string& where, const char* key, int64_t low,
-                  int64_t high) const {
-    const Json& v = member(object, where, key);
-    if (!v.is_number_integer()) {
-      fail(fmt::format("{}.{} must be a whole number, got {}", where, key, v.type_name()));
-    }
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(high)) {
-      fail(fmt::format("{}.{} must be from {} to {}, got {}", where, key, low, high, v.dump()));
-    }
-    const int64_t value = v.get<int64_t>();
-    if (value < low || value > high) {
-      fail(fmt::format("{}.{} must be from {} to {}, got {}", where, key, low, high, value));
-    }
-    return value;
-  }
-  // A finite number within [low, high]; with `nullable`, null too (read as NaN).
-  double number(const Json& object, const std::string& where, const char* key, double low, double high,
-                bool nullable = false) const {
-    const Json& v = member(object, where, key);
-    if (nullable && v.is_null()) return std::numeric_limits<double>::quiet_NaN();
-    if (!v.is_number()) {
-      fail(fmt::format("{}.{} must be a number{}, got {}", where, key, nullable ? " or null" : "",
-                       v.type_name()));
-    }
-    const double d = v.get<double>();
-    if (!(std::isfinite(d) && d >= low && d <= high)) {
-      fail(fmt::format("{}.{} = {} must be from {} to {}", where, key, v.dump(), low, high));
-    }
-    return d;
-  }
-
- private:
-  std::string origin_;
+  explicit Reader(std::string_view origin) : StrictJsonReader(fmt::format("precision map {}", origin)) {}
 };
 
 SensitivityCompared read_compared(const Reader& r, const Json& layer, const std::string& at,
@@ -103,31 +56,6 @@ SensitivityCompared read_compared(const Reader& r, const Json& layer, const std:
   return s;
 }
 
-Json parse_strictly(const Reader& r, std::string_view text) {
-  if (io::json_nesting_depth(text, kMaxDepth) > kMaxDepth) {
-    r.fail(fmt::format("nested deeper than the {} levels of a precision map", kMaxDepth));
-  }
-  Json root;
-  std::string duplicate;
-  std::vector<std::set<std::string>> keys;  // of each object being parsed, innermost last
-  try {
-    root = Json::parse(text, [&](int, Json::parse_event_t event, Json& parsed) {
-      if (event == Json::parse_event_t::object_start) keys.emplace_back();
-      if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-      if (event == Json::parse_event_t::key && !keys.empty() &&
-          !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-        duplicate = parsed.get<std::string>();
-      }
-      return true;
-    });
-  } catch (const Json::exception& e) {
-    r.fail(fmt::format("not valid JSON ({})", io::printable(e.what(), 120)));
-  }
-  if (!duplicate.empty())
-    r.fail(fmt::format("the key \"{}\" appears twice in one object", io::printable(duplicate)));
-  if (!root.is_object()) r.fail(fmt::format("must hold a JSON object, got {}", root.type_name()));
-  return root;
-}
 
 }  // namespace
 
@@ -185,7 +113,7 @@ std::string precision_map_file_json(const PrecisionMapFile& m) {
 
 PrecisionMapFile parse_precision_map_file(std::string_view text, std::string_view origin) {
   const Reader r(origin);
-  const Json root = parse_strictly(r, text);
+  const Json root = r.parse(text, kMaxDepth, "a precision map");
   const std::string format = r.text(root, "the file", "format");
   if (format != kPrecisionMapFormat) {
     r.fail(fmt::format("format is \"{}\", expected \"{}\" (a file that `octet localize` wrote)",
