@@ -3,6 +3,7 @@
 // the predictor predicted.
 #include "octet/train/localization.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -59,13 +60,14 @@ CastNumerics numerics_of(const CastTelemetry& t) {
   return n;
 }
 
-SensitivityCompared compare(const VariantResult& variant, const VariantResult& reference,
-                            const GradientRange& layer) {
+// `variant` was run against `reference` (VariantRunner::run); `layer` indexes the runner's ranges.
+SensitivityCompared compare(const VariantResult& variant, const VariantResult& reference, size_t layer) {
   SensitivityCompared s;
   s.loss_change = relative_change(variant.loss, reference.loss);
-  s.layer_gradient_cosine = gradient_cosine(variant.gradients, reference.gradients, layer.begin, layer.count);
-  s.all_gradient_cosine =
-      gradient_cosine(variant.gradients, reference.gradients, 0, reference.gradients.size());
+  s.layer_gradient_cosine = variant.against.at(layer).cosine();
+  CosineSums all;
+  for (const CosineSums& sums : variant.against) all += sums;
+  s.all_gradient_cosine = all.cosine();
   return s;
 }
 
@@ -164,20 +166,22 @@ PrecisionMapFile run_localization(const RunConfig& config, const LocalizationOpt
       map.layers.push_back(std::move(layer));
       continue;
     }
-    const GradientRange* range = nullptr;
-    for (const GradientRange& r : runner.ranges()) range = r.layer == plan.name ? &r : range;
-    OCTET_CHECK(range != nullptr, "the weight gradient of layer {}", plan.name);
+    const std::vector<GradientRange>& ranges = runner.ranges();
+    const auto range = static_cast<size_t>(
+        std::find_if(ranges.begin(), ranges.end(), [&](const GradientRange& r) { return r.layer == plan.name; }) -
+        ranges.begin());
+    OCTET_CHECK(range < ranges.size(), "the weight gradient of layer {}", plan.name);
     const auto t = fp8_all.telemetry.find(plan.name);
     if (t != fp8_all.telemetry.end()) {
       layer.numerics = {numerics_of(t->second.activation), numerics_of(t->second.weight),
                         numerics_of(t->second.gradient)};
     }
     const VariantResult alone_fp8 =
-        runner.run(policies.only([&](const std::string& n) { return n == plan.name; }), false);
+        runner.run(policies.only([&](const std::string& n) { return n == plan.name; }), false, &bf16);
     const VariantResult alone_bf16 =
-        runner.run(policies.only([&](const std::string& n) { return n != plan.name; }), false);
-    layer.alone_in_fp8 = compare(alone_fp8, bf16, *range);
-    layer.alone_in_bf16 = compare(alone_bf16, fp8_all, *range);
+        runner.run(policies.only([&](const std::string& n) { return n != plan.name; }), false, &fp8_all);
+    layer.alone_in_fp8 = compare(alone_fp8, bf16, range);
+    layer.alone_in_bf16 = compare(alone_bf16, fp8_all, range);
     const LayerGain gain = meter.gain({B * T, plan.in_features, plan.out_features});
     layer.bf16_ms = gain.bf16_ms;
     layer.fp8_gemm_ms = gain.fp8_gemm_ms;
@@ -202,7 +206,7 @@ PrecisionMapFile run_localization(const RunConfig& config, const LocalizationOpt
     }
     return false;
   }),
-                                          false);
+                                          false, &bf16);
 
   map.octet_version = kVersion;
   map.data_dir = config.data_dir.string();

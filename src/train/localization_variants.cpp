@@ -1,9 +1,12 @@
 // See localization_variants.h.
 #include "localization_variants.h"
 
+#include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "octet/check.h"
 
@@ -13,7 +16,80 @@ VariantRunner::VariantRunner(const ModelConfig& model, Backend& backend, const V
                              std::vector<float> weights)
     : model_(model), backend_(backend), batches_(batches), weights_(std::move(weights)) {}
 
-VariantResult VariantRunner::run(PrecisionPolicy policy, bool measure_numerics) {
+namespace {
+
+// A parameter's gradient fetched to the host, float32 or BF16 as the model keeps it.
+struct HostGradient {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  float at(size_t i) const {
+    return bf16.empty() ? f32[i] : std::bit_cast<float>(static_cast<uint32_t>(bf16[i]) << 16);
+  }
+};
+
+// Where a linear layer's weight gradient lies: in which fetched parameter, from which element.
+struct SlotSource {
+  const HostGradient* gradient = nullptr;
+  size_t begin = 0;
+};
+
+// The sums of x.y, x.x and y.y over `count` values, x read from `source` and y from `reference`.
+CosineSums chunk_sums(const HostGradient& source, size_t begin, const float* reference, size_t count) {
+  CosineSums s;
+  for (size_t i = 0; i < count; ++i) {
+    const double x = source.at(begin + i), y = reference[i];
+    s.dot += x * y;
+    s.xx += x * x;
+    s.yy += y * y;
+  }
+  s.finite = std::isfinite(s.dot) && std::isfinite(s.xx) && std::isfinite(s.yy);
+  return s;
+}
+
+// Each range's sums against the reference, in chunks of a fixed size spread over host threads and added in
+// chunk order: the same bits for any number of threads.
+std::vector<CosineSums> sums_against(const std::vector<SlotSource>& sources,
+                                     const std::vector<GradientRange>& ranges, const std::vector<float>& reference) {
+  constexpr size_t kChunk = size_t{1} << 20;
+  struct Chunk {
+    size_t range, offset, count;
+  };
+  std::vector<Chunk> chunks;
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    for (size_t at = 0; at < ranges[r].count; at += kChunk) {
+      chunks.push_back({r, at, std::min(kChunk, ranges[r].count - at)});
+    }
+  }
+  std::vector<CosineSums> partial(chunks.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t c = next++; c < chunks.size(); c = next++) {
+      const Chunk& k = chunks[c];
+      partial[c] = chunk_sums(*sources[k.range].gradient, sources[k.range].begin + k.offset,
+                              reference.data() + ranges[k.range].begin + k.offset, k.count);
+    }
+  };
+  const size_t threads =
+      std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16) - 1;  // and this thread
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < std::min(threads, chunks.size()); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  std::vector<CosineSums> sums(ranges.size());
+  for (size_t c = 0; c < chunks.size(); ++c) sums[chunks[c].range] += partial[c];
+  return sums;
+}
+
+}  // namespace
+
+double CosineSums::cosine() const {
+  if (!finite) return std::numeric_limits<double>::quiet_NaN();
+  if (xx == 0.0 && yy == 0.0) return 1.0;
+  if (xx == 0.0 || yy == 0.0) return 0.0;
+  return std::clamp(dot / std::sqrt(xx * yy), -1.0, 1.0);
+}
+
+VariantResult VariantRunner::run(PrecisionPolicy policy, bool measure_numerics, const VariantResult* reference) {
   const int64_t B = batches_.batch_size, T = batches_.seq_len;
   const std::unique_ptr<Model> model = make_model(model_, backend_, std::move(policy), B, T);
   OCTET_CHECK(static_cast<size_t>(model->parameter_count()) == weights_.size(),
@@ -37,7 +113,8 @@ VariantResult VariantRunner::run(PrecisionPolicy policy, bool measure_numerics) 
   const std::vector<Model::WeightCopySlot> slots = model->weight_copy_slots();
   const bool first = ranges_.empty();
   size_t at = 0;
-  std::map<std::string, std::vector<float>> fetched;  // parameter name -> its gradient on the host
+  std::map<std::string, HostGradient> fetched;  // parameter name -> its gradient on the host
+  std::vector<SlotSource> sources;
   for (const Model::WeightCopySlot& slot : slots) {
     const ParameterInfo* holder = nullptr;
     for (const ParameterInfo& p : model->parameters()) {
@@ -46,24 +123,42 @@ VariantResult VariantRunner::run(PrecisionPolicy policy, bool measure_numerics) 
     OCTET_CHECK(holder != nullptr, "the parameter holding layer {}'s weight", slot.layer);
     auto it = fetched.find(holder->name);
     if (it == fetched.end()) {
-      std::vector<float> g(static_cast<size_t>(holder->count));
+      HostGradient g;
+      const auto count = static_cast<size_t>(holder->count);
       const void* device = model->gradient(*holder);
       if (holder->grad_type == Dtype::f32) {
-        backend_.copy_to_host(g.data(), device, g.size() * sizeof(float));
+        g.f32.resize(count);
+        backend_.copy_to_host(g.f32.data(), device, count * sizeof(float));
       } else {
-        std::vector<uint16_t> bits(g.size());
-        backend_.copy_to_host(bits.data(), device, bits.size() * sizeof(uint16_t));
-        for (size_t i = 0; i < g.size(); ++i)
-          g[i] = std::bit_cast<float>(static_cast<uint32_t>(bits[i]) << 16);
+        g.bf16.resize(count);
+        backend_.copy_to_host(g.bf16.data(), device, count * sizeof(uint16_t));
       }
       it = fetched.emplace(holder->name, std::move(g)).first;
     }
-    const auto begin = static_cast<size_t>(slot.offset - holder->offset);
     const auto count = static_cast<size_t>(slot.rows * slot.cols);
-    result.gradients.insert(result.gradients.end(), it->second.begin() + static_cast<std::ptrdiff_t>(begin),
-                            it->second.begin() + static_cast<std::ptrdiff_t>(begin + count));
-    if (first) ranges_.push_back({std::string(slot.layer), at, count});
+    sources.push_back({&it->second, static_cast<size_t>(slot.offset - holder->offset)});
+    if (first) {
+      ranges_.push_back({std::string(slot.layer), at, count});
+    } else {
+      OCTET_CHECK(ranges_[sources.size() - 1].layer == slot.layer && ranges_[sources.size() - 1].count == count,
+                  "layer {}'s weight gradient where the first variant had {}", slot.layer,
+                  ranges_[sources.size() - 1].layer);
+    }
     at += count;
+  }
+  OCTET_CHECK(sources.size() == ranges_.size(), "{} linear layers in the variant, {} in the first",
+              sources.size(), ranges_.size());
+  if (reference == nullptr) {
+    result.gradients.resize(at);
+    for (size_t r = 0; r < ranges_.size(); ++r) {
+      for (size_t i = 0; i < ranges_[r].count; ++i) {
+        result.gradients[ranges_[r].begin + i] = sources[r].gradient->at(sources[r].begin + i);
+      }
+    }
+  } else {
+    OCTET_CHECK(reference->gradients.size() == at, "a reference of {} gradients, got {}", at,
+                reference->gradients.size());
+    result.against = sums_against(sources, ranges_, reference->gradients);
   }
   if (measure_numerics) {
     for (const LinearPlan& p : model->policy().layers()) {
@@ -72,22 +167,6 @@ VariantResult VariantRunner::run(PrecisionPolicy policy, bool measure_numerics) 
     }
   }
   return result;
-}
-
-double gradient_cosine(const std::vector<float>& a, const std::vector<float>& b, size_t begin, size_t count) {
-  double dot = 0.0, aa = 0.0, bb = 0.0;
-  for (size_t i = begin; i < begin + count; ++i) {
-    const double x = a[i], y = b[i];
-    dot += x * y;
-    aa += x * x;
-    bb += y * y;
-  }
-  if (!std::isfinite(dot) || !std::isfinite(aa) || !std::isfinite(bb)) {
-    return std::numeric_limits<double>::quiet_NaN();
-  }
-  if (aa == 0.0 && bb == 0.0) return 1.0;
-  if (aa == 0.0 || bb == 0.0) return 0.0;
-  return std::clamp(dot / std::sqrt(aa * bb), -1.0, 1.0);
 }
 
 }  // namespace octet

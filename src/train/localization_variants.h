@@ -1,7 +1,7 @@
 // The variants `octet localize` compares, internal to src/train/localization*.cpp: the same weights and the
 // same batches run forward and backward (no update) on a fresh model built with a given precision policy,
-// giving the mean loss, the linear layers' weight gradients on the host, and, when asked, the FP8 casts'
-// telemetry of every FP8 layer.
+// giving the mean loss, the linear layers' weight gradients on the host (a reference) or the sums behind
+// their cosines against a reference's, and, when asked, the FP8 casts' telemetry of every FP8 layer.
 #pragma once
 
 #include <cstdint>
@@ -30,9 +30,30 @@ struct GradientRange {
   size_t count = 0;
 };
 
+// The float64 sums behind the cosine of two gradients x and y: x.y, x.x and y.y, and whether every value
+// was finite. Sums over several layers add.
+struct CosineSums {
+  double dot = 0.0, xx = 0.0, yy = 0.0;
+  bool finite = true;
+
+  CosineSums& operator+=(const CosineSums& o) {
+    dot += o.dot;
+    xx += o.xx;
+    yy += o.yy;
+    finite = finite && o.finite;
+    return *this;
+  }
+  // 1 where both are zero, 0 where one is, NaN where either held a non-finite value.
+  double cosine() const;
+};
+
 struct VariantResult {
-  double loss = 0.0;             // the mean over the batches
-  std::vector<float> gradients;  // every linear layer's weight gradient, in GradientRange order
+  double loss = 0.0;  // the mean over the batches
+  // A reference run's linear-layer weight gradients, in GradientRange order; empty for a run compared
+  // against a reference.
+  std::vector<float> gradients;
+  // A compared run's sums against the reference, one per GradientRange.
+  std::vector<CosineSums> against;
   std::map<std::string, Fp8LinearTelemetry> telemetry;  // per FP8 layer, when asked for
 };
 
@@ -42,8 +63,11 @@ class VariantRunner {
   VariantRunner(const ModelConfig& model, Backend& backend, const VariantBatches& batches,
                 std::vector<float> weights);
   // Runs the batches with `policy`; with `measure_numerics`, each FP8 cast's saturation, underflow and SQNR
-  // are collected too.
-  VariantResult run(PrecisionPolicy policy, bool measure_numerics);
+  // are collected too. Without `reference` the result keeps the gradients (a reference for later runs);
+  // with one it keeps only the cosine sums against the reference's gradients, layer by layer. The sums are
+  // taken on several host threads in fixed chunks added in order, so they do not depend on the number of
+  // threads.
+  VariantResult run(PrecisionPolicy policy, bool measure_numerics, const VariantResult* reference = nullptr);
   // Valid after the first run.
   const std::vector<GradientRange>& ranges() const { return ranges_; }
 
@@ -54,9 +78,5 @@ class VariantRunner {
   std::vector<float> weights_;
   std::vector<GradientRange> ranges_;
 };
-
-// The cosine of the angle between a and b over [begin, begin + count), in float64; 1 where both are zero,
-// 0 where one is; NaN where either holds a non-finite value.
-double gradient_cosine(const std::vector<float>& a, const std::vector<float>& b, size_t begin, size_t count);
 
 }  // namespace octet
