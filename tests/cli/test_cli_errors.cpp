@@ -124,3 +124,28 @@ TEST(CliErrors, CommandLineParseErrorsExitWithTwo) {
 
 }  // namespace
 }  // namespace octet
+
+namespace octet {
+namespace {
+
+// A fatal signal is an internal error: octet names the signal and the command on standard error, prints the
+// call stack with the binary's offsets, and dies of the same signal (exit status 128 + 11 in a shell).
+// octet waits on its standard input here (a FIFO held open by the shell), so that the signal finds it
+// running.
+TEST(CliErrors, AFatalSignalPrintsACrashReportAndDiesOfThatSignal) {
+  const testing::TempFile err;
+  const std::string fifo = err.path() + ".fifo";
+  const std::string script = std::string("mkfifo \"$1\" && { '") + OCTET_BINARY +
+                             "' fp8 quantize --format e4m3 < \"$1\" 2> \"$0\" & pid=$!; exec 3> \"$1\"; sleep 1; "
+                             "kill -SEGV $pid; wait $pid; echo $?; rm -f \"$1\"; }";
+  const ProcessResult r = testing::run_process({"/bin/sh", "-c", script, err.path(), fifo}, "/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "139\n");
+  const std::string report = testing::read_file(err.path());
+  EXPECT_NE(report.find("octet: internal error: SIGSEGV (segmentation fault) in `"), std::string::npos) << report;
+  EXPECT_NE(report.find("fp8 quantize --format e4m3`"), std::string::npos) << report;
+  EXPECT_NE(report.find("octet(+0x"), std::string::npos) << report;  // frames as module and offset
+}
+
+}  // namespace
+}  // namespace octet

@@ -21,6 +21,7 @@
 #include "cmd_localize.h"
 #include "cmd_report.h"
 #include "cmd_train.h"
+#include "crash_report.h"
 #include "io.h"
 #include "octet/check.h"
 #include "octet/version.h"
@@ -155,6 +156,10 @@ int run_command_line(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The command line for a crash report, joined once before anything can fail.
+  static std::string command_line;
+  for (int i = 0; i < argc; ++i) command_line += (i > 0 ? " " : "") + std::string(argv[i]);
+  octet::cli::install_crash_report(command_line.c_str());
   // Anything that escapes the command itself (building the command tree, formatting a message) is still
   // reported in one line rather than through std::terminate.
   try {
