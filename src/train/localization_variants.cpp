@@ -27,7 +27,7 @@ struct HostGradient {
   }
 };
 
-// Where a linear layer's weight gradient lies: in which fetched parameter, from which element.
+// Where a linear layer's weight gradient lies: in which fetched gradient, from which element.
 struct SlotSource {
   const HostGradient* gradient = nullptr;
   size_t begin = 0;
@@ -108,43 +108,51 @@ VariantResult VariantRunner::run(PrecisionPolicy policy, bool measure_numerics, 
   VariantResult result;
   result.loss = loss / static_cast<double>(batches_.tokens.size());
 
-  // Each linear layer's weight: the parameter that holds it (a tied head's is the token embedding).
+  // Each linear layer's weight gradient, fetched as one run: a fused layer's weight (qkv_proj, gate_up_proj)
+  // spans several parameters that lie one after another, as do their gradients; a tied head's is the token
+  // embedding's.
   model->grads();  // zeroes the weight gradients no backward wrote
   const std::vector<Model::WeightCopySlot> slots = model->weight_copy_slots();
   const bool first = ranges_.empty();
   size_t at = 0;
-  std::map<std::string, HostGradient> fetched;  // parameter name -> its gradient on the host
+  std::vector<HostGradient> fetched(slots.size());
   std::vector<SlotSource> sources;
-  for (const Model::WeightCopySlot& slot : slots) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Model::WeightCopySlot& slot = slots[i];
+    const int64_t count = slot.rows * slot.cols;
     const ParameterInfo* holder = nullptr;
     for (const ParameterInfo& p : model->parameters()) {
       if (slot.offset >= p.offset && slot.offset < p.offset + p.count) holder = &p;
     }
     OCTET_CHECK(holder != nullptr, "the parameter holding layer {}'s weight", slot.layer);
-    auto it = fetched.find(holder->name);
-    if (it == fetched.end()) {
-      HostGradient g;
-      const auto count = static_cast<size_t>(holder->count);
-      const void* device = model->gradient(*holder);
-      if (holder->grad_type == Dtype::f32) {
-        g.f32.resize(count);
-        backend_.copy_to_host(g.f32.data(), device, count * sizeof(float));
-      } else {
-        g.bf16.resize(count);
-        backend_.copy_to_host(g.bf16.data(), device, count * sizeof(uint16_t));
-      }
-      it = fetched.emplace(holder->name, std::move(g)).first;
+    // The parameters the run covers keep their gradients in the holder's type, one after another.
+    for (const ParameterInfo& p : model->parameters()) {
+      if (p.offset + p.count <= slot.offset || p.offset >= slot.offset + count) continue;
+      OCTET_CHECK(p.grad_type == holder->grad_type && p.grad_offset - holder->grad_offset == p.offset - holder->offset,
+                  "layer {}'s weight gradient in one run: {} lies apart from {}", slot.layer, p.name, holder->name);
     }
-    const auto count = static_cast<size_t>(slot.rows * slot.cols);
-    sources.push_back({&it->second, static_cast<size_t>(slot.offset - holder->offset)});
-    if (first) {
-      ranges_.push_back({std::string(slot.layer), at, count});
+    HostGradient& g = fetched[i];
+    const int64_t skip = slot.offset - holder->offset;
+    const void* device = model->gradient(*holder);
+    if (holder->grad_type == Dtype::f32) {
+      g.f32.resize(static_cast<size_t>(count));
+      backend_.copy_to_host(g.f32.data(), static_cast<const float*>(device) + skip, g.f32.size() * sizeof(float));
     } else {
-      OCTET_CHECK(ranges_[sources.size() - 1].layer == slot.layer && ranges_[sources.size() - 1].count == count,
-                  "layer {}'s weight gradient where the first variant had {}", slot.layer,
-                  ranges_[sources.size() - 1].layer);
+      OCTET_CHECK(holder->grad_type == Dtype::bf16, "a gradient in f32 or bf16, got {}", dtype_name(holder->grad_type));
+      g.bf16.resize(static_cast<size_t>(count));
+      backend_.copy_to_host(g.bf16.data(), static_cast<const uint16_t*>(device) + skip,
+                            g.bf16.size() * sizeof(uint16_t));
     }
-    at += count;
+    sources.push_back({&g, 0});
+    const auto n = static_cast<size_t>(count);
+    if (first) {
+      ranges_.push_back({std::string(slot.layer), at, n});
+    } else {
+      OCTET_CHECK(i < ranges_.size() && ranges_[i].layer == slot.layer && ranges_[i].count == n,
+                  "layer {}'s weight gradient where the first variant had {}", slot.layer,
+                  i < ranges_.size() ? ranges_[i].layer : std::string("none"));
+    }
+    at += n;
   }
   OCTET_CHECK(sources.size() == ranges_.size(), "{} linear layers in the variant, {} in the first",
               sources.size(), ranges_.size());

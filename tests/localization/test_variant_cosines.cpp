@@ -8,6 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cstring>
+
 #include "localization_variants.h"
 #include "octet/backend/cpu_backend.h"
 #include "tiny_model.h"
@@ -32,14 +35,7 @@ TEST(CosineSums, CosineOfHandWorkedSums) {
   EXPECT_FALSE(a.finite);
 }
 
-// Two variants of the tiny GPT-2 on the CPU, kept as references, and the second run again against the
-// first: its sums are those of the two gradients, worked here directly.
-TEST(VariantRunner, SumsAgainstAReferenceMatchTheGradients) {
-  const ModelConfig c = testing::tiny_config();
-  auto backend = make_cpu_backend();
-  PrecisionSettings s;
-  s.mode = MixedPrecision::fp8;
-  s.recipe = RecipeKind::current;
+VariantBatches two_batches(const ModelConfig& c) {
   VariantBatches batches;
   batches.batch_size = 2;
   batches.seq_len = 16;
@@ -52,6 +48,84 @@ TEST(VariantRunner, SumsAgainstAReferenceMatchTheGradients) {
       batches.targets.back()[static_cast<size_t>(i)] = static_cast<int32_t>((i * 5 + b + 1) % c.vocab_size);
     }
   }
+  return batches;
+}
+
+// A fused layer's weight spans several parameters (Llama's qkv_proj: q_proj, k_proj and v_proj; gate_up_proj:
+// gate_proj and up_proj): the runner's gradient of such a layer is theirs, one after another, as a model run
+// the same way gives them parameter by parameter.
+TEST(VariantRunner, AFusedLayersGradientIsItsParametersGradients) {
+  const ModelConfig c = testing::tiny_llama_config();
+  auto backend = make_cpu_backend();
+  PrecisionSettings s;
+  s.mode = MixedPrecision::bf16;
+  const VariantBatches batches = two_batches(c);
+  std::vector<float> weights;
+  {
+    const std::unique_ptr<Model> m = make_model(c, *backend, PrecisionPolicy(s, c, 32), 2, 16);
+    m->init_weights(9);
+    weights.assign(m->params(), m->params() + m->parameter_count());
+  }
+  VariantRunner runner(c, *backend, batches, weights);
+  const VariantResult result = runner.run(PrecisionPolicy(s, c, 32), false);
+
+  const std::unique_ptr<Model> m = make_model(c, *backend, PrecisionPolicy(s, c, 32), 2, 16);
+  std::memcpy(m->params(), weights.data(), weights.size() * sizeof(float));
+  m->refresh_weight_copies();
+  m->zero_grad();
+  for (size_t b = 0; b < batches.tokens.size(); ++b) {
+    m->forward(batches.tokens[b].data(), batches.targets[b].data(), 2, 16, batches.dloss);
+    m->backward(batches.dloss);
+  }
+  m->grads();
+  auto gradient_of = [&](const std::string& name) {
+    for (const ParameterInfo& p : m->parameters()) {
+      if (p.name != name) continue;
+      std::vector<float> g(static_cast<size_t>(p.count));
+      const void* at = m->gradient(p);
+      for (size_t i = 0; i < g.size(); ++i) {
+        g[i] = p.grad_type == Dtype::f32
+                   ? static_cast<const float*>(at)[i]
+                   : std::bit_cast<float>(static_cast<uint32_t>(static_cast<const uint16_t*>(at)[i]) << 16);
+      }
+      return g;
+    }
+    ADD_FAILURE() << "no parameter " << name;
+    return std::vector<float>();
+  };
+  int fused = 0;
+  for (const GradientRange& range : runner.ranges()) {
+    const std::string prefix = range.layer.substr(0, range.layer.rfind('.') + 1);
+    std::vector<std::string> parts;
+    if (range.layer.ends_with("qkv_proj")) parts = {"q_proj", "k_proj", "v_proj"};
+    if (range.layer.ends_with("gate_up_proj")) parts = {"gate_proj", "up_proj"};
+    if (parts.empty()) continue;
+    ++fused;
+    std::vector<float> expected;
+    for (const std::string& part : parts) {
+      const std::vector<float> g = gradient_of(prefix + part + ".weight");
+      expected.insert(expected.end(), g.begin(), g.end());
+    }
+    ASSERT_EQ(range.count, expected.size()) << range.layer;
+    EXPECT_EQ(std::memcmp(result.gradients.data() + range.begin, expected.data(), range.count * sizeof(float)), 0)
+        << range.layer;
+    // v_proj's part is not zero: the run covers the whole fused weight.
+    double tail = 0.0;
+    for (size_t i = range.count - range.count / 4; i < range.count; ++i) tail += std::abs(expected[i]);
+    EXPECT_GT(tail, 0.0) << range.layer;
+  }
+  EXPECT_EQ(fused, 4);  // two blocks, qkv_proj and gate_up_proj each
+}
+
+// Two variants of the tiny GPT-2 on the CPU, kept as references, and the second run again against the
+// first: its sums are those of the two gradients, worked here directly.
+TEST(VariantRunner, SumsAgainstAReferenceMatchTheGradients) {
+  const ModelConfig c = testing::tiny_config();
+  auto backend = make_cpu_backend();
+  PrecisionSettings s;
+  s.mode = MixedPrecision::fp8;
+  s.recipe = RecipeKind::current;
+  const VariantBatches batches = two_batches(c);
   std::vector<float> weights;
   {
     const std::unique_ptr<Model> m = make_model(c, *backend, PrecisionPolicy(s, c, 32), 2, 16);
