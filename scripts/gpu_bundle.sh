@@ -47,6 +47,7 @@ cp tests/peers/hf_finetune.py gpu-bundle/
 mkdir -p gpu-bundle/configs/bench gpu-bundle/peers
 cp configs/bench/*.toml gpu-bundle/configs/bench/
 cp bench/common.sh bench/compare.sh bench/compare_llama.sh bench/compare_moe.sh bench/compare_table.py bench/scaling.sh \
+  bench/localized_maps.sh bench/localized_maps_table.py \
   gpu-bundle/
 cp bench/peers/torch_gpt2.py gpu-bundle/peers/
 # The Llama peer (bash DIR/compare_llama.sh [PRESET...]), from ../shared beside the checkout.
