@@ -301,6 +301,8 @@ void TelemetryRecorder::record_recalibration(int64_t steps_done, const std::vect
   int64_t changed = 0;
   for (const RecalibrationRecord& row : rows) {
     changed += row.scale_after != row.scale_before ? 1 : 0;
+    // The new scale is the one later readings are compared with: the recalibration's own move is no jump.
+    monitor_.rebase_scale(row.layer, row.tensor, steps_done, row.scale_after);
     store_.add(row);
   }
   store_.add(EventRecord{steps_done, "recalibration", std::nullopt, std::nullopt,
