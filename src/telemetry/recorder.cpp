@@ -68,6 +68,10 @@ void TelemetryRecorder::start(const std::vector<std::pair<std::string, std::stri
   store_.add(RunInfoRecord{"alert_saturation", fmt::format("{}", settings_.alert_saturation)});
   store_.add(RunInfoRecord{"alert_underflow", fmt::format("{}", settings_.alert_underflow)});
   store_.add(RunInfoRecord{"alert_scale_jump", fmt::format("{}", settings_.alert_scale_jump)});
+  if (settings_.shadow_every > 0) {
+    store_.add(RunInfoRecord{"shadow_loss_threshold", fmt::format("{}", settings_.shadow_loss_threshold)});
+    store_.add(RunInfoRecord{"shadow_cosine_threshold", fmt::format("{}", settings_.shadow_cosine_threshold)});
+  }
   const TelemetryResume& resumed = store_.resumed();
   int64_t since = 0;
   if (resumed.has_gemms) {
