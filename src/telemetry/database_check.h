@@ -1,8 +1,8 @@
 // What a reader of telemetry.sqlite (octet inspect, octet report) accepts: the seven tables every octet
 // database has and, where present, the four later versions added (shadow_loss, shadow, recalibrations,
-// localization), with their columns, each value of the type and range octet writes, and no more rows or text than a reader can hold.
-// A database that breaks a rule is refused with one line naming the file, the table, the column or key, the
-// row and what was expected. Internal to the library.
+// localization), with their columns, each value of the type and range octet writes, and no more rows or text
+// than a reader can hold. A database that breaks a rule is refused with one line naming the file, the table,
+// the column or key, the row and what was expected. Internal to the library.
 #pragma once
 
 #include <cstdint>

@@ -70,7 +70,8 @@ void TelemetryRecorder::start(const std::vector<std::pair<std::string, std::stri
   store_.add(RunInfoRecord{"alert_scale_jump", fmt::format("{}", settings_.alert_scale_jump)});
   if (settings_.shadow_every > 0) {
     store_.add(RunInfoRecord{"shadow_loss_threshold", fmt::format("{}", settings_.shadow_loss_threshold)});
-    store_.add(RunInfoRecord{"shadow_cosine_threshold", fmt::format("{}", settings_.shadow_cosine_threshold)});
+    store_.add(
+        RunInfoRecord{"shadow_cosine_threshold", fmt::format("{}", settings_.shadow_cosine_threshold)});
   }
   const TelemetryResume& resumed = store_.resumed();
   int64_t since = 0;

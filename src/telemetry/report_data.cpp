@@ -20,7 +20,8 @@
 //   phases       [{phase, count, mean_ms, total_ms}], largest total first
 //   events       [{id, step, kind, layer, tensor, value, threshold, message}]
 //   localization [{layer, choice, reason, fp8_loss_change, bf16_loss_change, fp8_gradient_cosine,
-//                 bf16_gradient_cosine, bf16_ms, fp8_ms, activation_sqnr_db, weight_sqnr_db, gradient_sqnr_db}]
+//                 bf16_gradient_cosine, bf16_ms, fp8_ms, activation_sqnr_db, weight_sqnr_db,
+//                 gradient_sqnr_db}]
 //                in the map's order (empty: no precision map applied, or a database from before the table)
 //   shadow       {loss: {step, fp8_loss, bf16_loss, relative_difference}, steps: [steps with cosines],
 //                 layers: [names], cosine: [[per layer, per step]]}
@@ -310,7 +311,8 @@ void load_checks(Database& db, json& doc, LayerOrder& layers) {
     while (s.step()) {
       layers.add(s.text(0));
       json row = {{"layer", s.text(0)}, {"choice", s.text(1)}, {"reason", s.text(2)}};
-      for (size_t k = 0; k < std::size(kNumbers); ++k) row[kNumbers[k]] = number_or_null(s, 3 + static_cast<int>(k));
+      for (size_t k = 0; k < std::size(kNumbers); ++k)
+        row[kNumbers[k]] = number_or_null(s, 3 + static_cast<int>(k));
       localization.push_back(std::move(row));
     }
   }
@@ -356,7 +358,8 @@ void load_checks(Database& db, json& doc, LayerOrder& layers) {
     }
     rows.push_back(std::move(row));
   }
-  doc["shadow"] = {{"loss", std::move(loss)}, {"steps", steps}, {"layers", names}, {"cosine", std::move(rows)}};
+  doc["shadow"] = {
+      {"loss", std::move(loss)}, {"steps", steps}, {"layers", names}, {"cosine", std::move(rows)}};
 
   json recalibrations = json::array();
   if (telemetry_db::table_present(db, "recalibrations")) {

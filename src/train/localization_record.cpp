@@ -35,7 +35,8 @@ std::string localization_summary(const PrecisionMapFile& map) {
   int64_t fp8 = 0;
   for (const LocalizedLayer& l : map.layers) fp8 += l.excluded.empty() && l.fp8 ? 1 : 0;
   return fmt::format(
-      "budget {:.3g}%, predicted loss change {:+.3g}%, saving {:.3g} ms per micro-batch ({}); {} of {} layers in "
+      "budget {:.3g}%, predicted loss change {:+.3g}%, saving {:.3g} ms per micro-batch ({}); {} of {} "
+      "layers in "
       "FP8; made by octet {} over {} batches of {} x {} tokens",
       map.budget * 100.0, map.predicted_loss_change * 100.0, map.saving_ms, map.gain_basis, fp8,
       map.layers.size(), map.octet_version, map.batches, map.batch_size, map.seq_len);

@@ -464,7 +464,8 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
     // What the FP8 layers start from, for `octet report`: the calibration file and the precision map with
     // what localization measured (the map's file is read again here; the policy has checked it fits).
     bool fp8_somewhere = start_mode.precision.mode == MixedPrecision::fp8;
-    for (const PrecisionPhase& phase : config.precision_phases) fp8_somewhere |= phase.mode == MixedPrecision::fp8;
+    for (const PrecisionPhase& phase : config.precision_phases)
+      fp8_somewhere |= phase.mode == MixedPrecision::fp8;
     if (fp8_somewhere && !config.precision.calibration.empty()) {
       telemetry_store->add(RunInfoRecord{"calibration", config.precision.calibration.string()});
     }

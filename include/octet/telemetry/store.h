@@ -90,8 +90,8 @@ struct RecalibrationRecord {
   std::optional<double> amax;  // the statistic measured (NULL: none seen, scale kept)
   std::string reason;          // "every 100 steps", or the alert that asked for it
 };
-// One linear layer of the precision map the run applied (fp8.precision_map, written by `octet localize`): what
-// localization measured and chose. Measurements are NULL for a layer the policy excluded.
+// One linear layer of the precision map the run applied (fp8.precision_map, written by `octet localize`):
+// what localization measured and chose. Measurements are NULL for a layer the policy excluded.
 struct LocalizationRecord {
   std::string layer;
   int64_t position = 0;  // the layer's index in the map (the policy's order)
@@ -116,9 +116,9 @@ struct EventRecord {
   std::optional<double> threshold;
   std::string message;
 };
-using TelemetryRecord = std::variant<RunInfoRecord, StepRecord, ValidationRecord, TensorRecord, GemmRecord,
-                                     PhaseRecord, EventRecord, ShadowLossRecord, ShadowLayerRecord,
-                                     RecalibrationRecord, LocalizationRecord>;
+using TelemetryRecord =
+    std::variant<RunInfoRecord, StepRecord, ValidationRecord, TensorRecord, GemmRecord, PhaseRecord,
+                 EventRecord, ShadowLossRecord, ShadowLayerRecord, RecalibrationRecord, LocalizationRecord>;
 
 // What a resumed run takes over from the database: the alerts already raised (layer, tensor, kind), and the
 // layers an alert moved to BF16 (with the reason) at or before the step the run resumes at.
