@@ -114,6 +114,11 @@ std::vector<Alert> AlertMonitor::observe(const TensorReading& r) {
   return alerts;
 }
 
+void AlertMonitor::rebase_scale(const std::string& layer, const std::string& tensor, int64_t step,
+                                double scale) {
+  if (usable_scale(scale)) last_scale_[{layer, tensor}] = {step, scale};
+}
+
 double ShadowReading::relative_loss_difference() const {
   if (!std::isfinite(fp8_loss) || !std::isfinite(bf16_loss)) return NAN;
   return std::abs(fp8_loss - bf16_loss) / std::abs(bf16_loss);

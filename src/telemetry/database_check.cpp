@@ -29,6 +29,9 @@ struct TableRule {
   int64_t max_rows;
   int64_t max_text_chars;  // all its text columns together
   std::vector<ColumnRule> columns;
+  // A table that databases of earlier octet versions lack: checked where present, a reader takes it as empty
+  // where absent (table_present).
+  bool optional = false;
 };
 
 constexpr double kFinite =
@@ -37,6 +40,8 @@ constexpr double kStep = static_cast<double>(kMaxStep);
 constexpr double kCount = 9'007'199'254'740'992.0;  // 2^53: exact in JSON and in the page's script
 constexpr int64_t kName = 256;
 constexpr int64_t kMessage = 65536;
+// A cosine computed in float64 can exceed 1 by a few ulps; anything further is not one.
+constexpr double kCosine = 1.000001;
 
 ColumnRule step_column(const char* name, bool nullable = false) {
   return {name, Kind::integer, nullable, 0, kStep};
@@ -46,6 +51,9 @@ ColumnRule count_column(const char* name) {
 }
 ColumnRule number_column(const char* name, double min = -kFinite, double max = kFinite) {
   return {name, Kind::number, true, min, max};
+}
+ColumnRule required_number_column(const char* name, double min = -kFinite, double max = kFinite) {
+  return {name, Kind::number, false, min, max};
 }
 ColumnRule text_column(const char* name, bool nullable, int64_t max_chars) {
   return {name, Kind::text, nullable, 0, 0, max_chars};
@@ -100,6 +108,42 @@ const std::vector<TableRule>& rules() {
        {step_column("step", true), text_column("kind", false, kName), text_column("layer", true, kName),
         text_column("tensor", true, kName), number_column("value"), number_column("threshold"),
         text_column("message", false, kMessage)}},
+      {"shadow_loss",
+       1'000'000,
+       0,
+       {step_column("step"), number_column("fp8_loss"), number_column("bf16_loss"),
+        number_column("relative_difference", 0)},
+       true},
+      {"shadow",
+       10'000'000,
+       1 << 30,
+       {step_column("step"), text_column("layer", false, kName), number_column("cosine", -kCosine, kCosine)},
+       true},
+      {"recalibrations",
+       10'000'000,
+       1 << 30,
+       {step_column("step"), text_column("layer", false, kName),
+        choice_column("tensor", {"activation", "weight", "gradient"}),
+        required_number_column("scale_before", 0), required_number_column("scale_after", 0),
+        number_column("amax", 0), text_column("reason", false, kMessage)},
+       true},
+      {"localization",
+       kMaxLayers,
+       64 << 20,
+       {text_column("layer", false, kName),
+        {"position", Kind::integer, false, 0, kMaxLayers},
+        choice_column("choice", {"fp8", "bf16", "excluded"}),
+        text_column("reason", false, kMessage),
+        number_column("fp8_loss_change"),
+        number_column("bf16_loss_change"),
+        number_column("fp8_gradient_cosine", -kCosine, kCosine),
+        number_column("bf16_gradient_cosine", -kCosine, kCosine),
+        number_column("bf16_ms", 0),
+        number_column("fp8_ms", 0),
+        number_column("activation_sqnr_db"),
+        number_column("weight_sqnr_db"),
+        number_column("gradient_sqnr_db")},
+       true},
   };
   return tables;
 }
@@ -212,7 +256,12 @@ void check_values(Database& db, const TableRule& table) {
                         expected(c), found));
 }
 
-// The precision map is JSON that the report shows layer by layer: an array of flat objects.
+bool scalar(const nlohmann::json& v) {
+  return v.is_string() || v.is_number() || v.is_boolean() || v.is_null();
+}
+
+// The precision map is JSON that the report shows layer by layer: an array of objects whose members are
+// scalars or, as a calibrated layer's "scales", objects of scalars.
 void check_precision_map(Database& db) {
   Statement s(db, "SELECT value FROM run WHERE key = 'precision_map'");
   if (!s.step()) return;
@@ -220,8 +269,9 @@ void check_precision_map(Database& db) {
   bool flat = map.is_array();
   for (size_t i = 0; flat && i < map.size(); ++i) {
     flat = map[i].is_object();
-    for (auto it = flat ? map[i].begin() : map[i].end(); flat && it != map[i].end(); ++it)
-      flat = it->is_string() || it->is_number() || it->is_boolean() || it->is_null();
+    for (auto it = flat ? map[i].begin() : map[i].end(); flat && it != map[i].end(); ++it) {
+      flat = scalar(*it) || (it->is_object() && std::all_of(it->begin(), it->end(), scalar));
+    }
   }
   if (!flat) {
     db.refuse(
@@ -242,9 +292,21 @@ void check_layers(Database& db) {
 
 }  // namespace
 
+bool table_present(Database& db, std::string_view table) {
+  Statement s(db, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?1");
+  s.bind(1, table);
+  return s.step() && s.integer(0) > 0;
+}
+
 void check_telemetry_database(Database& db) {
-  for (const TableRule& table : rules()) require_columns(db, table);
+  std::vector<const TableRule*> present;
   for (const TableRule& table : rules()) {
+    if (table.optional && !table_present(db, table.name)) continue;
+    require_columns(db, table);
+    present.push_back(&table);
+  }
+  for (const TableRule* rule : present) {
+    const TableRule& table = *rule;
     check_size(db, table);
     check_values(db, table);
   }

@@ -68,6 +68,11 @@ void TelemetryRecorder::start(const std::vector<std::pair<std::string, std::stri
   store_.add(RunInfoRecord{"alert_saturation", fmt::format("{}", settings_.alert_saturation)});
   store_.add(RunInfoRecord{"alert_underflow", fmt::format("{}", settings_.alert_underflow)});
   store_.add(RunInfoRecord{"alert_scale_jump", fmt::format("{}", settings_.alert_scale_jump)});
+  if (settings_.shadow_every > 0) {
+    store_.add(RunInfoRecord{"shadow_loss_threshold", fmt::format("{}", settings_.shadow_loss_threshold)});
+    store_.add(
+        RunInfoRecord{"shadow_cosine_threshold", fmt::format("{}", settings_.shadow_cosine_threshold)});
+  }
   const TelemetryResume& resumed = store_.resumed();
   int64_t since = 0;
   if (resumed.has_gemms) {
@@ -301,6 +306,8 @@ void TelemetryRecorder::record_recalibration(int64_t steps_done, const std::vect
   int64_t changed = 0;
   for (const RecalibrationRecord& row : rows) {
     changed += row.scale_after != row.scale_before ? 1 : 0;
+    // The new scale is the one later readings are compared with: the recalibration's own move is no jump.
+    monitor_.rebase_scale(row.layer, row.tensor, steps_done, row.scale_after);
     store_.add(row);
   }
   store_.add(EventRecord{steps_done, "recalibration", std::nullopt, std::nullopt,

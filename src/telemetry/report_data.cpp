@@ -19,6 +19,13 @@
 //                 amax|scale|saturated_fraction|underflow_fraction|sqnr_db: [[row values]]}}}
 //   phases       [{phase, count, mean_ms, total_ms}], largest total first
 //   events       [{id, step, kind, layer, tensor, value, threshold, message}]
+//   localization [{layer, choice, reason, fp8_loss_change, bf16_loss_change, fp8_gradient_cosine,
+//                 bf16_gradient_cosine, bf16_ms, fp8_ms, activation_sqnr_db, weight_sqnr_db,
+//                 gradient_sqnr_db}]
+//                in the map's order (empty: no precision map applied, or a database from before the table)
+//   shadow       {loss: {step, fp8_loss, bf16_loss, relative_difference}, steps: [steps with cosines],
+//                 layers: [names], cosine: [[per layer, per step]]}
+//   recalibrations [{step, layer, tensor, scale_before, scale_after, amax, reason}]
 #include "report_data.h"
 
 #include <algorithm>
@@ -289,6 +296,90 @@ void load_phases_and_events(Database& db, json& doc, LayerOrder& layers, RunRepo
   doc["events"] = std::move(events);
 }
 
+// The tables of the FP8 checks in a run (docs/localization.md): localization, shadow checks, recalibrations.
+// Databases of earlier versions lack them: empty then.
+void load_checks(Database& db, json& doc, LayerOrder& layers) {
+  json localization = json::array();
+  if (telemetry_db::table_present(db, "localization")) {
+    Statement s(db,
+                "SELECT layer, choice, reason, fp8_loss_change, bf16_loss_change, fp8_gradient_cosine, "
+                "bf16_gradient_cosine, bf16_ms, fp8_ms, activation_sqnr_db, weight_sqnr_db, gradient_sqnr_db "
+                "FROM localization ORDER BY position, layer");
+    constexpr const char* kNumbers[] = {"fp8_loss_change",      "bf16_loss_change", "fp8_gradient_cosine",
+                                        "bf16_gradient_cosine", "bf16_ms",          "fp8_ms",
+                                        "activation_sqnr_db",   "weight_sqnr_db",   "gradient_sqnr_db"};
+    while (s.step()) {
+      layers.add(s.text(0));
+      json row = {{"layer", s.text(0)}, {"choice", s.text(1)}, {"reason", s.text(2)}};
+      for (size_t k = 0; k < std::size(kNumbers); ++k)
+        row[kNumbers[k]] = number_or_null(s, 3 + static_cast<int>(k));
+      localization.push_back(std::move(row));
+    }
+  }
+  doc["localization"] = std::move(localization);
+
+  json loss = {{"step", json::array()},
+               {"fp8_loss", json::array()},
+               {"bf16_loss", json::array()},
+               {"relative_difference", json::array()}};
+  if (telemetry_db::table_present(db, "shadow_loss")) {
+    Statement s(db, "SELECT step, fp8_loss, bf16_loss, relative_difference FROM shadow_loss ORDER BY step");
+    while (s.step()) {
+      loss["step"].push_back(s.integer(0));
+      loss["fp8_loss"].push_back(number_or_null(s, 1));
+      loss["bf16_loss"].push_back(number_or_null(s, 2));
+      loss["relative_difference"].push_back(number_or_null(s, 3));
+    }
+  }
+  std::vector<int64_t> steps;
+  std::map<int64_t, size_t> column_of;
+  std::map<std::string, std::map<size_t, std::optional<double>>> cosines;  // layer -> column -> cosine
+  if (telemetry_db::table_present(db, "shadow")) {
+    Statement c(db, "SELECT DISTINCT step FROM shadow ORDER BY step");
+    while (c.step()) {
+      column_of[c.integer(0)] = steps.size();
+      steps.push_back(c.integer(0));
+    }
+    Statement s(db, "SELECT step, layer, cosine FROM shadow ORDER BY step, layer");
+    while (s.step()) {
+      layers.add(s.text(1));
+      cosines[s.text(1)][column_of.at(s.integer(0))] = s.optional_real(2);
+    }
+  }
+  std::vector<std::string> names;
+  for (const auto& entry : cosines) names.push_back(entry.first);
+  std::sort(names.begin(), names.end(),
+            [&](const std::string& a, const std::string& b) { return layers.index(a) < layers.index(b); });
+  json rows = json::array();
+  for (const std::string& name : names) {
+    json row(steps.size(), nullptr);
+    for (const auto& [column, cosine] : cosines[name]) {
+      if (cosine) row[column] = *cosine;
+    }
+    rows.push_back(std::move(row));
+  }
+  doc["shadow"] = {
+      {"loss", std::move(loss)}, {"steps", steps}, {"layers", names}, {"cosine", std::move(rows)}};
+
+  json recalibrations = json::array();
+  if (telemetry_db::table_present(db, "recalibrations")) {
+    Statement s(db,
+                "SELECT step, layer, tensor, scale_before, scale_after, amax, reason FROM recalibrations "
+                "ORDER BY step, rowid");
+    while (s.step()) {
+      layers.add(s.text(1));
+      recalibrations.push_back({{"step", s.integer(0)},
+                                {"layer", s.text(1)},
+                                {"tensor", s.text(2)},
+                                {"scale_before", s.real(3)},
+                                {"scale_after", s.real(4)},
+                                {"amax", number_or_null(s, 5)},
+                                {"reason", s.text(6)}});
+    }
+  }
+  doc["recalibrations"] = std::move(recalibrations);
+}
+
 }  // namespace
 
 RunReportData load_run_report_data(const fs::path& run_dir) {
@@ -311,6 +402,7 @@ RunReportData load_run_report_data(const fs::path& run_dir) {
   load_gemms(db, doc, layers, out);
   load_tensor_stats(db, doc, layers);
   load_phases_and_events(db, doc, layers, out);
+  load_checks(db, doc, layers);
   db.execute("COMMIT");
   doc["layers"] = layers.names();
   return out;

@@ -3,7 +3,10 @@
 CREATE TABLE run(key TEXT PRIMARY KEY, value TEXT NOT NULL);
   -- keys: name, octet_version, started_at (ISO 8601 UTC), mode (fp32|bf16|fp16|fp8), device (cpu|cuda: name),
   --       recipe (one line), telemetry_interval, config (the resolved TOML), precision_map (JSON, as precision_map.json),
-  --       alert_saturation, alert_underflow, alert_scale_jump (the run's alert thresholds)
+  --       alert_saturation, alert_underflow, alert_scale_jump (the run's alert thresholds),
+  --       shadow_loss_threshold, shadow_cosine_threshold (with fp8.shadow_every),
+  --       calibration (the fp8.calibration file the static recipe's scales came from, when one was given),
+  --       precision_map_file and localization (the fp8.precision_map applied, and its totals in one line)
 CREATE TABLE steps(step INTEGER PRIMARY KEY, loss REAL, learning_rate REAL, grad_norm REAL, loss_scale REAL,
   skipped INTEGER NOT NULL, skip_reason TEXT, tokens INTEGER, step_ms REAL, tokens_per_s REAL,
   fp8_gemms INTEGER, other_gemms INTEGER);
@@ -28,4 +31,12 @@ CREATE TABLE recalibrations(step INTEGER NOT NULL, layer TEXT NOT NULL, tensor T
   scale_before REAL NOT NULL, scale_after REAL NOT NULL, amax REAL, reason TEXT NOT NULL,
   PRIMARY KEY(step, layer, tensor));
   -- one row per FP8 operand at each recalibration in the run (fp8.recalibrate_every, fp8.on_alert = "recalibrate")
+CREATE TABLE localization(layer TEXT PRIMARY KEY, position INTEGER NOT NULL, choice TEXT NOT NULL,
+  reason TEXT NOT NULL, fp8_loss_change REAL, bf16_loss_change REAL, fp8_gradient_cosine REAL,
+  bf16_gradient_cosine REAL, bf16_ms REAL, fp8_ms REAL, activation_sqnr_db REAL, weight_sqnr_db REAL,
+  gradient_sqnr_db REAL);
+  -- one row per linear layer of the precision map the run applied (fp8.precision_map, from `octet localize`):
+  -- choice fp8|bf16|excluded, its reason, the loss change and weight-gradient cosine with the layer alone in FP8
+  -- (against all in BF16) and alone in BF16 (against all in FP8), its GEMMs' time per micro-batch in BF16 and in
+  -- FP8 with the casts, and each cast's SQNR; measurements NULL for an excluded layer
 -- Layer names are the precision policy's: h.0.attn.c_attn, h.0.attn.c_proj, h.0.mlp.c_fc, h.0.mlp.c_proj, ..., lm_head.

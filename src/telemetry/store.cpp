@@ -35,6 +35,10 @@ CREATE TABLE IF NOT EXISTS shadow(step INTEGER NOT NULL, layer TEXT NOT NULL, co
 CREATE TABLE IF NOT EXISTS recalibrations(step INTEGER NOT NULL, layer TEXT NOT NULL, tensor TEXT NOT NULL,
   scale_before REAL NOT NULL, scale_after REAL NOT NULL, amax REAL, reason TEXT NOT NULL,
   PRIMARY KEY(step, layer, tensor));
+CREATE TABLE IF NOT EXISTS localization(layer TEXT PRIMARY KEY, position INTEGER NOT NULL, choice TEXT NOT NULL,
+  reason TEXT NOT NULL, fp8_loss_change REAL, bf16_loss_change REAL, fp8_gradient_cosine REAL,
+  bf16_gradient_cosine REAL, bf16_ms REAL, fp8_ms REAL, activation_sqnr_db REAL, weight_sqnr_db REAL,
+  gradient_sqnr_db REAL);
 )sql";
 
 // A writable database with the telemetry tables in place. These are the connection's first statements, so a
@@ -73,7 +77,12 @@ struct TelemetryStore::Writer {
         shadow(db, "INSERT OR REPLACE INTO shadow(step, layer, cosine) VALUES(?1, ?2, ?3)"),
         recalibration(db,
                       "INSERT OR REPLACE INTO recalibrations(step, layer, tensor, scale_before, scale_after, "
-                      "amax, reason) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)") {}
+                      "amax, reason) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
+        localization(db,
+                     "INSERT OR REPLACE INTO localization(layer, position, choice, reason, fp8_loss_change, "
+                     "bf16_loss_change, fp8_gradient_cosine, bf16_gradient_cosine, bf16_ms, fp8_ms, "
+                     "activation_sqnr_db, weight_sqnr_db, gradient_sqnr_db) "
+                     "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)") {}
 
   void write(const RunInfoRecord& r) {
     Statement& s = r.keep_existing ? run_keep : run_replace;
@@ -145,9 +154,26 @@ struct TelemetryStore::Writer {
         .run();
   }
 
+  void write(const LocalizationRecord& r) {
+    localization.bind(1, std::string_view(r.layer))
+        .bind(2, r.position)
+        .bind(3, std::string_view(r.choice))
+        .bind(4, std::string_view(r.reason))
+        .bind(5, r.fp8_loss_change)
+        .bind(6, r.bf16_loss_change)
+        .bind(7, r.fp8_gradient_cosine)
+        .bind(8, r.bf16_gradient_cosine)
+        .bind(9, r.bf16_ms)
+        .bind(10, r.fp8_ms)
+        .bind(11, r.sqnr_db[0])
+        .bind(12, r.sqnr_db[1])
+        .bind(13, r.sqnr_db[2])
+        .run();
+  }
+
   TelemetryDatabase db;
   Statement run_replace, run_keep, step, validation, tensor, gemm, phase, event, shadow_loss, shadow,
-      recalibration;
+      recalibration, localization;
 };
 
 TelemetryStore::TelemetryStore(const std::filesystem::path& path, std::optional<int64_t> resume_at)
@@ -159,7 +185,7 @@ TelemetryStore::TelemetryStore(const std::filesystem::path& path, std::optional<
     db.execute(
         "BEGIN; DELETE FROM run; DELETE FROM steps; DELETE FROM validation; DELETE FROM tensor_stats; "
         "DELETE FROM gemms; DELETE FROM phases; DELETE FROM events; DELETE FROM shadow_loss; "
-        "DELETE FROM shadow; DELETE FROM recalibrations; COMMIT;");
+        "DELETE FROM shadow; DELETE FROM recalibrations; DELETE FROM localization; COMMIT;");
   } else {
     const int64_t k = *resume_at;
     Statement alerts(db,
@@ -189,7 +215,7 @@ TelemetryStore::TelemetryStore(const std::filesystem::path& path, std::optional<
                     "DELETE FROM tensor_stats WHERE step > {0}; DELETE FROM phases WHERE step > {0}; "
                     "DELETE FROM events WHERE step > {0}; DELETE FROM gemms WHERE since_step > {1}; "
                     "DELETE FROM shadow_loss WHERE step > {0}; DELETE FROM shadow WHERE step > {0}; "
-                    "DELETE FROM recalibrations WHERE step > {0}; COMMIT;",
+                    "DELETE FROM recalibrations WHERE step > {0}; DELETE FROM localization; COMMIT;",
                     k, k + 1));
   }
   thread_ = std::thread([this] { run_writer(); });

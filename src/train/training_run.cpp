@@ -34,6 +34,7 @@
 #include "octet/train/telemetry_source.h"
 #include "octet/version.h"
 #include "kernel_profiling.h"
+#include "localization_record.h"
 #include "run_device.h"
 #include "step_checks.h"
 
@@ -460,6 +461,20 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
                       {"recipe", recipe != nullptr ? recipe->describe() : "none"},
                       {"telemetry_interval", std::to_string(config.telemetry.interval)},
                       {"config", to_toml(config)}});
+    // What the FP8 layers start from, for `octet report`: the calibration file and the precision map with
+    // what localization measured (the map's file is read again here; the policy has checked it fits).
+    bool fp8_somewhere = start_mode.precision.mode == MixedPrecision::fp8;
+    for (const PrecisionPhase& phase : config.precision_phases)
+      fp8_somewhere |= phase.mode == MixedPrecision::fp8;
+    if (fp8_somewhere && !config.precision.calibration.empty()) {
+      telemetry_store->add(RunInfoRecord{"calibration", config.precision.calibration.string()});
+    }
+    if (fp8_somewhere && !config.precision.precision_map.empty()) {
+      const PrecisionMapFile map = read_precision_map_file(config.precision.precision_map);
+      telemetry_store->add(RunInfoRecord{"precision_map_file", config.precision.precision_map.string()});
+      telemetry_store->add(RunInfoRecord{"localization", localization_summary(map)});
+      for (LocalizationRecord& row : localization_records(map)) telemetry_store->add(std::move(row));
+    }
   }
 
   // Training is under way: a failure to write from here on ends the run with training_failed.

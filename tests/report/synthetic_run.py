@@ -3,7 +3,13 @@
 report's tests of inputs that a real run rarely produces (NULLs, empty tables, alerts, layers moved to BF16).
 
   synthetic_run.py RUN_DIR [--mode fp8|bf16] [--steps N] [--layers L] [--interval K] [--nulls] [--empty]
-                           [--alerts] [--phases] [--from-run DIR]
+                           [--alerts] [--phases] [--from-run DIR] [--checks | --checks-empty]
+
+Without --checks or --checks-empty the database is one of an earlier version, without the tables of the FP8
+checks (shadow_loss, shadow, recalibrations, localization). --checks writes them with rows (NULLs where the store
+writes them: an excluded layer's measurements, a cosine of two zero gradients, a non-finite shadow loss, an
+operand that saw no value), a precision schedule's switch to fp8 and the run keys of a precision map and a
+calibration file; --checks-empty creates them without rows.
 
 --from-run takes the step and validation losses from a real run's metrics.jsonl and its precision_map.json.
 Prints a JSON object with what it wrote (counts the tests compare the page with)."""
@@ -29,6 +35,17 @@ CREATE TABLE phases(step INTEGER NOT NULL, phase TEXT NOT NULL, ms REAL, PRIMARY
 CREATE TABLE events(id INTEGER PRIMARY KEY, step INTEGER, kind TEXT NOT NULL, layer TEXT, tensor TEXT,
   value REAL, threshold REAL, message TEXT NOT NULL);
 """
+CHECKS_SCHEMA = """
+CREATE TABLE shadow_loss(step INTEGER PRIMARY KEY, fp8_loss REAL, bf16_loss REAL, relative_difference REAL);
+CREATE TABLE shadow(step INTEGER NOT NULL, layer TEXT NOT NULL, cosine REAL, PRIMARY KEY(step, layer));
+CREATE TABLE recalibrations(step INTEGER NOT NULL, layer TEXT NOT NULL, tensor TEXT NOT NULL,
+  scale_before REAL NOT NULL, scale_after REAL NOT NULL, amax REAL, reason TEXT NOT NULL,
+  PRIMARY KEY(step, layer, tensor));
+CREATE TABLE localization(layer TEXT PRIMARY KEY, position INTEGER NOT NULL, choice TEXT NOT NULL,
+  reason TEXT NOT NULL, fp8_loss_change REAL, bf16_loss_change REAL, fp8_gradient_cosine REAL,
+  bf16_gradient_cosine REAL, bf16_ms REAL, fp8_ms REAL, activation_sqnr_db REAL, weight_sqnr_db REAL,
+  gradient_sqnr_db REAL);
+"""
 GEMMS = ("forward", "input_gradient", "weight_gradient")
 TENSORS = {"activation": (4.0, 448.0), "weight": (0.12, 448.0), "gradient": (3e-3, 57344.0)}
 
@@ -38,6 +55,49 @@ def layer_names(layers):
     for b in range(layers):
         names += [f"h.{b}.attn.c_attn", f"h.{b}.attn.c_proj", f"h.{b}.mlp.c_fc", f"h.{b}.mlp.c_proj"]
     return names + ["lm_head"]
+
+
+def write_checks(db, a, steps, fp8_layers, pmap, rng):
+    """The FP8 checks' tables and events; returns the counts the page must show."""
+    c = {"localization_rows": 0, "localization_fp8": 0, "shadow_checks": 0, "shadow_cosines": 0, "recalibration_rows": 0}
+    for i, e in enumerate(pmap):
+        excluded = e["forward"] != "fp8" and e["layer"] == "lm_head"
+        choice = "excluded" if excluded else "fp8" if e["forward"] == "fp8" else "bf16"
+        measured = None if excluded else 1.0
+        m = lambda v: None if measured is None else v  # noqa: E731
+        db.execute("INSERT INTO localization VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                   (e["layer"], i, choice, e["reason"], m(1e-4 * (i - 2)), m(-2e-4 * i), m(0.999), m(0.998), m(2e-3),
+                    m(1.2e-3), m(31.5), m(29.0), None if a.nulls and i == 1 else m(25.0)))
+        c["localization_rows"] += 1
+        c["localization_fp8"] += choice == "fp8"
+    checked = [r["step"] for r in steps if r["step"] % 20 == 0]
+    for k, s in enumerate(checked):
+        not_finite = k == 1
+        db.execute("INSERT INTO shadow_loss VALUES (?,?,?,?)", (s, None if not_finite else 3.0 + 1e-3 * k, 3.0,
+                                                                None if not_finite else 1e-3 * k / 3.0))
+        c["shadow_checks"] += not not_finite
+        for li, layer in enumerate(fp8_layers):
+            cosine = None if (k == 2 and li == 0) else 0.999 - 0.02 * li * rng.random()
+            db.execute("INSERT INTO shadow VALUES (?,?,?)", (s, layer, cosine))
+            c["shadow_cosines"] += cosine is not None
+    c["shadow_layers"] = len(fp8_layers) if checked else 0
+    recalibrated = [s for s in (50, 100) if any(r["step"] == s for r in steps)]
+    for s in recalibrated:
+        for li, layer in enumerate(fp8_layers):
+            for t, (base, fmax) in TENSORS.items():
+                seen = not (li == 0 and t == "gradient")
+                db.execute("INSERT INTO recalibrations VALUES (?,?,?,?,?,?,?)",
+                           (s, layer, t, fmax / base, fmax / (base * 1.5) if seen else fmax / base, base * 1.5 if seen else None,
+                            "every 50 steps"))
+                c["recalibration_rows"] += 1
+    c["recalibration_steps"] = len(recalibrated)
+    events = [(s, "recalibration", None, None, 3.0 * len(fp8_layers) - 1, None,
+               f"step {s}: FP8 scales recalibrated (every 50 steps)") for s in recalibrated]
+    events.append((30, "mode_change", None, None, None, None, "mode fp8 from step 31 (bf16 before): precision schedule"))
+    db.executemany("INSERT INTO events(step, kind, layer, tensor, value, threshold, message) VALUES (?,?,?,?,?,?,?)", events)
+    c["events"] = len(events)
+    c["loss_phases"] = 2
+    return c
 
 
 def main():
@@ -52,6 +112,8 @@ def main():
     p.add_argument("--alerts", action="store_true")
     p.add_argument("--phases", action="store_true")
     p.add_argument("--from-run")
+    p.add_argument("--checks", action="store_true")
+    p.add_argument("--checks-empty", action="store_true")
     a = p.parse_args()
     rng = random.Random(7)
     os.makedirs(a.run_dir, exist_ok=True)
@@ -60,6 +122,8 @@ def main():
         os.remove(path)
     db = sqlite3.connect(path)
     db.executescript(SCHEMA)
+    if a.checks or a.checks_empty:
+        db.executescript(CHECKS_SCHEMA)
 
     steps, validation, pmap = [], [], None
     if a.from_run:
@@ -96,10 +160,14 @@ def main():
              "recipe": "delayed (hybrid E4M3/E5M2, history 16, margin 0)" if mode == "fp8" else "none",
              "telemetry_interval": str(a.interval), "config": "[train]\nmixed_precision = \"%s\"\n" % mode,
              "precision_map": json.dumps(pmap)}
+    if a.checks:
+        facts.update({"calibration": "runs/calibration.json", "precision_map_file": "runs/model.precision_map.json",
+                      "localization": "budget 0.5%, predicted loss change +0.2%", "shadow_loss_threshold": "0.02",
+                      "shadow_cosine_threshold": "0.9"})
     db.executemany("INSERT INTO run VALUES (?, ?)", facts.items())
     if a.empty:
         db.commit()
-        print(json.dumps({"loss_points": 0, "validation_points": 0, "layers": 0, "events": 0}))
+        print(json.dumps({"loss_points": 0, "validation_points": 0, "layers": len(pmap), "events": 0}))
         return
 
     skipped = set()
@@ -153,7 +221,8 @@ def main():
             for phase, ms in (("forward", 12.0), ("backward", 24.0), ("optimizer", 3.0), ("data", 0.4)):
                 db.execute("INSERT INTO phases VALUES (?,?,?)", (r["step"], phase, ms * (1 + 0.1 * rng.random())))
 
-    events = 0
+    checks = write_checks(db, a, steps, fp8_layers, pmap, rng) if a.checks else {}
+    events = checks.pop("events", 0)
     if a.alerts:
         rows = [(steps[len(steps) // 2]["step"], "skipped_step", None, None, None, None,
                  "step skipped: non-finite gradient in h.0.mlp.c_fc.weight")]
@@ -166,12 +235,12 @@ def main():
                       f"{moved_layer} moved to BF16 <after repeated underflow> & kept there")]
         rows.append((None, "info", None, None, None, None, "telemetry every %d steps" % a.interval))
         db.executemany("INSERT INTO events(step, kind, layer, tensor, value, threshold, message) VALUES (?,?,?,?,?,?,?)", rows)
-        events = len(rows)
+        events += len(rows)
     db.commit()
     db.close()
     print(json.dumps({"loss_points": loss_points, "validation_points": validation_points, "layers": len(pmap),
                       "fp8_layers": len(fp8_layers), "stat_steps": len(stat_steps), "events": events,
-                      "cells_at_threshold": at_threshold}))
+                      "cells_at_threshold": at_threshold, **checks}))
 
 
 if __name__ == "__main__":

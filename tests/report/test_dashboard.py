@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """The dashboard in a real browser: trains a tiny GPT in fp8 (alerts move layers to BF16) and in bf16 with
-`octet train`, writes `octet report RUN --compare REFERENCE`, loads the page in headless Chromium and requires
+`octet train`, and one in fp8 with a precision map from `octet localize`, a calibration file, shadow checks and
+recalibrations, writes `octet report RUN --compare REFERENCE`, loads the page in headless Chromium and requires
 that its script finished without a console message, that it drew what telemetry.sqlite holds (loss and
-validation points, precision map cells, heatmap rows per tensor, events), that it made no network request and
+validation points, precision map cells, heatmap rows per tensor, events, localization rows, shadow checks,
+recalibrations, the phases of a run resumed in another mode), that it made no network request and
 names no external resource, and that its screenshot is not blank. Then it plants failures in copies of the page
 (an error in a panel, an uncaught error after load, a request to the network, a blank page) and requires the
 same checks to reject each. Exit 0 pass, 1 fail, 77 skipped (no Chromium).
 
   test_dashboard.py OCTET_BINARY WORK_DIR"""
+import json
 import os
 import re
 import shutil
@@ -47,11 +50,9 @@ def prepare_data(binary, work):
     octet(binary, "data", "prepare", "--tokenizer", "bytes", "--out", os.path.join(work, "shards"), *files)
 
 
-def train(binary, work, mode):
-    """A tiny run; in fp8 any underflow raises an alert that moves the layer to BF16, so that the page has moved
-    GEMMs and events to show whatever the alert thresholds' defaults are."""
-    run_dir = os.path.join(work, "run-" + mode)
-    config = os.path.join(work, mode + ".toml")
+def write_config(work, name, mode, fp8):
+    run_dir = os.path.join(work, "run-" + name)
+    config = os.path.join(work, name + ".toml")
     with open(config, "w") as f:
         f.write(f"""[model]
 vocab_size = 256
@@ -67,8 +68,7 @@ steps = 40
 [scheduler]
 warmup_steps = 2
 [fp8]
-on_alert = "bf16_layer"
-alert_underflow = 0.0
+{fp8}
 [data]
 dir = "{os.path.join(work, "shards")}"
 eval_every = 10
@@ -79,8 +79,37 @@ log_every = 10
 [telemetry]
 interval = 2
 """)
+    return config, run_dir
+
+
+def train(binary, work, mode):
+    """A tiny run; in fp8 any underflow raises an alert that moves the layer to BF16, so that the page has moved
+    GEMMs and events to show whatever the alert thresholds' defaults are."""
+    config, run_dir = write_config(work, mode, mode, 'on_alert = "bf16_layer"\nalert_underflow = 0.0')
     octet(binary, "train", config)
     return run_dir
+
+
+PLANTED_BF16 = "h.1.mlp.c_proj"
+
+
+def train_with_checks(binary, work):
+    """An fp8 run of the static recipe with what the localization, shadow and calibration panels show: a precision
+    map made by `octet localize` (every layer in FP8, casts counted as free; one layer then set to BF16 in it), a
+    calibration file from `octet calibrate`, a shadow check every 4 steps and a recalibration every 10."""
+    config, run_dir = write_config(work, "checks", "fp8", 'recipe = "static"\nshadow_every = 4\nrecalibrate_every = 10')
+    map_file, calibration = os.path.join(work, "checks.map.json"), os.path.join(work, "checks.calibration.json")
+    octet(binary, "localize", config, "--batches", "2", "--free-casts", "--out", map_file)
+    with open(map_file) as f:
+        m = json.load(f)
+    for layer in m["layers"]:
+        if layer["name"] == PLANTED_BF16:
+            layer["choice"], layer["reason"] = "bf16", "bf16: kept out of FP8 by the test"
+    with open(map_file, "w") as f:
+        json.dump(m, f, indent=1)
+    octet(binary, "calibrate", config, "--batches", "2", "--out", calibration)
+    octet(binary, "train", config, "--set", "fp8.precision_map=" + map_file, "--set", "fp8.calibration=" + calibration)
+    return run_dir, m
 
 
 # The first step of the run's latest segment (0, or the step after its last mode_change event), and the rowid
@@ -122,6 +151,22 @@ def expected_summary(run_dir, compare_dir):
     e["heat-dark-cells"] = at_threshold
     for (tensor,) in db.execute("SELECT DISTINCT tensor FROM tensor_stats"):
         e["heatmap-rows-" + tensor] = one("SELECT COUNT(DISTINCT layer) FROM tensor_stats WHERE tensor = ?", tensor)
+    # The localization, shadow and calibration panels (tables a database of an earlier version lacks).
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    count = lambda table, sql: one(sql) if table in tables else 0  # noqa: E731
+    mapped = count("localization", "SELECT COUNT(*) FROM localization")
+    e["localization-map"] = "yes" if mapped else "no"
+    e["localization-rows"] = mapped or one("SELECT COUNT(DISTINCT layer) FROM gemms")
+    e["localization-fp8"] = count("localization", "SELECT COUNT(*) FROM localization WHERE choice = 'fp8'")
+    e["shadow-checks"] = count("shadow_loss", "SELECT COUNT(*) FROM shadow_loss WHERE relative_difference IS NOT NULL")
+    e["shadow-layers"] = count("shadow", "SELECT COUNT(DISTINCT layer) FROM shadow")
+    e["shadow-cosines"] = count("shadow", "SELECT COUNT(*) FROM shadow WHERE cosine IS NOT NULL")
+    e["shadow-lines"] = min(5, count("shadow", "SELECT COUNT(DISTINCT layer) FROM shadow WHERE cosine IS NOT NULL"))
+    e["recalibration-rows"] = count("recalibrations", "SELECT COUNT(*) FROM recalibrations")
+    e["recalibration-steps"] = count("recalibrations", "SELECT COUNT(DISTINCT step) FROM recalibrations")
+    e["calibration-file"] = "yes" if one("SELECT COUNT(*) FROM run WHERE key = 'calibration'") else "no"
+    changes = one("SELECT COUNT(*) FROM events WHERE kind = 'mode_change'")
+    e["loss-phases"] = changes + 1 if changes else 0
     if compare_dir:
         ref = sqlite3.connect(os.path.join(compare_dir, "telemetry.sqlite"))
         e["compare-loss-points"] = ref.execute("SELECT COUNT(*) FROM steps WHERE loss IS NOT NULL").fetchone()[0]
@@ -209,6 +254,30 @@ def main():
     expect(int(s.get("fp8-layers", 0)) > 0 and f"{s.get('fp8-layers')} of " in out, f"the resumed run's FP8 layers: {s} {out}")
     with open(resumed_html, encoding="utf-8") as f:
         expect("mode fp8 from step 41 (bf16 before)" in f.read(), "the resumed run's page does not say its mode changed")
+    expect(s.get("loss-phases") == "2", f"the resumed run's loss chart shows {s.get('loss-phases')} phases, not bf16 and fp8")
+
+    # The run with a precision map, a calibration file, shadow checks and recalibrations: every panel has its
+    # data, counted from the database above, and the counts are the run's own.
+    checks_run, pmap = train_with_checks(binary, work)
+    octet(binary, "report", checks_run)
+    s = check_report(chromium, work, os.path.join(checks_run, "report.html"), checks_run, None, "checks")["summary"]
+    layers = len(pmap["layers"])
+    expect(s.get("localization-map") == "yes" and s.get("localization-rows") == str(layers) and
+           s.get("localization-fp8") == str(layers - 2), f"checks: localization of {layers} layers, lm_head excluded, one BF16: {s}")
+    # 40 steps: checks at 4, 8, ..., 40 of the 8 layers in FP8; recalibrations at 10, 20, 30, 40 of 3 operands each.
+    expect(s.get("shadow-checks") == "10" and s.get("shadow-layers") == str(layers - 2) and s.get("shadow-lines") == "5",
+           f"checks: shadow panel {s}")
+    expect(s.get("recalibration-steps") == "4" and s.get("recalibration-rows") == str(4 * 3 * (layers - 2)) and
+           s.get("calibration-file") == "yes", f"checks: calibration panel {s}")
+    db = sqlite3.connect(os.path.join(checks_run, "telemetry.sqlite"))
+    expect(db.execute("SELECT COUNT(*) FROM events WHERE kind = 'scale_jump'").fetchone()[0] == 0,
+           "checks: recalibrations raised scale_jump alerts")
+    expect(db.execute("SELECT mode FROM gemms WHERE layer = ? AND gemm = 'forward'", (PLANTED_BF16,)).fetchone()[0] == "bf16",
+           f"checks: the map's BF16 layer {PLANTED_BF16} runs in FP8")
+    with open(os.path.join(checks_run, "report.html"), encoding="utf-8") as f:
+        page = f.read()
+    expect("bf16: kept out of FP8 by the test" in page and "checks.calibration.json" in page,
+           "checks: the page lacks the map's reason or the calibration file")
 
     # The checks must reject broken pages.
     planted(chromium, work, html, "panel-error", lambda p: p.replace("  renderEvents();\n",

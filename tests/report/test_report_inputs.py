@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`octet report` on the inputs a real run rarely produces, written by synthetic_run.py with the store's schema:
 NULLs in every nullable column, alerts that moved a layer to BF16, skipped steps, phase timings, a run with no
-FP8 layer, tables with no rows. Each page must be written and, where Chromium is installed, load without a
+FP8 layer, tables with no rows, the FP8 checks' tables (localization, shadow checks, recalibrations) with NULLs,
+empty, or absent as in a database of an earlier version. Each page must be written and, where Chromium is installed, load without a
 problem and draw what the database holds. Run directories without a database, with a corrupt, truncated or
 foreign one, or a --compare directory without one, must fail with exit code 2, one line on standard error, and
 no page: neither a new one nor a partial one, and an earlier page is left as it was. Exit 0 pass, 1 fail.
@@ -49,7 +50,9 @@ def main():
     reference, _ = synthetic(work, "reference", "--mode", "bf16", "--steps", "120")
     cases = [("full", ["--alerts", "--phases", "--nulls", "--layers", "3", "--steps", "200"], True),
              ("bf16", ["--mode", "bf16", "--steps", "60"], False),
-             ("empty", ["--empty"], True)]
+             ("empty", ["--empty"], True),
+             ("checks", ["--checks", "--alerts", "--nulls", "--layers", "3", "--steps", "200"], True),
+             ("checks-empty", ["--checks-empty", "--steps", "60"], False)]
     for name, options, compare in cases:
         run_dir, wrote = synthetic(work, name, *options)
         args = [binary, "report", run_dir] + (["--compare", reference] if compare else [])
@@ -81,6 +84,20 @@ def main():
                    s.get("heat-dark-cells") == "1", f"full: cells at the thresholds {wrote} {s}")
         if name == "bf16":
             expect(s.get("fp8-layers") == "0" and s.get("heatmaps") == "0", f"bf16: FP8 panels {s}")
+        # The FP8 checks' panels: drawn from their tables (NULLs left out), empty where the tables are empty or,
+        # in a database of an earlier version, absent; without a map the layers' precision now.
+        checks = {"localization-map": "yes" if wrote.get("localization_rows") else "no",
+                  "localization-rows": str(wrote.get("localization_rows") or wrote["layers"]),
+                  "localization-fp8": str(wrote.get("localization_fp8", 0)),
+                  "shadow-checks": str(wrote.get("shadow_checks", 0)), "shadow-layers": str(wrote.get("shadow_layers", 0)),
+                  "shadow-cosines": str(wrote.get("shadow_cosines", 0)),
+                  "shadow-lines": str(min(5, wrote.get("shadow_layers", 0))),
+                  "recalibration-rows": str(wrote.get("recalibration_rows", 0)),
+                  "recalibration-steps": str(wrote.get("recalibration_steps", 0)),
+                  "calibration-file": "yes" if name == "checks" else "no",
+                  "loss-phases": str(wrote.get("loss_phases", 0))}
+        for key, value in checks.items():
+            expect(s.get(key) == value, f"{name}: {key} is {s.get(key)!r}, expected {value} ({wrote})")
 
     # Bad inputs: exit code 2, one line, no page, an earlier page untouched, no temporary file left behind.
     def refused(name, run_dir, message, extra=()):

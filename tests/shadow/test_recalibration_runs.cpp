@@ -2,7 +2,9 @@
 // fp8.static_scale with the calibrated scales (fp8_max / amax of the operand measured), records every
 // operand's scale before and after, and the next steps cast with the new scales; a run resumed from a
 // checkpoint saved after a recalibration trains exactly as the uninterrupted run; and a shadow alert with
-// fp8.on_alert = "recalibrate" recalibrates at once, after which the planted layer agrees with BF16 again.
+// fp8.on_alert = "recalibrate" recalibrates at once, after which the planted layer agrees with BF16 again. A
+// recalibration's own move of the scales raises no scale_jump alert (tests/telemetry/test_alerts.cpp has a
+// real jump after a recalibration still raising one).
 #include <filesystem>
 #include <string>
 
@@ -57,6 +59,10 @@ TEST_F(Recalibration, ReplacesABadStaticScaleWithTheCalibratedOne) {
   const auto events = query("SELECT step, value, message FROM events WHERE kind = 'recalibration'");
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0][0], "3");
+  // Every scale moved by far more than fp8.alert_scale_jump = 8 between steps 3 and 4, on purpose: the
+  // alert monitor compares step 4's scales with the recalibrated ones, not with step 3's.
+  EXPECT_EQ(number("SELECT COUNT(*) FROM events WHERE kind = 'scale_jump'"), 0.0);
+  EXPECT_EQ(r.out.find("scale_jump"), std::string::npos) << r.out;
   EXPECT_EQ(events[0][1], "12.0");
   // The final checkpoint holds the new scales.
   const Json state = Json::parse(read(root_ / "run" / "checkpoints" / "step_000004" / "state.json"));

@@ -99,6 +99,31 @@ TEST(AlertMonitor, GradientsRaiseNoScaleJump) {
   ASSERT_EQ(m.observe(clipped).size(), 1u);
 }
 
+TEST(AlertMonitor, ARecalibratedScaleIsTheNewReferenceAndALaterJumpStillFires) {
+  AlertMonitor m{TelemetrySettings{}};
+  EXPECT_TRUE(m.observe(reading(10, 0.0, 0.0, 0.001)).empty());
+  EXPECT_TRUE(m.observe(reading(10, 0.0, 0.0, 0.001, "weight")).empty());
+  // A recalibration after step 10 installs scales 4096 and 2048 times larger; only the activation's is
+  // rebased, as if the weight's operand had been left out.
+  m.rebase_scale("h.0.mlp.c_fc", "activation", 10, 4.096);
+  EXPECT_TRUE(m.observe(reading(20, 0.0, 0.0, 4.096)).empty()) << "the recalibration's own move";
+  std::vector<Alert> a = m.observe(reading(20, 0.0, 0.0, 2.048, "weight"));
+  ASSERT_EQ(a.size(), 1u) << "a tensor not rebased still compares with its last reading";
+  EXPECT_DOUBLE_EQ(a[0].value, 2048.0);
+  // A real jump after the recalibration: 4.096 -> 0.25, a factor of 16.384.
+  a = m.observe(reading(30, 0.0, 0.0, 0.25));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, "scale_jump");
+  EXPECT_DOUBLE_EQ(a[0].value, 16.384);
+  EXPECT_EQ(a[0].what, "its scale moved by a factor of 16.4 (4.096 at step 20 -> 0.25; threshold 8)");
+  // An unusable scale is no reference: the previous one stays.
+  AlertMonitor n{TelemetrySettings{}};
+  EXPECT_TRUE(n.observe(reading(10, 0.0, 0.0, 1.0)).empty());
+  n.rebase_scale("h.0.mlp.c_fc", "activation", 10, NAN);
+  n.rebase_scale("h.0.mlp.c_fc", "activation", 10, 0.0);
+  EXPECT_EQ(n.observe(reading(20, 0.0, 0.0, 100.0)).size(), 1u);
+}
+
 TEST(AlertMonitor, RaisedBeforeAResumeIsNotRaisedAgain) {
   AlertMonitor m{TelemetrySettings{}};
   m.mark_raised("h.0.mlp.c_fc", "activation", "saturation");

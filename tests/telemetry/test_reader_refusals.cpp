@@ -113,6 +113,22 @@ TEST_F(ReaderRefusals, GarbageValuesAreRefusedWithTheTableColumnAndWhatWasExpect
        {"table events, column kind", "a blob of 3 bytes"}},
       {"UPDATE run SET value = '[[[' WHERE key = 'precision_map'",
        {"table run, key precision_map: expected a JSON array of objects"}},
+      {"UPDATE run SET value = '[{\"layer\": \"a\", \"scales\": {\"weight\": [1]}}]' WHERE key = "
+       "'precision_map'",
+       {"table run, key precision_map: expected a JSON array of objects"}},
+      // The tables of later versions, checked where present.
+      {"INSERT INTO shadow VALUES(2, 'h.0.mlp.c_fc', 1.5)",
+       {"table shadow, column cosine", "found real 1.5"}},
+      {"INSERT INTO shadow_loss VALUES(2, 5.5, 5.4, -0.01)",
+       {"table shadow_loss, column relative_difference"}},
+      {"INSERT INTO recalibrations VALUES(2, 'h.0.mlp.c_fc', 'weight', 'one', 1.0, 2.0, 'every 2 steps')",
+       {"table recalibrations, column scale_before", "found text 'one'"}},
+      {"INSERT INTO localization(layer, position, choice, reason) VALUES('h.0.mlp.c_fc', 0, 'fp4', 'r')",
+       {"table localization, column choice", "found text 'fp4'"}},
+      {"INSERT INTO localization(layer, position, choice, reason, bf16_ms) VALUES('h.0.mlp.c_fc', 0, 'fp8', "
+       "'r', "
+       "-1)",
+       {"table localization, column bf16_ms"}},
       {"UPDATE run SET value = printf('%.*c', 5000000, 'x') WHERE key = 'config'",
        {"table run, column value", "text of at most"}},
       {"UPDATE events SET message = 'line one' || char(10) || 'line two' || char(27) WHERE rowid = 1; "

@@ -64,6 +64,10 @@ class AlertMonitor {
   // previous reading. Gradients raise none: their magnitudes move by orders of magnitude with the loss and
   // the learning rate, and what that costs shows in their saturation and underflow fractions.
   std::vector<Alert> observe(const TensorReading& reading);
+  // A recalibration in the run (fp8.recalibrate_every, fp8.on_alert = "recalibrate") installed `scale` for
+  // this tensor after `step` steps: the reference the next reading's scale is compared with, so that the
+  // move the recalibration made on purpose is no scale jump, while a move after it still is one.
+  void rebase_scale(const std::string& layer, const std::string& tensor, int64_t step, double scale);
   // The alerts a shadow check raises for the first time: "shadow_cosine" for each layer whose cosine is
   // below shadow_cosine_threshold (or NaN), tensor "weight_gradient"; "shadow_loss" when the relative loss
   // difference exceeds shadow_loss_threshold (or is NaN), naming the layer of the lowest cosine (the one

@@ -90,6 +90,21 @@ struct RecalibrationRecord {
   std::optional<double> amax;  // the statistic measured (NULL: none seen, scale kept)
   std::string reason;          // "every 100 steps", or the alert that asked for it
 };
+// One linear layer of the precision map the run applied (fp8.precision_map, written by `octet localize`):
+// what localization measured and chose. Measurements are NULL for a layer the policy excluded.
+struct LocalizationRecord {
+  std::string layer;
+  int64_t position = 0;  // the layer's index in the map (the policy's order)
+  std::string choice;    // "fp8", "bf16", "excluded"
+  std::string reason;
+  std::optional<double> fp8_loss_change;       // relative loss change, this layer alone in FP8
+  std::optional<double> bf16_loss_change;      // this layer alone in BF16 (against all in FP8)
+  std::optional<double> fp8_gradient_cosine;   // its weight gradient's cosine, alone in FP8 vs all BF16
+  std::optional<double> bf16_gradient_cosine;  // alone in BF16 vs all FP8
+  std::optional<double> bf16_ms;               // its three GEMMs in BF16, per micro-batch
+  std::optional<double> fp8_ms;                // in FP8, with the casts
+  std::optional<double> sqnr_db[3];            // activation, weight, gradient casts
+};
 struct EventRecord {
   std::optional<int64_t> step;
   // saturation, underflow, scale_jump, shadow_loss, shadow_cosine, skipped_step, layer_to_bf16,
@@ -101,9 +116,9 @@ struct EventRecord {
   std::optional<double> threshold;
   std::string message;
 };
-using TelemetryRecord = std::variant<RunInfoRecord, StepRecord, ValidationRecord, TensorRecord, GemmRecord,
-                                     PhaseRecord, EventRecord, ShadowLossRecord, ShadowLayerRecord,
-                                     RecalibrationRecord>;
+using TelemetryRecord =
+    std::variant<RunInfoRecord, StepRecord, ValidationRecord, TensorRecord, GemmRecord, PhaseRecord,
+                 EventRecord, ShadowLossRecord, ShadowLayerRecord, RecalibrationRecord, LocalizationRecord>;
 
 // What a resumed run takes over from the database: the alerts already raised (layer, tensor, kind), and the
 // layers an alert moved to BF16 (with the reason) at or before the step the run resumes at.
@@ -122,7 +137,8 @@ class TelemetryStore {
  public:
   // Opens `path` (created when missing), creates the tables when missing and starts the writer thread.
   // With resume_at (the steps a resumed run has done), rows of later steps are deleted (events, gemms,
-  // validation, phases) or replaced when written again (steps, tensor_stats). Throws octet::Error
+  // validation, phases) or replaced when written again (steps, tensor_stats); the localization rows are
+  // deleted, for the resumed run to record the precision map it applies now. Throws octet::Error
   // (invalid input, exit code 2) naming the file when it cannot be opened or is not a telemetry database.
   explicit TelemetryStore(const std::filesystem::path& path, std::optional<int64_t> resume_at = std::nullopt);
   // Flushes and closes; never throws (call close() to see errors).
