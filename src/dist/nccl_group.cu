@@ -219,14 +219,12 @@ class NcclCommunicator final : public Communicator {
           });
   }
   void reduce_scatter_sum_in_place(std::span<float> values, int64_t offset, int64_t total) override {
-    in_place("reduce_scatter_sum_in_place (float32)", std::as_writable_bytes(values), [&](void* d) {
-      return to_owners(d, values.size(), offset, total, ncclFloat32);
-    });
+    in_place("reduce_scatter_sum_in_place (float32)", std::as_writable_bytes(values),
+             [&](void* d) { return to_owners(d, values.size(), offset, total, ncclFloat32); });
   }
   void reduce_scatter_sum_in_place_bf16(std::span<uint16_t> values, int64_t offset, int64_t total) override {
-    in_place("reduce_scatter_sum_in_place (bf16)", std::as_writable_bytes(values), [&](void* d) {
-      return to_owners(d, values.size(), offset, total, ncclBfloat16);
-    });
+    in_place("reduce_scatter_sum_in_place (bf16)", std::as_writable_bytes(values),
+             [&](void* d) { return to_owners(d, values.size(), offset, total, ncclBfloat16); });
   }
   void all_gather(std::span<const float> send, std::span<float> receive) override {
     OCTET_CHECK(receive.size() == send.size() * static_cast<size_t>(size_),
@@ -273,9 +271,11 @@ class NcclCommunicator final : public Communicator {
     count_all_reduce(static_cast<int64_t>(n * sizeof(__nv_bfloat16)));
     started_ = true;
   }
-  void start_reduce_scatter_sum(std::span<float> values, int64_t offset, int64_t total, void* stream) override {
+  void start_reduce_scatter_sum(std::span<float> values, int64_t offset, int64_t total,
+                                void* stream) override {
     select_device();
-    if (host_memory(values.data())) return Communicator::start_reduce_scatter_sum(values, offset, total, stream);
+    if (host_memory(values.data()))
+      return Communicator::start_reduce_scatter_sum(values, offset, total, stream);
     const ShardPart mine = shard_part(offset, static_cast<int64_t>(values.size()), total, rank_, size_);
     wait_for(stream);
     check_nccl(to_owners(values.data(), values.size(), offset, total, ncclFloat32),
@@ -293,11 +293,12 @@ class NcclCommunicator final : public Communicator {
     const ShardPart mine = shard_part(offset, static_cast<int64_t>(n), total, rank_, size_);
     if (n == 0) return;
     to_codes(values, stream);
-    check_nccl(to_owners(codes_, n, offset, total, ncclBfloat16), "reduce_scatter_sum_in_place (bf16, overlapped)",
-               rank_);
+    check_nccl(to_owners(codes_, n, offset, total, ncclBfloat16),
+               "reduce_scatter_sum_in_place (bf16, overlapped)", rank_);
     if (mine.size() > 0) {
       const auto m = static_cast<size_t>(mine.size());
-      from_bf16_kernel<<<blocks_for(m), 256, 0, stream_>>>(codes_ + mine.begin, values.data() + mine.begin, m);
+      from_bf16_kernel<<<blocks_for(m), 256, 0, stream_>>>(codes_ + mine.begin, values.data() + mine.begin,
+                                                           m);
       check_cuda(cudaGetLastError(), "launch of the BF16 sums' widening", rank_);
     }
     count_reduce_scatter(static_cast<int64_t>(n * sizeof(__nv_bfloat16)),
@@ -359,7 +360,8 @@ class NcclCommunicator final : public Communicator {
       check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", rank_);
       if (codes_ != nullptr) check_cuda(cudaFree(codes_), "cudaFree", rank_);
       codes_ = nullptr;
-      check_cuda(cudaMalloc(reinterpret_cast<void**>(&codes_), n * sizeof(__nv_bfloat16)), "cudaMalloc", rank_);
+      check_cuda(cudaMalloc(reinterpret_cast<void**>(&codes_), n * sizeof(__nv_bfloat16)), "cudaMalloc",
+                 rank_);
       codes_capacity_ = n;
     }
     wait_for(stream);
@@ -386,10 +388,12 @@ class NcclCommunicator final : public Communicator {
       equal = equal && parts.back().size() == parts.front().size();
     }
     auto* bytes = static_cast<std::byte*>(data);
-    const auto at = [&](int r) { return bytes + static_cast<size_t>(parts[static_cast<size_t>(r)].begin) * element; };
+    const auto at = [&](int r) {
+      return bytes + static_cast<size_t>(parts[static_cast<size_t>(r)].begin) * element;
+    };
     if (equal) {  // in place: this rank's part is the receive buffer, at rank x part size in the send buffer
-      return api().reduce_scatter(data, at(rank_), static_cast<size_t>(parts.front().size()), type, ncclSum, comm_,
-                                  stream_);
+      return api().reduce_scatter(data, at(rank_), static_cast<size_t>(parts.front().size()), type, ncclSum,
+                                  comm_, stream_);
     }
     ncclResult_t result = api().group_start();
     for (int root = 0; root < size_ && result == ncclSuccess; ++root) {

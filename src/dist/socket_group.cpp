@@ -223,7 +223,7 @@ struct SocketGroup::State {
           collective_name(op), count, root, from,
           h.op <= static_cast<uint32_t>(CollectiveOp::reduce_scatter_sum_in_place_bf16)
               ? collective_name(static_cast<CollectiveOp>(h.op))
-                                                                : "something else",
+              : "something else",
           h.count, h.root)};
     }
     return std::move(payload);
@@ -301,19 +301,19 @@ struct SocketGroup::State {
         int64_t their_where[2];
         std::memcpy(their_where, theirs.data() + values.size_bytes(), sizeof their_where);
         if (their_where[0] != offset || their_where[1] != total) {
-          throw PeerFailure{fmt::format(
-              "the ranks disagree on a collective: rank 0 called {} over [{}, {}) of {}, rank {} over [{}, {}) "
-              "of {}",
-              collective_name(op), offset, offset + n, total, r, their_where[0], their_where[0] + n,
-              their_where[1])};
+          throw PeerFailure{
+              fmt::format("the ranks disagree on a collective: rank 0 called {} over [{}, {}) of {}, rank {} "
+                          "over [{}, {}) of {}",
+                          collective_name(op), offset, offset + n, total, r, their_where[0],
+                          their_where[0] + n, their_where[1])};
         }
         fold(sums.data(), reinterpret_cast<const T*>(theirs.data()), sums.size());
       }
       for (int r = 1; r < world; ++r) {
         const ShardPart part = shard_part(offset, n, total, r, world);
-        give(r, op, values.size(),
-             0, std::as_bytes(std::span<const T>(sums).subspan(static_cast<size_t>(part.begin),
-                                                               static_cast<size_t>(part.size()))));
+        give(r, op, values.size(), 0,
+             std::as_bytes(std::span<const T>(sums).subspan(static_cast<size_t>(part.begin),
+                                                            static_cast<size_t>(part.size()))));
       }
       const ShardPart mine = shard_part(offset, n, total, 0, world);
       std::copy(sums.begin() + mine.begin, sums.begin() + mine.end, values.begin() + mine.begin);
@@ -538,8 +538,10 @@ void SocketGroup::reduce_scatter_sum_in_place(std::span<float> values, int64_t o
                     rank_order::add<float>);
 }
 
-void SocketGroup::reduce_scatter_sum_in_place_bf16(std::span<uint16_t> values, int64_t offset, int64_t total) {
-  state_->to_owners(CollectiveOp::reduce_scatter_sum_in_place_bf16, values, offset, total, rank_order::add_bf16);
+void SocketGroup::reduce_scatter_sum_in_place_bf16(std::span<uint16_t> values, int64_t offset,
+                                                   int64_t total) {
+  state_->to_owners(CollectiveOp::reduce_scatter_sum_in_place_bf16, values, offset, total,
+                    rank_order::add_bf16);
 }
 
 void SocketGroup::all_gather(std::span<const float> send, std::span<float> receive) {

@@ -42,7 +42,8 @@ class Communicator {
   // summed (it may hold anything; read none of it). Every rank passes the same offset, size and total.
   virtual void reduce_scatter_sum_in_place(std::span<float> values, int64_t offset, int64_t total) = 0;
   // The same over BF16 codes, each partial sum rounded as all_reduce_sum_bf16 rounds.
-  virtual void reduce_scatter_sum_in_place_bf16(std::span<uint16_t> values, int64_t offset, int64_t total) = 0;
+  virtual void reduce_scatter_sum_in_place_bf16(std::span<uint16_t> values, int64_t offset,
+                                                int64_t total) = 0;
   // `receive` holds size() chunks of send.size() values: chunk r is rank r's `send`. `send` may be chunk
   // rank() of `receive` itself (gathering in place).
   virtual void all_gather(std::span<const float> send, std::span<float> receive) = 0;
