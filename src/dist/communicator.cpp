@@ -1,4 +1,5 @@
-// How a count of elements is split into the ranks' contiguous shards (see communicator.h).
+// How a count of elements is split into the ranks' contiguous shards, and the defaults of the sums started
+// during a backward with the traffic they count (see communicator.h).
 #include "octet/dist/communicator.h"
 
 #include <algorithm>
@@ -25,6 +26,46 @@ void Communicator::start_all_reduce_sum_bf16(std::span<float> values, void* stre
   for (size_t i = 0; i < values.size(); ++i) codes[i] = float_to_bf16(values[i]);
   all_reduce_sum_bf16(codes);
   for (size_t i = 0; i < values.size(); ++i) values[i] = bf16_to_float(codes[i]);
+  count_all_reduce(static_cast<int64_t>(codes.size() * sizeof(uint16_t)));
+}
+
+void Communicator::start_all_reduce_sum(std::span<float> values, void* stream) {
+  (void)stream;
+  all_reduce_sum(values);
+  count_all_reduce(static_cast<int64_t>(values.size_bytes()));
+}
+
+void Communicator::start_reduce_scatter_sum(std::span<float> values, int64_t offset, int64_t total,
+                                            void* stream) {
+  (void)stream;
+  reduce_scatter_sum_in_place(values, offset, total);
+  const ShardPart mine = shard_part(offset, static_cast<int64_t>(values.size()), total, rank(), size());
+  count_reduce_scatter(static_cast<int64_t>(values.size_bytes()), mine.size() * int64_t{sizeof(float)});
+}
+
+void Communicator::start_reduce_scatter_sum_bf16(std::span<float> values, int64_t offset, int64_t total,
+                                                 void* stream) {
+  (void)stream;
+  std::vector<uint16_t> codes(values.size());
+  for (size_t i = 0; i < values.size(); ++i) codes[i] = float_to_bf16(values[i]);
+  reduce_scatter_sum_in_place_bf16(codes, offset, total);
+  const ShardPart mine = shard_part(offset, static_cast<int64_t>(values.size()), total, rank(), size());
+  for (int64_t i = mine.begin; i < mine.end; ++i) {
+    values[static_cast<size_t>(i)] = bf16_to_float(codes[static_cast<size_t>(i)]);
+  }
+  count_reduce_scatter(static_cast<int64_t>(codes.size() * sizeof(uint16_t)),
+                       mine.size() * int64_t{sizeof(uint16_t)});
+}
+
+void Communicator::count_all_reduce(int64_t bytes) {
+  const int64_t n = size();
+  traffic_.all_reduce_bytes += 2 * bytes * (n - 1) / n;
+  ++traffic_.all_reduces;
+}
+
+void Communicator::count_reduce_scatter(int64_t bytes, int64_t mine) {
+  traffic_.reduce_scatter_bytes += size() > 1 ? bytes - mine : 0;
+  ++traffic_.reduce_scatters;
 }
 
 ShardRange shard_range(int64_t count, int rank, int ranks) {
@@ -35,6 +76,16 @@ ShardRange shard_range(int64_t count, int rank, int ranks) {
   r.begin = std::min(count, r.chunk * rank);
   r.end = std::min(count, r.begin + r.chunk);
   return r;
+}
+
+ShardPart shard_part(int64_t offset, int64_t count, int64_t total, int rank, int ranks) {
+  OCTET_CHECK(offset >= 0 && count >= 0 && offset + count <= total, "the run [{}, {}) of {} elements", offset,
+              offset + count, total);
+  const ShardRange shard = shard_range(total, rank, ranks);
+  ShardPart part;
+  part.begin = std::clamp(shard.begin - offset, int64_t{0}, count);
+  part.end = std::clamp(shard.end - offset, int64_t{0}, count);
+  return part;
 }
 
 }  // namespace octet::dist

@@ -29,6 +29,7 @@ struct Posted {
   size_t send_count = 0;
   size_t receive_count = 0;
   int root = 0;
+  int64_t offset = 0;  // a reduce-scatter in place: the run's offset in its buffer (receive_count: the total)
 };
 
 }  // namespace
@@ -101,6 +102,13 @@ class InProcessCommunicator final : public Communicator {
     std::copy(out.begin(), out.end(), receive.begin());
   }
 
+  void reduce_scatter_sum_in_place(std::span<float> values, int64_t offset, int64_t total) override {
+    to_owners(CollectiveOp::reduce_scatter_sum_in_place_f32, values, offset, total, rank_order::add<float>);
+  }
+  void reduce_scatter_sum_in_place_bf16(std::span<uint16_t> values, int64_t offset, int64_t total) override {
+    to_owners(CollectiveOp::reduce_scatter_sum_in_place_bf16, values, offset, total, rank_order::add_bf16);
+  }
+
   void all_gather(std::span<const float> send, std::span<float> receive) override {
     gather(CollectiveOp::all_gather_f32, std::as_bytes(send), std::as_writable_bytes(receive));
   }
@@ -137,7 +145,7 @@ class InProcessCommunicator final : public Communicator {
     for (int r = 1; r < size(); ++r) {
       const Posted& p = group_.posted[static_cast<size_t>(r)];
       if (p.op != first.op || p.send_count != first.send_count || p.receive_count != first.receive_count ||
-          p.root != first.root) {
+          p.root != first.root || p.offset != first.offset) {
         // Every rank sees the same posts and throws the same error; none waits at the second barrier.
         throw Error(ErrorKind::internal,
                     fmt::format("the ranks disagree on a collective: rank 0 called {} with {} values (to {}, "
@@ -164,6 +172,20 @@ class InProcessCommunicator final : public Communicator {
       for (int r = 1; r < size(); ++r) fold(out.data(), input<T>(r), out.size());
     });
     std::copy(out.begin(), out.end(), values.begin());
+  }
+
+  // This rank's part of `values` (shard_part) = the fold of every rank's same part, in rank order; the rest
+  // is left as it is. Each rank reads only its part of the others' values.
+  template <typename T, typename Fold>
+  void to_owners(CollectiveOp op, std::span<T> values, int64_t offset, int64_t total, Fold fold) {
+    const ShardPart mine = shard_part(offset, static_cast<int64_t>(values.size()), total, rank_, size());
+    const auto at = static_cast<size_t>(mine.begin);
+    std::vector<T> out(static_cast<size_t>(mine.size()));
+    run({op, values.data(), values.size(), static_cast<size_t>(total), 0, offset}, [&] {
+      std::copy_n(input<T>(0) + at, out.size(), out.begin());
+      for (int r = 1; r < size(); ++r) fold(out.data(), input<T>(r) + at, out.size());
+    });
+    std::copy(out.begin(), out.end(), values.begin() + static_cast<ptrdiff_t>(at));
   }
 
   void gather(CollectiveOp op, std::span<const std::byte> send, std::span<std::byte> receive) {

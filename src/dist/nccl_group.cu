@@ -36,6 +36,7 @@ struct NcclApi {
   decltype(&ncclCommAbort) comm_abort = nullptr;
   decltype(&ncclAllReduce) all_reduce = nullptr;
   decltype(&ncclReduceScatter) reduce_scatter = nullptr;
+  decltype(&ncclReduce) reduce = nullptr;
   decltype(&ncclAllGather) all_gather = nullptr;
   decltype(&ncclBroadcast) broadcast = nullptr;
   decltype(&ncclGroupStart) group_start = nullptr;
@@ -72,6 +73,7 @@ const NcclApi& api() {
     load_symbol(a.library, "ncclCommAbort", a.comm_abort, missing);
     load_symbol(a.library, "ncclAllReduce", a.all_reduce, missing);
     load_symbol(a.library, "ncclReduceScatter", a.reduce_scatter, missing);
+    load_symbol(a.library, "ncclReduce", a.reduce, missing);
     load_symbol(a.library, "ncclAllGather", a.all_gather, missing);
     load_symbol(a.library, "ncclBroadcast", a.broadcast, missing);
     load_symbol(a.library, "ncclGroupStart", a.group_start, missing);
@@ -216,6 +218,14 @@ class NcclCommunicator final : public Communicator {
             return api().reduce_scatter(from, to, receive.size(), ncclFloat32, ncclSum, comm_, stream_);
           });
   }
+  void reduce_scatter_sum_in_place(std::span<float> values, int64_t offset, int64_t total) override {
+    in_place("reduce_scatter_sum_in_place (float32)", std::as_writable_bytes(values),
+             [&](void* d) { return to_owners(d, values.size(), offset, total, ncclFloat32); });
+  }
+  void reduce_scatter_sum_in_place_bf16(std::span<uint16_t> values, int64_t offset, int64_t total) override {
+    in_place("reduce_scatter_sum_in_place (bf16)", std::as_writable_bytes(values),
+             [&](void* d) { return to_owners(d, values.size(), offset, total, ncclBfloat16); });
+  }
   void all_gather(std::span<const float> send, std::span<float> receive) override {
     OCTET_CHECK(receive.size() == send.size() * static_cast<size_t>(size_),
                 "all_gather: {} values to receive from {} ranks of {}", receive.size(), size_, send.size());
@@ -239,10 +249,11 @@ class NcclCommunicator final : public Communicator {
   }
   void start_all_reduce_sum(std::span<float> values, void* stream) override {
     select_device();
-    if (host_memory(values.data())) return all_reduce_sum(values);
+    if (host_memory(values.data())) return Communicator::start_all_reduce_sum(values, stream);
     wait_for(stream);
     check_nccl(api().all_reduce(values.data(), values.data(), values.size(), ncclFloat32, ncclSum, comm_, stream_),
                "all_reduce_sum (float32, overlapped)", rank_);
+    count_all_reduce(static_cast<int64_t>(values.size_bytes()));
     started_ = true;
   }
   // On NCCL's stream: the values rounded into a BF16 buffer, NCCL's BF16 sum, the sums widened back. The
@@ -252,27 +263,53 @@ class NcclCommunicator final : public Communicator {
     if (host_memory(values.data())) return Communicator::start_all_reduce_sum_bf16(values, stream);
     const size_t n = values.size();
     if (n == 0) return;
-    if (codes_capacity_ < n) {  // the first step's buckets; what is under way may still read the old buffer
-      check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", rank_);
-      if (codes_ != nullptr) check_cuda(cudaFree(codes_), "cudaFree", rank_);
-      codes_ = nullptr;
-      check_cuda(cudaMalloc(reinterpret_cast<void**>(&codes_), n * sizeof(__nv_bfloat16)), "cudaMalloc", rank_);
-      codes_capacity_ = n;
-    }
-    wait_for(stream);
-    to_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(values.data(), codes_, n);
-    check_cuda(cudaGetLastError(), "launch of the gradients' BF16 rounding", rank_);
+    to_codes(values, stream);
     check_nccl(api().all_reduce(codes_, codes_, n, ncclBfloat16, ncclSum, comm_, stream_),
                "all_reduce_sum (bf16, overlapped)", rank_);
     from_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(codes_, values.data(), n);
     check_cuda(cudaGetLastError(), "launch of the BF16 sums' widening", rank_);
+    count_all_reduce(static_cast<int64_t>(n * sizeof(__nv_bfloat16)));
+    started_ = true;
+  }
+  void start_reduce_scatter_sum(std::span<float> values, int64_t offset, int64_t total,
+                                void* stream) override {
+    select_device();
+    if (host_memory(values.data()))
+      return Communicator::start_reduce_scatter_sum(values, offset, total, stream);
+    const ShardPart mine = shard_part(offset, static_cast<int64_t>(values.size()), total, rank_, size_);
+    wait_for(stream);
+    check_nccl(to_owners(values.data(), values.size(), offset, total, ncclFloat32),
+               "reduce_scatter_sum_in_place (float32, overlapped)", rank_);
+    count_reduce_scatter(static_cast<int64_t>(values.size_bytes()), mine.size() * int64_t{sizeof(float)});
+    started_ = true;
+  }
+  // As start_all_reduce_sum_bf16, with the sums of this rank's part alone widened back.
+  void start_reduce_scatter_sum_bf16(std::span<float> values, int64_t offset, int64_t total,
+                                     void* stream) override {
+    select_device();
+    if (host_memory(values.data()))
+      return Communicator::start_reduce_scatter_sum_bf16(values, offset, total, stream);
+    const size_t n = values.size();
+    const ShardPart mine = shard_part(offset, static_cast<int64_t>(n), total, rank_, size_);
+    if (n == 0) return;
+    to_codes(values, stream);
+    check_nccl(to_owners(codes_, n, offset, total, ncclBfloat16),
+               "reduce_scatter_sum_in_place (bf16, overlapped)", rank_);
+    if (mine.size() > 0) {
+      const auto m = static_cast<size_t>(mine.size());
+      from_bf16_kernel<<<blocks_for(m), 256, 0, stream_>>>(codes_ + mine.begin, values.data() + mine.begin,
+                                                           m);
+      check_cuda(cudaGetLastError(), "launch of the BF16 sums' widening", rank_);
+    }
+    count_reduce_scatter(static_cast<int64_t>(n * sizeof(__nv_bfloat16)),
+                         mine.size() * int64_t{sizeof(__nv_bfloat16)});
     started_ = true;
   }
   void finish_started() override {
     if (!started_) return;
     started_ = false;
     select_device();
-    finish("all_reduce_sum (float32, overlapped)", ncclSuccess);
+    finish("the gradient sums started during the backward", ncclSuccess);
   }
   // Each rank's shard broadcast from it, in place, the broadcasts grouped into one launch.
   void all_gather_shards(std::span<float> values) override {
@@ -314,6 +351,59 @@ class NcclCommunicator final : public Communicator {
     }
     check_cuda(cudaEventRecord(after_, static_cast<cudaStream_t>(stream)), "cudaEventRecord", rank_);
     check_cuda(cudaStreamWaitEvent(stream_, after_, 0), "cudaStreamWaitEvent", rank_);
+  }
+
+  // `values` rounded to BF16 into codes_ on NCCL's stream, once the backend's work on `stream` is done.
+  void to_codes(std::span<const float> values, void* stream) {
+    const size_t n = values.size();
+    if (codes_capacity_ < n) {  // the first step's buckets; what is under way may still read the old buffer
+      check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", rank_);
+      if (codes_ != nullptr) check_cuda(cudaFree(codes_), "cudaFree", rank_);
+      codes_ = nullptr;
+      check_cuda(cudaMalloc(reinterpret_cast<void**>(&codes_), n * sizeof(__nv_bfloat16)), "cudaMalloc",
+                 rank_);
+      codes_capacity_ = n;
+    }
+    wait_for(stream);
+    to_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(values.data(), codes_, n);
+    check_cuda(cudaGetLastError(), "launch of the gradients' BF16 rounding", rank_);
+  }
+
+  // Enqueues the sum of each rank's part (shard_part) of the run data[0, n), at `offset` in a buffer of
+  // `total` elements, into that rank, in place. Where every rank's part has the same size (a run that spans
+  // the whole buffer, its size a multiple of the ranks), one ncclReduceScatter: every link busy in both
+  // directions. Otherwise one ncclReduce per rank whose part is not empty, rooted at that rank and grouped
+  // into one launch. ncclReduceScatter needs equal parts, and a bucket of the backward (64 MiB against
+  // shards of a whole model's gradients) mostly lies in one shard or straddles two: padding it to equal
+  // parts would send the zeros of every other rank's part, or wait for the backward to finish every shard's
+  // part, giving up the overlap. The grouped reduces move the same bytes as a reduce-scatter of the run
+  // (each rank sends every part but its own, once), with no padding and no wait.
+  ncclResult_t to_owners(void* data, size_t n, int64_t offset, int64_t total, ncclDataType_t type) {
+    if (n == 0) return ncclSuccess;
+    const size_t element = type == ncclBfloat16 ? sizeof(__nv_bfloat16) : sizeof(float);
+    std::vector<ShardPart> parts;
+    bool equal = true;
+    for (int r = 0; r < size_; ++r) {
+      parts.push_back(shard_part(offset, static_cast<int64_t>(n), total, r, size_));
+      equal = equal && parts.back().size() == parts.front().size();
+    }
+    auto* bytes = static_cast<std::byte*>(data);
+    const auto at = [&](int r) {
+      return bytes + static_cast<size_t>(parts[static_cast<size_t>(r)].begin) * element;
+    };
+    if (equal) {  // in place: this rank's part is the receive buffer, at rank x part size in the send buffer
+      return api().reduce_scatter(data, at(rank_), static_cast<size_t>(parts.front().size()), type, ncclSum,
+                                  comm_, stream_);
+    }
+    ncclResult_t result = api().group_start();
+    for (int root = 0; root < size_ && result == ncclSuccess; ++root) {
+      const ShardPart& part = parts[static_cast<size_t>(root)];
+      if (part.size() == 0) continue;
+      result = api().reduce(at(root), at(root), static_cast<size_t>(part.size()), type, ncclSum, root, comm_,
+                            stream_);
+    }
+    const ncclResult_t ended = api().group_end();
+    return result != ncclSuccess ? result : ended;
   }
 
   // Whether `p` is host memory, which NCCL cannot read: the collective then runs on a device copy.

@@ -21,7 +21,9 @@ enum class CollectiveOp : uint8_t {
   all_gather_f32,
   all_gather_bytes,
   broadcast,
-  barrier
+  barrier,
+  reduce_scatter_sum_in_place_f32,
+  reduce_scatter_sum_in_place_bf16
 };
 
 inline const char* collective_name(CollectiveOp op) {
@@ -44,6 +46,10 @@ inline const char* collective_name(CollectiveOp op) {
       return "broadcast";
     case CollectiveOp::barrier:
       return "barrier";
+    case CollectiveOp::reduce_scatter_sum_in_place_f32:
+      return "reduce_scatter_sum_in_place (float32)";
+    case CollectiveOp::reduce_scatter_sum_in_place_bf16:
+      return "reduce_scatter_sum_in_place (bf16)";
   }
   return "an unknown collective";
 }

@@ -221,8 +221,9 @@ struct SocketGroup::State {
           "the ranks disagree on a collective: rank 0 called {} with {} values (root {}), rank {} called {} "
           "with {} values (root {})",
           collective_name(op), count, root, from,
-          h.op <= static_cast<uint32_t>(CollectiveOp::barrier) ? collective_name(static_cast<CollectiveOp>(h.op))
-                                                                : "something else",
+          h.op <= static_cast<uint32_t>(CollectiveOp::reduce_scatter_sum_in_place_bf16)
+              ? collective_name(static_cast<CollectiveOp>(h.op))
+              : "something else",
           h.count, h.root)};
     }
     return std::move(payload);
@@ -266,6 +267,56 @@ struct SocketGroup::State {
         fold(values.data(), reinterpret_cast<const T*>(theirs.data()), values.size());
       }
       for (int r = 1; r < world; ++r) give(r, op, values.size(), 0, std::as_bytes(values));
+    });
+  }
+
+  // Each rank's part of `values` (shard_part) = the fold over the ranks' values of that part, in rank
+  // order, sent to that rank alone; the rest of `values` is left as it is. Every rank sends rank 0 its
+  // whole run with the run's offset and total after it, which rank 0 checks are its own.
+  template <typename T, typename Fold>
+  void to_owners(CollectiveOp op, std::span<T> values, int64_t offset, int64_t total, Fold fold) {
+    const auto n = static_cast<int64_t>(values.size());
+    if (world == 1) {
+      shard_part(offset, n, total, 0, 1);  // checks the run
+      return;
+    }
+    collective(op, [&] {
+      const int64_t where[2] = {offset, total};
+      const size_t bytes = values.size_bytes() + sizeof where;
+      const auto part_bytes = [&](const ShardPart& p) {
+        return std::as_bytes(values.subspan(static_cast<size_t>(p.begin), static_cast<size_t>(p.size())));
+      };
+      if (rank != 0) {
+        std::vector<std::byte> mine(bytes);
+        std::memcpy(mine.data(), values.data(), values.size_bytes());
+        std::memcpy(mine.data() + values.size_bytes(), where, sizeof where);
+        const ShardPart part = shard_part(offset, n, total, rank, world);
+        const std::vector<std::byte> result = exchange(op, values.size(), 0, mine, part_bytes(part).size());
+        if (!result.empty()) std::memcpy(values.data() + part.begin, result.data(), result.size());
+        return;
+      }
+      std::vector<T> sums(values.begin(), values.end());
+      for (int r = 1; r < world; ++r) {
+        const std::vector<std::byte> theirs = take(r, op, values.size(), 0, bytes);
+        int64_t their_where[2];
+        std::memcpy(their_where, theirs.data() + values.size_bytes(), sizeof their_where);
+        if (their_where[0] != offset || their_where[1] != total) {
+          throw PeerFailure{
+              fmt::format("the ranks disagree on a collective: rank 0 called {} over [{}, {}) of {}, rank {} "
+                          "over [{}, {}) of {}",
+                          collective_name(op), offset, offset + n, total, r, their_where[0],
+                          their_where[0] + n, their_where[1])};
+        }
+        fold(sums.data(), reinterpret_cast<const T*>(theirs.data()), sums.size());
+      }
+      for (int r = 1; r < world; ++r) {
+        const ShardPart part = shard_part(offset, n, total, r, world);
+        give(r, op, values.size(), 0,
+             std::as_bytes(std::span<const T>(sums).subspan(static_cast<size_t>(part.begin),
+                                                            static_cast<size_t>(part.size()))));
+      }
+      const ShardPart mine = shard_part(offset, n, total, 0, world);
+      std::copy(sums.begin() + mine.begin, sums.begin() + mine.end, values.begin() + mine.begin);
     });
   }
 };
@@ -480,6 +531,17 @@ void SocketGroup::reduce_scatter_sum(std::span<const float> send, std::span<floa
     }
     std::copy_n(sums.begin(), chunk, receive.begin());
   });
+}
+
+void SocketGroup::reduce_scatter_sum_in_place(std::span<float> values, int64_t offset, int64_t total) {
+  state_->to_owners(CollectiveOp::reduce_scatter_sum_in_place_f32, values, offset, total,
+                    rank_order::add<float>);
+}
+
+void SocketGroup::reduce_scatter_sum_in_place_bf16(std::span<uint16_t> values, int64_t offset,
+                                                   int64_t total) {
+  state_->to_owners(CollectiveOp::reduce_scatter_sum_in_place_bf16, values, offset, total,
+                    rank_order::add_bf16);
 }
 
 void SocketGroup::all_gather(std::span<const float> send, std::span<float> receive) {

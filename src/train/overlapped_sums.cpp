@@ -9,9 +9,17 @@
 namespace octet {
 
 OverlappedSums::OverlappedSums(dist::Communicator& communicator, float* grads, int64_t count, void* stream,
-                               int64_t bucket, dist::GradientReduceType type)
-    : communicator_(communicator), grads_(grads), count_(count), stream_(stream), bucket_(bucket), type_(type) {
+                               int64_t bucket, dist::GradientReduceType type, int64_t shard_total)
+    : communicator_(communicator),
+      grads_(grads),
+      count_(count),
+      stream_(stream),
+      bucket_(bucket),
+      type_(type),
+      shard_total_(shard_total) {
   OCTET_CHECK(count >= 0 && bucket >= 1, "{} gradients in buckets of {}", count, bucket);
+  OCTET_CHECK(shard_total == 0 || shard_total >= count, "{} gradients in shards of {} elements", count,
+              shard_total);
 }
 
 void OverlappedSums::ready(int64_t begin, int64_t end) {
@@ -40,7 +48,12 @@ void OverlappedSums::flush() {
 
 void OverlappedSums::start(int64_t begin, int64_t end) {
   const std::span<float> values(grads_ + begin, static_cast<size_t>(end - begin));
-  if (type_ == dist::GradientReduceType::bf16) {
+  const bool bf16 = type_ == dist::GradientReduceType::bf16;
+  if (shard_total_ > 0 && bf16) {
+    communicator_.start_reduce_scatter_sum_bf16(values, begin, shard_total_, stream_);
+  } else if (shard_total_ > 0) {
+    communicator_.start_reduce_scatter_sum(values, begin, shard_total_, stream_);
+  } else if (bf16) {
     communicator_.start_all_reduce_sum_bf16(values, stream_);
   } else {
     communicator_.start_all_reduce_sum(values, stream_);

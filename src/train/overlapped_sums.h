@@ -1,12 +1,15 @@
 // The ranks' sum of the float32 gradients, started bucket by bucket while the backward goes on (internal to
-// src/train/): what lets data-parallel training on GPUs hide most of its all-reduce behind compute.
+// src/train/): what lets data-parallel training on GPUs hide most of its sums behind compute.
 //
 // The model reports the gradients that its backward has finished (Model::set_gradient_ready) in runs; runs
-// that touch are gathered into a bucket, and a bucket of at least `bucket` elements is started
-// (Communicator::start_all_reduce_sum, or its BF16 form) as soon as it is complete. finish() starts what is left, the runs
-// never reported included, and waits for every sum. Every rank reports the same runs in the same order, so
-// every rank starts the same sums. The sums are element-wise: their result is the all-reduce of the whole
-// buffer after the backward, bit for bit.
+// that touch are gathered into a bucket, and a bucket of at least `bucket` elements is started as soon as it
+// is complete. finish() starts what is left, the runs never reported included, and waits for every sum.
+// Every rank reports the same runs in the same order, so every rank starts the same sums. A bucket is
+// all-reduced (Communicator::start_all_reduce_sum, or its BF16 form), or, for a sharded optimizer, reduce-
+// scattered (Communicator::start_reduce_scatter_sum): each rank receives the sums of the bucket's part in its
+// own shard only, and the rest of the buffer is left unsummed, for nothing to read. The sums are
+// element-wise: their result is that of one all-reduce of the whole buffer after the backward, bit for bit
+// (on a rank's shard, for a reduce-scatter).
 #pragma once
 
 #include <cstdint>
@@ -21,9 +24,11 @@ namespace octet {
 class OverlappedSums {
  public:
   // The gradients are grads[0, count); `stream` the backend's (Backend::native_stream). `type`: the sums in
-  // float32, or in BF16 (Communicator::start_all_reduce_sum_bf16).
+  // float32, or in BF16 (Communicator::start_all_reduce_sum_bf16). `shard_total`: 0, every rank receives
+  // every sum; otherwise the elements the ranks' shards divide (dist::shard_range of it, count at most it),
+  // and each rank receives the sums of its shard alone.
   OverlappedSums(dist::Communicator& communicator, float* grads, int64_t count, void* stream, int64_t bucket,
-                 dist::GradientReduceType type);
+                 dist::GradientReduceType type, int64_t shard_total = 0);
 
   // The backward has finished grads[begin, end).
   void ready(int64_t begin, int64_t end);
@@ -40,6 +45,7 @@ class OverlappedSums {
   void* stream_;
   int64_t bucket_;
   dist::GradientReduceType type_;
+  int64_t shard_total_;
   int64_t pending_begin_ = 0, pending_end_ = 0;  // the bucket being gathered; empty when equal
   std::vector<std::pair<int64_t, int64_t>> started_;
 };

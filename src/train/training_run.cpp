@@ -202,6 +202,17 @@ TrainingBackend make_training_backend(const RunConfig& config) {
   return {make_backend(device, config), device.cuda, device.line};
 }
 
+namespace {
+
+// The bytes this rank has sent for gradient sums so far (Communicator::traffic); 0 on one rank.
+int64_t gradient_bytes_sent(const DataParallel& parallel) {
+  if (parallel.communicator == nullptr) return 0;
+  const dist::Communicator::Traffic& t = parallel.communicator->traffic();
+  return t.all_reduce_bytes + t.reduce_scatter_bytes;
+}
+
+}  // namespace
+
 void check_ranks(const RunConfig& config, int world) {
   const dist::DataParallelLayout layout = dist::resolve_layout(config.distributed, world, 0);
   OCTET_REQUIRE(layout.shard == 1 || layout.replicate == 1,
@@ -383,7 +394,9 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
                  config.distributed.gradient_reduce_type == dist::GradientReduceType::bf16 ? "bf16" : "float32",
                  tensors ? "NCCL" : "the ranks' sockets",
                  parallel.shard_optimizer_state
-                     ? fmt::format("; optimizer state sharded over {} ranks (ZeRO-1)", ranks.world)
+                     ? fmt::format("; optimizer state sharded over {} ranks (ZeRO-1), each receiving the sums "
+                                   "of its shard's gradients (reduce-scatter)",
+                                   ranks.world)
                      : std::string()));
   }
   say(out, fmt::format("octet {}: {}; {} on the {} backend; run directory {}", kVersion, model->describe(),
@@ -583,6 +596,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
       const auto t0 = std::chrono::steady_clock::now();
       phases.reset(telemetry != nullptr && telemetry->is_telemetry_step(step + 1, config.steps));
       checks.before_step(*trainer, *model, step + 1);
+      const int64_t sent_before = gradient_bytes_sent(parallel);
       const StepResult r = trainer->step(train_data);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       profiling.after_step(step + 1, *backend);
@@ -604,6 +618,8 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
                          {"tokens_per_second", tokens_per_second},
                          {"ms", seconds * 1000.0}};
       if (balance) row["router_balance"] = *balance;
+      // What rank 0 sent for the step's gradient sums, as a ring would send it (Communicator::traffic).
+      if (ranks.world > 1) row["gradient_bytes_sent"] = gradient_bytes_sent(parallel) - sent_before;
       if (metrics) metrics->write(row);
       const int64_t done = step + 1;
       const double eta =

@@ -73,7 +73,8 @@ TEST_F(TrainRanks, TwoRanksTrainOneRunThatRankZeroWritesAndThatRepeatsExactly) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("rank 0 of 2 (octet train --gpus/--ranks): data parallel, each rank 1 micro-batch(es) of "
                        "the step's 2; gradients summed in float32 over the ranks' sockets; optimizer state "
-                       "sharded over 2 ranks (ZeRO-1)"),
+                       "sharded over 2 ranks (ZeRO-1), each receiving the sums of its shard's gradients "
+                       "(reduce-scatter)"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.err.find("rank 1 of 2 (octet train --gpus/--ranks): "), std::string::npos) << r.err;
@@ -83,6 +84,10 @@ TEST_F(TrainRanks, TwoRanksTrainOneRunThatRankZeroWritesAndThatRepeatsExactly) {
   ASSERT_EQ(losses.size(), 4u) << metrics;
   // Each step trains on both ranks' micro-batches: 2 ranks x 2 sequences x 16 tokens.
   EXPECT_NE(metrics.find("\"tokens\":64,"), std::string::npos) << metrics;
+  // What rank 0 sent for each step's gradient sums: its reduce-scatter's bytes, the gradients outside its
+  // shard, the same every step.
+  EXPECT_NE(metrics.find("\"gradient_bytes_sent\":"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("\"gradient_bytes_sent\":0,"), std::string::npos) << metrics;
   EXPECT_TRUE(fs::exists(root_ / "run" / "checkpoints" / "step_000004" / "model.safetensors"));
 
   const testing::ProcessResult again = run_octet(

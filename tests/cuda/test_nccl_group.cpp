@@ -1,6 +1,7 @@
 // NcclGroup's collectives on every GPU of the machine (2 to 4 ranks, one thread and one GPU each), on exact
 // small integers, so that NCCL's own order of addition cannot change a sum: every rank must receive exactly
-// the sums, maxima (a NaN on one rank reaching all), chunks and bytes that the interface promises. Skips with
+// the sums, maxima (a NaN on one rank reaching all), chunks, shards' sums and bytes that the interface
+// promises. Skips with
 // fewer than two GPUs or without NCCL.
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -115,6 +117,53 @@ void exercise(Communicator& c, int device) {
     ASSERT_EQ(chunk[i],
               static_cast<float>(ranks_sum * static_cast<double>((static_cast<size_t>(r) * m + i) % 17)))
         << i;
+  }
+
+  // Reduce-scatter in place over shards (a sharded optimizer's gradient sums): the whole buffer in equal
+  // parts (one ncclReduceScatter), a run straddling the shards' boundaries and a run inside one shard (one
+  // ncclReduce per rank whose part is not empty); in float32 and BF16, at once and started as during a
+  // backward. Each rank's part must hold the sums; BF16 holds the integers up to 256 exactly.
+  const int64_t equal_total = 8 * n, total = 10 * n + 3;
+  const int64_t shard_chunk = (total + n - 1) / n;
+  for (const auto& [offset, length, whole] :
+       {std::tuple{int64_t{0}, equal_total, equal_total}, std::tuple{int64_t{3}, 2 * shard_chunk, total},
+        std::tuple{shard_chunk + 1, int64_t{2}, total}}) {
+    for (int form = 0; form < 4; ++form) {  // float32, float32 started, BF16, BF16 started
+      const bool bf16 = form >= 2, started = form % 2 == 1;
+      std::vector<float> values(static_cast<size_t>(length));
+      for (int64_t i = 0; i < length; ++i)
+        values[static_cast<size_t>(i)] =
+            static_cast<float>((r + 1) * static_cast<int>((offset + i) % (bf16 ? 5 : 13)));
+      std::vector<float> summed_part;
+      if (!bf16) {
+        DeviceArray<float> run(values);
+        if (started) {
+          c.start_reduce_scatter_sum(run.span(), offset, whole, nullptr);
+          c.finish_started();
+        } else {
+          c.reduce_scatter_sum_in_place(run.span(), offset, whole);
+        }
+        summed_part = run.read();
+      } else if (started) {
+        DeviceArray<float> run(values);
+        c.start_reduce_scatter_sum_bf16(run.span(), offset, whole, nullptr);
+        c.finish_started();
+        summed_part = run.read();
+      } else {
+        std::vector<uint16_t> codes;
+        for (const float v : values) codes.push_back(octet::float_to_bf16(v));
+        DeviceArray<uint16_t> run(codes);
+        c.reduce_scatter_sum_in_place_bf16(run.span(), offset, whole);
+        for (const uint16_t code : run.read()) summed_part.push_back(octet::bf16_to_float(code));
+      }
+      const octet::dist::ShardPart part = octet::dist::shard_part(offset, length, whole, r, n);
+      for (int64_t i = part.begin; i < part.end; ++i) {
+        ASSERT_EQ(summed_part[static_cast<size_t>(i)],
+                  static_cast<float>(ranks_sum * static_cast<double>((offset + i) % (bf16 ? 5 : 13))))
+            << "reduce-scatter form " << form << " of [" << offset << ", " << offset + length << ") of "
+            << whole << ", element " << i;
+      }
+    }
   }
 
   // All-gather in place (each rank's chunk already where it belongs), and of bytes.

@@ -96,6 +96,9 @@ struct Results {
   std::vector<double> sum64;
   std::vector<uint16_t> sum_bf16;
   std::vector<std::byte> broadcast;
+  // This rank's part of a run reduce-scattered in place (straddling shards), in float32 and BF16.
+  std::vector<float> owned;
+  std::vector<uint16_t> owned_bf16;
 };
 
 // Every collective once, as each rank sees it.
@@ -114,6 +117,15 @@ Results every_collective(Communicator& c) {
   const std::vector<float> send = floats_of(c.rank() + 200, static_cast<size_t>(7 * n));
   r.scattered.resize(7);
   c.reduce_scatter_sum(send, r.scattered);
+  // The run [3, 23) of 29 elements shared out over the ranks.
+  std::vector<float> run = floats_of(c.rank() + 400, 20);
+  c.reduce_scatter_sum_in_place(run, 3, 29);
+  std::vector<uint16_t> run_bf16;
+  for (const float x : floats_of(c.rank() + 500, 20)) run_bf16.push_back(float_to_bf16(x));
+  c.reduce_scatter_sum_in_place_bf16(run_bf16, 3, 29);
+  const ShardPart mine = shard_part(3, 20, 29, c.rank(), n);
+  r.owned.assign(run.begin() + mine.begin, run.begin() + mine.end);
+  r.owned_bf16.assign(run_bf16.begin() + mine.begin, run_bf16.begin() + mine.end);
   r.gathered.resize(static_cast<size_t>(5 * n));
   const std::vector<float> part = floats_of(c.rank() + 300, 5);
   c.all_gather(std::span<const float>(part), std::span<float>(r.gathered));
@@ -148,6 +160,9 @@ TEST(SocketGroup, EveryCollectiveGivesTheInProcessGroupsBits) {
       EXPECT_TRUE(same_bits(a.max, b.max)) << "rank " << r;
       EXPECT_TRUE(std::isnan(b.max[3])) << "a NaN amax on rank 1 reaches rank " << r;
       EXPECT_TRUE(same_bits(a.scattered, b.scattered)) << "rank " << r;
+      EXPECT_FALSE(b.owned.empty());
+      EXPECT_TRUE(same_bits(a.owned, b.owned)) << "rank " << r;
+      EXPECT_EQ(a.owned_bf16, b.owned_bf16) << "rank " << r;
       EXPECT_TRUE(same_bits(a.gathered, b.gathered)) << "rank " << r;
       EXPECT_EQ(b.broadcast, std::vector<std::byte>(11, std::byte{static_cast<unsigned char>(world - 1)}));
       // Not a vacuous comparison: the ranks' sums differ from any one rank's inputs.

@@ -34,6 +34,16 @@ class Communicator {
   // `send` holds size() chunks of receive.size() values; rank r receives the sum over ranks, in rank order,
   // of chunk r.
   virtual void reduce_scatter_sum(std::span<const float> send, std::span<float> receive) = 0;
+  // A reduce-scatter in place over shards of unequal sizes, for a sharded optimizer's gradients: `values` is
+  // the run [offset, offset + values.size()) of a buffer of `total` elements that the ranks share out as
+  // shard_range(total, r, size()). Rank r's part of the run (shard_part: the run's intersection with rank r's
+  // shard, possibly empty) is summed over the ranks into rank r alone: afterwards this rank's part holds the
+  // sum over ranks in rank order, the bits all_reduce_sum gives there, and the rest of `values` is not
+  // summed (it may hold anything; read none of it). Every rank passes the same offset, size and total.
+  virtual void reduce_scatter_sum_in_place(std::span<float> values, int64_t offset, int64_t total) = 0;
+  // The same over BF16 codes, each partial sum rounded as all_reduce_sum_bf16 rounds.
+  virtual void reduce_scatter_sum_in_place_bf16(std::span<uint16_t> values, int64_t offset,
+                                                int64_t total) = 0;
   // `receive` holds size() chunks of send.size() values: chunk r is rank r's `send`. `send` may be chunk
   // rank() of `receive` itself (gathering in place).
   virtual void all_gather(std::span<const float> send, std::span<float> receive) = 0;
@@ -47,20 +57,48 @@ class Communicator {
   // the work enqueued so far on `stream` (Backend::native_stream) is done and returns at once; its result is
   // there once finish_started() has returned, which waits for every sum started. Every rank starts the same
   // sums in the same order. A communicator without streams of its own sums at once (the default).
-  virtual void start_all_reduce_sum(std::span<float> values, void* stream) {
-    (void)stream;
-    all_reduce_sum(values);
-  }
+  virtual void start_all_reduce_sum(std::span<float> values, void* stream);
   // The same sum in BF16: `values` (float32) rounded to BF16, summed as all_reduce_sum_bf16 sums, and the
   // BF16 sums written back as float32. The default rounds, sums and widens at once, in host memory, with the
   // rank-order additions of all_reduce_sum_bf16.
   virtual void start_all_reduce_sum_bf16(std::span<float> values, void* stream);
+  // A sharded optimizer's sums, started alike: reduce_scatter_sum_in_place(values, offset, total) once the
+  // work enqueued on `stream` is done, its result there after finish_started(). About half the bytes of
+  // start_all_reduce_sum on the wire. The default sums at once.
+  virtual void start_reduce_scatter_sum(std::span<float> values, int64_t offset, int64_t total, void* stream);
+  // The same in BF16: `values` rounded to BF16, this rank's part summed as reduce_scatter_sum_in_place_bf16
+  // sums and written back as float32 (the rest of `values` is not summed). The default does it at once, in
+  // host memory.
+  virtual void start_reduce_scatter_sum_bf16(std::span<float> values, int64_t offset, int64_t total,
+                                             void* stream);
   virtual void finish_started() {}
+
+  // What this rank has sent for the sums started above (the start_ functions), counted as a ring sends: an
+  // all-reduce of B bytes over n ranks sends 2 B (n - 1) / n of them, a reduce-scatter B less this rank's
+  // part. A model of the wire, the same for every communicator (NCCL may choose a tree or, for the parts of
+  // a reduce-scatter, a chain), so that a run can say what its sums move; counted since the communicator
+  // was made. What the communicator does without its stream (the collectives above) is not counted.
+  struct Traffic {
+    int64_t all_reduce_bytes = 0;
+    int64_t reduce_scatter_bytes = 0;
+    int64_t all_reduces = 0;      // sums started
+    int64_t reduce_scatters = 0;  // reduce-scatters started
+  };
+  const Traffic& traffic() const { return traffic_; }
 
   // `values` is split into every rank's shard (shard_range of values.size() over the ranks), this rank's up
   // to date: afterwards every shard is, on every rank. In place, whatever the shards' sizes. The default
   // gathers through all_gather over a copy padded to whole chunks, in the communicator's memory.
   virtual void all_gather_shards(std::span<float> values);
+
+ protected:
+  // What the start_ functions add to traffic(): an all-reduce of `bytes`, a reduce-scatter of `bytes` of
+  // which `mine` are this rank's part.
+  void count_all_reduce(int64_t bytes);
+  void count_reduce_scatter(int64_t bytes, int64_t mine);
+
+ private:
+  Traffic traffic_;
 };
 
 // The contiguous run of `count` elements that rank `rank` of `ranks` owns when they are split as evenly as
@@ -73,5 +111,15 @@ struct ShardRange {
   int64_t size() const { return end - begin; }
 };
 ShardRange shard_range(int64_t count, int rank, int ranks);
+
+// Rank `rank`'s part of the run [offset, offset + count) of a buffer of `total` elements shared out as
+// shard_range(total, r, ranks): the run's intersection with the rank's shard, counted from the run's start
+// ([begin, end), empty where they do not meet). The ranks' parts lie in rank order and cover the run.
+struct ShardPart {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+ShardPart shard_part(int64_t offset, int64_t count, int64_t total, int rank, int ranks);
 
 }  // namespace octet::dist

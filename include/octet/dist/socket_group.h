@@ -49,6 +49,8 @@ class SocketGroup final : public Communicator {
   void all_reduce_sum_bf16(std::span<uint16_t> values) override;
   void all_reduce_max(std::span<float> values) override;
   void reduce_scatter_sum(std::span<const float> send, std::span<float> receive) override;
+  void reduce_scatter_sum_in_place(std::span<float> values, int64_t offset, int64_t total) override;
+  void reduce_scatter_sum_in_place_bf16(std::span<uint16_t> values, int64_t offset, int64_t total) override;
   void all_gather(std::span<const float> send, std::span<float> receive) override;
   void all_gather(std::span<const std::byte> send, std::span<std::byte> receive) override;
   void broadcast(std::span<std::byte> data, int root) override;

@@ -31,8 +31,9 @@ struct DataParallel {
   // The ranks this one trains with; null: one rank on its own.
   dist::Communicator* communicator = nullptr;
   // ZeRO stage 1: each rank keeps the AdamW moments of its contiguous shard of the parameters only
-  // (dist::shard_range over every rank), reads the summed gradients of that shard only, updates that shard
-  // of the float32 master weights, and the updated parameters are all-gathered in place
+  // (dist::shard_range over every rank), receives the summed gradients of that shard only (a reduce-scatter:
+  // the gradients outside its shard stay unsummed, and nothing reads them), updates that shard of the
+  // float32 master weights, and the updated parameters are all-gathered in place
   // (Communicator::all_gather_shards) before the weight copies are remade. The gradient norm's sum of squares is then taken shard
   // by shard, the shards' sums added in rank order. Emulated ranks take the norm the same way (their
   // optimizer keeps the whole state, whose element-wise update is the same).

@@ -1,0 +1,152 @@
+// Data-parallel training on two GPUs of this machine over NCCL (one thread and one GPU a rank): with the
+// optimizer state sharded, the gradients' sums are reduce-scattered during the backward (ncclReduce per
+// shard that a bucket meets, grouped, or ncclReduceScatter), and the run is the all-reduced run's, bit for
+// bit. Two ranks make that exact whatever NCCL's algorithm: every element's sum is one addition of two
+// values, the same in either order. The gradient clipping is off, so that the norm (taken shard by shard
+// with a sharded optimizer, over the whole buffer without) cannot move the update. Skips with fewer than two
+// GPUs or without NCCL.
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include "octet/backend/cuda_backend.h"
+#include "octet/dist/nccl_group.h"
+#include "octet/model/model.h"
+#include "octet/train/data_parallel.h"
+#include "octet/train/trainer.h"
+
+namespace octet {
+namespace {
+
+constexpr int64_t kB = 2, kT = 32, kSteps = 6;
+
+ModelConfig two_block_gpt() {
+  ModelConfig c;
+  c.vocab_size = 250;
+  c.padded_vocab_size = 256;
+  c.max_seq_len = kT;
+  c.layers = 2;
+  c.heads = 4;
+  c.channels = 64;
+  return c;
+}
+
+// The step's micro-batches in order, each rank keeping its own (rank_batches).
+BatchSource tokens(uint64_t seed, int64_t V) {
+  auto rng = std::make_shared<std::mt19937_64>(seed);
+  return [rng, V](int32_t* in, int32_t* targets) {
+    for (int64_t i = 0; i < kB * kT; ++i) {
+      in[i] = static_cast<int32_t>((*rng)() % static_cast<uint64_t>(V));
+      targets[i] = static_cast<int32_t>((in[i] * 31 + 7) % V);
+    }
+  };
+}
+
+struct RankRun {
+  std::vector<float> losses, norms, params;
+  dist::Communicator::Traffic traffic;
+  int64_t shard = 0, parameters = 0;
+  std::string error;
+};
+
+std::vector<RankRun> train_on_two_gpus(bool shard, dist::GradientReduceType reduce) {
+  const std::vector<int> devices = {0, 1};
+  dist::NcclGroup group(devices);
+  std::vector<RankRun> runs(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      RankRun& run = runs[static_cast<size_t>(r)];
+      try {
+        if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice");
+        CudaBackendOptions options;
+        options.device = r;
+        auto backend = make_cuda_backend(options);
+        const ModelConfig config = two_block_gpt();
+        PrecisionSettings precision;
+        precision.mode = MixedPrecision::fp32;
+        std::unique_ptr<Model> model =
+            make_model(config, *backend, PrecisionPolicy(precision, config, kB * kT * 2), kB, kT);
+        model->init_weights(7);
+        TrainSettings settings;
+        settings.batch_size = kB;
+        settings.seq_len = kT;
+        settings.grad_clip = 0.0f;
+        settings.schedule = LearningRateSchedule{3e-3f, 2, kSteps, 0.1f};
+        dist::Communicator& c = group.communicator(r);
+        // Buckets of 5000 gradients: many, some straddling the two shards' boundary.
+        Trainer trainer(*model, settings,
+                        DataParallel{.communicator = &c,
+                                     .shard_optimizer_state = shard,
+                                     .reduce_type = reduce,
+                                     .bucket_elements = 5000});
+        const BatchSource data = rank_batches(tokens(3, config.vocab_size), r, 2, 1, kB, kT);
+        for (int64_t s = 0; s < kSteps; ++s) {
+          const StepResult result = trainer.step(data);
+          run.losses.push_back(result.loss);
+          run.norms.push_back(result.grad_norm);
+        }
+        backend->synchronize();
+        run.params.resize(static_cast<size_t>(model->parameter_count()));
+        backend->copy_to_host(run.params.data(), model->params(), run.params.size() * sizeof(float));
+        run.traffic = c.traffic();
+        run.shard = trainer.optimizer().sharded() ? trainer.optimizer().shard().size() : 0;
+        run.parameters = model->parameter_count();
+      } catch (const std::exception& e) {
+        run.error = e.what();
+        group.abort();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return runs;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(GpuDataParallel, ShardedSumsAreReduceScatteredAndTrainAsAllReduced) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  std::string why;
+  if (!dist::nccl_available(&why)) GTEST_SKIP() << why;
+  for (const dist::GradientReduceType reduce :
+       {dist::GradientReduceType::float32, dist::GradientReduceType::bf16}) {
+    const std::vector<RankRun> all_reduced = train_on_two_gpus(false, reduce);
+    const std::vector<RankRun> scattered = train_on_two_gpus(true, reduce);
+    const int64_t element = reduce == dist::GradientReduceType::bf16 ? 2 : 4;
+    for (int r = 0; r < 2; ++r) {
+      const RankRun& a = all_reduced[static_cast<size_t>(r)];
+      const RankRun& b = scattered[static_cast<size_t>(r)];
+      ASSERT_TRUE(a.error.empty()) << a.error;
+      ASSERT_TRUE(b.error.empty()) << b.error;
+      EXPECT_TRUE(same_bits(a.losses, b.losses)) << "rank " << r;
+      EXPECT_TRUE(same_bits(a.params, b.params)) << "rank " << r;
+      EXPECT_TRUE(same_bits(b.params, scattered[0].params)) << "every rank holds the same parameters";
+      EXPECT_NE(a.losses.front(), a.losses.back()) << "the model trains";
+      for (size_t s = 0; s < a.norms.size(); ++s) EXPECT_NEAR(a.norms[s], b.norms[s], 1e-5f * a.norms[s]);
+      // What each rank sent: an all-reduce of every gradient, half of it on two ranks, against the gradients
+      // outside its shard.
+      EXPECT_EQ(a.traffic.reduce_scatters, 0);
+      EXPECT_EQ(b.traffic.all_reduces, 0);
+      EXPECT_EQ(a.traffic.all_reduce_bytes, kSteps * a.parameters * element);
+      EXPECT_EQ(b.traffic.reduce_scatter_bytes, kSteps * (b.parameters - b.shard) * element);
+      std::printf("[ nccl ] rank %d, %s sums: %lld bytes a step all-reduced, %lld reduce-scattered\n", r,
+                  element == 2 ? "bf16" : "float32",
+                  static_cast<long long>(a.traffic.all_reduce_bytes / kSteps),
+                  static_cast<long long>(b.traffic.reduce_scatter_bytes / kSteps));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace octet
