@@ -396,6 +396,13 @@ const std::vector<Key>& keys() {
         "MiB of float32 gradients in each bucket whose sum over the ranks starts during the backward (64: "
         "large enough for NCCL to run at full bandwidth, small enough to start while most of the backward "
         "remains); 0: every sum starts after the backward."));
+    k.push_back(choice<bool>(
+        "distributed.sharded_gradient_sums",
+        [](RunConfig& c) -> bool& { return c.distributed.reduce_scatter; },
+        {{"all_reduce", false}, {"reduce_scatter", true}},
+        "With the optimizer state sharded (dp_shard above 1): all_reduce (every rank receives every "
+        "gradient's sum) or reduce_scatter (each rank receives its shard's sums only: half the bytes, but "
+        "one NCCL reduce per shard a bucket meets; slower on 2 GPUs of one node, docs/distributed.md)."));
     // [data]
     k.push_back(text(
         "data.dir", [](const RunConfig& c) { return c.data_dir.string(); },

@@ -237,7 +237,8 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
       if (m == micro - 1 && overlap_gradient_sums()) {
         overlapped_ = std::make_unique<OverlappedSums>(
             *parallel_.communicator, gradient_base_, gradient_floats_, model_.backend().native_stream(),
-            bucket_elements(), parallel_.reduce_type, optimizer_.sharded() ? model_.parameter_count() : 0);
+            bucket_elements(), parallel_.reduce_type,
+            optimizer_.sharded() && parallel_.reduce_scatter ? model_.parameter_count() : 0);
         model_.set_gradient_ready([this](int64_t begin, int64_t end) { overlapped_->ready(begin, end); });
       }
       model_.backward(dloss);
@@ -274,9 +275,9 @@ int64_t Trainer::bucket_elements() const {
 }
 
 bool Trainer::overlap_gradient_sums() const {
-  // Every rank receives the whole buffer's sums, float32 or BF16; with a sharded optimizer, the sums of its
-  // shard alone (a reduce-scatter, half the bytes), and the gradients outside its shard stay its own,
-  // unsummed: the norm, the non-finite search and the update read the shard only.
+  // Every rank receives the whole buffer's sums, float32 or BF16; with a sharded optimizer and
+  // DataParallel::reduce_scatter, the sums of its shard alone (half the bytes), and the gradients outside its
+  // shard stay its own, unsummed: the norm, the non-finite search and the update read the shard only.
   return parallel_.communicator != nullptr;
 }
 

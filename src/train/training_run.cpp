@@ -313,6 +313,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   parallel.communicator = tensors ? tensors.get() : ranks.control;
   parallel.shard_optimizer_state = ranks.layout.shard > 1;
   parallel.reduce_type = config.distributed.gradient_reduce_type;
+  parallel.reduce_scatter = config.distributed.reduce_scatter;
   parallel.bucket_elements = config.distributed.bucket_mb * (int64_t{1} << 20) / int64_t{sizeof(float)};
   // The backend, model and trainer in `mode`'s precision: at the start, and at each switch of a precision
   // schedule, which keeps the backend unless the mode asks for another (fp32's attention, emulated FP8).
@@ -394,9 +395,10 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
                  config.distributed.gradient_reduce_type == dist::GradientReduceType::bf16 ? "bf16" : "float32",
                  tensors ? "NCCL" : "the ranks' sockets",
                  parallel.shard_optimizer_state
-                     ? fmt::format("; optimizer state sharded over {} ranks (ZeRO-1), each receiving the sums "
-                                   "of its shard's gradients (reduce-scatter)",
-                                   ranks.world)
+                     ? fmt::format("; optimizer state sharded over {} ranks (ZeRO-1), {}", ranks.world,
+                                   parallel.reduce_scatter
+                                       ? "each receiving the sums of its shard's gradients (reduce-scatter)"
+                                       : "each receiving every gradient's sum (all-reduce)")
                      : std::string()));
   }
   say(out, fmt::format("octet {}: {}; {} on the {} backend; run directory {}", kVersion, model->describe(),

@@ -69,7 +69,8 @@ class TrainRanks : public TrainFixture {
 
 TEST_F(TrainRanks, TwoRanksTrainOneRunThatRankZeroWritesAndThatRepeatsExactly) {
   const fs::path config = write_config("fp8", 4);
-  const testing::ProcessResult r = run_octet({"train", config.string(), "--ranks", "2"});
+  const testing::ProcessResult r = run_octet(
+      {"train", config.string(), "--ranks", "2", "--set", "distributed.sharded_gradient_sums=reduce_scatter"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("rank 0 of 2 (octet train --gpus/--ranks): data parallel, each rank 1 micro-batch(es) of "
                        "the step's 2; gradients summed in float32 over the ranks' sockets; optimizer state "
@@ -90,8 +91,9 @@ TEST_F(TrainRanks, TwoRanksTrainOneRunThatRankZeroWritesAndThatRepeatsExactly) {
   EXPECT_EQ(metrics.find("\"gradient_bytes_sent\":0,"), std::string::npos) << metrics;
   EXPECT_TRUE(fs::exists(root_ / "run" / "checkpoints" / "step_000004" / "model.safetensors"));
 
-  const testing::ProcessResult again = run_octet(
-      {"train", config.string(), "--ranks", "2", "--set", "logging.run_dir=" + (root_ / "again").string()});
+  const testing::ProcessResult again =
+      run_octet({"train", config.string(), "--ranks", "2", "--set", "distributed.sharded_gradient_sums=reduce_scatter",
+                 "--set", "logging.run_dir=" + (root_ / "again").string()});
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_EQ(step_losses(read(root_ / "again" / "metrics.jsonl")), losses);
 }

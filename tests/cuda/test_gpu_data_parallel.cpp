@@ -87,6 +87,7 @@ std::vector<RankRun> train_on_two_gpus(bool shard, dist::GradientReduceType redu
         Trainer trainer(*model, settings,
                         DataParallel{.communicator = &c,
                                      .shard_optimizer_state = shard,
+                                     .reduce_scatter = shard,
                                      .reduce_type = reduce,
                                      .bucket_elements = 5000});
         const BatchSource data = rank_batches(tokens(3, config.vocab_size), r, 2, 1, kB, kT);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -126,7 +127,7 @@ void exercise(Communicator& c, int device) {
   const int64_t equal_total = 8 * n, total = 10 * n + 3;
   const int64_t shard_chunk = (total + n - 1) / n;
   for (const auto& [offset, length, whole] :
-       {std::tuple{int64_t{0}, equal_total, equal_total}, std::tuple{int64_t{3}, 2 * shard_chunk, total},
+       {std::tuple{int64_t{0}, equal_total, equal_total}, std::tuple{int64_t{3}, std::min(2 * shard_chunk, total - 3), total},
         std::tuple{shard_chunk + 1, int64_t{2}, total}}) {
     for (int form = 0; form < 4; ++form) {  // float32, float32 started, BF16, BF16 started
       const bool bf16 = form >= 2, started = form % 2 == 1;

@@ -186,7 +186,7 @@ inline std::vector<Outcome> many_ranks(
     std::unique_ptr<Model> m = model_of(s, *backend);
     Trainer trainer(
         *m, settings_of(s),
-        DataParallel{.communicator = &c, .shard_optimizer_state = s.shard, .reduce_type = s.reduce});
+        DataParallel{.communicator = &c, .shard_optimizer_state = s.shard, .reduce_scatter = s.shard, .reduce_type = s.reduce});
     io::DataLoader* loader = nullptr;
     const BatchSource data =
         rank_batches(source(c.rank(), c.size(), &loader), c.rank(), c.size(), s.micro, B, T);

@@ -301,6 +301,7 @@ TEST(ShardedDataParallel, ReduceScattersOnlyAndReadsNothingOutsideTheShard) {
       Trainer trainer(*m, settings_of(s),
                       DataParallel{.communicator = &c,
                                    .shard_optimizer_state = true,
+                                   .reduce_scatter = true,
                                    .reduce_type = s.reduce,
                                    .bucket_elements = 97});
       const BatchSource data =
@@ -337,7 +338,7 @@ TEST(ShardedDataParallel, AReduceScatterSendsHalfTheBytesOfAnAllReduce) {
       auto backend = make_cpu_backend();
       std::unique_ptr<Model> m = model_of(s, *backend);
       Trainer trainer(*m, settings_of(s),
-                      DataParallel{.communicator = &c, .shard_optimizer_state = shard, .bucket_elements = 0});
+                      DataParallel{.communicator = &c, .shard_optimizer_state = shard, .reduce_scatter = shard, .bucket_elements = 0});
       const BatchSource data =
           rank_batches(pattern(c.rank(), c.size(), nullptr), c.rank(), c.size(), s.micro, B, T);
       trainer.step(data);

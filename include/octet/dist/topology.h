@@ -20,6 +20,9 @@ struct DistributedSettings {
   // The float32 gradients' sums start during the backward in buckets of at least this many MiB; 0: all
   // of them after the backward (no overlap).
   int64_t bucket_mb = 64;
+  // With the optimizer state sharded: every rank receives the whole buffer's sums (all-reduce), or only
+  // its shard's (reduce-scatter, half the bytes) ([distributed] sharded_gradient_sums).
+  bool reduce_scatter = false;
 };
 
 struct DataParallelLayout {

@@ -38,6 +38,10 @@ struct DataParallel {
   // by shard, the shards' sums added in rank order. Emulated ranks take the norm the same way (their
   // optimizer keeps the whole state, whose element-wise update is the same).
   bool shard_optimizer_state = false;
+  // With a sharded optimizer state: each rank receives the sums of its shard's gradients only (a
+  // reduce-scatter, Communicator::start_reduce_scatter_sum) rather than the whole buffer's (all-reduce). The
+  // update, the norm and the non-finite search read the shard only either way.
+  bool reduce_scatter = false;
   // The type the ranks sum their gradients in: float32, or BF16, each rank's accumulated gradient and every
   // partial sum rounded to BF16 (Communicator::all_reduce_sum_bf16; emulated ranks round alike).
   dist::GradientReduceType reduce_type = dist::GradientReduceType::float32;
