@@ -328,7 +328,15 @@ std::string checkpoint_files_problem(const fs::path& dir) {
                        kShardManifestFile);
   }
   try {
-    return shard_files_problem(dir, read_shard_manifest(dir));
+    const ShardManifest manifest = read_shard_manifest(dir);
+    std::string problem = shard_files_problem(dir, manifest);
+    if (problem.empty()) {
+      const int64_t step = parse_state(dir / kStateFile).step;
+      if (step != manifest.step) {
+        problem = fmt::format("{} records step {}, {} step {}", kShardManifestFile, manifest.step, kStateFile, step);
+      }
+    }
+    return problem;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::invalid_input) throw;
     return e.what();
