@@ -324,8 +324,8 @@ std::string checkpoint_files_problem(const fs::path& dir) {
     return {};
   }
   if (fs::exists(dir / kOptimizerFile, ec)) {
-    return fmt::format("it holds both {} (a whole checkpoint's) and {} (a checkpoint of shards')", kOptimizerFile,
-                       kShardManifestFile);
+    return fmt::format("it holds both {} (a whole checkpoint's) and {} (a checkpoint of shards')",
+                       kOptimizerFile, kShardManifestFile);
   }
   try {
     const ShardManifest manifest = read_shard_manifest(dir);
@@ -333,7 +333,8 @@ std::string checkpoint_files_problem(const fs::path& dir) {
     if (problem.empty()) {
       const int64_t step = parse_state(dir / kStateFile).step;
       if (step != manifest.step) {
-        problem = fmt::format("{} records step {}, {} step {}", kShardManifestFile, manifest.step, kStateFile, step);
+        problem = fmt::format("{} records step {}, {} step {}", kShardManifestFile, manifest.step, kStateFile,
+                              step);
       }
     }
     return problem;
@@ -392,7 +393,8 @@ std::optional<fs::path> checkpoint_to_continue(const fs::path& run_dir) {
         latest ? fmt::format("remove it, or continue from {} with --resume-from", latest->string())
                : std::string("remove it to start afresh");
     const std::string missing = checkpoint_files_problem(e.path());
-    OCTET_REQUIRE(missing.empty(), "checkpoint {} is damaged: {}; it is newer than every complete checkpoint: {}",
+    OCTET_REQUIRE(missing.empty(),
+                  "checkpoint {} is damaged: {}; it is newer than every complete checkpoint: {}",
                   e.path().string(), missing, remedy);
     try {
       const int64_t saved = parse_state(e.path() / kStateFile).step;
@@ -564,14 +566,15 @@ fs::path save_shards(const fs::path& run_dir, const fs::path& final_dir, Model& 
   mine.begin = shard.begin;
   mine.end = shard.end;
   attempt(mine, [&] {
-    OCTET_CHECK(shard.begin == dist::shard_range(model.parameter_count(), rank, size).begin &&
-                    shard.end == dist::shard_range(model.parameter_count(), rank, size).end,
+    const dist::ShardRange expected = dist::shard_range(model.parameter_count(), rank, size);
+    OCTET_CHECK(shard.begin == expected.begin && shard.end == expected.end,
                 "rank {}'s shard [{}, {}) is dist::shard_range's", rank, shard.begin, shard.end);
     // m, then v, of the shard's elements.
     const size_t n = static_cast<size_t>(shard.size());
     std::string bytes(2 * n * sizeof(float), '\0');
     model.backend().copy_to_host(bytes.data(), optimizer.first_moment(), n * sizeof(float));
-    model.backend().copy_to_host(bytes.data() + n * sizeof(float), optimizer.second_moment(), n * sizeof(float));
+    model.backend().copy_to_host(bytes.data() + n * sizeof(float), optimizer.second_moment(),
+                                 n * sizeof(float));
     const fs::path file = temporary / optimizer_shard_file_name(rank, size);
     io::write_file_atomically(file, bytes);
     mine.bytes = static_cast<int64_t>(bytes.size());
@@ -581,7 +584,8 @@ fs::path save_shards(const fs::path& run_dir, const fs::path& final_dir, Model& 
   std::vector<CheckpointFileRecord> whole;
   if (rank == 0) {
     attempt(mine, [&] {
-      for (const std::string& name : write_whole_files(temporary, model, trainer, progress, options, nullptr, nullptr)) {
+      for (const std::string& name :
+           write_whole_files(temporary, model, trainer, progress, options, nullptr, nullptr)) {
         const fs::path path = temporary / name;
         whole.push_back({name, static_cast<int64_t>(fs::file_size(path)), checkpoint_file_digest(path)});
       }
@@ -620,7 +624,8 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
   OCTET_REQUIRE(options.keep_last >= 1, "checkpoint keep_last must be at least 1, got {}", options.keep_last);
   const fs::path final_dir = checkpoint_directory(run_dir, trainer.steps_done());
   // A sharded optimizer's ranks each write their shard of the moments, under one manifest.
-  if (trainer.optimizer().sharded()) return save_shards(run_dir, final_dir, model, trainer, progress, options);
+  if (trainer.optimizer().sharded())
+    return save_shards(run_dir, final_dir, model, trainer, progress, options);
   // Otherwise every rank holds the same parameters, moments and scaling state: rank 0 writes the one whole
   // checkpoint, the files one rank would write, and the others wait until it is in place.
   dist::Communicator* ranks = trainer.parallel().communicator;
@@ -666,7 +671,8 @@ void require_listed_digest(const fs::path& dir, const ShardManifest& manifest, c
                                [&](const CheckpointFileRecord& f) { return f.name == name; });
   OCTET_CHECK(it != manifest.files.end(), "the manifest lists {}", name);
   const uint64_t digest = checkpoint_file_digest(dir / name);
-  OCTET_REQUIRE(digest == it->digest, "{}: its digest is {:016x}, the manifest {} records {:016x}: the file is damaged",
+  OCTET_REQUIRE(digest == it->digest,
+                "{}: its digest is {:016x}, the manifest {} records {:016x}: the file is damaged",
                 (dir / name).string(), digest, kShardManifestFile, it->digest);
 }
 
@@ -683,14 +689,15 @@ OpenedCheckpoint open_checkpoint(const fs::path& dir, const Model& model) {
   std::error_code ec;
   if (!holds_shards(dir)) {
     for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
-      OCTET_REQUIRE(fs::is_regular_file(dir / name), "checkpoint {} is incomplete: {} is missing", dir.string(),
-                    name);
+      OCTET_REQUIRE(fs::is_regular_file(dir / name), "checkpoint {} is incomplete: {} is missing",
+                    dir.string(), name);
     }
   } else {
-    OCTET_REQUIRE(!fs::exists(dir / kOptimizerFile, ec),
-                  "checkpoint {} is inconsistent: it holds both {} (a whole checkpoint's) and {} (a checkpoint "
-                  "of shards')",
-                  dir.string(), kOptimizerFile, kShardManifestFile);
+    OCTET_REQUIRE(
+        !fs::exists(dir / kOptimizerFile, ec),
+        "checkpoint {} is inconsistent: it holds both {} (a whole checkpoint's) and {} (a checkpoint "
+        "of shards')",
+        dir.string(), kOptimizerFile, kShardManifestFile);
     opened.shards = read_shard_manifest(dir);
     const std::string problem = shard_files_problem(dir, *opened.shards);
     OCTET_REQUIRE(problem.empty(), "checkpoint {} is incomplete: {}", dir.string(), problem);

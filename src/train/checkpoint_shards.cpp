@@ -57,8 +57,8 @@ CheckpointFileRecord read_record(const StrictJsonReader& reader, const StrictJso
   CheckpointFileRecord r;
   r.name = reader.text(j, where, name_key);
   if (!plain_file_name(r.name)) {
-    reader.fail(fmt::format("{}.{} must be a plain file name of the checkpoint's directory, got \"{}\"", where,
-                            name_key, io::printable(r.name)));
+    reader.fail(fmt::format("{}.{} must be a plain file name of the checkpoint's directory, got \"{}\"",
+                            where, name_key, io::printable(r.name)));
   }
   r.bytes = reader.integer(j, where, "bytes", 0, std::numeric_limits<int64_t>::max());
   const std::string digest = reader.text(j, where, "digest");
@@ -158,9 +158,10 @@ ShardManifest parse_shard_manifest(std::string_view text, const std::string& fil
   if (!kinds.is_object()) reader.fail(fmt::format("shards must be an object, got {}", kinds.type_name()));
   for (const auto& [kind, value] : kinds.items()) {
     if (kind != "optimizer") {
-      reader.fail(fmt::format("shards has the kind \"{}\", which this octet does not read (it reads "
-                              "\"optimizer\")",
-                              io::printable(kind)));
+      reader.fail(
+          fmt::format("shards has the kind \"{}\", which this octet does not read (it reads "
+                      "\"optimizer\")",
+                      io::printable(kind)));
     }
   }
   const StrictJsonReader::Json& optimizer = reader.member(kinds, "shards", "optimizer");
@@ -297,7 +298,8 @@ uint64_t stream_file(const fs::path& path, const char* what, int64_t expected_by
   bool ok = expected_bytes < 0 || size == expected_bytes;
   int error = 0;
   while (ok && offset < size) {
-    const size_t want = static_cast<size_t>(std::min<int64_t>(size - offset, static_cast<int64_t>(buffer.size())));
+    const size_t want =
+        static_cast<size_t>(std::min<int64_t>(size - offset, static_cast<int64_t>(buffer.size())));
     const ssize_t n = ::pread(fd, buffer.data(), want, offset);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
@@ -312,7 +314,8 @@ uint64_t stream_file(const fs::path& path, const char* what, int64_t expected_by
   ::close(fd);
   OCTET_REQUIRE(expected_bytes < 0 || size == expected_bytes, "{}: {} bytes, the manifest {} records {}",
                 path.string(), size, kShardManifestFile, expected_bytes);
-  OCTET_REQUIRE(ok, "cannot read {}: {}", path.string(), error != 0 ? std::strerror(error) : "it got shorter");
+  OCTET_REQUIRE(ok, "cannot read {}: {}", path.string(),
+                error != 0 ? std::strerror(error) : "it got shorter");
   return digest.finish();
 }
 
@@ -322,10 +325,11 @@ uint64_t checkpoint_file_digest(const fs::path& path) {
   return stream_file(path, "checkpoint file", -1, [](const char*, int64_t, int64_t) {});
 }
 
-MomentRange read_moment_range(const fs::path& dir, const ShardManifest& manifest, int64_t begin, int64_t end) {
+MomentRange read_moment_range(const fs::path& dir, const ShardManifest& manifest, int64_t begin,
+                              int64_t end) {
   OCTET_CHECK(0 <= begin && begin <= end && end <= manifest.parameter_count,
-              "a range within the {} elements of the checkpoint, got [{}, {})", manifest.parameter_count, begin,
-              end);
+              "a range within the {} elements of the checkpoint, got [{}, {})", manifest.parameter_count,
+              begin, end);
   MomentRange out;
   out.m.resize(static_cast<size_t>(end - begin));
   out.v.resize(static_cast<size_t>(end - begin));
@@ -352,8 +356,9 @@ MomentRange read_moment_range(const fs::path& dir, const ShardManifest& manifest
             if (a < b) std::memcpy(w.into + (a - w.from), data + (a - at), static_cast<size_t>(b - a));
           }
         });
-    OCTET_REQUIRE(digest == s.file.digest, "{}: its digest is {}, the manifest {} records {}: the file is damaged",
-                  path.string(), digest_text(digest), kShardManifestFile, digest_text(s.file.digest));
+    OCTET_REQUIRE(digest == s.file.digest,
+                  "{}: its digest is {}, the manifest {} records {}: the file is damaged", path.string(),
+                  digest_text(digest), kShardManifestFile, digest_text(s.file.digest));
     for (int64_t i = low; i < high; ++i) {
       const float mi = out.m[static_cast<size_t>(i - begin)], vi = out.v[static_cast<size_t>(i - begin)];
       OCTET_REQUIRE(std::isfinite(mi) && std::isfinite(vi) && vi >= 0.0f,

@@ -175,13 +175,15 @@ TEST_F(CheckpointShards, TheManifestReaderRefusesWhatOctetNeverWrites) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"", "not valid JSON"},
       {"[1]", "must hold a JSON object"},
-      {replaced("\"format_version\": 1", "\"format_version\": 2"), "has format_version 2; this octet reads 1"},
+      {replaced("\"format_version\": 1", "\"format_version\": 2"),
+       "has format_version 2; this octet reads 1"},
       {replaced("octet-checkpoint-shards", "octet-checkpoint"), "is not an octet checkpoint manifest"},
       {replaced("\"ranks\": 2", "\"ranks\": 3"), "must list one shard for each of the 3 ranks, got 2"},
       {replaced("\"ranks\": 2", "\"ranks\": 0"), "ranks must be from 1"},
       {replaced(end0, "\"end\": " + std::to_string(m.optimizer[0].end - 1)), "rank 0 of 2 owns"},
       {replaced("\"rank\": 1", "\"rank\": 0"), "shards[1].rank must be 1, got 0"},
-      {replaced("optimizer-00001-of-00002.bin", "../optimizer-00001-of-00002.bin"), "must be a plain file name"},
+      {replaced("optimizer-00001-of-00002.bin", "../optimizer-00001-of-00002.bin"),
+       "must be a plain file name"},
       {replaced("optimizer-00001-of-00002.bin", "optimizer-00001-of-00003.bin"),
        "file must be optimizer-00001-of-00002.bin"},
       {replaced("\"name\": \"state.json\"", "\"name\": \"model.safetensors\""), "is listed twice"},
@@ -190,7 +192,8 @@ TEST_F(CheckpointShards, TheManifestReaderRefusesWhatOctetNeverWrites) {
        "files does not list parameters.safetensors"},
       {replaced("\"optimizer\": {", "\"parameters\": {}, \"optimizer\": {"), "kind \"parameters\""},
       {replaced("\"dtype\": \"F32\"", "\"dtype\": \"BF16\""), "dtype must be \"F32\""},
-      {replaced("\"digest\": \"octet-digest64\"", "\"digest\": \"sha256\""), "digest must be \"octet-digest64\""},
+      {replaced("\"digest\": \"octet-digest64\"", "\"digest\": \"sha256\""),
+       "digest must be \"octet-digest64\""},
       {replaced("\"step\": 2", "\"step\": -2"), "step must be from 0"},
       {replaced("\"step\": 2", "\"step\": 2, \"step\": 2"), "appears twice in one object"},
       {replaced("\"step\": 2", "\"step\": 2, \"extra\": 1"), "unknown member \"extra\""},
@@ -211,7 +214,8 @@ TEST_F(CheckpointShards, TheManifestReaderRefusesWhatOctetNeverWrites) {
   t = good;
   const size_t digest_at = t.find("\"digest\": \"", t.find("\"files\""));
   t.replace(digest_at + 11, 1, "G");
-  EXPECT_NE(manifest_refusal(t).find("16 lowercase hexadecimal digits"), std::string::npos) << manifest_refusal(t);
+  EXPECT_NE(manifest_refusal(t).find("16 lowercase hexadecimal digits"), std::string::npos)
+      << manifest_refusal(t);
 }
 
 TEST_F(CheckpointShards, TruncatedOrGarbledManifestsAreRefusedCleanly) {
@@ -286,7 +290,8 @@ TEST_F(CheckpointShards, DamagedCheckpointsAreRefusedWithoutChangingTheModel) {
          write_bytes(d / kShardManifestFile, t);
        },
        "step 3, but state.json holds step 2"},
-      {"garbled_manifest", [&](const fs::path& d) { write_bytes(d / kShardManifestFile, text.substr(0, 100)); },
+      {"garbled_manifest",
+       [&](const fs::path& d) { write_bytes(d / kShardManifestFile, text.substr(0, 100)); },
        "checkpoint manifest"},
       {"both_layouts",
        [&](const fs::path& d) { fs::copy_file(d / kParametersFile, d / "optimizer.safetensors"); },
@@ -326,19 +331,24 @@ TEST_F(CheckpointShards, DamagedCheckpointsAreRefusedWithoutChangingTheModel) {
       messages[static_cast<size_t>(c.rank())] = e.what();
     }
   });
-  for (const std::string& message : messages) EXPECT_NE(message.find(shard1 + " is missing"), std::string::npos);
+  for (const std::string& message : messages)
+    EXPECT_NE(message.find(shard1 + " is missing"), std::string::npos);
 }
 
 TEST(CheckpointShardSaves, AFailureOnAnyRankFailsTheSaveOnEveryRankAndKeepsThePreviousCheckpoint) {
   for (const auto& [failing_rank, failing_file] :
-       {std::pair<int, std::string>{1, "optimizer-00001-of-00002.bin"}, {0, "model.safetensors"},
+       {std::pair<int, std::string>{1, "optimizer-00001-of-00002.bin"},
+        {0, "model.safetensors"},
         {0, std::string(kShardManifestFile)}}) {
     const TempDirectory run("interrupted_" + std::to_string(failing_rank) + "_" + failing_file);
     std::string failure;
     try {
-      train_and_save(run.path, 2, 2, [&, failing_rank = failing_rank, failing_file = failing_file](int rank, const fs::path& file) {
-        if (rank == failing_rank && file.filename() == failing_file) throw Error(ErrorKind::invalid_input, "disk full");
-      });
+      train_and_save(
+          run.path, 2, 2,
+          [&, failing_rank = failing_rank, failing_file = failing_file](int rank, const fs::path& file) {
+            if (rank == failing_rank && file.filename() == failing_file)
+              throw Error(ErrorKind::invalid_input, "disk full");
+          });
     } catch (const Error& e) {
       failure = e.what();
     }
@@ -346,7 +356,8 @@ TEST(CheckpointShardSaves, AFailureOnAnyRankFailsTheSaveOnEveryRankAndKeepsThePr
         << failing_file << ": " << failure;
     // Step 1's checkpoint is the latest, complete, and loads; step 2's never became a checkpoint.
     EXPECT_FALSE(fs::exists(checkpoint_directory(run.path, 2))) << failing_file;
-    ASSERT_EQ(list_checkpoints(run.path), std::vector<fs::path>{checkpoint_directory(run.path, 1)}) << failing_file;
+    ASSERT_EQ(list_checkpoints(run.path), std::vector<fs::path>{checkpoint_directory(run.path, 1)})
+        << failing_file;
     EXPECT_EQ(load_refusal(checkpoint_directory(run.path, 1)), "loaded") << failing_file;
     EXPECT_EQ(checkpoint_to_continue(run.path), checkpoint_directory(run.path, 1)) << failing_file;
   }

@@ -134,7 +134,8 @@ void expect_same_checkpoint(const std::filesystem::path& expected, const std::fi
     EXPECT_TRUE(file_bytes(got / file) == bytes) << got / file << " differs from " << expected / file;
   }
   const Assembled a = assembled(expected, model), b = assembled(got, model);
-  EXPECT_GT(std::count_if(a.m.begin(), a.m.end(), [](float x) { return x != 0.0f; }), 0) << "moments all zero";
+  EXPECT_GT(std::count_if(a.m.begin(), a.m.end(), [](float x) { return x != 0.0f; }), 0)
+      << "moments all zero";
   EXPECT_TRUE(dist_testing::same_bits(a.params, b.params)) << got << ": master weights";
   EXPECT_TRUE(dist_testing::same_bits(a.m, b.m)) << got << ": first moments";
   EXPECT_TRUE(dist_testing::same_bits(a.v, b.v)) << got << ": second moments";
@@ -184,7 +185,8 @@ TEST(Resharding, TwoShardedRanksSaveShardsThatAssembleToOneRanksCheckpoint) {
   // The library's range reader gives the same moments, for any range across the shards.
   const Assembled whole = assembled(one, *model);
   const int64_t n = model->parameter_count();
-  for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, n}, {n / 3, n - n / 3}, {n / 2 - 1, n / 2 + 2}}) {
+  for (const auto& [begin, end] :
+       {std::pair<int64_t, int64_t>{0, n}, {n / 3, n - n / 3}, {n / 2 - 1, n / 2 + 2}}) {
     const MomentRange r = read_moment_range(shards, manifest, begin, end);
     EXPECT_EQ(0, std::memcmp(r.m.data(), whole.m.data() + begin, r.m.size() * sizeof(float))) << begin;
     EXPECT_EQ(0, std::memcmp(r.v.data(), whole.v.data() + begin, r.v.size() * sizeof(float))) << begin;
@@ -243,7 +245,8 @@ TEST(Resharding, WholeCheckpointsResumeOnShardedRanksAndShardsLoadWhole) {
   const RunShape after{.precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = true};
   const std::vector<Outcome> reference = run(after, true, shard, kAfter, one_checkpoint, {});
   const std::vector<Outcome> four = run(after, false, shard, kAfter, one_checkpoint, {});
-  for (int r = 0; r < after.ranks; ++r) expect_same(reference[0], four[static_cast<size_t>(r)], "rank " + std::to_string(r));
+  for (int r = 0; r < after.ranks; ++r)
+    expect_same(reference[0], four[static_cast<size_t>(r)], "rank " + std::to_string(r));
 
   auto backend = make_cpu_backend();
   const std::unique_ptr<Model> a = tiny_model(*backend), b = tiny_model(*backend);

@@ -57,7 +57,8 @@ std::filesystem::path checkpoint_tokenizer_files(io::TokenizerKind kind,
 struct CheckpointOptions {
   int keep_last = 3;  // complete checkpoints kept after a successful save (older ones are deleted); >= 1
   // Called after each file of the checkpoint is on disk (in the temporary directory), before the next one
-  // is written; for tests that interrupt a save.
+  // is written; for tests that interrupt a save. On several ranks each rank calls it for the files it writes
+  // (its shard; rank 0 also the whole files and the manifest), each on its own thread where ranks are threads.
   std::function<void(const std::filesystem::path& file)> after_file_written;
 };
 
