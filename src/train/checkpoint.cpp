@@ -20,6 +20,7 @@
 #include "octet/io/input.h"
 #include "octet/io/safetensors.h"
 #include "octet/io/tokenizer.h"
+#include "octet/train/checkpoint_shards.h"
 #include "octet/version.h"
 
 namespace octet {
@@ -305,6 +306,44 @@ void require_same_model(const fs::path& state_path, const SavedState& saved, con
   }
 }
 
+// A checkpoint of shards (checkpoint_shards.h) has a manifest; a whole checkpoint has none.
+bool holds_shards(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(dir / kShardManifestFile, ec);
+}
+
+// What is missing or wrong in a checkpoint directory's files, found without reading a tensor: a whole
+// checkpoint needs model.safetensors, optimizer.safetensors and state.json; a checkpoint of shards a manifest
+// that parses and every file it lists, at its recorded size. Empty when nothing is.
+std::string checkpoint_files_problem(const fs::path& dir) {
+  std::error_code ec;
+  if (!holds_shards(dir)) {
+    for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
+      if (!fs::is_regular_file(dir / name, ec)) return fmt::format("{} is missing", name);
+    }
+    return {};
+  }
+  if (fs::exists(dir / kOptimizerFile, ec)) {
+    return fmt::format("it holds both {} (a whole checkpoint's) and {} (a checkpoint of shards')",
+                       kOptimizerFile, kShardManifestFile);
+  }
+  try {
+    const ShardManifest manifest = read_shard_manifest(dir);
+    std::string problem = shard_files_problem(dir, manifest);
+    if (problem.empty()) {
+      const int64_t step = parse_state(dir / kStateFile).step;
+      if (step != manifest.step) {
+        problem = fmt::format("{} records step {}, {} step {}", kShardManifestFile, manifest.step, kStateFile,
+                              step);
+      }
+    }
+    return problem;
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::invalid_input) throw;
+    return e.what();
+  }
+}
+
 }  // namespace
 
 fs::path checkpoint_directory(const fs::path& run_dir, int64_t step) {
@@ -319,9 +358,7 @@ std::vector<fs::path> list_checkpoints(const fs::path& run_dir) {
   for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
     const int64_t step = step_of(e.path());
     if (step < 0 || !e.is_directory(ec)) continue;
-    bool complete = fs::is_regular_file(e.path() / kModelFile, ec) &&
-                    fs::is_regular_file(e.path() / kOptimizerFile, ec) &&
-                    fs::is_regular_file(e.path() / kStateFile, ec);
+    bool complete = checkpoint_files_problem(e.path()).empty();
     if (complete) {
       try {
         complete = parse_state(e.path() / kStateFile).step == step;
@@ -355,11 +392,10 @@ std::optional<fs::path> checkpoint_to_continue(const fs::path& run_dir) {
     const std::string remedy =
         latest ? fmt::format("remove it, or continue from {} with --resume-from", latest->string())
                : std::string("remove it to start afresh");
-    for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
-      OCTET_REQUIRE(fs::is_regular_file(e.path() / name, ec),
-                    "checkpoint {} is damaged: {} is missing; it is newer than every complete checkpoint: {}",
-                    e.path().string(), name, remedy);
-    }
+    const std::string missing = checkpoint_files_problem(e.path());
+    OCTET_REQUIRE(missing.empty(),
+                  "checkpoint {} is damaged: {}; it is newer than every complete checkpoint: {}",
+                  e.path().string(), missing, remedy);
     try {
       const int64_t saved = parse_state(e.path() / kStateFile).step;
       OCTET_REQUIRE(saved == step, "checkpoint {} is damaged: its state.json holds step {}; {}",
@@ -375,29 +411,40 @@ std::optional<fs::path> checkpoint_to_continue(const fs::path& run_dir) {
 
 namespace {
 
-// The checkpoint files of `final_dir`, written and put in place (save_checkpoint).
-fs::path write_checkpoint(const fs::path& run_dir, const fs::path& final_dir, Model& model, Trainer& trainer,
-                          const TrainingProgress& progress, const CheckpointOptions& options,
-                          const std::vector<float>& m, const std::vector<float>& v) {
+fs::path staging_directory(const fs::path& final_dir) {
+  return final_dir.parent_path() / (".tmp_" + final_dir.filename().string());
+}
+
+// The empty staging directory of a save of `final_dir`, made after removing the leftovers of interrupted
+// saves (never complete checkpoints, so safe to remove).
+fs::path prepare_staging(const fs::path& final_dir) {
   const fs::path root = final_dir.parent_path();
   std::error_code ec;
   fs::create_directories(root, ec);
   OCTET_REQUIRE(!ec, "cannot create {}: {}", root.string(), ec.message());
-  // Leftovers of interrupted saves: never complete checkpoints, so safe to remove.
   for (const fs::directory_entry& e : fs::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
     if (name.rfind(".tmp_step_", 0) == 0 || name.rfind(".old_step_", 0) == 0) fs::remove_all(e.path());
   }
-
-  Backend& backend = model.backend();
-  const std::vector<float> params = to_host(backend, model.params(), model.parameter_count());
-
-  const fs::path temporary = root / (".tmp_" + final_dir.filename().string());
+  const fs::path temporary = staging_directory(final_dir);
   fs::create_directory(temporary, ec);
   OCTET_REQUIRE(!ec, "cannot create {}: {}", temporary.string(), ec.message());
+  return temporary;
+}
+
+// The files of the whole model, written into `temporary` by one rank: model.safetensors; the master weights,
+// with the moments in optimizer.safetensors when `m` and `v` are given (a whole checkpoint), alone in
+// parameters.safetensors otherwise (a checkpoint of shards); the tokenizer files; state.json. Returns the
+// names of the files written.
+std::vector<std::string> write_whole_files(const fs::path& temporary, Model& model, Trainer& trainer,
+                                           const TrainingProgress& progress, const CheckpointOptions& options,
+                                           const std::vector<float>* m, const std::vector<float>* v) {
+  std::vector<std::string> names;
   auto written = [&](const fs::path& file) {
+    names.push_back(file.filename().string());
     if (options.after_file_written) options.after_file_written(file);
   };
+  const std::vector<float> params = to_host(model.backend(), model.params(), model.parameter_count());
 
   std::vector<std::vector<float>> hf_data;
   std::vector<io::SafetensorsEntry> hf;
@@ -411,27 +458,38 @@ fs::path write_checkpoint(const fs::path& run_dir, const fs::path& final_dir, Mo
   io::write_safetensors(temporary / kModelFile, hf, metadata);
   written(temporary / kModelFile);
 
+  std::vector<std::pair<std::string, const std::vector<float>*>> sets = {{"", &params}};
+  if (m != nullptr && v != nullptr) sets.insert(sets.end(), {{"m.", m}, {"v.", v}});
   std::vector<io::SafetensorsEntry> exact;
-  for (const auto& [prefix, source] : {std::pair{"", &params}, {"m.", &m}, {"v.", &v}}) {
+  for (const auto& [prefix, source] : sets) {
     for (const ParameterInfo& p : model.parameters()) {
       exact.push_back({prefix + p.name, p.shape,
                        std::span<const float>(source->data() + p.offset, static_cast<size_t>(p.count))});
     }
   }
-  io::write_safetensors(temporary / kOptimizerFile, exact, {{"octet_version", kVersion}});
-  written(temporary / kOptimizerFile);
+  const fs::path exact_path = temporary / (sets.size() > 1 ? kOptimizerFile : kParametersFile);
+  io::write_safetensors(exact_path, exact, {{"octet_version", kVersion}});
+  written(exact_path);
 
   if (!progress.tokenizer_dir.empty()) {
     for (const io::TokenizerKind kind : {io::TokenizerKind::gpt2, io::TokenizerKind::llama3}) {
-      if (io::has_vocabulary(kind, progress.tokenizer_dir))
-        io::copy_vocabulary(kind, progress.tokenizer_dir, temporary);
+      if (!io::has_vocabulary(kind, progress.tokenizer_dir)) continue;
+      io::copy_vocabulary(kind, progress.tokenizer_dir, temporary);
+      for (const char* name : io::tokenizer_files(kind)) names.push_back(name);
     }
   }
   write_file_durably(temporary / kStateFile, state_text(model, trainer, progress));
   written(temporary / kStateFile);
-  io::fsync_directory(temporary);
+  return names;
+}
 
-  // The rename is the commit. A checkpoint of the same step (saved again after a resume) is replaced.
+// Puts the staging directory in place of `final_dir` (the rename is the commit; a checkpoint of the same
+// step, saved again after a resume, is replaced), then keeps only the newest keep_last complete checkpoints.
+void commit_checkpoint(const fs::path& run_dir, const fs::path& temporary, const fs::path& final_dir,
+                       int keep_last) {
+  io::fsync_directory(temporary);
+  const fs::path root = final_dir.parent_path();
+  std::error_code ec;
   if (fs::exists(final_dir)) {
     const fs::path old = root / (".old_" + final_dir.filename().string());
     fs::rename(final_dir, old, ec);
@@ -446,9 +504,116 @@ fs::path write_checkpoint(const fs::path& run_dir, const fs::path& final_dir, Mo
   io::fsync_directory(root);
 
   const std::vector<fs::path> complete = list_checkpoints(run_dir);
-  for (size_t i = 0; i + static_cast<size_t>(options.keep_last) < complete.size(); ++i) {
-    fs::remove_all(complete[i]);
+  for (size_t i = 0; i + static_cast<size_t>(keep_last) < complete.size(); ++i) fs::remove_all(complete[i]);
+}
+
+// What one rank tells the others about its part of a save of shards: the shard it wrote, or why it could not.
+// A fixed-size record, gathered from every rank with all_gather.
+struct ShardReport {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t bytes = 0;
+  uint64_t digest = 0;
+  char failure[1024] = {};  // empty when the rank's part succeeded
+};
+
+// Every rank's report. When any rank failed, every rank throws the same error, naming the first that did, so
+// that the ranks leave the save together.
+std::vector<ShardReport> exchange_reports(dist::Communicator& ranks, const ShardReport& mine) {
+  std::vector<ShardReport> all(static_cast<size_t>(ranks.size()));
+  ranks.all_gather(std::as_bytes(std::span<const ShardReport>(&mine, 1)),
+                   std::as_writable_bytes(std::span<ShardReport>(all)));
+  for (int r = 0; r < ranks.size(); ++r) {
+    const ShardReport& report = all[static_cast<size_t>(r)];
+    if (report.failure[0] != '\0') {
+      throw Error(ErrorKind::invalid_input,
+                  fmt::format("rank {} of {}: {}", r, ranks.size(),
+                              std::string(report.failure, strnlen(report.failure, sizeof(report.failure)))));
+    }
   }
+  return all;
+}
+
+// Runs `part`; a failure becomes the report's message.
+template <typename Part>
+void attempt(ShardReport& report, Part&& part) {
+  if (report.failure[0] != '\0') return;
+  try {
+    part();
+  } catch (const std::exception& e) {
+    const std::string what = e.what()[0] != '\0' ? e.what() : "failed";
+    std::snprintf(report.failure, sizeof(report.failure), "%s", what.c_str());
+  }
+}
+
+// A save of shards (checkpoint_shards.h), on every rank of a sharded optimizer. Rank 0 prepares the staging
+// directory; every rank writes its shard of the moments there (atomically, flushed) while rank 0 writes the
+// whole model's files; the ranks exchange what they wrote; rank 0 writes the manifest last and renames the
+// directory into place; every rank returns once it is there, or throws with the others when any part failed.
+fs::path save_shards(const fs::path& run_dir, const fs::path& final_dir, Model& model, Trainer& trainer,
+                     const TrainingProgress& progress, const CheckpointOptions& options) {
+  dist::Communicator& ranks = *trainer.parallel().communicator;
+  const int rank = ranks.rank(), size = ranks.size();
+  const fs::path temporary = staging_directory(final_dir);
+
+  ShardReport prepared;
+  if (rank == 0) attempt(prepared, [&] { prepare_staging(final_dir); });
+  exchange_reports(ranks, prepared);
+
+  ShardReport mine;
+  AdamW& optimizer = trainer.optimizer();
+  const dist::ShardRange& shard = optimizer.shard();
+  mine.begin = shard.begin;
+  mine.end = shard.end;
+  attempt(mine, [&] {
+    const dist::ShardRange expected = dist::shard_range(model.parameter_count(), rank, size);
+    OCTET_CHECK(shard.begin == expected.begin && shard.end == expected.end,
+                "rank {}'s shard [{}, {}) is dist::shard_range's", rank, shard.begin, shard.end);
+    // m, then v, of the shard's elements.
+    const size_t n = static_cast<size_t>(shard.size());
+    std::string bytes(2 * n * sizeof(float), '\0');
+    model.backend().copy_to_host(bytes.data(), optimizer.first_moment(), n * sizeof(float));
+    model.backend().copy_to_host(bytes.data() + n * sizeof(float), optimizer.second_moment(),
+                                 n * sizeof(float));
+    const fs::path file = temporary / optimizer_shard_file_name(rank, size);
+    io::write_file_atomically(file, bytes);
+    mine.bytes = static_cast<int64_t>(bytes.size());
+    mine.digest = checkpoint_digest(bytes);
+    if (options.after_file_written) options.after_file_written(file);
+  });
+  std::vector<CheckpointFileRecord> whole;
+  if (rank == 0) {
+    attempt(mine, [&] {
+      for (const std::string& name :
+           write_whole_files(temporary, model, trainer, progress, options, nullptr, nullptr)) {
+        const fs::path path = temporary / name;
+        whole.push_back({name, static_cast<int64_t>(fs::file_size(path)), checkpoint_file_digest(path)});
+      }
+    });
+  }
+  const std::vector<ShardReport> reports = exchange_reports(ranks, mine);
+
+  ShardReport committed;
+  if (rank == 0) {
+    attempt(committed, [&] {
+      ShardManifest manifest;
+      manifest.step = trainer.steps_done();
+      manifest.ranks = size;
+      manifest.parameter_count = model.parameter_count();
+      manifest.octet_version = kVersion;
+      manifest.files = whole;
+      for (int r = 0; r < size; ++r) {
+        const ShardReport& report = reports[static_cast<size_t>(r)];
+        manifest.optimizer.push_back(
+            {r, report.begin, report.end, {optimizer_shard_file_name(r, size), report.bytes, report.digest}});
+      }
+      // The manifest is the last file of the checkpoint: a directory without it is no checkpoint of shards.
+      write_file_durably(temporary / kShardManifestFile, shard_manifest_text(manifest));
+      if (options.after_file_written) options.after_file_written(temporary / kShardManifestFile);
+      commit_checkpoint(run_dir, temporary, final_dir, options.keep_last);
+    });
+  }
+  exchange_reports(ranks, committed);
   return final_dir;
 }
 
@@ -458,19 +623,23 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
                          const TrainingProgress& progress, const CheckpointOptions& options) {
   OCTET_REQUIRE(options.keep_last >= 1, "checkpoint keep_last must be at least 1, got {}", options.keep_last);
   const fs::path final_dir = checkpoint_directory(run_dir, trainer.steps_done());
-  // On several ranks every rank holds the same parameters and scaling state; a sharded optimizer's moments
-  // are gathered from every rank, and rank 0 writes the one checkpoint, the same files one rank would write.
-  // The others wait until it is in place.
-  const std::vector<float> m = whole_moment(model, trainer, trainer.optimizer().first_moment());
-  const std::vector<float> v = whole_moment(model, trainer, trainer.optimizer().second_moment());
+  // A sharded optimizer's ranks each write their shard of the moments, under one manifest.
+  if (trainer.optimizer().sharded())
+    return save_shards(run_dir, final_dir, model, trainer, progress, options);
+  // Otherwise every rank holds the same parameters, moments and scaling state: rank 0 writes the one whole
+  // checkpoint, the files one rank would write, and the others wait until it is in place.
   dist::Communicator* ranks = trainer.parallel().communicator;
   if (ranks != nullptr && ranks->rank() != 0) {
     ranks->barrier();
     return final_dir;
   }
-  const fs::path saved = write_checkpoint(run_dir, final_dir, model, trainer, progress, options, m, v);
+  const std::vector<float> m = whole_moment(model, trainer, trainer.optimizer().first_moment());
+  const std::vector<float> v = whole_moment(model, trainer, trainer.optimizer().second_moment());
+  const fs::path temporary = prepare_staging(final_dir);
+  write_whole_files(temporary, model, trainer, progress, options, &m, &v);
+  commit_checkpoint(run_dir, temporary, final_dir, options.keep_last);
   if (ranks != nullptr) ranks->barrier();
-  return saved;
+  return final_dir;
 }
 
 fs::path training_tokenizer_files(std::string_view tokenizer, const fs::path& data_dir) {
@@ -496,17 +665,56 @@ int64_t checkpoint_step(const fs::path& checkpoint_dir) {
 
 namespace {
 
-// The checks every load makes before reading weights: the three files are there and state.json describes
-// this model. Returns what state.json holds.
-SavedState open_checkpoint(const fs::path& dir, const Model& model) {
-  for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
-    OCTET_REQUIRE(fs::is_regular_file(dir / name), "checkpoint {} is incomplete: {} is missing", dir.string(),
-                  name);
+// A file of a checkpoint of shards that a load reads must have the digest its manifest records.
+void require_listed_digest(const fs::path& dir, const ShardManifest& manifest, const std::string& name) {
+  const auto it = std::find_if(manifest.files.begin(), manifest.files.end(),
+                               [&](const CheckpointFileRecord& f) { return f.name == name; });
+  OCTET_CHECK(it != manifest.files.end(), "the manifest lists {}", name);
+  const uint64_t digest = checkpoint_file_digest(dir / name);
+  OCTET_REQUIRE(digest == it->digest,
+                "{}: its digest is {:016x}, the manifest {} records {:016x}: the file is damaged",
+                (dir / name).string(), digest, kShardManifestFile, it->digest);
+}
+
+struct OpenedCheckpoint {
+  SavedState state;
+  std::optional<ShardManifest> shards;  // a checkpoint of shards' manifest
+};
+
+// The checks every load makes before reading weights: the files are there (for a checkpoint of shards: the
+// manifest is valid, every file it lists is there at its size, and it describes this model's parameter
+// buffer and state.json's step) and state.json describes this model.
+OpenedCheckpoint open_checkpoint(const fs::path& dir, const Model& model) {
+  OpenedCheckpoint opened;
+  std::error_code ec;
+  if (!holds_shards(dir)) {
+    for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) {
+      OCTET_REQUIRE(fs::is_regular_file(dir / name), "checkpoint {} is incomplete: {} is missing",
+                    dir.string(), name);
+    }
+  } else {
+    OCTET_REQUIRE(
+        !fs::exists(dir / kOptimizerFile, ec),
+        "checkpoint {} is inconsistent: it holds both {} (a whole checkpoint's) and {} (a checkpoint "
+        "of shards')",
+        dir.string(), kOptimizerFile, kShardManifestFile);
+    opened.shards = read_shard_manifest(dir);
+    const std::string problem = shard_files_problem(dir, *opened.shards);
+    OCTET_REQUIRE(problem.empty(), "checkpoint {} is incomplete: {}", dir.string(), problem);
+    require_listed_digest(dir, *opened.shards, kStateFile);
   }
   const fs::path state_path = dir / kStateFile;
-  SavedState saved = parse_state(state_path);
-  require_same_model(state_path, saved, model);
-  return saved;
+  opened.state = parse_state(state_path);
+  require_same_model(state_path, opened.state, model);
+  if (opened.shards) {
+    const fs::path manifest_path = dir / kShardManifestFile;
+    OCTET_REQUIRE(opened.shards->parameter_count == model.parameter_count(),
+                  "{}: the checkpoint's parameter buffer holds {} elements, this model's {}",
+                  manifest_path.string(), opened.shards->parameter_count, model.parameter_count());
+    OCTET_REQUIRE(opened.shards->step == opened.state.step, "{}: step {}, but {} holds step {}",
+                  manifest_path.string(), opened.shards->step, kStateFile, opened.state.step);
+  }
+  return opened;
 }
 
 // One of optimizer.safetensors' float32 sets in octet's layout, the tensor of each parameter named prefix +
@@ -538,14 +746,30 @@ std::vector<float> read_exact_set(const io::SafetensorsFile& exact, const fs::pa
 }  // namespace
 
 CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& trainer) {
-  const SavedState saved = open_checkpoint(dir, model);
+  const OpenedCheckpoint opened = open_checkpoint(dir, model);
+  const SavedState& saved = opened.state;
 
-  // Master weights and moments: exact, in octet's layout.
-  const fs::path optimizer_path = dir / kOptimizerFile;
+  // Master weights and moments: exact, in octet's layout. From a checkpoint of shards, the moments of this
+  // trainer's own shard only (every element when its optimizer is not sharded), read from the saved shards
+  // that hold them, whatever the number of ranks that saved them.
+  TrainingState state;
+  const fs::path optimizer_path = dir / (opened.shards ? kParametersFile : kOptimizerFile);
+  if (opened.shards) {
+    require_listed_digest(dir, *opened.shards, kParametersFile);
+    require_listed_digest(dir, *opened.shards, kModelFile);
+  }
   const io::SafetensorsFile exact = io::read_safetensors(optimizer_path);
   std::vector<float> params = read_exact_set(exact, optimizer_path, model, "");
-  std::vector<float> m = read_exact_set(exact, optimizer_path, model, "m.");
-  std::vector<float> v = read_exact_set(exact, optimizer_path, model, "v.");
+  if (opened.shards) {
+    const dist::ShardRange& shard = trainer.optimizer().shard();
+    MomentRange moments = read_moment_range(dir, *opened.shards, shard.begin, shard.end);
+    state.m = std::move(moments.m);
+    state.v = std::move(moments.v);
+    state.moments_begin = shard.begin;
+  } else {
+    state.m = read_exact_set(exact, optimizer_path, model, "m.");
+    state.v = read_exact_set(exact, optimizer_path, model, "v.");
+  }
   // The Hugging Face copy must be valid and agree with the master weights bit for bit.
   const fs::path model_path = dir / kModelFile;
   const io::SafetensorsFile hf = io::read_safetensors(model_path);
@@ -562,10 +786,7 @@ CheckpointLoad load_checkpoint(const fs::path& dir, Model& model, Trainer& train
                   optimizer_path.string());
   }
 
-  TrainingState state;
   state.params = std::move(params);
-  state.m = std::move(m);
-  state.v = std::move(v);
   state.step = saved.step;
   state.optimizer_steps = saved.optimizer_steps;
   state.consecutive_skips = saved.consecutive_skips;
@@ -602,10 +823,15 @@ TrainingState capture_training_state(Model& model, Trainer& trainer) {
 }
 
 CheckpointLoad restore_training_state(const TrainingState& saved, Model& model, Trainer& trainer) {
+  const dist::ShardRange& shard = trainer.optimizer().shard();
   OCTET_CHECK(saved.params.size() == static_cast<size_t>(model.parameter_count()) &&
-                  saved.m.size() == saved.params.size() && saved.v.size() == saved.params.size(),
-              "a training state of the model's {} parameters, got {}", model.parameter_count(),
-              saved.params.size());
+                  saved.m.size() == saved.v.size() && saved.moments_begin >= 0 &&
+                  saved.moments_begin <= shard.begin &&
+                  shard.end <= saved.moments_begin + static_cast<int64_t>(saved.m.size()),
+              "a training state of the model's {} parameters with the moments of elements [{}, {}), got {} "
+              "parameters and the moments of [{}, {})",
+              model.parameter_count(), shard.begin, shard.end, saved.params.size(), saved.moments_begin,
+              saved.moments_begin + static_cast<int64_t>(saved.m.size()));
   const std::vector<float>& params = saved.params;
   const std::vector<float>& m = saved.m;
   const std::vector<float>& v = saved.v;
@@ -657,10 +883,10 @@ CheckpointLoad restore_training_state(const TrainingState& saved, Model& model, 
   const size_t n = params.size();
   backend.copy_from_host(model.params(), params.data(), n * sizeof(float));
   // A sharded optimizer takes its shard of the moments, whatever the number of ranks that saved them.
-  const dist::ShardRange& shard = trainer.optimizer().shard();
   const auto shard_bytes = static_cast<size_t>(shard.size()) * sizeof(float);
-  backend.copy_from_host(trainer.optimizer().first_moment(), m.data() + shard.begin, shard_bytes);
-  backend.copy_from_host(trainer.optimizer().second_moment(), v.data() + shard.begin, shard_bytes);
+  const int64_t first = shard.begin - saved.moments_begin;
+  backend.copy_from_host(trainer.optimizer().first_moment(), m.data() + first, shard_bytes);
+  backend.copy_from_host(trainer.optimizer().second_moment(), v.data() + first, shard_bytes);
   trainer.restore(saved.step, saved.consecutive_skips);
   trainer.optimizer().restore_steps(saved.optimizer_steps);
   if (restore_scaler) trainer.loss_scaler().restore(saved.loss_scale, saved.clean_steps);
@@ -685,8 +911,10 @@ CheckpointLoad restore_training_state(const TrainingState& saved, Model& model, 
 }
 
 std::map<std::string, std::string> load_checkpoint_weights(const fs::path& dir, Model& model) {
-  const SavedState saved = open_checkpoint(dir, model);
-  const fs::path optimizer_path = dir / kOptimizerFile;
+  const OpenedCheckpoint opened = open_checkpoint(dir, model);
+  const SavedState& saved = opened.state;
+  const fs::path optimizer_path = dir / (opened.shards ? kParametersFile : kOptimizerFile);
+  if (opened.shards) require_listed_digest(dir, *opened.shards, kParametersFile);
   const std::vector<float> params =
       read_exact_set(io::read_safetensors(optimizer_path), optimizer_path, model, "");
   model.backend().copy_from_host(model.params(), params.data(), params.size() * sizeof(float));

@@ -142,6 +142,52 @@ TEST_F(TrainRanks, AResumedRunOfTwoRanksContinuesExactly) {
   expected.erase(expected.begin(), expected.find(4));
   ASSERT_EQ(expected.size(), 3u);
   EXPECT_EQ(got, expected) << "steps 4 to 6 after the resume equal the uninterrupted run's";
+  // The optimizer state is sharded over the 2 ranks (the default dp_shard): each wrote its shard.
+  const fs::path saved = root_ / "run" / "checkpoints" / "step_000003";
+  for (const char* file : {"shards.json", "optimizer-00000-of-00002.bin", "optimizer-00001-of-00002.bin",
+                           "parameters.safetensors", "model.safetensors", "state.json"}) {
+    EXPECT_TRUE(fs::is_regular_file(saved / file)) << file;
+  }
+  EXPECT_FALSE(fs::exists(saved / "optimizer.safetensors"));
+}
+
+TEST_F(TrainRanks, ACheckpointOfShardsResumesOnOneRankAndIsReadByEvalAndExport) {
+  const fs::path config = write_config("bf16", 4);
+  const testing::ProcessResult w =
+      run_octet({"train", config.string(), "--ranks", "2", "--set", "checkpoint.every=2"});
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  const fs::path saved = root_ / "run" / "checkpoints" / "step_000002";
+  ASSERT_TRUE(fs::is_regular_file(saved / "shards.json"));
+
+  // One rank accumulating both ranks' micro-batches continues the run (to rounding: it accumulates the
+  // micro-batches within its GEMMs, where the ranks add two sums; the library's tests show the exact resume).
+  const testing::ProcessResult one =
+      run_octet({"train", config.string(), "--resume-from", saved.string(), "--set", "train.grad_accum_steps=2",
+                 "--set", "logging.run_dir=" + (root_ / "one").string()});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const auto expected = step_losses(read(root_ / "run" / "metrics.jsonl"));
+  const auto got = step_losses(read(root_ / "one" / "metrics.jsonl"));
+  ASSERT_EQ(got.size(), 2u);
+  for (const auto& [step, loss] : got) {
+    EXPECT_NEAR(std::stod(loss), std::stod(expected.at(step)), 1e-3 * std::stod(expected.at(step))) << step;
+  }
+
+  const testing::ProcessResult eval = run_octet({"eval", saved.string()});
+  EXPECT_EQ(eval.exit_code, 0) << eval.err;
+  const fs::path out = root_ / "exported";
+  const testing::ProcessResult exported =
+      run_octet({"export", saved.string(), "--format", "hf", "--out", out.string()});
+  EXPECT_EQ(exported.exit_code, 0) << exported.err;
+  EXPECT_TRUE(fs::is_regular_file(out / "model.safetensors")) << exported.out;
+
+  // A shard gone: refused with exit code 2, naming it, and nothing written.
+  fs::remove(saved / "optimizer-00001-of-00002.bin");
+  const testing::ProcessResult refused =
+      run_octet({"train", config.string(), "--resume-from", saved.string(), "--set",
+                 "logging.run_dir=" + (root_ / "refused").string()});
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("optimizer-00001-of-00002.bin is missing"), std::string::npos) << refused.err;
+  EXPECT_FALSE(fs::exists(root_ / "refused"));
 }
 
 TEST_F(TrainRanks, ARankThatDiesStopsTheRunNamingIt) {

@@ -1,6 +1,6 @@
 // Fuzzing the binary readers: token shards (opened and read through a data loader with a vocabulary),
 // tiktoken vocabularies (Llama 3's tokenizer file), safetensors files, and checkpoints (state.json, and
-// optimizer.safetensors, loaded into a model). Mutations of valid files, each case in a forked child under a
+// optimizer.safetensors, loaded into a model; a checkpoint of shards' manifest and shard files). Mutations of valid files, each case in a forked child under a
 // time limit, must load or be refused with one line.
 #include <algorithm>
 #include <cstdlib>
@@ -18,7 +18,10 @@
 #include "octet/io/llama3_tokenizer.h"
 #include "octet/io/safetensors.h"
 #include "octet/io/token_shard.h"
+#include "octet/dist/in_process.h"
 #include "octet/train/checkpoint.h"
+#include "octet/train/checkpoint_shards.h"
+#include "octet/train/data_parallel.h"
 
 namespace octet {
 namespace {
@@ -198,6 +201,49 @@ TEST(FuzzFiles, Checkpoints) {
     }));
     write_bytes(saved / "state.json", state);
     write_bytes(saved / "optimizer.safetensors", optimizer);
+  }
+  std::printf("%s\n", campaign.summary().c_str());
+  EXPECT_TRUE(campaign.failures.empty()) << campaign.summary();
+  if (!replaying()) {
+    EXPECT_GT(campaign.accepted, 0);
+  }
+}
+
+TEST(FuzzFiles, CheckpointsOfShards) {
+  testing::ScratchDir dir;
+  const fs::path shard = testing::write_pattern_shard(dir.path(), testing::tiny_config().vocab_size);
+  // Two ranks with a sharded optimizer state save a checkpoint of shards.
+  fs::path saved;
+  dist::run_ranks(2, [&](dist::Communicator& c) {
+    testing::TrainingProcess rank(testing::tiny_config(), MixedPrecision::fp8, shard);
+    rank.trainer = std::make_unique<Trainer>(*rank.model, testing::checkpoint_settings(),
+                                             DataParallel{.communicator = &c, .shard_optimizer_state = true});
+    rank.train(1);
+    const fs::path path = save_checkpoint(dir.path() / "run", *rank.model, *rank.trainer, rank.progress());
+    if (c.rank() == 0) saved = path;
+  });
+  ASSERT_TRUE(fs::exists(saved / kShardManifestFile));
+  const std::vector<std::string> files = {kShardManifestFile, optimizer_shard_file_name(0, 2),
+                                          optimizer_shard_file_name(1, 2)};
+  std::vector<std::string> good;
+  for (const std::string& f : files) good.push_back(read_bytes(saved / f));
+  testing::TrainingProcess target(testing::tiny_config(), MixedPrecision::fp8, shard);
+  fuzz::Campaign campaign;
+  campaign.seed = fuzz::seed_from_environment(29);
+  const int cases = fuzz::scaled_cases(1000);
+  for (int i = 0; i < cases; ++i) {
+    if (!fuzz::selected(i)) continue;
+    std::mt19937_64 rng = fuzz::case_rng(campaign.seed, i);
+    const size_t which = rng() % 4 == 0 ? 1 + rng() % 2 : 0;  // the manifest three times in four
+    fuzz::MutatorOptions options;
+    options.binary = which != 0;
+    write_bytes(saved / files[which], fuzz::mutate(good[which], {good[which]}, rng, options));
+    campaign.record(i, fuzz::run_case([&] {
+      list_checkpoints(dir.path() / "run");
+      checkpoint_to_continue(dir.path() / "run");
+      load_checkpoint(saved, *target.model, *target.trainer);
+    }));
+    write_bytes(saved / files[which], good[which]);
   }
   std::printf("%s\n", campaign.summary().c_str());
   EXPECT_TRUE(campaign.failures.empty()) << campaign.summary();

@@ -1,9 +1,11 @@
 // Checkpoints: one directory per checkpoint (RUN_DIR/checkpoints/step_000100/) holding model.safetensors
 // (the weights under the model's Hugging Face names and layout, Model::hf_name, loadable by transformers),
 // optimizer.safetensors (octet's exact float32 master weights and the AdamW moments) and state.json (step
-// counts, loss scaler, every FP8 layer's scaling state, data loader positions, the resolved config). Saves
-// are atomic; loads validate everything before changing anything, and resume bit for bit. See
-// docs/checkpoints.md.
+// counts, loss scaler, every FP8 layer's scaling state, data loader positions, the resolved config). A run
+// whose optimizer state is sharded over several ranks saves a checkpoint of shards instead
+// (checkpoint_shards.h): each rank's moments in a file of its own, the master weights in
+// parameters.safetensors, and a manifest. Saves are atomic; loads validate everything before changing
+// anything, read either layout on any number of ranks, and resume bit for bit. See docs/checkpoints.md.
 #pragma once
 
 #include <cstdint>
@@ -55,7 +57,8 @@ std::filesystem::path checkpoint_tokenizer_files(io::TokenizerKind kind,
 struct CheckpointOptions {
   int keep_last = 3;  // complete checkpoints kept after a successful save (older ones are deleted); >= 1
   // Called after each file of the checkpoint is on disk (in the temporary directory), before the next one
-  // is written; for tests that interrupt a save.
+  // is written; for tests that interrupt a save. On several ranks each rank calls it for the files it writes
+  // (its shard; rank 0 also the whole files and the manifest), each on its own thread where ranks are threads.
   std::function<void(const std::filesystem::path& file)> after_file_written;
 };
 
@@ -66,8 +69,11 @@ std::filesystem::path checkpoint_directory(const std::filesystem::path& run_dir,
 // RUN_DIR/checkpoints/.tmp_step_N, each flushed to disk, and the directory is then renamed into place, so
 // a checkpoint is either complete or absent. Afterwards only the newest keep_last complete checkpoints and
 // no temporary directories remain. Saving changes nothing in the running model. A data-parallel trainer's
-// ranks all call it: the moments of a sharded optimizer are gathered from every rank, rank 0 writes the
-// checkpoint one rank would write, and every rank returns once it is in place (docs/distributed.md).
+// ranks all call it. With a sharded optimizer each rank writes its shard of the moments into the temporary
+// directory while rank 0 writes the whole model's files; rank 0 then writes the manifest, last, and renames
+// the directory into place (checkpoint_shards.h). Without one, rank 0 writes the whole checkpoint one rank
+// would write. Every rank returns once the checkpoint is in place, or throws (every rank alike, naming the
+// first rank that failed) when any part of the save failed (docs/distributed.md).
 std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, Model& model, Trainer& trainer,
                                       const TrainingProgress& progress,
                                       const CheckpointOptions& options = {});
@@ -107,7 +113,9 @@ struct CheckpointLoad {
 // negative or NaN amax in a history, a negative last amax (NaN or Inf there is legitimate: it records what
 // an overflowing step's cast saw), non-finite master weights or moments, and negative second moments. A
 // sharded optimizer (data_parallel.h) takes its own shard of the moments, whatever the number of ranks that
-// saved them.
+// saved them; from a checkpoint of shards it reads only the saved shards that overlap its own (each checked
+// against the manifest's size and digest), and a checkpoint of shards whose manifest disagrees with its
+// files (a shard missing or of another size or digest, another parameter count or step) is refused.
 CheckpointLoad load_checkpoint(const std::filesystem::path& checkpoint_dir, Model& model, Trainer& trainer);
 
 // What a checkpoint keeps of a model and its trainer, in memory: every parameter's master weight and AdamW
@@ -117,8 +125,12 @@ CheckpointLoad load_checkpoint(const std::filesystem::path& checkpoint_dir, Mode
 // the next mode would.
 struct TrainingState {
   std::vector<float> params;
+  // The AdamW moments of elements moments_begin .. moments_begin + m.size() - 1 of the parameter buffer: of
+  // every element (capture_training_state), or of at least the trainer's shard (a load of a checkpoint of
+  // shards reads no more than a rank's own).
   std::vector<float> m;
   std::vector<float> v;
+  int64_t moments_begin = 0;
   int64_t step = 0;
   int64_t optimizer_steps = 0;
   int64_t consecutive_skips = 0;
