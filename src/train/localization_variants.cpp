@@ -82,13 +82,6 @@ std::vector<CosineSums> sums_against(const std::vector<SlotSource>& sources,
 
 }  // namespace
 
-double CosineSums::cosine() const {
-  if (!finite) return std::numeric_limits<double>::quiet_NaN();
-  if (xx == 0.0 && yy == 0.0) return 1.0;
-  if (xx == 0.0 || yy == 0.0) return 0.0;
-  return std::clamp(dot / std::sqrt(xx * yy), -1.0, 1.0);
-}
-
 VariantResult VariantRunner::run(PrecisionPolicy policy, bool measure_numerics, const VariantResult* reference) {
   const int64_t B = batches_.batch_size, T = batches_.seq_len;
   const std::unique_ptr<Model> model = make_model(model_, backend_, std::move(policy), B, T);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cosine_sums.h"
 #include "octet/backend/backend.h"
 #include "octet/config/run_config.h"
 #include "octet/model/model.h"
@@ -28,23 +29,6 @@ struct GradientRange {
   std::string layer;
   size_t begin = 0;
   size_t count = 0;
-};
-
-// The float64 sums behind the cosine of two gradients x and y: x.y, x.x and y.y, and whether every value
-// was finite. Sums over several layers add.
-struct CosineSums {
-  double dot = 0.0, xx = 0.0, yy = 0.0;
-  bool finite = true;
-
-  CosineSums& operator+=(const CosineSums& o) {
-    dot += o.dot;
-    xx += o.xx;
-    yy += o.yy;
-    finite = finite && o.finite;
-    return *this;
-  }
-  // 1 where both are zero, 0 where one is, NaN where either held a non-finite value.
-  double cosine() const;
 };
 
 struct VariantResult {

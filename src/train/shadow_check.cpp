@@ -6,33 +6,11 @@
 #include <map>
 #include <string>
 
+#include "cosine_sums.h"
 #include "octet/check.h"
 
 namespace octet {
 namespace {
-
-// Sums behind a cosine, in float64, over one or more stretches of two vectors.
-struct CosineSums {
-  double dot = 0.0;
-  double aa = 0.0;
-  double bb = 0.0;
-
-  void add(const std::vector<float>& a, const std::vector<float>& b) {
-    for (size_t i = 0; i < a.size(); ++i) {
-      const double x = a[i], y = b[i];
-      dot += x * y;
-      aa += x * x;
-      bb += y * y;
-    }
-  }
-  std::optional<double> cosine() const {
-    // A value that is not finite makes a sum that is not: NaN, never a passing cosine.
-    if (!std::isfinite(dot) || !std::isfinite(aa) || !std::isfinite(bb)) return NAN;
-    if (aa == 0.0 && bb == 0.0) return std::nullopt;
-    if (aa == 0.0 || bb == 0.0) return 0.0;
-    return dot / std::sqrt(aa * bb);
-  }
-};
 
 // The parameter whose elements hold params() offset `offset`.
 const ParameterInfo& parameter_at(const Model& model, int64_t offset) {
@@ -67,6 +45,7 @@ std::optional<double> gradient_cosine(const std::vector<float>& a, const std::ve
   OCTET_CHECK(a.size() == b.size(), "two gradients of one size, got {} and {}", a.size(), b.size());
   CosineSums sums;
   sums.add(a, b);
+  if (sums.both_zero()) return std::nullopt;  // no angle to speak of
   return sums.cosine();
 }
 
@@ -129,7 +108,10 @@ ShadowReading ShadowModel::check(Model& model, const MicroBatch& batch, int64_t 
     sums[layer].add(host_gradient(model, fp8_parameter, first, count),
                     host_gradient(shadow, bf16_parameter, first, count));
   }
-  for (const std::string& layer : order) reading.cosines.emplace_back(layer, sums[layer].cosine());
+  for (const std::string& layer : order) {
+    const CosineSums& s = sums[layer];
+    reading.cosines.emplace_back(layer, s.both_zero() ? std::nullopt : std::optional<double>(s.cosine()));
+  }
   return reading;
 }
 

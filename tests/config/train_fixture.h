@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "process.h"
@@ -19,8 +21,10 @@ namespace octet {
 class TrainFixture : public ::testing::Test {
  protected:
   void SetUp() override {
+    // The process id keeps suites that run at the same time (two build directories) out of each other's way.
     root_ = std::filesystem::temp_directory_path() /
-            ("octet-train-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+            ("octet-train-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "-" +
+             std::to_string(::getpid()));
     std::filesystem::remove_all(root_);
     std::filesystem::create_directories(root_ / "text");
     std::vector<std::string> args = {"data",  "prepare", "--tokenizer",

@@ -13,6 +13,8 @@
 #include <regex>
 #include <string>
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -76,7 +78,7 @@ class PlantedLayer : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(brown_text() / "ca01.txt")) GTEST_SKIP() << "the Brown corpus is not at " << brown_text();
-    root_ = fs::temp_directory_path() / "octet-localize-planted";
+    root_ = fs::temp_directory_path() / ("octet-localize-planted-" + std::to_string(::getpid()));
     fs::remove_all(root_);
     fs::create_directories(root_);
     std::vector<std::string> args = {"data",  "prepare", "--tokenizer",
