@@ -403,6 +403,12 @@ const std::vector<Key>& keys() {
         "With the optimizer state sharded (dp_shard above 1): all_reduce (every rank receives every "
         "gradient's sum) or reduce_scatter (each rank receives its shard's sums only: half the bytes, but "
         "one NCCL reduce per shard a bucket meets; slower on 2 GPUs of one node, docs/distributed.md)."));
+    k.push_back(boolean(
+        "distributed.fp8_weight_gather", [](RunConfig& c) -> bool& { return c.distributed.fp8_weight_gather; },
+        "With the optimizer state sharded: gather the updated weights of the layers whose GEMMs all run in "
+        "FP8 as their FP8 codes (1 byte an element), each rank casting its shard with the scale of the whole "
+        "weight's amax over every rank; the same codes as a cast after a float32 gather, so the same "
+        "training bit for bit. false: every parameter gathered in float32 (4 bytes)."));
     // [data]
     k.push_back(text(
         "data.dir", [](const RunConfig& c) { return c.data_dir.string(); },

@@ -20,6 +20,25 @@ void Communicator::all_gather_shards(std::span<float> values) {
   std::copy_n(all.begin(), values.size(), values.begin());
 }
 
+void Communicator::all_gather_parts(std::span<std::byte> values, std::span<const int64_t> bounds) {
+  check_part_bounds(bounds, static_cast<int64_t>(values.size()), size());
+  int64_t chunk = 0;
+  for (int r = 0; r < size(); ++r) chunk = std::max(chunk, bounds[r + 1] - bounds[r]);
+  std::vector<std::byte> all(static_cast<size_t>(chunk * size()));
+  std::byte* mine = all.data() + chunk * rank();
+  std::copy(values.begin() + bounds[rank()], values.begin() + bounds[rank() + 1], mine);
+  all_gather(std::span<const std::byte>(mine, static_cast<size_t>(chunk)), std::span<std::byte>(all));
+  for (int r = 0; r < size(); ++r) {
+    std::copy_n(all.begin() + chunk * r, bounds[r + 1] - bounds[r], values.begin() + bounds[r]);
+  }
+}
+
+void check_part_bounds(std::span<const int64_t> bounds, int64_t count, int ranks) {
+  OCTET_CHECK(static_cast<int64_t>(bounds.size()) == ranks + 1 && bounds.front() == 0 && bounds.back() == count &&
+                  std::is_sorted(bounds.begin(), bounds.end()),
+              "{} part bounds from 0 to {} for {} ranks, none decreasing", ranks + 1, count, ranks);
+}
+
 void Communicator::start_all_reduce_sum_bf16(std::span<float> values, void* stream) {
   (void)stream;
   std::vector<uint16_t> codes(values.size());

@@ -326,6 +326,21 @@ class NcclCommunicator final : public Communicator {
     const ncclResult_t ended = api().group_end();
     finish("all_gather_shards (float32)", r != ncclSuccess ? r : ended);
   }
+  // The same for parts of any sizes: each rank's part broadcast from it, grouped into one launch.
+  void all_gather_parts(std::span<std::byte> values, std::span<const int64_t> bounds) override {
+    select_device();
+    if (host_memory(values.data())) return Communicator::all_gather_parts(values, bounds);
+    check_part_bounds(bounds, static_cast<int64_t>(values.size()), size_);
+    ncclResult_t r = api().group_start();
+    for (int root = 0; root < size_ && r == ncclSuccess; ++root) {
+      const int64_t bytes = bounds[root + 1] - bounds[root];
+      if (bytes == 0) continue;
+      std::byte* at = values.data() + bounds[root];
+      r = api().broadcast(at, at, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_);
+    }
+    const ncclResult_t ended = api().group_end();
+    finish("all_gather_parts", r != ncclSuccess ? r : ended);
+  }
   void barrier() override {
     float one = 0.0f;
     all_reduce_sum(std::span<float>(&one, 1));

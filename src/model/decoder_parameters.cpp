@@ -317,8 +317,9 @@ std::vector<Decoder::WeightCopySlot> Decoder::weight_copy_slots() {
     const LinearPlan& plan = *l->plan;
     const bool wide = plan.forward != GemmMode::f32 || plan.input_gradient != GemmMode::f32;
     if (wide) {
+      const bool tied = config_.tied_head() && l->weight_offset == parameter(embedding_name()).offset;
       slots.push_back({l->weight_offset, plan.out_features, plan.in_features, &l->copy, &l->exec,
-                       l->bias_offset, plan.name});
+                       l->bias_offset, plan.name, tied});
     }
   }
   return slots;

@@ -112,6 +112,19 @@ class ObservingBackend final : public Backend {
                       LinearExecution& exec) override {
     inner_->prepare_weight(copy, weight, OC, C, exec);
   }
+  void weight_part_amaxes(std::span<const WeightPart> parts, float* amaxes) override {
+    inner_->weight_part_amaxes(parts, amaxes);
+  }
+  void cast_weight_parts(std::span<const WeightPart> parts, const float* amaxes, uint8_t* codes) override {
+    inner_->cast_weight_parts(parts, amaxes, codes);
+  }
+  void weight_copies_from_codes(std::span<const WeightPart> parts, const uint8_t* codes) override {
+    inner_->weight_copies_from_codes(parts, codes);
+  }
+  void copy(void* destination, const void* source, size_t bytes) override {
+    inner_->copy(destination, source, bytes);
+  }
+
   void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
                       const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec,
                       const Fp8Operand& input) override;

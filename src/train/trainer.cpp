@@ -12,6 +12,7 @@
 #include "octet/io/atomic_file.h"
 #include "octet/numerics/minifloat.h"
 #include "overlapped_sums.h"
+#include "parameter_gather.h"
 #include "step_scaling.h"
 
 namespace octet {
@@ -65,6 +66,9 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
   }
   optimizer_.check_groups(model.weight_copy_slots());
   if (parallel_.ranks() > 1) step_scaling_ = std::make_unique<StepScaling>(model);
+  if (optimizer_.sharded()) {
+    gather_ = std::make_unique<ParameterGather>(model, *parallel_.communicator, parallel_.fp8_weight_gather);
+  }
   // The buffer itself, taken now: grads() in the middle of a step would zero what the backward has not yet
   // written, and it moves no more.
   gradient_base_ = model.grads();
@@ -282,12 +286,17 @@ bool Trainer::overlap_gradient_sums() const {
 }
 
 void Trainer::gather_parameters() {
-  // Every rank's updated shard, to every rank, in place (in the backend's memory where the communicator
-  // works there: NCCL on GPUs, on its own stream, once the update is done).
-  model_.backend().synchronize();
-  parallel_.communicator->all_gather_shards(
-      std::span<float>(model_.params(), static_cast<size_t>(model_.parameter_count())));
-  model_.refresh_weight_copies();
+  gather_->gather();
+}
+
+void Trainer::gather_master_weights() {
+  if (gather_ != nullptr) gather_->gather_master_weights();
+}
+
+Trainer::GatherVolume Trainer::parameter_gather_volume() {
+  if (gather_ == nullptr) return {};
+  const ParameterGather::Volume v = gather_->volume();
+  return {.fp8_bytes = v.fp8_bytes, .float32_bytes = v.float32_bytes, .fp8_weights = v.fp8_weights};
 }
 
 float Trainer::evaluate(const BatchSource& data, int64_t batches) {

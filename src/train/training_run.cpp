@@ -211,6 +211,21 @@ int64_t gradient_bytes_sent(const DataParallel& parallel) {
   return t.all_reduce_bytes + t.reduce_scatter_bytes;
 }
 
+// What the gather of the updated parameters moves each step (the whole buffer's bytes; each rank receives all
+// but its own part).
+std::string gather_line(const Trainer::GatherVolume& v) {
+  const double mb = 1.0 / (1 << 20);
+  const int64_t all_float32 = v.float32_bytes + v.fp8_bytes * 4;
+  if (v.fp8_weights == 0) {
+    return fmt::format("parameters gathered after each update in float32: {:.1f} MiB", all_float32 * mb);
+  }
+  return fmt::format(
+      "parameters gathered after each update: {} weights as FP8 codes ({:.1f} MiB) and the rest in float32 "
+      "({:.1f} MiB), {:.1f} MiB in all where float32 would move {:.1f} MiB and BF16 weights {:.1f} MiB",
+      v.fp8_weights, v.fp8_bytes * mb, v.float32_bytes * mb, (v.fp8_bytes + v.float32_bytes) * mb,
+      all_float32 * mb, (v.float32_bytes + v.fp8_bytes * 2) * mb);
+}
+
 }  // namespace
 
 void check_ranks(const RunConfig& config, int world) {
@@ -314,6 +329,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   parallel.shard_optimizer_state = ranks.layout.shard > 1;
   parallel.reduce_type = config.distributed.gradient_reduce_type;
   parallel.reduce_scatter = config.distributed.reduce_scatter;
+  parallel.fp8_weight_gather = config.distributed.fp8_weight_gather;
   parallel.bucket_elements = config.distributed.bucket_mb * (int64_t{1} << 20) / int64_t{sizeof(float)};
   // The backend, model and trainer in `mode`'s precision: at the start, and at each switch of a precision
   // schedule, which keeps the backend unless the mode asks for another (fp32's attention, emulated FP8).
@@ -401,6 +417,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
                                        : "each receiving every gradient's sum (all-reduce)")
                      : std::string()));
   }
+  if (parallel.shard_optimizer_state) say(out, gather_line(trainer->parameter_gather_volume()));
   say(out, fmt::format("octet {}: {}; {} on the {} backend; run directory {}", kVersion, model->describe(),
                        mixed_precision_name(start_mode.precision.mode), backend->name(), run_dir.string()));
   if (start.remove_present) {

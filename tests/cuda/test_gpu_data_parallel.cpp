@@ -58,7 +58,18 @@ struct RankRun {
   std::string error;
 };
 
-std::vector<RankRun> train_on_two_gpus(bool shard, dist::GradientReduceType reduce) {
+// How the two ranks train: float32 throughout by default; FP8 with a recipe, and the FP8 weights gathered
+// as codes, where asked.
+struct TwoGpuRun {
+  bool shard = false;
+  dist::GradientReduceType reduce = dist::GradientReduceType::float32;
+  MixedPrecision mode = MixedPrecision::fp32;
+  RecipeKind recipe = RecipeKind::delayed;
+  bool fp8_gather = false;
+};
+
+std::vector<RankRun> train_on_two_gpus(const TwoGpuRun& how) {
+  const bool shard = how.shard;
   const std::vector<int> devices = {0, 1};
   dist::NcclGroup group(devices);
   std::vector<RankRun> runs(2);
@@ -73,7 +84,8 @@ std::vector<RankRun> train_on_two_gpus(bool shard, dist::GradientReduceType redu
         auto backend = make_cuda_backend(options);
         const ModelConfig config = two_block_gpt();
         PrecisionSettings precision;
-        precision.mode = MixedPrecision::fp32;
+        precision.mode = how.mode;
+        precision.recipe = how.recipe;
         std::unique_ptr<Model> model =
             make_model(config, *backend, PrecisionPolicy(precision, config, kB * kT * 2), kB, kT);
         model->init_weights(7);
@@ -88,7 +100,8 @@ std::vector<RankRun> train_on_two_gpus(bool shard, dist::GradientReduceType redu
                         DataParallel{.communicator = &c,
                                      .shard_optimizer_state = shard,
                                      .reduce_scatter = shard,
-                                     .reduce_type = reduce,
+                                     .fp8_weight_gather = how.fp8_gather,
+                                     .reduce_type = how.reduce,
                                      .bucket_elements = 5000});
         const BatchSource data = rank_batches(tokens(3, config.vocab_size), r, 2, 1, kB, kT);
         for (int64_t s = 0; s < kSteps; ++s) {
@@ -96,6 +109,7 @@ std::vector<RankRun> train_on_two_gpus(bool shard, dist::GradientReduceType redu
           run.losses.push_back(result.loss);
           run.norms.push_back(result.grad_norm);
         }
+        trainer.gather_master_weights();
         backend->synchronize();
         run.params.resize(static_cast<size_t>(model->parameter_count()));
         backend->copy_to_host(run.params.data(), model->params(), run.params.size() * sizeof(float));
@@ -122,8 +136,8 @@ TEST(GpuDataParallel, ShardedSumsAreReduceScatteredAndTrainAsAllReduced) {
   if (!dist::nccl_available(&why)) GTEST_SKIP() << why;
   for (const dist::GradientReduceType reduce :
        {dist::GradientReduceType::float32, dist::GradientReduceType::bf16}) {
-    const std::vector<RankRun> all_reduced = train_on_two_gpus(false, reduce);
-    const std::vector<RankRun> scattered = train_on_two_gpus(true, reduce);
+    const std::vector<RankRun> all_reduced = train_on_two_gpus({.shard = false, .reduce = reduce});
+    const std::vector<RankRun> scattered = train_on_two_gpus({.shard = true, .reduce = reduce});
     const int64_t element = reduce == dist::GradientReduceType::bf16 ? 2 : 4;
     for (int r = 0; r < 2; ++r) {
       const RankRun& a = all_reduced[static_cast<size_t>(r)];
@@ -145,6 +159,31 @@ TEST(GpuDataParallel, ShardedSumsAreReduceScatteredAndTrainAsAllReduced) {
                   element == 2 ? "bf16" : "float32",
                   static_cast<long long>(a.traffic.all_reduce_bytes / kSteps),
                   static_cast<long long>(b.traffic.reduce_scatter_bytes / kSteps));
+    }
+  }
+}
+
+// The FP8 weights gathered as their codes (each rank casting its shard with the whole weight's amax over both
+// GPUs, the copies and transposes made from the gathered codes) train exactly as float32 gathers followed by
+// each rank's whole cast: the same losses and, once the float32 masters are gathered too, parameters.
+TEST(GpuDataParallel, Fp8WeightGathersTrainAsFloat32Gathers) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  std::string why;
+  if (!dist::nccl_available(&why)) GTEST_SKIP() << why;
+  for (const RecipeKind recipe : {RecipeKind::delayed, RecipeKind::current}) {
+    const TwoGpuRun float32{.shard = true, .mode = MixedPrecision::fp8, .recipe = recipe, .fp8_gather = false};
+    TwoGpuRun codes = float32;
+    codes.fp8_gather = true;
+    const std::vector<RankRun> a = train_on_two_gpus(float32), b = train_on_two_gpus(codes);
+    for (int r = 0; r < 2; ++r) {
+      const RankRun& x = a[static_cast<size_t>(r)];
+      const RankRun& y = b[static_cast<size_t>(r)];
+      ASSERT_TRUE(x.error.empty()) << x.error;
+      ASSERT_TRUE(y.error.empty()) << y.error;
+      EXPECT_TRUE(same_bits(x.losses, y.losses)) << recipe_name(recipe) << ", rank " << r;
+      EXPECT_TRUE(same_bits(x.norms, y.norms)) << recipe_name(recipe) << ", rank " << r;
+      EXPECT_TRUE(same_bits(x.params, y.params)) << recipe_name(recipe) << ", rank " << r;
+      EXPECT_NE(x.losses.front(), x.losses.back()) << "the model trains";
     }
   }
 }

@@ -45,6 +45,8 @@ struct RunShape {
   ActivationCheckpointing checkpointing = ActivationCheckpointing::none;
   bool recompute = false;
   float initial_loss_scale = 0.0f;  // fp16: 0 for the default
+  // With a sharded optimizer: the FP8 weights gathered as FP8 codes (DataParallel::fp8_weight_gather).
+  bool fp8_gather = false;
 };
 
 inline std::string name_of(const RunShape& s) {
@@ -58,7 +60,7 @@ inline std::string name_of(const RunShape& s) {
          (s.checkpointing == ActivationCheckpointing::full        ? "_full_checkpointing"
           : s.checkpointing == ActivationCheckpointing::selective ? "_selective_checkpointing"
                                                                   : "") +
-         (s.recompute ? "_recompute" : "");
+         (s.recompute ? "_recompute" : "") + (s.fp8_gather ? "_fp8gather" : "");
 }
 
 // What a rank ends with.
@@ -157,6 +159,7 @@ inline Outcome train(const RunShape& s, Model& m, Trainer& trainer, const BatchS
     o.grad_norms.push_back(r.grad_norm);
     if (loader != nullptr) o.positions.push_back(loader->position());
   }
+  trainer.gather_master_weights();  // FP8 gathers leave the float32 masters outside a shard stale
   o.params.assign(m.params(), m.params() + m.parameter_count());
   whole_moments(trainer, m.parameter_count(), o.m, o.v);
   record_scaling(m, o.scaling);
@@ -186,7 +189,11 @@ inline std::vector<Outcome> many_ranks(
     std::unique_ptr<Model> m = model_of(s, *backend);
     Trainer trainer(
         *m, settings_of(s),
-        DataParallel{.communicator = &c, .shard_optimizer_state = s.shard, .reduce_scatter = s.shard, .reduce_type = s.reduce});
+        DataParallel{.communicator = &c,
+                     .shard_optimizer_state = s.shard,
+                     .reduce_scatter = s.shard,
+                     .fp8_weight_gather = s.fp8_gather,
+                     .reduce_type = s.reduce});
     io::DataLoader* loader = nullptr;
     const BatchSource data =
         rank_batches(source(c.rank(), c.size(), &loader), c.rank(), c.size(), s.micro, B, T);

@@ -188,6 +188,32 @@ TEST_P(Ranks, ReduceScatterGatherAndBroadcast) {
   }
 }
 
+TEST_P(Ranks, AllGatherPartsOfAnySizesInPlace) {
+  // Parts of 9, 0, 17 and 2 bytes: uneven, one empty; every rank starts with garbage outside its own part.
+  const int n = GetParam();
+  const int64_t sizes[] = {9, 0, 17, 2};
+  std::vector<int64_t> bounds = {0};
+  for (int r = 0; r < n; ++r) bounds.push_back(bounds.back() + sizes[r]);
+  const auto total = static_cast<size_t>(bounds.back());
+  PerRank<std::byte> gathered(n);
+  run_ranks(n, [&](Communicator& c) {
+    std::vector<std::byte> values(total, std::byte{0xEE});
+    for (int64_t i = bounds[c.rank()]; i < bounds[c.rank() + 1]; ++i)
+      values[static_cast<size_t>(i)] = std::byte{static_cast<unsigned char>(16 * c.rank() + i % 16)};
+    c.all_gather_parts(values, bounds);
+    gathered.put(c.rank(), values);
+  });
+  for (int r = 0; r < n; ++r) {
+    for (int k = 0; k < n; ++k) {
+      for (int64_t i = bounds[k]; i < bounds[k + 1]; ++i) {
+        EXPECT_EQ(gathered.values[static_cast<size_t>(r)][static_cast<size_t>(i)],
+                  std::byte{static_cast<unsigned char>(16 * k + i % 16)})
+            << "rank " << r << ", byte " << i << " of rank " << k << "'s part";
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Communicator, Ranks, ::testing::Values(1, 2, 3, 4));
 
 TEST(Communicator, RanksThatDisagreeOnSizesGetOneClearError) {

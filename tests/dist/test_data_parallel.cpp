@@ -74,12 +74,39 @@ std::vector<RunShape> every_shape() {
                    .checkpointing = checkpointing,
                    .recompute = recompute});
   }
+  // The FP8 weights gathered as FP8 codes: each recipe, 2 and 4 ranks (a weight split between ranks), with
+  // activation checkpointing, and with a BF16 phase's layers (whose weights still travel in float32).
+  for (const RecipeKind recipe : {RecipeKind::delayed, RecipeKind::current, RecipeKind::static_scale}) {
+    for (const int ranks : {2, 4}) {
+      out.push_back({.precision = MixedPrecision::fp8,
+                     .recipe = recipe,
+                     .ranks = ranks,
+                     .micro = ranks == 2 ? 2 : 1,
+                     .shard = true,
+                     .fp8_gather = true});
+    }
+  }
+  out.push_back({.precision = MixedPrecision::fp8,
+                 .ranks = 2,
+                 .micro = 1,
+                 .shard = true,
+                 .checkpointing = ActivationCheckpointing::full,
+                 .fp8_gather = true});
+  out.push_back({.precision = MixedPrecision::bf16, .ranks = 2, .micro = 1, .shard = true, .fp8_gather = true});
   // The other architectures: 2 ranks of 2 micro-batches, in float32 and in FP8.
   for (const Architecture architecture : {Architecture::llama, Architecture::moe}) {
     for (const MixedPrecision precision : {MixedPrecision::fp32, MixedPrecision::fp8}) {
       for (const bool shard : {false, true}) {
         out.push_back(
             {.architecture = architecture, .precision = precision, .ranks = 2, .micro = 2, .shard = shard});
+      }
+      if (precision == MixedPrecision::fp8) {
+        out.push_back({.architecture = architecture,
+                       .precision = precision,
+                       .ranks = 2,
+                       .micro = 2,
+                       .shard = true,
+                       .fp8_gather = true});
       }
     }
   }
@@ -266,6 +293,59 @@ TEST(DataParallel, RefusesWhatItCannotDoYet) {
   std::unique_ptr<Model> m = model_of(s, *backend);
   auto trainer = [&](DataParallel parallel) { Trainer t(*m, settings_of(s), parallel); };
   EXPECT_THROW(trainer(DataParallel{.emulated_ranks = 0}), Error);
+}
+
+}  // namespace
+}  // namespace octet
+
+namespace octet {
+namespace {
+
+using namespace dist_testing;
+
+// FP8 weight gathers really send the FP8 weights as codes: a rank's float32 masters of those weights stay
+// stale outside its shard until gather_master_weights (the equalities above would hold vacuously if the
+// option gathered float32 as before), and the gather moves a quarter of their float32 bytes.
+TEST(ShardedDataParallel, Fp8GathersSendCodesAndLeaveTheMastersOutsideTheShardStale) {
+  const RunShape s{.precision = MixedPrecision::fp8, .ranks = 2, .micro = 1, .shard = true, .fp8_gather = true};
+  struct Seen {
+    std::vector<float> before, after;
+    Trainer::GatherVolume volume;
+    int64_t shard_begin = 0, shard_end = 0;
+  };
+  std::vector<Seen> seen(2);
+  int64_t count = 0;
+  dist::run_ranks(2, [&](dist::Communicator& c) {
+    auto backend = make_cpu_backend();
+    std::unique_ptr<Model> m = model_of(s, *backend);
+    Trainer trainer(*m, settings_of(s),
+                    DataParallel{.communicator = &c, .shard_optimizer_state = true, .fp8_weight_gather = true});
+    const BatchSource data = rank_batches(pattern(c.rank(), 2, nullptr), c.rank(), 2, 1, B, T);
+    trainer.step(data);
+    Seen& mine = seen[static_cast<size_t>(c.rank())];
+    mine.before.assign(m->params(), m->params() + m->parameter_count());
+    trainer.gather_master_weights();
+    mine.after.assign(m->params(), m->params() + m->parameter_count());
+    mine.volume = trainer.parameter_gather_volume();
+    mine.shard_begin = trainer.optimizer().shard().begin;
+    mine.shard_end = trainer.optimizer().shard().end;
+    if (c.rank() == 0) count = m->parameter_count();
+  });
+  for (int r = 0; r < 2; ++r) {
+    const Seen& x = seen[static_cast<size_t>(r)];
+    int64_t stale = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      if (x.before[static_cast<size_t>(i)] == x.after[static_cast<size_t>(i)]) continue;
+      ++stale;
+      EXPECT_TRUE(i < x.shard_begin || i >= x.shard_end) << "rank " << r << " element " << i << " of its shard";
+    }
+    EXPECT_GT(stale, 0) << "rank " << r << ": the FP8 weights outside its shard travelled as codes";
+    EXPECT_EQ(x.after, seen[0].after) << "rank " << r;
+    EXPECT_GT(x.volume.fp8_weights, 0);
+    EXPECT_GT(x.volume.fp8_bytes, 0);
+    EXPECT_EQ(x.volume.fp8_bytes + x.volume.float32_bytes / 4, count)
+        << "every parameter travels once, as a code or a float32 value";
+  }
 }
 
 }  // namespace

@@ -340,6 +340,35 @@ class Backend {
   // Makes (or refreshes) the copy of weight [OC, C] that the layer's GEMMs use, as `exec` says.
   virtual void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                               LinearExecution& exec) = 0;
+  // Weights gathered as FP8 codes (a sharded optimizer's parameters, docs/distributed.md): each rank casts
+  // only its part of a weight, with the scale that the weight's amax over every rank gives, the ranks
+  // gather the codes, and each then makes the weight's copy from the whole codes. A weight's part: the
+  // elements begin .. end - 1 of weight [rows, cols] (row-major; may be empty), for a layer whose every
+  // GEMM reading the weight runs in FP8 with one scale per tensor.
+  struct WeightPart {
+    std::unique_ptr<WeightCopy>* copy = nullptr;
+    LinearExecution* exec = nullptr;
+    const float* weight = nullptr;  // the whole weight's float32 values; only the part's are read
+    int64_t rows = 0;               // OC
+    int64_t cols = 0;               // C
+    int64_t begin = 0;
+    int64_t end = 0;
+    int64_t codes_offset = 0;  // the weight's codes lie at codes_offset .. codes_offset + rows * cols - 1
+  };
+  // amaxes[i] (backend memory) = max |x| over parts[i]'s elements: 0 for an empty part, NaN where one is
+  // NaN (as compute_amax).
+  virtual void weight_part_amaxes(std::span<const WeightPart> parts, float* amaxes) = 0;
+  // For each part, amaxes[i] being the whole weight's amax (the largest over the ranks): the scale that
+  // prepare_weight would cast the whole weight with, were its amax amaxes[i]; the part's elements cast with
+  // it into codes + codes_offset + begin ..; and the weight's scaling state moved on as prepare_weight
+  // moves it, with that amax. The cast's counts and telemetry are the part's.
+  virtual void cast_weight_parts(std::span<const WeightPart> parts, const float* amaxes, uint8_t* codes) = 0;
+  // After the gather: each part's weight copy from the weight's whole codes at codes + codes_offset, the
+  // copy prepare_weight makes (its transpose made here), with the scale cast_weight_parts chose.
+  virtual void weight_copies_from_codes(std::span<const WeightPart> parts, const uint8_t* codes) = 0;
+  // bytes from source to destination, both in the backend's memory (they must not overlap).
+  virtual void copy(void* destination, const void* source, size_t bytes) = 0;
+
   // out [N, OC] = inp [N, C] x weight [OC, C]^T + epilogue.bias (+ epilogue.residual [N, OC]): the GEMM's
   // float32 result (after its operands were rounded or cast as exec says) plus the bias. For BF16, FP16 and
   // FP8 GEMMs the bias is first rounded to the GEMM's 16-bit type (BF16 for FP8), as PyTorch autocast rounds

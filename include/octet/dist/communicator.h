@@ -90,6 +90,11 @@ class Communicator {
   // to date: afterwards every shard is, on every rank. In place, whatever the shards' sizes. The default
   // gathers through all_gather over a copy padded to whole chunks, in the communicator's memory.
   virtual void all_gather_shards(std::span<float> values);
+  // `values` is split into the ranks' parts, rank r's being bytes bounds[r] .. bounds[r + 1] - 1 (size() + 1
+  // bounds, from 0 to values.size(), none decreasing), this rank's up to date: afterwards every part is, on
+  // every rank. In place, whatever the parts' sizes. The default gathers through all_gather over a copy
+  // padded to the largest part, in the communicator's memory.
+  virtual void all_gather_parts(std::span<std::byte> values, std::span<const int64_t> bounds);
 
  protected:
   // What the start_ functions add to traffic(): an all-reduce of `bytes`, a reduce-scatter of `bytes` of
@@ -111,6 +116,9 @@ struct ShardRange {
   int64_t size() const { return end - begin; }
 };
 ShardRange shard_range(int64_t count, int rank, int ranks);
+
+// Checks the bounds of Communicator::all_gather_parts: ranks + 1 offsets from 0 to count, none decreasing.
+void check_part_bounds(std::span<const int64_t> bounds, int64_t count, int ranks);
 
 // Rank `rank`'s part of the run [offset, offset + count) of a buffer of `total` elements shared out as
 // shard_range(total, r, ranks): the run's intersection with the rank's shard, counted from the run's start

@@ -23,6 +23,9 @@ struct DistributedSettings {
   // With the optimizer state sharded: every rank receives the whole buffer's sums (all-reduce), or only
   // its shard's (reduce-scatter, half the bytes) ([distributed] sharded_gradient_sums).
   bool reduce_scatter = false;
+  // With the optimizer state sharded: the weights whose GEMMs all run in FP8 are gathered as FP8 codes
+  // ([distributed] fp8_weight_gather; src/train/parameter_gather.h).
+  bool fp8_weight_gather = true;
 };
 
 struct DataParallelLayout {

@@ -109,6 +109,9 @@ class Model {
     LinearExecution* exec;
     int64_t bias_offset = -1;  // of the layer's bias in params(); -1: none
     std::string_view layer;    // the layer's name in policy().layers()
+    // Whether another op reads the weight's float32 values too (a head tied to the token embedding, which
+    // the embedding's lookup reads): its copy alone does not stand for it.
+    bool shared = false;
   };
   virtual std::vector<WeightCopySlot> weight_copy_slots() = 0;
 

@@ -42,6 +42,12 @@ struct DataParallel {
   // reduce-scatter, Communicator::start_reduce_scatter_sum) rather than the whole buffer's (all-reduce). The
   // update, the norm and the non-finite search read the shard only either way.
   bool reduce_scatter = false;
+  // With a sharded optimizer state: the weights whose GEMMs all run in FP8 are gathered as their FP8 codes,
+  // cast by each rank for its shard with the scale of the whole weight's amax over every rank (one byte an
+  // element where float32 takes four; the same copies, so the same training, bit for bit); the float32
+  // master values of those weights outside a rank's shard are then brought up to date only where something
+  // reads them (Trainer::gather_master_weights). src/train/parameter_gather.h.
+  bool fp8_weight_gather = false;
   // The type the ranks sum their gradients in: float32, or BF16, each rank's accumulated gradient and every
   // partial sum rounded to BF16 (Communicator::all_reduce_sum_bf16; emulated ranks round alike).
   dist::GradientReduceType reduce_type = dist::GradientReduceType::float32;

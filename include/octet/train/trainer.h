@@ -25,6 +25,7 @@ using StepResult = StepStatistics;
 
 class StepScaling;
 class OverlappedSums;
+class ParameterGather;
 
 // A step's first micro-batch as the trainer ran it (its forward and backward done, the optimizer not yet):
 // what a probe (Trainer::set_micro_batch_probe) sees. The model's gradients then hold this micro-batch's
@@ -71,6 +72,19 @@ class Trainer {
   LossScaler& loss_scaler() { return scaler_; }
   AdamW& optimizer() { return optimizer_; }
   const DataParallel& parallel() const { return parallel_; }
+  // With the optimizer state sharded and FP8 weight gathers (DataParallel::fp8_weight_gather), each rank's
+  // float32 master values of the weights gathered as codes are stale outside its shard: this brings every
+  // parameter up to date on every rank, for what reads params() (a checkpoint). Called by every rank
+  // together; a no-op otherwise.
+  void gather_master_weights();
+  // The bytes one gather of a sharded optimizer's parameters moves (parameter_gather.h): FP8 codes and
+  // float32 values, and the weights that travel as codes; zeros where the optimizer state is whole.
+  struct GatherVolume {
+    int64_t fp8_bytes = 0;
+    int64_t float32_bytes = 0;
+    int64_t fp8_weights = 0;
+  };
+  GatherVolume parameter_gather_volume();
   const TrainSettings& settings() const { return settings_; }
 
  private:
@@ -101,6 +115,8 @@ class Trainer {
   std::unique_ptr<StepScaling> step_scaling_;
   // The gradient sums started during this step's backward; null when none are.
   std::unique_ptr<OverlappedSums> overlapped_;
+  // A sharded optimizer's gather of the updated parameters; null where the state is whole.
+  std::unique_ptr<ParameterGather> gather_;
   std::function<void(const MicroBatch&)> probe_;
   AdamW optimizer_;
   LossScaler scaler_;

@@ -37,6 +37,9 @@ void CpuBackend::copy_to_host(void* host, const void* source, size_t bytes) {
 void CpuBackend::copy_from_host(void* destination, const void* host, size_t bytes) {
   std::memcpy(destination, host, bytes);
 }
+void CpuBackend::copy(void* destination, const void* source, size_t bytes) {
+  std::memmove(destination, source, bytes);
+}
 void CpuBackend::fill_zero(float* x, int64_t n) {
   std::memset(x, 0, static_cast<size_t>(n) * sizeof(float));
 }

@@ -311,6 +311,68 @@ void CpuBackend::prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* 
   }
 }
 
+namespace {
+
+void check_weight_part(const Backend::WeightPart& part) {
+  OCTET_CHECK(part.copy != nullptr && part.exec != nullptr && part.exec->recipe != nullptr &&
+                  part.exec->state != nullptr && part.exec->forward == GemmMode::fp8 &&
+                  part.exec->input_gradient == GemmMode::fp8 &&
+                  part.exec->recipe->granularity(TensorRole::weight) == ScaleGranularity::per_tensor &&
+                  0 <= part.begin && part.begin <= part.end && part.end <= part.rows * part.cols,
+              "a part {}..{} of a [{}, {}] weight whose GEMMs are all FP8 with one scale per tensor",
+              part.begin, part.end, part.rows, part.cols);
+}
+
+}  // namespace
+
+void CpuBackend::weight_part_amaxes(std::span<const WeightPart> parts, float* amaxes) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const WeightPart& p = parts[i];
+    check_weight_part(p);
+    amaxes[i] = compute_amax(std::span<const float>(p.weight + p.begin, static_cast<size_t>(p.end - p.begin)));
+  }
+}
+
+void CpuBackend::cast_weight_parts(std::span<const WeightPart> parts, const float* amaxes, uint8_t* codes) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const WeightPart& p = parts[i];
+    check_weight_part(p);
+    LinearExecution& exec = *p.exec;
+    const Dtype format = exec.formats.weight;
+    // As quantize() casts the whole weight, with the whole weight's amax.
+    const float scale = exec.recipe->cast_scale(exec.state->weight, amaxes[i], format);
+    exec.state->weight_copy_scale = scale;
+    const std::span<const float> values(p.weight + p.begin, static_cast<size_t>(p.end - p.begin));
+    const QuantizedTensor part = quantize_with_scale(values, 1, p.end - p.begin, format, scale);
+    exec.recipe->update(exec.state->weight, amaxes[i], format);
+    std::copy(part.data.begin(), part.data.end(), codes + p.codes_offset + p.begin);
+    count_cast(part, exec);
+    record_cast(part, values.data(), p.end - p.begin, &Fp8LinearTelemetry::weight, exec);
+  }
+}
+
+void CpuBackend::weight_copies_from_codes(std::span<const WeightPart> parts, const uint8_t* codes) {
+  for (const WeightPart& p : parts) {
+    check_weight_part(p);
+    auto* cpu_copy = dynamic_cast<CpuWeightCopy*>(p.copy->get());
+    if (cpu_copy == nullptr) {
+      *p.copy = std::make_unique<CpuWeightCopy>();
+      cpu_copy = static_cast<CpuWeightCopy*>(p.copy->get());
+    }
+    QuantizedTensor& q = cpu_copy->fp8;
+    q = QuantizedTensor{};
+    q.format = p.exec->formats.weight;
+    q.rows = p.rows;
+    q.cols = p.cols;
+    q.granularity = ScaleGranularity::per_tensor;
+    q.data.assign(codes + p.codes_offset, codes + p.codes_offset + p.rows * p.cols);
+    q.scale_inv = {1.0f / p.exec->state->weight_copy_scale};  // as quantize_with_scale stores it
+    q.amax = p.exec->state->weight.last_amax;
+    cpu_copy->fp8_transposed = transposed(q, nullptr, TensorRole::weight, *p.exec->recipe);
+    cpu_copy->rounded.clear();
+  }
+}
+
 void CpuBackend::linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                                 const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
                                 const Fp8Operand& input) {

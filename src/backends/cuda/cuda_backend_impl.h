@@ -75,6 +75,9 @@ class DeviceScratch {
 
 class CudaBackend;
 void forget_layer(CudaBackend* backend, const DeviceLayer* layer);
+struct CudaWeightCopy;
+// The CUDA copy in `copy`, made there where it holds none (or another backend's).
+CudaWeightCopy& cuda_weight_copy(std::unique_ptr<WeightCopy>& copy);
 
 // How a forward GEMM's epilogue reads a bias (CudaBackend::epilogue_bias) where it is rounded: bf16 bits (FP8
 // GEMMs, and GEMMs writing bf16), or float32 values rounded to bf16 (BF16 GEMMs writing float32).
@@ -252,6 +255,15 @@ class CudaBackend final : public Backend {
 
   void prepare_weight(std::unique_ptr<WeightCopy>& copy, const float* weight, int64_t OC, int64_t C,
                       LinearExecution& exec) override;
+  // Weights gathered as FP8 codes (weight_parts.cu).
+  void weight_part_amaxes(std::span<const WeightPart> parts, float* amaxes) override;
+  void cast_weight_parts(std::span<const WeightPart> parts, const float* amaxes, uint8_t* codes) override;
+  void weight_copies_from_codes(std::span<const WeightPart> parts, const uint8_t* codes) override;
+  void copy(void* destination, const void* source, size_t bytes) override {
+    const OpScope scope(*this, OpKind::other);
+    if (bytes == 0) return;
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
   void linear_recompute(float* out, const float* weight, const WeightCopy* copy, const float* bias, int64_t N,
                         int64_t C, int64_t OC, LinearExecution& exec, const Fp8Tensor& input);
   Dtype bf16_storage_type() const { return options_.hidden_in_bf16 ? Dtype::bf16 : Dtype::f32; }
@@ -395,6 +407,10 @@ class CudaBackend final : public Backend {
   void cast_operand(Layer& layer, int operand, Dtype format, const float* x, int64_t rows, int64_t cols,
                     uint8_t* codes, uint8_t* codes_transposed, float* scale_out, float* scale_inv_out,
                     bool update, const LinearExecution& exec);
+  // cast_operand's cast of a part of x [n] (no transpose) whose whole amax is known: *amax (device memory)
+  // takes the place of the part's own in the scale and in the scaling update (cast_weight_parts).
+  void cast_operand_part(Layer& layer, int operand, Dtype format, const float* amax, const float* x, int64_t n,
+                         uint8_t* codes, float* scale_out, float* scale_inv_out, const LinearExecution& exec);
   // The device state of an FP8 layer whose weight copy exists (prepare_weight made it).
   Layer& mapped_layer(LinearExecution& exec);
   // The cast in `tensor` that a GEMM of exec's layer reads: [rows, cols], cast as `role` of that layer;
@@ -658,6 +674,8 @@ class CudaBackend final : public Backend {
   // The codes of W^T of the layer whose input-gradient GEMM runs next, transposed from W's just before it,
   // for every layer with transpose_weight_per_use.
   DeviceScratch weight_transposed_;
+  // weight_part_amaxes: each part's amax and counts, before they go to the caller's amaxes.
+  DeviceScratch part_results_;
 };
 
 template <typename Write>

@@ -55,6 +55,12 @@ __device__ float device_scale_from_amax(float amax, float fp8_max, int margin, f
   return scale > static_cast<double>(FLT_MAX) ? FLT_MAX : static_cast<float>(scale);
 }
 
+// A cast's results before a part of the tensor is cast: the whole tensor's amax, no counts.
+__global__ void seed_results_kernel(CastResults* results, const float* amax) {
+  *results = CastResults{};
+  results->amax = *amax;
+}
+
 // ScalingRecipe::cast_scale: the scale this cast uses. `pre` holds the tensor's amax for current scaling.
 __global__ void prepare_scale_kernel(DeviceLayerState* s, int operand, RecipeParameters r, float fp8_max,
                                      const CastResults* pre, float* out) {
@@ -394,6 +400,43 @@ void CudaBackend::cast_operand(Layer& layer, int operand, Dtype format, const fl
   if (count && exec.measure_sqnr && rows * cols > 0) {
     sqnr_kernel<<<blocks_for(rows * cols), 256, 0, stream_>>>(x, codes, rows * cols, format, scale_inv_out,
                                                               &s->telemetry[operand]);
+    OCTET_CUDA_CHECK_LAUNCH("sqnr_kernel");
+  }
+}
+
+void CudaBackend::cast_operand_part(Layer& layer, int operand, Dtype format, const float* amax, const float* x,
+                                    int64_t n, uint8_t* codes, float* scale_out, float* scale_inv_out,
+                                    const LinearExecution& exec) {
+  const OpScope scope(*this, OpKind::casts);
+  if ((layer.pending & (1u << operand)) != 0) apply_scaling_updates();
+  DeviceLayerState* s = layer.device;
+  // The results start from the whole tensor's amax (and zero counts): the scale and the update read it, and
+  // the part's cast, whose own amax is no larger, adds its counts.
+  seed_results_kernel<<<1, 1, 0, stream_>>>(&s->results[operand], amax);
+  OCTET_CUDA_CHECK_LAUNCH("seed_results_kernel");
+  layer.results_zeroed &= ~(1u << operand);
+  const float* scale = &s->tensor[operand].scale;
+  if (layer.recipe.kind != RecipeKind::delayed) {
+    prepare_scale_kernel<<<1, 1, 0, stream_>>>(s, operand, layer.recipe, dtype_info(format).max_finite,
+                                               &s->results[operand], scale_out);
+    OCTET_CUDA_CHECK_LAUNCH("prepare_scale_kernel");
+    scale = scale_out;
+  }
+  CastAmaxArguments a;
+  a.input = x;
+  a.rows = 1;
+  a.cols = n;
+  a.format = format;
+  a.scale = scale;
+  a.output = codes;
+  a.scale_inv = scale_inv_out;
+  a.results = &s->results[operand];
+  a.results_zeroed = true;  // seeded above
+  cast_amax(a, stream_);
+  const bool count = exec.telemetry != nullptr;
+  end_cast(layer, operand, format, n, true, count);
+  if (count && exec.measure_sqnr && n > 0) {
+    sqnr_kernel<<<blocks_for(n), 256, 0, stream_>>>(x, codes, n, format, scale_inv_out, &s->telemetry[operand]);
     OCTET_CUDA_CHECK_LAUNCH("sqnr_kernel");
   }
 }

@@ -40,15 +40,6 @@ bool writes_bf16_copy(const LinearExecution& exec) {
   return !any_fp8 && wide == GemmMode::bf16;
 }
 
-CudaWeightCopy& cuda_weight_copy(std::unique_ptr<WeightCopy>& copy) {
-  auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
-  if (w == nullptr) {
-    copy = std::make_unique<CudaWeightCopy>();
-    w = static_cast<CudaWeightCopy*>(copy.get());
-  }
-  return *w;
-}
-
 // An optimizer step has begun on the layer: its bias is current again only where AdamW's pass over it writes
 // the rounded copy (update_tensors).
 void forget_bias_copy(std::unique_ptr<WeightCopy>& copy) {
@@ -66,6 +57,15 @@ void set_gradient(Weight& w, const float* grads, const Backend::UpdateSegment& u
 }
 
 }  // namespace
+
+CudaWeightCopy& cuda_weight_copy(std::unique_ptr<WeightCopy>& copy) {
+  auto* w = dynamic_cast<CudaWeightCopy*>(copy.get());
+  if (w == nullptr) {
+    copy = std::make_unique<CudaWeightCopy>();
+    w = static_cast<CudaWeightCopy*>(copy.get());
+  }
+  return *w;
+}
 
 void CudaBackend::optimizer_update(const AdamWStep& step, const OptimizerTensors& tensors,
                                    std::span<const UpdateSegment> segments) {
