@@ -187,6 +187,7 @@ int64_t checkpoint_step(const fs::path& checkpoint_dir) {
 }
 
 TrainingState capture_training_state(Model& model, Trainer& trainer) {
+  trainer.gather_master_weights();  // every rank together, where FP8 weight gathers left masters stale
   TrainingState state;
   state.params = to_host(model.backend(), model.params(), model.parameter_count());
   state.m = whole_moment(model, trainer, trainer.optimizer().first_moment());

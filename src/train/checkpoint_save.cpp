@@ -270,9 +270,12 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
                          const TrainingProgress& progress, const CheckpointOptions& options) {
   OCTET_REQUIRE(options.keep_last >= 1, "checkpoint keep_last must be at least 1, got {}", options.keep_last);
   const fs::path final_dir = checkpoint_directory(run_dir, trainer.steps_done());
-  // A sharded optimizer's ranks each write their shard of the moments, under one manifest.
-  if (trainer.optimizer().sharded())
+  // A sharded optimizer's ranks each write their shard of the moments, under one manifest; the parameters
+  // are whole first (FP8 weight gathers leave the float32 masters outside a rank's shard stale).
+  if (trainer.optimizer().sharded()) {
+    trainer.gather_master_weights();
     return save_shards(run_dir, final_dir, model, trainer, progress, options);
+  }
   // Otherwise every rank holds the same parameters, moments and scaling state: rank 0 writes the one whole
   // checkpoint, the files one rank would write, and the others wait until it is in place.
   dist::Communicator* ranks = trainer.parallel().communicator;

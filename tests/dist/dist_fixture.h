@@ -142,9 +142,11 @@ inline void whole_moments(Trainer& trainer, int64_t n, std::vector<float>& m, st
   }
 }
 
-// Trains `steps` steps and records the outcome.
+// Trains `steps` steps and records the outcome; `after_steps` runs once the steps are done, before anything
+// is recorded (a checkpoint saved there sees the ranks as training leaves them).
 inline Outcome train(const RunShape& s, Model& m, Trainer& trainer, const BatchSource& data,
-                     const io::DataLoader* loader = nullptr, int steps = kSteps) {
+                     const io::DataLoader* loader = nullptr, int steps = kSteps,
+                     const std::function<void()>& after_steps = {}) {
   Outcome o;
   for (int i = 0; i < steps; ++i) {
     const StepResult r = trainer.step(data);
@@ -159,6 +161,7 @@ inline Outcome train(const RunShape& s, Model& m, Trainer& trainer, const BatchS
     o.grad_norms.push_back(r.grad_norm);
     if (loader != nullptr) o.positions.push_back(loader->position());
   }
+  if (after_steps) after_steps();
   trainer.gather_master_weights();  // FP8 gathers leave the float32 masters outside a shard stale
   o.params.assign(m.params(), m.params() + m.parameter_count());
   whole_moments(trainer, m.parameter_count(), o.m, o.v);

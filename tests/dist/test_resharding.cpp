@@ -67,19 +67,20 @@ std::vector<Outcome> run(const RunShape& s, bool emulate, const TokenShardFile& 
     if (parallel.communicator != nullptr) {
       data = rank_batches(data, parallel.rank(), static_cast<int>(parallel.ranks()), s.micro, B, T);
     }
-    Outcome o = train(s, *m, trainer, data, &loader, steps);
-    if (!save_to.empty()) {
+    // Saved before the outcome is recorded (which brings stale float32 masters up to date), so that the save
+    // itself must make the parameters whole.
+    return train(s, *m, trainer, data, &loader, steps, [&] {
+      if (save_to.empty()) return;
       TrainingProgress progress;
       progress.train_position = loader.position();
       save_checkpoint(save_to, *m, trainer, progress);
-    }
-    return o;
+    });
   };
   if (emulate) return {one(DataParallel{.shard_optimizer_state = s.shard, .emulated_ranks = s.ranks})};
   std::vector<Outcome> outcomes(static_cast<size_t>(s.ranks));
   dist::run_ranks(s.ranks, [&](dist::Communicator& c) {
     outcomes[static_cast<size_t>(c.rank())] =
-        one(DataParallel{.communicator = &c, .shard_optimizer_state = s.shard});
+        one(DataParallel{.communicator = &c, .shard_optimizer_state = s.shard, .fp8_weight_gather = s.fp8_gather});
   });
   return outcomes;
 }
@@ -199,7 +200,9 @@ TEST(Resharding, TwoShardedRanksSaveShardsThatAssembleToOneRanksCheckpoint) {
 // each saves at the end, whatever their layout.
 TEST(Resharding, ACheckpointOfTwoShardedRanksResumesOnOneTwoAndFourRanks) {
   const TokenShardFile shard;
-  const RunShape before{.precision = MixedPrecision::fp8, .ranks = 2, .micro = 2, .shard = true};
+  // The ranks gather their FP8 weights as codes: the save must make the float32 masters whole first.
+  const RunShape before{
+      .precision = MixedPrecision::fp8, .ranks = 2, .micro = 2, .shard = true, .fp8_gather = true};
   const RunDirectory one_dir("one"), ranks_dir("ranks");
   run(before, true, shard, kBefore, {}, one_dir.path);
   run(before, false, shard, kBefore, {}, ranks_dir.path);
@@ -212,7 +215,7 @@ TEST(Resharding, ACheckpointOfTwoShardedRanksResumesOnOneTwoAndFourRanks) {
   const std::vector<RunShape> afters = {
       {.precision = MixedPrecision::fp8, .ranks = 1, .micro = 4, .shard = true},
       {.precision = MixedPrecision::fp8, .ranks = 2, .micro = 2, .shard = true},
-      {.precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = true},
+      {.precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = true, .fp8_gather = true},
       {.precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = false}};
   for (const RunShape& after : afters) {
     const std::string name = name_of(after);
