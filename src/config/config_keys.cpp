@@ -384,7 +384,7 @@ const std::vector<Key>& keys() {
     k.push_back(ranks(
         "distributed.dp_replicate", [](RunConfig& c) -> int64_t& { return c.distributed.dp_replicate; },
         "Groups of dp_shard ranks that each hold a whole copy of the optimizer state; dp_shard x "
-        "dp_replicate is the number of ranks."));
+        "dp_replicate is the number of ranks (both above 1: a hybrid layout, docs/distributed.md)."));
     k.push_back(choice<dist::GradientReduceType>(
         "distributed.gradient_reduce_dtype",
         [](RunConfig& c) -> dist::GradientReduceType& { return c.distributed.gradient_reduce_type; },
@@ -402,7 +402,8 @@ const std::vector<Key>& keys() {
         {{"all_reduce", false}, {"reduce_scatter", true}},
         "With the optimizer state sharded (dp_shard above 1): all_reduce (every rank receives every "
         "gradient's sum) or reduce_scatter (each rank receives its shard's sums only: half the bytes, but "
-        "one NCCL reduce per shard a bucket meets; slower on 2 GPUs of one node, docs/distributed.md)."));
+        "one NCCL reduce per shard a bucket meets; slower on 2 GPUs of one node, docs/distributed.md). "
+        "reduce_scatter is refused with a hybrid layout (dp_shard and dp_replicate both above 1)."));
     k.push_back(boolean(
         "distributed.fp8_weight_gather", [](RunConfig& c) -> bool& { return c.distributed.fp8_weight_gather; },
         "With the optimizer state sharded: gather the updated weights of the layers whose GEMMs all run in "

@@ -41,6 +41,10 @@ struct NcclApi {
   decltype(&ncclBroadcast) broadcast = nullptr;
   decltype(&ncclGroupStart) group_start = nullptr;
   decltype(&ncclGroupEnd) group_end = nullptr;
+  decltype(&ncclCommCount) comm_count = nullptr;
+  decltype(&ncclCommUserRank) user_rank = nullptr;
+  // NCCL 2.18 and later; null before, when only a hybrid layout's split needs it.
+  decltype(&ncclCommSplit) comm_split = nullptr;
   std::string why_not;
 };
 
@@ -78,6 +82,9 @@ const NcclApi& api() {
     load_symbol(a.library, "ncclBroadcast", a.broadcast, missing);
     load_symbol(a.library, "ncclGroupStart", a.group_start, missing);
     load_symbol(a.library, "ncclGroupEnd", a.group_end, missing);
+    load_symbol(a.library, "ncclCommCount", a.comm_count, missing);
+    load_symbol(a.library, "ncclCommUserRank", a.user_rank, missing);
+    a.comm_split = reinterpret_cast<decltype(&ncclCommSplit)>(dlsym(a.library, "ncclCommSplit"));
     if (!missing.empty())
       a.why_not = fmt::format("libnccl.so.2 has no {}: NCCL 2.12 or later is needed", missing);
     return a;
@@ -344,6 +351,24 @@ class NcclCommunicator final : public Communicator {
   void barrier() override {
     float one = 0.0f;
     all_reduce_sum(std::span<float>(&one, 1));
+  }
+  // A communicator of its own for each group (ncclCommSplit, blocking: every rank of this one calls it), on
+  // this rank's GPU, with this one's timeout; it watches its own errors, as this one does.
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    OCTET_CHECK(color >= 0, "split: color {} (a group is named by a color of 0 or more)", color);
+    OCTET_REQUIRE(api().comm_split != nullptr,
+                  "a hybrid layout (distributed.dp_shard and dp_replicate both above 1) needs ncclCommSplit: "
+                  "NCCL 2.18 or later (this one is {})",
+                  nccl_version());
+    select_device();
+    ncclComm_t comm = nullptr;
+    check_nccl(api().comm_split(comm_, color, key, &comm, nullptr), "ncclCommSplit", rank_);
+    int rank = 0, size = 0;
+    check_nccl(api().user_rank(comm, &rank), "ncclCommUserRank", rank_);
+    check_nccl(api().comm_count(comm, &size), "ncclCommCount", rank_);
+    auto group = std::make_unique<NcclCommunicator>(comm, device_, rank, size, timeout_);
+    group->own_comm();
+    return group;
   }
 
   // Ends this rank's collectives: one waiting now returns with an error.

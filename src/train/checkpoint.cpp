@@ -147,7 +147,7 @@ std::vector<float> to_host(Backend& backend, const float* source, int64_t count)
 std::vector<float> whole_moment(Model& model, Trainer& trainer, const float* moment) {
   const AdamW& optimizer = trainer.optimizer();
   if (!optimizer.sharded()) return to_host(model.backend(), moment, model.parameter_count());
-  dist::Communicator& ranks = *trainer.parallel().communicator;
+  dist::Communicator& ranks = *trainer.parallel().shard_group();
   const dist::ShardRange& shard = optimizer.shard();
   std::vector<float> all(static_cast<size_t>(shard.chunk * ranks.size()), 0.0f);
   float* mine = all.data() + shard.chunk * ranks.rank();

@@ -197,14 +197,17 @@ void attempt(ShardReport& report, Part&& part) {
 // directory; every rank writes its shard of the moments there (atomically, flushed) while rank 0 writes the
 // whole model's files; the ranks exchange what they wrote; rank 0 writes the manifest last and renames the
 // directory into place; every rank returns once it is there, or throws with the others when any part failed.
+// With a hybrid layout the shards are a shard group's: the ranks of the first group (ranks 0 .. size - 1,
+// topology.h) write them, and the other groups, which hold the same state, take part in the agreement only.
 fs::path save_shards(const fs::path& run_dir, const fs::path& final_dir, Model& model, Trainer& trainer,
                      const TrainingProgress& progress, const CheckpointOptions& options) {
   dist::Communicator& ranks = *trainer.parallel().communicator;
-  const int rank = ranks.rank(), size = ranks.size();
+  const int rank = trainer.parallel().shard_rank(), size = static_cast<int>(trainer.parallel().shard_ranks());
+  const bool writes_shard = ranks.rank() < size;
   const fs::path temporary = staging_directory(final_dir);
 
   ShardReport prepared;
-  if (rank == 0) attempt(prepared, [&] { prepare_staging(final_dir); });
+  if (ranks.rank() == 0) attempt(prepared, [&] { prepare_staging(final_dir); });
   exchange_reports(ranks, prepared);
 
   ShardReport mine;
@@ -212,24 +215,25 @@ fs::path save_shards(const fs::path& run_dir, const fs::path& final_dir, Model& 
   const dist::ShardRange& shard = optimizer.shard();
   mine.begin = shard.begin;
   mine.end = shard.end;
-  attempt(mine, [&] {
-    const dist::ShardRange expected = dist::shard_range(model.parameter_count(), rank, size);
-    OCTET_CHECK(shard.begin == expected.begin && shard.end == expected.end,
-                "rank {}'s shard [{}, {}) is dist::shard_range's", rank, shard.begin, shard.end);
-    // m, then v, of the shard's elements.
-    const size_t n = static_cast<size_t>(shard.size());
-    std::string bytes(2 * n * sizeof(float), '\0');
-    model.backend().copy_to_host(bytes.data(), optimizer.first_moment(), n * sizeof(float));
-    model.backend().copy_to_host(bytes.data() + n * sizeof(float), optimizer.second_moment(),
-                                 n * sizeof(float));
-    const fs::path file = temporary / optimizer_shard_file_name(rank, size);
-    io::write_file_atomically(file, bytes);
-    mine.bytes = static_cast<int64_t>(bytes.size());
-    mine.digest = checkpoint_digest(bytes);
-    if (options.after_file_written) options.after_file_written(file);
-  });
+  if (writes_shard)
+    attempt(mine, [&] {
+      const dist::ShardRange expected = dist::shard_range(model.parameter_count(), rank, size);
+      OCTET_CHECK(shard.begin == expected.begin && shard.end == expected.end,
+                  "rank {}'s shard [{}, {}) is dist::shard_range's", rank, shard.begin, shard.end);
+      // m, then v, of the shard's elements.
+      const size_t n = static_cast<size_t>(shard.size());
+      std::string bytes(2 * n * sizeof(float), '\0');
+      model.backend().copy_to_host(bytes.data(), optimizer.first_moment(), n * sizeof(float));
+      model.backend().copy_to_host(bytes.data() + n * sizeof(float), optimizer.second_moment(),
+                                   n * sizeof(float));
+      const fs::path file = temporary / optimizer_shard_file_name(rank, size);
+      io::write_file_atomically(file, bytes);
+      mine.bytes = static_cast<int64_t>(bytes.size());
+      mine.digest = checkpoint_digest(bytes);
+      if (options.after_file_written) options.after_file_written(file);
+    });
   std::vector<CheckpointFileRecord> whole;
-  if (rank == 0) {
+  if (ranks.rank() == 0) {
     attempt(mine, [&] {
       for (const std::string& name :
            write_whole_files(temporary, model, trainer, progress, options, nullptr, nullptr)) {
@@ -241,7 +245,7 @@ fs::path save_shards(const fs::path& run_dir, const fs::path& final_dir, Model& 
   const std::vector<ShardReport> reports = exchange_reports(ranks, mine);
 
   ShardReport committed;
-  if (rank == 0) {
+  if (ranks.rank() == 0) {
     attempt(committed, [&] {
       ShardManifest manifest;
       manifest.step = trainer.steps_done();

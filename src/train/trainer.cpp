@@ -25,9 +25,9 @@ AdamW make_optimizer(Model& model, const TrainSettings& settings, const DataPara
   if (!parallel.shard_optimizer_state || parallel.communicator == nullptr) {
     return AdamW(model.backend(), model.parameters(), model.parameter_count(), settings.adamw);
   }
-  const int ranks = static_cast<int>(parallel.ranks());
+  const int ranks = static_cast<int>(parallel.shard_ranks());
   return AdamW(model.backend(), model.parameters(), model.parameter_count(), settings.adamw,
-               dist::shard_range(model.parameter_count(), parallel.rank(), ranks));
+               dist::shard_range(model.parameter_count(), parallel.shard_rank(), ranks));
 }
 
 }  // namespace
@@ -54,6 +54,25 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
   OCTET_REQUIRE(
       parallel_.emulated_ranks >= 1 && (parallel_.communicator == nullptr || parallel_.emulated_ranks == 1),
       "emulated ranks: at least 1, and only without a communicator; got {}", parallel_.emulated_ranks);
+  OCTET_REQUIRE(
+      parallel_.emulated_shard_ranks == 0 ||
+          (parallel_.communicator == nullptr && parallel_.emulated_shard_ranks >= 1 &&
+           parallel_.emulated_ranks % parallel_.emulated_shard_ranks == 0),
+      "emulated shard groups of {} ranks: only without a communicator, and dividing the {} emulated "
+      "ranks",
+      parallel_.emulated_shard_ranks, parallel_.emulated_ranks);
+  OCTET_REQUIRE(
+      parallel_.shard_communicator == nullptr ||
+          (parallel_.communicator != nullptr && parallel_.shard_optimizer_state &&
+           parallel_.ranks() % parallel_.shard_communicator->size() == 0),
+      "a shard group's communicator: only with the optimizer state sharded, and with one over every "
+      "rank");
+  // A reduce-scatter over every rank leaves each rank the sums of a shard of the world, not of its group's.
+  OCTET_REQUIRE(
+      !parallel_.reduce_scatter || parallel_.shard_ranks() == parallel_.ranks(),
+      "distributed.sharded_gradient_sums = \"reduce_scatter\" with a hybrid layout (shard groups of {} of "
+      "{} ranks) is not supported: use \"all_reduce\"",
+      parallel_.shard_ranks(), parallel_.ranks());
   for (const ParameterInfo& p : model.parameters()) {
     OCTET_REQUIRE(parallel_.ranks() == 1 || p.grad_type == Dtype::f32,
                   "data-parallel training sums float32 gradients; the gradient of {} is kept in bf16 "
@@ -67,7 +86,8 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
   optimizer_.check_groups(model.weight_copy_slots());
   if (parallel_.ranks() > 1) step_scaling_ = std::make_unique<StepScaling>(model);
   if (optimizer_.sharded()) {
-    gather_ = std::make_unique<ParameterGather>(model, *parallel_.communicator, parallel_.fp8_weight_gather);
+    // Within the shard group: its ranks hold the shards of one copy of the state.
+    gather_ = std::make_unique<ParameterGather>(model, *parallel_.shard_group(), parallel_.fp8_weight_gather);
   }
   // The buffer itself, taken now: grads() in the middle of a step would zero what the backward has not yet
   // written, and it moves no more.
@@ -110,7 +130,7 @@ std::string Trainer::first_non_finite_gradient() {
       break;
     }
   }
-  parallel_.communicator->all_reduce_max(std::span<float>(&first, 1));
+  parallel_.shard_group()->all_reduce_max(std::span<float>(&first, 1));
   const auto position = static_cast<size_t>(-first);
   return position < order.size() ? order[position]->name : std::string();
 }
@@ -119,8 +139,8 @@ double Trainer::gradient_sum_of_squares() {
   if (!parallel_.shard_optimizer_state) return model_.gradient_sum_of_squares();
   // With the optimizer state in shards, each shard's sum of squares, and the shards' sums added in rank
   // order: the ranks of a sharded state hold the summed gradients of their shard only (reduce-scatter), and
-  // emulated ranks add the same sums in the same order.
-  const int ranks = static_cast<int>(parallel_.ranks());
+  // emulated ranks add the same sums in the same order. The shards are the shard group's.
+  const int ranks = static_cast<int>(parallel_.shard_ranks());
   const float* grads = model_.grads();
   auto shard_sum = [&](int rank) {
     const dist::ShardRange s = dist::shard_range(model_.parameter_count(), rank, ranks);
@@ -128,8 +148,8 @@ double Trainer::gradient_sum_of_squares() {
     return model_.backend().sum_of_squares(ConstTensorView(grads + s.begin, {s.size()}));
   };
   if (parallel_.communicator != nullptr) {
-    double sum = shard_sum(parallel_.rank());
-    parallel_.communicator->all_reduce_sum(std::span<double>(&sum, 1));
+    double sum = shard_sum(parallel_.shard_rank());
+    parallel_.shard_group()->all_reduce_sum(std::span<double>(&sum, 1));
     return sum;
   }
   double sum = shard_sum(0);

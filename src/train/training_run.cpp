@@ -230,11 +230,15 @@ std::string gather_line(const Trainer::GatherVolume& v) {
 
 void check_ranks(const RunConfig& config, int world) {
   const dist::DataParallelLayout layout = dist::resolve_layout(config.distributed, world, 0);
-  OCTET_REQUIRE(layout.shard == 1 || layout.replicate == 1,
-                "[distributed] dp_shard = {} with dp_replicate = {}: a hybrid layout is not supported yet; shard "
-                "the optimizer state over every rank (dp_shard = -1) or over none (dp_shard = 1, dp_replicate = "
-                "-1)",
-                layout.shard, layout.replicate);
+  // A hybrid layout sums every gradient over every rank (data_parallel.h); a reduce-scatter over every rank
+  // would leave each rank a shard of the world's sums, not its shard group's.
+  OCTET_REQUIRE(
+      layout.shard == 1 || layout.replicate == 1 || !config.distributed.reduce_scatter,
+      "distributed.sharded_gradient_sums = \"reduce_scatter\" is not supported with a hybrid layout "
+      "(distributed.dp_shard = {} with distributed.dp_replicate = {}): every rank receives every "
+      "gradient's sum there; set distributed.sharded_gradient_sums = \"all_reduce\", or shard the "
+      "optimizer state over every rank (distributed.dp_replicate = 1)",
+      layout.shard, layout.replicate);
   OCTET_REQUIRE(world == 1 || !config.precision.auto_filter,
                 "fp8.auto_filter is not supported on several ranks yet (each rank would time its GEMMs and "
                 "could choose other layers); localize once with `octet localize` and train with "
@@ -327,6 +331,13 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   DataParallel parallel;
   parallel.communicator = tensors ? tensors.get() : ranks.control;
   parallel.shard_optimizer_state = ranks.layout.shard > 1;
+  // A hybrid layout: the ranks of this rank's shard group (consecutive ranks, topology.h), split off
+  // together by every rank.
+  std::unique_ptr<dist::Communicator> shard_group;
+  if (parallel.shard_optimizer_state && ranks.layout.replicate > 1) {
+    shard_group = parallel.communicator->split(ranks.layout.replica(), ranks.layout.shard_rank());
+    parallel.shard_communicator = shard_group.get();
+  }
   parallel.reduce_type = config.distributed.gradient_reduce_type;
   parallel.reduce_scatter = config.distributed.reduce_scatter;
   parallel.fp8_weight_gather = config.distributed.fp8_weight_gather;
@@ -403,19 +414,26 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   // Said every time, so that nobody takes a CPU run for a GPU one or an emulated FP8 GEMM for a real one.
   say(out, device.line);
   if (ranks.world > 1) {
-    say(out, fmt::format(
-                 "rank 0 of {} ({}): data parallel, each rank {} micro-batch(es) of the step's {}; gradients "
-                 "summed in {} over {}{}",
-                 ranks.world, ranks.launcher, config.train.grad_accum_steps,
-                 config.train.grad_accum_steps * ranks.world,
-                 config.distributed.gradient_reduce_type == dist::GradientReduceType::bf16 ? "bf16" : "float32",
-                 tensors ? "NCCL" : "the ranks' sockets",
-                 parallel.shard_optimizer_state
-                     ? fmt::format("; optimizer state sharded over {} ranks (ZeRO-1), {}", ranks.world,
-                                   parallel.reduce_scatter
-                                       ? "each receiving the sums of its shard's gradients (reduce-scatter)"
-                                       : "each receiving every gradient's sum (all-reduce)")
-                     : std::string()));
+    say(out,
+        fmt::format(
+            "rank 0 of {} ({}): data parallel, each rank {} micro-batch(es) of the step's {}; gradients "
+            "summed in {} over {}{}",
+            ranks.world, ranks.launcher, config.train.grad_accum_steps,
+            config.train.grad_accum_steps * ranks.world,
+            config.distributed.gradient_reduce_type == dist::GradientReduceType::bf16 ? "bf16" : "float32",
+            tensors ? "NCCL" : "the ranks' sockets",
+            parallel.shard_optimizer_state
+                ? fmt::format("; optimizer state sharded over {} (ZeRO-1), {}",
+                              ranks.layout.replicate > 1
+                                  ? fmt::format("each of {} groups of {} ranks (hybrid: dp_shard = {}, "
+                                                "dp_replicate = {})",
+                                                ranks.layout.replicate, ranks.layout.shard,
+                                                ranks.layout.shard, ranks.layout.replicate)
+                                  : fmt::format("{} ranks", ranks.world),
+                              parallel.reduce_scatter
+                                  ? "each receiving the sums of its shard's gradients (reduce-scatter)"
+                                  : "each receiving every gradient's sum (all-reduce)")
+                : std::string()));
   }
   if (parallel.shard_optimizer_state) say(out, gather_line(trainer->parameter_gather_volume()));
   say(out, fmt::format("octet {}: {}; {} on the {} backend; run directory {}", kVersion, model->describe(),

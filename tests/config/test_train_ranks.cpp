@@ -1,8 +1,9 @@
 // `octet train --ranks N` as a user runs it: N processes of one data-parallel run on this machine, joined
 // over TCP (dist/socket_group.h), the path `--gpus N` takes with NCCL for the tensors. Rank 0 alone prints
 // and writes; the run repeats exactly and resumes exactly; it starts where one rank would (the first step's
-// loss is one rank's over the same global batch); a rank that dies stops the run naming it; ranks started
-// with different configurations are refused before anything is written.
+// loss is one rank's over the same global batch); 4 ranks in a hybrid layout (2 x 2) say so, save the first
+// shard group's shards and resume exactly; a rank that dies stops the run naming it; ranks started with
+// different configurations are refused before anything is written.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -190,6 +191,42 @@ TEST_F(TrainRanks, ACheckpointOfShardsResumesOnOneRankAndIsReadByEvalAndExport) 
   EXPECT_FALSE(fs::exists(root_ / "refused"));
 }
 
+TEST_F(TrainRanks, FourRanksInAHybridLayoutSayItSaveTheFirstGroupsShardsAndResumeExactly) {
+  const fs::path config = write_config("bf16", 4);
+  const std::vector<std::string> hybrid = {"--ranks", "4",
+                                           "--set",   "distributed.dp_shard=2",
+                                           "--set",   "distributed.dp_replicate=2",
+                                           "--set",   "checkpoint.every=2",
+                                           "--set",   "checkpoint.keep_last=2"};
+  std::vector<std::string> args = {"train", config.string()};
+  args.insert(args.end(), hybrid.begin(), hybrid.end());
+  const testing::ProcessResult r = run_octet(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(
+      r.out.find("rank 0 of 4 (octet train --gpus/--ranks): data parallel, each rank 1 micro-batch(es) of "
+                 "the step's 4; gradients summed in float32 over the ranks' sockets; optimizer state "
+                 "sharded over each of 2 groups of 2 ranks (hybrid: dp_shard = 2, dp_replicate = 2) "
+                 "(ZeRO-1), each receiving every gradient's sum (all-reduce)"),
+      std::string::npos)
+      << r.out;
+  // The first group's 2 ranks wrote the 2 shards.
+  const fs::path saved = root_ / "run" / "checkpoints" / "step_000002";
+  for (const char* file : {"shards.json", "optimizer-00000-of-00002.bin", "optimizer-00001-of-00002.bin"}) {
+    EXPECT_TRUE(fs::is_regular_file(saved / file)) << file;
+  }
+  EXPECT_FALSE(fs::exists(saved / "optimizer-00000-of-00004.bin"));
+
+  args = {"train",        config.string(), "--resume-from",
+          saved.string(), "--set",         "logging.run_dir=" + (root_ / "resumed").string()};
+  args.insert(args.end(), hybrid.begin(), hybrid.end());
+  const testing::ProcessResult resumed = run_octet(args);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  auto expected = step_losses(read(root_ / "run" / "metrics.jsonl"));
+  expected.erase(expected.begin(), expected.find(3));
+  ASSERT_EQ(expected.size(), 2u);
+  EXPECT_EQ(step_losses(read(root_ / "resumed" / "metrics.jsonl")), expected);
+}
+
 TEST_F(TrainRanks, ARankThatDiesStopsTheRunNamingIt) {
   const fs::path config = write_config("fp32", 100000);
   const pid_t launcher = start({"train", config.string(), "--ranks", "2", "--set", "data.eval_every=0"},
@@ -260,11 +297,17 @@ TEST_F(TrainRanks, GpusOnTheCpuOrBeyondTheMachineAreRefused) {
   const testing::ProcessResult many = run_octet({"train", config.string(), "--gpus", "4096"});
   EXPECT_EQ(many.exit_code, 2);
   EXPECT_NE(many.err.find("--gpus 4096: this machine shows "), std::string::npos) << many.err;
-  const testing::ProcessResult hybrid = run_octet(
-      {"train", config.string(), "--ranks", "4", "--set", "distributed.dp_shard=2", "--set",
-       "distributed.dp_replicate=2"});
-  EXPECT_NE(hybrid.exit_code, 0);
-  EXPECT_NE(hybrid.err.find("a hybrid layout is not supported yet"), std::string::npos) << hybrid.err;
+  // A hybrid layout trains (above), but not with its gradients reduce-scattered: refused before any rank
+  // starts, naming both keys.
+  const testing::ProcessResult hybrid =
+      run_octet({"train", config.string(), "--ranks", "4", "--set", "distributed.dp_shard=2", "--set",
+                 "distributed.dp_replicate=2", "--set", "distributed.sharded_gradient_sums=reduce_scatter"});
+  EXPECT_EQ(hybrid.exit_code, 2);
+  EXPECT_NE(hybrid.err.find("distributed.sharded_gradient_sums = \"reduce_scatter\" is not supported with a "
+                            "hybrid layout (distributed.dp_shard = 2 with distributed.dp_replicate = 2)"),
+            std::string::npos)
+      << hybrid.err;
+  EXPECT_EQ(hybrid.err.find("rank 1 of 4"), std::string::npos) << "no rank started:\n" << hybrid.err;
   EXPECT_FALSE(fs::exists(root_ / "run"));
 }
 

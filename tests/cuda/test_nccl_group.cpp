@@ -1,7 +1,7 @@
 // NcclGroup's collectives on every GPU of the machine (2 to 4 ranks, one thread and one GPU each), on exact
 // small integers, so that NCCL's own order of addition cannot change a sum: every rank must receive exactly
 // the sums, maxima (a NaN on one rank reaching all), chunks, shards' sums and bytes that the interface
-// promises. Skips with
+// promises; the same on groups split off (ncclCommSplit: a hybrid layout's shard groups). Skips with
 // fewer than two GPUs or without NCCL.
 #include <gtest/gtest.h>
 
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -210,6 +211,37 @@ TEST(NcclGroup, EveryCollectiveOnEveryGpu) {
     threads.emplace_back([&, r] {
       try {
         exercise(group.communicator(r), devices[static_cast<size_t>(r)]);
+      } catch (const std::exception& e) {
+        const std::lock_guard lock(failures_mutex);
+        failures.push_back(e.what());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(failures.empty()) << (failures.empty() ? std::string() : failures.front());
+}
+
+// A hybrid layout's shard groups (Communicator::split, ncclCommSplit): consecutive pairs of ranks, each pair
+// a communicator of its own on which every collective gives the exact results above.
+TEST(NcclGroup, EveryCollectiveOnGroupsSplitOff) {
+  const int count = gpus();
+  if (count < 2) GTEST_SKIP() << "fewer than 2 GPUs (" << count << ")";
+  std::string why;
+  if (!octet::dist::nccl_available(&why)) GTEST_SKIP() << why;
+  std::vector<int> devices(static_cast<size_t>(std::min(count, 4)));
+  std::iota(devices.begin(), devices.end(), 0);
+  octet::dist::NcclGroup group(devices);
+  std::vector<std::thread> threads;
+  std::mutex failures_mutex;
+  std::vector<std::string> failures;
+  for (int r = 0; r < group.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ASSERT_EQ(cudaSetDevice(devices[static_cast<size_t>(r)]), cudaSuccess);
+        const std::unique_ptr<Communicator> pair = group.communicator(r).split(r / 2, r % 2);
+        EXPECT_EQ(pair->rank(), r % 2);
+        EXPECT_EQ(pair->size(), std::min(2, group.size() - r / 2 * 2));
+        exercise(*pair, devices[static_cast<size_t>(r)]);
       } catch (const std::exception& e) {
         const std::lock_guard lock(failures_mutex);
         failures.push_back(e.what());

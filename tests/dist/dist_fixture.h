@@ -40,6 +40,9 @@ struct RunShape {
   int ranks = 2;
   int64_t micro = 1;  // micro-batches per rank and step
   bool shard = false;
+  // With shard: the shard groups (a hybrid layout: the optimizer state sharded over ranks / replicate ranks,
+  // each group holding a whole copy); 1: sharded over every rank.
+  int replicate = 1;
   dist::GradientReduceType reduce = dist::GradientReduceType::float32;
   // What the blocks keep for their backward, and whether FP8 layers run their forward GEMMs again there.
   ActivationCheckpointing checkpointing = ActivationCheckpointing::none;
@@ -56,7 +59,8 @@ inline std::string name_of(const RunShape& s) {
   name += mixed_precision_name(s.precision);
   if (s.precision == MixedPrecision::fp8) name += std::string("_") + recipe_name(s.recipe);
   return name + "_" + std::to_string(s.ranks) + "ranks_" + std::to_string(s.micro) + "micro" +
-         (s.shard ? "_zero1" : "") + (s.reduce == dist::GradientReduceType::bf16 ? "_bf16sum" : "") +
+         (s.shard ? "_zero1" : "") + (s.replicate > 1 ? "_hybrid" + std::to_string(s.ranks / s.replicate) + "x" + std::to_string(s.replicate) : "") +
+         (s.reduce == dist::GradientReduceType::bf16 ? "_bf16sum" : "") +
          (s.checkpointing == ActivationCheckpointing::full        ? "_full_checkpointing"
           : s.checkpointing == ActivationCheckpointing::selective ? "_selective_checkpointing"
                                                                   : "") +
@@ -131,7 +135,7 @@ inline void whole_moments(Trainer& trainer, int64_t n, std::vector<float>& m, st
     v.assign(opt.second_moment(), opt.second_moment() + n);
     return;
   }
-  dist::Communicator& c = *trainer.parallel().communicator;
+  dist::Communicator& c = *trainer.parallel().shard_group();
   const dist::ShardRange& shard = opt.shard();
   for (auto [moment, out] : {std::pair{opt.first_moment(), &m}, std::pair{opt.second_moment(), &v}}) {
     std::vector<float> mine(static_cast<size_t>(shard.chunk), 0.0f),
@@ -175,9 +179,11 @@ inline Outcome one_rank(const RunShape& s,
                         const std::function<BatchSource(int rank, int ranks, io::DataLoader**)>& source) {
   auto backend = make_cpu_backend();
   std::unique_ptr<Model> m = model_of(s, *backend);
-  Trainer trainer(
-      *m, settings_of(s),
-      DataParallel{.shard_optimizer_state = s.shard, .reduce_type = s.reduce, .emulated_ranks = s.ranks});
+  Trainer trainer(*m, settings_of(s),
+                  DataParallel{.shard_optimizer_state = s.shard,
+                               .reduce_type = s.reduce,
+                               .emulated_ranks = s.ranks,
+                               .emulated_shard_ranks = s.replicate > 1 ? s.ranks / s.replicate : 0});
   io::DataLoader* loader = nullptr;
   const BatchSource data = source(0, 1, &loader);
   return train(s, *m, trainer, data, loader);
@@ -190,13 +196,21 @@ inline std::vector<Outcome> many_ranks(
   dist::run_ranks(s.ranks, [&](dist::Communicator& c) {
     auto backend = make_cpu_backend();
     std::unique_ptr<Model> m = model_of(s, *backend);
-    Trainer trainer(
-        *m, settings_of(s),
-        DataParallel{.communicator = &c,
-                     .shard_optimizer_state = s.shard,
-                     .reduce_scatter = s.shard,
-                     .fp8_weight_gather = s.fp8_gather,
-                     .reduce_type = s.reduce});
+    // A hybrid layout: the shard groups are consecutive ranks (topology.h).
+    const int shard = s.ranks / s.replicate;
+    std::unique_ptr<dist::Communicator> group =
+        s.replicate > 1 ? c.split(c.rank() / shard, c.rank() % shard) : nullptr;
+    Trainer trainer(*m, settings_of(s),
+                    DataParallel{.communicator = &c,
+                                 .shard_optimizer_state = s.shard,
+                                 .reduce_scatter = s.shard && s.replicate == 1,
+                                 .reduce_type = s.reduce,
+                                 .shard_communicator = group.get()});
+    if (s.shard) {
+      const dist::ShardRange expected = dist::shard_range(m->parameter_count(), c.rank() % shard, shard);
+      EXPECT_EQ(trainer.optimizer().shard().begin, expected.begin) << "rank " << c.rank();
+      EXPECT_EQ(trainer.optimizer().shard().end, expected.end) << "rank " << c.rank();
+    }
     io::DataLoader* loader = nullptr;
     const BatchSource data =
         rank_batches(source(c.rank(), c.size(), &loader), c.rank(), c.size(), s.micro, B, T);

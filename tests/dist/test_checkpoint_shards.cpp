@@ -2,7 +2,8 @@
 // (including seeded truncations and garbled copies of a real manifest, which must never crash it), a
 // checkpoint whose files disagree with its manifest is refused with one invalid_input error and the model
 // left untouched, a damaged newer checkpoint is named rather than skipped, and a save that fails on any rank
-// fails on every rank and leaves the previous checkpoint as it was.
+// fails on every rank and leaves the previous checkpoint as it was, with a hybrid layout too, whose first
+// shard group alone writes the shards.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -373,6 +374,52 @@ TEST(CheckpointShardSaves, AFailureOnAnyRankFailsTheSaveOnEveryRankAndKeepsThePr
   train_and_save(run.path, 3);
   EXPECT_FALSE(fs::exists(run.path / "checkpoints" / ".tmp_step_000002"));
   EXPECT_EQ(list_checkpoints(run.path).size(), 3u);
+}
+
+TEST(CheckpointShardSaves, AHybridLayoutsFirstGroupWritesTheShardsAndEveryRankAgrees) {
+  // 4 ranks as 2 shard groups of 2: ranks 0 and 1 write the 2 shards, ranks 2 and 3 hold the same state and
+  // write nothing; a shard that fails on rank 1 fails the save on all 4, naming it.
+  const RunShape shape{
+      .precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = true, .replicate = 2};
+  const TempDirectory run("hybrid");
+  std::vector<std::string> failures(4);
+  dist::run_ranks(4, [&](dist::Communicator& c) {
+    auto backend = make_cpu_backend();
+    std::unique_ptr<Model> m = model_of(shape, *backend);
+    const std::unique_ptr<dist::Communicator> group = c.split(c.rank() / 2, c.rank() % 2);
+    Trainer trainer(
+        *m, settings_of(shape),
+        DataParallel{.communicator = &c, .shard_optimizer_state = true, .shard_communicator = group.get()});
+    const BatchSource data = rank_batches(pattern(0, 1, nullptr), c.rank(), c.size(), shape.micro, B, T);
+    std::vector<fs::path> written;
+    for (int step = 1; step <= 2; ++step) {
+      trainer.step(data);
+      CheckpointOptions options;
+      options.after_file_written = [&](const fs::path& file) {
+        written.push_back(file.filename());
+        if (step == 2 && c.rank() == 1 && file.filename() == "optimizer-00001-of-00002.bin")
+          throw Error(ErrorKind::invalid_input, "disk full");
+      };
+      try {
+        save_checkpoint(run.path, *m, trainer, TrainingProgress{}, options);
+      } catch (const Error& e) {
+        failures[static_cast<size_t>(c.rank())] = e.what();
+      }
+    }
+    if (c.rank() >= 2) {
+      EXPECT_TRUE(written.empty()) << "rank " << c.rank() << " of the second group wrote " << written.front();
+    } else {
+      EXPECT_FALSE(written.empty()) << "rank " << c.rank();
+    }
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(failures[static_cast<size_t>(r)].find("rank 1 of 4: disk full"), std::string::npos)
+        << "rank " << r << ": " << failures[static_cast<size_t>(r)];
+  }
+  ASSERT_EQ(list_checkpoints(run.path), std::vector<fs::path>{checkpoint_directory(run.path, 1)});
+  const ShardManifest manifest = read_shard_manifest(checkpoint_directory(run.path, 1));
+  EXPECT_EQ(manifest.ranks, 2);
+  EXPECT_EQ(load_refusal(checkpoint_directory(run.path, 1)), "loaded");
 }
 
 }  // namespace

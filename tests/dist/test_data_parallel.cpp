@@ -62,6 +62,34 @@ std::vector<RunShape> every_shape() {
                      .reduce = dist::GradientReduceType::bf16});
     }
   }
+  // Hybrid layouts (dp_shard = 2, dp_replicate = 2): the optimizer state sharded within each pair of ranks,
+  // the gradients summed over all four.
+  for (const auto& [precision, recipe] : {std::pair{MixedPrecision::fp32, RecipeKind::delayed},
+                                          std::pair{MixedPrecision::bf16, RecipeKind::delayed},
+                                          std::pair{MixedPrecision::fp8, RecipeKind::delayed},
+                                          std::pair{MixedPrecision::fp8, RecipeKind::current}}) {
+    for (const int64_t micro : {int64_t{1}, int64_t{2}}) {
+      out.push_back({.precision = precision,
+                     .recipe = recipe,
+                     .ranks = 4,
+                     .micro = micro,
+                     .shard = true,
+                     .replicate = 2});
+    }
+  }
+  out.push_back({.precision = MixedPrecision::fp8,
+                 .ranks = 4,
+                 .micro = 2,
+                 .shard = true,
+                 .replicate = 2,
+                 .reduce = dist::GradientReduceType::bf16});
+  // A hybrid layout whose FP8 weights travel as codes within each shard group.
+  out.push_back({.precision = MixedPrecision::fp8,
+                 .ranks = 4,
+                 .micro = 1,
+                 .shard = true,
+                 .replicate = 2,
+                 .fp8_gather = true});
   // FP8 with activation checkpointing (a block's forward again in the backward, casting with the scales the
   // first forward took) and with FP8 forward GEMMs run again from their input codes.
   for (const auto& [checkpointing, recompute] :
@@ -148,11 +176,13 @@ TEST(DataParallel, LossScalingSkipsTheSameStepsOnEveryRank) {
   // fp16 from a loss scale so large that the gradients overflow: the first step is skipped and the scale
   // backs off, on every rank as on one.
   // Sharded, each rank checks its own shard of the gradients, and the ranks still name the same tensor.
-  for (const bool shard : {false, true}) {
+  // A hybrid layout's shard groups search their shards alike.
+  for (const auto& [shard, replicate] : {std::pair{false, 1}, std::pair{true, 1}, std::pair{true, 2}}) {
     const RunShape s{.precision = MixedPrecision::fp16,
                      .ranks = 4,
                      .micro = 1,
                      .shard = shard,
+                     .replicate = replicate,
                      .initial_loss_scale = 0x1p24f};
     const Outcome reference = one_rank(s, pattern);
     EXPECT_EQ(reference.skipped.front(), 1);

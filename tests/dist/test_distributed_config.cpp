@@ -6,6 +6,7 @@
 
 #include "octet/check.h"
 #include "octet/config/run_config.h"
+#include "octet/dist/topology.h"
 #include "octet/train/training_run.h"
 
 namespace octet {
@@ -81,6 +82,52 @@ TEST(DistributedConfig, ARunOfOneRankRefusesALayoutOfSeveral) {
       EXPECT_EQ(e.exit_code(), 2);
       EXPECT_NE(std::string(e.what()).find("but this run has 1 rank"), std::string::npos) << e.what();
     }
+  }
+}
+
+TEST(DistributedConfig, HybridLayoutsAreAcceptedAndTheirReduceScatterRefusedNamingBothKeys) {
+  // dp_shard = 2 with dp_replicate = 2 on 4 ranks, spelled three ways; with the gradients all-reduced.
+  for (const std::string& toml : {std::string("[distributed]\ndp_shard = 2\ndp_replicate = 2\n"),
+                                  std::string("[distributed]\ndp_shard = 2\ndp_replicate = -1\n"),
+                                  std::string("[distributed]\ndp_shard = -1\ndp_replicate = 2\n")}) {
+    const RunConfig config = parse_run_config(toml, "run.toml");
+    EXPECT_NO_THROW(check_ranks(config, 4)) << toml;
+    const dist::DataParallelLayout layout = dist::resolve_layout(config.distributed, 4, 3);
+    EXPECT_EQ(layout.shard, 2);
+    EXPECT_EQ(layout.replicate, 2);
+    EXPECT_EQ(layout.replica(), 1);
+    EXPECT_EQ(layout.shard_rank(), 1);
+  }
+  const RunConfig scattered = parse_run_config(
+      "[distributed]\ndp_shard = 2\ndp_replicate = 2\nsharded_gradient_sums = \"reduce_scatter\"\n",
+      "run.toml");
+  try {
+    check_ranks(scattered, 4);
+    ADD_FAILURE() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_EQ(std::string(e.what()),
+              "distributed.sharded_gradient_sums = \"reduce_scatter\" is not supported with a hybrid layout "
+              "(distributed.dp_shard = 2 with distributed.dp_replicate = 2): every rank receives every "
+              "gradient's sum there; set distributed.sharded_gradient_sums = \"all_reduce\", or shard the "
+              "optimizer state over every rank (distributed.dp_replicate = 1)");
+  }
+  // The reduce-scatter stays available where the state is sharded over every rank, and is moot where it is
+  // not sharded at all.
+  for (const std::string& layout :
+       {std::string("dp_shard = 4\ndp_replicate = 1\n"), std::string("dp_shard = 1\ndp_replicate = 4\n")}) {
+    const RunConfig config = parse_run_config(
+        "[distributed]\n" + layout + "sharded_gradient_sums = \"reduce_scatter\"\n", "run.toml");
+    EXPECT_NO_THROW(check_ranks(config, 4)) << layout;
+  }
+  // A layout whose product is not the ranks is refused naming both keys.
+  try {
+    check_ranks(parse_run_config("[distributed]\ndp_shard = 2\ndp_replicate = 3\n", "run.toml"), 4);
+    ADD_FAILURE() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_EQ(std::string(e.what()),
+              "distributed.dp_shard x distributed.dp_replicate = 2 x 3 = 6, but this run has 4 ranks");
   }
 }
 

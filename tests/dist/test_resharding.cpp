@@ -2,7 +2,8 @@
 // (each rank its shard of the moments, under one manifest) whose files assemble to exactly what one rank
 // accumulating the same global batch writes, and one, two or four ranks resume from it exactly: the same
 // bits as one rank that resumes from its own checkpoint, the data loader continuing where it stood, and the
-// same checkpoint at the end. Whole checkpoints still resume on any number of ranks.
+// same checkpoint at the end. A hybrid layout's checkpoint (2 shard groups of 2) holds the first group's 2
+// shards and resumes likewise. Whole checkpoints still resume on any number of ranks.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -76,11 +77,22 @@ std::vector<Outcome> run(const RunShape& s, bool emulate, const TokenShardFile& 
       save_checkpoint(save_to, *m, trainer, progress);
     });
   };
-  if (emulate) return {one(DataParallel{.shard_optimizer_state = s.shard, .emulated_ranks = s.ranks})};
+  if (emulate) {
+    return {one(DataParallel{.shard_optimizer_state = s.shard,
+                             .emulated_ranks = s.ranks,
+                             .emulated_shard_ranks = s.replicate > 1 ? s.ranks / s.replicate : 0})};
+  }
   std::vector<Outcome> outcomes(static_cast<size_t>(s.ranks));
   dist::run_ranks(s.ranks, [&](dist::Communicator& c) {
-    outcomes[static_cast<size_t>(c.rank())] =
-        one(DataParallel{.communicator = &c, .shard_optimizer_state = s.shard, .fp8_weight_gather = s.fp8_gather});
+    // A hybrid layout's shard groups: consecutive ranks.
+    const int group_size = s.ranks / s.replicate;
+    const std::unique_ptr<dist::Communicator> group =
+        s.replicate > 1 ? c.split(c.rank() / group_size, c.rank() % group_size) : nullptr;
+    outcomes[static_cast<size_t>(c.rank())] = one(DataParallel{
+        .communicator = &c,
+        .shard_optimizer_state = s.shard,
+        .fp8_weight_gather = s.fp8_gather,
+        .shard_communicator = group.get()});
   });
   return outcomes;
 }
@@ -229,6 +241,56 @@ TEST(Resharding, ACheckpointOfTwoShardedRanksResumesOnOneTwoAndFourRanks) {
     }
     const std::filesystem::path saved = checkpoint_directory(resumed_dir.path, kBefore + kAfter);
     EXPECT_EQ(std::filesystem::exists(saved / kShardManifestFile), after.shard) << name;
+    expect_same_checkpoint(checkpoint_directory(reference_dir.path, kBefore + kAfter), saved, *model);
+  }
+}
+
+// A hybrid layout (dp_shard = 2, dp_replicate = 2) saves a checkpoint of 2 shards, written by the ranks of
+// the first shard group (the second group's ranks write nothing but take part in the save's agreement), that
+// assembles to one rank's checkpoint; it resumes on 1 rank, on 4 ranks sharding over all 4 (dp_shard = 4)
+// and on 2 x 2 ranks again, each exactly as one rank resuming from its own checkpoint.
+TEST(Resharding, ACheckpointOfAHybridLayoutResumesOnOneRankAndOnFourShardedRanks) {
+  const TokenShardFile shard;
+  const RunShape before{
+      .precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = true, .replicate = 2};
+  const RunDirectory one_dir("hybrid_one"), ranks_dir("hybrid_ranks");
+  run(before, true, shard, kBefore, {}, one_dir.path);
+  run(before, false, shard, kBefore, {}, ranks_dir.path);
+  const std::filesystem::path one_checkpoint = checkpoint_directory(one_dir.path, kBefore);
+  const std::filesystem::path ranks_checkpoint = checkpoint_directory(ranks_dir.path, kBefore);
+  auto backend = make_cpu_backend();
+  const std::unique_ptr<Model> model = tiny_model(*backend);
+
+  const ShardManifest manifest = read_shard_manifest(ranks_checkpoint);
+  EXPECT_EQ(manifest.ranks, 2) << "one shard per rank of a shard group";
+  ASSERT_EQ(manifest.optimizer.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const CheckpointShard& s = manifest.optimizer[static_cast<size_t>(r)];
+    const dist::ShardRange range = dist::shard_range(model->parameter_count(), r, 2);
+    EXPECT_EQ(s.begin, range.begin);
+    EXPECT_EQ(s.end, range.end);
+    EXPECT_EQ(s.file.name, optimizer_shard_file_name(r, 2));
+  }
+  size_t files = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(ranks_checkpoint)) ++files;
+  EXPECT_EQ(files, manifest.files.size() + manifest.optimizer.size() + 1) << "no file of 4 shards";
+  expect_same_checkpoint(one_checkpoint, ranks_checkpoint, *model);
+
+  const std::vector<RunShape> afters = {
+      {.precision = MixedPrecision::fp8, .ranks = 1, .micro = 4, .shard = true},
+      {.precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = true},
+      {.precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = true, .replicate = 2}};
+  for (const RunShape& after : afters) {
+    const std::string name = name_of(after);
+    const RunDirectory reference_dir("hybrid_reference_" + name), resumed_dir("hybrid_resumed_" + name);
+    const std::vector<Outcome> reference =
+        run(after, true, shard, kAfter, one_checkpoint, reference_dir.path);
+    const std::vector<Outcome> resumed = run(after, false, shard, kAfter, ranks_checkpoint, resumed_dir.path);
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(after.ranks)) << name;
+    for (int r = 0; r < after.ranks; ++r) {
+      expect_same(reference[0], resumed[static_cast<size_t>(r)], name + ", rank " + std::to_string(r));
+    }
+    const std::filesystem::path saved = checkpoint_directory(resumed_dir.path, kBefore + kAfter);
     expect_same_checkpoint(checkpoint_directory(reference_dir.path, kBefore + kAfter), saved, *model);
   }
 }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -168,6 +169,39 @@ TEST(SocketGroup, EveryCollectiveGivesTheInProcessGroupsBits) {
       // Not a vacuous comparison: the ranks' sums differ from any one rank's inputs.
       EXPECT_NE(b.sum[0], floats_of(r, 1)[0]);
     }
+  }
+}
+
+TEST(SocketGroup, ItsShardGroupsGiveTheBitsOfAGroupOfTheirRanksAlone) {
+  // 4 processes as 2 shard groups of 2 consecutive ranks (a hybrid layout), each group's collectives made
+  // of the processes' own (Communicator::split): each group gives what 2 ranks alone give.
+  std::vector<Results> pair(2), processes(4);
+  run_ranks(2, [&](Communicator& c) { pair[static_cast<size_t>(c.rank())] = every_collective(c); });
+  Outcomes out;
+  run_processes(
+      4,
+      [&](int r, const RankEnvironment& env) {
+        SocketGroup group(env, fingerprint(), 20s);
+        const std::unique_ptr<Communicator> shard_group = group.split(r / 2, r % 2);
+        EXPECT_EQ(shard_group->rank(), r % 2);
+        EXPECT_EQ(shard_group->size(), 2);
+        processes[static_cast<size_t>(r)] = every_collective(*shard_group);
+      },
+      out);
+  ASSERT_TRUE(out.errors.empty()) << out.errors.begin()->second;
+  for (int r = 0; r < 4; ++r) {
+    const Results& a = pair[static_cast<size_t>(r % 2)];
+    const Results& b = processes[static_cast<size_t>(r)];
+    EXPECT_TRUE(same_bits(a.sum, b.sum)) << "rank " << r;
+    EXPECT_EQ(a.sum64, b.sum64) << "rank " << r;
+    EXPECT_EQ(a.sum_bf16, b.sum_bf16) << "rank " << r;
+    EXPECT_TRUE(same_bits(a.max, b.max)) << "rank " << r;
+    EXPECT_TRUE(same_bits(a.scattered, b.scattered)) << "rank " << r;
+    EXPECT_TRUE(same_bits(a.owned, b.owned)) << "rank " << r;
+    EXPECT_EQ(a.owned_bf16, b.owned_bf16) << "rank " << r;
+    EXPECT_TRUE(same_bits(a.gathered, b.gathered)) << "rank " << r;
+    EXPECT_EQ(b.broadcast, std::vector<std::byte>(11, std::byte{1}));
+    EXPECT_NE(b.sum[0], floats_of(r % 2, 1)[0]);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 namespace octet::dist {
@@ -95,6 +96,15 @@ class Communicator {
   // every rank. In place, whatever the parts' sizes. The default gathers through all_gather over a copy
   // padded to the largest part, in the communicator's memory.
   virtual void all_gather_parts(std::span<std::byte> values, std::span<const int64_t> bounds);
+
+  // A communicator of the ranks that pass the same `color` (0 or more), ranked by `key` (ties by rank here),
+  // for collectives within groups of ranks: a hybrid layout's shard groups (topology.h). Collective: every
+  // rank calls it. Sums over a group are taken in the group's rank order, as over any communicator. The
+  // default builds each group's collectives out of this communicator's own (src/dist/subgroup.cpp): every
+  // rank of this communicator takes part in each, so the groups must call the same collectives in the same
+  // order with the same sizes, as shard groups do; a rank that fails aborts them all through this one, which
+  // must outlive the groups. NCCL splits its communicator (ncclCommSplit).
+  virtual std::unique_ptr<Communicator> split(int color, int key);
 
  protected:
   // What the start_ functions add to traffic(): an all-reduce of `bytes`, a reduce-scatter of `bytes` of

@@ -31,12 +31,13 @@ struct DataParallel {
   // The ranks this one trains with; null: one rank on its own.
   dist::Communicator* communicator = nullptr;
   // ZeRO stage 1: each rank keeps the AdamW moments of its contiguous shard of the parameters only
-  // (dist::shard_range over every rank), receives the summed gradients of that shard only (a reduce-scatter:
-  // the gradients outside its shard stay unsummed, and nothing reads them), updates that shard of the
-  // float32 master weights, and the updated parameters are all-gathered in place
-  // (Communicator::all_gather_shards) before the weight copies are remade. The gradient norm's sum of squares is then taken shard
-  // by shard, the shards' sums added in rank order. Emulated ranks take the norm the same way (their
-  // optimizer keeps the whole state, whose element-wise update is the same).
+  // (dist::shard_range over every rank, or over its shard group: shard_communicator below), receives the
+  // summed gradients of that shard only (a reduce-scatter: the gradients outside its shard stay unsummed, and
+  // nothing reads them), updates that shard of the float32 master weights, and the updated parameters are
+  // all-gathered in place (Communicator::all_gather_shards) before the weight copies are remade. The gradient
+  // norm's sum of squares is then taken shard by shard, the shards' sums added in rank order. Emulated ranks
+  // take the norm the same way (their optimizer keeps the whole state, whose element-wise update is the
+  // same).
   bool shard_optimizer_state = false;
   // With a sharded optimizer state: each rank receives the sums of its shard's gradients only (a
   // reduce-scatter, Communicator::start_reduce_scatter_sum) rather than the whole buffer's (all-reduce). The
@@ -57,9 +58,29 @@ struct DataParallel {
   // Without a communicator: accumulate each step as this many ranks would (above), to reproduce a
   // data-parallel run on one rank. 1: plain accumulation, the behaviour of a run of one rank.
   int64_t emulated_ranks = 1;
+  // A hybrid layout (topology.h: dp_shard and dp_replicate both above 1): the optimizer state is sharded
+  // over this rank's shard group alone, whose communicator this is (Communicator::split of `communicator`),
+  // and every group holds a whole copy of it. The gradients are still summed over every rank, in rank order
+  // (so N ranks keep the bits of one rank emulating N); the shard, the update, the parameters' gather, the
+  // norm's sum of squares and the non-finite search are the shard group's, and every group computes the
+  // same. Null: the state is sharded over every rank of `communicator`. The reduce-scatter above is not
+  // available with a hybrid layout.
+  dist::Communicator* shard_communicator = nullptr;
+  // Without a communicator: the ranks of a shard group that the emulated ranks stand for (the norm is taken
+  // over that many shards, as such a group takes it); 0: every emulated rank.
+  int64_t emulated_shard_ranks = 0;
 
   int64_t ranks() const { return communicator != nullptr ? communicator->size() : emulated_ranks; }
   int rank() const { return communicator != nullptr ? communicator->rank() : 0; }
+  // The ranks that share one copy of a sharded optimizer state, and this rank's place among them.
+  dist::Communicator* shard_group() const {
+    return shard_communicator != nullptr ? shard_communicator : communicator;
+  }
+  int64_t shard_ranks() const {
+    if (shard_group() != nullptr) return shard_group()->size();
+    return emulated_shard_ranks > 0 ? emulated_shard_ranks : emulated_ranks;
+  }
+  int shard_rank() const { return shard_group() != nullptr ? shard_group()->rank() : 0; }
 };
 
 // Rank `rank`'s micro-batches out of `global`, the source of every rank's micro-batches in order: of each
