@@ -403,6 +403,12 @@ const std::vector<Key>& keys() {
         "With the optimizer state sharded (dp_shard above 1): all_reduce (every rank receives every "
         "gradient's sum) or reduce_scatter (each rank receives its shard's sums only: half the bytes, but "
         "one NCCL reduce per shard a bucket meets; slower on 2 GPUs of one node, docs/distributed.md)."));
+    k.push_back(boolean(
+        "distributed.sparse_embedding_sums",
+        [](RunConfig& c) -> bool& { return c.distributed.sparse_embedding_sums; },
+        "Sum an untied token embedding's gradient (Llama with model.tie_embeddings = false) over the rows "
+        "that some rank's tokens of the step read only: the same result, a fraction of its bytes "
+        "(docs/distributed.md). Not with sharded_gradient_sums = \"reduce_scatter\", which sums every row."));
     // [data]
     k.push_back(text(
         "data.dir", [](const RunConfig& c) { return c.data_dir.string(); },

@@ -23,6 +23,9 @@ struct DistributedSettings {
   // With the optimizer state sharded: every rank receives the whole buffer's sums (all-reduce), or only
   // its shard's (reduce-scatter, half the bytes) ([distributed] sharded_gradient_sums).
   bool reduce_scatter = false;
+  // Where every rank receives every sum: an untied token embedding's gradient summed in the rows some
+  // rank's tokens read only ([distributed] sparse_embedding_sums).
+  bool sparse_embedding_sums = true;
 };
 
 struct DataParallelLayout {

@@ -25,6 +25,7 @@ using StepResult = StepStatistics;
 
 class StepScaling;
 class OverlappedSums;
+class TokenRowSums;
 
 // A step's first micro-batch as the trainer ran it (its forward and backward done, the optimizer not yet):
 // what a probe (Trainer::set_micro_batch_probe) sees. The model's gradients then hold this micro-batch's
@@ -101,6 +102,8 @@ class Trainer {
   std::unique_ptr<StepScaling> step_scaling_;
   // The gradient sums started during this step's backward; null when none are.
   std::unique_ptr<OverlappedSums> overlapped_;
+  // The token-indexed gradient's sums over the rows read (DataParallel::sparse_embedding_sums); null: none.
+  std::unique_ptr<TokenRowSums> token_rows_;
   std::function<void(const MicroBatch&)> probe_;
   AdamW optimizer_;
   LossScaler scaler_;
