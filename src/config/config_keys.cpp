@@ -410,6 +410,12 @@ const std::vector<Key>& keys() {
         "FP8 as their FP8 codes (1 byte an element), each rank casting its shard with the scale of the whole "
         "weight's amax over every rank; the same codes as a cast after a float32 gather, so the same "
         "training bit for bit. false: every parameter gathered in float32 (4 bytes)."));
+    k.push_back(boolean(
+        "distributed.sparse_embedding_sums",
+        [](RunConfig& c) -> bool& { return c.distributed.sparse_embedding_sums; },
+        "Sum an untied token embedding's gradient (Llama with model.tie_embeddings = false) over the rows "
+        "that some rank's tokens of the step read only: the same result, a fraction of its bytes "
+        "(docs/distributed.md). Not with sharded_gradient_sums = \"reduce_scatter\", which sums every row."));
     // [data]
     k.push_back(text(
         "data.dir", [](const RunConfig& c) { return c.data_dir.string(); },

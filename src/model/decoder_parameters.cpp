@@ -325,6 +325,15 @@ std::vector<Decoder::WeightCopySlot> Decoder::weight_copy_slots() {
   return slots;
 }
 
+std::optional<Model::TokenRowGradient> Decoder::token_row_gradient() const {
+  // GPT-2's table is also its head (and wpe's rows are positions); an untied Llama's embedding gradient is
+  // zeroed by zero_grad and written by embedding_backward alone, in the rows of the tokens.
+  if (config_.tied_head()) return std::nullopt;
+  const ParameterInfo& table = parameter(embedding_name());
+  if (table.grad_type != Dtype::f32) return std::nullopt;
+  return TokenRowGradient{.offset = table.grad_offset, .rows = table.shape[0], .cols = table.shape[1]};
+}
+
 void Decoder::zero_grad() {
   backend_.fill_zero_ranges(grads_->floats(), zeroed_by_zero_grad_);
   for (const auto& l : linears_) l->weight_gradient_written = false;

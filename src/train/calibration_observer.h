@@ -170,6 +170,9 @@ class ObservingBackend final : public Backend {
                     const int32_t* positions, int64_t k, const float* weights) override {
     inner_->combine_rows(out, base, src, positions, k, weights);
   }
+  void scatter_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index) override {
+    inner_->scatter_rows(out, src, index);
+  }
   void row_dots(float* out, const ConstTensorView& a, const ConstTensorView& src, const int32_t* positions,
                 int64_t k) override {
     inner_->row_dots(out, a, src, positions, k);

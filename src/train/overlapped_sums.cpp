@@ -9,17 +9,21 @@
 namespace octet {
 
 OverlappedSums::OverlappedSums(dist::Communicator& communicator, float* grads, int64_t count, void* stream,
-                               int64_t bucket, dist::GradientReduceType type, int64_t shard_total)
+                               int64_t bucket, dist::GradientReduceType type, int64_t shard_total,
+                               TokenRowSums* rows)
     : communicator_(communicator),
       grads_(grads),
       count_(count),
       stream_(stream),
       bucket_(bucket),
       type_(type),
-      shard_total_(shard_total) {
+      shard_total_(shard_total),
+      rows_(rows) {
   OCTET_CHECK(count >= 0 && bucket >= 1, "{} gradients in buckets of {}", count, bucket);
   OCTET_CHECK(shard_total == 0 || shard_total >= count, "{} gradients in shards of {} elements", count,
               shard_total);
+  OCTET_CHECK(rows == nullptr || (shard_total == 0 && rows->end() <= count),
+              "the sums of a token-indexed gradient's rows: all-reduced, inside the {} gradients", count);
 }
 
 void OverlappedSums::ready(int64_t begin, int64_t end) {
@@ -47,6 +51,20 @@ void OverlappedSums::flush() {
 }
 
 void OverlappedSums::start(int64_t begin, int64_t end) {
+  started_.emplace_back(begin, end);
+  // A bucket that holds the whole token-indexed gradient: its rows through rows_, the rest as ever. (The
+  // model reports that gradient in one run; a bucket holding part of it sums that part whole.)
+  if (rows_ != nullptr && rows_->sparse() && begin <= rows_->begin() && rows_->end() <= end) {
+    start_dense(begin, rows_->begin());
+    rows_->start(communicator_, grads_, stream_, type_);
+    start_dense(rows_->end(), end);
+    return;
+  }
+  start_dense(begin, end);
+}
+
+void OverlappedSums::start_dense(int64_t begin, int64_t end) {
+  if (begin == end) return;
   const std::span<float> values(grads_ + begin, static_cast<size_t>(end - begin));
   const bool bf16 = type_ == dist::GradientReduceType::bf16;
   if (shard_total_ > 0 && bf16) {
@@ -58,7 +76,6 @@ void OverlappedSums::start(int64_t begin, int64_t end) {
   } else {
     communicator_.start_all_reduce_sum(values, stream_);
   }
-  started_.emplace_back(begin, end);
 }
 
 void OverlappedSums::finish() {
@@ -74,6 +91,7 @@ void OverlappedSums::finish() {
   }
   if (at < count_) start(at, count_);
   communicator_.finish_started();
+  if (rows_ != nullptr) rows_->finish(grads_);
   started_.clear();
 }
 

@@ -10,6 +10,10 @@
 // own shard only, and the rest of the buffer is left unsummed, for nothing to read. The sums are
 // element-wise: their result is that of one all-reduce of the whole buffer after the backward, bit for bit
 // (on a rank's shard, for a reduce-scatter).
+//
+// Given a TokenRowSums (token_row_sums.h: all-reduces only), a bucket that holds the whole token-indexed
+// gradient sums that gradient's agreed rows alone, through TokenRowSums, and the rest of the bucket as above;
+// finish() writes the summed rows back once every sum is done. The result is the same bits.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +22,7 @@
 
 #include "octet/dist/communicator.h"
 #include "octet/dist/topology.h"
+#include "token_row_sums.h"
 
 namespace octet {
 
@@ -26,9 +31,10 @@ class OverlappedSums {
   // The gradients are grads[0, count); `stream` the backend's (Backend::native_stream). `type`: the sums in
   // float32, or in BF16 (Communicator::start_all_reduce_sum_bf16). `shard_total`: 0, every rank receives
   // every sum; otherwise the elements the ranks' shards divide (dist::shard_range of it, count at most it),
-  // and each rank receives the sums of its shard alone.
+  // and each rank receives the sums of its shard alone. `rows`: null, or the token-indexed gradient's sums,
+  // its rows agreed on (TokenRowSums::agree), for a buffer that is all-reduced (shard_total 0).
   OverlappedSums(dist::Communicator& communicator, float* grads, int64_t count, void* stream, int64_t bucket,
-                 dist::GradientReduceType type, int64_t shard_total = 0);
+                 dist::GradientReduceType type, int64_t shard_total = 0, TokenRowSums* rows = nullptr);
 
   // The backward has finished grads[begin, end).
   void ready(int64_t begin, int64_t end);
@@ -37,6 +43,7 @@ class OverlappedSums {
 
  private:
   void start(int64_t begin, int64_t end);
+  void start_dense(int64_t begin, int64_t end);
   void flush();
 
   dist::Communicator& communicator_;
@@ -46,6 +53,7 @@ class OverlappedSums {
   int64_t bucket_;
   dist::GradientReduceType type_;
   int64_t shard_total_;
+  TokenRowSums* rows_;
   int64_t pending_begin_ = 0, pending_end_ = 0;  // the bucket being gathered; empty when equal
   std::vector<std::pair<int64_t, int64_t>> started_;
 };

@@ -14,6 +14,7 @@
 #include "overlapped_sums.h"
 #include "parameter_gather.h"
 #include "step_scaling.h"
+#include "token_row_sums.h"
 
 namespace octet {
 
@@ -88,6 +89,11 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
   if (optimizer_.sharded()) {
     // Within the shard group: its ranks hold the shards of one copy of the state.
     gather_ = std::make_unique<ParameterGather>(model, *parallel_.shard_group(), parallel_.fp8_weight_gather);
+  }
+  const std::optional<Model::TokenRowGradient> token_rows = model.token_row_gradient();
+  if (parallel_.communicator != nullptr && parallel_.ranks() > 1 && parallel_.sparse_embedding_sums &&
+      token_rows && !(optimizer_.sharded() && parallel_.reduce_scatter)) {
+    token_rows_ = std::make_unique<TokenRowSums>(model.backend(), *token_rows);
   }
   // The buffer itself, taken now: grads() in the middle of a step would zero what the backward has not yet
   // written, and it moves no more.
@@ -247,22 +253,26 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
   std::vector<float> group_sum, group;
   double loss_sum = 0.0;
   if (step_scaling_) step_scaling_->begin();
+  if (token_rows_) token_rows_->clear();
   for (int64_t g = 0; g < groups; ++g) {
     model_.zero_grad();
     double group_loss = 0.0;
     for (int64_t m = 0; m < micro; ++m) {
       phase(StepPhase::data);
       data(tokens.data(), targets.data());
+      if (token_rows_) token_rows_->add(tokens.data(), B * T);
       phase(StepPhase::forward);
       const float loss = model_.forward(tokens.data(), targets.data(), B, T, dloss);
       group_loss += loss;
       phase(StepPhase::backward);
       // The last micro-batch's backward starts the ranks' sums of the gradients it finishes.
       if (m == micro - 1 && overlap_gradient_sums()) {
+        if (token_rows_) token_rows_->agree(*parallel_.communicator);
         overlapped_ = std::make_unique<OverlappedSums>(
             *parallel_.communicator, gradient_base_, gradient_floats_, model_.backend().native_stream(),
             bucket_elements(), parallel_.reduce_type,
-            optimizer_.sharded() && parallel_.reduce_scatter ? model_.parameter_count() : 0);
+            optimizer_.sharded() && parallel_.reduce_scatter ? model_.parameter_count() : 0,
+            token_rows_.get());
         model_.set_gradient_ready([this](int64_t begin, int64_t end) { overlapped_->ready(begin, end); });
       }
       model_.backward(dloss);

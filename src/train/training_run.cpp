@@ -341,6 +341,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   parallel.reduce_type = config.distributed.gradient_reduce_type;
   parallel.reduce_scatter = config.distributed.reduce_scatter;
   parallel.fp8_weight_gather = config.distributed.fp8_weight_gather;
+  parallel.sparse_embedding_sums = config.distributed.sparse_embedding_sums;
   parallel.bucket_elements = config.distributed.bucket_mb * (int64_t{1} << 20) / int64_t{sizeof(float)};
   // The backend, model and trainer in `mode`'s precision: at the start, and at each switch of a precision
   // schedule, which keeps the backend unless the mode asks for another (fp32's attention, emulated FP8).

@@ -1,10 +1,13 @@
 // The CPU reference's mixture-of-experts routing ops, each against an independent computation: the top-k
 // softmax against a float64 softmax and a sort, its backward against central differences of a float64
 // objective, the grouping against its definition (a stable sort by expert with aligned starts), and the
-// gather, combine and dot ops on exactly representable values, where their sums are exact.
+// gather, combine and dot ops on exactly representable values, where their sums are exact; the scatter of
+// rows, bit for bit.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -152,6 +155,35 @@ TEST(CpuRouting, GatherCombineAndDotsAreExactOnSmallIntegers) {
   std::vector<float> sums(C);
   cpu->column_sums(sums.data(), ConstTensorView(src.data(), {R, C}));
   for (int64_t c = 0; c < C; ++c) EXPECT_EQ(sums[c], src[c] + src[C + c] + src[2 * C + c]) << c;
+}
+
+// scatter_rows copies each row to its place, bits included (-0.0 and NaN payloads stay), leaves the other
+// rows alone, refuses a row out of range, and undoes gather_rows by the same index.
+TEST(CpuRouting, ScatterRowsWritesEachRowToItsPlaceOnly) {
+  const int64_t R = 7, C = 3, M = 3;
+  const auto cpu = make_cpu_backend();
+  std::vector<float> src(M * C);
+  for (int64_t i = 0; i < M * C; ++i) src[i] = static_cast<float>(i + 1);
+  src[1] = -0.0f;
+  src[5] = std::bit_cast<float>(0x7FC01234u);
+  const std::vector<int32_t> index = {5, 0, 3};
+  std::vector<float> out(R * C, 9.0f);
+  cpu->scatter_rows(TensorView(out.data(), {R, C}), ConstTensorView(src.data(), {M, C}), index.data());
+  for (int64_t r = 0; r < R; ++r) {
+    const auto m = std::find(index.begin(), index.end(), r);
+    for (int64_t c = 0; c < C; ++c) {
+      const float want = m == index.end() ? 9.0f : src[(m - index.begin()) * C + c];
+      EXPECT_EQ(std::bit_cast<uint32_t>(out[r * C + c]), std::bit_cast<uint32_t>(want)) << r << "," << c;
+    }
+  }
+  std::vector<float> back(M * C);
+  cpu->gather_rows(TensorView(back.data(), {M, C}), ConstTensorView(out.data(), {R, C}), index.data(), 1,
+                   nullptr, {}, TensorRole::gradient);
+  EXPECT_EQ(std::memcmp(back.data(), src.data(), back.size() * sizeof(float)), 0);
+  const std::vector<int32_t> bad = {7};
+  EXPECT_THROW(
+      cpu->scatter_rows(TensorView(out.data(), {R, C}), ConstTensorView(src.data(), {1, C}), bad.data()),
+      Error);
 }
 
 }  // namespace

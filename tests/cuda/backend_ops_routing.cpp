@@ -1,7 +1,8 @@
 // The mixture-of-experts routing ops (backend.h) on every tested backend against the CPU reference
 // (harness: backend_ops_harness.h): the router's top-k softmax and its backward, the grouping of assignments
-// by expert, the gather, combine and dot products of rows, and the column sums. Token counts of one, odd and
-// prime sizes, E in {2, 8, 60}, k in {1, 2, E}, alignments 1 and 16, rows of odd widths and of multiples of
+// by expert, the gather, combine, scatter and dot products of rows, and the column sums. Token counts of one,
+// odd and prime sizes, E in {2, 8, 60}, k in {1, 2, E}, alignments 1 and 16, rows of odd widths and of
+// multiples of
 // 4. Integer outputs (experts, offsets, slots, positions) must be equal, and so must the gathered and
 // combined rows, which round as the reference rounds; sums taken in another order (the softmax's, the dot
 // products, the column sums) get float32 tolerances. Every float output must also be free of NaN and Inf.
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -349,6 +351,35 @@ std::vector<OpCase> combine_rows_cases() {
   return cases;
 }
 
+// Rows copied to their places in a larger table (a sum of gathered rows written back): every other row of
+// the table keeps its bits. The rows are distinct and in a shuffled order; the table's row counts are odd and
+// prime as well as multiples of 4, its widths too.
+std::vector<OpCase> scatter_rows_cases() {
+  std::vector<OpCase> cases;
+  struct ScatterShape {
+    int64_t R, M, C;
+  };
+  for (const auto& [R, M, C] : std::vector<ScatterShape>{
+           {1, 1, 1}, {7, 3, 5}, {64, 61, 64}, {257, 100, 12}, {1031, 13, 132}, {4099, 4099, 3}}) {
+    OpCase c{"scatter_rows", shape_label({{"R", R}, {"M", M}, {"C", C}}), {}, {}, {}};
+    const uint64_t seed = seed_of(c.op, c.shape);
+    std::vector<int32_t> rows(static_cast<size_t>(R));
+    std::iota(rows.begin(), rows.end(), 0);
+    std::shuffle(rows.begin(), rows.end(), std::mt19937_64(seed));
+    rows.resize(static_cast<size_t>(M));
+    c.operands = {in_out("out", random_normal(R * C, seed + 1)), input("src", random_normal(M * C, seed + 2)),
+                  input_ints("index", rows)};
+    c.run = [R, M, C](Backend& b, const std::vector<void*>& p) {
+      b.scatter_rows(TensorView(floats_at(p, 0), {R, C}), ConstTensorView(floats_at(p, 1), {M, C}),
+                     ints_at(p, 2));
+      return none();
+    };
+    c.checks = {nan_free(exact("out", "a copy of rows: the reference's bits"))};
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
 std::vector<OpCase> row_dots_cases() {
   std::vector<OpCase> cases;
   for (const RowShape& s : kRowShapes) {
@@ -427,6 +458,11 @@ TEST(BackendOpsRouting, GatherRows) {
 TEST(BackendOpsRouting, CombineRows) {
   SKIP_WITHOUT_TESTED_BACKEND();
   run_all(combine_rows_cases());
+}
+
+TEST(BackendOpsRouting, ScatterRows) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  run_all(scatter_rows_cases());
 }
 
 TEST(BackendOpsRouting, RowDots) {

@@ -3,8 +3,9 @@
 // shard that a bucket meets, grouped, or ncclReduceScatter), and the run is the all-reduced run's, bit for
 // bit. Two ranks make that exact whatever NCCL's algorithm: every element's sum is one addition of two
 // values, the same in either order. The gradient clipping is off, so that the norm (taken shard by shard
-// with a sharded optimizer, over the whole buffer without) cannot move the update. Skips with fewer than two
-// GPUs or without NCCL.
+// with a sharded optimizer, over the whole buffer without) cannot move the update. An untied Llama's
+// embedding gradient summed in the rows read only gives the bits of every row summed. Skips with fewer than
+// two GPUs or without NCCL.
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -40,12 +41,27 @@ ModelConfig two_block_gpt() {
   return c;
 }
 
-// The step's micro-batches in order, each rank keeping its own (rank_batches).
-BatchSource tokens(uint64_t seed, int64_t V) {
+// A Llama of the same size with an untied head: its embedding's gradient has rows for the tokens read only.
+ModelConfig two_block_llama() {
+  ModelConfig c = two_block_gpt();
+  c.arch = ModelArchitecture::llama;
+  c.kv_heads = 2;
+  c.ffn_hidden = 128;
+  c.rope_theta = 10000.0f;
+  c.tie_embeddings = false;
+  return c;
+}
+
+// The step's micro-batches in order, each rank keeping its own (rank_batches). Tokens drawn from `spread`
+// ids (0: all V), starting at an id that moves with each micro-batch: the ranks read overlapping sets.
+BatchSource tokens(uint64_t seed, int64_t V, int64_t spread = 0) {
   auto rng = std::make_shared<std::mt19937_64>(seed);
-  return [rng, V](int32_t* in, int32_t* targets) {
+  auto batch = std::make_shared<int64_t>(0);
+  return [rng, batch, V, spread](int32_t* in, int32_t* targets) {
+    const int64_t first = spread > 0 ? (*batch)++ * 17 % V : 0;
     for (int64_t i = 0; i < kB * kT; ++i) {
-      in[i] = static_cast<int32_t>((*rng)() % static_cast<uint64_t>(V));
+      const uint64_t draw = (*rng)() % static_cast<uint64_t>(spread > 0 ? spread : V);
+      in[i] = static_cast<int32_t>((first + static_cast<int64_t>(draw)) % V);
       targets[i] = static_cast<int32_t>((in[i] * 31 + 7) % V);
     }
   };
@@ -58,14 +74,18 @@ struct RankRun {
   std::string error;
 };
 
-// How the two ranks train: float32 throughout by default; FP8 with a recipe, and the FP8 weights gathered
-// as codes, where asked.
+// How the two ranks train: float32 throughout by default; FP8 with a recipe, the FP8 weights gathered as
+// codes, a Llama whose micro-batches read few token ids, where asked.
 struct TwoGpuRun {
   bool shard = false;
+  bool reduce_scatter = true;  // with shard: the sums reduce-scattered, or all-reduced
   dist::GradientReduceType reduce = dist::GradientReduceType::float32;
   MixedPrecision mode = MixedPrecision::fp32;
   RecipeKind recipe = RecipeKind::delayed;
   bool fp8_gather = false;
+  bool llama = false;
+  bool sparse_embedding_sums = true;
+  int64_t spread = 0;  // tokens(): 0, every id
 };
 
 std::vector<RankRun> train_on_two_gpus(const TwoGpuRun& how) {
@@ -82,7 +102,7 @@ std::vector<RankRun> train_on_two_gpus(const TwoGpuRun& how) {
         CudaBackendOptions options;
         options.device = r;
         auto backend = make_cuda_backend(options);
-        const ModelConfig config = two_block_gpt();
+        const ModelConfig config = how.llama ? two_block_llama() : two_block_gpt();
         PrecisionSettings precision;
         precision.mode = how.mode;
         precision.recipe = how.recipe;
@@ -99,11 +119,12 @@ std::vector<RankRun> train_on_two_gpus(const TwoGpuRun& how) {
         Trainer trainer(*model, settings,
                         DataParallel{.communicator = &c,
                                      .shard_optimizer_state = shard,
-                                     .reduce_scatter = shard,
+                                     .reduce_scatter = shard && how.reduce_scatter,
                                      .fp8_weight_gather = how.fp8_gather,
                                      .reduce_type = how.reduce,
-                                     .bucket_elements = 5000});
-        const BatchSource data = rank_batches(tokens(3, config.vocab_size), r, 2, 1, kB, kT);
+                                     .bucket_elements = 5000,
+                                     .sparse_embedding_sums = how.sparse_embedding_sums});
+        const BatchSource data = rank_batches(tokens(3, config.vocab_size, how.spread), r, 2, 1, kB, kT);
         for (int64_t s = 0; s < kSteps; ++s) {
           const StepResult result = trainer.step(data);
           run.losses.push_back(result.loss);
@@ -184,6 +205,46 @@ TEST(GpuDataParallel, Fp8WeightGathersTrainAsFloat32Gathers) {
       EXPECT_TRUE(same_bits(x.norms, y.norms)) << recipe_name(recipe) << ", rank " << r;
       EXPECT_TRUE(same_bits(x.params, y.params)) << recipe_name(recipe) << ", rank " << r;
       EXPECT_NE(x.losses.front(), x.losses.back()) << "the model trains";
+    }
+  }
+}
+
+// An untied Llama whose ranks read 40 of the 250 token ids a micro-batch: the embedding's gradient is summed
+// in the rows some rank read only (TokenRowSums: rows gathered on the GPU, a compact NCCL all-reduce, rows
+// written back), and the run is the run that sums every row, bit for bit, in float32 and in BF16, with and
+// without a sharded optimizer (all-reduced); the bytes sent shrink by the rows no rank read.
+TEST(GpuDataParallel, AnUntiedEmbeddingsRowsReadAreSummedAndTrainAsEveryRowSummed) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  std::string why;
+  if (!dist::nccl_available(&why)) GTEST_SKIP() << why;
+  for (const dist::GradientReduceType reduce :
+       {dist::GradientReduceType::float32, dist::GradientReduceType::bf16}) {
+    for (const bool shard : {false, true}) {
+      TwoGpuRun how{.shard = shard, .reduce_scatter = false, .reduce = reduce, .llama = true, .spread = 40};
+      const std::vector<RankRun> sparse = train_on_two_gpus(how);
+      how.sparse_embedding_sums = false;
+      const std::vector<RankRun> dense = train_on_two_gpus(how);
+      const int64_t element = reduce == dist::GradientReduceType::bf16 ? 2 : 4;
+      const int64_t table = two_block_llama().padded_vocab() * two_block_llama().channels;
+      for (int r = 0; r < 2; ++r) {
+        const RankRun& a = dense[static_cast<size_t>(r)];
+        const RankRun& b = sparse[static_cast<size_t>(r)];
+        ASSERT_TRUE(a.error.empty()) << a.error;
+        ASSERT_TRUE(b.error.empty()) << b.error;
+        EXPECT_NE(a.losses.front(), a.losses.back()) << "the model trains";
+        EXPECT_TRUE(same_bits(a.losses, b.losses)) << "rank " << r;
+        EXPECT_TRUE(same_bits(a.norms, b.norms)) << "rank " << r;
+        EXPECT_TRUE(same_bits(a.params, b.params)) << "rank " << r;
+        EXPECT_TRUE(same_bits(b.params, sparse[0].params)) << "every rank holds the same parameters";
+        EXPECT_EQ(a.traffic.all_reduce_bytes, kSteps * a.parameters * element);
+        // Two micro-batches of 40 ids a step: at most 80 of the table's 256 rows summed.
+        EXPECT_LE(b.traffic.all_reduce_bytes, kSteps * (a.parameters - table + table * 80 / 256) * element);
+        EXPECT_GT(b.traffic.all_reduce_bytes, kSteps * (a.parameters - table) * element);
+        std::printf("[ nccl ] rank %d, %s sums%s: %lld bytes a step, %lld with every embedding row\n", r,
+                    element == 2 ? "bf16" : "float32", shard ? ", sharded optimizer" : "",
+                    static_cast<long long>(b.traffic.all_reduce_bytes / kSteps),
+                    static_cast<long long>(a.traffic.all_reduce_bytes / kSteps));
+      }
     }
   }
 }

@@ -464,6 +464,9 @@ class Backend {
   // 1) x src [M, C] row positions[r k + j]. out may be base. float32.
   virtual void combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,
                             const int32_t* positions, int64_t k, const float* weights) = 0;
+  // out [R, C] row index[m] = src [M, C] row m for each m < M, the bits copied; out's other rows are left as
+  // they are. The index is in backend memory, its M rows distinct and each in 0 .. R - 1. float32.
+  virtual void scatter_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index) = 0;
   // out [R k]: out[r k + j] = the dot product of a [R, C] row r and src [M, C] row positions[r k + j].
   virtual void row_dots(float* out, const ConstTensorView& a, const ConstTensorView& src,
                         const int32_t* positions, int64_t k) = 0;

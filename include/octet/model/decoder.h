@@ -95,6 +95,7 @@ class Decoder final : public Model {
   // than one chunk).
   void backward(float dloss_scale) override;
   void set_gradient_ready(GradientReady ready) override { gradient_ready_ = std::move(ready); }
+  std::optional<TokenRowGradient> token_row_gradient() const override;
   std::vector<Fp8LinearState*> fp8_states(std::span<const std::string> layers) override;
   std::optional<double> router_balance() const override;
   // Zeroes the gradients: the linear layers' weight gradients by their next backward, which writes them

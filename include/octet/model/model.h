@@ -134,6 +134,17 @@ class Model {
   // goes on. Runs never reported are the caller's to take after backward() returns. Null: none (the default).
   using GradientReady = std::function<void(int64_t begin, int64_t end)>;
   virtual void set_gradient_ready(GradientReady ready) { (void)ready; }
+  // A float32 gradient whose rows are indexed by input tokens: [rows, cols] at `offset` in grads(), and after
+  // zero_grad and the backwards since, every row but those of the token ids the forwards read holds +0 (an
+  // untied token embedding). A data-parallel trainer sums only the rows some rank's tokens touched; the
+  // others' sum is +0 on every rank. nullopt where there is none (a table that the LM head also reads has a
+  // gradient in every row).
+  struct TokenRowGradient {
+    int64_t offset = 0;
+    int64_t rows = 0;
+    int64_t cols = 0;
+  };
+  virtual std::optional<TokenRowGradient> token_row_gradient() const { return std::nullopt; }
   // A mixture-of-experts model's router balance over the last forward: each layer's E x sum_e f_e P_e (f_e
   // expert e's share of the assignments, P_e its mean router probability), averaged over the layers; 1 when
   // balanced, up to E when every token goes to one expert. The auxiliary loss that training adds to the

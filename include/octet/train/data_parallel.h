@@ -69,6 +69,11 @@ struct DataParallel {
   // Without a communicator: the ranks of a shard group that the emulated ranks stand for (the norm is taken
   // over that many shards, as such a group takes it); 0: every emulated rank.
   int64_t emulated_shard_ranks = 0;
+  // Over a communicator, unless the sums are reduce-scatters: a gradient whose rows are indexed by input
+  // tokens (Model::token_row_gradient: an untied token embedding) is summed in the rows that some rank's
+  // micro-batches of the step read only (src/train/token_row_sums.h): the same bits as summing every row,
+  // for a fraction of the bytes. False: every row.
+  bool sparse_embedding_sums = true;
 
   int64_t ranks() const { return communicator != nullptr ? communicator->size() : emulated_ranks; }
   int rank() const { return communicator != nullptr ? communicator->rank() : 0; }

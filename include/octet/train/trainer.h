@@ -26,6 +26,7 @@ using StepResult = StepStatistics;
 class StepScaling;
 class OverlappedSums;
 class ParameterGather;
+class TokenRowSums;
 
 // A step's first micro-batch as the trainer ran it (its forward and backward done, the optimizer not yet):
 // what a probe (Trainer::set_micro_batch_probe) sees. The model's gradients then hold this micro-batch's
@@ -117,6 +118,8 @@ class Trainer {
   std::unique_ptr<OverlappedSums> overlapped_;
   // A sharded optimizer's gather of the updated parameters; null where the state is whole.
   std::unique_ptr<ParameterGather> gather_;
+  // The token-indexed gradient's sums over the rows read (DataParallel::sparse_embedding_sums); null: none.
+  std::unique_ptr<TokenRowSums> token_rows_;
   std::function<void(const MicroBatch&)> probe_;
   AdamW optimizer_;
   LossScaler scaler_;

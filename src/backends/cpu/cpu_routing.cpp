@@ -166,6 +166,20 @@ void CpuBackend::combine_rows(const TensorView& out, const float* base, const Co
   }
 }
 
+void CpuBackend::scatter_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index) {
+  check_dtype("scatter_rows", "out", out.dtype, kF32);
+  check_dtype("scatter_rows", "src", src.dtype, kF32);
+  const int64_t R = out.rows(), C = out.cols(), M = src.rows();
+  check_matrix("scatter_rows", "src", src.shape, M, C);
+  const float* s = src.f32();
+  float* o = out.f32();
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t r = index[m];
+    OCTET_CHECK(r >= 0 && r < R, "scatter_rows: row {} goes to row {} of {}", m, r, R);
+    std::copy(s + m * C, s + (m + 1) * C, o + r * C);
+  }
+}
+
 void CpuBackend::row_dots(float* out, const ConstTensorView& a, const ConstTensorView& src,
                           const int32_t* positions, int64_t k) {
   check_dtype("row_dots", "a", a.dtype, kF32);

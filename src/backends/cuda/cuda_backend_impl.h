@@ -231,6 +231,7 @@ class CudaBackend final : public Backend {
                    const float* scale, const Fp8CastTarget& cast_for, TensorRole cast_as) override;
   void combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,
                     const int32_t* positions, int64_t k, const float* weights) override;
+  void scatter_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index) override;
   void row_dots(float* out, const ConstTensorView& a, const ConstTensorView& src, const int32_t* positions,
                 int64_t k) override;
   void column_sums(float* out, const ConstTensorView& x) override;

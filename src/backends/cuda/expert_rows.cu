@@ -4,7 +4,8 @@
 // each rounded as it rounds them: their results are the reference's bits. row_dots gives each dot product a
 // warp: lane l sums the products of columns 4 l .. 4 l + 3, 4 (l + 32) .., in order, and a butterfly adds
 // the lanes; the order depends on C alone (the scalar path takes the same groups of four), so the results
-// are bitwise repeatable but not the reference's sequential sums. The conventions that every op follows are
+// are bitwise repeatable but not the reference's sequential sums. scatter_rows (rows copied to their places:
+// a sum of gathered rows written back) copies bits. The conventions that every op follows are
 // ops_common.cuh's.
 #include "expert_rows.h"
 
@@ -76,6 +77,22 @@ struct CombineRows {
       for (int v = 0; v < W; ++v) sum.v[v] = __fadd_rn(sum.v[v], __fmul_rn(w, s.v[v]));
     }
     store_pack<W>(out + i, sum);
+  }
+};
+
+// Element-wise over src: each element copied to its row of out. With W = 4, C is a multiple of 4.
+struct ScatterRows {
+  float* out;
+  const float* src;
+  const int32_t* index;
+  int64_t R;
+  int64_t C;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    const int64_t m = i / C;
+    const int64_t r = index[m];
+    if (r < 0 || r >= R) return;
+    store_pack<W>(out + r * C + (i - m * C), load_pack<W>(src + i));
   }
 };
 
@@ -155,6 +172,17 @@ void combine_rows(float* out, const float* base, const float* src, const int32_t
   const bool vector = C % 4 == 0 && aligned16(out) && aligned16(src) && (base == nullptr || aligned16(base));
   for_each(CombineRows{out, base, src, positions, weights, C, k}, R * C, vector, stream);
   OCTET_CUDA_CHECK_LAUNCH("combine_rows");
+}
+
+void scatter_rows(float* out, const float* src, const int32_t* index, int64_t M, int64_t R, int64_t C,
+                  cudaStream_t stream) {
+  check_size(M, "scatter_rows");
+  check_size(R, "scatter_rows");
+  check_size(C, "scatter_rows");
+  if (M * C == 0) return;
+  const bool vector = C % 4 == 0 && aligned16(out) && aligned16(src);
+  for_each(ScatterRows{out, src, index, R, C}, M * C, vector, stream);
+  OCTET_CUDA_CHECK_LAUNCH("scatter_rows");
 }
 
 void row_dots(float* out, const float* a, const float* src, const int32_t* positions, int64_t R, int64_t C,

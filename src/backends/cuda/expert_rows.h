@@ -1,6 +1,6 @@
 // The row moves of a mixture-of-experts layer on the GPU (expert_rows.cu): tokens' rows gathered into their
-// experts' groups, the experts' rows combined back per token, and the dot products of the backward, on
-// device pointers (float32), enqueued on a stream.
+// experts' groups, the experts' rows combined back per token, and the dot products of the backward; and rows
+// copied back to their places (scatter_rows), on device pointers (float32), enqueued on a stream.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,10 @@ void gather_rows(uint16_t* out, const float* src, const int32_t* index, const fl
 // x src row positions[r k + j]. out may be base.
 void combine_rows(float* out, const float* base, const float* src, const int32_t* positions,
                   const float* weights, int64_t R, int64_t C, int64_t k, cudaStream_t stream);
+// out [R, C] row index[m] = src [M, C] row m for each m < M (index distinct); out's other rows untouched. An
+// index outside 0 .. R - 1 (which the CPU reference refuses) writes nothing.
+void scatter_rows(float* out, const float* src, const int32_t* index, int64_t M, int64_t R, int64_t C,
+                  cudaStream_t stream);
 // out [R k]: out[r k + j] = the dot product of a [R, C] row r and src row positions[r k + j].
 void row_dots(float* out, const float* a, const float* src, const int32_t* positions, int64_t R, int64_t C,
               int64_t k, cudaStream_t stream);

@@ -104,6 +104,15 @@ void CudaBackend::combine_rows(const TensorView& out, const float* base, const C
   cuda::combine_rows(out.f32(), base, src.f32(), positions, weights, R, C, k, stream_);
 }
 
+void CudaBackend::scatter_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index) {
+  check_dtype("scatter_rows", "out", out.dtype, {Dtype::f32});
+  check_dtype("scatter_rows", "src", src.dtype, {Dtype::f32});
+  const int64_t R = out.rows(), C = out.cols(), M = src.rows();
+  check_matrix("scatter_rows", "src", src.shape, M, C);
+  const OpScope scope(*this, OpKind::other);
+  cuda::scatter_rows(out.f32(), src.f32(), index, M, R, C, stream_);
+}
+
 void CudaBackend::row_dots(float* out, const ConstTensorView& a, const ConstTensorView& src,
                            const int32_t* positions, int64_t k) {
   check_dtype("row_dots", "a", a.dtype, {Dtype::f32});
