@@ -191,8 +191,10 @@ TEST(GpuDataParallel, Fp8WeightGathersTrainAsFloat32Gathers) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
   std::string why;
   if (!dist::nccl_available(&why)) GTEST_SKIP() << why;
-  for (const RecipeKind recipe : {RecipeKind::delayed, RecipeKind::current}) {
-    const TwoGpuRun float32{.shard = true, .mode = MixedPrecision::fp8, .recipe = recipe, .fp8_gather = false};
+  for (const auto& [recipe, llama] : {std::pair{RecipeKind::delayed, false}, std::pair{RecipeKind::current, false},
+                                      std::pair{RecipeKind::delayed, true}}) {
+    const TwoGpuRun float32{
+        .shard = true, .mode = MixedPrecision::fp8, .recipe = recipe, .fp8_gather = false, .llama = llama};
     TwoGpuRun codes = float32;
     codes.fp8_gather = true;
     const std::vector<RankRun> a = train_on_two_gpus(float32), b = train_on_two_gpus(codes);
@@ -201,9 +203,11 @@ TEST(GpuDataParallel, Fp8WeightGathersTrainAsFloat32Gathers) {
       const RankRun& y = b[static_cast<size_t>(r)];
       ASSERT_TRUE(x.error.empty()) << x.error;
       ASSERT_TRUE(y.error.empty()) << y.error;
-      EXPECT_TRUE(same_bits(x.losses, y.losses)) << recipe_name(recipe) << ", rank " << r;
-      EXPECT_TRUE(same_bits(x.norms, y.norms)) << recipe_name(recipe) << ", rank " << r;
-      EXPECT_TRUE(same_bits(x.params, y.params)) << recipe_name(recipe) << ", rank " << r;
+      const std::string what = std::string(recipe_name(recipe)) + (llama ? ", llama" : "") + ", rank " +
+                               std::to_string(r);
+      EXPECT_TRUE(same_bits(x.losses, y.losses)) << what;
+      EXPECT_TRUE(same_bits(x.norms, y.norms)) << what;
+      EXPECT_TRUE(same_bits(x.params, y.params)) << what;
       EXPECT_NE(x.losses.front(), x.losses.back()) << "the model trains";
     }
   }
