@@ -23,6 +23,10 @@ class CudaBuffer final : public Buffer {
   explicit CudaBuffer(size_t bytes) : bytes_(bytes) {
     OCTET_CUDA_CHECK(cudaMalloc(&data_, bytes == 0 ? 1 : bytes));
     OCTET_CUDA_CHECK(cudaMemset(data_, 0, bytes == 0 ? 1 : bytes));
+    // The zeroing runs on the default stream, which the backend's and NCCL's non-blocking streams do not
+    // wait for: without this wait a large buffer could still be being zeroed while a collective or a copy
+    // on those streams fills it (an FP8 weight gather's 2 GB staging buffer lost the ranks' parts so).
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
   ~CudaBuffer() override { cudaFree(data_); }
   void* data() override { return data_; }
