@@ -33,6 +33,31 @@ void Communicator::all_gather_parts(std::span<std::byte> values, std::span<const
   }
 }
 
+int64_t Communicator::start_all_gather_parts(std::span<std::byte> values, std::span<const int64_t> bounds,
+                                             void* stream) {
+  (void)stream;
+  check_part_bounds(bounds, static_cast<int64_t>(values.size()), size());
+  pending_gathers_.push_back({values, std::vector<int64_t>(bounds.begin(), bounds.end())});
+  return gathered_ + static_cast<int64_t>(pending_gathers_.size()) - 1;
+}
+
+void Communicator::wait_gathered(int64_t ticket, void* stream) {
+  (void)stream;
+  OCTET_CHECK(ticket >= 0 && ticket < gathered_ + static_cast<int64_t>(pending_gathers_.size()),
+              "a gather's ticket {} (started: {})", ticket,
+              gathered_ + static_cast<int64_t>(pending_gathers_.size()));
+  while (gathered_ <= ticket) {
+    const PendingGather g = std::move(pending_gathers_.front());
+    pending_gathers_.pop_front();
+    ++gathered_;
+    all_gather_parts(g.values, g.bounds);
+  }
+}
+
+void Communicator::finish_gathers() {
+  if (!pending_gathers_.empty()) wait_gathered(gathered_ + static_cast<int64_t>(pending_gathers_.size()) - 1, nullptr);
+}
+
 void check_part_bounds(std::span<const int64_t> bounds, int64_t count, int ranks) {
   OCTET_CHECK(static_cast<int64_t>(bounds.size()) == ranks + 1 && bounds.front() == 0 && bounds.back() == count &&
                   std::is_sorted(bounds.begin(), bounds.end()),

@@ -172,6 +172,7 @@ class NcclCommunicator final : public Communicator {
     if (staging_ != nullptr) cudaFree(staging_);
     if (codes_ != nullptr) cudaFree(codes_);
     if (after_ != nullptr) cudaEventDestroy(after_);
+    for (cudaEvent_t e : gather_events_) cudaEventDestroy(e);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (owns_comm_ && !aborted_) api().comm_destroy(comm_);  // ncclCommAbort freed an aborted one
   }
@@ -337,16 +338,40 @@ class NcclCommunicator final : public Communicator {
   void all_gather_parts(std::span<std::byte> values, std::span<const int64_t> bounds) override {
     select_device();
     if (host_memory(values.data())) return Communicator::all_gather_parts(values, bounds);
-    check_part_bounds(bounds, static_cast<int64_t>(values.size()), size_);
-    ncclResult_t r = api().group_start();
-    for (int root = 0; root < size_ && r == ncclSuccess; ++root) {
-      const int64_t bytes = bounds[root + 1] - bounds[root];
-      if (bytes == 0) continue;
-      std::byte* at = values.data() + bounds[root];
-      r = api().broadcast(at, at, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_);
+    finish("all_gather_parts", enqueue_parts(values, bounds));
+  }
+  // The same enqueued after the backend's work on `stream`, an event recorded behind it for the ticket.
+  int64_t start_all_gather_parts(std::span<std::byte> values, std::span<const int64_t> bounds,
+                                 void* stream) override {
+    select_device();
+    if (host_memory(values.data())) {
+      all_gather_parts(values, bounds);  // at once: complete before the ticket's event
+    } else {
+      wait_for(stream);
+      check_nccl(enqueue_parts(values, bounds), "all_gather_parts (started)", rank_);
     }
-    const ncclResult_t ended = api().group_end();
-    finish("all_gather_parts", r != ncclSuccess ? r : ended);
+    const auto index = static_cast<size_t>(next_gather_ - first_gather_);
+    if (index == gather_events_.size()) {
+      cudaEvent_t e = nullptr;
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", rank_);
+      gather_events_.push_back(e);
+    }
+    check_cuda(cudaEventRecord(gather_events_[index], stream_), "cudaEventRecord", rank_);
+    return next_gather_++;
+  }
+  void wait_gathered(int64_t ticket, void* stream) override {
+    OCTET_CHECK(ticket >= 0 && ticket < next_gather_, "a gather's ticket {} (started: {})", ticket, next_gather_);
+    if (ticket < first_gather_) return;  // finish_gathers saw it complete
+    select_device();
+    check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                   gather_events_[static_cast<size_t>(ticket - first_gather_)], 0),
+               "cudaStreamWaitEvent", rank_);
+  }
+  void finish_gathers() override {
+    if (first_gather_ == next_gather_) return;
+    select_device();
+    finish("the parameters' gathers started after the update", ncclSuccess);
+    first_gather_ = next_gather_;  // every event may be recorded again
   }
   void barrier() override {
     float one = 0.0f;
@@ -381,6 +406,20 @@ class NcclCommunicator final : public Communicator {
 
  private:
   void select_device() { check_cuda(cudaSetDevice(device_), "cudaSetDevice", rank_); }
+
+  // Each rank's part of `values` broadcast from it, in place, grouped into one launch on NCCL's stream.
+  ncclResult_t enqueue_parts(std::span<std::byte> values, std::span<const int64_t> bounds) {
+    check_part_bounds(bounds, static_cast<int64_t>(values.size()), size_);
+    ncclResult_t r = api().group_start();
+    for (int root = 0; root < size_ && r == ncclSuccess; ++root) {
+      const int64_t bytes = bounds[root + 1] - bounds[root];
+      if (bytes == 0) continue;
+      std::byte* at = values.data() + bounds[root];
+      r = api().broadcast(at, at, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_);
+    }
+    const ncclResult_t ended = api().group_end();
+    return r != ncclSuccess ? r : ended;
+  }
 
   // NCCL's stream waits for the work the backend has enqueued so far on `stream` (the backward that wrote
   // the values a sum reads).
@@ -537,6 +576,11 @@ class NcclCommunicator final : public Communicator {
   size_t staging_capacity_ = 0;
   __nv_bfloat16* codes_ = nullptr;  // the BF16 sums started during the backward
   size_t codes_capacity_ = 0;
+  // The gathers started (start_all_gather_parts): ticket t's event is gather_events_[t - first_gather_];
+  // those before first_gather_ are complete.
+  std::vector<cudaEvent_t> gather_events_;
+  int64_t first_gather_ = 0;
+  int64_t next_gather_ = 0;
 };
 
 }  // namespace

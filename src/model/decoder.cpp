@@ -437,6 +437,7 @@ void Decoder::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
   auto P = [&](const std::string& name) { return p + parameter(name).offset; };
   const bool gpt2 = config_.arch == ModelArchitecture::gpt2;
   Activations& a = *acts_;
+  need_parameters(forward_bounds_[1]);
   backend_.embedding_forward(TensorView(a.encoded, {B, T, C}), tokens_->ints(),
                              ConstTensorView(P(embedding_name()), {config_.padded_vocab(), C}),
                              gpt2 ? ConstTensorView(P("wpe"), {T, C}) : ConstTensorView());
@@ -448,7 +449,11 @@ void Decoder::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
       l->forward_activation = l->state.activation;
     }
   }
-  for (int64_t l = 0; l < config_.layers; ++l) forward_block(l, B, T);
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    need_parameters(forward_bounds_[static_cast<size_t>(l) + 2]);
+    forward_block(l, B, T);
+  }
+  need_parameters(parameter_count_);  // the final norm and the head
   const float* residual = config_.layers > 0 ? a.layers.back().residual3 : a.encoded;
   Linear& head = linear("lm_head");
   const std::string lnf = final_norm_name();

@@ -113,6 +113,14 @@ void Decoder::build_parameters() {
     if (!config_.tied_head()) add("lm_head.weight", {Vp, C});
   }
   params_ = backend_.allocate(static_cast<size_t>(parameter_count_) * sizeof(float));
+  forward_bounds_ = {0};
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string first = config_.arch == ModelArchitecture::gpt2 ? fmt::format("h.{}.ln_1.weight", l)
+                                                                      : fmt::format("layers.{}.input_layernorm.weight", l);
+    forward_bounds_.push_back(parameter(first).offset);
+  }
+  forward_bounds_.push_back(parameter(final_norm_name() + ".weight").offset);
+  forward_bounds_.push_back(parameter_count_);
 
   for (const LinearPlan& plan : policy_.layers()) {
     auto linear = std::make_unique<Linear>();

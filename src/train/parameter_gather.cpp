@@ -27,52 +27,112 @@ bool gathered_as_codes(const Model::WeightCopySlot& slot) {
 ParameterGather::ParameterGather(Model& model, dist::Communicator& ranks, bool fp8_weights)
     : model_(model), ranks_(ranks), fp8_weights_(fp8_weights) {}
 
+ParameterGather::~ParameterGather() {
+  if (!under_way_) return;
+  try {
+    finish();
+  } catch (...) {  // a rank failed: its error is already on its way up
+  }
+}
+
 ParameterGather::Plan ParameterGather::plan() {
   const int64_t total = model_.parameter_count();
   const int n = ranks_.size();
   std::vector<dist::ShardRange> shards;
   for (int r = 0; r < n; ++r) shards.push_back(dist::shard_range(total, r, n));
   const dist::ShardRange& mine = shards[static_cast<size_t>(ranks_.rank())];
+  const std::vector<int64_t> bounds = model_.forward_parameter_bounds();
+  OCTET_CHECK(bounds.size() >= 2 && bounds.front() == 0 && bounds.back() == total &&
+                  std::is_sorted(bounds.begin(), bounds.end()),
+              "the forward's parameter bounds from 0 to {}", total);
 
   Plan p;
   std::vector<Model::WeightCopySlot> slots;
   for (const Model::WeightCopySlot& s : model_.weight_copy_slots()) {
     (fp8_weights_ && gathered_as_codes(s) ? slots : p.others).push_back(s);
   }
-  std::sort(slots.begin(), slots.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  auto by_offset = [](const auto& a, const auto& b) { return a.offset < b.offset; };
+  std::sort(slots.begin(), slots.end(), by_offset);
+  std::sort(p.others.begin(), p.others.end(), by_offset);
+  p.codes = !slots.empty();
 
-  p.code_bounds.assign(static_cast<size_t>(n) + 1, 0);
-  p.packed_bounds.assign(static_cast<size_t>(n) + 1, 0);
-  int64_t codes = 0, packed = 0, at = 0;
-  auto add_run = [&](int64_t begin, int64_t end) {
-    if (begin >= end) return;
-    p.runs.push_back({.offset = begin, .count = end - begin, .packed = packed});
-    packed += end - begin;
-    for (int r = 0; r < n; ++r) p.packed_bounds[static_cast<size_t>(r)] += before(begin, end, shards[r].begin);
-  };
-  float* params = model_.params();
-  for (const Model::WeightCopySlot& s : slots) {
-    const int64_t count = s.rows * s.cols;
-    OCTET_CHECK(s.offset >= at, "weight copies that do not overlap (the one of {})", s.layer);
-    add_run(at, s.offset);
-    const int64_t begin = before(s.offset, s.offset + count, mine.begin);
-    const int64_t end = std::max(begin, before(s.offset, s.offset + count, mine.end));
-    p.parts.push_back({.copy = s.copy,
-                       .exec = s.exec,
-                       .weight = params + s.offset,
-                       .rows = s.rows,
-                       .cols = s.cols,
-                       .begin = begin,
-                       .end = end,
-                       .codes_offset = codes});
-    for (int r = 0; r < n; ++r)
-      p.code_bounds[static_cast<size_t>(r)] += before(s.offset, s.offset + count, shards[r].begin);
-    codes += count;
-    at = s.offset + count;
+  std::vector<int64_t> part_offsets;
+  if (p.codes) {
+    p.code_bounds.assign(static_cast<size_t>(n) + 1, 0);
+    p.packed_bounds.assign(static_cast<size_t>(n) + 1, 0);
+    int64_t codes = 0, packed = 0, at = 0;
+    // A run of float32 parameters, split where the forward's runs begin.
+    auto add_run = [&](int64_t begin, int64_t end) {
+      for (const int64_t b : bounds) {
+        if (begin >= end) return;
+        if (b <= begin) continue;
+        const int64_t stop = std::min(b, end);
+        p.runs.push_back({.offset = begin, .count = stop - begin, .packed = packed});
+        packed += stop - begin;
+        for (int r = 0; r < n; ++r) {
+          p.packed_bounds[static_cast<size_t>(r)] += before(begin, stop, shards[r].begin);
+        }
+        begin = stop;
+      }
+    };
+    float* params = model_.params();
+    for (const Model::WeightCopySlot& s : slots) {
+      const int64_t count = s.rows * s.cols;
+      OCTET_CHECK(s.offset >= at, "weight copies that do not overlap (the one of {})", s.layer);
+      add_run(at, s.offset);
+      const int64_t begin = before(s.offset, s.offset + count, mine.begin);
+      const int64_t end = std::max(begin, before(s.offset, s.offset + count, mine.end));
+      p.parts.push_back({.copy = s.copy,
+                         .exec = s.exec,
+                         .weight = params + s.offset,
+                         .rows = s.rows,
+                         .cols = s.cols,
+                         .begin = begin,
+                         .end = end,
+                         .codes_offset = codes});
+      part_offsets.push_back(s.offset);
+      for (int r = 0; r < n; ++r) {
+        p.code_bounds[static_cast<size_t>(r)] += before(s.offset, s.offset + count, shards[r].begin);
+      }
+      codes += count;
+      at = s.offset + count;
+    }
+    add_run(at, total);
+    p.code_bounds[static_cast<size_t>(n)] = codes;
+    p.packed_bounds[static_cast<size_t>(n)] = packed;
   }
-  add_run(at, total);
-  p.code_bounds[static_cast<size_t>(n)] = codes;
-  p.packed_bounds[static_cast<size_t>(n)] = packed;
+
+  // The forward's runs, each with the parts, float32 runs and other copies that lie in it.
+  size_t part = 0, run = 0, other = 0;
+  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+    Group g{.begin = bounds[i], .end = bounds[i + 1]};
+    g.parts_begin = part;
+    while (part < p.parts.size() && part_offsets[part] < g.end) {
+      const Backend::WeightPart& w = p.parts[part];
+      OCTET_CHECK(part_offsets[part] + w.rows * w.cols <= g.end, "a weight gathered as codes within one run "
+                  "of the forward's parameters (the one at {})", part_offsets[part]);
+      ++part;
+    }
+    g.parts_end = part;
+    if (g.parts_end > g.parts_begin) {
+      const Backend::WeightPart& last = p.parts[g.parts_end - 1];
+      g.codes_begin = p.parts[g.parts_begin].codes_offset;
+      g.codes_end = last.codes_offset + last.rows * last.cols;
+    }
+    g.runs_begin = run;
+    while (run < p.runs.size() && p.runs[run].offset < g.end) ++run;
+    g.runs_end = run;
+    if (g.runs_end > g.runs_begin) {
+      g.packed_begin = p.runs[g.runs_begin].packed;
+      g.packed_end = p.runs[g.runs_end - 1].packed + p.runs[g.runs_end - 1].count;
+    }
+    g.others_begin = other;
+    while (other < p.others.size() && p.others[other].offset < g.end) ++other;
+    g.others_end = other;
+    p.groups.push_back(g);
+  }
+  OCTET_CHECK(part == p.parts.size() && run == p.runs.size() && other == p.others.size(),
+              "every weight within the forward's parameter bounds");
   return p;
 }
 
@@ -84,32 +144,21 @@ void* ParameterGather::reserve(std::unique_ptr<Buffer>& buffer, size_t bytes) {
 ParameterGather::Volume ParameterGather::volume() {
   const Plan p = plan();
   Volume v;
-  v.fp8_bytes = p.code_bounds.back();
-  v.float32_bytes = p.packed_bounds.back() * int64_t{sizeof(float)};
+  v.fp8_bytes = p.codes ? p.code_bounds.back() : 0;
+  v.float32_bytes = (p.codes ? p.packed_bounds.back() : model_.parameter_count()) * int64_t{sizeof(float)};
   v.fp8_weights = static_cast<int64_t>(p.parts.size());
   return v;
 }
 
-void ParameterGather::gather() {
+void ParameterGather::cast_parts() {
   Backend& backend = model_.backend();
   float* params = model_.params();
-  const Plan p = fp8_weights_ ? plan() : Plan{};
-  stale_masters_ = !p.parts.empty();
-  if (p.parts.empty()) {
-    // Every rank's updated shard, to every rank, in place (in the backend's memory where the communicator
-    // works there: NCCL on GPUs, on its own stream, once the update is done).
-    backend.synchronize();
-    ranks_.all_gather_shards(std::span<float>(params, static_cast<size_t>(model_.parameter_count())));
-    model_.refresh_weight_copies();
-    return;
-  }
-  const int rank = ranks_.rank();
-  auto* codes = static_cast<uint8_t*>(reserve(codes_, static_cast<size_t>(p.code_bounds.back())));
+  const Plan& p = plan_;
+  reserve(codes_, static_cast<size_t>(p.code_bounds.back()));
   auto* packed = static_cast<float*>(reserve(packed_, static_cast<size_t>(p.packed_bounds.back()) * sizeof(float)));
   auto* amaxes = static_cast<float*>(reserve(amaxes_, p.parts.size() * sizeof(float)));
-
   // This rank's float32 values into its part of the packed runs, and its parts' amaxes.
-  const dist::ShardRange mine = dist::shard_range(model_.parameter_count(), rank, ranks_.size());
+  const dist::ShardRange mine = dist::shard_range(model_.parameter_count(), ranks_.rank(), ranks_.size());
   for (const Run& run : p.runs) {
     const int64_t begin = std::max(run.offset, mine.begin), end = std::min(run.offset + run.count, mine.end);
     if (begin < end) {
@@ -121,26 +170,90 @@ void ParameterGather::gather() {
   backend.synchronize();
   // The whole weights' amaxes: the largest part on any rank (a NaN anywhere wins, as in a whole cast).
   ranks_.all_reduce_max(std::span<float>(amaxes, p.parts.size()));
-  backend.cast_weight_parts(p.parts, amaxes, codes);
-  backend.synchronize();
-  ranks_.all_gather_parts(std::span<std::byte>(reinterpret_cast<std::byte*>(codes),
-                                               static_cast<size_t>(p.code_bounds.back())),
-                          p.code_bounds);
-  std::vector<int64_t> packed_bytes(p.packed_bounds.size());
-  for (size_t i = 0; i < packed_bytes.size(); ++i) packed_bytes[i] = p.packed_bounds[i] * int64_t{sizeof(float)};
-  ranks_.all_gather_parts(std::span<std::byte>(reinterpret_cast<std::byte*>(packed),
-                                               static_cast<size_t>(packed_bytes.back())),
-                          packed_bytes);
-  for (const Run& run : p.runs) {
-    backend.copy(params + run.offset, packed + run.packed, static_cast<size_t>(run.count) * sizeof(float));
+  backend.cast_weight_parts(p.parts, amaxes, static_cast<uint8_t*>(codes_->data()));
+}
+
+int64_t ParameterGather::start_range(std::byte* values, const std::vector<int64_t>& bounds, int64_t begin,
+                                     int64_t end) {
+  if (begin >= end) return -1;
+  std::vector<int64_t> parts(bounds.size());
+  for (size_t r = 0; r < bounds.size(); ++r) parts[r] = std::clamp(bounds[r], begin, end) - begin;
+  return ranks_.start_all_gather_parts(std::span<std::byte>(values + begin, static_cast<size_t>(end - begin)),
+                                       parts, model_.backend().native_stream());
+}
+
+void ParameterGather::start() {
+  if (under_way_) finish();
+  plan_ = plan();
+  stale_masters_ = plan_.codes;
+  const int n = ranks_.size();
+  if (plan_.codes) {
+    cast_parts();
+    std::vector<int64_t> packed_bytes(plan_.packed_bounds.size());
+    for (size_t i = 0; i < packed_bytes.size(); ++i) packed_bytes[i] = plan_.packed_bounds[i] * int64_t{sizeof(float)};
+    auto* codes = static_cast<std::byte*>(codes_->data());
+    auto* packed = static_cast<std::byte*>(packed_->data());
+    for (Group& g : plan_.groups) {
+      const int64_t a = start_range(codes, plan_.code_bounds, g.codes_begin, g.codes_end);
+      const int64_t b = start_range(packed, packed_bytes, g.packed_begin * int64_t{sizeof(float)},
+                                    g.packed_end * int64_t{sizeof(float)});
+      g.ticket = std::max(a, b);
+    }
+  } else {
+    // Float32 gathers, in place: each rank's part of a run is its shard's intersection with it.
+    const int64_t total = model_.parameter_count();
+    std::vector<int64_t> shard_bytes(static_cast<size_t>(n) + 1);
+    for (int r = 0; r < n; ++r) {
+      shard_bytes[static_cast<size_t>(r)] = dist::shard_range(total, r, n).begin * int64_t{sizeof(float)};
+    }
+    shard_bytes[static_cast<size_t>(n)] = total * int64_t{sizeof(float)};
+    auto* params = reinterpret_cast<std::byte*>(model_.params());
+    for (Group& g : plan_.groups) {
+      g.ticket = start_range(params, shard_bytes, g.begin * int64_t{sizeof(float)}, g.end * int64_t{sizeof(float)});
+    }
   }
-  backend.weight_copies_from_codes(p.parts, codes);
-  for (const Model::WeightCopySlot& s : p.others) {
+  next_group_ = 0;
+  under_way_ = true;
+}
+
+void ParameterGather::remake_copies(const Group& g) {
+  Backend& backend = model_.backend();
+  float* params = model_.params();
+  if (plan_.codes) {
+    const auto* packed = static_cast<const float*>(packed_->data());
+    for (size_t i = g.runs_begin; i < g.runs_end; ++i) {
+      const Run& run = plan_.runs[i];
+      backend.copy(params + run.offset, packed + run.packed, static_cast<size_t>(run.count) * sizeof(float));
+    }
+    if (g.parts_end > g.parts_begin) {
+      backend.weight_copies_from_codes(
+          std::span<const Backend::WeightPart>(plan_.parts).subspan(g.parts_begin, g.parts_end - g.parts_begin),
+          static_cast<const uint8_t*>(codes_->data()));
+    }
+  }
+  for (size_t i = g.others_begin; i < g.others_end; ++i) {
+    const Model::WeightCopySlot& s = plan_.others[i];
     backend.prepare_weight(*s.copy, params + s.offset, s.rows, s.cols, *s.exec);
   }
 }
 
+void ParameterGather::wait(int64_t end) {
+  if (!under_way_) return;
+  void* stream = model_.backend().native_stream();
+  while (next_group_ < plan_.groups.size() && plan_.groups[next_group_].begin < end) {
+    const Group& g = plan_.groups[next_group_];
+    if (g.ticket >= 0) ranks_.wait_gathered(g.ticket, stream);
+    remake_copies(g);
+    ++next_group_;
+  }
+  if (next_group_ == plan_.groups.size()) {
+    under_way_ = false;
+    ranks_.finish_gathers();
+  }
+}
+
 void ParameterGather::gather_master_weights() {
+  finish();
   if (!stale_masters_) return;
   model_.backend().synchronize();
   ranks_.all_gather_shards(std::span<float>(model_.params(), static_cast<size_t>(model_.parameter_count())));

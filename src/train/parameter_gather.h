@@ -1,16 +1,23 @@
 // The gather of a sharded optimizer's updated parameters (ZeRO-1, docs/distributed.md): every rank's shard
 // of the float32 master weights to every rank, and the weights' copies remade.
 //
+// The gather overlaps with the next step's forward. start() (after the update) enqueues one gather per run
+// of the forward's parameters (Model::forward_parameter_bounds: the embeddings, each block, the final norm
+// and head) on the communicator's stream and returns; the model's forward calls wait(end) before it reads
+// a run (Model::set_parameters_needed), which makes the backend's stream wait for that run's gather and
+// remakes its weight copies. Block l's weights thus arrive while blocks before it compute. Whatever else
+// reads the parameters between steps calls finish() first (Trainer::gather_master_weights does).
+//
 // With FP8 weight gathers (distributed.fp8_weight_gather), a weight whose every GEMM runs in FP8 with one
 // scale per tensor travels as its FP8 codes instead: the ranks take the largest of their parts' amaxes
 // (one all-reduce of every such weight's amax), each rank casts the part of each weight that its shard holds
 // with the scale that amax gives (the scale the whole weight's cast would take, so the same codes), the ranks
 // gather the codes, and each rank makes the weights' copies from them (the transposes made after the
 // gather). One byte an element where float32 takes four. The other parameters (embeddings, norms, biases,
-// layers with a BF16 GEMM, a head tied to the embedding) travel in float32 as before, packed into one run.
-// A weight gathered as codes keeps stale float32 master values outside the rank's shard, which nothing
-// reads during training (the copies stand for the weight); gather_master_weights() brings them up to date
-// where something does (a checkpoint).
+// layers with a BF16 GEMM, a head tied to the embedding) travel in float32 as before, packed into one run
+// per run of the forward. A weight gathered as codes keeps stale float32 master values outside the rank's
+// shard, which nothing reads during training (the copies stand for the weight); gather_master_weights()
+// brings them up to date where something does (a checkpoint).
 #pragma once
 
 #include <cstdint>
@@ -28,9 +35,18 @@ class ParameterGather {
   // The gathers of model's parameters over the communicator's ranks, rank r owning
   // dist::shard_range(parameter_count, r, ranks); fp8_weights: FP8 weight gathers (above).
   ParameterGather(Model& model, dist::Communicator& ranks, bool fp8_weights);
+  // Waits for the gathers under way, if any (their buffers are this object's).
+  ~ParameterGather();
+  ParameterGather(const ParameterGather&) = delete;
+  ParameterGather& operator=(const ParameterGather&) = delete;
 
-  // After the update of this rank's shard: every shard on every rank, and the weights' copies remade.
-  void gather();
+  // After the update of this rank's shard: starts the gathers of every shard to every rank (above).
+  void start();
+  // The parameters below `end` (one of the forward's bounds) and their weight copies are up to date for the
+  // work enqueued on the backend from now on; with end = parameter_count(), every gather is also complete.
+  // A no-op where nothing is under way. Every rank calls it at the same points.
+  void wait(int64_t end);
+  void finish() { wait(model_.parameter_count()); }
   // Every parameter's float32 master values on every rank, up to date (a no-op where the last gather left
   // none stale). Every rank calls it together.
   void gather_master_weights();
@@ -47,29 +63,54 @@ class ParameterGather {
   bool fp8_weights() const { return fp8_weights_; }
 
  private:
-  // A run of parameters that travels in float32, and where it lies in the packed buffer.
+  // A run of parameters that travels in float32 through the packed buffer, and where it lies there.
   struct Run {
     int64_t offset = 0;
     int64_t count = 0;
     int64_t packed = 0;
   };
+  // One run of the forward's parameters [begin, end) and what its gather holds: its codes
+  // [codes_begin, codes_end) of the codes buffer and its float32 values [packed_begin, packed_end) of the
+  // packed one (FP8 gathers), or [begin, end) of the parameters themselves (float32 gathers, in place);
+  // the indices of its parts, runs and other copies; the ticket of its last gather (-1: none).
+  struct Group {
+    int64_t begin = 0, end = 0;
+    int64_t codes_begin = 0, codes_end = 0;
+    int64_t packed_begin = 0, packed_end = 0;
+    size_t parts_begin = 0, parts_end = 0;
+    size_t runs_begin = 0, runs_end = 0;
+    size_t others_begin = 0, others_end = 0;
+    int64_t ticket = -1;
+  };
   struct Plan {
-    std::vector<Backend::WeightPart> parts;  // every weight gathered as codes, with this rank's part
+    std::vector<Backend::WeightPart> parts;     // every weight gathered as codes, with this rank's part
     std::vector<Model::WeightCopySlot> others;  // the copies of the other weights, remade from float32
-    std::vector<Run> runs;
+    std::vector<Run> runs;                      // the float32 parameters (FP8 gathers only)
     std::vector<int64_t> code_bounds;    // of each rank's codes in the codes buffer (ranks + 1)
     std::vector<int64_t> packed_bounds;  // of each rank's float32 values in the packed buffer (ranks + 1)
+    std::vector<Group> groups;           // in the forward's order
+    bool codes = false;                  // whether any weight travels as codes
   };
   // From the layers' present modes (a precision phase may change them between steps).
   Plan plan();
   // buffer holding at least `bytes` (backend memory), reallocated where smaller.
   void* reserve(std::unique_ptr<Buffer>& buffer, size_t bytes);
+  // Casts this rank's parts of the weights gathered as codes and packs its float32 values (FP8 gathers).
+  void cast_parts();
+  // Starts the gather of [begin, end) of `values` (of `count` bytes split at each rank's bound `bounds`),
+  // each rank's part its bounds' intersection with the range; -1 where the range is empty.
+  int64_t start_range(std::byte* values, const std::vector<int64_t>& bounds, int64_t begin, int64_t end);
+  // The weight copies of a group whose gather is complete for the backend's stream.
+  void remake_copies(const Group& g);
 
   Model& model_;
   dist::Communicator& ranks_;
   bool fp8_weights_;
   // Whether the last gather left float32 masters stale (it gathered some weights as codes).
   bool stale_masters_ = false;
+  Plan plan_;              // of the gather under way
+  size_t next_group_ = 0;  // its first group not yet waited for
+  bool under_way_ = false;
   std::unique_ptr<Buffer> codes_, packed_, amaxes_;
 };
 

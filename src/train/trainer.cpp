@@ -36,7 +36,9 @@ AdamW make_optimizer(Model& model, const TrainSettings& settings, const DataPara
 Trainer::Trainer(Model& model, TrainSettings settings)
     : Trainer(model, std::move(settings), DataParallel{}) {}
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (gather_ != nullptr) model_.set_parameters_needed(nullptr);
+}
 
 Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
     : model_(model),
@@ -89,6 +91,8 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
   if (optimizer_.sharded()) {
     // Within the shard group: its ranks hold the shards of one copy of the state.
     gather_ = std::make_unique<ParameterGather>(model, *parallel_.shard_group(), parallel_.fp8_weight_gather);
+    // The gather started after an update is waited for by the next forward, run by run.
+    model.set_parameters_needed([this](int64_t end) { gather_->wait(end); });
   }
   const std::optional<Model::TokenRowGradient> token_rows = model.token_row_gradient();
   if (parallel_.communicator != nullptr && parallel_.ranks() > 1 && parallel_.sparse_embedding_sums &&
@@ -316,7 +320,7 @@ bool Trainer::overlap_gradient_sums() const {
 }
 
 void Trainer::gather_parameters() {
-  gather_->gather();
+  gather_->start();
 }
 
 void Trainer::gather_master_weights() {

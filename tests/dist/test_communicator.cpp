@@ -214,6 +214,59 @@ TEST_P(Ranks, AllGatherPartsOfAnySizesInPlace) {
   }
 }
 
+TEST_P(Ranks, StartedGathersArriveInOrderWhenWaitedFor) {
+  // Two gathers started: tickets 0 and 1. Without streams of its own, the communicator runs a gather when it
+  // is waited for, so the parts of others stay as they were until then: a reader that forgot to wait sees
+  // the old bytes, not the new ones.
+  const int n = GetParam();
+  std::vector<int64_t> bounds = {0};
+  for (int r = 0; r < n; ++r) bounds.push_back(bounds.back() + 3 + r);
+  const auto total = static_cast<size_t>(bounds.back());
+  auto byte_of = [](int run, int rank, int64_t i) {
+    return std::byte{static_cast<unsigned char>(100 * run + 10 * rank + i % 10)};
+  };
+  struct Seen {
+    std::vector<int64_t> tickets;
+    std::vector<std::byte> first_before, second_before, first_after_wait, second_after_wait, second_after_finish;
+  };
+  std::vector<Seen> seen(static_cast<size_t>(n));
+  run_ranks(n, [&](Communicator& c) {
+    std::vector<std::byte> a(total, std::byte{0xEE}), b(total, std::byte{0xEE});
+    for (int64_t i = bounds[c.rank()]; i < bounds[c.rank() + 1]; ++i) {
+      a[static_cast<size_t>(i)] = byte_of(0, c.rank(), i);
+      b[static_cast<size_t>(i)] = byte_of(1, c.rank(), i);
+    }
+    Seen& s = seen[static_cast<size_t>(c.rank())];
+    s.tickets.push_back(c.start_all_gather_parts(a, bounds, nullptr));
+    s.tickets.push_back(c.start_all_gather_parts(b, bounds, nullptr));
+    s.first_before = a;
+    s.second_before = b;
+    c.wait_gathered(s.tickets[0], nullptr);
+    s.first_after_wait = a;
+    s.second_after_wait = b;
+    c.finish_gathers();
+    s.second_after_finish = b;
+    c.finish_gathers();  // nothing left: a no-op
+    s.tickets.push_back(c.start_all_gather_parts(a, bounds, nullptr));
+    c.finish_gathers();
+  });
+  for (int r = 0; r < n; ++r) {
+    const Seen& s = seen[static_cast<size_t>(r)];
+    EXPECT_EQ(s.tickets, (std::vector<int64_t>{0, 1, 2})) << "rank " << r;
+    for (int k = 0; k < n; ++k) {
+      for (int64_t i = bounds[k]; i < bounds[k + 1]; ++i) {
+        const auto at = static_cast<size_t>(i);
+        const std::byte untouched = k == r ? byte_of(0, k, i) : std::byte{0xEE};
+        EXPECT_EQ(s.first_before[at], untouched) << "rank " << r << ", byte " << i << " before any wait";
+        EXPECT_EQ(s.first_after_wait[at], byte_of(0, k, i)) << "rank " << r << ", byte " << i;
+        EXPECT_EQ(s.second_after_wait[at], k == r ? byte_of(1, k, i) : std::byte{0xEE})
+            << "rank " << r << ", byte " << i << ": the second gather is not waited for yet";
+        EXPECT_EQ(s.second_after_finish[at], byte_of(1, k, i)) << "rank " << r << ", byte " << i;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Communicator, Ranks, ::testing::Values(1, 2, 3, 4));
 
 TEST(Communicator, RanksThatDisagreeOnSizesGetOneClearError) {

@@ -11,8 +11,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
+#include <vector>
 
 namespace octet::dist {
 
@@ -97,6 +99,20 @@ class Communicator {
   // padded to the largest part, in the communicator's memory.
   virtual void all_gather_parts(std::span<std::byte> values, std::span<const int64_t> bounds);
 
+  // Gathers that overlap with a backend's work (a sharded optimizer's parameters, gathered while the next
+  // step's forward runs). start_all_gather_parts enqueues all_gather_parts(values, bounds) to run once the
+  // work enqueued so far on `stream` (Backend::native_stream) is done, and returns at once with the gather's
+  // ticket (0, 1, 2, ... in the order started). wait_gathered(ticket, stream) makes the work enqueued on
+  // `stream` after it wait for that gather and every one started before it, without waiting on the host;
+  // finish_gathers() returns once every gather started is complete. Until a gather is waited for, its values
+  // may hold anything: read none of them. Every rank starts the same gathers in the same order and waits for
+  // them at the same points. The default (a communicator without streams) runs a gather when it is waited
+  // for, so that reading values before waiting shows.
+  virtual int64_t start_all_gather_parts(std::span<std::byte> values, std::span<const int64_t> bounds,
+                                         void* stream);
+  virtual void wait_gathered(int64_t ticket, void* stream);
+  virtual void finish_gathers();
+
   // A communicator of the ranks that pass the same `color` (0 or more), ranked by `key` (ties by rank here),
   // for collectives within groups of ranks: a hybrid layout's shard groups (topology.h). Collective: every
   // rank calls it. Sums over a group are taken in the group's rank order, as over any communicator. The
@@ -113,6 +129,13 @@ class Communicator {
   void count_reduce_scatter(int64_t bytes, int64_t mine);
 
  private:
+  // The default's gathers started and not yet run, in order, the first of ticket gathered_.
+  struct PendingGather {
+    std::span<std::byte> values;
+    std::vector<int64_t> bounds;
+  };
+  std::deque<PendingGather> pending_gathers_;
+  int64_t gathered_ = 0;  // the ticket of the first gather not yet run
   Traffic traffic_;
 };
 

@@ -25,7 +25,7 @@ struct DistributedSettings {
   bool reduce_scatter = false;
   // With the optimizer state sharded: the weights whose GEMMs all run in FP8 are gathered as FP8 codes
   // ([distributed] fp8_weight_gather; src/train/parameter_gather.h).
-  bool fp8_weight_gather = false;
+  bool fp8_weight_gather = true;
   // Where every rank receives every sum: an untied token embedding's gradient summed in the rows some
   // rank's tokens read only ([distributed] sparse_embedding_sums).
   bool sparse_embedding_sums = true;

@@ -95,6 +95,8 @@ class Decoder final : public Model {
   // than one chunk).
   void backward(float dloss_scale) override;
   void set_gradient_ready(GradientReady ready) override { gradient_ready_ = std::move(ready); }
+  std::vector<int64_t> forward_parameter_bounds() const override { return forward_bounds_; }
+  void set_parameters_needed(ParametersNeeded needed) override { parameters_needed_ = std::move(needed); }
   std::optional<TokenRowGradient> token_row_gradient() const override;
   std::vector<Fp8LinearState*> fp8_states(std::span<const std::string> layers) override;
   std::optional<double> router_balance() const override;
@@ -329,6 +331,13 @@ class Decoder final : public Model {
   GemmCounters counters_;
   bool collect_telemetry_ = true;
   GradientReady gradient_ready_;  // set_gradient_ready
+  // forward_parameter_bounds(): 0, each block's first parameter, the final norm's, parameter_count_.
+  std::vector<int64_t> forward_bounds_;
+  ParametersNeeded parameters_needed_;  // set_parameters_needed
+  // Calls parameters_needed_ (where set) before the forward reads parameters below `end`.
+  void need_parameters(int64_t end) {
+    if (parameters_needed_) parameters_needed_(end);
+  }
   // Reports to gradient_ready_ the float32 gradients of the parameters `part` names, whose backward is
   // enqueued; a weight gradient no backward wrote this step is zeroed first, as grads() would.
   void report_gradients(const std::function<bool(std::string_view name)>& part);

@@ -134,6 +134,17 @@ class Model {
   // goes on. Runs never reported are the caller's to take after backward() returns. Null: none (the default).
   using GradientReady = std::function<void(int64_t begin, int64_t end)>;
   virtual void set_gradient_ready(GradientReady ready) { (void)ready; }
+  // The parameters in the order the forward reads them: bounds of runs [bounds[i], bounds[i + 1]) of params(),
+  // ascending from 0 to parameter_count() (the embeddings, then each block, then the final norm and the
+  // head). The forward reads the parameters of a run, and the weight copies of its layers, only after every
+  // run before it has been read.
+  virtual std::vector<int64_t> forward_parameter_bounds() const = 0;
+  // While set, every forward calls needed(end) before it reads a parameter below offset `end` of params() or
+  // a weight copy of one, `end` being one of forward_parameter_bounds(), and calls it with
+  // parameter_count() before it reads the last run: a trainer whose parameters are still on their way from
+  // other ranks (a sharded optimizer's gathers) waits there for those below `end`. Null: none (the default).
+  using ParametersNeeded = std::function<void(int64_t end)>;
+  virtual void set_parameters_needed(ParametersNeeded needed) = 0;
   // A float32 gradient whose rows are indexed by input tokens: [rows, cols] at `offset` in grads(), and after
   // zero_grad and the backwards since, every row but those of the token ids the forwards read holds +0 (an
   // untied token embedding). A data-parallel trainer sums only the rows some rank's tokens touched; the

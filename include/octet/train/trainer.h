@@ -73,9 +73,10 @@ class Trainer {
   LossScaler& loss_scaler() { return scaler_; }
   AdamW& optimizer() { return optimizer_; }
   const DataParallel& parallel() const { return parallel_; }
-  // With the optimizer state sharded and FP8 weight gathers (DataParallel::fp8_weight_gather), each rank's
-  // float32 master values of the weights gathered as codes are stale outside its shard: this brings every
-  // parameter up to date on every rank, for what reads params() (a checkpoint). Called by every rank
+  // With the optimizer state sharded, the parameters outside a rank's shard are still on their way after a
+  // step (the next forward waits for them), and with FP8 weight gathers (DataParallel::fp8_weight_gather) the
+  // float32 master values of the weights gathered as codes stay stale there: this brings every parameter up
+  // to date on every rank, for what reads params() other than a forward (a checkpoint). Called by every rank
   // together; a no-op otherwise.
   void gather_master_weights();
   // The bytes one gather of a sharded optimizer's parameters moves (parameter_gather.h): FP8 codes and
@@ -103,8 +104,9 @@ class Trainer {
   bool overlap_gradient_sums() const;
   // The elements of a bucket of the overlapped sums (DataParallel::bucket_elements; 0 there: one bucket).
   int64_t bucket_elements() const;
-  // After an optimizer that holds a shard has updated it: every rank's updated shard of the parameters,
-  // gathered into the whole buffer, and the weight copies remade from it.
+  // After an optimizer that holds a shard has updated it: starts the gathers of every rank's updated shard of
+  // the parameters into the whole buffer, which the next forward waits for run by run, remaking the weight
+  // copies (parameter_gather.h).
   void gather_parameters();
 
   Model& model_;
