@@ -61,17 +61,22 @@ void StepScaling::after_micro_batch() {
 void StepScaling::finish(dist::Communicator* communicator) {
   if (names_.empty()) return;
   if (communicator != nullptr) {
-    // An operand no micro-batch cast (a layer whose GEMMs that read it are not FP8) takes no update on any
-    // rank: every rank runs the same layers. Its amax stays 0 here and is ignored below.
+    // An operand is cast on some ranks only where its layer saw no rows on the others (an expert no token
+    // of a rank's micro-batches reached): it takes the update on every rank if any rank cast it, as one rank
+    // casting the whole batch would. A rank that cast nothing sends -1, below every amax (a NaN wins).
     std::vector<float> amaxes;
     amaxes.reserve(2 * layers_.size());
     for (const Layer& l : layers_) {
-      for (const Operand& o : l.operands) amaxes.push_back(o.step_amax);
+      for (const Operand& o : l.operands) amaxes.push_back(o.cast ? o.step_amax : -1.0f);
     }
     communicator->all_reduce_max(amaxes);
     size_t at = 0;
     for (Layer& l : layers_) {
-      for (Operand& o : l.operands) o.step_amax = amaxes[at++];
+      for (Operand& o : l.operands) {
+        const float amax = amaxes[at++];
+        o.cast = !(amax < 0.0f);
+        if (o.cast) o.step_amax = amax;
+      }
     }
   }
   const ScalingRecipe& recipe = *model_.policy().recipe();

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -283,6 +285,38 @@ TEST(DataParallel, ALoaderResumedOnAnotherNumberOfRanksReadsWhatOneLoaderWould) 
     one.next_batch(std::span<int32_t>(tokens), std::span<int32_t>(targets));
     EXPECT_EQ(rank_tokens, tokens) << "rank " << r << " of 4";
     EXPECT_EQ(rank_targets, targets) << "rank " << r << " of 4";
+  }
+}
+
+TEST(DataParallel, AnExpertNoTokenOfARankReachesMovesItsScalingAsOnTheOtherRanks) {
+  // Tokens of 2 or 6 ids: the router leaves some experts without a token on some rank in some steps, so
+  // that rank casts nothing for them while another rank does. Every rank must still move their scaling
+  // state with the step's amax over the ranks, as one rank accumulating the whole batch does (a rank that
+  // skipped the update kept other scales from then on: 2 ranks of tokens of 2 ids differed from the second
+  // step, 4 ranks of 6 ids in two ranks' scaling states).
+  for (const int ids : {2, 6}) {
+    for (const int ranks : {2, 4}) {
+      const RunShape s{.architecture = Architecture::moe,
+                       .precision = MixedPrecision::fp8,
+                       .recipe = RecipeKind::delayed,
+                       .ranks = ranks,
+                       .micro = 2};
+      auto few_ids = [ids](int, int, io::DataLoader**) -> BatchSource {
+        auto rng = std::make_shared<std::mt19937_64>(9);
+        return [rng, ids](int32_t* tokens, int32_t* targets) {
+          for (int64_t i = 0; i < B * T; ++i) {
+            tokens[i] = static_cast<int32_t>((*rng)() % static_cast<uint64_t>(ids));
+            targets[i] = static_cast<int32_t>((*rng)() % static_cast<uint64_t>(ids));
+          }
+        };
+      };
+      const Outcome reference = one_rank(s, few_ids);
+      const std::vector<Outcome> outcomes = many_ranks(s, few_ids);
+      for (int r = 0; r < ranks; ++r) {
+        expect_same(reference, outcomes[static_cast<size_t>(r)],
+                    std::to_string(ids) + " ids, rank " + std::to_string(r) + " of " + std::to_string(ranks));
+      }
+    }
   }
 }
 
