@@ -5,7 +5,8 @@
 // The backend updates an operand's scaling state as it casts it. Between micro-batches, StepScaling takes the
 // amax that the micro-batch's cast recorded and puts the state back as the step began, so that every
 // micro-batch, on every rank, casts with the step's first scales; at the end of the step the largest amax of
-// each operand over the micro-batches, and over the ranks (all_reduce_max), is recorded once. With one
+// each operand over the micro-batches, and over the ranks (all_reduce_max), is recorded once, on every rank
+// if any rank cast the operand (an expert may see no token on one rank and some on another). With one
 // micro-batch on one rank this is exactly the per-cast update. Weights are left alone: every rank casts the
 // same weights once a step.
 #pragma once
