@@ -141,9 +141,9 @@ void* ParameterGather::reserve(std::unique_ptr<Buffer>& buffer, size_t bytes) {
   return buffer->data();
 }
 
-ParameterGather::Volume ParameterGather::volume() {
+GatherVolume ParameterGather::volume() {
   const Plan p = plan();
-  Volume v;
+  GatherVolume v;
   v.fp8_bytes = p.codes ? p.code_bounds.back() : 0;
   v.float32_bytes = (p.codes ? p.packed_bounds.back() : model_.parameter_count()) * int64_t{sizeof(float)};
   v.fp8_weights = static_cast<int64_t>(p.parts.size());

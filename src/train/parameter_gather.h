@@ -27,6 +27,7 @@
 #include "octet/backend/backend.h"
 #include "octet/dist/communicator.h"
 #include "octet/model/model.h"
+#include "octet/train/data_parallel.h"
 
 namespace octet {
 
@@ -51,15 +52,8 @@ class ParameterGather {
   // none stale). Every rank calls it together.
   void gather_master_weights();
 
-  // What one gather moves: the bytes of the parameters gathered as FP8 codes and in float32 (the whole
-  // buffer's; each rank receives all but its own part), and how many weights travel as codes. Planned
-  // from the layers' present modes.
-  struct Volume {
-    int64_t fp8_bytes = 0;
-    int64_t float32_bytes = 0;
-    int64_t fp8_weights = 0;
-  };
-  Volume volume();
+  // What one gather moves (data_parallel.h), planned from the layers' present modes.
+  GatherVolume volume();
   bool fp8_weights() const { return fp8_weights_; }
 
  private:

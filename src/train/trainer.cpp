@@ -327,10 +327,8 @@ void Trainer::gather_master_weights() {
   if (gather_ != nullptr) gather_->gather_master_weights();
 }
 
-Trainer::GatherVolume Trainer::parameter_gather_volume() {
-  if (gather_ == nullptr) return {};
-  const ParameterGather::Volume v = gather_->volume();
-  return {.fp8_bytes = v.fp8_bytes, .float32_bytes = v.float32_bytes, .fp8_weights = v.fp8_weights};
+GatherVolume Trainer::parameter_gather_volume() {
+  return gather_ != nullptr ? gather_->volume() : GatherVolume{};
 }
 
 float Trainer::evaluate(const BatchSource& data, int64_t batches) {

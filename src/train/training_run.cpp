@@ -213,17 +213,17 @@ int64_t gradient_bytes_sent(const DataParallel& parallel) {
 
 // What the gather of the updated parameters moves each step (the whole buffer's bytes; each rank receives all
 // but its own part).
-std::string gather_line(const Trainer::GatherVolume& v) {
-  const double mb = 1.0 / (1 << 20);
+std::string gather_line(const GatherVolume& v) {
+  const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   const int64_t all_float32 = v.float32_bytes + v.fp8_bytes * 4;
   if (v.fp8_weights == 0) {
-    return fmt::format("parameters gathered after each update in float32: {:.1f} MiB", all_float32 * mb);
+    return fmt::format("parameters gathered after each update in float32: {:.1f} MiB", mib(all_float32));
   }
   return fmt::format(
       "parameters gathered after each update: {} weights as FP8 codes ({:.1f} MiB) and the rest in float32 "
       "({:.1f} MiB), {:.1f} MiB in all where float32 would move {:.1f} MiB and BF16 weights {:.1f} MiB",
-      v.fp8_weights, v.fp8_bytes * mb, v.float32_bytes * mb, (v.fp8_bytes + v.float32_bytes) * mb,
-      all_float32 * mb, (v.float32_bytes + v.fp8_bytes * 2) * mb);
+      v.fp8_weights, mib(v.fp8_bytes), mib(v.float32_bytes), mib(v.fp8_bytes + v.float32_bytes),
+      mib(all_float32), mib(v.float32_bytes + v.fp8_bytes * 2));
 }
 
 }  // namespace

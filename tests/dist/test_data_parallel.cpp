@@ -374,7 +374,7 @@ TEST(ShardedDataParallel, Fp8GathersSendCodesAndLeaveTheMastersOutsideTheShardSt
   const RunShape s{.precision = MixedPrecision::fp8, .ranks = 2, .micro = 1, .shard = true, .fp8_gather = true};
   struct Seen {
     std::vector<float> before, after;
-    Trainer::GatherVolume volume;
+    GatherVolume volume;
     int64_t shard_begin = 0, shard_end = 0;
   };
   std::vector<Seen> seen(2);

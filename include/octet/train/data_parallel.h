@@ -88,6 +88,15 @@ struct DataParallel {
   int shard_rank() const { return shard_group() != nullptr ? shard_group()->rank() : 0; }
 };
 
+// What one gather of a sharded optimizer's parameters moves (src/train/parameter_gather.h): the bytes of
+// the parameters gathered as FP8 codes and in float32 (the whole buffer's; each rank receives all but its
+// own part), and how many weights travel as codes. Zeros where the optimizer state is whole.
+struct GatherVolume {
+  int64_t fp8_bytes = 0;
+  int64_t float32_bytes = 0;
+  int64_t fp8_weights = 0;
+};
+
 // Rank `rank`'s micro-batches out of `global`, the source of every rank's micro-batches in order: of each
 // step's ranks x micro_batches micro-batches of [B, T], it returns those of index rank * micro_batches ..
 // (rank + 1) * micro_batches - 1 and reads past the others. Every rank's source thus reads the whole global

@@ -79,13 +79,8 @@ class Trainer {
   // to date on every rank, for what reads params() other than a forward (a checkpoint). Called by every rank
   // together; a no-op otherwise.
   void gather_master_weights();
-  // The bytes one gather of a sharded optimizer's parameters moves (parameter_gather.h): FP8 codes and
-  // float32 values, and the weights that travel as codes; zeros where the optimizer state is whole.
-  struct GatherVolume {
-    int64_t fp8_bytes = 0;
-    int64_t float32_bytes = 0;
-    int64_t fp8_weights = 0;
-  };
+  // What one gather of a sharded optimizer's parameters moves, planned from the layers' present modes
+  // (data_parallel.h); zeros where the optimizer state is whole.
   GatherVolume parameter_gather_volume();
   const TrainSettings& settings() const { return settings_; }
 
