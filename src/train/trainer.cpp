@@ -334,6 +334,9 @@ GatherVolume Trainer::parameter_gather_volume() {
 float Trainer::evaluate(const BatchSource& data, int64_t batches) {
   const int64_t B = settings_.batch_size, T = settings_.seq_len;
   std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
+  // The parameters still on their way, and their copies, made as training makes them (an evaluation's
+  // forward would remake them with its casts' telemetry off).
+  if (gather_ != nullptr) gather_->finish();
   model_.set_scaling_updates(false);
   double sum = 0.0;
   for (int64_t i = 0; i < batches; ++i) {

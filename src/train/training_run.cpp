@@ -338,6 +338,12 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
     shard_group = parallel.communicator->split(ranks.layout.replica(), ranks.layout.shard_rank());
     parallel.shard_communicator = shard_group.get();
   }
+  // The trainer goes before the communicators it gathers over: a run that ends with an error may leave a
+  // gather of the parameters under way, which the trainer waits for as it goes.
+  struct TrainerFirst {
+    std::unique_ptr<Trainer>& trainer;
+    ~TrainerFirst() { trainer.reset(); }
+  } trainer_first{trainer};
   parallel.reduce_type = config.distributed.gradient_reduce_type;
   parallel.reduce_scatter = config.distributed.reduce_scatter;
   parallel.fp8_weight_gather = config.distributed.fp8_weight_gather;
