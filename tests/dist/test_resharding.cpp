@@ -158,6 +158,30 @@ std::unique_ptr<Model> tiny_model(Backend& backend) {
   return model_of(RunShape{.precision = MixedPrecision::fp8}, backend);
 }
 
+// Each layout of `afters` resumes from `ranks_checkpoint` kAfter steps, against one rank resuming from its
+// own whole checkpoint `one_checkpoint` with the same split of the global batch: the same losses, weights,
+// moments and scaling state on every rank, and the same checkpoint saved at the end (of shards exactly where
+// the layout shards).
+void expect_resumes_exactly(const std::vector<RunShape>& afters, const TokenShardFile& shard,
+                            const std::filesystem::path& one_checkpoint,
+                            const std::filesystem::path& ranks_checkpoint, const std::string& prefix,
+                            const Model& model) {
+  for (const RunShape& after : afters) {
+    const std::string name = name_of(after);
+    const RunDirectory reference_dir(prefix + "reference_" + name), resumed_dir(prefix + "resumed_" + name);
+    const std::vector<Outcome> reference =
+        run(after, true, shard, kAfter, one_checkpoint, reference_dir.path);
+    const std::vector<Outcome> resumed = run(after, false, shard, kAfter, ranks_checkpoint, resumed_dir.path);
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(after.ranks)) << name;
+    for (int r = 0; r < after.ranks; ++r) {
+      expect_same(reference[0], resumed[static_cast<size_t>(r)], name + ", rank " + std::to_string(r));
+    }
+    const std::filesystem::path saved = checkpoint_directory(resumed_dir.path, kBefore + kAfter);
+    EXPECT_EQ(std::filesystem::exists(saved / kShardManifestFile), after.shard) << name;
+    expect_same_checkpoint(checkpoint_directory(reference_dir.path, kBefore + kAfter), saved, model);
+  }
+}
+
 TEST(Resharding, TwoShardedRanksSaveShardsThatAssembleToOneRanksCheckpoint) {
   const TokenShardFile shard;
   const RunShape before{.precision = MixedPrecision::fp8, .ranks = 2, .micro = 2, .shard = true};
@@ -229,20 +253,7 @@ TEST(Resharding, ACheckpointOfTwoShardedRanksResumesOnOneTwoAndFourRanks) {
       {.precision = MixedPrecision::fp8, .ranks = 2, .micro = 2, .shard = true},
       {.precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = true, .fp8_gather = true},
       {.precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = false}};
-  for (const RunShape& after : afters) {
-    const std::string name = name_of(after);
-    const RunDirectory reference_dir("reference_" + name), resumed_dir("resumed_" + name);
-    const std::vector<Outcome> reference =
-        run(after, true, shard, kAfter, one_checkpoint, reference_dir.path);
-    const std::vector<Outcome> resumed = run(after, false, shard, kAfter, ranks_checkpoint, resumed_dir.path);
-    ASSERT_EQ(resumed.size(), static_cast<size_t>(after.ranks)) << name;
-    for (int r = 0; r < after.ranks; ++r) {
-      expect_same(reference[0], resumed[static_cast<size_t>(r)], name + ", rank " + std::to_string(r));
-    }
-    const std::filesystem::path saved = checkpoint_directory(resumed_dir.path, kBefore + kAfter);
-    EXPECT_EQ(std::filesystem::exists(saved / kShardManifestFile), after.shard) << name;
-    expect_same_checkpoint(checkpoint_directory(reference_dir.path, kBefore + kAfter), saved, *model);
-  }
+  expect_resumes_exactly(afters, shard, one_checkpoint, ranks_checkpoint, "", *model);
 }
 
 // A hybrid layout (dp_shard = 2, dp_replicate = 2) saves a checkpoint of 2 shards, written by the ranks of
@@ -280,19 +291,7 @@ TEST(Resharding, ACheckpointOfAHybridLayoutResumesOnOneRankAndOnFourShardedRanks
       {.precision = MixedPrecision::fp8, .ranks = 1, .micro = 4, .shard = true},
       {.precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = true},
       {.precision = MixedPrecision::fp8, .ranks = 4, .micro = 1, .shard = true, .replicate = 2}};
-  for (const RunShape& after : afters) {
-    const std::string name = name_of(after);
-    const RunDirectory reference_dir("hybrid_reference_" + name), resumed_dir("hybrid_resumed_" + name);
-    const std::vector<Outcome> reference =
-        run(after, true, shard, kAfter, one_checkpoint, reference_dir.path);
-    const std::vector<Outcome> resumed = run(after, false, shard, kAfter, ranks_checkpoint, resumed_dir.path);
-    ASSERT_EQ(resumed.size(), static_cast<size_t>(after.ranks)) << name;
-    for (int r = 0; r < after.ranks; ++r) {
-      expect_same(reference[0], resumed[static_cast<size_t>(r)], name + ", rank " + std::to_string(r));
-    }
-    const std::filesystem::path saved = checkpoint_directory(resumed_dir.path, kBefore + kAfter);
-    expect_same_checkpoint(checkpoint_directory(reference_dir.path, kBefore + kAfter), saved, *model);
-  }
+  expect_resumes_exactly(afters, shard, one_checkpoint, ranks_checkpoint, "hybrid_", *model);
 }
 
 // A whole checkpoint (one rank's, as older octet versions wrote for any number of ranks) resumes on sharded
