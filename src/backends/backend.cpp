@@ -193,6 +193,68 @@ LossSizes loss_sizes(std::string_view op, const Shape& logits, int64_t V) {
   return s;
 }
 
+void check_row_groups(std::string_view op, const RowGroupCasts& casts, int64_t rows) {
+  OCTET_CHECK(casts.offsets.size() == casts.targets.size() + 1, "{}: {} row offsets for {} groups", op,
+              casts.offsets.size(), casts.targets.size());
+  OCTET_CHECK(casts.offsets.front() == 0 && casts.offsets.back() <= rows,
+              "{}: the groups cover rows 0 to {} of {}", op, casts.offsets.back(), rows);
+  for (size_t g = 0; g < casts.targets.size(); ++g) {
+    OCTET_CHECK(casts.offsets[g] <= casts.offsets[g + 1], "{}: group {} ends before it begins ({} > {})", op, g,
+                casts.offsets[g], casts.offsets[g + 1]);
+  }
+}
+
+namespace {
+
+// Rows [from, from + rows) of a view, or a view without data of that shape where it has none.
+TensorView rows_of(const TensorView& v, int64_t from, int64_t rows) {
+  void* data = v.has_data() ? static_cast<char*>(v.data) + storage_bytes(v.dtype, from * v.cols()) : nullptr;
+  return {data, v.dtype, {rows, v.cols()}};
+}
+ConstTensorView rows_of(const ConstTensorView& v, int64_t from, int64_t rows) {
+  const void* data =
+      v.has_data() ? static_cast<const char*>(v.data) + storage_bytes(v.dtype, from * v.cols()) : nullptr;
+  return {data, v.dtype, {rows, v.cols()}};
+}
+
+// Calls each(g, from, rows) for every group with rows.
+template <typename Each>
+void for_each_group(const RowGroupCasts& casts, Each each) {
+  for (int64_t g = 0; g < casts.groups(); ++g) {
+    const int64_t from = casts.offsets[static_cast<size_t>(g)];
+    const int64_t rows = casts.offsets[static_cast<size_t>(g) + 1] - from;
+    if (rows > 0) each(casts.targets[static_cast<size_t>(g)], from, rows);
+  }
+}
+
+}  // namespace
+
+void Backend::gather_rows_grouped(const TensorView& out, const ConstTensorView& src, const int32_t* index,
+                                  int64_t divisor, const float* scale, const RowGroupCasts& casts,
+                                  TensorRole cast_as) {
+  check_row_groups("gather_rows_grouped", casts, out.rows());
+  for_each_group(casts, [&](const Fp8CastTarget& target, int64_t from, int64_t rows) {
+    gather_rows(rows_of(out, from, rows), src, index + from, divisor, scale, target, cast_as);
+  });
+}
+
+void Backend::activation_forward_grouped(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                                         const RowGroupCasts& casts) {
+  check_row_groups("activation_forward_grouped", casts, out.rows());
+  for_each_group(casts, [&](const Fp8CastTarget& target, int64_t from, int64_t rows) {
+    activation_forward(kind, rows_of(out, from, rows), rows_of(inp, from, rows), target);
+  });
+}
+
+void Backend::activation_backward_grouped(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                                          const ConstTensorView& dout, const RowGroupCasts& casts) {
+  check_row_groups("activation_backward_grouped", casts, dinp.rows());
+  for_each_group(casts, [&](const Fp8CastTarget& target, int64_t from, int64_t rows) {
+    activation_backward(kind, rows_of(dinp, from, rows), rows_of(inp, from, rows), rows_of(dout, from, rows),
+                        nullptr, target);
+  });
+}
+
 void Backend::check_segments(std::span<const UpdateSegment> segments, bool bf16_gradients) const {
   for (const UpdateSegment& s : segments) {
     OCTET_CHECK(s.offset >= 0 && s.count >= 0, "backend {}: an optimizer segment at {} of {} elements",

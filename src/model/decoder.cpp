@@ -578,13 +578,13 @@ const Fp8Tensor& Decoder::kept_input(const Linear& layer) {
 
 void Decoder::backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
                            Dtype dout_type, const void* inp, Dtype inp_type, int64_t N,
-                           bool gradient_cast_by_producer) {
+                           bool gradient_cast_by_producer, std::unique_ptr<Fp8Tensor>* gradient_slot) {
   const int64_t OC = layer.plan->out_features, IC = layer.plan->in_features;
   backend_.linear_backward(TensorView(dinp, dinp_type, {N, IC}),
                            TensorView(layer.weight_grad, layer.weight_grad_type, {OC, IC}), dbias,
                            ConstTensorView(dout, dout_type, {N, OC}), ConstTensorView(inp, inp_type, {N, IC}),
                            weight_of(layer), layer.copy.get(), backward_exec(layer), layer.input_codes.get(),
-                           {&gradient_codes_, gradient_cast_by_producer});
+                           {gradient_slot != nullptr ? gradient_slot : &gradient_codes_, gradient_cast_by_producer});
   if (layer.round_weight_gradient) {
     backend_.round_in_place(static_cast<float*>(layer.weight_grad), layer.weight_count, Dtype::bf16);
   }

@@ -63,6 +63,23 @@ auto experts_with_rows(const std::vector<int64_t>& at, Up up, Down down) {
   return layers;
 }
 
+// The casts of the experts' rows for one of their layers (Backend::RowGroupCasts' targets, one per expert):
+// `target(e, layer)` for each expert e with rows, and whether any is given.
+struct ExpertCasts {
+  std::vector<Fp8CastTarget> targets;
+  bool any = false;
+};
+template <typename Layer, typename Target>
+ExpertCasts expert_casts(const std::vector<Layer*>& layers, Target target) {
+  ExpertCasts casts{std::vector<Fp8CastTarget>(layers.size()), false};
+  for (size_t e = 0; e < layers.size(); ++e) {
+    if (layers[e] == nullptr) continue;
+    casts.targets[e] = target(e, *layers[e]);
+    casts.any |= casts.targets[e].given();
+  }
+  return casts;
+}
+
 // An expert's rows [from, from + rows) of a tensor of `width` columns, or null where the op that would write
 // them writes only their FP8 cast (`cast_only`), which is all that the expert's GEMMs read.
 void* expert_rows(void* p, Dtype type, int64_t from, int64_t width, bool cast_only) {
@@ -101,13 +118,14 @@ void Decoder::moe_forward(int64_t l, int64_t B, int64_t T, const float* residual
   backend_.top_k_softmax(TensorView(m.probs, {N, E}), m.experts, m.weights,
                          ConstTensorView(a.router_logits, {N, E}), k);
   backend_.group_by_expert(m.offsets, m.slots, m.positions, m.experts, N, k, E, kExpertRowAlign);
-  // The rows of each expert, for the GEMMs the host launches, and the balance: the grouping's offsets and
-  // the probabilities' sums, to the host (a wait for the router of this block).
+  // The rows of each expert, for the GEMMs the host launches, and the balance: the grouping's offsets, the
+  // chosen experts and the probabilities' sums, to the host (a wait for the router of this block; the sums
+  // are enqueued first, so that the copies follow one another on an idle GPU).
+  backend_.column_sums(a.probability_sums, ConstTensorView(m.probs, {N, E}));
   std::vector<int32_t> offsets(static_cast<size_t>(E + 1));
   backend_.copy_to_host(offsets.data(), m.offsets, offsets.size() * sizeof(int32_t));
   std::vector<int32_t> chosen(static_cast<size_t>(N * k));
   backend_.copy_to_host(chosen.data(), m.experts, chosen.size() * sizeof(int32_t));
-  backend_.column_sums(a.probability_sums, ConstTensorView(m.probs, {N, E}));
   std::vector<float> probability_sums(static_cast<size_t>(E));
   backend_.copy_to_host(probability_sums.data(), a.probability_sums, probability_sums.size() * sizeof(float));
   std::vector<int64_t>& at = expert_offsets_[static_cast<size_t>(l)];
@@ -124,56 +142,61 @@ void Decoder::moe_forward(int64_t l, int64_t B, int64_t T, const float* residual
   const int64_t M = at.back();
 
   // The experts: gather, gate/up per expert, SwiGLU, down per expert. An FP8 expert's input and hidden
-  // activation are cast for it where they are made, each with that expert's own scale: by the gather of its
-  // rows and by SwiGLU over its rows, an expert at a time, each followed by the GEMM that reads the cast.
-  // Where no expert's GEMM there is FP8, one gather and one SwiGLU cover every row.
+  // activation are cast for it where they are made, each with that expert's own scale: by the gather of the
+  // rows and by SwiGLU over them, one op for every expert's rows (Backend's grouped ops), before the
+  // experts' GEMMs. The float32 rows are written where some expert reads more than its cast.
   const auto layers = experts_with_rows(
       at, [&](int64_t e) { return &linear(b.expert_fc(e)); },
       [&](int64_t e) { return &linear(b.expert_fc_proj(e)); });
   const std::vector<Linear*>& ups = layers.up;
   const std::vector<Linear*>& downs = layers.down;
-  const bool fp8_up = layers.any_up([](const LinearExecution& exec) { return exec.forward == GemmMode::fp8; });
-  const bool fp8_down = layers.any_down([](const LinearExecution& exec) { return exec.forward == GemmMode::fp8; });
-  if (!fp8_up) {
-    backend_.gather_rows(TensorView(m.dispatched, expert_input_type_, {M, C}), ln2, m.slots, k, nullptr, {},
-                         TensorRole::activation);
+  const ExpertCasts up_casts = expert_casts(ups, [](size_t, Linear& up) -> Fp8CastTarget {
+    if (up.exec.forward != GemmMode::fp8) return {};
+    return {&up.exec, &up.input_codes};
+  });
+  const ExpertCasts down_casts = expert_casts(downs, [](size_t, Linear& down) -> Fp8CastTarget {
+    if (down.exec.forward != GemmMode::fp8) return {};
+    return {&down.exec, &down.input_codes};
+  });
+  // Whether some expert's GEMMs read its float32 (or bf16) input rows, not only their cast.
+  const auto rows_read = [](const LinearExecution& exec) {
+    return exec.forward != GemmMode::fp8 || !input_cast_suffices(exec);
+  };
+  const TensorView dispatched(layers.any_up(rows_read) ? m.dispatched : nullptr, expert_input_type_, {M, C});
+  if (up_casts.any) {
+    backend_.gather_rows_grouped(dispatched, ln2, m.slots, k, nullptr, {at, up_casts.targets},
+                                 TensorRole::activation);
+  } else {
+    backend_.gather_rows(dispatched, ln2, m.slots, k, nullptr, {}, TensorRole::activation);
   }
   for (int64_t e = 0; e < E; ++e) {
     if (ups[static_cast<size_t>(e)] == nullptr) continue;
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
     Linear& up = *ups[static_cast<size_t>(e)];
     const bool cast = up.exec.forward == GemmMode::fp8;
-    void* rows_in =
+    const void* rows_in =
         expert_rows(m.dispatched, expert_input_type_, from, C, cast && input_cast_suffices(up.exec));
-    if (fp8_up) {
-      backend_.gather_rows(TensorView(rows_in, expert_input_type_, {rows, C}), ln2, m.slots + from, k,
-                           nullptr, cast ? Fp8CastTarget{&up.exec, &up.input_codes} : Fp8CastTarget{},
-                           TensorRole::activation);
-    }
     backend_.linear_forward(
         TensorView(rows_past(m.fch, hidden_type_, from, 2 * H), hidden_type_, {rows, 2 * H}),
         ConstTensorView(rows_in, expert_input_type_, {rows, C}), weight_of(up), up.copy.get(), {}, up.exec,
         fp8_input(up, true));
   }
   round_hidden(m.fch, M * 2 * H);
-  if (!fp8_down) {
-    backend_.activation_forward(Activation::swiglu, TensorView(m.act, expert_act_type_, {M, H}),
-                                ConstTensorView(m.fch, hidden_type_, {M, 2 * H}), {});
+  const TensorView act(layers.any_down(rows_read) ? m.act : nullptr, expert_act_type_, {M, H});
+  const ConstTensorView hidden(m.fch, hidden_type_, {M, 2 * H});
+  if (down_casts.any) {
+    backend_.activation_forward_grouped(Activation::swiglu, act, hidden, {at, down_casts.targets});
+  } else {
+    backend_.activation_forward(Activation::swiglu, act, hidden, {});
   }
   for (int64_t e = 0; e < E; ++e) {
     if (downs[static_cast<size_t>(e)] == nullptr) continue;
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
     Linear& down = *downs[static_cast<size_t>(e)];
     const bool cast = down.exec.forward == GemmMode::fp8;
-    void* act = expert_rows(m.act, expert_act_type_, from, H, cast && input_cast_suffices(down.exec));
-    if (fp8_down) {
-      backend_.activation_forward(
-          Activation::swiglu, TensorView(act, expert_act_type_, {rows, H}),
-          ConstTensorView(rows_past(m.fch, hidden_type_, from, 2 * H), hidden_type_, {rows, 2 * H}),
-          cast ? Fp8CastTarget{&down.exec, &down.input_codes} : Fp8CastTarget{});
-    }
+    const void* rows_in = expert_rows(m.act, expert_act_type_, from, H, cast && input_cast_suffices(down.exec));
     backend_.linear_forward(TensorView(m.out + from * C, {rows, C}),
-                            ConstTensorView(act, expert_act_type_, {rows, H}), weight_of(down),
+                            ConstTensorView(rows_in, expert_act_type_, {rows, H}), weight_of(down),
                             down.copy.get(), {}, down.exec, fp8_input(down, true));
   }
 
@@ -290,6 +313,21 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
   // The experts, from their outputs' gradient: down (its output gradient cast by the gather of its rows where
   // it is FP8), SwiGLU (casting gate/up's output gradient where that is FP8, an expert at a time), gate/up
   // (into rows_c).
+  // Each FP8 expert's output-gradient casts go to a tensor of its own (expert_gradient_codes_): every
+  // expert's rows are cast in one op before the experts' GEMMs read them.
+  expert_gradient_codes_.resize(static_cast<size_t>(E));
+  const auto gradient_rows_read = [](const LinearExecution& exec) {
+    return !casts_gradient(exec) || !gradient_cast_suffices(exec);
+  };
+  if (fp8_down) {
+    const ExpertCasts casts = expert_casts(downs, [&](size_t e, Linear& down) -> Fp8CastTarget {
+      if (!casts_gradient(down.exec)) return {};
+      return {&down.exec, &expert_gradient_codes_[e]};
+    });
+    backend_.gather_rows_grouped(
+        TensorView(layers.any_down(gradient_rows_read) ? d.rows_dout : nullptr, expert_dout_type_, {M, C}),
+        ConstTensorView(d.residual, {N, C}), m.slots, k, m.weights, {at, casts.targets}, TensorRole::gradient);
+  }
   for (int64_t e = 0; e < E; ++e) {
     if (downs[static_cast<size_t>(e)] == nullptr) continue;
     const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
@@ -297,16 +335,11 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
     const bool cast = casts_gradient(down.exec);
     void* dout =
         expert_rows(d.rows_dout, expert_dout_type_, from, C, cast && gradient_cast_suffices(down.exec));
-    if (fp8_down) {
-      backend_.gather_rows(TensorView(dout, expert_dout_type_, {rows, C}),
-                           ConstTensorView(d.residual, {N, C}), m.slots + from, k, m.weights,
-                           cast ? Fp8CastTarget{&down.exec, &gradient_codes_} : Fp8CastTarget{},
-                           TensorRole::gradient);
-    }
     void* act = expert_rows(m.act, expert_act_type_, from, H,
                             down.exec.forward == GemmMode::fp8 && input_cast_suffices(down.exec));
     backward_linear(down, rows_past(d.rows_f, hidden_type_, from, H), hidden_type_, nullptr, dout,
-                    expert_dout_type_, act, expert_act_type_, rows, cast);
+                    expert_dout_type_, act, expert_act_type_, rows, cast,
+                    &expert_gradient_codes_[static_cast<size_t>(e)]);
   }
   round_hidden(d.rows_f, M * H);
   // Where no expert's gate/up casts its output gradient, SwiGLU's backward covers every row at once, that
@@ -318,31 +351,35 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
     rounded &= up.input_gradient == GemmMode::bf16 && up.weight_gradient == GemmMode::bf16;
   }
   const Dtype dfch_type = rounded ? expert_fch_gradient_type_ : Dtype::f32;
+  const ConstTensorView fch(m.fch, hidden_type_, {M, 2 * H});
+  const ConstTensorView rows_f(d.rows_f, hidden_type_, {M, H});
   if (!fp8_up) {
-    backend_.activation_backward(Activation::swiglu, TensorView(d.rows_2f, dfch_type, {M, 2 * H}),
-                                 ConstTensorView(m.fch, hidden_type_, {M, 2 * H}),
-                                 ConstTensorView(d.rows_f, hidden_type_, {M, H}), nullptr, {});
+    backend_.activation_backward(Activation::swiglu, TensorView(d.rows_2f, dfch_type, {M, 2 * H}), fch, rows_f,
+                                 nullptr, {});
     if (rounded && dfch_type == Dtype::f32) {
       backend_.round_in_place(static_cast<float*>(d.rows_2f), M * 2 * H, Dtype::bf16);
     }
+  } else {
+    const ExpertCasts casts = expert_casts(ups, [&](size_t e, Linear& up) -> Fp8CastTarget {
+      if (!casts_gradient(up.exec)) return {};
+      return {&up.exec, &expert_gradient_codes_[e]};
+    });
+    backend_.activation_backward_grouped(
+        Activation::swiglu,
+        TensorView(layers.any_up(gradient_rows_read) ? d.rows_2f : nullptr, dfch_type, {M, 2 * H}), fch, rows_f,
+        {at, casts.targets});
   }
   for (int64_t e = 0; e < E; ++e) {
     if (ups[static_cast<size_t>(e)] == nullptr) continue;
-    const int64_t from = at[static_cast<size_t>(e)], rows = at[static_cast<size_t>(e) + 1] - from;
+    const int64_t from = at[static_cast<size_t>(e)];
+    const int64_t rows = at[static_cast<size_t>(e) + 1] - from;
     Linear& up = *ups[static_cast<size_t>(e)];
     const bool cast = casts_gradient(up.exec);
     void* dfch = expert_rows(d.rows_2f, dfch_type, from, 2 * H, cast && gradient_cast_suffices(up.exec));
-    if (fp8_up) {
-      backend_.activation_backward(
-          Activation::swiglu, TensorView(dfch, dfch_type, {rows, 2 * H}),
-          ConstTensorView(rows_past(m.fch, hidden_type_, from, 2 * H), hidden_type_, {rows, 2 * H}),
-          ConstTensorView(rows_past(d.rows_f, hidden_type_, from, H), hidden_type_, {rows, H}), nullptr,
-          cast ? Fp8CastTarget{&up.exec, &gradient_codes_} : Fp8CastTarget{});
-    }
     const void* inp = expert_rows(m.dispatched, expert_input_type_, from, C,
                                   up.exec.forward == GemmMode::fp8 && input_cast_suffices(up.exec));
     backward_linear(up, d.rows_c + from * C, Dtype::f32, nullptr, dfch, dfch_type, inp, expert_input_type_,
-                    rows, cast);
+                    rows, cast, &expert_gradient_codes_[static_cast<size_t>(e)]);
   }
   // The gather's backward: each token's rows summed into d(ln2).
   backend_.combine_rows(TensorView(dln, {N, C}), dln, ConstTensorView(d.rows_c, {M, C}), m.positions, k,

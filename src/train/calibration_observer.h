@@ -187,6 +187,19 @@ class ObservingBackend final : public Backend {
                            const Fp8CastTarget& cast_for) override {
     inner_->activation_backward(kind, dinp, inp, dout, dbias, cast_for);
   }
+  void gather_rows_grouped(const TensorView& out, const ConstTensorView& src, const int32_t* index,
+                           int64_t divisor, const float* scale, const RowGroupCasts& casts,
+                           TensorRole cast_as) override {
+    inner_->gather_rows_grouped(out, src, index, divisor, scale, casts, cast_as);
+  }
+  void activation_forward_grouped(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                                  const RowGroupCasts& casts) override {
+    inner_->activation_forward_grouped(kind, out, inp, casts);
+  }
+  void activation_backward_grouped(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                                   const ConstTensorView& dout, const RowGroupCasts& casts) override {
+    inner_->activation_backward_grouped(kind, dinp, inp, dout, casts);
+  }
   void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) override {
     inner_->add(out, a, b);
   }

@@ -344,6 +344,195 @@ void run_gather_gradient_cast(Backend& backend, const Config& config) {
   EXPECT_GT(fused.telemetry.gradient.casts, 0);
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// The grouped ops (Backend::gather_rows_grouped, activation_forward_grouped, activation_backward_grouped): a
+// mixture of experts' producers over every expert's rows at once, each expert's rows cast for its own layer,
+// against one op per group on the same backend, each followed by its layer's op as the decoder ran them. Four
+// groups of the kGroupRows rows: 48 rows for layer 0, none for layer 1, 16 rows without a cast (written
+// plain; only in the runs that keep the output), 32 rows for layer 2.
+constexpr int64_t kGroupRows = 96;
+enum class Grouped { gather_input, swiglu_input, gather_gradient, swiglu_gradient };
+
+void run_grouped(Backend& backend, const Config& config, Grouped op, bool plain_group) {
+  const bool input = op == Grouped::gather_input || op == Grouped::swiglu_input;
+  const bool swiglu = op == Grouped::swiglu_input || op == Grouped::swiglu_gradient;
+  const std::string name = std::string(swiglu ? "swiglu" : "gather_rows") + (input ? " input" : " gradient") +
+                           " grouped" + (plain_group ? " with a plain group" : "");
+  SCOPED_TRACE(name + " " + config.name);
+  std::printf("[ op ] %s %s\n", name.c_str(), config.name.c_str());
+  // The consumers: [kC -> kOC] in the forward; [kC0 -> kWidth] in the backward, their output gradient
+  // produced.
+  constexpr int64_t kC0 = 48, kWidth = kC, kHidden = kC / 2;
+  const int64_t in = input ? kC : kC0, out_features = input ? kOC : kWidth;
+  const std::vector<int64_t> offsets = {0, 48, 48, plain_group ? 64 : 48, kGroupRows};
+  std::vector<std::unique_ptr<Layer>> grouped, single;
+  for (int i = 0; i < 3; ++i) {
+    grouped.push_back(std::make_unique<Layer>(backend, config, in, out_features));
+    single.push_back(std::make_unique<Layer>(backend, config, in, out_features));
+  }
+  // Group g's layer (null: the plain group).
+  const auto layer_of = [&](std::vector<std::unique_ptr<Layer>>& set, size_t g) -> Layer* {
+    return g == 2 ? nullptr : set[g == 3 ? 2 : g].get();
+  };
+  const auto rows_of = [&](size_t g) { return offsets[g + 1] - offsets[g]; };
+  bool nonzero = false;
+  for (int step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const uint64_t seed = seed_of(name, config.name + " step " + std::to_string(step));
+    const float spread[] = {1.0f, 8.0f, 0.25f, 2.0f};
+    // The producer's source: tokens' rows for the gathers (kGroupRows assignments of kN tokens, top 2), the
+    // hidden rows for SwiGLU; for the backward, the gradient's scale per step.
+    const int64_t src_rows = swiglu ? kGroupRows : kN, src_width = swiglu ? 2 * (input ? kC : kHidden) : kC;
+    const float magnitude = input ? 2.0f * spread[step] : 1e-2f / spread[step];
+    std::vector<float> source = octet::testing::random_normal(src_rows * src_width, seed, magnitude);
+    for (size_t i = 5; !input && i < source.size(); i += 11) source[i] *= 1e-11f;  // underflows
+    GuardedBuffer src(backend, as_bytes(source));
+    GuardedBuffer dout(backend, as_bytes(octet::testing::random_normal(kGroupRows * kHidden, seed + 1, magnitude)));
+    std::vector<int32_t> slot_values(static_cast<size_t>(kGroupRows), -1);
+    for (int64_t m = 0; m < kGroupRows; ++m) {
+      if (m % 16 < 13) slot_values[static_cast<size_t>(m)] = static_cast<int32_t>((m * 37 + 5 * step) % (kN * kTopK));
+    }
+    GuardedBuffer slots(backend, as_bytes(slot_values));
+    GuardedBuffer weights(backend, as_bytes(octet::testing::random_uniform(static_cast<size_t>(kN * kTopK),
+                                                                           seed + 2, 0.0f, 1.0f)));
+    GuardedBuffer x(backend, as_bytes(octet::testing::random_normal(kGroupRows * kC0, seed + 3)));
+    GuardedBuffer kept(backend, as_bytes(nan_filled(kGroupRows * kC))),
+        plain(backend, as_bytes(nan_filled(kGroupRows * kC)));
+    std::vector<std::unique_ptr<GuardedBuffer>> layer_weights;
+    for (int i = 0; i < 3; ++i) {
+      layer_weights.push_back(std::make_unique<GuardedBuffer>(
+          backend, as_bytes(octet::testing::random_normal(out_features * in, seed + 4 + i, 0.5f))));
+    }
+    const auto* index = static_cast<const int32_t*>(slots.data());
+    const float* scale = input ? nullptr : weights.floats();
+    const octet::TensorRole role = input ? octet::TensorRole::activation : octet::TensorRole::gradient;
+    // The producer over rows [from, from + rows) into y, for `target`; the grouped op over every row.
+    const auto produce = [&](float* y, int64_t from, int64_t rows, const octet::Fp8CastTarget& target) {
+      if (op == Grouped::gather_input || op == Grouped::gather_gradient) {
+        backend.gather_rows(TensorView(y, {rows, kC}), ConstTensorView(src.floats(), {kN, kC}), index + from,
+                            kTopK, scale, target, role);
+      } else if (input) {
+        backend.activation_forward(Activation::swiglu, TensorView(y, {rows, kC}),
+                                   ConstTensorView(src.floats() + from * 2 * kC, {rows, 2 * kC}), target);
+      } else {
+        backend.activation_backward(Activation::swiglu, TensorView(y, {rows, kWidth}),
+                                    ConstTensorView(src.floats() + from * kWidth, {rows, kWidth}),
+                                    ConstTensorView(dout.floats() + from * kHidden, {rows, kHidden}), nullptr,
+                                    target);
+      }
+    };
+    // A layer's op on its group's rows y, taking the cast its producer wrote or casting them itself.
+    const auto consume = [&](Layer& layer, size_t g, const float* y, bool cast_by_producer) {
+      const int64_t from = offsets[g], rows = rows_of(g);
+      GuardedBuffer& w = *layer_weights[g == 3 ? 2 : g];
+      if (input) {
+        backend.linear_forward(TensorView(layer.out.floats(), {rows, kOC}), ConstTensorView(y, {rows, kC}),
+                               ConstTensorView(w.floats(), {kOC, kC}), layer.copy.get(), {}, layer.exec,
+                               {&layer.input_codes, cast_by_producer});
+        return;
+      }
+      backend.linear_backward(TensorView(layer.dinp.floats(), {rows, kC0}),
+                              TensorView(layer.dweight.floats(), {kWidth, kC0}), nullptr,
+                              ConstTensorView(y, {rows, kWidth}), ConstTensorView(x.floats() + from * kC0, {rows, kC0}),
+                              ConstTensorView(w.floats(), {kWidth, kC0}), layer.copy.get(), layer.exec,
+                              layer.input_codes.get(), {&layer.gradient_codes, cast_by_producer});
+    };
+    for (size_t g = 0; g < 4; ++g) {
+      for (auto* set : {&grouped, &single}) {
+        Layer* layer = layer_of(*set, g);
+        if (layer == nullptr || rows_of(g) == 0) continue;
+        GuardedBuffer& w = *layer_weights[g == 3 ? 2 : g];
+        backend.prepare_weight(layer->copy, w.floats(), out_features, in, layer->exec);
+        if (!input) {  // the forward whose input cast the backward's weight gradient reads
+          backend.linear_forward(TensorView(layer->out.floats(), {rows_of(g), kWidth}),
+                                 ConstTensorView(x.floats() + offsets[g] * kC0, {rows_of(g), kC0}),
+                                 ConstTensorView(w.floats(), {kWidth, kC0}), layer->copy.get(), {}, layer->exec,
+                                 {&layer->input_codes});
+        }
+      }
+    }
+    // The grouped op, then each layer's op on its rows.
+    const bool suffices = input ? octet::input_cast_suffices(grouped[0]->exec)
+                                : octet::gradient_cast_suffices(grouped[0]->exec);
+    float* out = plain_group || !suffices ? kept.floats() : nullptr;
+    std::vector<octet::Fp8CastTarget> targets(4);
+    for (size_t g = 0; g < 4; ++g) {
+      if (Layer* layer = layer_of(grouped, g)) {
+        targets[g] = {&layer->exec, input ? &layer->input_codes : &layer->gradient_codes};
+      }
+    }
+    const octet::RowGroupCasts casts{offsets, targets};
+    const int64_t width = input ? kC : kWidth;
+    if (op == Grouped::gather_input || op == Grouped::gather_gradient) {
+      backend.gather_rows_grouped(TensorView(out, {kGroupRows, kC}), ConstTensorView(src.floats(), {kN, kC}), index,
+                                  kTopK, scale, casts, role);
+    } else if (input) {
+      backend.activation_forward_grouped(Activation::swiglu, TensorView(out, {kGroupRows, kC}),
+                                         ConstTensorView(src.floats(), {kGroupRows, 2 * kC}), casts);
+    } else {
+      backend.activation_backward_grouped(Activation::swiglu, TensorView(out, {kGroupRows, kWidth}),
+                                          ConstTensorView(src.floats(), {kGroupRows, kWidth}),
+                                          ConstTensorView(dout.floats(), {kGroupRows, kHidden}), casts);
+    }
+    for (size_t g = 0; g < 4; ++g) {
+      if (Layer* layer = layer_of(grouped, g); layer != nullptr && rows_of(g) > 0) {
+        consume(*layer, g, out != nullptr ? out + offsets[g] * width : nullptr, true);
+      }
+    }
+    // One op per group, each followed by its layer's op, the plain group's rows written plain.
+    for (size_t g = 0; g < 4; ++g) {
+      if (rows_of(g) == 0) continue;
+      float* y = plain.floats() + offsets[g] * width;
+      Layer* layer = layer_of(single, g);
+      produce(y, offsets[g], rows_of(g), layer != nullptr ? octet::Fp8CastTarget{&layer->exec,
+                                                                                  input ? &layer->input_codes
+                                                                                        : &layer->gradient_codes}
+                                                          : octet::Fp8CastTarget{});
+      if (layer != nullptr) consume(*layer, g, y, true);
+    }
+    backend.synchronize();
+    for (size_t g = 0; g < 4; ++g) {
+      Layer* a = layer_of(grouped, g);
+      Layer* e = layer_of(single, g);
+      if (a == nullptr || rows_of(g) == 0) continue;
+      SCOPED_TRACE("group " + std::to_string(g));
+      // Small gradients may all underflow in E4M3 at the first step's scale: some step must give values.
+      if (input) {
+        const std::vector<float> y = read(a->out, "out");
+        nonzero |= octet::testing::has_nonzero(y);
+        EXPECT_TRUE(exact_with_report(name + " out", y, read(e->out, "out")));
+      } else {
+        EXPECT_TRUE(exact_with_report(name + " dinp", read(a->dinp, "dinp"), read(e->dinp, "dinp")));
+        const std::vector<float> dweight = read(a->dweight, "dweight");
+        nonzero |= octet::testing::has_nonzero(dweight);
+        EXPECT_TRUE(exact_with_report(name + " dweight", dweight, read(e->dweight, "dweight")));
+      }
+      expect_same_layers(backend, *a, *e);
+    }
+    if (out != nullptr) {
+      const std::vector<float> written = read(kept, "kept"), expected = read(plain, "plain");
+      EXPECT_TRUE(exact_with_report(name + " kept", std::span(written).first(kGroupRows * width),
+                                    std::span(expected).first(kGroupRows * width)));
+    }
+  }
+  EXPECT_TRUE(nonzero) << "every output was zero: the comparisons proved nothing";
+  EXPECT_GT(input ? grouped[0]->telemetry.activation.casts : grouped[0]->telemetry.gradient.casts, 0);
+  EXPECT_EQ(input ? grouped[1]->telemetry.activation.casts : grouped[1]->telemetry.gradient.casts, 0)
+      << "a group without rows is not cast";
+}
+
+TEST(BackendOpsLlamaCasts, GroupedCastsAsOneOpPerGroup) {
+  SKIP_WITHOUT_TESTED_BACKEND();
+  const auto backend = make_tested_backend();
+  for (const Config& config : configs()) {
+    for (const Grouped op :
+         {Grouped::gather_input, Grouped::swiglu_input, Grouped::gather_gradient, Grouped::swiglu_gradient}) {
+      run_grouped(*backend, config, op, false);
+      run_grouped(*backend, config, op, true);
+    }
+  }
+}
+
 TEST(BackendOpsLlamaCasts, RmsNormInputCastAsTheUnfusedOps) {
   SKIP_WITHOUT_TESTED_BACKEND();
   const auto backend = make_tested_backend();

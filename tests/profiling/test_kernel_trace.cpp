@@ -135,7 +135,9 @@ TEST(KernelClassification, OctetsOwnKernelsFromTheSources) {
                                        "normalization_cast_kernel",
                                        "normalization_cast_transpose_kernel",
                                        "produce_cast_kernel",
+                                       "produce_cast_transpose_grouped_kernel",
                                        "produce_cast_transpose_kernel",
+                                       "swiglu_backward_cast_grouped_kernel",
                                        "swiglu_backward_cast_kernel"};
   const std::regex kernel(
       R"(__global__\s+void\s+(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\()");

@@ -75,6 +75,20 @@ struct Fp8CastTarget {
   bool given() const { return layer != nullptr; }
 };
 
+// Row groups of one op's output, each cast for its own FP8 layer (a mixture of experts' grouped rows, one
+// group an expert's): group g is rows [offsets[g], offsets[g + 1]) of the output, cast for targets[g]. A group
+// without rows is left alone; a group with rows and an empty target is not cast, and the op's output then has
+// data.
+struct RowGroupCasts {
+  std::span<const int64_t> offsets;        // groups + 1, ascending, from 0 to at most the output's rows
+  std::span<const Fp8CastTarget> targets;  // one per group
+  int64_t groups() const { return static_cast<int64_t>(targets.size()); }
+};
+
+// The check of a RowGroupCasts every backend makes: a target per group, the offsets ascending from 0 and
+// within the op's `rows`. A refusal names `op`.
+void check_row_groups(std::string_view op, const RowGroupCasts& casts, int64_t rows);
+
 // A linear layer's FP8 operand as one of its ops takes it (the input in the forward, the output gradient in
 // the backward): the caller's slot for its FP8 tensor, and whether the op that produced the values cast
 // them into it already (given an Fp8CastTarget), so that the GEMM takes the cast as it is; otherwise the
@@ -495,6 +509,18 @@ class Backend {
   virtual void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
                                    const ConstTensorView& dout, float* dbias,
                                    const Fp8CastTarget& cast_for) = 0;
+  // gather_rows, activation_forward and activation_backward (without a bias) over row groups, each group's
+  // rows cast for its own layer: exactly what the op gives called on each group with rows in turn, on that
+  // group's rows (index + offsets[g] for the gather) with its target. The output has data or not as a whole:
+  // where it has, every group's rows are written. The defaults make those calls; a backend may write every
+  // group's casts in one pass.
+  virtual void gather_rows_grouped(const TensorView& out, const ConstTensorView& src, const int32_t* index,
+                                   int64_t divisor, const float* scale, const RowGroupCasts& casts,
+                                   TensorRole cast_as);
+  virtual void activation_forward_grouped(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                                          const RowGroupCasts& casts);
+  virtual void activation_backward_grouped(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                                           const ConstTensorView& dout, const RowGroupCasts& casts);
   // out = a + b, element by element, over float32 tensors of the same shape; out may be a (a += b) but must
   // not overlap b otherwise.
   virtual void add(const TensorView& out, const ConstTensorView& a, const ConstTensorView& b) = 0;

@@ -246,11 +246,13 @@ class Decoder final : public Model {
   // The backward of block layer `layer` (Backend::linear_backward) into its weight gradient, which is
   // rounded to bf16 in place afterwards where the model keeps it rounded but the backend stores it in
   // float32.
-  // With gradient_cast_by_producer, the layer's output-gradient cast is in gradient_codes_ already
-  // (activation_backward_into).
+  // With gradient_cast_by_producer, the layer's output-gradient cast is in its slot already
+  // (activation_backward_into, the experts' grouped ops).
+  // `gradient_slot` (null: gradient_codes_) is where the output gradient's cast is.
   void backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float* dbias, const void* dout,
                        Dtype dout_type, const void* inp, Dtype inp_type, int64_t N,
-                       bool gradient_cast_by_producer = false);
+                       bool gradient_cast_by_producer = false,
+                       std::unique_ptr<Fp8Tensor>* gradient_slot = nullptr);
   // The layer's FP8 input as its linear_forward takes it: input_codes, cast by its producer or not.
   static Fp8Operand fp8_input(Linear& layer, bool cast_by_producer);
   // The FP8 input cast that the layer's forward kept, for linear_recompute.
@@ -311,6 +313,9 @@ class Decoder final : public Model {
   std::unique_ptr<Buffer> full_logits_;               // forward_logits only
   // The FP8 cast of the output gradient that each FP8 layer's backward reads, one for all layers in turn.
   std::unique_ptr<Fp8Tensor> gradient_codes_;
+  // The FP8 casts of a mixture-of-experts block's output gradients, one per expert: the grouped ops cast
+  // every expert's rows before the experts' GEMMs read them.
+  std::vector<std::unique_ptr<Fp8Tensor>> expert_gradient_codes_;
   std::unique_ptr<Buffer> tokens_;
   std::unique_ptr<Buffer> rotary_table_;  // Llama only
   std::unique_ptr<Activations> acts_;

@@ -6,6 +6,7 @@
 // This file holds its construction, memory, op timing and the tensor entries of the Backend interface, and
 // the functions of octet/backend/cuda_backend.h; cuda_backend_impl.h lists the files of the rest.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,32 @@ class CudaBuffer final : public Buffer {
 };
 
 }  // namespace
+
+StagedUploads::~StagedUploads() {
+  for (Slot& slot : slots_) {
+    if (slot.done != nullptr) {
+      (void)cudaEventSynchronize(slot.done);
+      (void)cudaEventDestroy(slot.done);
+    }
+    if (slot.pinned != nullptr) (void)cudaFreeHost(slot.pinned);
+  }
+}
+
+bool StagedUploads::upload(void* destination, const void* host, size_t bytes, cudaStream_t stream) {
+  if (bytes > kSlotBytes) return false;
+  Slot& slot = slots_[static_cast<size_t>(next_)];
+  next_ = (next_ + 1) % kSlots;
+  if (slot.pinned == nullptr) {
+    OCTET_CUDA_CHECK(cudaMallocHost(&slot.pinned, kSlotBytes));
+    OCTET_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+  } else {
+    OCTET_CUDA_CHECK(cudaEventSynchronize(slot.done));  // the slot's last copy has been read
+  }
+  if (bytes > 0) std::memcpy(slot.pinned, host, bytes);
+  OCTET_CUDA_CHECK(cudaMemcpyAsync(destination, slot.pinned, bytes, cudaMemcpyHostToDevice, stream));
+  OCTET_CUDA_CHECK(cudaEventRecord(slot.done, stream));
+  return true;
+}
 
 CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) {
   int count = 0;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -107,6 +108,30 @@ struct CudaWeightCopy final : public WeightCopy {
   }
 };
 
+// Small host-to-device copies staged through pinned host memory, so that the host goes on without waiting
+// for the GPU (the tokens of a step, a mixture of experts' balance gradient per block): the caller's bytes
+// are copied into a slot of pinned memory, and the slot's copy to the device is enqueued on the stream. A
+// slot is reused once its last copy is done (an event), slots in turn.
+class StagedUploads {
+ public:
+  static constexpr size_t kSlotBytes = size_t{1} << 20;
+  static constexpr int kSlots = 8;
+  StagedUploads() = default;
+  StagedUploads(const StagedUploads&) = delete;
+  StagedUploads& operator=(const StagedUploads&) = delete;
+  ~StagedUploads();
+  // Enqueues the copy of `bytes` on `stream`; false, and nothing done, where they exceed a slot.
+  bool upload(void* destination, const void* host, size_t bytes, cudaStream_t stream);
+
+ private:
+  struct Slot {
+    void* pinned = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+  std::array<Slot, kSlots> slots_{};
+  int next_ = 0;
+};
+
 // The CUDA backend's FP8 tensor: the codes of x [rows, cols] and of x^T in device memory, and the scale_inv
 // its cast wrote. A layer's input cast (role activation) keeps x^T's codes for the weight-gradient GEMM and
 // its own scale_inv; the codes of x, which only the forward GEMM reads, live in the backend's input_codes_
@@ -186,8 +211,10 @@ class CudaBackend final : public Backend {
   }
   void copy_from_host(void* destination, const void* host, size_t bytes) override {
     sums_aside_.join(stream_);
+    // The host memory may be reused as soon as this returns: a small copy goes through pinned memory of
+    // the backend's own, a large one is waited for.
+    if (uploads_.upload(destination, host, bytes, stream_)) return;
     OCTET_CUDA_CHECK(cudaMemcpyAsync(destination, host, bytes, cudaMemcpyHostToDevice, stream_));
-    // The host memory may be reused as soon as this returns.
     OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void fill_zero_ranges(float* x, std::span<const Range> ranges) override;
@@ -240,6 +267,13 @@ class CudaBackend final : public Backend {
                           const Fp8CastTarget& cast_for) override;
   void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
                            const ConstTensorView& dout, float* dbias, const Fp8CastTarget& cast_for) override;
+  void gather_rows_grouped(const TensorView& out, const ConstTensorView& src, const int32_t* index,
+                           int64_t divisor, const float* scale, const RowGroupCasts& casts,
+                           TensorRole cast_as) override;
+  void activation_forward_grouped(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                                  const RowGroupCasts& casts) override;
+  void activation_backward_grouped(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                                   const ConstTensorView& dout, const RowGroupCasts& casts) override;
   double sum_of_squares(const ConstTensorView& x) override {
     return sum_of_squares_as(x.data, x.dtype, x.numel());
   }
@@ -421,9 +455,12 @@ class CudaBackend final : public Backend {
   // The cast that an FP8 layer's forward kept with the codes of x [N, C], for linear_recompute.
   static const CudaFp8Tensor* recomputed_input(const Fp8Tensor& input, const LinearExecution& exec, int64_t N,
                                                int64_t C);
-  // The input tensor in `slot` of an FP8 layer, sized for a cast of x [N, C].
+  // The input tensor in `slot` of an FP8 layer, sized for a cast of x [N, C]. Its codes of x go to the
+  // tensor where the layer keeps them, else to the backend's input_codes_: at its start, as the only input
+  // codes there (input_codes_for_), or at `shared` within it, beside the other groups' of a grouped cast
+  // (produce_grouped clears input_codes_for_ first).
   CudaFp8Tensor& input_tensor(std::unique_ptr<Fp8Tensor>* slot, const LinearExecution& exec, int64_t N,
-                              int64_t C);
+                              int64_t C, uint8_t* shared = nullptr);
   // The output-gradient tensor in `slot` of an FP8 layer, sized for a cast of dout [N, OC].
   CudaFp8Tensor& gradient_tensor(std::unique_ptr<Fp8Tensor>* slot, Layer& layer, const LinearExecution& exec,
                                  int64_t N, int64_t OC);
@@ -464,6 +501,15 @@ class CudaBackend final : public Backend {
   // float32 output into y (out, or scratch where out is null) and cast_input casts it.
   template <typename Fused, typename Plain>
   void produce_input(float* out, int64_t N, int64_t C, const Fp8CastTarget& target, Fused fused, Plain plain);
+  // The grouped ops' casts (Backend::gather_rows_grouped and the grouped activations) of the producer's rows
+  // out [M, width] (null: not written) for each group's layer, as its input (`role` activation: the codes
+  // of x side by side in input_codes_) or its output gradient: where producer_casts, every such group's
+  // cast by `fused(groups)` (std::span<const cuda::FusedCastGroup>, one format a call), then each group's
+  // end_cast; else `plain(row0, rows, y)` writes the group's float32 rows to y and the layer's own cast
+  // follows. A group without a target is only `plain`, into out.
+  template <typename Fused, typename Plain>
+  void produce_grouped(float* out, int64_t M, int64_t width, const RowGroupCasts& casts, TensorRole role,
+                       Fused fused, Plain plain);
   // gather_rows with a cast target: the rows' cast for the consumer's input (as produce_input) or output
   // gradient (as an activation backward's target), in the gather's pass where producer_casts says so.
   void gather_rows_cast(const TensorView& out, const ConstTensorView& src, const int32_t* index,
@@ -668,10 +714,12 @@ class CudaBackend final : public Backend {
   // input gradient that is stored in bf16.
   DeviceScratch widened_[3];
   // The row-major codes of the last input cast (cast_input, producer_cast), x [N, C], for its forward GEMM,
-  // and whose they are: one buffer for every layer, as each forward GEMM follows its input's cast and only
-  // the transposed codes are kept for the backward.
+  // and whose they are: one buffer for every layer, as each forward GEMM follows its input's cast (or a
+  // grouped op's casts, each group's codes at its rows, and then the groups' GEMMs) and only the transposed
+  // codes are kept for the backward.
   DeviceScratch input_codes_;
-  const CudaFp8Tensor* input_codes_for_ = nullptr;
+  std::vector<const CudaFp8Tensor*> input_codes_for_;  // whose codes of x input_codes_ holds
+  StagedUploads uploads_;  // copy_from_host's small copies
   // The codes of W^T of the layer whose input-gradient GEMM runs next, transposed from W's just before it,
   // for every layer with transpose_weight_per_use.
   DeviceScratch weight_transposed_;
@@ -702,6 +750,80 @@ void CudaBackend::produce_input(float* out, int64_t N, int64_t C, const Fp8CastT
   float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
   plain(y);
   cast_input(y, N, C, consumer, target.tensor);
+}
+
+template <typename Fused, typename Plain>
+void CudaBackend::produce_grouped(float* out, int64_t M, int64_t width, const RowGroupCasts& casts,
+                                  TensorRole role, Fused fused, Plain plain) {
+  const bool input = role == TensorRole::activation;
+  const int operand = input ? kActivation : kGradient;
+  uint8_t* shared = nullptr;
+  if (input) {
+    shared = input_codes_.as<uint8_t>(static_cast<size_t>(M * width), stream_);
+    input_codes_for_.clear();
+  }
+  struct Ended {
+    Layer* layer;
+    const LinearExecution* exec;
+    int64_t n;
+  };
+  std::vector<cuda::FusedCastGroup> groups;
+  std::vector<Ended> ended;
+  for (int64_t g = 0; g < casts.groups(); ++g) {
+    const int64_t from = casts.offsets[static_cast<size_t>(g)];
+    const int64_t rows = casts.offsets[static_cast<size_t>(g) + 1] - from;
+    if (rows == 0) continue;
+    float* rows_out = out != nullptr ? out + from * width : nullptr;
+    const Fp8CastTarget& target = casts.targets[static_cast<size_t>(g)];
+    if (!target.given()) {
+      OCTET_CHECK(rows_out != nullptr, "a grouped op's output for group {}, which is not cast", g);
+      plain(from, rows, rows_out);
+      continue;
+    }
+    LinearExecution& consumer = *target.layer;
+    Layer& layer = mapped_layer(consumer);
+    const int64_t n = rows * width;
+    float* const y =
+        rows_out != nullptr ? rows_out : producer_output_.as<float>(static_cast<size_t>(n), stream_);
+    if (input) {
+      OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
+      OCTET_CHECK(rows_out != nullptr || input_cast_suffices(consumer),
+                  "the output kept for a consumer that reads it");
+      CudaFp8Tensor& t = input_tensor(target.tensor, consumer, rows, width, shared + from * width);
+      if (producer_casts(consumer)) {
+        groups.push_back({from, rows, fused_cast_into(layer, kActivation, consumer.formats.activation, t, n)});
+        ended.push_back({&layer, &consumer, n});
+      } else {
+        plain(from, rows, y);
+        cast_operand(layer, kActivation, consumer.formats.activation, y, rows, width, t.row_codes, t.transposed,
+                     &layer.device->cast_scale[kActivation], t.scale_inv, consumer.update_scaling, consumer);
+      }
+      continue;
+    }
+    OCTET_CHECK(casts_gradient(consumer), "a consumer with an FP8 backward GEMM");
+    OCTET_CHECK(rows_out != nullptr || gradient_cast_suffices(consumer),
+                "the gradient kept for a consumer that reads it");
+    if (producer_casts(consumer)) {
+      groups.push_back({from, rows, gradient_fused_cast(layer, consumer, rows, width, target.tensor)});
+      ended.push_back({&layer, &consumer, n});
+    } else {
+      plain(from, rows, y);
+      cast_gradient(layer, y, rows, width, consumer, target.tensor);
+    }
+  }
+  // One call per format (every group's, unless the layers' recipes differ), then each cast's end.
+  for (const Dtype format : {Dtype::e4m3, Dtype::e5m2}) {
+    std::vector<cuda::FusedCastGroup> of_format;
+    for (const cuda::FusedCastGroup& group : groups) {
+      if (group.cast.format == format) of_format.push_back(group);
+    }
+    if (!of_format.empty()) fused(std::span<const cuda::FusedCastGroup>(of_format));
+  }
+  for (size_t i = 0; i < ended.size(); ++i) {
+    const LinearExecution& exec = *ended[i].exec;
+    end_cast(*ended[i].layer, operand, groups[i].cast.format, ended[i].n, input ? exec.update_scaling : true,
+             exec.telemetry != nullptr);
+  }
 }
 
 }  // namespace octet::cuda::backend_internal

@@ -120,6 +120,34 @@ int64_t column_partial_rows(int64_t rows);
 void gather_rows_cast(float* out, const float* src, const int32_t* index, const float* scale, int64_t M,
                       int64_t R, int64_t C, int64_t divisor, const FusedCast& cast, cudaStream_t stream);
 
+// Row groups of one producer's output, each cast with its own FusedCast (a mixture of experts' grouped rows,
+// each expert's with its own scale): rows [row0, row0 + rows) of the output to `cast`, as though the producer
+// ran on those rows alone with that cast. Every group of one call casts to the same format. The grouped
+// launchers below write every group's codes, transposed codes, scale_inv and results exactly as one call per
+// group would, in one launch per kMaxCastGroups groups.
+struct FusedCastGroup {
+  int64_t row0 = 0;
+  int64_t rows = 0;
+  FusedCast cast;
+};
+inline constexpr int kMaxCastGroups = 32;
+
+// gather_rows_cast over row groups of out [M, C]: group g's rows read index + row0 (out, when not null,
+// covers every group's rows).
+void gather_rows_cast_grouped(float* out, const float* src, const int32_t* index, const float* scale, int64_t R,
+                              int64_t C, int64_t divisor, std::span<const FusedCastGroup> groups,
+                              cudaStream_t stream);
+// swiglu_forward_cast over row groups of inp [M, 2C] and out [M, C].
+void swiglu_forward_cast_grouped(float* out, const float* inp, int64_t C, std::span<const FusedCastGroup> groups,
+                                 cudaStream_t stream);
+void swiglu_forward_cast_grouped(float* out, const uint16_t* inp, int64_t C,
+                                 std::span<const FusedCastGroup> groups, cudaStream_t stream);
+// swiglu_backward_cast (no bias gradient) over row groups of inp [M, 2C], dout [M, C] and dinp [M, 2C].
+void swiglu_backward_cast_grouped(float* dinp, const float* inp, const float* dout, int64_t C,
+                                  std::span<const FusedCastGroup> groups, cudaStream_t stream);
+void swiglu_backward_cast_grouped(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t C,
+                                  std::span<const FusedCastGroup> groups, cudaStream_t stream);
+
 // The FP8 cast of bf16 values x [rows, cols] (their bits): exactly what cast_amax writes for the float32
 // values they are (codes, transposed codes when asked for, scale_inv, CastResults).
 void cast_bf16(const uint16_t* x, int64_t rows, int64_t cols, const FusedCast& cast, cudaStream_t stream);

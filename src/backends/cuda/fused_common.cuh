@@ -280,6 +280,63 @@ __global__ void __launch_bounds__(kThreads)
   flush_tally(t, cast.results);
 }
 
+// Row groups (FusedCastGroup, fused.h) as a kernel takes them, up to kMaxCastGroups: group g covers the
+// launch's tiles first_tile[g] .. first_tile[g + 1] - 1, its rows' tiles in produce_cast_transpose_kernel's
+// order.
+struct CastGroupTable {
+  int count;
+  int64_t first_tile[kMaxCastGroups + 1];
+  int64_t row0[kMaxCastGroups];
+  int64_t rows[kMaxCastGroups];
+  bool transposed_words[kMaxCastGroups];
+  FusedCast cast[kMaxCastGroups];
+};
+
+// Walks a block's tiles of a CastGroupTable (blockIdx.x, + gridDim.x, ...), calling tile(g, row0, col0) with
+// the tile's place in group g's rows, and flushing the block's tally into a group's results once it is past
+// that group's tiles. Tiles come in increasing order, so a block meets each group once. `cols` is the tiles'
+// column count, in tile columns of kTileCols.
+template <typename Tile>
+__device__ __forceinline__ void for_each_group_tile(const CastGroupTable& table, int64_t tile_cols, Tally& t,
+                                                    Tile tile) {
+  int g = -1;
+  for (int64_t i = blockIdx.x; i < table.first_tile[table.count]; i += gridDim.x) {
+    int next = g < 0 ? 0 : g;
+    while (i >= table.first_tile[next + 1]) ++next;
+    if (next != g) {
+      if (g >= 0) {
+        flush_tally(t, table.cast[g].results);
+        t = Tally{};
+      }
+      g = next;
+    }
+    const int64_t local = i - table.first_tile[g];
+    tile(g, (local / tile_cols) * kTileRows, (local % tile_cols) * kTileCols, local == 0);
+  }
+  if (g >= 0) flush_tally(t, table.cast[g].results);
+}
+
+// produce_cast_transpose_kernel over row groups (without column sums): group g's tiles cast with its own
+// FusedCast, the producer shifted to its rows (Producer::rows_from).
+template <Dtype Format, bool Vector, typename Producer>
+__global__ void __launch_bounds__(kThreads)
+    produce_cast_transpose_grouped_kernel(const Producer producer, const CastGroupTable table, int64_t cols) {
+  __shared__ __align__(16) uint8_t staged[kTileRows * kTileStride];
+  __shared__ __align__(16) GroupSums<false> group_sums;
+  const int c = tile_column_of_thread(), r_first = tile_row_of_thread();
+  Tally t{};
+  for_each_group_tile(table, (cols + kTileCols - 1) / kTileCols, t,
+                      [&](int g, int64_t row0, int64_t col0, bool first) {
+                        const FusedCast& cast = table.cast[g];
+                        const float scale = *cast.scale;
+                        produce_tile<Format, Vector, false>(producer.rows_from(table.row0[g]), cast, scale,
+                                                            table.rows[g], cols, row0, col0,
+                                                            table.transposed_words[g], nullptr, c, r_first,
+                                                            staged, group_sums, t);
+                        write_scale_inv(cast.scale_inv, scale, first);
+                      });
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The host side
 
@@ -356,6 +413,61 @@ void launch_elementwise(const Producer& producer, bool vector_inputs, int64_t ro
                stream>>>(producer, cast, groups, n);
     });
   }
+}
+
+// Calls launch(table, vector_outputs) for each run of at most kMaxCastGroups groups with rows (after
+// zeroing the results that are not zeroed already), the table's tiles those of [rows, cols] tiles per group
+// (cols: the tiles' columns, the SwiGLU backward's pairs), with transposed words where a group's rows and
+// transposed codes allow; vector_outputs: every group's codes are 4-byte aligned. All groups cast to one
+// format, which the caller passes to its kernel.
+template <typename Launch>
+void for_each_group_table(std::span<const FusedCastGroup> groups, int64_t cols, const char* op, cudaStream_t stream,
+                          Launch launch) {
+  for (size_t first = 0; first < groups.size();) {
+    CastGroupTable table{};
+    bool vector_outputs = true;
+    int64_t tiles = 0;
+    for (; first < groups.size() && table.count < kMaxCastGroups; ++first) {
+      const FusedCastGroup& group = groups[first];
+      OCTET_REQUIRE(group.row0 >= 0 && group.rows >= 0, "{}: a group of {} rows at row {}", op, group.rows,
+                    group.row0);
+      OCTET_REQUIRE(group.cast.format == groups.front().cast.format,
+                    "{}: every group casts to one format, {} and {} given", op, dtype_name(group.cast.format),
+                    dtype_name(groups.front().cast.format));
+      check_cast(group.cast, group.rows * cols, op);
+      if (group.rows == 0 || cols == 0) continue;
+      if (!group.cast.results_zeroed) {
+        OCTET_CUDA_CHECK(cudaMemsetAsync(group.cast.results, 0, sizeof(CastResults), stream));
+      }
+      const int i = table.count++;
+      table.first_tile[i] = tiles;
+      table.row0[i] = group.row0;
+      table.rows[i] = group.rows;
+      table.transposed_words[i] = group.rows % 4 == 0 && aligned(group.cast.output_transposed, 4);
+      table.cast[i] = group.cast;
+      vector_outputs &= aligned(group.cast.output, 4);
+      tiles += ((group.rows + kTileRows - 1) / kTileRows) * ((cols + kTileCols - 1) / kTileCols);
+    }
+    table.first_tile[table.count] = tiles;
+    if (table.count > 0) launch(table, tiles, vector_outputs);
+  }
+}
+
+// launch_elementwise's tiled kernel over row groups of [M, cols] (no column sums): one launch per
+// kMaxCastGroups groups. `vector_inputs`: every float pointer the producer touches is 16-byte aligned, and
+// stays so at each group's first row.
+template <typename Producer>
+void launch_elementwise_grouped(const Producer& producer, bool vector_inputs, int64_t cols,
+                                std::span<const FusedCastGroup> groups, const char* op, cudaStream_t stream) {
+  if (groups.empty()) return;
+  for_each_group_table(groups, cols, op, stream, [&](const CastGroupTable& table, int64_t tiles, bool vector_outputs) {
+    const bool vector = vector_inputs && cols % 4 == 0 && vector_outputs;
+    with_format(groups.front().cast.format, [&](auto format) {
+      const auto kernel = vector ? produce_cast_transpose_grouped_kernel<decltype(format)::value, true, Producer>
+                                 : produce_cast_transpose_grouped_kernel<decltype(format)::value, false, Producer>;
+      kernel<<<grid_size(tiles, 1, resident_blocks(kernel)), kThreads, 0, stream>>>(producer, table, cols);
+    });
+  });
 }
 
 inline void check_sums(const PartialSums& sums, const Workspace& workspace, const char* op) {

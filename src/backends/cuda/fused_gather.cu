@@ -22,6 +22,7 @@ using elementwise::Pack;
 using elementwise::store_pack;
 using fused_internal::check_cast;
 using fused_internal::launch_elementwise;
+using fused_internal::launch_elementwise_grouped;
 using ops_internal::aligned16;
 
 // The gather's producer (fused_common.cuh describes its two steps). Element i is the flat index into out
@@ -48,6 +49,10 @@ struct GatherProducer {
     if (out != nullptr) store_pack<W>(out + i, x);
     return x;
   }
+  // The producer of rows r, r + 1, ... (a group's, launch_elementwise_grouped).
+  __device__ __forceinline__ GatherProducer rows_from(int64_t r) const {
+    return {out != nullptr ? out + r * C : nullptr, src, index + r, scale, R, C, divisor};
+  }
 };
 
 }  // namespace
@@ -65,6 +70,20 @@ void gather_rows_cast(float* out, const float* src, const int32_t* index, const 
   const bool vector = C % 4 == 0 && elementwise::pack_aligned(src) && (out == nullptr || aligned16(out));
   launch_elementwise(GatherProducer{out, src, index, scale, R, C, divisor}, vector, M, C, cast, stream);
   OCTET_CUDA_CHECK_LAUNCH("gather_rows_cast");
+}
+
+void gather_rows_cast_grouped(float* out, const float* src, const int32_t* index, const float* scale, int64_t R,
+                              int64_t C, int64_t divisor, std::span<const FusedCastGroup> groups,
+                              cudaStream_t stream) {
+  OCTET_REQUIRE(R >= 0 && C >= 0 && divisor >= 1,
+                "gather_rows_cast_grouped: the shapes must not be negative and the divisor at least 1, got R {}, "
+                "C {}, divisor {}",
+                R, C, divisor);
+  OCTET_REQUIRE(src != nullptr && index != nullptr, "gather_rows_cast_grouped: src and index must be given");
+  const bool vector = C % 4 == 0 && elementwise::pack_aligned(src) && (out == nullptr || aligned16(out));
+  launch_elementwise_grouped(GatherProducer{out, src, index, scale, R, C, divisor}, vector, C, groups,
+                             "gather_rows_cast_grouped", stream);
+  OCTET_CUDA_CHECK_LAUNCH("gather_rows_cast_grouped");
 }
 
 }  // namespace octet::cuda

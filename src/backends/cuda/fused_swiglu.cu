@@ -43,7 +43,11 @@ using fused_internal::kThreads;
 using fused_internal::kTileCols;
 using fused_internal::kTileRows;
 using fused_internal::kTileStride;
+using fused_internal::CastGroupTable;
+using fused_internal::for_each_group_table;
+using fused_internal::for_each_group_tile;
 using fused_internal::launch_elementwise;
+using fused_internal::launch_elementwise_grouped;
 using fused_internal::resident_blocks;
 using fused_internal::tile_column_of_thread;
 using fused_internal::tile_row_of_thread;
@@ -81,6 +85,10 @@ struct SwigluProducer {
     for (int k = 0; k < W; ++k) x.v[k] = elementwise::swiglu(x.v[k], y.v[k]);
     if (out != nullptr) store_pack<W>(out + i, x);
     return x;
+  }
+  // The producer of rows r, r + 1, ... (a group's, launch_elementwise_grouped).
+  __device__ __forceinline__ SwigluProducer rows_from(int64_t r) const {
+    return {out != nullptr ? out + r * C : nullptr, inp + r * 2 * C, C};
   }
 };
 
@@ -131,6 +139,9 @@ struct SwigluBackwardPairs {
       store_pack<W>(dinp + r * 2 * C + C + c, g.up);
     }
     return g;
+  }  // The pairs of rows r, r + 1, ... (a group's).
+  __device__ __forceinline__ SwigluBackwardPairs rows_from(int64_t r) const {
+    return {dinp != nullptr ? dinp + r * 2 * C : nullptr, inp + r * 2 * C, dout + r * C, C};
   }
 };
 
@@ -271,6 +282,25 @@ __global__ void __launch_bounds__(kThreads)
   flush_tally(t, cast.results);
 }
 
+// swiglu_backward_cast_kernel over row groups (no bias gradient): group g's tiles with its own FusedCast.
+template <Dtype Format, bool Vector, typename In>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_cast_grouped_kernel(const SwigluBackwardPairs<In> pairs, const CastGroupTable table) {
+  __shared__ __align__(16) StagedHalves staged;
+  __shared__ __align__(16) HalvesGroupSums<false> group_sums;
+  const int c = tile_column_of_thread(), r_first = tile_row_of_thread();
+  Tally t{};
+  for_each_group_tile(table, (pairs.C + kTileCols - 1) / kTileCols, t,
+                      [&](int g, int64_t row0, int64_t col0, bool first) {
+                        const FusedCast& cast = table.cast[g];
+                        const float scale = *cast.scale;
+                        swiglu_backward_tile<Format, Vector, false>(
+                            pairs.rows_from(table.row0[g]), cast, scale, table.rows[g], row0, col0,
+                            table.transposed_words[g], nullptr, c, r_first, staged, group_sums, t);
+                        write_scale_inv(cast.scale_inv, scale, first);
+                      });
+}
+
 template <typename In>
 void swiglu_forward_cast_of(float* out, const In* inp, int64_t rows, int64_t C, const FusedCast& cast,
                             cudaStream_t stream) {
@@ -321,7 +351,62 @@ void swiglu_backward_cast_of(float* dinp, const In* inp, const In* dout, int64_t
   }
 }
 
+template <typename In>
+void swiglu_forward_cast_grouped_of(float* out, const In* inp, int64_t C, std::span<const FusedCastGroup> groups,
+                                    cudaStream_t stream) {
+  OCTET_REQUIRE(C >= 0, "swiglu_forward_cast_grouped: C must not be negative, got {}", C);
+  OCTET_REQUIRE(inp != nullptr, "swiglu_forward_cast_grouped: inp must be given");
+  const bool vector = C % 4 == 0 && elementwise::pack_aligned(inp) && (out == nullptr || aligned16(out));
+  launch_elementwise_grouped(SwigluProducer<In>{out, inp, C}, vector, C, groups, "swiglu_forward_cast_grouped",
+                             stream);
+  OCTET_CUDA_CHECK_LAUNCH("swiglu_forward_cast_grouped");
+}
+
+template <typename In>
+void swiglu_backward_cast_grouped_of(float* dinp, const In* inp, const In* dout, int64_t C,
+                                     std::span<const FusedCastGroup> groups, cudaStream_t stream) {
+  OCTET_REQUIRE(C >= 0, "swiglu_backward_cast_grouped: C must not be negative, got {}", C);
+  OCTET_REQUIRE(inp != nullptr && dout != nullptr, "swiglu_backward_cast_grouped: inp and dout must be given");
+  const SwigluBackwardPairs<In> pairs{dinp, inp, dout, C};
+  // Per group as swiglu_backward_cast_of: 16-byte loads and 32-bit code stores where C % 4 == 0 and every
+  // pointer allows them (a group's first row keeps the alignment when C % 4 == 0).
+  const bool vector_inputs = C % 4 == 0 && elementwise::pack_aligned(inp) && elementwise::pack_aligned(dout) &&
+                             (dinp == nullptr || aligned16(dinp));
+  for_each_group_table(groups, C, "swiglu_backward_cast_grouped", stream,
+                       [&](const CastGroupTable& table, int64_t tiles, bool vector_outputs) {
+                         with_format(groups.front().cast.format, [&](auto format) {
+                           constexpr Dtype kFormat = decltype(format)::value;
+                           const auto kernel = vector_inputs && vector_outputs
+                                                   ? swiglu_backward_cast_grouped_kernel<kFormat, true, In>
+                                                   : swiglu_backward_cast_grouped_kernel<kFormat, false, In>;
+                           kernel<<<grid_size(tiles, 1, resident_blocks(kernel)), kThreads, 0, stream>>>(pairs,
+                                                                                                       table);
+                         });
+                       });
+  OCTET_CUDA_CHECK_LAUNCH("swiglu_backward_cast_grouped");
+}
+
 }  // namespace
+
+void swiglu_forward_cast_grouped(float* out, const float* inp, int64_t C, std::span<const FusedCastGroup> groups,
+                                 cudaStream_t stream) {
+  swiglu_forward_cast_grouped_of(out, inp, C, groups, stream);
+}
+
+void swiglu_forward_cast_grouped(float* out, const uint16_t* inp, int64_t C,
+                                 std::span<const FusedCastGroup> groups, cudaStream_t stream) {
+  swiglu_forward_cast_grouped_of(out, inp, C, groups, stream);
+}
+
+void swiglu_backward_cast_grouped(float* dinp, const float* inp, const float* dout, int64_t C,
+                                  std::span<const FusedCastGroup> groups, cudaStream_t stream) {
+  swiglu_backward_cast_grouped_of(dinp, inp, dout, C, groups, stream);
+}
+
+void swiglu_backward_cast_grouped(float* dinp, const uint16_t* inp, const uint16_t* dout, int64_t C,
+                                  std::span<const FusedCastGroup> groups, cudaStream_t stream) {
+  swiglu_backward_cast_grouped_of(dinp, inp, dout, C, groups, stream);
+}
 
 void swiglu_forward_cast(float* out, const float* inp, int64_t rows, int64_t C, const FusedCast& cast,
                          cudaStream_t stream) {

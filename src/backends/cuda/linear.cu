@@ -3,6 +3,7 @@
 // weight-gradient GEMMs (reading a bf16 output gradient as it is); FP8 GEMMs on FP8 tensor cores or emulated
 // through BF16 ones (fp8_gemm), and the operands' 16-bit copies (wide_copy, as_wide) and float32 widenings
 // (as_f32).
+#include <algorithm>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -307,7 +308,9 @@ void CudaBackend::forward_gemm(float* out, __nv_bfloat16* out_bf16, const ConstT
       Layer& layer = prepared_layer(exec, w);
       OCTET_CHECK(codes != nullptr && codes->row_codes != nullptr, "the forward's FP8 input cast");
       // Shared codes are the last cast's: this layer's own, right before its forward GEMM.
-      OCTET_CHECK(exec.keep_input_codes || (!recompute && input_codes_for_ == codes),
+      OCTET_CHECK(exec.keep_input_codes ||
+                      (!recompute && std::find(input_codes_for_.begin(), input_codes_for_.end(), codes) !=
+                                         input_codes_for_.end()),
                   "input codes that this layer's own cast wrote");
       fp8_gemm(out, codes->row_codes, codes->format, codes->scale_inv,
                static_cast<const uint8_t*>(const_cast<CudaWeightCopy*>(w)->fp8.get(0, stream_)),

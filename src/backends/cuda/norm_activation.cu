@@ -150,4 +150,102 @@ void CudaBackend::swiglu_backward_cast_as(float* dinp, const void* inp, const vo
   }
 }
 
+void CudaBackend::activation_forward_grouped(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                                             const RowGroupCasts& casts) {
+  const int64_t M = inp.rows(), C = activation_width("activation_forward_grouped", kind, inp.shape);
+  check_matrix("activation_forward_grouped", "out", out.shape, M, C);
+  check_dtype("activation_forward_grouped", "out (with cast targets)", out.dtype, {Dtype::f32});
+  check_stored(inp.dtype, "the activation's input");
+  check_row_groups("activation_forward_grouped", casts, M);
+  OCTET_CHECK(out.data == nullptr || out.data != inp.data, "activation_forward_grouped: out is not inp");
+  const OpScope scope(*this, OpKind::norm_activation);
+  float* o = out.has_data() ? out.f32() : nullptr;
+  const int64_t width = inp.cols();  // of an input row
+  const size_t element = inp.dtype == Dtype::bf16 ? 2 : 4;
+  auto input_rows = [&](int64_t from) { return static_cast<const char*>(inp.data) + from * width * element; };
+  produce_grouped(
+      o, M, C, casts, TensorRole::activation,
+      [&](std::span<const cuda::FusedCastGroup> groups) {
+        if (kind == Activation::swiglu) {
+          if (inp.dtype == Dtype::bf16) {
+            cuda::swiglu_forward_cast_grouped(o, static_cast<const uint16_t*>(inp.data), C, groups, stream_);
+          } else {
+            cuda::swiglu_forward_cast_grouped(o, inp.f32(), C, groups, stream_);
+          }
+          return;
+        }
+        for (const cuda::FusedCastGroup& g : groups) {  // GELU: a launch per group
+          float* rows_out = o != nullptr ? o + g.row0 * C : nullptr;
+          if (inp.dtype == Dtype::bf16) {
+            cuda::gelu_forward_cast(rows_out, reinterpret_cast<const uint16_t*>(input_rows(g.row0)), g.rows, C,
+                                    g.cast, stream_);
+          } else {
+            cuda::gelu_forward_cast(rows_out, reinterpret_cast<const float*>(input_rows(g.row0)), g.rows, C,
+                                    g.cast, stream_);
+          }
+        }
+      },
+      [&](int64_t from, int64_t rows, float* y) {
+        if (kind == Activation::swiglu) {
+          swiglu_forward_as(y, Dtype::f32, input_rows(from), inp.dtype, rows, C);
+        } else {
+          gelu_forward_as(y, Dtype::f32, input_rows(from), inp.dtype, rows * C);
+        }
+      });
+}
+
+void CudaBackend::activation_backward_grouped(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                                              const ConstTensorView& dout, const RowGroupCasts& casts) {
+  const int64_t M = inp.rows(), C = activation_width("activation_backward_grouped", kind, inp.shape);
+  const int64_t width = inp.cols();
+  check_matrix("activation_backward_grouped", "dout", dout.shape, M, C);
+  check_matrix("activation_backward_grouped", "dinp", dinp.shape, M, width);
+  check_dtype("activation_backward_grouped", "dinp (with cast targets)", dinp.dtype, {Dtype::f32});
+  OCTET_CHECK(dout.dtype == inp.dtype, "activation_backward_grouped: dout ({}) is stored as inp is ({})",
+              dtype_name(dout.dtype), dtype_name(inp.dtype));
+  check_stored(inp.dtype, "the activation's input and output gradient");
+  check_row_groups("activation_backward_grouped", casts, M);
+  const size_t element = inp.dtype == Dtype::bf16 ? 2 : 4;
+  const size_t n = static_cast<size_t>(M * width);
+  OCTET_CHECK(!dinp.has_data() || (!overlap(dinp.data, n * 4, inp.data, n * element) &&
+                                   !overlap(dinp.data, n * 4, dout.data, static_cast<size_t>(M * C) * element)),
+              "activation_backward_grouped: dinp apart from inp and dout");
+  const OpScope scope(*this, OpKind::norm_activation);
+  float* d = dinp.has_data() ? dinp.f32() : nullptr;
+  auto input_rows = [&](int64_t from) { return static_cast<const char*>(inp.data) + from * width * element; };
+  auto dout_rows = [&](int64_t from) { return static_cast<const char*>(dout.data) + from * C * element; };
+  produce_grouped(
+      d, M, width, casts, TensorRole::gradient,
+      [&](std::span<const cuda::FusedCastGroup> groups) {
+        if (kind == Activation::swiglu) {
+          if (inp.dtype == Dtype::bf16) {
+            cuda::swiglu_backward_cast_grouped(d, static_cast<const uint16_t*>(inp.data),
+                                               static_cast<const uint16_t*>(dout.data), C, groups, stream_);
+          } else {
+            cuda::swiglu_backward_cast_grouped(d, inp.f32(), dout.f32(), C, groups, stream_);
+          }
+          return;
+        }
+        for (const cuda::FusedCastGroup& g : groups) {  // GELU: a launch per group
+          float* rows_out = d != nullptr ? d + g.row0 * width : nullptr;
+          if (inp.dtype == Dtype::bf16) {
+            cuda::gelu_backward_cast(rows_out, reinterpret_cast<const uint16_t*>(input_rows(g.row0)),
+                                     reinterpret_cast<const uint16_t*>(dout_rows(g.row0)), g.rows, width, g.cast,
+                                     nullptr, nullptr, workspace_, stream_);
+          } else {
+            cuda::gelu_backward_cast(rows_out, reinterpret_cast<const float*>(input_rows(g.row0)),
+                                     reinterpret_cast<const float*>(dout_rows(g.row0)), g.rows, width, g.cast,
+                                     nullptr, nullptr, workspace_, stream_);
+          }
+        }
+      },
+      [&](int64_t from, int64_t rows, float* y) {
+        if (kind == Activation::swiglu) {
+          swiglu_backward_as(y, Dtype::f32, input_rows(from), dout_rows(from), inp.dtype, rows, C);
+        } else {
+          gelu_backward_as(y, Dtype::f32, input_rows(from), dout_rows(from), inp.dtype, rows * C);
+        }
+      });
+}
+
 }  // namespace octet::cuda::backend_internal

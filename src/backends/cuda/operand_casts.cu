@@ -33,15 +33,21 @@ void describe(CudaFp8Tensor& t, const LinearExecution& exec, TensorRole role, in
 }  // namespace
 
 CudaFp8Tensor& CudaBackend::input_tensor(std::unique_ptr<Fp8Tensor>* slot, const LinearExecution& exec,
-                                         int64_t N, int64_t C) {
+                                         int64_t N, int64_t C, uint8_t* shared) {
   CudaFp8Tensor& t = fp8_tensor_in<CudaFp8Tensor>(slot, "a linear layer's input");
   const size_t n = static_cast<size_t>(N * C);
   describe(t, exec, TensorRole::activation, N, C);
   t.transposed = t.codes_transposed.as<uint8_t>(n, stream_);
   t.scale_inv = t.own_scale_inv.as<float>(1, stream_);
-  t.row_codes =
-      exec.keep_input_codes ? t.codes.as<uint8_t>(n, stream_) : input_codes_.as<uint8_t>(n, stream_);
-  input_codes_for_ = &t;
+  if (exec.keep_input_codes) {
+    t.row_codes = t.codes.as<uint8_t>(n, stream_);
+  } else if (shared != nullptr) {
+    t.row_codes = shared;
+    input_codes_for_.push_back(&t);
+  } else {
+    t.row_codes = input_codes_.as<uint8_t>(n, stream_);
+    input_codes_for_.assign(1, &t);
+  }
   return t;
 }
 

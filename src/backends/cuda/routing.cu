@@ -94,6 +94,27 @@ void CudaBackend::gather_rows_cast(const TensorView& out, const ConstTensorView&
   }
 }
 
+void CudaBackend::gather_rows_grouped(const TensorView& out, const ConstTensorView& src, const int32_t* index,
+                                      int64_t divisor, const float* scale, const RowGroupCasts& casts,
+                                      TensorRole cast_as) {
+  check_dtype("gather_rows_grouped", "out (with cast targets)", out.dtype, {Dtype::f32});
+  check_dtype("gather_rows_grouped", "src", src.dtype, {Dtype::f32});
+  const int64_t M = out.rows(), C = out.cols(), R = src.rows();
+  check_matrix("gather_rows_grouped", "src", src.shape, R, C);
+  check_row_groups("gather_rows_grouped", casts, M);
+  OCTET_CHECK(divisor >= 1, "gather_rows_grouped: the divisor is at least 1, given {}", divisor);
+  const OpScope scope(*this, OpKind::other);
+  float* o = out.has_data() ? out.f32() : nullptr;
+  produce_grouped(
+      o, M, C, casts, cast_as,
+      [&](std::span<const cuda::FusedCastGroup> groups) {
+        cuda::gather_rows_cast_grouped(o, src.f32(), index, scale, R, C, divisor, groups, stream_);
+      },
+      [&](int64_t from, int64_t rows, float* y) {
+        cuda::gather_rows(y, src.f32(), index + from, scale, rows, R, C, divisor, stream_);
+      });
+}
+
 void CudaBackend::combine_rows(const TensorView& out, const float* base, const ConstTensorView& src,
                                const int32_t* positions, int64_t k, const float* weights) {
   check_dtype("combine_rows", "out", out.dtype, {Dtype::f32});
