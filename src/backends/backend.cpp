@@ -197,7 +197,8 @@ void check_row_groups(std::string_view op, const RowGroupCasts& casts, int64_t r
   OCTET_CHECK(casts.offsets.size() == casts.targets.size() + 1, "{}: {} row offsets for {} groups", op,
               casts.offsets.size(), casts.targets.size());
   OCTET_CHECK(casts.offsets.front() == 0 && casts.offsets.back() <= rows,
-              "{}: the groups cover rows 0 to {} of {}", op, casts.offsets.back(), rows);
+              "{}: the groups cover rows {} to {} of {}; they start at row 0 and end within those rows", op,
+              casts.offsets.front(), casts.offsets.back(), rows);
   for (size_t g = 0; g < casts.targets.size(); ++g) {
     OCTET_CHECK(casts.offsets[g] <= casts.offsets[g + 1], "{}: group {} ends before it begins ({} > {})", op, g,
                 casts.offsets[g], casts.offsets[g + 1]);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -159,6 +160,44 @@ TEST(CpuRouting, GatherCombineAndDotsAreExactOnSmallIntegers) {
 
 // scatter_rows copies each row to its place, bits included (-0.0 and NaN payloads stay), leaves the other
 // rows alone, refuses a row out of range, and undoes gather_rows by the same index.
+// The grouped ops without casts write what the plain op writes over the groups' rows (a group of no rows and
+// the rows past the last group untouched), and refuse groupings that do not fit their output, saying which.
+TEST(CpuRouting, GroupedOpsCoverTheGroupsRowsAndRefuseGroupingsThatDoNotFit) {
+  const int64_t R = 4, C = 8, M = 12;
+  const auto cpu = make_cpu_backend();
+  const std::vector<float> src = uniform(R * C, 31);
+  const std::vector<int32_t> index = {3, 0, -1, 2, 1, 1, 0, 3, 2, -1, 0, 1};
+  std::vector<float> plain(M * C), grouped(M * C, -7.0f);
+  cpu->gather_rows(TensorView(plain.data(), {M, C}), ConstTensorView(src.data(), {R, C}), index.data(), 1, nullptr,
+                   {}, TensorRole::activation);
+  const std::vector<int64_t> offsets = {0, 4, 4, 10};
+  const std::vector<Fp8CastTarget> targets(3);
+  cpu->gather_rows_grouped(TensorView(grouped.data(), {M, C}), ConstTensorView(src.data(), {R, C}), index.data(),
+                           1, nullptr, {offsets, targets}, TensorRole::activation);
+  for (int64_t i = 0; i < M * C; ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(grouped[i]), std::bit_cast<uint32_t>(i < 10 * C ? plain[i] : -7.0f)) << i;
+  }
+  std::vector<float> act(M * C / 2, -7.0f), act_plain(M * C / 2);
+  cpu->activation_forward(Activation::swiglu, TensorView(act_plain.data(), {M, C / 2}),
+                          ConstTensorView(plain.data(), {M, C}), {});
+  cpu->activation_forward_grouped(Activation::swiglu, TensorView(act.data(), {M, C / 2}),
+                                  ConstTensorView(plain.data(), {M, C}), {offsets, targets});
+  for (int64_t i = 0; i < M * C / 2; ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(act[i]), std::bit_cast<uint32_t>(i < 10 * C / 2 ? act_plain[i] : -7.0f)) << i;
+  }
+  const auto refusal = [&](std::vector<int64_t> bad, size_t groups) {
+    const std::vector<Fp8CastTarget> some(groups);
+    return testing::error_of([&] {
+      cpu->gather_rows_grouped(TensorView(grouped.data(), {M, C}), ConstTensorView(src.data(), {R, C}),
+                               index.data(), 1, nullptr, {bad, some}, TensorRole::activation);
+    });
+  };
+  EXPECT_NE(refusal({0, 4, 8}, 3).find("3 row offsets for 3 groups"), std::string::npos);
+  EXPECT_NE(refusal({0, 8, 4, 12}, 3).find("group 1 ends before it begins"), std::string::npos);
+  EXPECT_NE(refusal({0, 4, 13}, 2).find("rows 0 to 13 of 12"), std::string::npos);
+  EXPECT_NE(refusal({2, 4, 8}, 2).find("rows 2 to 8"), std::string::npos);
+}
+
 TEST(CpuRouting, ScatterRowsWritesEachRowToItsPlaceOnly) {
   const int64_t R = 7, C = 3, M = 3;
   const auto cpu = make_cpu_backend();
