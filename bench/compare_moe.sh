@@ -6,14 +6,15 @@
 #
 #   bench/compare_moe.sh [PRESET...]          (default: llama3-moe-350M, configs/bench/PRESET.toml)
 #
-# Environment: OCTET (the binary; default: beside this script or in ../build), STEPS (default 20), WARMUP
-# (default 10), OUT (default compare-moe-out), PYTHON (for the table). Exit status 0 when every run
+# Environment: OCTET (the binary; default: beside this script or in ../build), STEPS (default 30), WARMUP
+# (default 30: each expert's row count, and so its GEMMs' shapes, changes every step, and the first steps
+# plan GEMMs for shapes not seen before), OUT (default compare-moe-out), PYTHON (for the table). Exit status 0 when every run
 # succeeded; a failed run shows as "-".
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 python="${PYTHON:-python3}"
-steps="${STEPS:-20}"
-warmup="${WARMUP:-10}"
+steps="${STEPS:-30}"
+warmup="${WARMUP:-30}"
 out="$(mkdir -p "${OUT:-compare-moe-out}" && cd "${OUT:-compare-moe-out}" && pwd)"
 source "$here/common.sh"  # $octet, $config_dir
 presets=("$@")
