@@ -275,8 +275,8 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
     dln = d.dln;
   }
 
-  // The combine's backward: each grouped row's gradient (the token's, weighted), for every row at once where
-  // no expert's down projection casts it (else an expert at a time, below), and each weight's.
+  // The combine's backward: each grouped row's gradient (the token's, weighted), here where no expert's down
+  // projection casts it (else with the experts' casts, below), and each weight's.
   const auto layers = experts_with_rows(
       at, [&](int64_t e) { return &linear(b.expert_fc(e)); },
       [&](int64_t e) { return &linear(b.expert_fc_proj(e)); });
@@ -310,11 +310,10 @@ void Decoder::moe_backward(int64_t l, int64_t B, int64_t T, const float* residua
                                   m.weights, d.dweights, k, dprobs);
   backward_linear(linear(b.router), dln, Dtype::f32, nullptr, d.dlogits, Dtype::f32, x.ln2, Dtype::f32, N);
 
-  // The experts, from their outputs' gradient: down (its output gradient cast by the gather of its rows where
-  // it is FP8), SwiGLU (casting gate/up's output gradient where that is FP8, an expert at a time), gate/up
-  // (into rows_c).
-  // Each FP8 expert's output-gradient casts go to a tensor of its own (expert_gradient_codes_): every
-  // expert's rows are cast in one op before the experts' GEMMs read them.
+  // The experts, from their outputs' gradient: down (its output gradient cast by the gather of the rows
+  // where it is FP8), SwiGLU's backward (casting gate/up's output gradient where that is FP8), gate/up (into
+  // rows_c). Each FP8 expert's output-gradient casts go to a tensor of its own (expert_gradient_codes_):
+  // every expert's rows are cast in one op before the experts' GEMMs read them.
   expert_gradient_codes_.resize(static_cast<size_t>(E));
   const auto gradient_rows_read = [](const LinearExecution& exec) {
     return !casts_gradient(exec) || !gradient_cast_suffices(exec);

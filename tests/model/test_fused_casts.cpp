@@ -6,6 +6,7 @@
 // same bits: losses, weights, scaling states and cast telemetry, under every recipe, with a layer moved to
 // BF16 mid-run. The same harness holds the storage of the MLP's hidden tensors in bf16 to the CPU backend's
 // rounded float32 storage.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -267,6 +268,86 @@ TEST_P(FusedCasts, ExpertsTrainBitForBitAsTheUnfusedOps) {
     EXPECT_GT(unfused_backend.fused_backward(), 2 * 4);
     expect_same_training(fused, unfused, GetParam());
   }
+}
+
+// Counts the model's grouped ops and the casting ops it makes outside them; the grouped ops run as the
+// CPU runs them (one op per group).
+class GroupedCalls final : public testing::ForwardingBackend {
+ public:
+  explicit GroupedCalls(Backend& inner) : ForwardingBackend(inner) {}
+  std::string_view name() const override { return "cpu, grouped calls counted"; }
+
+  void gather_rows(const TensorView& out, const ConstTensorView& src, const int32_t* index, int64_t divisor,
+                   const float* scale, const Fp8CastTarget& cast_for, TensorRole cast_as) override {
+    if (cast_for.given() && !inside_) ++casts_outside;
+    inner_.gather_rows(out, src, index, divisor, scale, cast_for, cast_as);
+  }
+  void activation_forward(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                          const Fp8CastTarget& cast_for) override {
+    if (cast_for.given() && !inside_) ++casts_outside;
+    inner_.activation_forward(kind, out, inp, cast_for);
+  }
+  void activation_backward(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                           const ConstTensorView& dout, float* dbias, const Fp8CastTarget& cast_for) override {
+    if (cast_for.given() && !inside_) ++casts_outside;
+    inner_.activation_backward(kind, dinp, inp, dout, dbias, cast_for);
+  }
+  void gather_rows_grouped(const TensorView& out, const ConstTensorView& src, const int32_t* index,
+                           int64_t divisor, const float* scale, const RowGroupCasts& casts,
+                           TensorRole cast_as) override {
+    record(casts);
+    ++(cast_as == TensorRole::activation ? input_gathers : gradient_gathers);
+    inside_ = true;
+    Backend::gather_rows_grouped(out, src, index, divisor, scale, casts, cast_as);
+    inside_ = false;
+  }
+  void activation_forward_grouped(Activation kind, const TensorView& out, const ConstTensorView& inp,
+                                  const RowGroupCasts& casts) override {
+    record(casts);
+    ++activations;
+    inside_ = true;
+    Backend::activation_forward_grouped(kind, out, inp, casts);
+    inside_ = false;
+  }
+  void activation_backward_grouped(Activation kind, const TensorView& dinp, const ConstTensorView& inp,
+                                   const ConstTensorView& dout, const RowGroupCasts& casts) override {
+    record(casts);
+    ++activation_gradients;
+    inside_ = true;
+    Backend::activation_backward_grouped(kind, dinp, inp, dout, casts);
+    inside_ = false;
+  }
+
+  int input_gathers = 0, gradient_gathers = 0, activations = 0, activation_gradients = 0, casts_outside = 0;
+  int64_t groups_seen = 0, cast_groups = 0;
+
+ private:
+  void record(const RowGroupCasts& casts) {
+    groups_seen = std::max(groups_seen, casts.groups());
+    for (const Fp8CastTarget& target : casts.targets) cast_groups += target.given() ? 1 : 0;
+  }
+  bool inside_ = false;
+};
+
+// With the experts in FP8, each block casts every expert's rows in one grouped op per producer (the gather
+// of the inputs, SwiGLU, the gather of the output gradients, SwiGLU's backward), a group per expert, and
+// makes no per-expert casting op of its own, also once an expert has moved to BF16.
+TEST(ExpertCasts, EachBlockCastsEveryExpertsRowsInOneOpPerProducer) {
+  PrecisionSettings precision = fp8_with(RecipeKind::delayed);
+  precision.experts = true;
+  const ModelConfig c = testing::tiny_moe_config(false);
+  auto inner = make_cpu_backend();
+  GroupedCalls backend(*inner);
+  const TrainingRecord run = train(backend, precision, "layers.1.mlp.experts.2.gate_up_proj", c);
+  for (const float loss : run.losses) ASSERT_TRUE(std::isfinite(loss));
+  const int blocks = static_cast<int>(c.layers), forwards = 4 + 1, backwards = 4;  // 4 steps, 1 evaluation
+  EXPECT_EQ(backend.input_gathers, forwards * blocks);
+  EXPECT_EQ(backend.activations, forwards * blocks);
+  EXPECT_EQ(backend.gradient_gathers, backwards * blocks);
+  EXPECT_EQ(backend.activation_gradients, backwards * blocks);
+  EXPECT_EQ(backend.casts_outside, 0);
+  EXPECT_EQ(backend.groups_seen, c.experts);
+  EXPECT_GT(backend.cast_groups, (forwards + backwards) * blocks);
 }
 
 // With every expert in FP8 (casts all their GEMMs read, per-tensor scales), the plan keeps none of the
