@@ -252,6 +252,17 @@ void ParameterGather::wait(int64_t end) {
   }
 }
 
+std::vector<Backend::Range> ParameterGather::stale_ranges() const {
+  std::vector<Backend::Range> ranges;
+  if (!stale_masters_) return ranges;
+  for (const Backend::WeightPart& part : plan_.parts) {
+    const int64_t offset = part.weight - model_.params(), n = part.rows * part.cols;
+    if (part.begin > 0) ranges.push_back({offset, part.begin});
+    if (part.end < n) ranges.push_back({offset + part.end, n - part.end});
+  }
+  return ranges;
+}
+
 void ParameterGather::gather_master_weights() {
   finish();
   if (!stale_masters_) return;

@@ -52,6 +52,10 @@ class ParameterGather {
   // none stale). Every rank calls it together.
   void gather_master_weights();
 
+  // The ranges of the parameters whose float32 master values this rank leaves stale: each weight gathered as
+  // codes, less this rank's part of it. Nothing reads them until gather_master_weights() (a test poisons
+  // them to show it), so fully sharded parameters can give their memory back. Empty where nothing is stale.
+  std::vector<Backend::Range> stale_ranges() const;
   // What one gather moves (data_parallel.h), planned from the layers' present modes.
   GatherVolume volume();
   bool fp8_weights() const { return fp8_weights_; }

@@ -327,6 +327,10 @@ void Trainer::gather_master_weights() {
   if (gather_ != nullptr) gather_->gather_master_weights();
 }
 
+std::vector<Backend::Range> Trainer::stale_master_ranges() const {
+  return gather_ != nullptr ? gather_->stale_ranges() : std::vector<Backend::Range>{};
+}
+
 GatherVolume Trainer::parameter_gather_volume() {
   return gather_ != nullptr ? gather_->volume() : GatherVolume{};
 }

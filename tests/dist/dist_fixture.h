@@ -147,13 +147,16 @@ inline void whole_moments(Trainer& trainer, int64_t n, std::vector<float>& m, st
 }
 
 // Trains `steps` steps and records the outcome; `after_steps` runs once the steps are done, before anything
-// is recorded (a checkpoint saved there sees the ranks as training leaves them).
+// is recorded (a checkpoint saved there sees the ranks as training leaves them), and `after_each_step` after
+// every step.
 inline Outcome train(const RunShape& s, Model& m, Trainer& trainer, const BatchSource& data,
                      const io::DataLoader* loader = nullptr, int steps = kSteps,
-                     const std::function<void()>& after_steps = {}) {
+                     const std::function<void()>& after_steps = {},
+                     const std::function<void()>& after_each_step = {}) {
   Outcome o;
   for (int i = 0; i < steps; ++i) {
     const StepResult r = trainer.step(data);
+    if (after_each_step) after_each_step();
     if (s.initial_loss_scale == 0.0f) {
       EXPECT_FALSE(r.skipped) << r.skip_reason;
     }
@@ -189,9 +192,11 @@ inline Outcome one_rank(const RunShape& s,
   return train(s, *m, trainer, data, loader);
 }
 
-// s.ranks ranks as threads, each with its model and its own copy of the source, taking its micro-batches.
+// s.ranks ranks as threads, each with its model and its own copy of the source, taking its micro-batches;
+// `after_each_step` runs on every rank after each of its steps.
 inline std::vector<Outcome> many_ranks(
-    const RunShape& s, const std::function<BatchSource(int rank, int ranks, io::DataLoader**)>& source) {
+    const RunShape& s, const std::function<BatchSource(int rank, int ranks, io::DataLoader**)>& source,
+    const std::function<void(Model&, Trainer&)>& after_each_step = {}) {
   std::vector<Outcome> outcomes(static_cast<size_t>(s.ranks));
   dist::run_ranks(s.ranks, [&](dist::Communicator& c) {
     auto backend = make_cpu_backend();
@@ -204,6 +209,7 @@ inline std::vector<Outcome> many_ranks(
                     DataParallel{.communicator = &c,
                                  .shard_optimizer_state = s.shard,
                                  .reduce_scatter = s.shard && s.replicate == 1,
+                                 .fp8_weight_gather = s.fp8_gather,
                                  .reduce_type = s.reduce,
                                  .shard_communicator = group.get()});
     if (s.shard) {
@@ -214,7 +220,13 @@ inline std::vector<Outcome> many_ranks(
     io::DataLoader* loader = nullptr;
     const BatchSource data =
         rank_batches(source(c.rank(), c.size(), &loader), c.rank(), c.size(), s.micro, B, T);
-    outcomes[static_cast<size_t>(c.rank())] = train(s, *m, trainer, data, loader);
+    // FP8 gathers in FP8 mode send some weights as codes (the equalities would hold vacuously otherwise).
+    if (s.fp8_gather && s.precision == MixedPrecision::fp8) {
+      EXPECT_GT(trainer.parameter_gather_volume().fp8_weights, 0) << "rank " << c.rank();
+    }
+    std::function<void()> each;
+    if (after_each_step) each = [&] { after_each_step(*m, trainer); };
+    outcomes[static_cast<size_t>(c.rank())] = train(s, *m, trainer, data, loader, kSteps, {}, each);
   });
   return outcomes;
 }

@@ -3,6 +3,7 @@
 // mode: the losses, gradient norms, parameters, AdamW moments and FP8 scaling state of every rank. The data
 // loader's position after each step is the same on every rank and on one rank, so a run resumes on another
 // number of ranks where it stopped.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -315,6 +316,35 @@ TEST(DataParallel, AnExpertNoTokenOfARankReachesMovesItsScalingAsOnTheOtherRanks
       for (int r = 0; r < ranks; ++r) {
         expect_same(reference, outcomes[static_cast<size_t>(r)],
                     std::to_string(ids) + " ids, rank " + std::to_string(r) + " of " + std::to_string(ranks));
+      }
+    }
+  }
+}
+
+TEST(DataParallel, TheStaleMastersOfWeightsGatheredAsCodesAreNeverRead) {
+  // With FP8 weight gathers, a rank leaves the float32 masters of the weights gathered as codes stale outside
+  // its part of them. Every rank fills them with NaN after each step: training must keep the bits of one
+  // rank, so nothing reads them (what fully sharded parameters need to give that memory back), and
+  // gather_master_weights (before the outcome is recorded) makes them whole again.
+  for (const Architecture architecture : {Architecture::gpt2, Architecture::llama, Architecture::moe}) {
+    for (const int ranks : {2, 4}) {
+      const RunShape s{.architecture = architecture,
+                       .precision = MixedPrecision::fp8,
+                       .ranks = ranks,
+                       .micro = 1,
+                       .shard = true,
+                       .fp8_gather = true};
+      std::vector<int64_t> poisoned(static_cast<size_t>(ranks), 0);
+      const std::vector<Outcome> outcomes = many_ranks(s, pattern, [&](Model& m, Trainer& trainer) {
+        for (const Backend::Range& range : trainer.stale_master_ranges()) {
+          std::fill(m.params() + range.offset, m.params() + range.offset + range.count, NAN);
+          poisoned[static_cast<size_t>(trainer.parallel().communicator->rank())] += range.count;
+        }
+      });
+      const Outcome reference = one_rank(s, pattern);
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_GT(poisoned[static_cast<size_t>(r)], 0) << name_of(s) << " rank " << r;
+        expect_same(reference, outcomes[static_cast<size_t>(r)], name_of(s) + " rank " + std::to_string(r));
       }
     }
   }

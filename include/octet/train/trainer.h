@@ -82,6 +82,10 @@ class Trainer {
   // What one gather of a sharded optimizer's parameters moves, planned from the layers' present modes
   // (data_parallel.h); zeros where the optimizer state is whole.
   GatherVolume parameter_gather_volume();
+  // The ranges of the parameters whose float32 master values this rank leaves stale between updates (the
+  // weights gathered as FP8 codes, outside this rank's part of each: ParameterGather::stale_ranges); empty
+  // without FP8 weight gathers and after gather_master_weights().
+  std::vector<Backend::Range> stale_master_ranges() const;
   const TrainSettings& settings() const { return settings_; }
 
  private:
