@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -25,6 +27,37 @@ float normal_at(const CounterRng& rng, uint64_t index) {
   const double u1 = (static_cast<double>(rng.bits(index, 0)) + 1.0) / 4294967297.0;
   const double u2 = static_cast<double>(rng.bits(index, 1)) / 4294967296.0;
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+// A run of the initialisation's normal draws: out[i] = scale * normal_at(rng, first + i) for i < count.
+struct NormalRun {
+  float* out;
+  uint64_t first;
+  int64_t count;
+  float scale;
+};
+
+// Every run's draws, on up to 16 threads over equal slices of all the runs' elements: each element depends on
+// its index alone, so the values are those of one thread (a billion draws take a thread over a minute).
+void draw_normal(const CounterRng& rng, const std::vector<NormalRun>& runs) {
+  int64_t total = 0;
+  for (const NormalRun& r : runs) total += r.count;
+  const int64_t threads = std::clamp<int64_t>(std::min<int64_t>(std::thread::hardware_concurrency(), 16), 1,
+                                              total / (1 << 20) + 1);
+  auto slice = [&](int64_t begin, int64_t end) {
+    int64_t at = 0;
+    for (const NormalRun& r : runs) {
+      const int64_t from = std::max(begin - at, int64_t{0}), to = std::min(end - at, r.count);
+      for (int64_t i = from; i < to; ++i)
+        r.out[i] = r.scale * normal_at(rng, r.first + static_cast<uint64_t>(i));
+      at += r.count;
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int64_t t = 1; t < threads; ++t)
+    workers.emplace_back(slice, total * t / threads, total * (t + 1) / threads);
+  slice(0, total / threads);
+  for (std::thread& w : workers) w.join();
 }
 
 }  // namespace
@@ -112,7 +145,7 @@ void Decoder::build_parameters() {
     add("norm.weight", {C});
     if (!config_.tied_head()) add("lm_head.weight", {Vp, C});
   }
-  params_ = backend_.allocate(static_cast<size_t>(parameter_count_) * sizeof(float));
+  params_ = backend_.allocate_releasable(static_cast<size_t>(parameter_count_) * sizeof(float));
   forward_bounds_ = {0};
   for (int64_t l = 0; l < L; ++l) {
     const std::string first = config_.arch == ModelArchitecture::gpt2 ? fmt::format("h.{}.ln_1.weight", l)
@@ -293,6 +326,7 @@ void Decoder::init_weights(uint64_t seed) {
   const float residual_std = config_.arch == ModelArchitecture::gpt2
                                  ? 0.02f / std::sqrt(2.0f * static_cast<float>(config_.layers))
                                  : 0.02f;
+  std::vector<NormalRun> normal;
   for (const ParameterInfo& p : parameters_) {
     float* out = host.data() + p.offset;
     if (p.shape.size() == 2) {
@@ -304,11 +338,12 @@ void Decoder::init_weights(uint64_t seed) {
           (p.name == embedding_name() || p.name == "lm_head.weight")) {
         count = config_.vocab_size * config_.channels;  // padded rows stay zero
       }
-      for (int64_t i = 0; i < count; ++i) out[i] = std * normal_at(rng, static_cast<uint64_t>(p.offset + i));
+      normal.push_back({out, static_cast<uint64_t>(p.offset), count, std});
     } else if (ends_with(p.name, ".weight")) {
       for (int64_t i = 0; i < p.count; ++i) out[i] = 1.0f;  // LayerNorm gain
     }
   }
+  draw_normal(rng, normal);
   backend_.copy_from_host(params(), host.data(), host.size() * sizeof(float));
   refresh_weight_copies();
 }

@@ -11,6 +11,7 @@
 #include "compare.h"
 #include "model_fixture.h"
 #include "octet/numerics/format.h"
+#include "octet/numerics/random.h"
 
 namespace octet {
 namespace {
@@ -91,6 +92,41 @@ TEST(Gpt2, InitialisationFollowsGpt2) {
   again.init_weights(7);
   EXPECT_EQ(std::vector<float>(m.params(), m.params() + m.parameter_count()),
             std::vector<float>(again.params(), again.params() + again.parameter_count()));
+}
+
+TEST(Gpt2, InitialisationIsTheSeedsNormalDrawsWhateverTheThreads) {
+  // A model of 13 million parameters, whose draws are spread over threads (decoder_parameters.cpp): every
+  // weight element is the Box-Muller draw of the counter generator at its index, scaled by its tensor's
+  // standard deviation, computed here from the definition.
+  ModelConfig c = tiny_config();
+  c.channels = 512;
+  c.layers = 4;
+  c.heads = 8;
+  auto backend = make_cpu_backend();
+  Decoder m(c, *backend, PrecisionPolicy(mode(MixedPrecision::fp32), c, 32), 2, 16);
+  m.init_weights(11);
+  const CounterRng rng(11);
+  int64_t checked = 0;
+  for (const ParameterInfo& p : m.parameters()) {
+    if (p.shape.size() != 2) continue;
+    const bool residual = p.name.find("c_proj.weight") != std::string::npos;
+    const float std = residual ? 0.02f / std::sqrt(2.0f * 4.0f) : 0.02f;
+    const int64_t count = p.name == "wte" ? c.vocab_size * c.channels : p.count;
+    for (int64_t i = 0; i < count; ++i) {
+      const auto index = static_cast<uint64_t>(p.offset + i);
+      const double u1 = (static_cast<double>(rng.bits(index, 0)) + 1.0) / 4294967297.0;
+      const double u2 = static_cast<double>(rng.bits(index, 1)) / 4294967296.0;
+      const float z = static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+      if (m.params()[p.offset + i] != std * z) {
+        ADD_FAILURE() << p.name << " element " << i << ": " << m.params()[p.offset + i] << ", drawn "
+                      << std * z;
+        return;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 12'000'000);
+  EXPECT_GT(m.parameter_count(), 12'000'000);
 }
 
 TEST(Gpt2, InitialLossIsNearLogV) {
