@@ -187,9 +187,9 @@ int64_t checkpoint_step(const fs::path& checkpoint_dir) {
 }
 
 TrainingState capture_training_state(Model& model, Trainer& trainer) {
-  trainer.gather_master_weights();  // every rank together, where FP8 weight gathers left masters stale
   TrainingState state;
-  state.params = to_host(model.backend(), model.params(), model.parameter_count());
+  // Every rank together, gathered from the ranks' shards where FP8 weight gathers left masters stale.
+  state.params = trainer.master_weights(true);
   state.m = whole_moment(model, trainer, trainer.optimizer().first_moment());
   state.v = whole_moment(model, trainer, trainer.optimizer().second_moment());
   state.step = trainer.steps_done();
@@ -263,7 +263,9 @@ CheckpointLoad restore_training_state(const TrainingState& saved, Model& model, 
                     trainer.settings().loss_scale.dynamic ? "dynamic" : "static"));
   }
 
-  // Everything is valid: only now change the model and the trainer.
+  // Everything is valid: only now change the model and the trainer. Every page of the parameters is mapped
+  // first (after a step, FP8 weight gathers leave masters stale and their memory given back).
+  trainer.gather_master_weights();
   Backend& backend = model.backend();
   const size_t n = params.size();
   backend.copy_from_host(model.params(), params.data(), n * sizeof(float));

@@ -85,14 +85,15 @@ fs::path prepare_staging(const fs::path& final_dir) {
 // names of the files written.
 std::vector<std::string> write_whole_files(const fs::path& temporary, Model& model, Trainer& trainer,
                                            const TrainingProgress& progress, const CheckpointOptions& options,
-                                           const std::vector<float>* m, const std::vector<float>* v) {
+                                           const std::vector<float>& params, const std::vector<float>* m,
+                                           const std::vector<float>* v) {
   std::vector<std::string> names;
   auto written = [&](const fs::path& file) {
     names.push_back(file.filename().string());
     if (options.after_file_written) options.after_file_written(file);
   };
-  const std::vector<float> params = to_host(model.backend(), model.params(), model.parameter_count());
-
+  OCTET_CHECK(params.size() == static_cast<size_t>(model.parameter_count()), "the {} master weights, got {}",
+              model.parameter_count(), params.size());
   std::vector<std::vector<float>> hf_data;
   std::vector<io::SafetensorsEntry> hf;
   for (const ParameterInfo& p : model.parameters()) hf_data.push_back(model.to_hf(p, params));
@@ -193,14 +194,16 @@ void attempt(ShardReport& report, Part&& part) {
   }
 }
 
-// A save of shards (checkpoint_shards.h), on every rank of a sharded optimizer. Rank 0 prepares the staging
-// directory; every rank writes its shard of the moments there (atomically, flushed) while rank 0 writes the
-// whole model's files; the ranks exchange what they wrote; rank 0 writes the manifest last and renames the
-// directory into place; every rank returns once it is there, or throws with the others when any part failed.
+// A save of shards (checkpoint_shards.h), on every rank of a sharded optimizer, `params` the master weights
+// on rank 0 (Trainer::master_weights). Rank 0 prepares the staging directory; every rank writes its shard
+// of the moments there (atomically, flushed) while rank 0 writes the whole model's files; the ranks exchange
+// what they wrote; rank 0 writes the manifest last and renames the directory into place; every rank returns
+// once it is there, or throws with the others when any part failed.
 // With a hybrid layout the shards are a shard group's: the ranks of the first group (ranks 0 .. size - 1,
 // topology.h) write them, and the other groups, which hold the same state, take part in the agreement only.
 fs::path save_shards(const fs::path& run_dir, const fs::path& final_dir, Model& model, Trainer& trainer,
-                     const TrainingProgress& progress, const CheckpointOptions& options) {
+                     const TrainingProgress& progress, const CheckpointOptions& options,
+                     const std::vector<float>& params) {
   dist::Communicator& ranks = *trainer.parallel().communicator;
   const int rank = trainer.parallel().shard_rank(), size = static_cast<int>(trainer.parallel().shard_ranks());
   const bool writes_shard = ranks.rank() < size;
@@ -236,7 +239,7 @@ fs::path save_shards(const fs::path& run_dir, const fs::path& final_dir, Model& 
   if (ranks.rank() == 0) {
     attempt(mine, [&] {
       for (const std::string& name :
-           write_whole_files(temporary, model, trainer, progress, options, nullptr, nullptr)) {
+           write_whole_files(temporary, model, trainer, progress, options, params, nullptr, nullptr)) {
         const fs::path path = temporary / name;
         whole.push_back({name, static_cast<int64_t>(fs::file_size(path)), checkpoint_file_digest(path)});
       }
@@ -274,11 +277,14 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
                          const TrainingProgress& progress, const CheckpointOptions& options) {
   OCTET_REQUIRE(options.keep_last >= 1, "checkpoint keep_last must be at least 1, got {}", options.keep_last);
   const fs::path final_dir = checkpoint_directory(run_dir, trainer.steps_done());
-  // A sharded optimizer's ranks each write their shard of the moments, under one manifest; the parameters
-  // are whole first (FP8 weight gathers leave the float32 masters outside a rank's shard stale).
+  // A sharded optimizer's ranks each write their shard of the moments, under one manifest; rank 0 writes the
+  // parameters, gathered from the ranks' shards (FP8 weight gathers leave the float32 masters outside a
+  // rank's shard stale on the device).
+  // The master weights first, on every rank together (whole on rank 0's host only: the device's stale
+  // masters stay given back).
   if (trainer.optimizer().sharded()) {
-    trainer.gather_master_weights();
-    return save_shards(run_dir, final_dir, model, trainer, progress, options);
+    const std::vector<float> params = trainer.master_weights(trainer.parallel().communicator->rank() == 0);
+    return save_shards(run_dir, final_dir, model, trainer, progress, options, params);
   }
   // Otherwise every rank holds the same parameters, moments and scaling state: rank 0 writes the one whole
   // checkpoint, the files one rank would write, and the others wait until it is in place.
@@ -290,7 +296,8 @@ fs::path save_checkpoint(const fs::path& run_dir, Model& model, Trainer& trainer
   const std::vector<float> m = whole_moment(model, trainer, trainer.optimizer().first_moment());
   const std::vector<float> v = whole_moment(model, trainer, trainer.optimizer().second_moment());
   const fs::path temporary = prepare_staging(final_dir);
-  write_whole_files(temporary, model, trainer, progress, options, &m, &v);
+  const std::vector<float> params = to_host(model.backend(), model.params(), model.parameter_count());
+  write_whole_files(temporary, model, trainer, progress, options, params, &m, &v);
   commit_checkpoint(run_dir, temporary, final_dir, options.keep_last);
   if (ranks != nullptr) ranks->barrier();
   return final_dir;

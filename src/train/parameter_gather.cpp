@@ -28,9 +28,10 @@ ParameterGather::ParameterGather(Model& model, dist::Communicator& ranks, bool f
     : model_(model), ranks_(ranks), fp8_weights_(fp8_weights) {}
 
 ParameterGather::~ParameterGather() {
-  if (!under_way_) return;
   try {
-    finish();
+    if (under_way_) finish();
+    // Whatever uses the model next finds every page mapped (the masters outside the shard still stale).
+    restore_masters();
   } catch (...) {  // a rank failed: its error is already on its way up
   }
 }
@@ -182,10 +183,41 @@ int64_t ParameterGather::start_range(std::byte* values, const std::vector<int64_
                                        parts, model_.backend().native_stream());
 }
 
+void ParameterGather::release_stale_masters() {
+  std::vector<Backend::Range> stale = stale_ranges();
+  // Adjacent ranges as one, so that a page across their boundary goes too.
+  std::vector<Backend::Range> merged;
+  std::sort(stale.begin(), stale.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  for (const Backend::Range& r : stale) {
+    if (!merged.empty() && merged.back().offset + merged.back().count == r.offset) {
+      merged.back().count += r.count;
+    } else {
+      merged.push_back(r);
+    }
+  }
+  if (merged == released_) return;
+  restore_masters();
+  Buffer& memory = model_.parameter_memory();
+  for (const Backend::Range& r : merged) {
+    released_bytes_ += memory.release(static_cast<size_t>(r.offset) * sizeof(float),
+                                      static_cast<size_t>(r.count) * sizeof(float));
+  }
+  released_ = std::move(merged);
+}
+
+void ParameterGather::restore_masters() {
+  if (released_.empty()) return;
+  model_.parameter_memory().restore();
+  released_.clear();
+  released_bytes_ = 0;
+}
+
 void ParameterGather::start() {
   if (under_way_) finish();
   plan_ = plan();
   stale_masters_ = plan_.codes;
+  // Before the gathers are enqueued: a float32 gather may write pages given back under an earlier plan.
+  release_stale_masters();
   const int n = ranks_.size();
   if (plan_.codes) {
     cast_parts();
@@ -267,8 +299,46 @@ void ParameterGather::gather_master_weights() {
   finish();
   if (!stale_masters_) return;
   model_.backend().synchronize();
+  restore_masters();
   ranks_.all_gather_shards(std::span<float>(model_.params(), static_cast<size_t>(model_.parameter_count())));
   stale_masters_ = false;
+}
+
+std::vector<float> ParameterGather::master_weights(bool keep) {
+  finish();
+  Backend& backend = model_.backend();
+  const int64_t total = model_.parameter_count();
+  std::vector<float> host(keep ? static_cast<size_t>(total) : 0);
+  if (!stale_masters_) {
+    if (keep) backend.copy_to_host(host.data(), model_.params(), host.size() * sizeof(float));
+    return host;
+  }
+  const int n = ranks_.size();
+  const int64_t window = std::min<int64_t>(total, int64_t{1} << 26);
+  std::unique_ptr<Buffer> staging = backend.allocate(static_cast<size_t>(window) * sizeof(float));
+  auto* values = static_cast<std::byte*>(staging->data());
+  const dist::ShardRange mine = dist::shard_range(total, ranks_.rank(), n);
+  std::vector<int64_t> bounds(static_cast<size_t>(n) + 1);
+  for (int64_t a = 0; a < total; a += window) {
+    const int64_t b = std::min(a + window, total);
+    for (int r = 0; r < n; ++r) {
+      bounds[static_cast<size_t>(r)] =
+          (std::clamp(dist::shard_range(total, r, n).begin, a, b) - a) * int64_t{sizeof(float)};
+    }
+    bounds[static_cast<size_t>(n)] = (b - a) * int64_t{sizeof(float)};
+    // This rank's part of the window: its shard, always mapped and up to date.
+    const int64_t from = std::max(mine.begin, a), to = std::min(mine.end, b);
+    if (from < to) {
+      backend.copy(staging->floats() + (from - a), model_.params() + from,
+                   static_cast<size_t>(to - from) * sizeof(float));
+    }
+    backend.synchronize();
+    ranks_.all_gather_parts(std::span<std::byte>(values, static_cast<size_t>(b - a) * sizeof(float)), bounds);
+    if (keep) {
+      backend.copy_to_host(host.data() + a, staging->data(), static_cast<size_t>(b - a) * sizeof(float));
+    }
+  }
+  return host;
 }
 
 }  // namespace octet

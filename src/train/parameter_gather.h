@@ -18,6 +18,12 @@
 // per run of the forward. A weight gathered as codes keeps stale float32 master values outside the rank's
 // shard, which nothing reads during training (the copies stand for the weight); gather_master_weights()
 // brings them up to date where something does (a checkpoint).
+//
+// The memory of those stale masters is given back (the first step of fully sharded parameters): start()
+// releases the pages of the parameter buffer (Model::parameter_memory, Buffer::release) that lie wholly
+// inside the stale ranges, and maps every page back first where the ranges change (a layer changed mode,
+// and a float32 gather may now write them). gather_master_weights() maps them back before it gathers.
+// Touching a page given back is a fault on the CPU and on a GPU, never a silent read of stale values.
 #pragma once
 
 #include <cstdint>
@@ -51,11 +57,19 @@ class ParameterGather {
   // Every parameter's float32 master values on every rank, up to date (a no-op where the last gather left
   // none stale). Every rank calls it together.
   void gather_master_weights();
+  // Every parameter's float32 master values, to the host of the ranks that keep them (the others get an
+  // empty vector), without making them whole on the device: each window of the buffer (at most 256 MiB)
+  // is gathered from the ranks' shards into a buffer of its own and copied out, so that the memory of stale
+  // masters stays given back (a checkpoint's save). Every rank calls it together.
+  std::vector<float> master_weights(bool keep);
 
   // The ranges of the parameters whose float32 master values this rank leaves stale: each weight gathered as
   // codes, less this rank's part of it. Nothing reads them until gather_master_weights() (a test poisons
   // them to show it), so fully sharded parameters can give their memory back. Empty where nothing is stale.
   std::vector<Backend::Range> stale_ranges() const;
+  // The bytes of the parameter buffer given back (above); 0 where none are stale, or where the backend's
+  // memory cannot be given back.
+  size_t released_bytes() const { return released_bytes_; }
   // What one gather moves (data_parallel.h), planned from the layers' present modes.
   GatherVolume volume();
   bool fp8_weights() const { return fp8_weights_; }
@@ -95,6 +109,11 @@ class ParameterGather {
   void* reserve(std::unique_ptr<Buffer>& buffer, size_t bytes);
   // Casts this rank's parts of the weights gathered as codes and packs its float32 values (FP8 gathers).
   void cast_parts();
+  // Gives back the pages of the stale ranges of plan_, mapping every page back first where they differ from
+  // the ranges given back before.
+  void release_stale_masters();
+  // Maps every page given back again (their values stale).
+  void restore_masters();
   // Starts the gather of [begin, end) of `values` (of `count` bytes split at each rank's bound `bounds`),
   // each rank's part its bounds' intersection with the range; -1 where the range is empty.
   int64_t start_range(std::byte* values, const std::vector<int64_t>& bounds, int64_t begin, int64_t end);
@@ -106,6 +125,9 @@ class ParameterGather {
   bool fp8_weights_;
   // Whether the last gather left float32 masters stale (it gathered some weights as codes).
   bool stale_masters_ = false;
+  // The stale ranges whose pages are given back, and the bytes that freed.
+  std::vector<Backend::Range> released_;
+  size_t released_bytes_ = 0;
   Plan plan_;              // of the gather under way
   size_t next_group_ = 0;  // its first group not yet waited for
   bool under_way_ = false;

@@ -323,8 +323,19 @@ void Trainer::gather_parameters() {
   gather_->start();
 }
 
+size_t Trainer::released_master_bytes() const {
+  return gather_ != nullptr ? gather_->released_bytes() : 0;
+}
+
 void Trainer::gather_master_weights() {
   if (gather_ != nullptr) gather_->gather_master_weights();
+}
+
+std::vector<float> Trainer::master_weights(bool keep) {
+  if (gather_ != nullptr) return gather_->master_weights(keep);
+  std::vector<float> host(keep ? static_cast<size_t>(model_.parameter_count()) : 0);
+  if (keep) model_.backend().copy_to_host(host.data(), model_.params(), host.size() * sizeof(float));
+  return host;
 }
 
 std::vector<Backend::Range> Trainer::stale_master_ranges() const {

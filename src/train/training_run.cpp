@@ -226,6 +226,33 @@ std::string gather_line(const GatherVolume& v) {
       mib(all_float32), mib(v.float32_bytes + v.fp8_bytes * 2));
 }
 
+// What FP8 weight gathers leave stale on this rank and the memory of it given back (Trainer::
+// released_master_bytes); empty where nothing is stale.
+// Bytes in KiB, MiB or GiB, whichever keeps the number above 1.
+std::string size_text(double bytes) {
+  if (bytes < 1024.0 * 1024.0) return fmt::format("{:.1f} KiB", bytes / 1024.0);
+  if (bytes < 1024.0 * 1024.0 * 1024.0) return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0));
+  return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+}
+
+std::string stale_masters_line(const Trainer& trainer, Model& model) {
+  int64_t stale = 0;
+  for (const Backend::Range& r : trainer.stale_master_ranges()) stale += r.count;
+  if (stale == 0) return {};
+  const std::string stale_part =
+      fmt::format("{} of {} stale outside this rank's shard (weights gathered as FP8 codes)",
+                  size_text(static_cast<double>(stale) * sizeof(float)),
+                  size_text(static_cast<double>(model.parameter_count()) * sizeof(float)));
+  if (!model.parameter_memory().releasable()) {
+    return fmt::format("float32 masters: {}, kept: the {} backend cannot give memory back", stale_part,
+                       model.backend().name());
+  }
+  return fmt::format(
+      "float32 masters: {}, {} of it given back (whole pages; mapped again while a checkpoint "
+      "is saved)",
+      stale_part, size_text(static_cast<double>(trainer.released_master_bytes())));
+}
+
 }  // namespace
 
 void check_ranks(const RunConfig& config, int world) {
@@ -643,6 +670,10 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
       const int64_t sent_before = gradient_bytes_sent(parallel);
       const StepResult r = trainer->step(train_data);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (step == first_step) {
+        const std::string line = stale_masters_line(*trainer, *model);
+        if (!line.empty()) say(out, line);
+      }
       profiling.after_step(step + 1, *backend);
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
       const double tokens_per_second = static_cast<double>(r.tokens) / seconds;

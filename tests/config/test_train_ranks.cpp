@@ -81,6 +81,14 @@ TEST_F(TrainRanks, TwoRanksTrainOneRunThatRankZeroWritesAndThatRepeatsExactly) {
       << r.out;
   EXPECT_NE(r.err.find("rank 1 of 2 (octet train --gpus/--ranks): "), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("rank 1 of"), std::string::npos) << "rank 1 prints no progress:\n" << r.out;
+  // FP8 weight gathers leave the masters outside a rank's shard stale, and their whole pages go.
+  const size_t masters = r.out.find("float32 masters: ");
+  ASSERT_NE(masters, std::string::npos) << r.out;
+  const std::string line = r.out.substr(masters, r.out.find('\n', masters) - masters);
+  EXPECT_NE(line.find("stale outside this rank's shard (weights gathered as FP8 codes), "), std::string::npos)
+      << line;
+  EXPECT_NE(line.find(" KiB of it given back"), std::string::npos) << line;
+  EXPECT_EQ(line.find(", 0.0 KiB of it given back"), std::string::npos) << line;
   const std::string metrics = read(root_ / "run" / "metrics.jsonl");
   const auto losses = step_losses(metrics);
   ASSERT_EQ(losses.size(), 4u) << metrics;

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "dist_fixture.h"
 
@@ -321,11 +323,50 @@ TEST(DataParallel, AnExpertNoTokenOfARankReachesMovesItsScalingAsOnTheOtherRanks
   }
 }
 
+// The parts of params() that a rank's FP8 weight gathers leave stale and whose host pages it gave back
+// (Buffer::release): the whole pages inside the stale ranges, adjacent ranges taken as one, the buffer's
+// last page included where a range reaches its end (the parameter buffer begins on a page). Touching them
+// is a fault.
+std::vector<Backend::Range> given_back(Model& m, const Trainer& trainer) {
+  const auto page = static_cast<int64_t>(sysconf(_SC_PAGESIZE)) / int64_t{sizeof(float)};
+  std::vector<Backend::Range> ranges = trainer.stale_master_ranges();
+  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  std::vector<Backend::Range> merged;
+  for (const Backend::Range& range : ranges) {
+    if (!merged.empty() && merged.back().offset + merged.back().count == range.offset) {
+      merged.back().count += range.count;
+    } else {
+      merged.push_back(range);
+    }
+  }
+  std::vector<Backend::Range> pages;
+  for (const Backend::Range& range : merged) {
+    const int64_t end = range.offset + range.count;
+    const int64_t first = std::min((range.offset + page - 1) / page * page, end);
+    const int64_t last = end == m.parameter_count() ? end : std::max(end / page * page, first);
+    if (last > first) pages.push_back({first, last - first});
+  }
+  return pages;
+}
+
+// params() with the parts given back read as NaN.
+std::vector<float> readable_params(Model& m, const std::vector<Backend::Range>& gone) {
+  std::vector<float> out(static_cast<size_t>(m.parameter_count()), NAN);
+  int64_t at = 0;
+  for (const Backend::Range& g : gone) {
+    std::copy(m.params() + at, m.params() + g.offset, out.begin() + at);
+    at = g.offset + g.count;
+  }
+  std::copy(m.params() + at, m.params() + m.parameter_count(), out.begin() + at);
+  return out;
+}
+
 TEST(DataParallel, TheStaleMastersOfWeightsGatheredAsCodesAreNeverRead) {
   // With FP8 weight gathers, a rank leaves the float32 masters of the weights gathered as codes stale outside
-  // its part of them. Every rank fills them with NaN after each step: training must keep the bits of one
-  // rank, so nothing reads them (what fully sharded parameters need to give that memory back), and
-  // gather_master_weights (before the outcome is recorded) makes them whole again.
+  // its part of them, and gives back the memory of the host pages that lie wholly inside those ranges
+  // (given_back): a touch of them would be a fault. Every rank fills the rest of the ranges with NaN after
+  // each step: training must keep the bits of one rank, so nothing reads them, and gather_master_weights
+  // (before the outcome is recorded) makes them whole again.
   for (const Architecture architecture : {Architecture::gpt2, Architecture::llama, Architecture::moe}) {
     for (const int ranks : {2, 4}) {
       const RunShape s{.architecture = architecture,
@@ -335,15 +376,42 @@ TEST(DataParallel, TheStaleMastersOfWeightsGatheredAsCodesAreNeverRead) {
                        .shard = true,
                        .fp8_gather = true};
       std::vector<int64_t> poisoned(static_cast<size_t>(ranks), 0);
+      std::vector<int64_t> paged(static_cast<size_t>(ranks), 0);
+      std::vector<std::string> wrong;
+      std::mutex lock;
       const std::vector<Outcome> outcomes = many_ranks(s, pattern, [&](Model& m, Trainer& trainer) {
+        const auto r = static_cast<size_t>(trainer.parallel().communicator->rank());
+        const std::vector<Backend::Range> gone = given_back(m, trainer);
+        int64_t whole = 0;
+        for (const Backend::Range& g : gone) whole += g.count;
         for (const Backend::Range& range : trainer.stale_master_ranges()) {
-          std::fill(m.params() + range.offset, m.params() + range.offset + range.count, NAN);
-          poisoned[static_cast<size_t>(trainer.parallel().communicator->rank())] += range.count;
+          // The range less the pages given back that meet it (which may begin in a range before it).
+          int64_t begin = range.offset;
+          const int64_t end = range.offset + range.count;
+          for (const Backend::Range& g : gone) {
+            if (g.offset + g.count <= begin || g.offset >= end) continue;
+            const int64_t stop = std::max(begin, g.offset);
+            std::fill(m.params() + begin, m.params() + stop, NAN);
+            poisoned[r] += stop - begin;
+            begin = g.offset + g.count;
+          }
+          if (begin < end) {
+            std::fill(m.params() + begin, m.params() + end, NAN);
+            poisoned[r] += end - begin;
+          }
+        }
+        paged[r] = whole;
+        if (trainer.released_master_bytes() != static_cast<size_t>(whole) * sizeof(float)) {
+          const std::lock_guard<std::mutex> hold(lock);
+          wrong.push_back(fmt::format("rank {}: {} bytes given back, {} expected", r,
+                                      trainer.released_master_bytes(), whole * int64_t{sizeof(float)}));
         }
       });
       const Outcome reference = one_rank(s, pattern);
+      EXPECT_TRUE(wrong.empty()) << name_of(s) << ": " << (wrong.empty() ? "" : wrong.front());
       for (int r = 0; r < ranks; ++r) {
         EXPECT_GT(poisoned[static_cast<size_t>(r)], 0) << name_of(s) << " rank " << r;
+        EXPECT_GT(paged[static_cast<size_t>(r)], 0) << name_of(s) << " rank " << r;
         expect_same(reference, outcomes[static_cast<size_t>(r)], name_of(s) + " rank " + std::to_string(r));
       }
     }
@@ -399,11 +467,12 @@ using namespace dist_testing;
 
 // FP8 weight gathers really send the FP8 weights as codes: a rank's float32 masters of those weights stay
 // stale outside its shard until gather_master_weights (the equalities above would hold vacuously if the
-// option gathered float32 as before), and the gather moves a quarter of their float32 bytes.
+// option gathered float32 as before), and the gather moves a quarter of their float32 bytes. The whole
+// masters reach rank 0's host from the shards while the memory given back stays given back.
 TEST(ShardedDataParallel, Fp8GathersSendCodesAndLeaveTheMastersOutsideTheShardStale) {
   const RunShape s{.precision = MixedPrecision::fp8, .ranks = 2, .micro = 1, .shard = true, .fp8_gather = true};
   struct Seen {
-    std::vector<float> before, after;
+    std::vector<float> before, after, host;
     GatherVolume volume;
     int64_t shard_begin = 0, shard_end = 0;
   };
@@ -417,8 +486,17 @@ TEST(ShardedDataParallel, Fp8GathersSendCodesAndLeaveTheMastersOutsideTheShardSt
     const BatchSource data = rank_batches(pattern(c.rank(), 2, nullptr), c.rank(), 2, 1, B, T);
     trainer.step(data);
     Seen& mine = seen[static_cast<size_t>(c.rank())];
-    mine.before.assign(m->params(), m->params() + m->parameter_count());
+    // The stale masters whose pages were given back read as NaN here: stale too.
+    mine.before = readable_params(*m, given_back(*m, trainer));
+    const size_t released = trainer.released_master_bytes();
+    EXPECT_GT(released, 0u) << "rank " << c.rank();
+    // The masters to the host, gathered from the shards (as a checkpoint takes them), without mapping the
+    // pages given back: rank 1 keeps none.
+    mine.host = trainer.master_weights(c.rank() == 0);
+    EXPECT_EQ(trainer.released_master_bytes(), released) << "rank " << c.rank();
+    EXPECT_EQ(mine.host.empty(), c.rank() != 0);
     trainer.gather_master_weights();
+    EXPECT_EQ(trainer.released_master_bytes(), 0u) << "rank " << c.rank();
     mine.after.assign(m->params(), m->params() + m->parameter_count());
     mine.volume = trainer.parameter_gather_volume();
     mine.shard_begin = trainer.optimizer().shard().begin;
@@ -429,12 +507,13 @@ TEST(ShardedDataParallel, Fp8GathersSendCodesAndLeaveTheMastersOutsideTheShardSt
     const Seen& x = seen[static_cast<size_t>(r)];
     int64_t stale = 0;
     for (int64_t i = 0; i < count; ++i) {
-      if (x.before[static_cast<size_t>(i)] == x.after[static_cast<size_t>(i)]) continue;
+      if (x.before[static_cast<size_t>(i)] == x.after[static_cast<size_t>(i)]) continue;  // NaN: given back
       ++stale;
       EXPECT_TRUE(i < x.shard_begin || i >= x.shard_end) << "rank " << r << " element " << i << " of its shard";
     }
     EXPECT_GT(stale, 0) << "rank " << r << ": the FP8 weights outside its shard travelled as codes";
     EXPECT_EQ(x.after, seen[0].after) << "rank " << r;
+    if (r == 0) EXPECT_EQ(x.host, x.after) << "the masters gathered to the host are the whole masters";
     EXPECT_GT(x.volume.fp8_weights, 0);
     EXPECT_GT(x.volume.fp8_bytes, 0);
     EXPECT_EQ(x.volume.fp8_bytes + x.volume.float32_bytes / 4, count)

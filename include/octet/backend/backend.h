@@ -45,6 +45,23 @@ class Buffer {
   virtual size_t bytes() const = 0;
   float* floats() { return static_cast<float*>(data()); }
   int32_t* ints() { return static_cast<int32_t*>(data()); }
+
+  // Giving memory back while nothing uses it (a buffer from Backend::allocate_releasable; any other keeps
+  // all of its memory, and its release gives back nothing). release gives back the pages that lie wholly
+  // inside [offset, offset + bytes) of data() and returns how many bytes that freed: their contents are lost,
+  // and nothing may read or write them (no work still enqueued either: release waits for the device) until
+  // restore(), which maps every page given back again, with contents unspecified. The pages are the
+  // backend's: the host's (4 KiB) on the CPU, chunks of the device's mapping granularity on a GPU.
+  virtual size_t release(size_t offset, size_t bytes) {
+    (void)offset;
+    (void)bytes;
+    return 0;
+  }
+  virtual void restore() {}
+  // The bytes given back and not yet restored.
+  virtual size_t released_bytes() const { return 0; }
+  // Whether release can give memory back at all.
+  virtual bool releasable() const { return false; }
 };
 
 // A linear layer's weight in the form its GEMMs consume (a rounded BF16/FP16 copy, or FP8 codes with their
@@ -308,6 +325,10 @@ class Backend {
 
   // Memory. Buffers are zero-filled.
   virtual std::unique_ptr<Buffer> allocate(size_t bytes) = 0;
+  // A buffer whose pages can be given back (Buffer::release): the CPU's maps host pages of its own, CUDA's
+  // maps chunks of device memory into one range of addresses (the driver's virtual memory calls). The
+  // default, for a backend that cannot, is allocate's.
+  virtual std::unique_ptr<Buffer> allocate_releasable(size_t bytes) { return allocate(bytes); }
   virtual void copy_to_host(void* host, const void* source, size_t bytes) = 0;
   virtual void copy_from_host(void* destination, const void* host, size_t bytes) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;
@@ -316,6 +337,7 @@ class Backend {
   struct Range {
     int64_t offset = 0;
     int64_t count = 0;
+    friend bool operator==(const Range&, const Range&) = default;
   };
   virtual void fill_zero_ranges(float* x, std::span<const Range> ranges) {
     for (const Range& r : ranges) fill_zero(x + r.offset, r.count);

@@ -54,6 +54,7 @@ class Decoder final : public Model {
   // Every parameter but GPT-2's wpe, the learned position embedding, and an untied head's token embedding.
   int64_t flop_parameter_count() const override;
   float* params() override { return params_->floats(); }
+  Buffer& parameter_memory() override { return *params_; }
   // The float32 gradients, each at its parameter's grad_offset. A linear layer's weight gradient that no
   // backward has written since zero_grad is zeroed here first (zero_grad leaves those to their layer's first
   // backward), in both gradient buffers.

@@ -82,6 +82,9 @@ class Model {
   // parameter but a learned position embedding.
   virtual int64_t flop_parameter_count() const = 0;
   virtual float* params() = 0;
+  // The memory of params(), whose pages can be given back where a rank leaves float32 masters stale
+  // (Buffer::release; src/train/parameter_gather.h).
+  virtual Buffer& parameter_memory() = 0;
   // The float32 gradients, each at its parameter's grad_offset. A linear layer's weight gradient that no
   // backward has written since zero_grad is zeroed here first (zero_grad leaves those to their layer's first
   // backward), in both gradient buffers.

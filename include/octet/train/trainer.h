@@ -79,6 +79,11 @@ class Trainer {
   // to date on every rank, for what reads params() other than a forward (a checkpoint). Called by every rank
   // together; a no-op otherwise.
   void gather_master_weights();
+  // Every parameter's float32 master values on the host of the ranks that keep them (empty elsewhere),
+  // leaving the device's as they are: with stale masters, gathered window by window from the ranks' shards
+  // (ParameterGather::master_weights), so that their memory stays given back. Called by every rank
+  // together where the optimizer state is sharded.
+  std::vector<float> master_weights(bool keep);
   // What one gather of a sharded optimizer's parameters moves, planned from the layers' present modes
   // (data_parallel.h); zeros where the optimizer state is whole.
   GatherVolume parameter_gather_volume();
@@ -86,6 +91,9 @@ class Trainer {
   // weights gathered as FP8 codes, outside this rank's part of each: ParameterGather::stale_ranges); empty
   // without FP8 weight gathers and after gather_master_weights().
   std::vector<Backend::Range> stale_master_ranges() const;
+  // The bytes of those masters' memory given back (whole pages of the parameter buffer inside the ranges,
+  // Buffer::release): FSDP's first saving. 0 where nothing is stale or the backend keeps the memory.
+  size_t released_master_bytes() const;
   const TrainSettings& settings() const { return settings_; }
 
  private:

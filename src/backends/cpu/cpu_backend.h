@@ -29,6 +29,7 @@ class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
   std::unique_ptr<Buffer> allocate(size_t bytes) override;
+  std::unique_ptr<Buffer> allocate_releasable(size_t bytes) override;  // cpu_pages.cpp
   void copy_to_host(void* host, const void* source, size_t bytes) override;
   void copy_from_host(void* destination, const void* host, size_t bytes) override;
   void fill_zero(float* x, int64_t n) override;

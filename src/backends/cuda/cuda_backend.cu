@@ -125,6 +125,11 @@ std::unique_ptr<Buffer> CudaBackend::allocate(size_t bytes) {
   return std::make_unique<CudaBuffer>(bytes);
 }
 
+std::unique_ptr<Buffer> CudaBackend::allocate_releasable(size_t bytes) {
+  std::unique_ptr<Buffer> pages = make_device_pages_buffer(bytes);
+  return pages != nullptr ? std::move(pages) : allocate(bytes);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The tensor entries: shapes and dtypes checked, then the ops on raw pointers.
 

@@ -2,7 +2,8 @@
 // copy (which owns the layer's device scaling state, device_scaling.h) and the forward's saved FP8 input.
 // The class's methods are defined by responsibility: cuda_backend.cu (construction, memory, op timing, the
 // tensor entries), device_scaling.cu, operand_casts.cu, norm_activation.cu, linear.cu, weight_update.cu,
-// attention_dispatch.cu, fusions.cu, routing.cu (mixture-of-experts routing).
+// attention_dispatch.cu, fusions.cu, routing.cu (mixture-of-experts routing); staged_uploads.h (small
+// host-to-device copies) and grouped_casts.h (the grouped ops' casts) are parts of it that few files need.
 // Internal to the CUDA backend: include only from its .cu files.
 #pragma once
 
@@ -32,6 +33,7 @@
 #include "octet/cuda/gemm.h"
 #include "octet/numerics/format.h"
 #include "ops.h"
+#include "staged_uploads.h"
 
 namespace octet::cuda::backend_internal {
 
@@ -75,6 +77,11 @@ class DeviceScratch {
 };
 
 class CudaBackend;
+
+// A releasable buffer of device memory (device_pages.cpp, Backend::allocate_releasable); null where the
+// driver or the device cannot map memory chunk by chunk.
+std::unique_ptr<Buffer> make_device_pages_buffer(size_t bytes);
+
 void forget_layer(CudaBackend* backend, const DeviceLayer* layer);
 struct CudaWeightCopy;
 // The CUDA copy in `copy`, made there where it holds none (or another backend's).
@@ -106,30 +113,6 @@ struct CudaWeightCopy final : public WeightCopy {
   ~CudaWeightCopy() override {
     if (layer != nullptr && owner != nullptr) forget_layer(owner, layer.get());
   }
-};
-
-// Small host-to-device copies staged through pinned host memory, so that the host goes on without waiting
-// for the GPU (the tokens of a step, a mixture of experts' balance gradient per block): the caller's bytes
-// are copied into a slot of pinned memory, and the slot's copy to the device is enqueued on the stream. A
-// slot is reused once its last copy is done (an event), slots in turn.
-class StagedUploads {
- public:
-  static constexpr size_t kSlotBytes = size_t{1} << 20;
-  static constexpr int kSlots = 8;
-  StagedUploads() = default;
-  StagedUploads(const StagedUploads&) = delete;
-  StagedUploads& operator=(const StagedUploads&) = delete;
-  ~StagedUploads();
-  // Enqueues the copy of `bytes` on `stream`; false, and nothing done, where they exceed a slot.
-  bool upload(void* destination, const void* host, size_t bytes, cudaStream_t stream);
-
- private:
-  struct Slot {
-    void* pinned = nullptr;
-    cudaEvent_t done = nullptr;
-  };
-  std::array<Slot, kSlots> slots_{};
-  int next_ = 0;
 };
 
 // The CUDA backend's FP8 tensor: the codes of x [rows, cols] and of x^T in device memory, and the scale_inv
@@ -204,6 +187,7 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<Buffer> allocate(size_t bytes) override;
+  std::unique_ptr<Buffer> allocate_releasable(size_t bytes) override;
   void copy_to_host(void* host, const void* source, size_t bytes) override {
     sums_aside_.join(stream_);
     OCTET_CUDA_CHECK(cudaMemcpyAsync(host, source, bytes, cudaMemcpyDeviceToHost, stream_));
@@ -750,80 +734,6 @@ void CudaBackend::produce_input(float* out, int64_t N, int64_t C, const Fp8CastT
   float* y = out != nullptr ? out : producer_output_.as<float>(static_cast<size_t>(N * C), stream_);
   plain(y);
   cast_input(y, N, C, consumer, target.tensor);
-}
-
-template <typename Fused, typename Plain>
-void CudaBackend::produce_grouped(float* out, int64_t M, int64_t width, const RowGroupCasts& casts,
-                                  TensorRole role, Fused fused, Plain plain) {
-  const bool input = role == TensorRole::activation;
-  const int operand = input ? kActivation : kGradient;
-  uint8_t* shared = nullptr;
-  if (input) {
-    shared = input_codes_.as<uint8_t>(static_cast<size_t>(M * width), stream_);
-    input_codes_for_.clear();
-  }
-  struct Ended {
-    Layer* layer;
-    const LinearExecution* exec;
-    int64_t n;
-  };
-  std::vector<cuda::FusedCastGroup> groups;
-  std::vector<Ended> ended;
-  for (int64_t g = 0; g < casts.groups(); ++g) {
-    const int64_t from = casts.offsets[static_cast<size_t>(g)];
-    const int64_t rows = casts.offsets[static_cast<size_t>(g) + 1] - from;
-    if (rows == 0) continue;
-    float* rows_out = out != nullptr ? out + from * width : nullptr;
-    const Fp8CastTarget& target = casts.targets[static_cast<size_t>(g)];
-    if (!target.given()) {
-      OCTET_CHECK(rows_out != nullptr, "a grouped op's output for group {}, which is not cast", g);
-      plain(from, rows, rows_out);
-      continue;
-    }
-    LinearExecution& consumer = *target.layer;
-    Layer& layer = mapped_layer(consumer);
-    const int64_t n = rows * width;
-    float* const y =
-        rows_out != nullptr ? rows_out : producer_output_.as<float>(static_cast<size_t>(n), stream_);
-    if (input) {
-      OCTET_CHECK(consumer.forward == GemmMode::fp8, "a consumer whose forward GEMM is FP8");
-      OCTET_CHECK(rows_out != nullptr || input_cast_suffices(consumer),
-                  "the output kept for a consumer that reads it");
-      CudaFp8Tensor& t = input_tensor(target.tensor, consumer, rows, width, shared + from * width);
-      if (producer_casts(consumer)) {
-        groups.push_back({from, rows, fused_cast_into(layer, kActivation, consumer.formats.activation, t, n)});
-        ended.push_back({&layer, &consumer, n});
-      } else {
-        plain(from, rows, y);
-        cast_operand(layer, kActivation, consumer.formats.activation, y, rows, width, t.row_codes, t.transposed,
-                     &layer.device->cast_scale[kActivation], t.scale_inv, consumer.update_scaling, consumer);
-      }
-      continue;
-    }
-    OCTET_CHECK(casts_gradient(consumer), "a consumer with an FP8 backward GEMM");
-    OCTET_CHECK(rows_out != nullptr || gradient_cast_suffices(consumer),
-                "the gradient kept for a consumer that reads it");
-    if (producer_casts(consumer)) {
-      groups.push_back({from, rows, gradient_fused_cast(layer, consumer, rows, width, target.tensor)});
-      ended.push_back({&layer, &consumer, n});
-    } else {
-      plain(from, rows, y);
-      cast_gradient(layer, y, rows, width, consumer, target.tensor);
-    }
-  }
-  // One call per format (every group's, unless the layers' recipes differ), then each cast's end.
-  for (const Dtype format : {Dtype::e4m3, Dtype::e5m2}) {
-    std::vector<cuda::FusedCastGroup> of_format;
-    for (const cuda::FusedCastGroup& group : groups) {
-      if (group.cast.format == format) of_format.push_back(group);
-    }
-    if (!of_format.empty()) fused(std::span<const cuda::FusedCastGroup>(of_format));
-  }
-  for (size_t i = 0; i < ended.size(); ++i) {
-    const LinearExecution& exec = *ended[i].exec;
-    end_cast(*ended[i].layer, operand, groups[i].cast.format, ended[i].n, input ? exec.update_scaling : true,
-             exec.telemetry != nullptr);
-  }
 }
 
 }  // namespace octet::cuda::backend_internal

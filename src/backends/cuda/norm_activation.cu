@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda_backend_impl.h"
+#include "grouped_casts.h"
 
 namespace octet::cuda::backend_internal {
 

@@ -7,6 +7,7 @@
 #include "cuda_backend_impl.h"
 #include "expert_grouping.h"
 #include "expert_rows.h"
+#include "grouped_casts.h"
 #include "octet/check.h"
 #include "router_softmax.h"
 
@@ -81,7 +82,8 @@ void CudaBackend::gather_rows_cast(const TensorView& out, const ConstTensorView&
   // The output gradient: as activation_backward's target casts it (gelu_backward_cast_as), without a bias.
   OCTET_CHECK(cast_as == TensorRole::gradient && casts_gradient(consumer),
               "gather_rows: a gradient cast for a consumer with an FP8 backward GEMM");
-  OCTET_CHECK(o != nullptr || gradient_cast_suffices(consumer), "gather_rows: the rows kept for a consumer "
+  OCTET_CHECK(o != nullptr || gradient_cast_suffices(consumer),
+              "gather_rows: the rows kept for a consumer "
               "that reads them");
   Layer& layer = mapped_layer(consumer);
   if (producer_casts(consumer)) {
