@@ -24,8 +24,9 @@ bool gathered_as_codes(const Model::WeightCopySlot& slot) {
 
 }  // namespace
 
-ParameterGather::ParameterGather(Model& model, dist::Communicator& ranks, bool fp8_weights)
-    : model_(model), ranks_(ranks), fp8_weights_(fp8_weights) {}
+ParameterGather::ParameterGather(Model& model, dist::Communicator& ranks, bool fp8_weights,
+                                 int64_t in_place_floats)
+    : model_(model), ranks_(ranks), fp8_weights_(fp8_weights), in_place_floats_(in_place_floats) {}
 
 ParameterGather::~ParameterGather() {
   try {
@@ -68,6 +69,12 @@ ParameterGather::Plan ParameterGather::plan() {
         if (begin >= end) return;
         if (b <= begin) continue;
         const int64_t stop = std::min(b, end);
+        if (stop - begin >= in_place_floats_) {
+          p.runs.push_back({.offset = begin, .count = stop - begin, .packed = packed, .in_place = true});
+          p.in_place += stop - begin;
+          begin = stop;
+          continue;
+        }
         p.runs.push_back({.offset = begin, .count = stop - begin, .packed = packed});
         packed += stop - begin;
         for (int r = 0; r < n; ++r) {
@@ -123,9 +130,10 @@ ParameterGather::Plan ParameterGather::plan() {
     g.runs_begin = run;
     while (run < p.runs.size() && p.runs[run].offset < g.end) ++run;
     g.runs_end = run;
-    if (g.runs_end > g.runs_begin) {
-      g.packed_begin = p.runs[g.runs_begin].packed;
-      g.packed_end = p.runs[g.runs_end - 1].packed + p.runs[g.runs_end - 1].count;
+    // The packed values of the group's runs that are not gathered in place (none: an empty range).
+    g.packed_begin = g.packed_end = g.runs_begin < p.runs.size() ? p.runs[g.runs_begin].packed : 0;
+    for (size_t k = g.runs_begin; k < g.runs_end; ++k) {
+      if (!p.runs[k].in_place) g.packed_end = p.runs[k].packed + p.runs[k].count;
     }
     g.others_begin = other;
     while (other < p.others.size() && p.others[other].offset < g.end) ++other;
@@ -146,7 +154,8 @@ GatherVolume ParameterGather::volume() {
   const Plan p = plan();
   GatherVolume v;
   v.fp8_bytes = p.codes ? p.code_bounds.back() : 0;
-  v.float32_bytes = (p.codes ? p.packed_bounds.back() : model_.parameter_count()) * int64_t{sizeof(float)};
+  v.float32_bytes =
+      (p.codes ? p.packed_bounds.back() + p.in_place : model_.parameter_count()) * int64_t{sizeof(float)};
   v.fp8_weights = static_cast<int64_t>(p.parts.size());
   return v;
 }
@@ -161,6 +170,7 @@ void ParameterGather::cast_parts() {
   // This rank's float32 values into its part of the packed runs, and its parts' amaxes.
   const dist::ShardRange mine = dist::shard_range(model_.parameter_count(), ranks_.rank(), ranks_.size());
   for (const Run& run : p.runs) {
+    if (run.in_place) continue;
     const int64_t begin = std::max(run.offset, mine.begin), end = std::min(run.offset + run.count, mine.end);
     if (begin < end) {
       backend.copy(packed + run.packed + (begin - run.offset), params + begin,
@@ -172,6 +182,17 @@ void ParameterGather::cast_parts() {
   // The whole weights' amaxes: the largest part on any rank (a NaN anywhere wins, as in a whole cast).
   ranks_.all_reduce_max(std::span<float>(amaxes, p.parts.size()));
   backend.cast_weight_parts(p.parts, amaxes, static_cast<uint8_t*>(codes_->data()));
+}
+
+std::vector<int64_t> ParameterGather::shard_byte_bounds() const {
+  const int64_t total = model_.parameter_count();
+  const int n = ranks_.size();
+  std::vector<int64_t> bounds(static_cast<size_t>(n) + 1);
+  for (int r = 0; r < n; ++r) {
+    bounds[static_cast<size_t>(r)] = dist::shard_range(total, r, n).begin * int64_t{sizeof(float)};
+  }
+  bounds[static_cast<size_t>(n)] = total * int64_t{sizeof(float)};
+  return bounds;
 }
 
 int64_t ParameterGather::start_range(std::byte* values, const std::vector<int64_t>& bounds, int64_t begin,
@@ -212,33 +233,44 @@ void ParameterGather::restore_masters() {
   released_bytes_ = 0;
 }
 
+void ParameterGather::release_before_first_gather() {
+  if (started_) return;
+  // Nothing reads the masters outside this rank's parts from here on (the copies stand for them), as after
+  // a gather of codes.
+  plan_ = plan();
+  stale_masters_ = plan_.codes;
+  release_stale_masters();
+}
+
 void ParameterGather::start() {
+  started_ = true;
   if (under_way_) finish();
   plan_ = plan();
   stale_masters_ = plan_.codes;
   // Before the gathers are enqueued: a float32 gather may write pages given back under an earlier plan.
   release_stale_masters();
-  const int n = ranks_.size();
   if (plan_.codes) {
     cast_parts();
     std::vector<int64_t> packed_bytes(plan_.packed_bounds.size());
     for (size_t i = 0; i < packed_bytes.size(); ++i) packed_bytes[i] = plan_.packed_bounds[i] * int64_t{sizeof(float)};
     auto* codes = static_cast<std::byte*>(codes_->data());
     auto* packed = static_cast<std::byte*>(packed_->data());
+    const std::vector<int64_t> shard_bytes = shard_byte_bounds();
+    auto* params = reinterpret_cast<std::byte*>(model_.params());
     for (Group& g : plan_.groups) {
-      const int64_t a = start_range(codes, plan_.code_bounds, g.codes_begin, g.codes_end);
-      const int64_t b = start_range(packed, packed_bytes, g.packed_begin * int64_t{sizeof(float)},
-                                    g.packed_end * int64_t{sizeof(float)});
-      g.ticket = std::max(a, b);
+      g.ticket = std::max(start_range(codes, plan_.code_bounds, g.codes_begin, g.codes_end),
+                          start_range(packed, packed_bytes, g.packed_begin * int64_t{sizeof(float)},
+                                      g.packed_end * int64_t{sizeof(float)}));
+      for (size_t i = g.runs_begin; i < g.runs_end; ++i) {
+        const Run& run = plan_.runs[i];
+        if (!run.in_place) continue;
+        g.ticket = std::max(g.ticket, start_range(params, shard_bytes, run.offset * int64_t{sizeof(float)},
+                                                  (run.offset + run.count) * int64_t{sizeof(float)}));
+      }
     }
   } else {
     // Float32 gathers, in place: each rank's part of a run is its shard's intersection with it.
-    const int64_t total = model_.parameter_count();
-    std::vector<int64_t> shard_bytes(static_cast<size_t>(n) + 1);
-    for (int r = 0; r < n; ++r) {
-      shard_bytes[static_cast<size_t>(r)] = dist::shard_range(total, r, n).begin * int64_t{sizeof(float)};
-    }
-    shard_bytes[static_cast<size_t>(n)] = total * int64_t{sizeof(float)};
+    const std::vector<int64_t> shard_bytes = shard_byte_bounds();
     auto* params = reinterpret_cast<std::byte*>(model_.params());
     for (Group& g : plan_.groups) {
       g.ticket = start_range(params, shard_bytes, g.begin * int64_t{sizeof(float)}, g.end * int64_t{sizeof(float)});
@@ -255,6 +287,7 @@ void ParameterGather::remake_copies(const Group& g) {
     const auto* packed = static_cast<const float*>(packed_->data());
     for (size_t i = g.runs_begin; i < g.runs_end; ++i) {
       const Run& run = plan_.runs[i];
+      if (run.in_place) continue;
       backend.copy(params + run.offset, packed + run.packed, static_cast<size_t>(run.count) * sizeof(float));
     }
     if (g.parts_end > g.parts_begin) {

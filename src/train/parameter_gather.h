@@ -14,10 +14,11 @@
 // with the scale that amax gives (the scale the whole weight's cast would take, so the same codes), the ranks
 // gather the codes, and each rank makes the weights' copies from them (the transposes made after the
 // gather). One byte an element where float32 takes four. The other parameters (embeddings, norms, biases,
-// layers with a BF16 GEMM, a head tied to the embedding) travel in float32 as before, packed into one run
-// per run of the forward. A weight gathered as codes keeps stale float32 master values outside the rank's
-// shard, which nothing reads during training (the copies stand for the weight); gather_master_weights()
-// brings them up to date where something does (a checkpoint).
+// layers with a BF16 GEMM, a head tied to the embedding) travel in float32 as before: the small ones packed
+// into one run per run of the forward, the large ones (an embedding, a head) gathered in place. A weight
+// gathered as codes keeps stale float32 master values outside the rank's shard, which nothing reads during
+// training (the copies stand for the weight); gather_master_weights() brings them up to date where something
+// does (a checkpoint).
 //
 // The memory of those stale masters is given back (the first step of fully sharded parameters): start()
 // releases the pages of the parameter buffer (Model::parameter_memory, Buffer::release) that lie wholly
@@ -40,8 +41,9 @@ namespace octet {
 class ParameterGather {
  public:
   // The gathers of model's parameters over the communicator's ranks, rank r owning
-  // dist::shard_range(parameter_count, r, ranks); fp8_weights: FP8 weight gathers (above).
-  ParameterGather(Model& model, dist::Communicator& ranks, bool fp8_weights);
+  // dist::shard_range(parameter_count, r, ranks); fp8_weights: FP8 weight gathers (above), whose float32
+  // runs of at least in_place_floats elements are gathered in place (DataParallel::in_place_gather_floats).
+  ParameterGather(Model& model, dist::Communicator& ranks, bool fp8_weights, int64_t in_place_floats);
   // Waits for the gathers under way, if any (their buffers are this object's).
   ~ParameterGather();
   ParameterGather(const ParameterGather&) = delete;
@@ -49,6 +51,10 @@ class ParameterGather {
 
   // After the update of this rank's shard: starts the gathers of every shard to every rank (above).
   void start();
+  // Before the first gather (the first step, once the weights are loaded and their copies made from the
+  // whole masters): gives back the memory of the masters the gathers will leave stale (above) at once, so
+  // that it is free before the first step's activations are allocated. A no-op after the first start().
+  void release_before_first_gather();
   // The parameters below `end` (one of the forward's bounds) and their weight copies are up to date for the
   // work enqueued on the backend from now on; with end = parameter_count(), every gather is also complete.
   // A no-op where nothing is under way. Every rank calls it at the same points.
@@ -75,11 +81,14 @@ class ParameterGather {
   bool fp8_weights() const { return fp8_weights_; }
 
  private:
-  // A run of parameters that travels in float32 through the packed buffer, and where it lies there.
+  // A run of parameters that travels in float32: through the packed buffer (where it lies there), or, from
+  // in_place_floats elements on (a token embedding, a head), gathered in place in the parameters, which
+  // spares the packed buffer a copy of it.
   struct Run {
     int64_t offset = 0;
     int64_t count = 0;
     int64_t packed = 0;
+    bool in_place = false;
   };
   // One run of the forward's parameters [begin, end) and what its gather holds: its codes
   // [codes_begin, codes_end) of the codes buffer and its float32 values [packed_begin, packed_end) of the
@@ -100,6 +109,7 @@ class ParameterGather {
     std::vector<Run> runs;                      // the float32 parameters (FP8 gathers only)
     std::vector<int64_t> code_bounds;    // of each rank's codes in the codes buffer (ranks + 1)
     std::vector<int64_t> packed_bounds;  // of each rank's float32 values in the packed buffer (ranks + 1)
+    int64_t in_place = 0;                // the float32 values gathered in place
     std::vector<Group> groups;           // in the forward's order
     bool codes = false;                  // whether any weight travels as codes
   };
@@ -114,6 +124,8 @@ class ParameterGather {
   void release_stale_masters();
   // Maps every page given back again (their values stale).
   void restore_masters();
+  // Where each rank's shard of the parameters begins, in bytes, and the buffer's end (ranks + 1).
+  std::vector<int64_t> shard_byte_bounds() const;
   // Starts the gather of [begin, end) of `values` (of `count` bytes split at each rank's bound `bounds`),
   // each rank's part its bounds' intersection with the range; -1 where the range is empty.
   int64_t start_range(std::byte* values, const std::vector<int64_t>& bounds, int64_t begin, int64_t end);
@@ -123,6 +135,7 @@ class ParameterGather {
   Model& model_;
   dist::Communicator& ranks_;
   bool fp8_weights_;
+  int64_t in_place_floats_;
   // Whether the last gather left float32 masters stale (it gathered some weights as codes).
   bool stale_masters_ = false;
   // The stale ranges whose pages are given back, and the bytes that freed.
@@ -131,6 +144,7 @@ class ParameterGather {
   Plan plan_;              // of the gather under way
   size_t next_group_ = 0;  // its first group not yet waited for
   bool under_way_ = false;
+  bool started_ = false;  // whether start() ever ran
   std::unique_ptr<Buffer> codes_, packed_, amaxes_;
 };
 

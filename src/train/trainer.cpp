@@ -90,7 +90,8 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
   if (parallel_.ranks() > 1) step_scaling_ = std::make_unique<StepScaling>(model);
   if (optimizer_.sharded()) {
     // Within the shard group: its ranks hold the shards of one copy of the state.
-    gather_ = std::make_unique<ParameterGather>(model, *parallel_.shard_group(), parallel_.fp8_weight_gather);
+    gather_ = std::make_unique<ParameterGather>(model, *parallel_.shard_group(), parallel_.fp8_weight_gather,
+                                                parallel_.in_place_gather_floats);
     // The gather started after an update is waited for by the next forward, run by run.
     model.set_parameters_needed([this](int64_t end) { gather_->wait(end); });
   }
@@ -178,6 +179,8 @@ StepResult Trainer::step(const BatchSource& data) {
   const auto phase = [this](StepPhase p) {
     if (settings_.phase_began) settings_.phase_began(p);
   };
+  // Before the first step's activations take their memory: the masters the gathers will leave stale go now.
+  if (gather_ != nullptr) gather_->release_before_first_gather();
 
   phase(StepPhase::optimizer);
   // The gradient of the scaled mean loss over the step's micro-batches on every rank; each forward runs the

@@ -226,8 +226,6 @@ std::string gather_line(const GatherVolume& v) {
       mib(all_float32), mib(v.float32_bytes + v.fp8_bytes * 2));
 }
 
-// What FP8 weight gathers leave stale on this rank and the memory of it given back (Trainer::
-// released_master_bytes); empty where nothing is stale.
 // Bytes in KiB, MiB or GiB, whichever keeps the number above 1.
 std::string size_text(double bytes) {
   if (bytes < 1024.0 * 1024.0) return fmt::format("{:.1f} KiB", bytes / 1024.0);
@@ -235,6 +233,8 @@ std::string size_text(double bytes) {
   return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024.0 * 1024.0));
 }
 
+// What FP8 weight gathers leave stale on this rank and the memory of it given back (Trainer::
+// released_master_bytes); empty where nothing is stale.
 std::string stale_masters_line(const Trainer& trainer, Model& model) {
   int64_t stale = 0;
   for (const Backend::Range& r : trainer.stale_master_ranges()) stale += r.count;
@@ -247,10 +247,8 @@ std::string stale_masters_line(const Trainer& trainer, Model& model) {
     return fmt::format("float32 masters: {}, kept: the {} backend cannot give memory back", stale_part,
                        model.backend().name());
   }
-  return fmt::format(
-      "float32 masters: {}, {} of it given back (whole pages; mapped again while a checkpoint "
-      "is saved)",
-      stale_part, size_text(static_cast<double>(trainer.released_master_bytes())));
+  return fmt::format("float32 masters: {}, {} of it given back (the whole pages in it)", stale_part,
+                     size_text(static_cast<double>(trainer.released_master_bytes())));
 }
 
 }  // namespace

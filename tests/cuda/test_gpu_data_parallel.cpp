@@ -125,6 +125,8 @@ std::vector<RankRun> train_on_two_gpus(const TwoGpuRun& how) {
                                      .shard_optimizer_state = shard,
                                      .reduce_scatter = shard && how.reduce_scatter,
                                      .fp8_weight_gather = how.fp8_gather,
+                                     // The token embedding in place, the norms packed.
+                                     .in_place_gather_floats = 2048,
                                      .reduce_type = how.reduce,
                                      .bucket_elements = 5000,
                                      .sparse_embedding_sums = how.sparse_embedding_sums});

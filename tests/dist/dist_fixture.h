@@ -210,6 +210,9 @@ inline std::vector<Outcome> many_ranks(
                                  .shard_optimizer_state = s.shard,
                                  .reduce_scatter = s.shard && s.replicate == 1,
                                  .fp8_weight_gather = s.fp8_gather,
+                                 // The token embedding (at least 2048 elements) gathered in place, the
+                                 // norms and biases packed: both ways an FP8 gather moves float32 values.
+                                 .in_place_gather_floats = 2048,
                                  .reduce_type = s.reduce,
                                  .shard_communicator = group.get()});
     if (s.shard) {

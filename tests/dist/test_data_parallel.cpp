@@ -513,7 +513,9 @@ TEST(ShardedDataParallel, Fp8GathersSendCodesAndLeaveTheMastersOutsideTheShardSt
     }
     EXPECT_GT(stale, 0) << "rank " << r << ": the FP8 weights outside its shard travelled as codes";
     EXPECT_EQ(x.after, seen[0].after) << "rank " << r;
-    if (r == 0) EXPECT_EQ(x.host, x.after) << "the masters gathered to the host are the whole masters";
+    if (r == 0) {
+      EXPECT_EQ(x.host, x.after) << "the masters gathered to the host are the whole masters";
+    }
     EXPECT_GT(x.volume.fp8_weights, 0);
     EXPECT_GT(x.volume.fp8_bytes, 0);
     EXPECT_EQ(x.volume.fp8_bytes + x.volume.float32_bytes / 4, count)

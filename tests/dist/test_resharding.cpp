@@ -88,11 +88,12 @@ std::vector<Outcome> run(const RunShape& s, bool emulate, const TokenShardFile& 
     const int group_size = s.ranks / s.replicate;
     const std::unique_ptr<dist::Communicator> group =
         s.replicate > 1 ? c.split(c.rank() / group_size, c.rank() % group_size) : nullptr;
-    outcomes[static_cast<size_t>(c.rank())] = one(DataParallel{
-        .communicator = &c,
-        .shard_optimizer_state = s.shard,
-        .fp8_weight_gather = s.fp8_gather,
-        .shard_communicator = group.get()});
+    outcomes[static_cast<size_t>(c.rank())] =
+        one(DataParallel{.communicator = &c,
+                         .shard_optimizer_state = s.shard,
+                         .fp8_weight_gather = s.fp8_gather,
+                         .in_place_gather_floats = 2048,  // the token embedding in place, the norms packed
+                         .shard_communicator = group.get()});
   });
   return outcomes;
 }

@@ -49,6 +49,11 @@ struct DataParallel {
   // master values of those weights outside a rank's shard are then brought up to date only where something
   // reads them (Trainer::gather_master_weights). src/train/parameter_gather.h.
   bool fp8_weight_gather = false;
+  // With FP8 weight gathers, the parameters that still travel in float32 go packed into one buffer per run
+  // of the forward (norms and biases: one gather for many small tensors), except the runs of at least this
+  // many elements (a token embedding, a head), gathered in place in the parameters so that the packed
+  // buffer holds no copy of them.
+  int64_t in_place_gather_floats = int64_t{1} << 20;
   // The type the ranks sum their gradients in: float32, or BF16, each rank's accumulated gradient and every
   // partial sum rounded to BF16 (Communicator::all_reduce_sum_bf16; emulated ranks round alike).
   dist::GradientReduceType reduce_type = dist::GradientReduceType::float32;
