@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # On a machine with several GPUs: weak scaling of octet's data-parallel training. Each preset trains the same
 # per-GPU batch on 1 GPU and on N (`octet train --gpus N`, the gradients' sums overlapped with the backward),
-# on real tokens, and the table gives tokens/s per GPU and N GPUs' per-GPU speed over one GPU's.
+# on real tokens, and the table gives tokens/s per GPU and N GPUs' per-GPU speed over one GPU's. With
+# PEER=1, PyTorch's Llama peer (../shared/peers/torch_llama.py: FSDP2 under torchrun, bf16) trains the same
+# preset on 1 GPU and on N in the same invocation, and the table gives its weak scaling and octet's speed
+# per GPU over the peer's.
 #
 #   bench/scaling.sh [PRESET...]          (default: llama3-1B; a preset is configs/bench/PRESET.toml)
 #
 # Environment: OCTET (the binary; see common.sh), GPUS (default 4), STEPS (default 16; the first 5 are not
 # timed), DATA (a data directory for the preset's tokenizer; default data/brown-llama3 for llama3 presets and
 # data/brown-gpt2 otherwise, relative to the working directory), OUT (default scaling-out), EXTRA (more --set
-# options). The runs are data parallel without a sharded optimizer state (dp_shard = 1) and with float32
-# weight gradients, which several ranks need today (docs/distributed.md). Run directories go to /dev/shm.
+# options), PEER (1: run the peer too; a llama3 preset), PYTHON, TORCHRUN. The runs are data parallel without
+# a sharded optimizer state (dp_shard = 1), with the preset's weight gradients (BF16 in the benchmark
+# configurations, summed in BF16). Run directories go to /dev/shm.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 gpus="${GPUS:-4}"
@@ -31,13 +35,25 @@ for name in "${presets[@]}"; do
     "$octet" train "$config_dir/$name.toml" "${launch[@]}" --set train.device=cuda --set "train.steps=$steps" \
       --set scheduler.warmup_steps=2 --set data.eval_every=0 --set data.eval_batches=1 \
       --set checkpoint.every=1000 --set "data.dir=$data" --set "data.tokenizer=$tokenizer" \
-      --set train.weight_gradients=float32 --set distributed.dp_shard=1 --set distributed.dp_replicate=-1 \
+      --set distributed.dp_shard=1 --set distributed.dp_replicate=-1 \
       --set "logging.run_dir=$run" ${EXTRA:-} > "$out/$name-$n.log" 2>&1
     rc=$?
     cp "$run/metrics.jsonl" "$out/$name-$n.jsonl" 2> /dev/null
     rm -rf "$run"
     if [[ $rc -ne 0 ]]; then echo "$name on $n GPU(s) failed (exit $rc): $(tail -1 "$out/$name-$n.log")"; status=1; fi
   done
+  if [[ "${PEER:-0}" == 1 && "$name" == llama3* ]]; then
+    peer=""
+    for candidate in "$here/peers/torch_llama.py" "$here/../../shared/peers/torch_llama.py"; do
+      if [[ -z "$peer" && -f "$candidate" ]]; then peer="$candidate"; fi
+    done
+    warm=$((steps < 10 ? steps : 10))
+    "${PYTHON:-python3}" "$peer" --preset "$name" --steps "$steps" --warmup "$warm" \
+      > "$out/$name-peer-1.json" 2> "$out/$name-peer-1.log" || { echo "the peer failed on 1 GPU"; status=1; }
+    "${TORCHRUN:-torchrun}" --standalone --nproc_per_node "$gpus" "$peer" --preset "$name" --steps "$steps" \
+      --warmup "$warm" > "$out/$name-peer-$gpus.json" 2> "$out/$name-peer-$gpus.log" ||
+      { echo "the peer failed on $gpus GPUs"; status=1; }
+  fi
 done
 python3 - "$out" "$gpus" "${presets[@]}" <<'PY'
 import json, os, statistics, sys
@@ -59,5 +75,16 @@ for name in presets:
         continue
     print(f"| {name} | {speed[1]:,.0f} | {speed[n]:,.0f} | {speed[n] / n:,.0f} | {ms[1]:.1f} -> {ms[n]:.1f} "
           f"| {speed[n] / n / speed[1] * 100:.1f}% |")
+    peer = {}
+    for k in (1, n):
+        path = os.path.join(out, f"{name}-peer-{k}.json")
+        lines = [l for l in open(path) if l.startswith("{")] if os.path.exists(path) else []
+        if lines:
+            peer[k] = json.loads(lines[-1])
+    if len(peer) == 2:
+        p1, pn = peer[1]["tokens_per_s"], peer[n]["tokens_per_s"]
+        print(f"| {name}, PyTorch FSDP2 bf16 | {p1:,.0f} | {pn:,.0f} | {pn / n:,.0f} | "
+              f"{peer[1]['ms_per_step']:.1f} -> {peer[n]['ms_per_step']:.1f} | {pn / n / p1 * 100:.1f}% |")
+        print(f"\noctet per GPU over the peer per GPU: {speed[n] / pn:.3f} on {n} GPUs, {speed[1] / p1:.3f} on 1")
 PY
 exit $status

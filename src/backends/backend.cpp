@@ -261,7 +261,9 @@ void Backend::check_segments(std::span<const UpdateSegment> segments, bool bf16_
     OCTET_CHECK(s.offset >= 0 && s.count >= 0, "backend {}: an optimizer segment at {} of {} elements",
                 name(), s.offset, s.count);
     if (!s.is_weight()) {
-      OCTET_CHECK(s.grads_bf16 == nullptr, "backend {}: a bf16 gradient only for a weight, the segment at {}",
+      OCTET_CHECK(s.grads_bf16 == nullptr || (bf16_gradients && s.bias_of == nullptr),
+                  "backend {}: a bf16 gradient only for (part of) a weight, on a backend that stores it so; "
+                  "the segment at {}",
                   name(), s.offset);
       continue;
     }

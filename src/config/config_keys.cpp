@@ -161,7 +161,8 @@ const std::vector<Key>& keys() {
         {{"float32", false}, {"bf16", true}},
         "How the block layers' weight gradients are kept: float32, or rounded to bf16 once by their BF16 or "
         "FP8 weight-gradient GEMM, as PyTorch autocast's are (on the GPU also stored in bf16: half the "
-        "gradient memory and traffic; accumulation over micro-batches then adds in bf16). bf16 needs "
+        "gradient memory and traffic; accumulation over micro-batches then adds in bf16; several ranks sum "
+        "them in bf16, docs/distributed.md). bf16 needs "
         "train.mixed_precision bf16 or fp8 (docs/precision.md)."));
     k.push_back(choice<ActivationCheckpointing>(
         "train.activation_checkpointing",

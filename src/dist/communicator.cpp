@@ -101,6 +101,20 @@ void Communicator::start_reduce_scatter_sum_bf16(std::span<float> values, int64_
                        mine.size() * int64_t{sizeof(uint16_t)});
 }
 
+void Communicator::start_all_reduce_sum_bf16_codes(std::span<uint16_t> values, void* stream) {
+  (void)stream;
+  all_reduce_sum_bf16(values);
+  count_all_reduce(static_cast<int64_t>(values.size_bytes()));
+}
+
+void Communicator::start_reduce_scatter_sum_bf16_codes(std::span<uint16_t> values, int64_t offset,
+                                                       int64_t total, void* stream) {
+  (void)stream;
+  reduce_scatter_sum_in_place_bf16(values, offset, total);
+  const ShardPart mine = shard_part(offset, static_cast<int64_t>(values.size()), total, rank(), size());
+  count_reduce_scatter(static_cast<int64_t>(values.size_bytes()), mine.size() * int64_t{sizeof(uint16_t)});
+}
+
 void Communicator::count_all_reduce(int64_t bytes) {
   const int64_t n = size();
   traffic_.all_reduce_bytes += 2 * bytes * (n - 1) / n;

@@ -313,6 +313,28 @@ class NcclCommunicator final : public Communicator {
                          mine.size() * int64_t{sizeof(__nv_bfloat16)});
     started_ = true;
   }
+  void start_all_reduce_sum_bf16_codes(std::span<uint16_t> values, void* stream) override {
+    select_device();
+    if (host_memory(values.data())) return Communicator::start_all_reduce_sum_bf16_codes(values, stream);
+    if (values.empty()) return;
+    wait_for(stream);
+    check_nccl(api().all_reduce(values.data(), values.data(), values.size(), ncclBfloat16, ncclSum, comm_, stream_),
+               "all_reduce_sum (bf16 codes, overlapped)", rank_);
+    count_all_reduce(static_cast<int64_t>(values.size_bytes()));
+    started_ = true;
+  }
+  void start_reduce_scatter_sum_bf16_codes(std::span<uint16_t> values, int64_t offset, int64_t total,
+                                           void* stream) override {
+    select_device();
+    if (host_memory(values.data()))
+      return Communicator::start_reduce_scatter_sum_bf16_codes(values, offset, total, stream);
+    const ShardPart mine = shard_part(offset, static_cast<int64_t>(values.size()), total, rank_, size_);
+    wait_for(stream);
+    check_nccl(to_owners(values.data(), values.size(), offset, total, ncclBfloat16),
+               "reduce_scatter_sum_in_place (bf16 codes, overlapped)", rank_);
+    count_reduce_scatter(static_cast<int64_t>(values.size_bytes()), mine.size() * int64_t{sizeof(uint16_t)});
+    started_ = true;
+  }
   void finish_started() override {
     if (!started_) return;
     started_ = false;

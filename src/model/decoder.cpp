@@ -718,24 +718,28 @@ void Decoder::backward(float dloss_scale) {
 
 void Decoder::report_gradients(const std::function<bool(std::string_view name)>& part) {
   for (const auto& l : linears_) {
-    if (l->weight_gradient_written || l->weight_grad_type != Dtype::f32) continue;
+    if (l->weight_gradient_written) continue;
     const auto first = std::find_if(parameters_.begin(), parameters_.end(),
                                     [&](const ParameterInfo& p) { return p.offset == l->weight_offset; });
     if (first == parameters_.end() || !part(first->name)) continue;
-    backend_.fill_zero(static_cast<float*>(l->weight_grad), l->weight_count);
+    // A bf16 gradient's slice is whole 16-byte words (plan_parameter_gradients).
+    const int64_t floats = l->weight_grad_type == Dtype::f32 ? l->weight_count : (l->weight_count + 1) / 2;
+    backend_.fill_zero(static_cast<float*>(l->weight_grad), floats);
     l->weight_gradient_written = true;
   }
-  // The parameters' float32 gradients in runs: neighbours in grads() merge into one run.
-  std::vector<std::pair<int64_t, int64_t>> runs;
-  for (const ParameterInfo& p : parameters_) {
-    if (p.grad_type != Dtype::f32 || !part(p.name)) continue;
-    if (!runs.empty() && runs.back().second == p.grad_offset) {
-      runs.back().second += p.count;
-    } else {
-      runs.emplace_back(p.grad_offset, p.grad_offset + p.count);
+  // Each buffer's gradients in runs: neighbours in it merge into one run.
+  for (const Dtype storage : {Dtype::f32, Dtype::bf16}) {
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (const ParameterInfo& p : parameters_) {
+      if (p.grad_type != storage || !part(p.name)) continue;
+      if (!runs.empty() && runs.back().second == p.grad_offset) {
+        runs.back().second += p.count;
+      } else {
+        runs.emplace_back(p.grad_offset, p.grad_offset + p.count);
+      }
     }
+    for (const auto& [begin, end] : runs) gradient_ready_(storage, begin, end);
   }
-  for (const auto& [begin, end] : runs) gradient_ready_(begin, end);
 }
 
 void Decoder::set_scaling_updates(bool on) {

@@ -239,7 +239,10 @@ void Decoder::plan_parameter_gradients() {
                 dtype_name(type));
     l->round_weight_gradient = type == Dtype::f32;
     for (ParameterInfo& p : parameters_) {
-      if (p.offset >= l->weight_offset && p.offset < l->weight_offset + l->weight_count) p.grad_type = type;
+      if (p.offset >= l->weight_offset && p.offset < l->weight_offset + l->weight_count) {
+        p.grad_type = type;
+        p.grad_precision = Dtype::bf16;
+      }
     }
   }
   // The float32 gradients in the parameters' order, the bf16 ones in theirs: 16-byte aligned slices, one
@@ -393,7 +396,7 @@ float* Decoder::grads() {
   return grads_->floats();
 }
 
-const void* Decoder::grads_bf16() {
+void* Decoder::grads_bf16() {
   grads();
   return grads_bf16_ ? grads_bf16_->data() : nullptr;
 }

@@ -112,20 +112,26 @@ std::string AdamW::groups_line() const {
   return fmt::format("optimizer groups: {}", fmt::join(parts, "; "));
 }
 
-void AdamW::step_shard(float* params, const float* grads, const Backend::AdamWStep& hyper) {
+void AdamW::step_shard(float* params, const float* grads, const Backend::AdamWStep& hyper,
+                       const void* grads_bf16) {
   // Each parameter's part within the shard, one plain segment each; the moments hold the shard only, so
-  // offsets count from the shard's start, while the gradients are the whole buffer.
+  // offsets count from the shard's start, while the gradients are the whole buffers.
   std::vector<Backend::UpdateSegment> segments;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const ParameterInfo& p = parameters_[i];
     const int64_t begin = std::max(p.offset, shard_.begin), end = std::min(p.offset + p.count, shard_.end);
     if (begin >= end) continue;
-    OCTET_CHECK(p.grad_type == Dtype::f32, "the gradient of {} in float32 for a sharded optimizer", p.name);
-    segments.push_back({.offset = begin - shard_.begin,
-                        .count = end - begin,
-                        .weight_decay = decays_[i],
-                        .grad_offset = p.grad_offset + (begin - p.offset),
-                        .learning_rate_scale = lr_scales_[i]});
+    Backend::UpdateSegment segment{.offset = begin - shard_.begin,
+                                   .count = end - begin,
+                                   .weight_decay = decays_[i],
+                                   .grad_offset = p.grad_offset + (begin - p.offset),
+                                   .learning_rate_scale = lr_scales_[i]};
+    if (p.grad_type == Dtype::bf16) {
+      OCTET_CHECK(grads_bf16 != nullptr, "the bf16 gradients of {}", p.name);
+      segment.grads_bf16 = static_cast<const uint16_t*>(grads_bf16) + segment.grad_offset;
+      segment.grad_offset = -1;
+    }
+    segments.push_back(segment);
   }
   if (segments.empty()) return;
   backend_.optimizer_update(hyper, {params + shard_.begin, m_->floats(), v_->floats(), grads}, segments);
@@ -141,7 +147,7 @@ void AdamW::step(float* params, const float* grads, float learning_rate, float g
                                  .step = steps_,
                                  .grad_scale = grad_scale};
   if (sharded_) {
-    step_shard(params, grads, hyper);
+    step_shard(params, grads, hyper, grads_bf16);
     return;
   }
   // The weights with copies first (each update remakes its copy), then every other tensor, in one call.

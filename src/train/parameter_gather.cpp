@@ -25,8 +25,15 @@ bool gathered_as_codes(const Model::WeightCopySlot& slot) {
 }  // namespace
 
 ParameterGather::ParameterGather(Model& model, dist::Communicator& ranks, bool fp8_weights,
-                                 int64_t in_place_floats)
-    : model_(model), ranks_(ranks), fp8_weights_(fp8_weights), in_place_floats_(in_place_floats) {}
+                                 int64_t in_place_floats, int buffers)
+    : model_(model),
+      ranks_(ranks),
+      fp8_weights_(fp8_weights),
+      in_place_floats_(in_place_floats),
+      buffers_(buffers),
+      gather_buffers_(static_cast<size_t>(std::max(buffers, 1))) {
+  OCTET_REQUIRE(buffers >= 1, "FP8 weight gathers need at least 1 gather buffer, got {}", buffers);
+}
 
 ParameterGather::~ParameterGather() {
   try {
@@ -164,7 +171,10 @@ void ParameterGather::cast_parts() {
   Backend& backend = model_.backend();
   float* params = model_.params();
   const Plan& p = plan_;
-  reserve(codes_, static_cast<size_t>(p.code_bounds.back()));
+  const auto rank = static_cast<size_t>(ranks_.rank());
+  const int64_t own_begin = p.code_bounds[rank];
+  auto* own =
+      static_cast<uint8_t*>(reserve(own_codes_, static_cast<size_t>(p.code_bounds[rank + 1] - own_begin)));
   auto* packed = static_cast<float*>(reserve(packed_, static_cast<size_t>(p.packed_bounds.back()) * sizeof(float)));
   auto* amaxes = static_cast<float*>(reserve(amaxes_, p.parts.size() * sizeof(float)));
   // This rank's float32 values into its part of the packed runs, and its parts' amaxes.
@@ -181,7 +191,39 @@ void ParameterGather::cast_parts() {
   backend.synchronize();
   // The whole weights' amaxes: the largest part on any rank (a NaN anywhere wins, as in a whole cast).
   ranks_.all_reduce_max(std::span<float>(amaxes, p.parts.size()));
-  backend.cast_weight_parts(p.parts, amaxes, static_cast<uint8_t*>(codes_->data()));
+  // Each part's codes land in this rank's own codes, which begin at own_begin of every weight's.
+  std::vector<Backend::WeightPart> parts = p.parts;
+  for (Backend::WeightPart& part : parts) {
+    // An empty part (a weight outside this rank's shard) writes nothing: its codes at the buffer's start.
+    part.codes_offset = part.begin < part.end ? part.codes_offset - own_begin : -part.begin;
+  }
+  backend.cast_weight_parts(parts, amaxes, own);
+}
+
+std::vector<Backend::WeightPart> ParameterGather::parts_from(const Group& g, int64_t at) const {
+  std::vector<Backend::WeightPart> parts(plan_.parts.begin() + static_cast<ptrdiff_t>(g.parts_begin),
+                                         plan_.parts.begin() + static_cast<ptrdiff_t>(g.parts_end));
+  for (Backend::WeightPart& part : parts) part.codes_offset -= at;
+  return parts;
+}
+
+int64_t ParameterGather::start_codes(const Group& g) {
+  const auto rank = static_cast<size_t>(ranks_.rank());
+  const std::vector<int64_t>& bounds = plan_.code_bounds;
+  auto* buffer = static_cast<std::byte*>(gather_buffers_[static_cast<size_t>(g.buffer)]->data());
+  // This rank's codes of the group, at their place in it.
+  const int64_t b = std::max(bounds[rank], g.codes_begin), e = std::min(bounds[rank + 1], g.codes_end);
+  if (b < e) {
+    model_.backend().copy(buffer + (b - g.codes_begin),
+                          static_cast<const std::byte*>(own_codes_->data()) + (b - bounds[rank]),
+                          static_cast<size_t>(e - b));
+  }
+  std::vector<int64_t> parts(bounds.size());
+  for (size_t r = 0; r < bounds.size(); ++r)
+    parts[r] = std::clamp(bounds[r], g.codes_begin, g.codes_end) - g.codes_begin;
+  return ranks_.start_all_gather_parts(
+      std::span<std::byte>(buffer, static_cast<size_t>(g.codes_end - g.codes_begin)), parts,
+      model_.backend().native_stream());
 }
 
 std::vector<int64_t> ParameterGather::shard_byte_bounds() const {
@@ -252,20 +294,35 @@ void ParameterGather::start() {
   if (plan_.codes) {
     cast_parts();
     std::vector<int64_t> packed_bytes(plan_.packed_bounds.size());
-    for (size_t i = 0; i < packed_bytes.size(); ++i) packed_bytes[i] = plan_.packed_bounds[i] * int64_t{sizeof(float)};
-    auto* codes = static_cast<std::byte*>(codes_->data());
+    for (size_t i = 0; i < packed_bytes.size(); ++i)
+      packed_bytes[i] = plan_.packed_bounds[i] * int64_t{sizeof(float)};
     auto* packed = static_cast<std::byte*>(packed_->data());
     const std::vector<int64_t> shard_bytes = shard_byte_bounds();
     auto* params = reinterpret_cast<std::byte*>(model_.params());
+    // The groups with codes take the gather buffers in turn, each buffer as large as the largest group.
+    code_groups_.clear();
+    int64_t largest = 0;
+    for (size_t i = 0; i < plan_.groups.size(); ++i) {
+      Group& g = plan_.groups[i];
+      if (g.codes_end == g.codes_begin) continue;
+      g.buffer = static_cast<int>(code_groups_.size() % static_cast<size_t>(buffers_));
+      code_groups_.push_back(i);
+      largest = std::max(largest, g.codes_end - g.codes_begin);
+    }
+    for (std::unique_ptr<Buffer>& buffer : gather_buffers_) reserve(buffer, static_cast<size_t>(largest));
+    next_codes_ = 0;
     for (Group& g : plan_.groups) {
-      g.ticket = std::max(start_range(codes, plan_.code_bounds, g.codes_begin, g.codes_end),
-                          start_range(packed, packed_bytes, g.packed_begin * int64_t{sizeof(float)},
-                                      g.packed_end * int64_t{sizeof(float)}));
+      g.ticket = start_range(packed, packed_bytes, g.packed_begin * int64_t{sizeof(float)},
+                             g.packed_end * int64_t{sizeof(float)});
       for (size_t i = g.runs_begin; i < g.runs_end; ++i) {
         const Run& run = plan_.runs[i];
         if (!run.in_place) continue;
         g.ticket = std::max(g.ticket, start_range(params, shard_bytes, run.offset * int64_t{sizeof(float)},
                                                   (run.offset + run.count) * int64_t{sizeof(float)}));
+      }
+      if (g.buffer >= 0 && next_codes_ < static_cast<size_t>(buffers_)) {
+        g.ticket = std::max(g.ticket, start_codes(g));
+        ++next_codes_;
       }
     }
   } else {
@@ -292,8 +349,8 @@ void ParameterGather::remake_copies(const Group& g) {
     }
     if (g.parts_end > g.parts_begin) {
       backend.weight_copies_from_codes(
-          std::span<const Backend::WeightPart>(plan_.parts).subspan(g.parts_begin, g.parts_end - g.parts_begin),
-          static_cast<const uint8_t*>(codes_->data()));
+          parts_from(g, g.codes_begin),
+          static_cast<const uint8_t*>(gather_buffers_[static_cast<size_t>(g.buffer)]->data()));
     }
   }
   for (size_t i = g.others_begin; i < g.others_end; ++i) {
@@ -309,6 +366,12 @@ void ParameterGather::wait(int64_t end) {
     const Group& g = plan_.groups[next_group_];
     if (g.ticket >= 0) ranks_.wait_gathered(g.ticket, stream);
     remake_copies(g);
+    // Its gather buffer is free once the copies made from it are enqueued: the next group's gather there.
+    if (g.buffer >= 0 && next_codes_ < code_groups_.size()) {
+      Group& next = plan_.groups[code_groups_[next_codes_]];
+      next.ticket = std::max(next.ticket, start_codes(next));
+      ++next_codes_;
+    }
     ++next_group_;
   }
   if (next_group_ == plan_.groups.size()) {

@@ -20,6 +20,13 @@
 // training (the copies stand for the weight); gather_master_weights() brings them up to date where something
 // does (a checkpoint).
 //
+// The codes are not held for every weight at once: each rank casts its parts into a buffer of its own
+// codes, and the gathers go through `buffers` buffers of one run each, in turn. The gathers of the first
+// `buffers` runs with codes start with start(); each later one when wait() has made the copies of the run
+// `buffers` before it (its buffer then free), so the gathers stay that many runs ahead of the forward. A
+// run's own codes are copied into its buffer just before its gather. The casts all happen in start(), as
+// before, so each weight's scaling state moves at the same point of the step.
+//
 // The memory of those stale masters is given back (the first step of fully sharded parameters): start()
 // releases the pages of the parameter buffer (Model::parameter_memory, Buffer::release) that lie wholly
 // inside the stale ranges, and maps every page back first where the ranges change (a layer changed mode,
@@ -43,7 +50,9 @@ class ParameterGather {
   // The gathers of model's parameters over the communicator's ranks, rank r owning
   // dist::shard_range(parameter_count, r, ranks); fp8_weights: FP8 weight gathers (above), whose float32
   // runs of at least in_place_floats elements are gathered in place (DataParallel::in_place_gather_floats).
-  ParameterGather(Model& model, dist::Communicator& ranks, bool fp8_weights, int64_t in_place_floats);
+  // `buffers` (at least 1): the runs' codes held at once (DataParallel::gather_buffers).
+  ParameterGather(Model& model, dist::Communicator& ranks, bool fp8_weights, int64_t in_place_floats,
+                  int buffers = 2);
   // Waits for the gathers under way, if any (their buffers are this object's).
   ~ParameterGather();
   ParameterGather(const ParameterGather&) = delete;
@@ -91,12 +100,14 @@ class ParameterGather {
     bool in_place = false;
   };
   // One run of the forward's parameters [begin, end) and what its gather holds: its codes
-  // [codes_begin, codes_end) of the codes buffer and its float32 values [packed_begin, packed_end) of the
-  // packed one (FP8 gathers), or [begin, end) of the parameters themselves (float32 gathers, in place);
-  // the indices of its parts, runs and other copies; the ticket of its last gather (-1: none).
+  // [codes_begin, codes_end) of every weight's codes (gathered in gather buffer `buffer`) and its float32
+  // values [packed_begin, packed_end) of the packed one (FP8 gathers), or [begin, end) of the parameters
+  // themselves (float32 gathers, in place); the indices of its parts, runs and other copies; the ticket of
+  // its last gather (-1: none).
   struct Group {
     int64_t begin = 0, end = 0;
     int64_t codes_begin = 0, codes_end = 0;
+    int buffer = -1;  // the gather buffer of its codes (-1: none)
     int64_t packed_begin = 0, packed_end = 0;
     size_t parts_begin = 0, parts_end = 0;
     size_t runs_begin = 0, runs_end = 0;
@@ -107,7 +118,7 @@ class ParameterGather {
     std::vector<Backend::WeightPart> parts;     // every weight gathered as codes, with this rank's part
     std::vector<Model::WeightCopySlot> others;  // the copies of the other weights, remade from float32
     std::vector<Run> runs;                      // the float32 parameters (FP8 gathers only)
-    std::vector<int64_t> code_bounds;    // of each rank's codes in the codes buffer (ranks + 1)
+    std::vector<int64_t> code_bounds;           // of each rank's codes among every weight's codes (ranks + 1)
     std::vector<int64_t> packed_bounds;  // of each rank's float32 values in the packed buffer (ranks + 1)
     int64_t in_place = 0;                // the float32 values gathered in place
     std::vector<Group> groups;           // in the forward's order
@@ -117,8 +128,13 @@ class ParameterGather {
   Plan plan();
   // buffer holding at least `bytes` (backend memory), reallocated where smaller.
   void* reserve(std::unique_ptr<Buffer>& buffer, size_t bytes);
-  // Casts this rank's parts of the weights gathered as codes and packs its float32 values (FP8 gathers).
+  // Casts this rank's parts of the weights gathered as codes into its own codes and packs its float32
+  // values (FP8 gathers).
   void cast_parts();
+  // Copies this rank's codes of group `g` into its gather buffer and starts the gather; its ticket.
+  int64_t start_codes(const Group& g);
+  // The parts of group `g` with their codes counted from `at` (codes_offset - at).
+  std::vector<Backend::WeightPart> parts_from(const Group& g, int64_t at) const;
   // Gives back the pages of the stale ranges of plan_, mapping every page back first where they differ from
   // the ranges given back before.
   void release_stale_masters();
@@ -136,6 +152,7 @@ class ParameterGather {
   dist::Communicator& ranks_;
   bool fp8_weights_;
   int64_t in_place_floats_;
+  int buffers_;
   // Whether the last gather left float32 masters stale (it gathered some weights as codes).
   bool stale_masters_ = false;
   // The stale ranges whose pages are given back, and the bytes that freed.
@@ -143,9 +160,12 @@ class ParameterGather {
   size_t released_bytes_ = 0;
   Plan plan_;              // of the gather under way
   size_t next_group_ = 0;  // its first group not yet waited for
+  std::vector<size_t> code_groups_;  // the groups with codes, in order
+  size_t next_codes_ = 0;            // the first of them whose gather has not started
   bool under_way_ = false;
   bool started_ = false;  // whether start() ever ran
-  std::unique_ptr<Buffer> codes_, packed_, amaxes_;
+  std::unique_ptr<Buffer> own_codes_, packed_, amaxes_;
+  std::vector<std::unique_ptr<Buffer>> gather_buffers_;
 };
 
 }  // namespace octet

@@ -40,12 +40,7 @@ Trainer::~Trainer() {
   if (gather_ != nullptr) model_.set_parameters_needed(nullptr);
 }
 
-Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
-    : model_(model),
-      settings_(settings),
-      parallel_(parallel),
-      optimizer_(make_optimizer(model, settings, parallel)),
-      scaler_(settings.loss_scale) {
+DataParallel Trainer::checked(const TrainSettings& settings, const DataParallel& parallel) {
   OCTET_REQUIRE(settings.batch_size >= 1, "train.batch_size must be at least 1, got {}", settings.batch_size);
   OCTET_REQUIRE(settings.seq_len >= 1, "train.seq_len must be at least 1, got {}", settings.seq_len);
   OCTET_REQUIRE(settings.grad_accum_steps >= 1, "train.grad_accum_steps must be at least 1, got {}",
@@ -55,46 +50,66 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
   OCTET_REQUIRE(settings.max_consecutive_skips >= 1, "train.max_consecutive_skips must be at least 1, got {}",
                 settings.max_consecutive_skips);
   OCTET_REQUIRE(
-      parallel_.emulated_ranks >= 1 && (parallel_.communicator == nullptr || parallel_.emulated_ranks == 1),
-      "emulated ranks: at least 1, and only without a communicator; got {}", parallel_.emulated_ranks);
+      parallel.emulated_ranks >= 1 && (parallel.communicator == nullptr || parallel.emulated_ranks == 1),
+      "emulated ranks: at least 1, and only without a communicator; got {}", parallel.emulated_ranks);
   OCTET_REQUIRE(
-      parallel_.emulated_shard_ranks == 0 ||
-          (parallel_.communicator == nullptr && parallel_.emulated_shard_ranks >= 1 &&
-           parallel_.emulated_ranks % parallel_.emulated_shard_ranks == 0),
+      parallel.emulated_shard_ranks == 0 ||
+          (parallel.communicator == nullptr && parallel.emulated_shard_ranks >= 1 &&
+           parallel.emulated_ranks % parallel.emulated_shard_ranks == 0),
       "emulated shard groups of {} ranks: only without a communicator, and dividing the {} emulated "
       "ranks",
-      parallel_.emulated_shard_ranks, parallel_.emulated_ranks);
+      parallel.emulated_shard_ranks, parallel.emulated_ranks);
   OCTET_REQUIRE(
-      parallel_.shard_communicator == nullptr ||
-          (parallel_.communicator != nullptr && parallel_.shard_optimizer_state &&
-           parallel_.ranks() % parallel_.shard_communicator->size() == 0),
+      parallel.shard_communicator == nullptr ||
+          (parallel.communicator != nullptr && parallel.shard_optimizer_state &&
+           parallel.ranks() % parallel.shard_communicator->size() == 0),
       "a shard group's communicator: only with the optimizer state sharded, and with one over every "
       "rank");
   // A reduce-scatter over every rank leaves each rank the sums of a shard of the world, not of its group's.
   OCTET_REQUIRE(
-      !parallel_.reduce_scatter || parallel_.shard_ranks() == parallel_.ranks(),
+      !parallel.reduce_scatter || parallel.shard_ranks() == parallel.ranks(),
       "distributed.sharded_gradient_sums = \"reduce_scatter\" with a hybrid layout (shard groups of {} of "
       "{} ranks) is not supported: use \"all_reduce\"",
-      parallel_.shard_ranks(), parallel_.ranks());
-  for (const ParameterInfo& p : model.parameters()) {
-    OCTET_REQUIRE(parallel_.ranks() == 1 || p.grad_type == Dtype::f32,
-                  "data-parallel training sums float32 gradients; the gradient of {} is kept in bf16 "
-                  "(train.weight_gradients = \"bf16\" is not supported on several ranks yet)",
+      parallel.shard_ranks(), parallel.ranks());
+  return parallel;
+}
+
+std::unique_ptr<ParameterGather> Trainer::make_gather(Model& model, const DataParallel& parallel) {
+  if (!parallel.shard_optimizer_state || parallel.communicator == nullptr) return nullptr;
+  // Within the shard group: its ranks hold the shards of one copy of the state.
+  auto gather = std::make_unique<ParameterGather>(model, *parallel.shard_group(), parallel.fp8_weight_gather,
+                                                  parallel.in_place_gather_floats, parallel.gather_buffers);
+  // The weights' copies are made from the whole masters by now: the masters the gathers will leave stale
+  // are given back before the optimizer's moments take their memory.
+  gather->release_before_first_gather();
+  return gather;
+}
+
+Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
+    : model_(model),
+      settings_(settings),
+      parallel_(checked(settings, parallel)),
+      gather_(make_gather(model, parallel_)),
+      optimizer_(make_optimizer(model, settings, parallel)),
+      scaler_(settings.loss_scale) {
+  for (const Dtype storage : {Dtype::f32, Dtype::bf16}) {
+    int64_t end = 0, last_offset = -1;
+    for (const ParameterInfo& p : model.parameters()) {
+      if (p.grad_type != storage) continue;
+      // The shards' gradients are found by parameter (gradient_range): each buffer in the parameters' order.
+      OCTET_CHECK(p.offset > last_offset && p.grad_offset >= end, "the gradient of {} after the ones before",
                   p.name);
-    // A shard of the gradients is the same shard of the parameters.
-    OCTET_CHECK(!parallel_.shard_optimizer_state || p.grad_offset == p.offset,
-                "the gradient of {} at its parameter's offset", p.name);
-    if (p.grad_type == Dtype::f32) gradient_floats_ = std::max(gradient_floats_, p.grad_offset + p.count);
+      last_offset = p.offset;
+      end = p.grad_offset + p.count;
+    }
+    (storage == Dtype::f32 ? gradient_floats_ : gradient_codes_) = end;
   }
   optimizer_.check_groups(model.weight_copy_slots());
   if (parallel_.ranks() > 1) step_scaling_ = std::make_unique<StepScaling>(model);
-  if (optimizer_.sharded()) {
-    // Within the shard group: its ranks hold the shards of one copy of the state.
-    gather_ = std::make_unique<ParameterGather>(model, *parallel_.shard_group(), parallel_.fp8_weight_gather,
-                                                parallel_.in_place_gather_floats);
-    // The gather started after an update is waited for by the next forward, run by run.
-    model.set_parameters_needed([this](int64_t end) { gather_->wait(end); });
-  }
+  OCTET_CHECK(optimizer_.sharded() == (gather_ != nullptr),
+              "a gather of the parameters with a sharded optimizer");
+  // The gather started after an update is waited for by the next forward, run by run.
+  if (gather_ != nullptr) model.set_parameters_needed([this](int64_t end) { gather_->wait(end); });
   const std::optional<Model::TokenRowGradient> token_rows = model.token_row_gradient();
   if (parallel_.communicator != nullptr && parallel_.ranks() > 1 && parallel_.sparse_embedding_sums &&
       token_rows && !(optimizer_.sharded() && parallel_.reduce_scatter)) {
@@ -103,6 +118,7 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
   // The buffer itself, taken now: grads() in the middle of a step would zero what the backward has not yet
   // written, and it moves no more.
   gradient_base_ = model.grads();
+  gradient_codes_base_ = model.grads_bf16();
   for (const std::string& line : {model.policy().startup_line(), model.memory_line()}) {
     if (!line.empty() && settings_.log) settings_.log(line);
   }
@@ -131,12 +147,20 @@ std::string Trainer::first_non_finite_gradient() {
   // A rank holds the summed gradients of its shard only: each finds the first parameter whose part in its
   // shard is not finite, and the ranks agree on the first of those (a max of minus the positions).
   const dist::ShardRange& shard = optimizer_.shard();
-  const float* grads = model_.grads();
   float first = -static_cast<float>(order.size());
   for (size_t i = 0; i < order.size(); ++i) {
-    const int64_t begin = std::max(order[i]->offset, shard.begin);
-    const int64_t end = std::min(order[i]->offset + order[i]->count, shard.end);
-    if (begin < end && !model_.backend().all_finite(grads + begin, end - begin)) {
+    const ParameterInfo& p = *order[i];
+    const int64_t begin = std::max(p.offset, shard.begin);
+    const int64_t end = std::min(p.offset + p.count, shard.end);
+    if (begin >= end) continue;
+    const void* at = static_cast<const std::byte*>(model_.gradient(p)) +
+                     (begin - p.offset) * (p.grad_type == Dtype::f32 ? 4 : 2);
+    // A float64 sum of squares is finite exactly when every value is.
+    const bool finite =
+        p.grad_type == Dtype::f32
+            ? model_.backend().all_finite(static_cast<const float*>(at), end - begin)
+            : std::isfinite(model_.backend().sum_of_squares(ConstTensorView(at, p.grad_type, {end - begin})));
+    if (!finite) {
       first = -static_cast<float>(i);
       break;
     }
@@ -153,10 +177,17 @@ double Trainer::gradient_sum_of_squares() {
   // emulated ranks add the same sums in the same order. The shards are the shard group's.
   const int ranks = static_cast<int>(parallel_.shard_ranks());
   const float* grads = model_.grads();
+  const void* codes = model_.grads_bf16();
   auto shard_sum = [&](int rank) {
     const dist::ShardRange s = dist::shard_range(model_.parameter_count(), rank, ranks);
-    if (s.size() == 0) return 0.0;
-    return model_.backend().sum_of_squares(ConstTensorView(grads + s.begin, {s.size()}));
+    const auto [fb, fe] = gradient_range(Dtype::f32, s.begin, s.end);
+    const auto [cb, ce] = gradient_range(Dtype::bf16, s.begin, s.end);
+    double sum = fb < fe ? model_.backend().sum_of_squares(ConstTensorView(grads + fb, {fe - fb})) : 0.0;
+    if (cb < ce) {
+      sum += model_.backend().sum_of_squares(
+          ConstTensorView(static_cast<const uint16_t*>(codes) + cb, Dtype::bf16, {ce - cb}));
+    }
+    return sum;
   };
   if (parallel_.communicator != nullptr) {
     double sum = shard_sum(parallel_.shard_rank());
@@ -179,7 +210,8 @@ StepResult Trainer::step(const BatchSource& data) {
   const auto phase = [this](StepPhase p) {
     if (settings_.phase_began) settings_.phase_began(p);
   };
-  // Before the first step's activations take their memory: the masters the gathers will leave stale go now.
+  // Before the first step's activations take their memory: the masters the gathers will leave stale go now
+  // (again, where weights were loaded since the trainer was made).
   if (gather_ != nullptr) gather_->release_before_first_gather();
 
   phase(StepPhase::optimizer);
@@ -194,9 +226,10 @@ StepResult Trainer::step(const BatchSource& data) {
   // A float64 sum of the losses is finite exactly when every loss is; every rank sees the same sum.
   const bool loss_finite = std::isfinite(loss_sum);
   if (step_scaling_) step_scaling_->finish(parallel_.communicator);
-  if (overlapped_) {  // the sums started during the last backward: finished whatever the loss
-    overlapped_->finish();
-    overlapped_.reset();
+  for (std::unique_ptr<OverlappedSums>* sums : {&overlapped_, &overlapped_codes_}) {
+    if (*sums == nullptr) continue;  // the sums started during the last backward: finished whatever the loss
+    (*sums)->finish();
+    sums->reset();
   }
   phase(StepPhase::optimizer);
   r.loss = static_cast<float>(loss_sum / static_cast<double>(micro_batches));
@@ -275,12 +308,21 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
       // The last micro-batch's backward starts the ranks' sums of the gradients it finishes.
       if (m == micro - 1 && overlap_gradient_sums()) {
         if (token_rows_) token_rows_->agree(*parallel_.communicator);
+        const int64_t shard_total =
+            optimizer_.sharded() && parallel_.reduce_scatter ? model_.parameter_count() : 0;
         overlapped_ = std::make_unique<OverlappedSums>(
-            *parallel_.communicator, gradient_base_, gradient_floats_, model_.backend().native_stream(),
-            bucket_elements(), parallel_.reduce_type,
-            optimizer_.sharded() && parallel_.reduce_scatter ? model_.parameter_count() : 0,
-            token_rows_.get());
-        model_.set_gradient_ready([this](int64_t begin, int64_t end) { overlapped_->ready(begin, end); });
+            *parallel_.communicator, gradient_base_, Dtype::f32,
+            gradient_runs(model_.parameters(), Dtype::f32, parallel_.reduce_type),
+            model_.backend().native_stream(), bucket_elements(), shard_total, token_rows_.get());
+        if (gradient_codes_ > 0) {
+          overlapped_codes_ = std::make_unique<OverlappedSums>(
+              *parallel_.communicator, gradient_codes_base_, Dtype::bf16,
+              gradient_runs(model_.parameters(), Dtype::bf16, parallel_.reduce_type),
+              model_.backend().native_stream(), bucket_elements(), shard_total);
+        }
+        model_.set_gradient_ready([this](Dtype storage, int64_t begin, int64_t end) {
+          (storage == Dtype::f32 ? overlapped_ : overlapped_codes_)->ready(begin, end);
+        });
       }
       model_.backward(dloss);
       model_.set_gradient_ready(nullptr);
@@ -289,30 +331,67 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
     }
     loss_sum = g == 0 ? group_loss : loss_sum + group_loss;
     if (groups == 1) break;
-    group.resize(static_cast<size_t>(gradient_floats_));
-    model_.backend().copy_to_host(group.data(), model_.grads(), group.size() * sizeof(float));
-    const bool bf16 = parallel_.reduce_type == dist::GradientReduceType::bf16;
-    if (g == 0) {
-      group_sum = group;
-      if (bf16) {
-        for (float& x : group_sum) x = round_to_bf16(x);
-      }
-    } else if (bf16) {
-      for (size_t i = 0; i < group.size(); ++i)
-        group_sum[i] = round_to_bf16(group_sum[i] + round_to_bf16(group[i]));
-    } else {
-      for (size_t i = 0; i < group.size(); ++i) group_sum[i] = group_sum[i] + group[i];
+    // The float32 gradients, then the bf16 ones widened.
+    group.resize(static_cast<size_t>(gradient_floats_ + gradient_codes_));
+    model_.backend().copy_to_host(group.data(), model_.grads(),
+                                  static_cast<size_t>(gradient_floats_) * sizeof(float));
+    if (gradient_codes_ > 0) {
+      std::vector<uint16_t> codes(static_cast<size_t>(gradient_codes_));
+      model_.backend().copy_to_host(codes.data(), model_.grads_bf16(), codes.size() * sizeof(uint16_t));
+      for (size_t i = 0; i < codes.size(); ++i)
+        group[static_cast<size_t>(gradient_floats_) + i] = bf16_to_float(codes[i]);
     }
+    add_emulated_rank(group_sum, group, g == 0);
   }
   if (groups > 1) {
-    model_.backend().copy_from_host(model_.grads(), group_sum.data(), group_sum.size() * sizeof(float));
+    model_.backend().copy_from_host(model_.grads(), group_sum.data(),
+                                    static_cast<size_t>(gradient_floats_) * sizeof(float));
+    if (gradient_codes_ > 0) {
+      std::vector<uint16_t> codes(static_cast<size_t>(gradient_codes_));
+      for (size_t i = 0; i < codes.size(); ++i)
+        codes[i] = float_to_bf16(group_sum[static_cast<size_t>(gradient_floats_) + i]);
+      model_.backend().copy_from_host(model_.grads_bf16(), codes.data(), codes.size() * sizeof(uint16_t));
+    }
   }
   return loss_sum;
 }
 
+void Trainer::add_emulated_rank(std::vector<float>& sum, const std::vector<float>& group, bool first) const {
+  // The elements the ranks sum in BF16: every operand rounded, and every partial sum.
+  std::vector<uint8_t> bf16(group.size(), 0);
+  for (const Dtype storage : {Dtype::f32, Dtype::bf16}) {
+    const int64_t at = storage == Dtype::f32 ? 0 : gradient_floats_;
+    for (const GradientRun& r : gradient_runs(model_.parameters(), storage, parallel_.reduce_type)) {
+      if (r.bf16) std::fill(bf16.begin() + at + r.begin, bf16.begin() + at + r.end, 1);
+    }
+  }
+  if (first) sum.assign(group.size(), 0.0f);
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (bf16[i] == 0) {
+      sum[i] = first ? group[i] : sum[i] + group[i];
+    } else {
+      sum[i] = first ? round_to_bf16(group[i]) : round_to_bf16(sum[i] + round_to_bf16(group[i]));
+    }
+  }
+}
+
+std::pair<int64_t, int64_t> Trainer::gradient_range(Dtype storage, int64_t begin, int64_t end) const {
+  int64_t first = 0, last = 0;
+  bool any = false;
+  for (const ParameterInfo& p : model_.parameters()) {
+    const int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.count);
+    if (p.grad_type != storage || b >= e) continue;
+    if (!any) first = p.grad_offset + (b - p.offset);
+    last = p.grad_offset + (e - p.offset);
+    any = true;
+  }
+  return {first, last};
+}
+
 int64_t Trainer::bucket_elements() const {
   // 0: one bucket larger than every gradient, so that every sum starts in finish(), after the backward.
-  return parallel_.bucket_elements > 0 ? parallel_.bucket_elements : std::max<int64_t>(gradient_floats_, 1) + 1;
+  return parallel_.bucket_elements > 0 ? parallel_.bucket_elements
+                                       : std::max({gradient_floats_, gradient_codes_, int64_t{1}}) + 1;
 }
 
 bool Trainer::overlap_gradient_sums() const {

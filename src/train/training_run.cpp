@@ -406,6 +406,9 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
                 "one: give one of them");
   std::map<std::string, std::string> initialised_from;
   if (!options.init_from.empty()) {
+    // Every page of the parameters mapped again: a sharded optimizer's trainer gave back the masters its
+    // FP8 gathers leave stale, and the weights loaded now are whole.
+    trainer->gather_master_weights();
     try {
       initialised_from = load_checkpoint_weights(options.init_from, *model);  // validates, then loads
     } catch (const Error& e) {

@@ -107,6 +107,25 @@ TEST_F(TrainRanks, TwoRanksTrainOneRunThatRankZeroWritesAndThatRepeatsExactly) {
   EXPECT_EQ(step_losses(read(root_ / "again" / "metrics.jsonl")), losses);
 }
 
+// The trainer of an FP8 run on two ranks gives back the masters its gathers leave stale as it is made, so a
+// run that starts from a checkpoint's weights (--init-from) maps them back before it loads the weights: a
+// write to a page given back would end the rank with a fault.
+TEST_F(TrainRanks, AnFp8RunOfTwoRanksStartsFromACheckpointsWeights) {
+  const fs::path config = write_config("fp8", 2);
+  const testing::ProcessResult first = run_octet({"train", config.string(), "--ranks", "2"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const testing::ProcessResult from = run_octet({"train", config.string(), "--ranks", "2", "--init-from",
+                                                 (root_ / "run" / "checkpoints" / "step_000002").string(),
+                                                 "--set", "logging.run_dir=" + (root_ / "from").string()});
+  ASSERT_EQ(from.exit_code, 0) << from.err;
+  EXPECT_NE(from.out.find(" KiB of it given back"), std::string::npos) << from.out;
+  const auto a = step_losses(read(root_ / "run" / "metrics.jsonl"));
+  const auto b = step_losses(read(root_ / "from" / "metrics.jsonl"));
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_NE(a.at(1), b.at(1)) << "the second run starts from the first run's trained weights";
+}
+
 TEST_F(TrainRanks, TheFirstStepIsOneRanksOverTheSameGlobalBatch) {
   // Same weights, same micro-batches: the step's loss is the same sum of the same losses. (Later steps agree
   // to rounding: one rank adds the micro-batches' gradients in another order; the library's data-parallel

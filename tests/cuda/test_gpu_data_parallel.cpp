@@ -71,6 +71,7 @@ struct RankRun {
   std::vector<float> losses, norms, params;
   dist::Communicator::Traffic traffic;
   int64_t shard = 0, parameters = 0;
+  int64_t gradient_bytes = 0;  // the bytes of one rank's gradients, as they are summed
   size_t released = 0;  // the bytes of stale float32 masters given back after the last step
   std::string error;
 };
@@ -88,7 +89,36 @@ struct TwoGpuRun {
   bool sparse_embedding_sums = true;
   int64_t spread = 0;  // tokens(): 0, every id
   int64_t channels = 64;
+  bool bf16_weight_gradients = false;  // train.weight_gradients = "bf16": kept, and summed, as BF16 codes
 };
+
+ModelConfig config_of(const TwoGpuRun& how) {
+  ModelConfig config = how.llama ? two_block_llama() : two_block_gpt();
+  config.channels = how.channels;
+  if (how.llama) config.ffn_hidden = 2 * how.channels;
+  return config;
+}
+
+std::unique_ptr<Model> model_of(const TwoGpuRun& how, Backend& backend) {
+  const ModelConfig config = config_of(how);
+  PrecisionSettings precision;
+  precision.mode = how.mode;
+  precision.recipe = how.recipe;
+  precision.bf16_weight_gradients = how.bf16_weight_gradients;
+  std::unique_ptr<Model> model =
+      make_model(config, backend, PrecisionPolicy(precision, config, kB * kT * 2), kB, kT);
+  model->init_weights(7);
+  return model;
+}
+
+TrainSettings settings_of() {
+  TrainSettings settings;
+  settings.batch_size = kB;
+  settings.seq_len = kT;
+  settings.grad_clip = 0.0f;
+  settings.schedule = LearningRateSchedule{3e-3f, 2, kSteps, 0.1f};
+  return settings;
+}
 
 std::vector<RankRun> train_on_two_gpus(const TwoGpuRun& how) {
   const bool shard = how.shard;
@@ -104,20 +134,9 @@ std::vector<RankRun> train_on_two_gpus(const TwoGpuRun& how) {
         CudaBackendOptions options;
         options.device = r;
         auto backend = make_cuda_backend(options);
-        ModelConfig config = how.llama ? two_block_llama() : two_block_gpt();
-        config.channels = how.channels;
-        if (how.llama) config.ffn_hidden = 2 * how.channels;
-        PrecisionSettings precision;
-        precision.mode = how.mode;
-        precision.recipe = how.recipe;
-        std::unique_ptr<Model> model =
-            make_model(config, *backend, PrecisionPolicy(precision, config, kB * kT * 2), kB, kT);
-        model->init_weights(7);
-        TrainSettings settings;
-        settings.batch_size = kB;
-        settings.seq_len = kT;
-        settings.grad_clip = 0.0f;
-        settings.schedule = LearningRateSchedule{3e-3f, 2, kSteps, 0.1f};
+        const ModelConfig config = config_of(how);
+        std::unique_ptr<Model> model = model_of(how, *backend);
+        const TrainSettings settings = settings_of();
         dist::Communicator& c = group.communicator(r);
         // Buckets of 5000 gradients: many, some straddling the two shards' boundary.
         Trainer trainer(*model, settings,
@@ -144,6 +163,10 @@ std::vector<RankRun> train_on_two_gpus(const TwoGpuRun& how) {
         run.traffic = c.traffic();
         run.shard = trainer.optimizer().sharded() ? trainer.optimizer().shard().size() : 0;
         run.parameters = model->parameter_count();
+        for (const ParameterInfo& p : model->parameters()) {
+          const bool half = how.reduce == dist::GradientReduceType::bf16 || p.grad_precision == Dtype::bf16;
+          run.gradient_bytes += p.count * (half ? 2 : 4);
+        }
       } catch (const std::exception& e) {
         run.error = e.what();
         group.abort();
@@ -256,6 +279,70 @@ TEST(GpuDataParallel, TheStaleMastersMemoryIsGivenBackAndTrainingKeepsItsBits) {
       EXPECT_TRUE(same_bits(x.norms, y.norms)) << what;
       EXPECT_TRUE(same_bits(x.params, y.params)) << what;
       EXPECT_NE(x.losses.front(), x.losses.back()) << "the model trains";
+    }
+  }
+}
+
+// The same two ranks on one GPU, emulated (Trainer's emulated ranks: each rank's micro-batches accumulated
+// from zero, the ranks' gradients added on the host in rank order, BF16 ones rounded after every addition).
+RankRun emulate_two_ranks(const TwoGpuRun& how) {
+  RankRun run;
+  CudaBackendOptions options;
+  auto backend = make_cuda_backend(options);
+  std::unique_ptr<Model> model = model_of(how, *backend);
+  Trainer trainer(
+      *model, settings_of(),
+      DataParallel{.shard_optimizer_state = how.shard, .reduce_type = how.reduce, .emulated_ranks = 2});
+  const BatchSource data = tokens(3, config_of(how).vocab_size, how.spread);
+  for (int64_t s = 0; s < kSteps; ++s) {
+    const StepResult result = trainer.step(data);
+    run.losses.push_back(result.loss);
+    run.norms.push_back(result.grad_norm);
+  }
+  backend->synchronize();
+  run.params.resize(static_cast<size_t>(model->parameter_count()));
+  backend->copy_to_host(run.params.data(), model->params(), run.params.size() * sizeof(float));
+  return run;
+}
+
+// Weight gradients kept in BF16 (train.weight_gradients = "bf16"): the two GPUs sum them as BF16 codes in
+// place (ncclBfloat16, no float32 copy), all-reduced or, with a sharded optimizer, reduce-scattered at their
+// parameters' places, and every run is one GPU's emulating the two ranks, bit for bit: the losses and the
+// parameters. Each rank sends two bytes for each weight gradient, four for the rest.
+TEST(GpuDataParallel, WeightGradientsKeptInBf16AreSummedAsCodesAndTrainAsOneGpuEmulatingTwo) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  std::string why;
+  if (!dist::nccl_available(&why)) GTEST_SKIP() << why;
+  for (const bool llama : {false, true}) {
+    for (const bool shard : {false, true}) {
+      // Every embedding row summed, for the bytes below to be exact.
+      const TwoGpuRun how{.shard = shard,
+                          .mode = MixedPrecision::fp8,
+                          .fp8_gather = shard,
+                          .llama = llama,
+                          .sparse_embedding_sums = false,
+                          .bf16_weight_gradients = true};
+      const std::vector<RankRun> two = train_on_two_gpus(how);
+      const RankRun one = emulate_two_ranks(how);
+      const std::string what = std::string(llama ? "llama" : "gpt2") + (shard ? ", sharded" : "");
+      for (int r = 0; r < 2; ++r) {
+        const RankRun& x = two[static_cast<size_t>(r)];
+        ASSERT_TRUE(x.error.empty()) << x.error;
+        EXPECT_NE(x.losses.front(), x.losses.back()) << "the model trains";
+        EXPECT_TRUE(same_bits(x.losses, one.losses)) << what << ", rank " << r;
+        EXPECT_TRUE(same_bits(x.params, one.params)) << what << ", rank " << r;
+        for (size_t s = 0; s < x.norms.size(); ++s)
+          EXPECT_NEAR(x.norms[s], one.norms[s], 1e-5f * one.norms[s]);
+        EXPECT_LT(x.gradient_bytes, x.parameters * 4) << "some gradients are summed as BF16";
+        if (shard) {
+          EXPECT_EQ(x.traffic.all_reduces, 0);
+          EXPECT_GT(x.traffic.reduce_scatter_bytes, 0);
+        } else {
+          EXPECT_EQ(x.traffic.all_reduce_bytes, kSteps * x.gradient_bytes) << what;
+        }
+        std::printf("[ nccl ] %s, rank %d: %lld gradient bytes a step, of %lld as float32\n", what.c_str(), r,
+                    static_cast<long long>(x.gradient_bytes), static_cast<long long>(x.parameters * 4));
+      }
     }
   }
 }

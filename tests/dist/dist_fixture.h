@@ -50,6 +50,9 @@ struct RunShape {
   float initial_loss_scale = 0.0f;  // fp16: 0 for the default
   // With a sharded optimizer: the FP8 weights gathered as FP8 codes (DataParallel::fp8_weight_gather).
   bool fp8_gather = false;
+  // The linear layers' weight gradients kept in BF16 (train.weight_gradients = "bf16"), which the ranks
+  // sum in BF16.
+  bool bf16_weight_gradients = false;
 };
 
 inline std::string name_of(const RunShape& s) {
@@ -59,12 +62,16 @@ inline std::string name_of(const RunShape& s) {
   name += mixed_precision_name(s.precision);
   if (s.precision == MixedPrecision::fp8) name += std::string("_") + recipe_name(s.recipe);
   return name + "_" + std::to_string(s.ranks) + "ranks_" + std::to_string(s.micro) + "micro" +
-         (s.shard ? "_zero1" : "") + (s.replicate > 1 ? "_hybrid" + std::to_string(s.ranks / s.replicate) + "x" + std::to_string(s.replicate) : "") +
+         (s.shard ? "_zero1" : "") +
+         (s.replicate > 1
+              ? "_hybrid" + std::to_string(s.ranks / s.replicate) + "x" + std::to_string(s.replicate)
+              : "") +
          (s.reduce == dist::GradientReduceType::bf16 ? "_bf16sum" : "") +
          (s.checkpointing == ActivationCheckpointing::full        ? "_full_checkpointing"
           : s.checkpointing == ActivationCheckpointing::selective ? "_selective_checkpointing"
                                                                   : "") +
-         (s.recompute ? "_recompute" : "") + (s.fp8_gather ? "_fp8gather" : "");
+         (s.recompute ? "_recompute" : "") + (s.fp8_gather ? "_fp8gather" : "") +
+         (s.bf16_weight_gradients ? "_bf16wgrad" : "");
 }
 
 // What a rank ends with.
@@ -102,6 +109,7 @@ inline std::unique_ptr<Model> model_of(const RunShape& s, Backend& backend) {
   p.experts = true;
   p.activation_checkpointing = s.checkpointing;
   p.recompute_mlp = p.recompute_qkv = p.recompute_residual = s.recompute;
+  p.bf16_weight_gradients = s.bf16_weight_gradients;
   const ModelConfig c = s.architecture == Architecture::gpt2    ? tiny_config()
                         : s.architecture == Architecture::llama ? testing::tiny_llama_config()
                                                                 : testing::tiny_moe_config(true);
@@ -213,6 +221,9 @@ inline std::vector<Outcome> many_ranks(
                                  // The token embedding (at least 2048 elements) gathered in place, the
                                  // norms and biases packed: both ways an FP8 gather moves float32 values.
                                  .in_place_gather_floats = 2048,
+                                 // One gather buffer: each block's codes gathered once the block before
+                                 // made its copies (the tiny models have two blocks).
+                                 .gather_buffers = 1,
                                  .reduce_type = s.reduce,
                                  .shard_communicator = group.get()});
     if (s.shard) {

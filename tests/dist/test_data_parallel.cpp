@@ -143,6 +143,32 @@ std::vector<RunShape> every_shape() {
       }
     }
   }
+  // Weight gradients kept in BF16, which the ranks sum in BF16: with and without a sharded optimizer, its
+  // sums reduce-scattered, its FP8 weights gathered as codes; Llama's fused weights.
+  for (const MixedPrecision precision : {MixedPrecision::bf16, MixedPrecision::fp8}) {
+    for (const int ranks : {2, 4}) {
+      for (const bool shard : {false, true}) {
+        out.push_back({.precision = precision,
+                       .ranks = ranks,
+                       .micro = 2,
+                       .shard = shard,
+                       .fp8_gather = shard && precision == MixedPrecision::fp8,
+                       .bf16_weight_gradients = true});
+      }
+    }
+  }
+  out.push_back({.architecture = Architecture::llama,
+                 .precision = MixedPrecision::fp8,
+                 .ranks = 2,
+                 .micro = 2,
+                 .shard = true,
+                 .bf16_weight_gradients = true});
+  out.push_back({.precision = MixedPrecision::fp8,
+                 .ranks = 2,
+                 .micro = 1,
+                 .shard = true,
+                 .reduce = dist::GradientReduceType::bf16,
+                 .bf16_weight_gradients = true});
   return out;
 }
 

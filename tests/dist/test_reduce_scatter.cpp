@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "dist_fixture.h"
@@ -203,6 +204,21 @@ class RecordingCommunicator final : public dist::Communicator {
     inner_.start_reduce_scatter_sum_bf16(v, offset, total, stream);
     if (poison_) poison_outside(v, offset, total);
   }
+  void start_all_reduce_sum_bf16_codes(std::span<uint16_t> v, void* stream) override {
+    all_reduces.emplace_back(v.size(), true);
+    inner_.start_all_reduce_sum_bf16_codes(v, stream);
+  }
+  void start_reduce_scatter_sum_bf16_codes(std::span<uint16_t> v, int64_t offset, int64_t total,
+                                           void* stream) override {
+    reduce_scatters.push_back({offset, static_cast<int64_t>(v.size()), total, true});
+    inner_.start_reduce_scatter_sum_bf16_codes(v, offset, total, stream);
+    if (!poison_) return;
+    const dist::ShardPart part =
+        dist::shard_part(offset, static_cast<int64_t>(v.size()), total, rank(), size());
+    for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) {
+      if (i < part.begin || i >= part.end) v[static_cast<size_t>(i)] = 0x7fc0;  // a BF16 NaN
+    }
+  }
   void finish_started() override { inner_.finish_started(); }
 
   struct Run {
@@ -239,8 +255,9 @@ TEST(OverlappedSums, AShardedOptimizersBucketsAreReduceScatteredToTheAllReducesB
           const std::vector<float> grads = floats_of(inner.rank(), static_cast<size_t>(count), 3);
           std::vector<float> all_reduced = grads, scattered = grads;
           RecordingCommunicator a(inner), b(inner);
-          OverlappedSums whole(a, all_reduced.data(), count, nullptr, 7, type);
-          OverlappedSums sharded(b, scattered.data(), count, nullptr, 7, type, count);
+          OverlappedSums whole(a, all_reduced.data(), Dtype::f32, uniform_runs(count, type), nullptr, 7);
+          OverlappedSums sharded(b, scattered.data(), Dtype::f32, uniform_runs(count, type), nullptr, 7,
+                                 count);
           // The backward's reports, from the last gradients to the first, leaving [0, count / 4) unreported.
           for (int64_t end = count; end > count / 4; end -= 2) {
             const int64_t begin = std::max(count / 4, end - 2);
@@ -280,20 +297,114 @@ TEST(OverlappedSums, AShardedOptimizersBucketsAreReduceScatteredToTheAllReducesB
   }
 }
 
+// A buffer laid out as a GPU keeps weight gradients in BF16: float32 gradients (a norm, an embedding) and
+// BF16 codes (two fused weights one after another, a padded gap, another weight), some float32 gradients
+// rounded to BF16 (as the CPU keeps BF16 weight gradients). Each run is summed as its layout says: float32
+// runs in float32 rank order, BF16 ones (codes, and rounded floats) rounding after every addition; and for a
+// sharded optimizer each piece is reduce-scattered at its parameters' place, so that each rank's shard holds
+// those bits.
+TEST(OverlappedSums, EachRunIsSummedAsItsLayoutSaysAndShardedByItsParameters) {
+  // Parameters (offset, count): wte 0..7 f32, q 7..18 bf16, k 18..24 bf16, norm 24..28 f32 rounded to BF16,
+  // o 28..37 bf16, head 37..42 f32. Codes: q at 0, k at 11, o at 24 (padded to 8); floats: wte at 0, norm at
+  // 7, head at 11.
+  std::vector<ParameterInfo> params = {
+      {.name = "wte", .shape = {7}, .offset = 0, .count = 7, .grad_offset = 0},
+      {.name = "q", .shape = {11}, .offset = 7, .count = 11, .grad_offset = 0, .grad_type = Dtype::bf16},
+      {.name = "k", .shape = {6}, .offset = 18, .count = 6, .grad_offset = 11, .grad_type = Dtype::bf16},
+      {.name = "norm", .shape = {4}, .offset = 24, .count = 4, .grad_offset = 7},
+      {.name = "o", .shape = {9}, .offset = 28, .count = 9, .grad_offset = 24, .grad_type = Dtype::bf16},
+      {.name = "head", .shape = {5}, .offset = 37, .count = 5, .grad_offset = 11}};
+  for (ParameterInfo& p : params) {
+    if (p.grad_type == Dtype::bf16 || p.name == "norm") p.grad_precision = Dtype::bf16;
+  }
+  const int64_t total = 42, floats = 16, codes = 33;
+  const std::vector<GradientRun> float_runs =
+      gradient_runs(params, Dtype::f32, dist::GradientReduceType::float32);
+  const std::vector<GradientRun> code_runs =
+      gradient_runs(params, Dtype::bf16, dist::GradientReduceType::float32);
+  ASSERT_EQ(float_runs.size(), 3u) << "wte, norm and head lie apart in the parameters";
+  EXPECT_TRUE(float_runs[1].bf16 && !float_runs[0].bf16 && !float_runs[2].bf16);
+  ASSERT_EQ(code_runs.size(), 2u) << "q and k merge; o lies apart";
+  EXPECT_EQ(code_runs[0].end, 17);
+  EXPECT_EQ(code_runs[1].parameter, 28);
+  for (const int ranks : {2, 3, 4}) {
+    // The expected sums, in rank order, of every rank's values.
+    std::vector<std::vector<float>> f(static_cast<size_t>(ranks));
+    std::vector<std::vector<uint16_t>> c(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+      f[static_cast<size_t>(r)] = floats_of(r, floats, 4);
+      for (const float x : floats_of(r, codes, 5)) c[static_cast<size_t>(r)].push_back(float_to_bf16(x));
+    }
+    std::vector<float> f_sum = f[0];
+    std::vector<uint16_t> c_sum = c[0];
+    for (int64_t i = 7; i < 11; ++i)
+      f_sum[static_cast<size_t>(i)] = round_to_bf16(f_sum[static_cast<size_t>(i)]);
+    for (int r = 1; r < ranks; ++r) {
+      for (int64_t i = 0; i < floats; ++i) {
+        const auto k = static_cast<size_t>(i);
+        const float x = f[static_cast<size_t>(r)][k];
+        f_sum[k] = i >= 7 && i < 11 ? round_to_bf16(f_sum[k] + round_to_bf16(x)) : f_sum[k] + x;
+      }
+      for (size_t k = 0; k < c_sum.size(); ++k)
+        c_sum[k] = float_to_bf16(bf16_to_float(c_sum[k]) + bf16_to_float(c[static_cast<size_t>(r)][k]));
+    }
+    for (const bool shard : {false, true}) {
+      dist::run_ranks(ranks, [&](dist::Communicator& inner) {
+        const auto rank = static_cast<size_t>(inner.rank());
+        std::vector<float> fg = f[rank];
+        std::vector<uint16_t> cg = c[rank];
+        RecordingCommunicator rec(inner, /*poison=*/true);
+        OverlappedSums fs(rec, fg.data(), Dtype::f32, float_runs, nullptr, 5, shard ? total : 0);
+        OverlappedSums cs(rec, cg.data(), Dtype::bf16, code_runs, nullptr, 5, shard ? total : 0);
+        // The backward's reports, last first; q's and wte's left unreported.
+        fs.ready(11, 16);
+        cs.ready(24, 33);
+        fs.ready(7, 11);
+        cs.ready(11, 17);
+        fs.finish();
+        cs.finish();
+        EXPECT_EQ(shard ? rec.all_reduces.size() : rec.reduce_scatters.size(), 0u);
+        const dist::ShardRange mine = dist::shard_range(total, inner.rank(), ranks);
+        const std::string what = fmt::format("{} ranks{}, rank {}", ranks, shard ? ", sharded" : "", rank);
+        for (const ParameterInfo& p : params) {
+          for (int64_t i = 0; i < p.count; ++i) {
+            if (shard && (p.offset + i < mine.begin || p.offset + i >= mine.end)) continue;
+            const auto k = static_cast<size_t>(p.grad_offset + i);
+            if (p.grad_type == Dtype::bf16) {
+              EXPECT_EQ(cg[k], c_sum[k]) << what << ", " << p.name << "[" << i << "]";
+            } else {
+              EXPECT_EQ(std::bit_cast<uint32_t>(fg[k]), std::bit_cast<uint32_t>(f_sum[k]))
+                  << what << ", " << p.name << "[" << i << "]";
+            }
+          }
+        }
+        if (!shard) {
+          EXPECT_EQ(cg[20], c[rank][20]) << what << ": the padding between slices is not summed";
+        }
+      });
+    }
+  }
+}
+
 // Training on 4 ranks with a sharded optimizer and buckets of 97 gradients (straddling the shards), each
 // rank's gradients outside its shard made NaN after every reduce-scatter: the gradient norm, clipping,
 // the non-finite check and the update read none of them, so every rank holds one rank's bits; the sums
 // were reduce-scatters only, and each rank sent per step exactly the gradients outside its own shard.
 TEST(ShardedDataParallel, ReduceScattersOnlyAndReadsNothingOutsideTheShard) {
-  for (const dist::GradientReduceType reduce :
-       {dist::GradientReduceType::float32, dist::GradientReduceType::bf16}) {
-    const RunShape s{
-        .precision = MixedPrecision::fp32, .ranks = 4, .micro = 2, .shard = true, .reduce = reduce};
+  const RunShape float32{.precision = MixedPrecision::fp32, .ranks = 4, .micro = 2, .shard = true};
+  RunShape bf16 = float32;
+  bf16.reduce = dist::GradientReduceType::bf16;
+  // FP8 with the weight gradients kept in BF16: those summed in BF16, the rest in float32.
+  RunShape bf16_weights = float32;
+  bf16_weights.precision = MixedPrecision::fp8;
+  bf16_weights.bf16_weight_gradients = true;
+  for (const RunShape& s : {float32, bf16, bf16_weights}) {
     const Outcome reference = one_rank(s, pattern);
     std::vector<Outcome> outcomes(static_cast<size_t>(s.ranks));
     std::mutex mutex;
-    std::vector<int64_t> sent(static_cast<size_t>(s.ranks)), shard_sizes(static_cast<size_t>(s.ranks));
-    int64_t parameters = 0;
+    std::vector<int64_t> sent(static_cast<size_t>(s.ranks));
+    std::vector<dist::ShardRange> shards(static_cast<size_t>(s.ranks));
+    std::vector<ParameterInfo> parameters;
     dist::run_ranks(s.ranks, [&](dist::Communicator& inner) {
       RecordingCommunicator c(inner, /*poison=*/true);
       auto backend = make_cpu_backend();
@@ -313,15 +424,25 @@ TEST(ShardedDataParallel, ReduceScattersOnlyAndReadsNothingOutsideTheShard) {
       EXPECT_GT(c.reduce_scatters.size(), static_cast<size_t>(kSteps));
       sent[static_cast<size_t>(c.rank())] = inner.traffic().reduce_scatter_bytes;
       EXPECT_EQ(inner.traffic().all_reduce_bytes, 0);
-      shard_sizes[static_cast<size_t>(c.rank())] = trainer.optimizer().shard().size();
-      parameters = m->parameter_count();
+      shards[static_cast<size_t>(c.rank())] = trainer.optimizer().shard();
+      parameters = m->parameters();
     });
+    int64_t rounded = 0;
+    for (const ParameterInfo& p : parameters) rounded += p.grad_precision == Dtype::bf16 ? p.count : 0;
+    EXPECT_EQ(rounded > 0, s.bf16_weight_gradients);
     for (int r = 0; r < s.ranks; ++r) {
-      expect_same(reference, outcomes[static_cast<size_t>(r)], "rank " + std::to_string(r));
-      const int64_t element = reduce == dist::GradientReduceType::bf16 ? 2 : 4;
-      EXPECT_EQ(sent[static_cast<size_t>(r)],
-                kSteps * (parameters - shard_sizes[static_cast<size_t>(r)]) * element)
-          << "rank " << r;
+      expect_same(reference, outcomes[static_cast<size_t>(r)],
+                  "rank " + std::to_string(r) + ", " + name_of(s));
+      // Each gradient outside the rank's shard, sent once: two bytes where summed in BF16, four otherwise.
+      int64_t bytes = 0;
+      const dist::ShardRange& mine = shards[static_cast<size_t>(r)];
+      for (const ParameterInfo& p : parameters) {
+        const int64_t inside =
+            std::max<int64_t>(0, std::min(p.offset + p.count, mine.end) - std::max(p.offset, mine.begin));
+        const bool half = s.reduce == dist::GradientReduceType::bf16 || p.grad_precision == Dtype::bf16;
+        bytes += (p.count - inside) * (half ? 2 : 4);
+      }
+      EXPECT_EQ(sent[static_cast<size_t>(r)], kSteps * bytes) << "rank " << r << ", " << name_of(s);
     }
   }
 }

@@ -119,7 +119,7 @@ TEST(TokenRowSums, TheRowsReadSumToTheDenseAllReducesBits) {
           std::vector<float> dense = grads, sparse = grads;
 
           const dist::Communicator::Traffic before = c.traffic();
-          OverlappedSums all(c, dense.data(), count, nullptr, count + 1, type);
+          OverlappedSums all(c, dense.data(), Dtype::f32, uniform_runs(count, type), nullptr, count + 1);
           all.finish();
           const int64_t dense_bytes = c.traffic().all_reduce_bytes - before.all_reduce_bytes;
 
@@ -136,7 +136,8 @@ TEST(TokenRowSums, TheRowsReadSumToTheDenseAllReducesBits) {
           ASSERT_TRUE(rows.sparse());
 
           const dist::Communicator::Traffic middle = c.traffic();
-          OverlappedSums some(c, sparse.data(), count, nullptr, bucket, type, 0, &rows);
+          OverlappedSums some(c, sparse.data(), Dtype::f32, uniform_runs(count, type), nullptr, bucket, 0,
+                              &rows);
           // The backward's reports: the last gradients first, the table in one run, then the first three.
           some.ready(table.offset + table.rows * table.cols, count);
           some.ready(table.offset, table.offset + table.rows * table.cols);
@@ -179,7 +180,8 @@ TEST(TokenRowSums, ABucketWithPartOfTheTableSumsItDensely) {
     rows.add(&token, 1);
     rows.agree(c);
     const dist::Communicator::Traffic before = c.traffic();
-    OverlappedSums sums(c, grads.data(), 12, nullptr, 5, dist::GradientReduceType::float32, 0, &rows);
+    OverlappedSums sums(c, grads.data(), Dtype::f32, uniform_runs(12, dist::GradientReduceType::float32),
+                        nullptr, 5, 0, &rows);
     sums.ready(6, 12);
     sums.ready(0, 6);
     sums.finish();

@@ -389,7 +389,10 @@ class Backend {
     int64_t cols = 0;               // C
     int64_t begin = 0;
     int64_t end = 0;
-    int64_t codes_offset = 0;  // the weight's codes lie at codes_offset .. codes_offset + rows * cols - 1
+    // The weight's codes lie at codes_offset .. codes_offset + rows * cols - 1 of the codes passed along;
+    // cast_weight_parts writes the part's alone, at codes_offset + begin .. codes_offset + end - 1, which
+    // must lie in its buffer (codes_offset may be negative where the buffer holds a rank's codes only).
+    int64_t codes_offset = 0;
   };
   // amaxes[i] (backend memory) = max |x| over parts[i]'s elements: 0 for an empty part, NaN where one is
   // NaN (as compute_amax).
@@ -612,8 +615,8 @@ class Backend {
     int64_t rows = 0;  // OC
     int64_t cols = 0;  // C
     // A weight's gradient stored as bf16 (storage_type, role weight_gradient), read as its float32 values,
-    // instead of the one in grads; null: in grads. Only for a weight, on a backend that stores such
-    // gradients.
+    // instead of the one in grads; null: in grads. Only on a backend that stores such gradients: for a
+    // weight, or for a plain segment holding part of one (a sharded optimizer's shard of it).
     const void* grads_bf16 = nullptr;
 
     bool is_weight() const { return copy != nullptr; }

@@ -74,6 +74,12 @@ class Communicator {
   // host memory.
   virtual void start_reduce_scatter_sum_bf16(std::span<float> values, int64_t offset, int64_t total,
                                              void* stream);
+  // The same two over gradients kept as BF16 codes (train.weight_gradients = "bf16"): all_reduce_sum_bf16
+  // and reduce_scatter_sum_in_place_bf16 of `values` in place, started alike, with no rounding or widening
+  // around them. The defaults sum at once.
+  virtual void start_all_reduce_sum_bf16_codes(std::span<uint16_t> values, void* stream);
+  virtual void start_reduce_scatter_sum_bf16_codes(std::span<uint16_t> values, int64_t offset, int64_t total,
+                                                   void* stream);
   virtual void finish_started() {}
 
   // What this rank has sent for the sums started above (the start_ functions), counted as a ring sends: an

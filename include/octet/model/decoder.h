@@ -60,7 +60,7 @@ class Decoder final : public Model {
   // backward), in both gradient buffers.
   float* grads() override;
   // The bf16 gradients (parameters whose grad_type is bf16; null when there are none), zeroed as grads().
-  const void* grads_bf16() override;
+  void* grads_bf16() override;
   // A parameter's gradient, in the buffer of its grad_type (after grads()' zeroing).
   const void* gradient(const ParameterInfo& p) override;
   // The sum of the squares of every gradient, in float64, bf16 ones as their float32 values: in a fixed
@@ -344,8 +344,8 @@ class Decoder final : public Model {
   void need_parameters(int64_t end) {
     if (parameters_needed_) parameters_needed_(end);
   }
-  // Reports to gradient_ready_ the float32 gradients of the parameters `part` names, whose backward is
-  // enqueued; a weight gradient no backward wrote this step is zeroed first, as grads() would.
+  // Reports to gradient_ready_ the gradients of the parameters `part` names, whose backward is enqueued, in
+  // runs of each buffer; a weight gradient no backward wrote this step is zeroed first, as grads() would.
   void report_gradients(const std::function<bool(std::string_view name)>& part);
   int64_t last_B_ = 0;
   int64_t last_T_ = 0;

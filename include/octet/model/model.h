@@ -31,6 +31,10 @@ struct ParameterInfo {
   // every gradient in float32, grad_offset is offset.
   int64_t grad_offset = 0;
   Dtype grad_type = Dtype::f32;
+  // The precision of the gradient's values: bf16 for a weight gradient kept in BF16 (train.weight_gradients
+  // = "bf16"), whether stored as bf16 (grad_type) or as float32 rounded to BF16 after every accumulation
+  // (where the backend stores weight gradients in float32). Several ranks sum such gradients in BF16.
+  Dtype grad_precision = Dtype::f32;
   bool weight_decay = false;  // matrices (every 2-D parameter, embeddings included) decay; vectors do not
 };
 
@@ -90,7 +94,7 @@ class Model {
   // backward), in both gradient buffers.
   virtual float* grads() = 0;
   // The bf16 gradients (parameters whose grad_type is bf16; null when there are none), zeroed as grads().
-  virtual const void* grads_bf16() = 0;
+  virtual void* grads_bf16() = 0;
   // A parameter's gradient, in the buffer of its grad_type (after grads()' zeroing).
   virtual const void* gradient(const ParameterInfo& p) = 0;
   // The sum of the squares of every gradient, in float64, bf16 ones as their float32 values: in a fixed
@@ -131,11 +135,12 @@ class Model {
   // Use dloss_scale = loss_scale / (B * T * accumulation_steps) for the mean over an accumulated step; after
   // forward(..., dloss) it takes the same dloss.
   virtual void backward(float dloss_scale) = 0;
-  // While set, backward() calls ready(begin, end) for each run [begin, end) of float32 gradient elements
-  // (offsets into grads()) that the rest of the backward will not write, once the work that writes it is
-  // enqueued on the backend: a data-parallel trainer starts summing those over the ranks while the backward
-  // goes on. Runs never reported are the caller's to take after backward() returns. Null: none (the default).
-  using GradientReady = std::function<void(int64_t begin, int64_t end)>;
+  // While set, backward() calls ready(storage, begin, end) for each run [begin, end) of gradient elements
+  // that the rest of the backward will not write, once the work that writes it is enqueued on the backend:
+  // offsets into grads() for storage f32, into grads_bf16() for bf16. A data-parallel trainer starts summing
+  // those over the ranks while the backward goes on. Runs never reported are the caller's to take after
+  // backward() returns. Null: none (the default).
+  using GradientReady = std::function<void(Dtype storage, int64_t begin, int64_t end)>;
   virtual void set_gradient_ready(GradientReady ready) { (void)ready; }
   // The parameters in the order the forward reads them: bounds of runs [bounds[i], bounds[i + 1]) of params(),
   // ascending from 0 to parameter_count() (the embeddings, then each block, then the final norm and the

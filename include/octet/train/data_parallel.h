@@ -54,6 +54,10 @@ struct DataParallel {
   // many elements (a token embedding, a head), gathered in place in the parameters so that the packed
   // buffer holds no copy of them.
   int64_t in_place_gather_floats = int64_t{1} << 20;
+  // With FP8 weight gathers, the gathered codes of this many runs of the forward (blocks) are held at once:
+  // each rank keeps its own codes, and a run's gather starts once the run this many before it has made its
+  // copies (prefetching that far ahead of the forward), in place of a buffer of every weight's codes.
+  int gather_buffers = 2;
   // The type the ranks sum their gradients in: float32, or BF16, each rank's accumulated gradient and every
   // partial sum rounded to BF16 (Communicator::all_reduce_sum_bf16; emulated ranks round alike).
   dist::GradientReduceType reduce_type = dist::GradientReduceType::float32;

@@ -55,7 +55,7 @@ class AdamW {
   const dist::ShardRange& shard() const { return shard_; }
 
  private:
-  void step_shard(float* params, const float* grads, const Backend::AdamWStep& hyper);
+  void step_shard(float* params, const float* grads, const Backend::AdamWStep& hyper, const void* grads_bf16);
   // Each parameter's group (-1: none), learning-rate multiplier and weight decay.
   void assign_groups();
 

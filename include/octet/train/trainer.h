@@ -97,6 +97,11 @@ class Trainer {
   const TrainSettings& settings() const { return settings_; }
 
  private:
+  // The settings and layout, checked (invalid_input naming what is wrong).
+  static DataParallel checked(const TrainSettings& settings, const DataParallel& parallel);
+  // A sharded optimizer's gather of the parameters (null where the state is whole), the masters it will
+  // leave stale already given back.
+  static std::unique_ptr<ParameterGather> make_gather(Model& model, const DataParallel& parallel);
   // The first parameter tensor, in backward order, with a non-finite gradient ("" when none): only after the
   // gradients' sum of squares came out non-finite.
   std::string first_non_finite_gradient();
@@ -111,6 +116,12 @@ class Trainer {
   bool overlap_gradient_sums() const;
   // The elements of a bucket of the overlapped sums (DataParallel::bucket_elements; 0 there: one bucket).
   int64_t bucket_elements() const;
+  // Each emulated rank's gradients added on the host, in rank order, as the ranks' sums add them: `sum` and
+  // `group` hold the float32 gradients and, after them, the bf16 ones as codes (widened to float32).
+  void add_emulated_rank(std::vector<float>& sum, const std::vector<float>& group, bool first) const;
+  // The elements of the buffer of `storage` that hold the gradients of parameters [begin, end) within it:
+  // one range, both buffers keeping the parameters' order (the zero padding between bf16 slices included).
+  std::pair<int64_t, int64_t> gradient_range(Dtype storage, int64_t begin, int64_t end) const;
   // After an optimizer that holds a shard has updated it: starts the gathers of every rank's updated shard of
   // the parameters into the whole buffer, which the next forward waits for run by run, remaking the weight
   // copies (parameter_gather.h).
@@ -120,11 +131,14 @@ class Trainer {
   TrainSettings settings_;
   DataParallel parallel_;
   int64_t gradient_floats_ = 0;  // the float32 gradients' extent, which the ranks sum
+  int64_t gradient_codes_ = 0;   // the bf16 gradients' extent (train.weight_gradients = "bf16" on a GPU)
   float* gradient_base_ = nullptr;  // model.grads()
+  void* gradient_codes_base_ = nullptr;  // model.grads_bf16()
   // FP8 scaling once per step, on several ranks (real or emulated); null on one.
   std::unique_ptr<StepScaling> step_scaling_;
-  // The gradient sums started during this step's backward; null when none are.
-  std::unique_ptr<OverlappedSums> overlapped_;
+  // The gradient sums started during this step's backward, of the float32 buffer and of the bf16 one; null
+  // when none are.
+  std::unique_ptr<OverlappedSums> overlapped_, overlapped_codes_;
   // A sharded optimizer's gather of the updated parameters; null where the state is whole.
   std::unique_ptr<ParameterGather> gather_;
   // The token-indexed gradient's sums over the rows read (DataParallel::sparse_embedding_sums); null: none.

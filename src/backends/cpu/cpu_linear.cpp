@@ -345,7 +345,7 @@ void CpuBackend::cast_weight_parts(std::span<const WeightPart> parts, const floa
     const std::span<const float> values(p.weight + p.begin, static_cast<size_t>(p.end - p.begin));
     const QuantizedTensor part = quantize_with_scale(values, 1, p.end - p.begin, format, scale);
     exec.recipe->update(exec.state->weight, amaxes[i], format);
-    std::copy(part.data.begin(), part.data.end(), codes + p.codes_offset + p.begin);
+    std::copy(part.data.begin(), part.data.end(), codes + (p.codes_offset + p.begin));
     count_cast(part, exec);
     record_cast(part, values.data(), p.end - p.begin, &Fp8LinearTelemetry::weight, exec);
   }
@@ -365,7 +365,7 @@ void CpuBackend::weight_copies_from_codes(std::span<const WeightPart> parts, con
     q.rows = p.rows;
     q.cols = p.cols;
     q.granularity = ScaleGranularity::per_tensor;
-    q.data.assign(codes + p.codes_offset, codes + p.codes_offset + p.rows * p.cols);
+    q.data.assign(codes + p.codes_offset, codes + (p.codes_offset + p.rows * p.cols));
     q.scale_inv = {1.0f / p.exec->state->weight_copy_scale};  // as quantize_with_scale stores it
     q.amax = p.exec->state->weight.last_amax;
     cpu_copy->fp8_transposed = transposed(q, nullptr, TensorRole::weight, *p.exec->recipe);

@@ -53,7 +53,7 @@ void CudaBackend::cast_weight_parts(std::span<const WeightPart> parts, const flo
     Layer& layer = layer_of(*p.exec, w);
     DeviceLayerState* s = layer.device;
     cast_operand_part(layer, kWeight, p.exec->formats.weight, amaxes + i, p.weight + p.begin, p.end - p.begin,
-                      codes + p.codes_offset + p.begin, &s->weight_copy_scale, &s->weight_scale_inv, *p.exec);
+                      codes + (p.codes_offset + p.begin), &s->weight_copy_scale, &s->weight_scale_inv, *p.exec);
   }
 }
 

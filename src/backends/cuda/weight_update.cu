@@ -109,6 +109,13 @@ void CudaBackend::update_segments(const AdamWStep& step, const OptimizerTensors&
   float decay = 0.0f;
   std::vector<const UpdateSegment*> casts, converts, plain;
   for (const UpdateSegment& u : segments) {
+    if (!u.is_weight() && u.grads_bf16 != nullptr) {  // part of a weight, in a sharded optimizer's shard
+      const OpScope scope(*this, OpKind::optimizer);
+      cuda::adamw_update(tensors.params + u.offset, tensors.m + u.offset, tensors.v + u.offset,
+                         static_cast<const uint16_t*>(u.grads_bf16), u.count, step.learning_rate, step.beta1,
+                         step.beta2, step.eps, u.weight_decay, step.step, step.grad_scale, stream_);
+      continue;
+    }
     if (!u.is_weight()) {
       plain.push_back(&u);
       continue;
