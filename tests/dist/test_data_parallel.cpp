@@ -169,6 +169,21 @@ std::vector<RunShape> every_shape() {
                  .shard = true,
                  .reduce = dist::GradientReduceType::bf16,
                  .bf16_weight_gradients = true});
+  // A hybrid layout (2 x 2) and a mixture of experts (every expert's weight gradient kept in BF16).
+  out.push_back({.precision = MixedPrecision::fp8,
+                 .ranks = 4,
+                 .micro = 1,
+                 .shard = true,
+                 .replicate = 2,
+                 .fp8_gather = true,
+                 .bf16_weight_gradients = true});
+  out.push_back({.architecture = Architecture::moe,
+                 .precision = MixedPrecision::fp8,
+                 .ranks = 2,
+                 .micro = 2,
+                 .shard = true,
+                 .fp8_gather = true,
+                 .bf16_weight_gradients = true});
   return out;
 }
 
