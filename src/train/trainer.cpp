@@ -103,6 +103,8 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
       end = p.grad_offset + p.count;
     }
     (storage == Dtype::f32 ? gradient_floats_ : gradient_codes_) = end;
+    (storage == Dtype::f32 ? float_runs_ : code_runs_) =
+        gradient_runs(model.parameters(), storage, parallel_.reduce_type);
   }
   optimizer_.check_groups(model.weight_copy_slots());
   if (parallel_.ranks() > 1) step_scaling_ = std::make_unique<StepScaling>(model);
@@ -310,14 +312,12 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
         if (token_rows_) token_rows_->agree(*parallel_.communicator);
         const int64_t shard_total =
             optimizer_.sharded() && parallel_.reduce_scatter ? model_.parameter_count() : 0;
-        overlapped_ = std::make_unique<OverlappedSums>(
-            *parallel_.communicator, gradient_base_, Dtype::f32,
-            gradient_runs(model_.parameters(), Dtype::f32, parallel_.reduce_type),
-            model_.backend().native_stream(), bucket_elements(), shard_total, token_rows_.get());
+        overlapped_ = std::make_unique<OverlappedSums>(*parallel_.communicator, gradient_base_, Dtype::f32,
+                                                       float_runs_, model_.backend().native_stream(),
+                                                       bucket_elements(), shard_total, token_rows_.get());
         if (gradient_codes_ > 0) {
           overlapped_codes_ = std::make_unique<OverlappedSums>(
-              *parallel_.communicator, gradient_codes_base_, Dtype::bf16,
-              gradient_runs(model_.parameters(), Dtype::bf16, parallel_.reduce_type),
+              *parallel_.communicator, gradient_codes_base_, Dtype::bf16, code_runs_,
               model_.backend().native_stream(), bucket_elements(), shard_total);
         }
         model_.set_gradient_ready([this](Dtype storage, int64_t begin, int64_t end) {
@@ -361,7 +361,7 @@ void Trainer::add_emulated_rank(std::vector<float>& sum, const std::vector<float
   std::vector<uint8_t> bf16(group.size(), 0);
   for (const Dtype storage : {Dtype::f32, Dtype::bf16}) {
     const int64_t at = storage == Dtype::f32 ? 0 : gradient_floats_;
-    for (const GradientRun& r : gradient_runs(model_.parameters(), storage, parallel_.reduce_type)) {
+    for (const GradientRun& r : storage == Dtype::f32 ? float_runs_ : code_runs_) {
       if (r.bf16) std::fill(bf16.begin() + at + r.begin, bf16.begin() + at + r.end, 1);
     }
   }

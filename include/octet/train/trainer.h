@@ -25,6 +25,7 @@ using StepResult = StepStatistics;
 
 class StepScaling;
 class OverlappedSums;
+struct GradientRun;
 class ParameterGather;
 class TokenRowSums;
 
@@ -133,6 +134,8 @@ class Trainer {
   int64_t gradient_floats_ = 0;  // the float32 gradients' extent, which the ranks sum
   int64_t gradient_codes_ = 0;   // the bf16 gradients' extent (train.weight_gradients = "bf16" on a GPU)
   float* gradient_base_ = nullptr;  // model.grads()
+  // The two buffers' layouts for the ranks' sums (overlapped_sums.h: gradient_runs), fixed with the model.
+  std::vector<GradientRun> float_runs_, code_runs_;
   void* gradient_codes_base_ = nullptr;  // model.grads_bf16()
   // FP8 scaling once per step, on several ranks (real or emulated); null on one.
   std::unique_ptr<StepScaling> step_scaling_;
