@@ -412,6 +412,14 @@ const std::vector<Key>& keys() {
         "weight's amax over every rank; the same codes as a cast after a float32 gather, so the same "
         "training bit for bit. false: every parameter gathered in float32 (4 bytes)."));
     k.push_back(boolean(
+        "distributed.reshard_after_forward",
+        [](RunConfig& c) -> bool& { return c.distributed.reshard_after_forward; },
+        "With FP8 weight gathers: fully sharded weights. The copies made from the gathered FP8 codes are "
+        "given back as soon as the forward, and then the backward, is done with their block, and gathered "
+        "again before the backward (and each micro-batch's forward) reads them: each GPU holds the FP8 "
+        "weights of a block or two instead of every one, for one more gather of the codes per pass. The "
+        "same training, bit for bit. Needs fp8_weight_gather = true."));
+    k.push_back(boolean(
         "distributed.sparse_embedding_sums",
         [](RunConfig& c) -> bool& { return c.distributed.sparse_embedding_sums; },
         "Sum an untied token embedding's gradient (Llama with model.tie_embeddings = false) over the rows "

@@ -593,6 +593,7 @@ void Decoder::backward_linear(Linear& layer, void* dinp, Dtype dinp_type, float*
 void Decoder::backward(float dloss_scale) {
   OCTET_REQUIRE(pending_ != Pending::nothing, "backward needs a forward with targets first");
   const int64_t B = last_B_, T = last_T_, N = B * T, C = config_.channels, NH = config_.heads;
+  need_parameters_backward(forward_bounds_[forward_bounds_.size() - 2]);  // the final norm and the head
   if (pending_ == Pending::head_backward_done) {
     OCTET_REQUIRE(dloss_scale == head_dloss_,
                   "backward's loss gradient scale ({}) differs from the one the forward's LM head used ({})",
@@ -633,6 +634,7 @@ void Decoder::backward(float dloss_scale) {
   }
 
   for (int64_t l = config_.layers - 1; l >= 0; --l) {
+    need_parameters_backward(forward_bounds_[static_cast<size_t>(l) + 1]);
     const BlockNames b = block_names(l);
     Activations::Layer& x = a.layers[static_cast<size_t>(l)];
     const float* residual = l == 0 ? a.encoded : a.layers[static_cast<size_t>(l - 1)].residual3;
@@ -710,6 +712,7 @@ void Decoder::backward(float dloss_scale) {
       report_gradients([&](std::string_view name) { return name.starts_with(block); });
     }
   }
+  need_parameters_backward(0);  // the embeddings
   backend_.embedding_backward(TensorView(G(embedding_name()), {config_.padded_vocab(), C}),
                               gpt2 ? TensorView(G("wpe"), {T, C}) : TensorView(),
                               ConstTensorView(d.residual, {B, T, C}), tokens_->ints());

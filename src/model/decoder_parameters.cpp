@@ -355,6 +355,7 @@ void Decoder::refresh_weight_copies() {
   for (const WeightCopySlot& slot : weight_copy_slots()) {
     backend_.prepare_weight(*slot.copy, params() + slot.offset, slot.rows, slot.cols, *slot.exec);
   }
+  ++weight_copies_made_;
 }
 
 std::vector<Decoder::WeightCopySlot> Decoder::weight_copy_slots() {

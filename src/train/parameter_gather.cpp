@@ -25,19 +25,23 @@ bool gathered_as_codes(const Model::WeightCopySlot& slot) {
 }  // namespace
 
 ParameterGather::ParameterGather(Model& model, dist::Communicator& ranks, bool fp8_weights,
-                                 int64_t in_place_floats, int buffers)
+                                 int64_t in_place_floats, int buffers, bool reshard)
     : model_(model),
       ranks_(ranks),
       fp8_weights_(fp8_weights),
       in_place_floats_(in_place_floats),
       buffers_(buffers),
+      reshard_(reshard),
       gather_buffers_(static_cast<size_t>(std::max(buffers, 1))) {
   OCTET_REQUIRE(buffers >= 1, "FP8 weight gathers need at least 1 gather buffer, got {}", buffers);
+  OCTET_REQUIRE(!reshard || fp8_weights,
+                "weight copies given back after use (distributed.reshard_after_forward) need the weights "
+                "gathered as FP8 codes (distributed.fp8_weight_gather = true)");
 }
 
 ParameterGather::~ParameterGather() {
   try {
-    if (under_way_) finish();
+    finish();
     // Whatever uses the model next finds every page mapped (the masters outside the shard still stale).
     restore_masters();
   } catch (...) {  // a rank failed: its error is already on its way up
@@ -164,6 +168,10 @@ GatherVolume ParameterGather::volume() {
   v.float32_bytes =
       (p.codes ? p.packed_bounds.back() + p.in_place : model_.parameter_count()) * int64_t{sizeof(float)};
   v.fp8_weights = static_cast<int64_t>(p.parts.size());
+  v.reshard = reshard_ && p.codes;
+  for (const Backend::WeightPart& part : p.parts) {
+    v.copy_bytes += part.rows * part.cols * (part.exec->transpose_weight_per_use ? 1 : 2);
+  }
   return v;
 }
 
@@ -207,7 +215,11 @@ std::vector<Backend::WeightPart> ParameterGather::parts_from(const Group& g, int
   return parts;
 }
 
-int64_t ParameterGather::start_codes(const Group& g) {
+void ParameterGather::start_codes(Group& g) {
+  OCTET_CHECK(!free_buffers_.empty() && g.code_ticket < 0 && !g.held,
+              "a free gather buffer for a run's codes");
+  g.buffer = free_buffers_.back();
+  free_buffers_.pop_back();
   const auto rank = static_cast<size_t>(ranks_.rank());
   const std::vector<int64_t>& bounds = plan_.code_bounds;
   auto* buffer = static_cast<std::byte*>(gather_buffers_[static_cast<size_t>(g.buffer)]->data());
@@ -221,9 +233,101 @@ int64_t ParameterGather::start_codes(const Group& g) {
   std::vector<int64_t> parts(bounds.size());
   for (size_t r = 0; r < bounds.size(); ++r)
     parts[r] = std::clamp(bounds[r], g.codes_begin, g.codes_end) - g.codes_begin;
-  return ranks_.start_all_gather_parts(
+  g.code_ticket = ranks_.start_all_gather_parts(
       std::span<std::byte>(buffer, static_cast<size_t>(g.codes_end - g.codes_begin)), parts,
       model_.backend().native_stream());
+}
+
+void ParameterGather::make_copies(Group& g) {
+  if (g.held) return;
+  if (g.code_ticket < 0) {
+    if (free_buffers_.empty()) {
+      // Every buffer holds a gather another run waits for: the earliest started is made first.
+      Group* earliest = nullptr;
+      for (const size_t i : code_groups_) {
+        Group& other = plan_.groups[i];
+        if (other.code_ticket >= 0 && (earliest == nullptr || other.code_ticket < earliest->code_ticket))
+          earliest = &other;
+      }
+      OCTET_CHECK(earliest != nullptr, "a gather buffer under way where none is free");
+      make_copies(*earliest);
+    }
+    start_codes(g);
+  }
+  ranks_.wait_gathered(g.code_ticket, model_.backend().native_stream());
+  model_.backend().weight_copies_from_codes(
+      parts_from(g, g.codes_begin),
+      static_cast<const uint8_t*>(gather_buffers_[static_cast<size_t>(g.buffer)]->data()));
+  // The buffer is free once the copies made from it are enqueued (a later gather into it waits for them).
+  free_buffers_.push_back(g.buffer);
+  g.buffer = -1;
+  g.code_ticket = -1;
+  g.held = true;
+}
+
+void ParameterGather::release_copies(Group& g) {
+  if (!g.held) return;
+  g.held = false;
+  if (!reshard_) return;  // the next gather remakes them in place
+  const std::vector<Backend::WeightPart> parts = parts_from(g, 0);
+  model_.backend().release_weight_copies(parts);
+}
+
+void ParameterGather::prefetch(ptrdiff_t from, bool forward) {
+  const auto n = static_cast<ptrdiff_t>(code_groups_.size());
+  for (ptrdiff_t k = from; k >= 0 && k < n && !free_buffers_.empty(); k += forward ? 1 : -1) {
+    Group& g = plan_.groups[code_groups_[static_cast<size_t>(k)]];
+    if (!g.held && g.code_ticket < 0) start_codes(g);
+  }
+}
+
+size_t ParameterGather::code_position(size_t g) const {
+  return static_cast<size_t>(std::lower_bound(code_groups_.begin(), code_groups_.end(), g) -
+                             code_groups_.begin());
+}
+
+void ParameterGather::adopt_copies() {
+  if (!reshard_ || model_.weight_copies_made() == copies_seen_) return;
+  copies_seen_ = model_.weight_copies_made();
+  if (!plan_.codes) return;
+  // Codes gathered before the copies were remade are stale: their gathers complete, their buffers free.
+  ranks_.finish_gathers();
+  for (const size_t i : code_groups_) {
+    Group& g = plan_.groups[i];
+    if (g.code_ticket < 0) continue;
+    free_buffers_.push_back(g.buffer);
+    g.buffer = -1;
+    g.code_ticket = -1;
+  }
+  // Every copy is whole and made from the present parameters: this rank's part of each is its own codes.
+  const auto rank = static_cast<size_t>(ranks_.rank());
+  const int64_t own_begin = plan_.code_bounds[rank];
+  auto* own = static_cast<uint8_t*>(
+      reserve(own_codes_, static_cast<size_t>(plan_.code_bounds[rank + 1] - own_begin)));
+  std::vector<Backend::WeightPart> parts = plan_.parts;
+  for (Backend::WeightPart& part : parts) {
+    part.codes_offset = part.begin < part.end ? part.codes_offset - own_begin : -part.begin;
+  }
+  model_.backend().weight_part_codes(parts, own);
+  for (const size_t i : code_groups_) plan_.groups[i].held = true;
+}
+
+void ParameterGather::set_plan() {
+  plan_ = plan();
+  code_groups_.clear();
+  int64_t largest = 0;
+  for (size_t i = 0; i < plan_.groups.size(); ++i) {
+    const Group& g = plan_.groups[i];
+    if (g.codes_end == g.codes_begin) continue;
+    code_groups_.push_back(i);
+    largest = std::max(largest, g.codes_end - g.codes_begin);
+  }
+  // Each gather buffer as large as the largest group's codes.
+  if (!code_groups_.empty()) {
+    for (std::unique_ptr<Buffer>& buffer : gather_buffers_) reserve(buffer, static_cast<size_t>(largest));
+  }
+  free_buffers_.clear();
+  for (int b = buffers_ - 1; b >= 0; --b) free_buffers_.push_back(b);
 }
 
 std::vector<int64_t> ParameterGather::shard_byte_bounds() const {
@@ -279,15 +383,23 @@ void ParameterGather::release_before_first_gather() {
   if (started_) return;
   // Nothing reads the masters outside this rank's parts from here on (the copies stand for them), as after
   // a gather of codes.
-  plan_ = plan();
+  if (plan_.groups.empty()) set_plan();
   stale_masters_ = plan_.codes;
   release_stale_masters();
+  // Fully sharded: this rank's own codes from the whole copies, which then go until a pass reads them.
+  adopt_copies();
+  if (reshard_) {
+    for (const size_t i : code_groups_) release_copies(plan_.groups[i]);
+  }
 }
 
 void ParameterGather::start() {
   started_ = true;
-  if (under_way_) finish();
-  plan_ = plan();
+  finish();
+  adopt_copies();
+  // The copies held are of the parameters before the update: given back (reshard), or remade in place.
+  for (const size_t i : code_groups_) release_copies(plan_.groups[i]);
+  set_plan();
   stale_masters_ = plan_.codes;
   // Before the gathers are enqueued: a float32 gather may write pages given back under an earlier plan.
   release_stale_masters();
@@ -299,18 +411,8 @@ void ParameterGather::start() {
     auto* packed = static_cast<std::byte*>(packed_->data());
     const std::vector<int64_t> shard_bytes = shard_byte_bounds();
     auto* params = reinterpret_cast<std::byte*>(model_.params());
-    // The groups with codes take the gather buffers in turn, each buffer as large as the largest group.
-    code_groups_.clear();
-    int64_t largest = 0;
-    for (size_t i = 0; i < plan_.groups.size(); ++i) {
-      Group& g = plan_.groups[i];
-      if (g.codes_end == g.codes_begin) continue;
-      g.buffer = static_cast<int>(code_groups_.size() % static_cast<size_t>(buffers_));
-      code_groups_.push_back(i);
-      largest = std::max(largest, g.codes_end - g.codes_begin);
-    }
-    for (std::unique_ptr<Buffer>& buffer : gather_buffers_) reserve(buffer, static_cast<size_t>(largest));
-    next_codes_ = 0;
+    // The groups with codes take the gather buffers in turn: the first as many as there are buffers now,
+    // each later one as the forward makes the copies of an earlier one (wait).
     for (Group& g : plan_.groups) {
       g.ticket = start_range(packed, packed_bytes, g.packed_begin * int64_t{sizeof(float)},
                              g.packed_end * int64_t{sizeof(float)});
@@ -320,10 +422,7 @@ void ParameterGather::start() {
         g.ticket = std::max(g.ticket, start_range(params, shard_bytes, run.offset * int64_t{sizeof(float)},
                                                   (run.offset + run.count) * int64_t{sizeof(float)}));
       }
-      if (g.buffer >= 0 && next_codes_ < static_cast<size_t>(buffers_)) {
-        g.ticket = std::max(g.ticket, start_codes(g));
-        ++next_codes_;
-      }
+      if (g.codes_end > g.codes_begin && !free_buffers_.empty()) start_codes(g);
     }
   } else {
     // Float32 gathers, in place: each rank's part of a run is its shard's intersection with it.
@@ -347,11 +446,6 @@ void ParameterGather::remake_copies(const Group& g) {
       if (run.in_place) continue;
       backend.copy(params + run.offset, packed + run.packed, static_cast<size_t>(run.count) * sizeof(float));
     }
-    if (g.parts_end > g.parts_begin) {
-      backend.weight_copies_from_codes(
-          parts_from(g, g.codes_begin),
-          static_cast<const uint8_t*>(gather_buffers_[static_cast<size_t>(g.buffer)]->data()));
-    }
   }
   for (size_t i = g.others_begin; i < g.others_end; ++i) {
     const Model::WeightCopySlot& s = plan_.others[i];
@@ -359,25 +453,62 @@ void ParameterGather::remake_copies(const Group& g) {
   }
 }
 
+void ParameterGather::complete_group(size_t i, bool copies) {
+  Group& g = plan_.groups[i];
+  if (g.ticket >= 0) ranks_.wait_gathered(g.ticket, model_.backend().native_stream());
+  remake_copies(g);
+  if (copies && g.codes_end > g.codes_begin) {
+    make_copies(g);
+    // Its gather buffer is free again: the next group's gather there.
+    prefetch(static_cast<ptrdiff_t>(code_position(i + 1)), true);
+  }
+}
+
 void ParameterGather::wait(int64_t end) {
-  if (!under_way_) return;
-  void* stream = model_.backend().native_stream();
-  while (next_group_ < plan_.groups.size() && plan_.groups[next_group_].begin < end) {
-    const Group& g = plan_.groups[next_group_];
-    if (g.ticket >= 0) ranks_.wait_gathered(g.ticket, stream);
-    remake_copies(g);
-    // Its gather buffer is free once the copies made from it are enqueued: the next group's gather there.
-    if (g.buffer >= 0 && next_codes_ < code_groups_.size()) {
-      Group& next = plan_.groups[code_groups_[next_codes_]];
-      next.ticket = std::max(next.ticket, start_codes(next));
-      ++next_codes_;
-    }
-    ++next_group_;
-  }
-  if (next_group_ == plan_.groups.size()) {
+  if (!under_way_ && !reshard_) return;
+  adopt_copies();
+  // The run the forward reads next: the last that begins below `end`.
+  const auto& groups = plan_.groups;
+  size_t current = 0;
+  while (current + 1 < groups.size() && groups[current + 1].begin < end) ++current;
+  while (under_way_ && next_group_ <= current) complete_group(next_group_++, !reshard_);
+  if (under_way_ && next_group_ == groups.size()) {
     under_way_ = false;
-    ranks_.finish_gathers();
+    if (!reshard_) ranks_.finish_gathers();
   }
+  if (!reshard_ || code_groups_.empty()) return;
+  // The forward is done with the runs before this one; the last run with codes stays for the backward.
+  for (const size_t i : code_groups_) {
+    if (i < current && i != code_groups_.back()) release_copies(plan_.groups[i]);
+  }
+  if (groups[current].codes_end > groups[current].codes_begin) make_copies(plan_.groups[current]);
+  prefetch(static_cast<ptrdiff_t>(code_position(current + 1)), true);
+}
+
+void ParameterGather::wait_backward(int64_t begin) {
+  if (!reshard_) return;
+  adopt_copies();
+  if (under_way_) wait(model_.parameter_count());
+  if (code_groups_.empty()) return;
+  const auto& groups = plan_.groups;
+  size_t current = 0;
+  while (current + 1 < groups.size() && groups[current + 1].begin <= begin) ++current;
+  OCTET_CHECK(groups[current].begin == begin,
+              "the backward's run at parameter {} (one of the forward's bounds)", begin);
+  // The backward is done with the runs after this one.
+  for (const size_t i : code_groups_) {
+    if (i > current) release_copies(plan_.groups[i]);
+  }
+  if (groups[current].codes_end > groups[current].codes_begin) make_copies(plan_.groups[current]);
+  prefetch(static_cast<ptrdiff_t>(code_position(current)) - 1, false);
+}
+
+void ParameterGather::finish() {
+  // The float32 gathers' values in place; with reshard, the copies of codes still in their gather buffers
+  // are made by the pass that reads them (their gathers are complete below).
+  while (under_way_ && next_group_ < plan_.groups.size()) complete_group(next_group_++, !reshard_);
+  under_way_ = false;
+  ranks_.finish_gathers();
 }
 
 std::vector<Backend::Range> ParameterGather::stale_ranges() const {

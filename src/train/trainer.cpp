@@ -37,7 +37,10 @@ Trainer::Trainer(Model& model, TrainSettings settings)
     : Trainer(model, std::move(settings), DataParallel{}) {}
 
 Trainer::~Trainer() {
-  if (gather_ != nullptr) model_.set_parameters_needed(nullptr);
+  if (gather_ != nullptr) {
+    model_.set_parameters_needed(nullptr);
+    model_.set_backward_parameters_needed(nullptr);
+  }
 }
 
 DataParallel Trainer::checked(const TrainSettings& settings, const DataParallel& parallel) {
@@ -71,6 +74,10 @@ DataParallel Trainer::checked(const TrainSettings& settings, const DataParallel&
       "distributed.sharded_gradient_sums = \"reduce_scatter\" with a hybrid layout (shard groups of {} of "
       "{} ranks) is not supported: use \"all_reduce\"",
       parallel.shard_ranks(), parallel.ranks());
+  OCTET_REQUIRE(
+      !parallel.reshard_after_forward || !parallel.shard_optimizer_state || parallel.fp8_weight_gather,
+      "distributed.reshard_after_forward = true needs distributed.fp8_weight_gather = true: the "
+      "copies given back and gathered again are those of the weights gathered as FP8 codes");
   return parallel;
 }
 
@@ -78,7 +85,8 @@ std::unique_ptr<ParameterGather> Trainer::make_gather(Model& model, const DataPa
   if (!parallel.shard_optimizer_state || parallel.communicator == nullptr) return nullptr;
   // Within the shard group: its ranks hold the shards of one copy of the state.
   auto gather = std::make_unique<ParameterGather>(model, *parallel.shard_group(), parallel.fp8_weight_gather,
-                                                  parallel.in_place_gather_floats, parallel.gather_buffers);
+                                                  parallel.in_place_gather_floats, parallel.gather_buffers,
+                                                  parallel.reshard_after_forward);
   // The weights' copies are made from the whole masters by now: the masters the gathers will leave stale
   // are given back before the optimizer's moments take their memory.
   gather->release_before_first_gather();
@@ -111,7 +119,13 @@ Trainer::Trainer(Model& model, TrainSettings settings, DataParallel parallel)
   OCTET_CHECK(optimizer_.sharded() == (gather_ != nullptr),
               "a gather of the parameters with a sharded optimizer");
   // The gather started after an update is waited for by the next forward, run by run.
-  if (gather_ != nullptr) model.set_parameters_needed([this](int64_t end) { gather_->wait(end); });
+  if (gather_ != nullptr) {
+    model.set_parameters_needed([this](int64_t end) { gather_->wait(end); });
+    // Fully sharded weights: the copies the forward gave back are gathered again for the backward.
+    if (gather_->reshard()) {
+      model.set_backward_parameters_needed([this](int64_t begin) { gather_->wait_backward(begin); });
+    }
+  }
   const std::optional<Model::TokenRowGradient> token_rows = model.token_row_gradient();
   if (parallel_.communicator != nullptr && parallel_.ranks() > 1 && parallel_.sparse_embedding_sums &&
       token_rows && !(optimizer_.sharded() && parallel_.reduce_scatter)) {
@@ -426,6 +440,10 @@ std::vector<Backend::Range> Trainer::stale_master_ranges() const {
 
 GatherVolume Trainer::parameter_gather_volume() {
   return gather_ != nullptr ? gather_->volume() : GatherVolume{};
+}
+
+bool Trainer::forwards_gather() const {
+  return gather_ != nullptr && gather_->reshard();
 }
 
 float Trainer::evaluate(const BatchSource& data, int64_t batches) {

@@ -219,11 +219,18 @@ std::string gather_line(const GatherVolume& v) {
   if (v.fp8_weights == 0) {
     return fmt::format("parameters gathered after each update in float32: {:.1f} MiB", mib(all_float32));
   }
-  return fmt::format(
+  std::string line = fmt::format(
       "parameters gathered after each update: {} weights as FP8 codes ({:.1f} MiB) and the rest in float32 "
       "({:.1f} MiB), {:.1f} MiB in all where float32 would move {:.1f} MiB and BF16 weights {:.1f} MiB",
       v.fp8_weights, mib(v.fp8_bytes), mib(v.float32_bytes), mib(v.fp8_bytes + v.float32_bytes),
       mib(all_float32), mib(v.float32_bytes + v.fp8_bytes * 2));
+  if (v.reshard) {
+    line += fmt::format(
+        "; fully sharded: their copies ({:.1f} MiB when all are held) given back after each block's forward "
+        "and backward, the codes gathered again for each backward and each later micro-batch's forward",
+        mib(v.copy_bytes));
+  }
+  return line;
 }
 
 // Bytes in KiB, MiB or GiB, whichever keeps the number above 1.
@@ -372,6 +379,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   parallel.reduce_type = config.distributed.gradient_reduce_type;
   parallel.reduce_scatter = config.distributed.reduce_scatter;
   parallel.fp8_weight_gather = config.distributed.fp8_weight_gather;
+  parallel.reshard_after_forward = config.distributed.reshard_after_forward;
   parallel.sparse_embedding_sums = config.distributed.sparse_embedding_sums;
   parallel.bucket_elements = config.distributed.bucket_mb * (int64_t{1} << 20) / int64_t{sizeof(float)};
   // The backend, model and trainer in `mode`'s precision: at the start, and at each switch of a precision
@@ -603,11 +611,13 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   const BatchSource validation_data = [&](int32_t* tokens, int32_t* targets) {
     validation_loader.next_batch({tokens, static_cast<size_t>(B * T)}, {targets, static_cast<size_t>(B * T)});
   };
-  // Rank 0 validates for the run (every rank holds the same weights).
+  // Rank 0 validates for the run (every rank holds the same weights). Fully sharded weights are gathered by
+  // every forward, so there every rank runs the validation's forwards with it, and rank 0 reports.
   auto validate = [&](int64_t step) {
-    if (!lead) return 0.0f;
+    if (!lead && !trainer->forwards_gather()) return 0.0f;
     validation_loader.reset();
     const float loss = trainer->evaluate(validation_data, config.eval_batches);
+    if (!lead) return loss;
     if (interactive) std::fputs("\n", out);
     say(out, fmt::format("step {}: validation loss {:.4f} (perplexity {:.2f})", step, loss, std::exp(loss)));
     metrics->write(nlohmann::json{{"step", step}, {"val_loss", loss}});

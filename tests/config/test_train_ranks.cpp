@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,6 +125,51 @@ TEST_F(TrainRanks, AnFp8RunOfTwoRanksStartsFromACheckpointsWeights) {
   ASSERT_EQ(a.size(), 2u);
   ASSERT_EQ(b.size(), 2u);
   EXPECT_NE(a.at(1), b.at(1)) << "the second run starts from the first run's trained weights";
+}
+
+TEST_F(TrainRanks, FullyShardedFp8RanksValidateTogetherTrainAsRanksHoldingEveryCopyAndResumeExactly) {
+  // Fully sharded weights gather the codes in every forward, a validation's too: every rank runs it (were
+  // rank 0 alone to validate, the ranks would wait for each other's gathers forever; each run is bounded).
+  // Four blocks: more than the gathers started after the update hold (two), so a validation gathers too.
+  const fs::path config = write_config("fp8", 4);
+  const auto train = [&](const std::string& dir, bool reshard, const std::vector<std::string>& more) {
+    std::vector<std::string> args = {
+        "train",   config.string(),
+        "--ranks", "2",
+        "--set",   "model.layers=4",
+        "--set",   "checkpoint.every=2",
+        "--set",   "logging.run_dir=" + (root_ / dir).string(),
+        "--set",   std::string("distributed.reshard_after_forward=") + (reshard ? "true" : "false")};
+    args.insert(args.end(), more.begin(), more.end());
+    const pid_t pid = start(args, {}, root_ / (dir + ".out"), root_ / (dir + ".err"));
+    const std::optional<int> status = wait_for(pid, std::chrono::seconds(120));
+    EXPECT_TRUE(status.has_value()) << dir << ": still running after 2 minutes";
+    EXPECT_TRUE(status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+        << dir << ": " << read(root_ / (dir + ".err"));
+    return read(root_ / dir / "metrics.jsonl");
+  };
+  const std::string held = train("held", false, {});
+  const std::string sharded = train("sharded", true, {});
+  EXPECT_NE(read(root_ / "sharded.out").find("fully sharded"), std::string::npos)
+      << read(root_ / "sharded.out");
+  EXPECT_EQ(step_losses(sharded), step_losses(held));
+  ASSERT_EQ(step_losses(sharded).size(), 4u);
+  // The validation losses too (metrics lines with val_loss), at steps 2 and 4.
+  const auto validations = [](const std::string& metrics) {
+    std::vector<std::string> out;
+    std::istringstream lines(metrics);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("\"val_loss\"") != std::string::npos) out.push_back(line);
+    }
+    return out;
+  };
+  EXPECT_EQ(validations(sharded).size(), 2u) << sharded;
+  EXPECT_EQ(validations(sharded), validations(held));
+  const std::string resumed =
+      train("resumed", true, {"--resume-from", (root_ / "sharded" / "checkpoints" / "step_000002").string()});
+  auto expected = step_losses(sharded);
+  expected.erase(expected.begin(), expected.find(3));
+  EXPECT_EQ(step_losses(resumed), expected) << "steps 3 and 4 after the resume equal the uninterrupted run's";
 }
 
 TEST_F(TrainRanks, TheFirstStepIsOneRanksOverTheSameGlobalBatch) {

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -90,6 +91,8 @@ struct TwoGpuRun {
   int64_t spread = 0;  // tokens(): 0, every id
   int64_t channels = 64;
   bool bf16_weight_gradients = false;  // train.weight_gradients = "bf16": kept, and summed, as BF16 codes
+  bool reshard = false;                // with fp8_gather: fully sharded weights
+  bool transposes_per_use = false;     // fp8.recompute_weight_transposes
 };
 
 ModelConfig config_of(const TwoGpuRun& how) {
@@ -105,6 +108,7 @@ std::unique_ptr<Model> model_of(const TwoGpuRun& how, Backend& backend) {
   precision.mode = how.mode;
   precision.recipe = how.recipe;
   precision.bf16_weight_gradients = how.bf16_weight_gradients;
+  precision.recompute_weight_transposes = how.transposes_per_use;
   std::unique_ptr<Model> model =
       make_model(config, backend, PrecisionPolicy(precision, config, kB * kT * 2), kB, kT);
   model->init_weights(7);
@@ -146,6 +150,7 @@ std::vector<RankRun> train_on_two_gpus(const TwoGpuRun& how) {
                                      .fp8_weight_gather = how.fp8_gather,
                                      // The token embedding in place, the norms packed.
                                      .in_place_gather_floats = 2048,
+                                     .reshard_after_forward = how.reshard,
                                      .reduce_type = how.reduce,
                                      .bucket_elements = 5000,
                                      .sparse_embedding_sums = how.sparse_embedding_sums});
@@ -275,6 +280,42 @@ TEST(GpuDataParallel, TheStaleMastersMemoryIsGivenBackAndTrainingKeepsItsBits) {
       std::printf("%s: %.1f MiB of %.1f MiB of float32 masters given back\n", what.c_str(),
                   static_cast<double>(y.released) / (1 << 20),
                   static_cast<double>(y.parameters) * sizeof(float) / (1 << 20));
+      EXPECT_TRUE(same_bits(x.losses, y.losses)) << what;
+      EXPECT_TRUE(same_bits(x.norms, y.norms)) << what;
+      EXPECT_TRUE(same_bits(x.params, y.params)) << what;
+      EXPECT_NE(x.losses.front(), x.losses.back()) << "the model trains";
+    }
+  }
+}
+
+// Fully sharded weights: the copies made from the gathered codes given back after each block's forward and
+// backward (stream-ordered, to the device's pool) and gathered again for the backward. Models whose blocks
+// span several 2 MiB chunks, with the transposes kept or made per use, train as with every copy held, bit for
+// bit: so no GEMM reads a copy given back or one gathered from stale codes.
+TEST(GpuDataParallel, FullyShardedWeightsTrainAsEveryCopyHeld) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  std::string why;
+  if (!dist::nccl_available(&why)) GTEST_SKIP() << why;
+  for (const auto& [recipe, llama, per_use] :
+       {std::tuple{RecipeKind::delayed, false, false}, std::tuple{RecipeKind::current, true, false},
+        std::tuple{RecipeKind::delayed, true, true}}) {
+    const TwoGpuRun held{.shard = true,
+                         .mode = MixedPrecision::fp8,
+                         .recipe = recipe,
+                         .fp8_gather = true,
+                         .llama = llama,
+                         .channels = 512,
+                         .transposes_per_use = per_use};
+    TwoGpuRun sharded = held;
+    sharded.reshard = true;
+    const std::vector<RankRun> a = train_on_two_gpus(held), b = train_on_two_gpus(sharded);
+    for (int r = 0; r < 2; ++r) {
+      const RankRun& x = a[static_cast<size_t>(r)];
+      const RankRun& y = b[static_cast<size_t>(r)];
+      ASSERT_TRUE(x.error.empty()) << x.error;
+      ASSERT_TRUE(y.error.empty()) << y.error;
+      const std::string what = std::string(recipe_name(recipe)) + (llama ? ", llama" : ", gpt2") +
+                               (per_use ? ", transposes per use" : "") + ", rank " + std::to_string(r);
       EXPECT_TRUE(same_bits(x.losses, y.losses)) << what;
       EXPECT_TRUE(same_bits(x.norms, y.norms)) << what;
       EXPECT_TRUE(same_bits(x.params, y.params)) << what;

@@ -53,6 +53,9 @@ struct RunShape {
   // The linear layers' weight gradients kept in BF16 (train.weight_gradients = "bf16"), which the ranks
   // sum in BF16.
   bool bf16_weight_gradients = false;
+  // With FP8 gathers: fully sharded weights, the copies given back after use and gathered again
+  // (DataParallel::reshard_after_forward).
+  bool reshard = false;
 };
 
 inline std::string name_of(const RunShape& s) {
@@ -71,7 +74,7 @@ inline std::string name_of(const RunShape& s) {
           : s.checkpointing == ActivationCheckpointing::selective ? "_selective_checkpointing"
                                                                   : "") +
          (s.recompute ? "_recompute" : "") + (s.fp8_gather ? "_fp8gather" : "") +
-         (s.bf16_weight_gradients ? "_bf16wgrad" : "");
+         (s.bf16_weight_gradients ? "_bf16wgrad" : "") + (s.reshard ? "_reshard" : "");
 }
 
 // What a rank ends with.
@@ -224,6 +227,7 @@ inline std::vector<Outcome> many_ranks(
                                  // One gather buffer: each block's codes gathered once the block before
                                  // made its copies (the tiny models have two blocks).
                                  .gather_buffers = 1,
+                                 .reshard_after_forward = s.reshard,
                                  .reduce_type = s.reduce,
                                  .shard_communicator = group.get()});
     if (s.shard) {

@@ -184,6 +184,49 @@ std::vector<RunShape> every_shape() {
                  .shard = true,
                  .fp8_gather = true,
                  .bf16_weight_gradients = true});
+  // Fully sharded weights: the copies given back after use and gathered again for the backward and each
+  // micro-batch's forward. Each recipe, 2 and 4 ranks, a block's forward again in the backward (full
+  // checkpointing) or its GEMMs (recompute), Llama, a mixture of experts, BF16 weight gradients and a hybrid
+  // layout.
+  for (const RecipeKind recipe : {RecipeKind::delayed, RecipeKind::current}) {
+    for (const int ranks : {2, 4}) {
+      out.push_back({.precision = MixedPrecision::fp8,
+                     .recipe = recipe,
+                     .ranks = ranks,
+                     .micro = ranks == 2 ? 2 : 1,
+                     .shard = true,
+                     .fp8_gather = true,
+                     .reshard = true});
+    }
+  }
+  for (const auto& [checkpointing, recompute] :
+       {std::pair{ActivationCheckpointing::full, false}, std::pair{ActivationCheckpointing::none, true}}) {
+    out.push_back({.precision = MixedPrecision::fp8,
+                   .ranks = 2,
+                   .micro = 2,
+                   .shard = true,
+                   .checkpointing = checkpointing,
+                   .recompute = recompute,
+                   .fp8_gather = true,
+                   .reshard = true});
+  }
+  for (const Architecture architecture : {Architecture::llama, Architecture::moe}) {
+    out.push_back({.architecture = architecture,
+                   .precision = MixedPrecision::fp8,
+                   .ranks = 2,
+                   .micro = 2,
+                   .shard = true,
+                   .fp8_gather = true,
+                   .bf16_weight_gradients = architecture == Architecture::moe,
+                   .reshard = true});
+  }
+  out.push_back({.precision = MixedPrecision::fp8,
+                 .ranks = 4,
+                 .micro = 1,
+                 .shard = true,
+                 .replicate = 2,
+                 .fp8_gather = true,
+                 .reshard = true});
   return out;
 }
 

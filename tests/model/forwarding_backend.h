@@ -57,6 +57,12 @@ class ForwardingBackend : public Backend {
   void weight_copies_from_codes(std::span<const WeightPart> parts, const uint8_t* codes) override {
     inner_.weight_copies_from_codes(parts, codes);
   }
+  void weight_part_codes(std::span<const WeightPart> parts, uint8_t* codes) override {
+    inner_.weight_part_codes(parts, codes);
+  }
+  void release_weight_copies(std::span<const WeightPart> parts) override {
+    inner_.release_weight_copies(parts);
+  }
   void copy(void* destination, const void* source, size_t bytes) override {
     inner_.copy(destination, source, bytes);
   }

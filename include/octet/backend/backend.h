@@ -405,6 +405,14 @@ class Backend {
   // After the gather: each part's weight copy from the weight's whole codes at codes + codes_offset, the
   // copy prepare_weight makes (its transpose made here), with the scale cast_weight_parts chose.
   virtual void weight_copies_from_codes(std::span<const WeightPart> parts, const uint8_t* codes) = 0;
+  // Fully sharded weights (docs/distributed.md, "Weight copies released after use"): each part's codes taken
+  // from its weight's present copy (made by prepare_weight or weight_copies_from_codes) into
+  // codes + codes_offset + begin .. + end - 1, the codes cast_weight_parts would write for the copy's scale.
+  virtual void weight_part_codes(std::span<const WeightPart> parts, uint8_t* codes) = 0;
+  // Gives back the memory of the parts' weight copies (their codes and transposed codes) once the work
+  // enqueued so far that reads them is done; a GEMM that reads such a copy fails until
+  // weight_copies_from_codes makes it again. The scaling state stays as it is.
+  virtual void release_weight_copies(std::span<const WeightPart> parts) = 0;
   // bytes from source to destination, both in the backend's memory (they must not overlap).
   virtual void copy(void* destination, const void* source, size_t bytes) = 0;
 

@@ -26,6 +26,9 @@ struct DistributedSettings {
   // With the optimizer state sharded: the weights whose GEMMs all run in FP8 are gathered as FP8 codes
   // ([distributed] fp8_weight_gather; src/train/parameter_gather.h).
   bool fp8_weight_gather = true;
+  // With FP8 weight gathers: the copies made from the gathered codes given back after each run's forward
+  // and backward and gathered again (fully sharded weights; [distributed] reshard_after_forward).
+  bool reshard_after_forward = false;
   // Where every rank receives every sum: an untied token embedding's gradient summed in the rows some
   // rank's tokens read only ([distributed] sparse_embedding_sums).
   bool sparse_embedding_sums = true;

@@ -98,6 +98,10 @@ class Decoder final : public Model {
   void set_gradient_ready(GradientReady ready) override { gradient_ready_ = std::move(ready); }
   std::vector<int64_t> forward_parameter_bounds() const override { return forward_bounds_; }
   void set_parameters_needed(ParametersNeeded needed) override { parameters_needed_ = std::move(needed); }
+  void set_backward_parameters_needed(ParametersNeeded needed) override {
+    backward_parameters_needed_ = std::move(needed);
+  }
+  int64_t weight_copies_made() const override { return weight_copies_made_; }
   std::optional<TokenRowGradient> token_row_gradient() const override;
   std::vector<Fp8LinearState*> fp8_states(std::span<const std::string> layers) override;
   std::optional<double> router_balance() const override;
@@ -344,6 +348,12 @@ class Decoder final : public Model {
   void need_parameters(int64_t end) {
     if (parameters_needed_) parameters_needed_(end);
   }
+  ParametersNeeded backward_parameters_needed_;  // set_backward_parameters_needed
+  // Calls backward_parameters_needed_ (where set) before the backward reads the run beginning at `begin`.
+  void need_parameters_backward(int64_t begin) {
+    if (backward_parameters_needed_) backward_parameters_needed_(begin);
+  }
+  int64_t weight_copies_made_ = 0;  // refresh_weight_copies' count
   // Reports to gradient_ready_ the gradients of the parameters `part` names, whose backward is enqueued, in
   // runs of each buffer; a weight gradient no backward wrote this step is zeroed first, as grads() would.
   void report_gradients(const std::function<bool(std::string_view name)>& part);

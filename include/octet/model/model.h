@@ -153,6 +153,16 @@ class Model {
   // other ranks (a sharded optimizer's gathers) waits there for those below `end`. Null: none (the default).
   using ParametersNeeded = std::function<void(int64_t end)>;
   virtual void set_parameters_needed(ParametersNeeded needed) = 0;
+  // While set, every backward calls needed(begin) before it reads a parameter of the run of the forward that
+  // begins at `begin` (one of forward_parameter_bounds()) or a weight copy of one, the runs in the reverse of
+  // the forward's order (the head's and the final norm's run, each block's from the last, the embeddings'),
+  // a block's forward run again under activation checkpointing included: a trainer that gives back the
+  // weight copies of the runs the forward is done with (fully sharded weights) makes them again there, and
+  // gives back those of the runs after `begin`. Null: none (the default).
+  virtual void set_backward_parameters_needed(ParametersNeeded needed) = 0;
+  // How many times refresh_weight_copies has remade every copy from the parameters: what holds a copy's
+  // codes elsewhere (a fully sharded trainer's own codes) takes them again when this moves.
+  virtual int64_t weight_copies_made() const = 0;
   // A float32 gradient whose rows are indexed by input tokens: [rows, cols] at `offset` in grads(), and after
   // zero_grad and the backwards since, every row but those of the token ids the forwards read holds +0 (an
   // untied token embedding). A data-parallel trainer sums only the rows some rank's tokens touched; the

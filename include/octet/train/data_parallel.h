@@ -58,6 +58,12 @@ struct DataParallel {
   // each rank keeps its own codes, and a run's gather starts once the run this many before it has made its
   // copies (prefetching that far ahead of the forward), in place of a buffer of every weight's codes.
   int gather_buffers = 2;
+  // With FP8 weight gathers: fully sharded weights (FSDP's reshard after forward). The copies made from the
+  // gathered codes are given back as soon as the forward, and then the backward, is done with their run,
+  // and gathered again for the backward (and for every micro-batch's forward): each rank holds the copies
+  // of a run or two instead of every weight's, for one more gather of the codes per pass. The same copies,
+  // so the same training, bit for bit. src/train/parameter_gather.h.
+  bool reshard_after_forward = false;
   // The type the ranks sum their gradients in: float32, or BF16, each rank's accumulated gradient and every
   // partial sum rounded to BF16 (Communicator::all_reduce_sum_bf16; emulated ranks round alike).
   dist::GradientReduceType reduce_type = dist::GradientReduceType::float32;
@@ -104,6 +110,11 @@ struct GatherVolume {
   int64_t fp8_bytes = 0;
   int64_t float32_bytes = 0;
   int64_t fp8_weights = 0;
+  // Fully sharded weights (DataParallel::reshard_after_forward): the copies of the weights gathered as codes
+  // given back after use, their codes gathered again for each backward (all but the last run's) and each
+  // later micro-batch's forward; what those copies take when all are held.
+  bool reshard = false;
+  int64_t copy_bytes = 0;
 };
 
 // Rank `rank`'s micro-batches out of `global`, the source of every rank's micro-batches in order: of each

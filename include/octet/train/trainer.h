@@ -48,14 +48,15 @@ class Trainer {
   Trainer(Model& model, TrainSettings settings);
   // One data-parallel rank (data_parallel.h): `data` gives this rank's micro-batches (rank_batches), the
   // step's results (loss, gradient norm, tokens) are the whole step's over every rank, its GEMM counts this
-  // rank's. Throws invalid_input
-  // where the model keeps weight gradients in bf16, which the ranks do not sum yet.
+  // rank's. Throws invalid_input where `parallel` asks for what cannot be (Trainer::checked: a reduce-scatter
+  // with a hybrid layout, fully sharded weights without FP8 gathers).
   Trainer(Model& model, TrainSettings settings, DataParallel parallel);
   ~Trainer();
   // Runs one optimizer step. Throws octet::Error (ErrorKind::training_failed) after
   // max_consecutive_skips skipped steps in a row.
   StepResult step(const BatchSource& data);
-  // Mean loss over `batches` micro-batches, without touching gradients or the optimizer.
+  // Mean loss over `batches` micro-batches, without touching gradients or the optimizer. With fully sharded
+  // weights (forwards_gather), every rank calls it together.
   float evaluate(const BatchSource& data, int64_t batches);
 
   // Called in every step after the first micro-batch's backward (of the first emulated rank), until reset
@@ -88,6 +89,9 @@ class Trainer {
   // What one gather of a sharded optimizer's parameters moves, planned from the layers' present modes
   // (data_parallel.h); zeros where the optimizer state is whole.
   GatherVolume parameter_gather_volume();
+  // Whether every forward gathers weights from the other ranks (fully sharded weights,
+  // DataParallel::reshard_after_forward): then every rank runs every forward together, an evaluation's too.
+  bool forwards_gather() const;
   // The ranges of the parameters whose float32 master values this rank leaves stale between updates (the
   // weights gathered as FP8 codes, outside this rank's part of each: ParameterGather::stale_ranges); empty
   // without FP8 weight gathers and after gather_master_weights().

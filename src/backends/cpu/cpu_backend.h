@@ -50,6 +50,8 @@ class CpuBackend final : public Backend {
   void weight_part_amaxes(std::span<const WeightPart> parts, float* amaxes) override;
   void cast_weight_parts(std::span<const WeightPart> parts, const float* amaxes, uint8_t* codes) override;
   void weight_copies_from_codes(std::span<const WeightPart> parts, const uint8_t* codes) override;
+  void weight_part_codes(std::span<const WeightPart> parts, uint8_t* codes) override;
+  void release_weight_copies(std::span<const WeightPart> parts) override;
   void copy(void* destination, const void* source, size_t bytes) override;
   void linear_forward(const TensorView& out, const ConstTensorView& inp, const ConstTensorView& weight,
                       const WeightCopy* copy, const Epilogue& epilogue, LinearExecution& exec,

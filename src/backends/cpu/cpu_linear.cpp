@@ -373,6 +373,29 @@ void CpuBackend::weight_copies_from_codes(std::span<const WeightPart> parts, con
   }
 }
 
+void CpuBackend::weight_part_codes(std::span<const WeightPart> parts, uint8_t* codes) {
+  for (const WeightPart& p : parts) {
+    check_weight_part(p);
+    const auto* cpu_copy = dynamic_cast<const CpuWeightCopy*>(p.copy->get());
+    OCTET_CHECK(cpu_copy != nullptr && cpu_copy->fp8.rows == p.rows && cpu_copy->fp8.cols == p.cols &&
+                    cpu_copy->fp8.data.size() == static_cast<size_t>(p.rows * p.cols),
+                "the FP8 copy of a [{}, {}] weight to take its codes from", p.rows, p.cols);
+    std::copy(cpu_copy->fp8.data.begin() + p.begin, cpu_copy->fp8.data.begin() + p.end,
+              codes + (p.codes_offset + p.begin));
+  }
+}
+
+void CpuBackend::release_weight_copies(std::span<const WeightPart> parts) {
+  for (const WeightPart& p : parts) {
+    check_weight_part(p);
+    auto* cpu_copy = dynamic_cast<CpuWeightCopy*>(p.copy->get());
+    if (cpu_copy == nullptr) continue;
+    // Empty tensors: the GEMMs check for a copy's codes, so a read of a released copy fails.
+    cpu_copy->fp8 = QuantizedTensor{};
+    cpu_copy->fp8_transposed = QuantizedTensor{};
+  }
+}
+
 void CpuBackend::linear_forward(float* out, const float* inp, const float* weight, const WeightCopy* copy,
                                 const float* bias, int64_t N, int64_t C, int64_t OC, LinearExecution& exec,
                                 const Fp8Operand& input) {
@@ -448,6 +471,8 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
       break;
     }
     case GemmMode::fp8: {
+      OCTET_CHECK(w != nullptr && w->fp8_transposed.rows == C && w->fp8_transposed.cols == OC,
+                  "an FP8 weight copy (prepare_weight) of a [{}, {}] weight", OC, C);
       // K-major operands: A = dy [N, OC], B = W^T [C, OC].
       const std::vector<float> d = fp8_product(dy, w->fp8_transposed, exec);
       std::copy(d.begin(), d.end(), dinp);

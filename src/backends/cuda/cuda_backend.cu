@@ -73,6 +73,13 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
   OCTET_CUDA_CHECK(cudaSetDevice(options.device));
   info_ = cuda_device_info(options.device);
   OCTET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // The device's memory pool (DeviceScratch::get_in_order: the weight copies that fully sharded weights
+  // make and give back every step) keeps what is given back for the next taking, instead of returning it to
+  // the driver at each synchronization: the pool holds what the copies held at most at once.
+  cudaMemPool_t pool = nullptr;
+  OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, options.device));
+  uint64_t keep = UINT64_MAX;
+  OCTET_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   gemm_ = std::make_unique<GemmEngine>(options.time_gemm_algorithms ? cuda::GemmAlgorithmChoice::timed
                                                                     : cuda::GemmAlgorithmChoice::heuristic);
   emulate_fp8_ = !info_.fp8_tensor_cores || options.emulate_fp8;

@@ -55,6 +55,7 @@ class DeviceScratch {
       data_ = nullptr;
       OCTET_CUDA_CHECK(cudaMalloc(&data_, bytes));
       bytes_ = bytes;
+      pooled_ = false;
     }
     return data_;
   }
@@ -65,15 +66,46 @@ class DeviceScratch {
   // Frees the memory once the stream's work is done with it.
   void release(cudaStream_t stream) {
     if (data_ == nullptr) return;
+    if (pooled_) {
+      release_in_order(stream);
+      return;
+    }
     OCTET_CUDA_CHECK(cudaStreamSynchronize(stream));
     cudaFree(data_);
     data_ = nullptr;
     bytes_ = 0;
   }
+  // Memory that comes and goes every step (the weight copies of fully sharded weights): taken from the
+  // device's memory pool in the stream's order (cudaMallocAsync), without waiting for the device, and given
+  // back by release_in_order. Memory already held and large enough is kept.
+  void* get_in_order(size_t bytes, cudaStream_t stream) {
+    if (bytes > bytes_) {
+      release_in_order(stream);
+      OCTET_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
+      bytes_ = bytes;
+      pooled_ = true;
+    }
+    return data_;
+  }
+  // Gives the memory back to the pool once the work enqueued on the stream so far is done with it (memory
+  // from cudaMalloc: after waiting for the stream).
+  void release_in_order(cudaStream_t stream) {
+    if (data_ == nullptr) return;
+    if (pooled_) {
+      OCTET_CUDA_CHECK(cudaFreeAsync(data_, stream));
+      data_ = nullptr;
+      bytes_ = 0;
+      pooled_ = false;
+      return;
+    }
+    release(stream);
+  }
+  bool empty() const { return data_ == nullptr; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  bool pooled_ = false;  // from cudaMallocAsync
 };
 
 class CudaBackend;
@@ -278,6 +310,8 @@ class CudaBackend final : public Backend {
   void weight_part_amaxes(std::span<const WeightPart> parts, float* amaxes) override;
   void cast_weight_parts(std::span<const WeightPart> parts, const float* amaxes, uint8_t* codes) override;
   void weight_copies_from_codes(std::span<const WeightPart> parts, const uint8_t* codes) override;
+  void weight_part_codes(std::span<const WeightPart> parts, uint8_t* codes) override;
+  void release_weight_copies(std::span<const WeightPart> parts) override;
   void copy(void* destination, const void* source, size_t bytes) override {
     const OpScope scope(*this, OpKind::other);
     if (bytes == 0) return;

@@ -63,16 +63,44 @@ void CudaBackend::weight_copies_from_codes(std::span<const WeightPart> parts, co
     check_part(p);
     CudaWeightCopy& w = cuda_weight_copy(*p.copy);
     layer_of(*p.exec, w);
-    const int64_t n = p.rows * p.cols;
-    auto* own = w.fp8.as<uint8_t>(static_cast<size_t>(n), stream_);
-    OCTET_CUDA_CHECK(cudaMemcpyAsync(own, codes + p.codes_offset, static_cast<size_t>(n),
-                                     cudaMemcpyDeviceToDevice, stream_));
-    if (uint8_t* transposed = weight_codes_transposed(w, static_cast<size_t>(n), *p.exec)) {
+    const auto n = static_cast<size_t>(p.rows * p.cols);
+    // In the stream's order from the device's pool: a fully sharded weight's copy is made and given back
+    // (release_weight_copies) every step, and most of them hold none between their uses.
+    auto* own = static_cast<uint8_t*>(w.fp8.get_in_order(n, stream_));
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(own, codes + p.codes_offset, n, cudaMemcpyDeviceToDevice, stream_));
+    if (!p.exec->transpose_weight_per_use) {
+      auto* transposed = static_cast<uint8_t*>(w.fp8_transposed.get_in_order(n, stream_));
       cuda::transpose_codes(own, transposed, p.rows, p.cols, stream_);
+    } else {
+      weight_codes_transposed(w, n, *p.exec);  // checks the recipe, gives back any transposed copy
     }
     w.has_fp8 = true;
     w.has_wide = false;
     w.bias_current = false;  // the gather brought the bias's new values too
+  }
+}
+
+void CudaBackend::weight_part_codes(std::span<const WeightPart> parts, uint8_t* codes) {
+  for (const WeightPart& p : parts) {
+    check_part(p);
+    CudaWeightCopy& w = cuda_weight_copy(*p.copy);
+    OCTET_CHECK(w.has_fp8 && !w.fp8.empty(), "the FP8 copy of a [{}, {}] weight to take its codes from", p.rows,
+                p.cols);
+    if (p.end > p.begin) {
+      const auto* from = static_cast<const uint8_t*>(w.fp8.get(0, stream_));
+      OCTET_CUDA_CHECK(cudaMemcpyAsync(codes + (p.codes_offset + p.begin), from + p.begin,
+                                       static_cast<size_t>(p.end - p.begin), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+}
+
+void CudaBackend::release_weight_copies(std::span<const WeightPart> parts) {
+  for (const WeightPart& p : parts) {
+    check_part(p);
+    CudaWeightCopy& w = cuda_weight_copy(*p.copy);
+    w.fp8.release_in_order(stream_);
+    w.fp8_transposed.release_in_order(stream_);
+    w.has_fp8 = false;  // the GEMMs check for it
   }
 }
 
