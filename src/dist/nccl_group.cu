@@ -183,7 +183,6 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  ncclComm_t comm() const { return comm_; }
 
   void all_reduce_sum(std::span<float> values) override {
     in_place("all_reduce_sum (float32)", std::as_writable_bytes(values), [&](void* d) {
@@ -284,12 +283,7 @@ class NcclCommunicator final : public Communicator {
     select_device();
     if (host_memory(values.data()))
       return Communicator::start_reduce_scatter_sum(values, offset, total, stream);
-    const ShardPart mine = shard_part(offset, static_cast<int64_t>(values.size()), total, rank_, size_);
-    wait_for(stream);
-    check_nccl(to_owners(values.data(), values.size(), offset, total, ncclFloat32),
-               "reduce_scatter_sum_in_place (float32, overlapped)", rank_);
-    count_reduce_scatter(static_cast<int64_t>(values.size_bytes()), mine.size() * int64_t{sizeof(float)});
-    started_ = true;
+    start_to_owners(values.data(), values.size(), offset, total, ncclFloat32, sizeof(float), "float32", stream);
   }
   // As start_all_reduce_sum_bf16, with the sums of this rank's part alone widened back.
   void start_reduce_scatter_sum_bf16(std::span<float> values, int64_t offset, int64_t total,
@@ -328,12 +322,8 @@ class NcclCommunicator final : public Communicator {
     select_device();
     if (host_memory(values.data()))
       return Communicator::start_reduce_scatter_sum_bf16_codes(values, offset, total, stream);
-    const ShardPart mine = shard_part(offset, static_cast<int64_t>(values.size()), total, rank_, size_);
-    wait_for(stream);
-    check_nccl(to_owners(values.data(), values.size(), offset, total, ncclBfloat16),
-               "reduce_scatter_sum_in_place (bf16 codes, overlapped)", rank_);
-    count_reduce_scatter(static_cast<int64_t>(values.size_bytes()), mine.size() * int64_t{sizeof(uint16_t)});
-    started_ = true;
+    start_to_owners(values.data(), values.size(), offset, total, ncclBfloat16, sizeof(uint16_t), "bf16 codes",
+                    stream);
   }
   void finish_started() override {
     if (!started_) return;
@@ -479,6 +469,19 @@ class NcclCommunicator final : public Communicator {
   // parts would send the zeros of every other rank's part, or wait for the backward to finish every shard's
   // part, giving up the overlap. The grouped reduces move the same bytes as a reduce-scatter of the run
   // (each rank sends every part but its own, once), with no padding and no wait.
+  // Starts to_owners on the communicator's stream once the work enqueued on `stream` is done, for values
+  // already in the type summed: counts the bytes sent and received, and marks the sums started.
+  void start_to_owners(void* data, size_t n, int64_t offset, int64_t total, ncclDataType_t type, size_t element,
+                       const char* what, void* stream) {
+    const ShardPart mine = shard_part(offset, static_cast<int64_t>(n), total, rank_, size_);
+    wait_for(stream);
+    const ncclResult_t r = to_owners(data, n, offset, total, type);
+    if (r != ncclSuccess) {
+      check_nccl(r, fmt::format("reduce_scatter_sum_in_place ({}, overlapped)", what).c_str(), rank_);
+    }
+    count_reduce_scatter(static_cast<int64_t>(n * element), mine.size() * static_cast<int64_t>(element));
+    started_ = true;
+  }
   ncclResult_t to_owners(void* data, size_t n, int64_t offset, int64_t total, ncclDataType_t type) {
     if (n == 0) return ncclSuccess;
     const size_t element = type == ncclBfloat16 ? sizeof(__nv_bfloat16) : sizeof(float);

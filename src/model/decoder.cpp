@@ -390,6 +390,7 @@ void Decoder::forward_block(int64_t l, int64_t B, int64_t T) {
 void Decoder::rerun_block(int64_t l, int64_t B, int64_t T) {
   const std::vector<Linear*>& layers = block_linears_[static_cast<size_t>(l)];
   std::vector<LinearExecution> saved(layers.size());
+  std::vector<Linear*> fp8;
   for (size_t i = 0; i < layers.size(); ++i) {
     Linear& layer = *layers[i];
     saved[i] = layer.exec;
@@ -398,20 +399,23 @@ void Decoder::rerun_block(int64_t l, int64_t B, int64_t T) {
     e.fp8_gemms = e.other_gemms = e.saturated = e.underflowed = nullptr;
     e.telemetry = nullptr;
     e.measure_sqnr = false;
-    if (!layer.plan->fp8()) continue;
-    // The forward's scales in, the current state out, for the length of the block's forward.
-    backend_.fetch_scaling(layer.state);
-    std::swap(layer.state.activation, layer.forward_activation);
-    backend_.publish_scaling(layer.state);
+    if (layer.plan->fp8()) fp8.push_back(&layer);
+  }
+  // The forward's scales in, the current state out, for the length of the block's forward: the block's
+  // states fetched and published together (a GPU backend waits once for each, not once a layer).
+  std::vector<Fp8LinearState*> states;
+  for (Linear* layer : fp8) states.push_back(&layer->state);
+  const auto swap_scales = [&] {
+    for (Linear* layer : fp8) std::swap(layer->state.activation, layer->forward_activation);
+    backend_.publish_scaling(std::span<const Fp8LinearState* const>(states.data(), states.size()));
+  };
+  if (!states.empty()) {
+    backend_.fetch_scaling(std::span<Fp8LinearState* const>(states));
+    swap_scales();
   }
   forward_block(l, B, T);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    Linear& layer = *layers[i];
-    layer.exec = saved[i];
-    if (!layer.plan->fp8()) continue;
-    std::swap(layer.state.activation, layer.forward_activation);
-    backend_.publish_scaling(layer.state);
-  }
+  for (size_t i = 0; i < layers.size(); ++i) layers[i]->exec = saved[i];
+  if (!states.empty()) swap_scales();
 }
 
 void Decoder::renormalize(const Linear& next, void* out, float* mean, float* rstd, const float* inp,
@@ -443,10 +447,13 @@ void Decoder::run_forward(const int32_t* tokens, int64_t B, int64_t T) {
                              gpt2 ? ConstTensorView(P("wpe"), {T, C}) : ConstTensorView());
   if (checkpointing() == ActivationCheckpointing::full) {
     // The scales this forward's casts take, for the blocks' forwards again in the backward.
+    std::vector<Fp8LinearState*> states;
     for (auto& l : linears_) {
-      if (!l->plan->fp8()) continue;
-      backend_.fetch_scaling(l->state);
-      l->forward_activation = l->state.activation;
+      if (l->plan->fp8()) states.push_back(&l->state);
+    }
+    backend_.fetch_scaling(std::span<Fp8LinearState* const>(states));  // together: one wait on a GPU
+    for (auto& l : linears_) {
+      if (l->plan->fp8()) l->forward_activation = l->state.activation;
     }
   }
   for (int64_t l = 0; l < config_.layers; ++l) {

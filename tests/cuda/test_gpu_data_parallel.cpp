@@ -186,6 +186,17 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Rank r of run b trains as rank r of run a, bit for bit: the losses, the gradient norms and the parameters;
+// and the model trains. `what` names the runs in the messages.
+void expect_same_training(const RankRun& x, const RankRun& y, const std::string& what) {
+  ASSERT_TRUE(x.error.empty()) << what << ": " << x.error;
+  ASSERT_TRUE(y.error.empty()) << what << ": " << y.error;
+  EXPECT_TRUE(same_bits(x.losses, y.losses)) << what;
+  EXPECT_TRUE(same_bits(x.norms, y.norms)) << what;
+  EXPECT_TRUE(same_bits(x.params, y.params)) << what;
+  EXPECT_NE(x.losses.front(), x.losses.back()) << what << ": the model trains";
+}
+
 TEST(GpuDataParallel, ShardedSumsAreReduceScatteredAndTrainAsAllReduced) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
   std::string why;
@@ -234,16 +245,9 @@ TEST(GpuDataParallel, Fp8WeightGathersTrainAsFloat32Gathers) {
     codes.fp8_gather = true;
     const std::vector<RankRun> a = train_on_two_gpus(float32), b = train_on_two_gpus(codes);
     for (int r = 0; r < 2; ++r) {
-      const RankRun& x = a[static_cast<size_t>(r)];
-      const RankRun& y = b[static_cast<size_t>(r)];
-      ASSERT_TRUE(x.error.empty()) << x.error;
-      ASSERT_TRUE(y.error.empty()) << y.error;
-      const std::string what = std::string(recipe_name(recipe)) + (llama ? ", llama" : "") + ", rank " +
-                               std::to_string(r);
-      EXPECT_TRUE(same_bits(x.losses, y.losses)) << what;
-      EXPECT_TRUE(same_bits(x.norms, y.norms)) << what;
-      EXPECT_TRUE(same_bits(x.params, y.params)) << what;
-      EXPECT_NE(x.losses.front(), x.losses.back()) << "the model trains";
+      expect_same_training(
+          a[static_cast<size_t>(r)], b[static_cast<size_t>(r)],
+          std::string(recipe_name(recipe)) + (llama ? ", llama" : "") + ", rank " + std::to_string(r));
     }
   }
 }
@@ -280,10 +284,7 @@ TEST(GpuDataParallel, TheStaleMastersMemoryIsGivenBackAndTrainingKeepsItsBits) {
       std::printf("%s: %.1f MiB of %.1f MiB of float32 masters given back\n", what.c_str(),
                   static_cast<double>(y.released) / (1 << 20),
                   static_cast<double>(y.parameters) * sizeof(float) / (1 << 20));
-      EXPECT_TRUE(same_bits(x.losses, y.losses)) << what;
-      EXPECT_TRUE(same_bits(x.norms, y.norms)) << what;
-      EXPECT_TRUE(same_bits(x.params, y.params)) << what;
-      EXPECT_NE(x.losses.front(), x.losses.back()) << "the model trains";
+      expect_same_training(x, y, what);
     }
   }
 }
@@ -310,16 +311,9 @@ TEST(GpuDataParallel, FullyShardedWeightsTrainAsEveryCopyHeld) {
     sharded.reshard = true;
     const std::vector<RankRun> a = train_on_two_gpus(held), b = train_on_two_gpus(sharded);
     for (int r = 0; r < 2; ++r) {
-      const RankRun& x = a[static_cast<size_t>(r)];
-      const RankRun& y = b[static_cast<size_t>(r)];
-      ASSERT_TRUE(x.error.empty()) << x.error;
-      ASSERT_TRUE(y.error.empty()) << y.error;
-      const std::string what = std::string(recipe_name(recipe)) + (llama ? ", llama" : ", gpt2") +
-                               (per_use ? ", transposes per use" : "") + ", rank " + std::to_string(r);
-      EXPECT_TRUE(same_bits(x.losses, y.losses)) << what;
-      EXPECT_TRUE(same_bits(x.norms, y.norms)) << what;
-      EXPECT_TRUE(same_bits(x.params, y.params)) << what;
-      EXPECT_NE(x.losses.front(), x.losses.back()) << "the model trains";
+      expect_same_training(a[static_cast<size_t>(r)], b[static_cast<size_t>(r)],
+                           std::string(recipe_name(recipe)) + (llama ? ", llama" : ", gpt2") +
+                               (per_use ? ", transposes per use" : "") + ", rank " + std::to_string(r));
     }
   }
 }

@@ -102,6 +102,7 @@ CudaBackend::~CudaBackend() {
   layers_.clear();
   gemm_.reset();
   if (pinned_states_ != nullptr) cudaFreeHost(pinned_states_);
+  if (pinned_state_addresses_ != nullptr) cudaFreeHost(pinned_state_addresses_);
   cudaStreamDestroy(stream_);
 }
 

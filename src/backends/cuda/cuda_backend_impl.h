@@ -708,14 +708,22 @@ class CudaBackend final : public Backend {
   std::vector<ScalingUpdate> pending_updates_;
   std::vector<Layer*> pending_layers_;
   std::unordered_map<const Fp8LinearState*, Layer*> layers_;
-  // Pinned host records for fetch_scaling and publish_scaling: their copies queue without a wait each.
+  // Pinned host records for fetch_scaling and publish_scaling, and the addresses of the device records they
+  // stand for (pinned too, the device's copy in state_addresses_).
   DeviceLayerState* pinned_layer_states(size_t count);
   // The device records of those of `states` that the device holds (`found`: each one's index in `states` and
-  // its record), read into pinned host records with one wait; null when it holds none.
+  // its record), read into pinned host records with one wait; null when it holds none. The records are
+  // packed on the device first (state_staging_) and travel in one copy, not one copy each: data-parallel
+  // training moves every FP8 layer's records several times a step, between the backward and the update.
   DeviceLayerState* read_layer_states(std::span<const Fp8LinearState* const> states,
                                       std::vector<std::pair<size_t, DeviceLayerState*>>& found);
+  // Writes the pinned host records back to the device records `found` names (as read_layer_states read
+  // them last), in one copy, and waits.
+  void write_layer_states(const std::vector<std::pair<size_t, DeviceLayerState*>>& found);
   DeviceLayerState* pinned_states_ = nullptr;
+  DeviceLayerState** pinned_state_addresses_ = nullptr;
   size_t pinned_states_capacity_ = 0;
+  DeviceScratch state_staging_, state_addresses_;
   std::unordered_map<const Fp8LinearTelemetry*, Layer*> telemetry_layers_;
   DeviceScratch wide_[2], emulation_[3], producer_output_, column_partials_;
   // A bf16 weight gradient widened for an AdamW update that reads float32 (update_weight_alone).

@@ -138,6 +138,16 @@ struct ScalingUpdates {
 
 // Every pending scaling update at once, one thread each: each entry is a different operand (an operand is
 // never cast twice before its update is applied), so the threads touch disjoint state.
+// Layer records between their places and one packed array (pack: to it; otherwise from it), one block each.
+__global__ void move_states_kernel(DeviceLayerState* const* records, DeviceLayerState* packed, bool pack) {
+  static_assert(sizeof(DeviceLayerState) % sizeof(uint4) == 0, "layer records of whole 16-byte words");
+  constexpr int kWords = static_cast<int>(sizeof(DeviceLayerState) / sizeof(uint4));
+  DeviceLayerState* record = records[blockIdx.x];
+  const auto* from = reinterpret_cast<const uint4*>(pack ? record : packed + blockIdx.x);
+  auto* to = reinterpret_cast<uint4*>(pack ? packed + blockIdx.x : record);
+  for (int w = static_cast<int>(threadIdx.x); w < kWords; w += static_cast<int>(blockDim.x)) to[w] = from[w];
+}
+
 __global__ void update_scaling_kernel(const ScalingUpdates updates) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= updates.count) return;
@@ -253,8 +263,12 @@ void read_device_state(const DeviceLayerState& host, Fp8LinearState& state) {
 DeviceLayerState* CudaBackend::pinned_layer_states(size_t count) {
   if (pinned_states_capacity_ < count) {
     if (pinned_states_ != nullptr) OCTET_CUDA_CHECK(cudaFreeHost(pinned_states_));
+    if (pinned_state_addresses_ != nullptr) OCTET_CUDA_CHECK(cudaFreeHost(pinned_state_addresses_));
     pinned_states_ = nullptr;
+    pinned_state_addresses_ = nullptr;
     OCTET_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_states_), count * sizeof(DeviceLayerState)));
+    OCTET_CUDA_CHECK(
+        cudaMallocHost(reinterpret_cast<void**>(&pinned_state_addresses_), count * sizeof(DeviceLayerState*)));
     pinned_states_capacity_ = count;
   }
   return pinned_states_;
@@ -279,13 +293,31 @@ DeviceLayerState* CudaBackend::read_layer_states(std::span<const Fp8LinearState*
     if (it != layers_.end()) found.emplace_back(i, it->second->device);
   }
   if (found.empty()) return nullptr;
-  DeviceLayerState* host = pinned_layer_states(found.size());
-  for (size_t i = 0; i < found.size(); ++i) {
-    OCTET_CUDA_CHECK(cudaMemcpyAsync(&host[i], found[i].second, sizeof(DeviceLayerState),
-                                     cudaMemcpyDeviceToHost, stream_));
-  }
+  const size_t n = found.size();
+  DeviceLayerState* host = pinned_layer_states(n);
+  for (size_t i = 0; i < n; ++i) pinned_state_addresses_[i] = found[i].second;
+  auto* addresses = state_addresses_.as<DeviceLayerState*>(n, stream_);
+  auto* packed = state_staging_.as<DeviceLayerState>(n, stream_);
+  OCTET_CUDA_CHECK(cudaMemcpyAsync(addresses, pinned_state_addresses_, n * sizeof(DeviceLayerState*),
+                                   cudaMemcpyHostToDevice, stream_));
+  move_states_kernel<<<static_cast<unsigned>(n), 128, 0, stream_>>>(addresses, packed, true);
+  OCTET_CUDA_CHECK_LAUNCH("move_states_kernel");
+  OCTET_CUDA_CHECK(cudaMemcpyAsync(host, packed, n * sizeof(DeviceLayerState), cudaMemcpyDeviceToHost, stream_));
   OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return host;
+}
+
+void CudaBackend::write_layer_states(const std::vector<std::pair<size_t, DeviceLayerState*>>& found) {
+  const size_t n = found.size();
+  if (n == 0) return;
+  // state_addresses_ holds found's records since read_layer_states, which waited for its copy.
+  auto* addresses = state_addresses_.as<DeviceLayerState*>(n, stream_);
+  auto* packed = state_staging_.as<DeviceLayerState>(n, stream_);
+  OCTET_CUDA_CHECK(
+      cudaMemcpyAsync(packed, pinned_states_, n * sizeof(DeviceLayerState), cudaMemcpyHostToDevice, stream_));
+  move_states_kernel<<<static_cast<unsigned>(n), 128, 0, stream_>>>(addresses, packed, false);
+  OCTET_CUDA_CHECK_LAUNCH("move_states_kernel");
+  OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::publish_scaling(std::span<const Fp8LinearState* const> states) {
@@ -293,12 +325,8 @@ void CudaBackend::publish_scaling(std::span<const Fp8LinearState* const> states)
   // records are read first (the telemetry in them stays), then written, each direction with one wait.
   std::vector<std::pair<size_t, DeviceLayerState*>> found;
   DeviceLayerState* host = read_layer_states(states, found);
-  for (size_t i = 0; i < found.size(); ++i) {
-    write_device_state(*states[found[i].first], host[i]);
-    OCTET_CUDA_CHECK(cudaMemcpyAsync(found[i].second, &host[i], sizeof(DeviceLayerState),
-                                     cudaMemcpyHostToDevice, stream_));
-  }
-  if (!found.empty()) OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < found.size(); ++i) write_device_state(*states[found[i].first], host[i]);
+  write_layer_states(found);
 }
 
 void CudaBackend::fetch_scaling(std::span<Fp8LinearState* const> states) {
