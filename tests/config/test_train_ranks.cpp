@@ -170,6 +170,15 @@ TEST_F(TrainRanks, FullyShardedFp8RanksValidateTogetherTrainAsRanksHoldingEveryC
   auto expected = step_losses(sharded);
   expected.erase(expected.begin(), expected.find(3));
   EXPECT_EQ(step_losses(resumed), expected) << "steps 3 and 4 after the resume equal the uninterrupted run's";
+  // A new run from those weights (--init-from: the copies remade from whole weights, each rank's own codes
+  // taken from them) trains as one that holds every copy.
+  const std::vector<std::string> from = {"--init-from",
+                                         (root_ / "sharded" / "checkpoints" / "step_000002").string()};
+  const std::string sharded_from = train("sharded_from", true, from);
+  const std::string held_from = train("held_from", false, from);
+  ASSERT_EQ(step_losses(sharded_from).size(), 4u);
+  EXPECT_EQ(step_losses(sharded_from), step_losses(held_from));
+  EXPECT_NE(step_losses(sharded_from).at(1), step_losses(sharded).at(1)) << "it starts from trained weights";
 }
 
 TEST_F(TrainRanks, TheFirstStepIsOneRanksOverTheSameGlobalBatch) {
