@@ -175,14 +175,23 @@ GatherVolume ParameterGather::volume() {
   return v;
 }
 
+std::vector<Backend::WeightPart> ParameterGather::own_parts(uint8_t** own) {
+  const auto rank = static_cast<size_t>(ranks_.rank());
+  const int64_t own_begin = plan_.code_bounds[rank];
+  *own = static_cast<uint8_t*>(
+      reserve(own_codes_, static_cast<size_t>(plan_.code_bounds[rank + 1] - own_begin)));
+  std::vector<Backend::WeightPart> parts = plan_.parts;
+  for (Backend::WeightPart& part : parts) {
+    // An empty part (a weight outside this rank's shard) writes nothing: its codes at the buffer's start.
+    part.codes_offset = part.begin < part.end ? part.codes_offset - own_begin : -part.begin;
+  }
+  return parts;
+}
+
 void ParameterGather::cast_parts() {
   Backend& backend = model_.backend();
   float* params = model_.params();
   const Plan& p = plan_;
-  const auto rank = static_cast<size_t>(ranks_.rank());
-  const int64_t own_begin = p.code_bounds[rank];
-  auto* own =
-      static_cast<uint8_t*>(reserve(own_codes_, static_cast<size_t>(p.code_bounds[rank + 1] - own_begin)));
   auto* packed = static_cast<float*>(reserve(packed_, static_cast<size_t>(p.packed_bounds.back()) * sizeof(float)));
   auto* amaxes = static_cast<float*>(reserve(amaxes_, p.parts.size() * sizeof(float)));
   // This rank's float32 values into its part of the packed runs, and its parts' amaxes.
@@ -199,12 +208,9 @@ void ParameterGather::cast_parts() {
   backend.synchronize();
   // The whole weights' amaxes: the largest part on any rank (a NaN anywhere wins, as in a whole cast).
   ranks_.all_reduce_max(std::span<float>(amaxes, p.parts.size()));
-  // Each part's codes land in this rank's own codes, which begin at own_begin of every weight's.
-  std::vector<Backend::WeightPart> parts = p.parts;
-  for (Backend::WeightPart& part : parts) {
-    // An empty part (a weight outside this rank's shard) writes nothing: its codes at the buffer's start.
-    part.codes_offset = part.begin < part.end ? part.codes_offset - own_begin : -part.begin;
-  }
+  // Each part's codes land in this rank's own codes.
+  uint8_t* own = nullptr;
+  const std::vector<Backend::WeightPart> parts = own_parts(&own);
   backend.cast_weight_parts(parts, amaxes, own);
 }
 
@@ -300,14 +306,8 @@ void ParameterGather::adopt_copies() {
     g.code_ticket = -1;
   }
   // Every copy is whole and made from the present parameters: this rank's part of each is its own codes.
-  const auto rank = static_cast<size_t>(ranks_.rank());
-  const int64_t own_begin = plan_.code_bounds[rank];
-  auto* own = static_cast<uint8_t*>(
-      reserve(own_codes_, static_cast<size_t>(plan_.code_bounds[rank + 1] - own_begin)));
-  std::vector<Backend::WeightPart> parts = plan_.parts;
-  for (Backend::WeightPart& part : parts) {
-    part.codes_offset = part.begin < part.end ? part.codes_offset - own_begin : -part.begin;
-  }
+  uint8_t* own = nullptr;
+  const std::vector<Backend::WeightPart> parts = own_parts(&own);
   model_.backend().weight_part_codes(parts, own);
   for (const size_t i : code_groups_) plan_.groups[i].held = true;
 }

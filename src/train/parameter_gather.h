@@ -150,6 +150,9 @@ class ParameterGather {
   Plan plan();
   // buffer holding at least `bytes` (backend memory), reallocated where smaller.
   void* reserve(std::unique_ptr<Buffer>& buffer, size_t bytes);
+  // This rank's parts of plan_'s weights with their codes counted from the start of its own codes
+  // (own_codes_, reserved, at *own): where cast_weight_parts writes them and weight_part_codes takes them.
+  std::vector<Backend::WeightPart> own_parts(uint8_t** own);
   // Casts this rank's parts of the weights gathered as codes into its own codes and packs its float32
   // values (FP8 gathers).
   void cast_parts();
