@@ -446,6 +446,10 @@ size_t GemmEngine::State::fastest(const Plan& plan, const GemmProblem& p,
   const auto product = [&](const cublasLtMatmulHeuristicResult_t& candidate) {
     return enqueue(plan, p, candidate.algo, candidate.workspaceSize, stream);
   };
+  // The candidates are timed on a quiet device: work still running on the device's other streams (a data-
+  // parallel backward's gradient sums, a fully sharded forward's gathers) would take SMs from some
+  // candidates and not others, and a slower one could win.
+  OCTET_CUDA_CHECK(cudaDeviceSynchronize());
   // Every candidate's events are recorded before the host waits, once, for the last of them.
   std::vector<Event> starts(candidates.size()), stops(candidates.size());
   std::vector<bool> ran(candidates.size(), false);
