@@ -111,6 +111,8 @@ const char* kind_name(DeviceActivity::Kind k) {
       return "memcpy";
     case DeviceActivity::Kind::memset:
       return "memset";
+    case DeviceActivity::Kind::host:
+      return "host";
   }
   return "?";
 }
@@ -223,10 +225,20 @@ KernelSummary summarize_kernels(const KernelTrace& trace) {
   s.device = trace.device;
   s.dropped_records = trace.dropped_records;
   std::map<std::pair<int, std::string>, KernelSummaryRow> rows;
+  bool any = false;
   for (const DeviceActivity& a : trace.activities) {
     const uint64_t ns = a.end_ns - a.start_ns;
-    s.first_step = s.launches == 0 ? a.step : std::min(s.first_step, a.step);
-    s.last_step = s.launches == 0 ? a.step : std::max(s.last_step, a.step);
+    s.first_step = !any ? a.step : std::min(s.first_step, a.step);
+    s.last_step = !any ? a.step : std::max(s.last_step, a.step);
+    any = true;
+    if (a.kind == DeviceActivity::Kind::host) {  // the host's parts: beside the device's work, not in it
+      auto part = std::find_if(s.host_parts.begin(), s.host_parts.end(),
+                               [&](const HostPartRow& r) { return r.name == a.name; });
+      if (part == s.host_parts.end()) part = s.host_parts.insert(part, HostPartRow{.name = a.name});
+      ++part->count;
+      part->total_ns += ns;
+      continue;
+    }
     ++s.launches;
     s.total_ns += ns;
     KernelSummaryRow& row = rows[{static_cast<int>(a.kind), a.name}];
@@ -295,10 +307,25 @@ std::string chrome_trace_json(const KernelTrace& trace) {
     origin = i == 0 ? trace.activities[i].start_ns : std::min(origin, trace.activities[i].start_ns);
   const auto us = [origin](uint64_t ns) { return static_cast<double>(ns - origin) / 1000.0; };
   json events = json::array();
+  // The host's parts of the steps on a row of their own, above the devices'.
+  constexpr uint32_t kHostProcess = 1u << 20;
+  bool host = false;
   std::map<uint32_t, std::map<uint32_t, bool>> streams;                         // device -> streams seen
   std::map<std::pair<uint32_t, int64_t>, std::pair<uint64_t, uint64_t>> steps;  // (device, step) -> span
   for (const DeviceActivity& a : trace.activities) {
     json args{{"step", a.step}};
+    if (a.kind == DeviceActivity::Kind::host) {
+      events.push_back({{"name", a.name},
+                        {"cat", "host"},
+                        {"ph", "X"},
+                        {"ts", us(a.start_ns)},
+                        {"dur", static_cast<double>(a.end_ns - a.start_ns) / 1000.0},
+                        {"pid", kHostProcess},
+                        {"tid", 0},
+                        {"args", args}});
+      host = true;
+      continue;
+    }
     if (a.kind == DeviceActivity::Kind::kernel) {
       args["grid"] = triple(a.grid);
       args["block"] = triple(a.block);
@@ -355,6 +382,17 @@ std::string chrome_trace_json(const KernelTrace& trace) {
                         {"args", {{"name", fmt::format("stream {}", stream)}}}});
     }
   }
+  if (host) {
+    events.push_back(
+        {{"name", "process_name"}, {"ph", "M"}, {"pid", kHostProcess}, {"args", {{"name", "host"}}}});
+    events.push_back(
+        {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", kHostProcess}, {"args", {{"sort_index", -1}}}});
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", kHostProcess},
+                      {"tid", 0},
+                      {"args", {{"name", "trainer"}}}});
+  }
   const json doc{{"traceEvents", events},
                  {"displayTimeUnit", "ns"},
                  {"otherData", {{"producer", "octet"}, {"device", trace.device}, {"origin_ns", origin}}}};
@@ -377,6 +415,13 @@ std::string kernel_summary_json(const KernelSummary& s) {
                        {"mean_us", r.mean_ns / 1000.0},
                        {"share", r.share}});
   }
+  json host = json::array();
+  for (const HostPartRow& r : s.host_parts) {
+    host.push_back({{"name", r.name},
+                    {"count", r.count},
+                    {"total_ms", ms(r.total_ns)},
+                    {"mean_ms", ms(r.total_ns) / static_cast<double>(r.count)}});
+  }
   const json doc{
       {"format", "octet-kernel-summary"},
       {"version", kVersion},
@@ -389,7 +434,8 @@ std::string kernel_summary_json(const KernelSummary& s) {
       {"fp8_gemm",
        {{"launches", s.fp8_gemm_launches}, {"total_ms", ms(s.fp8_gemm_ns)}, {"share", share(s.fp8_gemm_ns)}}},
       {"casts", {{"launches", s.cast_launches}, {"total_ms", ms(s.cast_ns)}, {"share", share(s.cast_ns)}}},
-      {"kernels", kernels}};
+      {"kernels", kernels},
+      {"host_parts", host}};
   return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
@@ -444,8 +490,10 @@ KernelTrace parse_kernels_jsonl(std::string_view text, std::string_view origin) 
       a.kind = DeviceActivity::Kind::memcpy;
     } else if (kind == "memset") {
       a.kind = DeviceActivity::Kind::memset;
+    } else if (kind == "host") {
+      a.kind = DeviceActivity::Kind::host;
     } else {
-      refuse(origin, line_number, "\"kind\" must be \"kernel\", \"memcpy\" or \"memset\"");
+      refuse(origin, line_number, "\"kind\" must be \"kernel\", \"memcpy\", \"memset\" or \"host\"");
     }
     a.name = string_field(object, "name", origin, line_number);
     if (a.name.empty() || a.name.size() > kMaxNameBytes)

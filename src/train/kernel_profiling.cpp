@@ -1,6 +1,7 @@
 // See kernel_profiling.h.
 #include "kernel_profiling.h"
 
+#include <algorithm>
 #include <utility>
 
 #include <fmt/format.h>
@@ -47,8 +48,28 @@ void StepProfiling::before_step(int64_t step, Backend& backend) {
                          dir_.string()));
 }
 
+void StepProfiling::host_part(std::string_view part) {
+  if (!recording_) return;
+  const uint64_t now = profiler_->now_ns();
+  if (part_) {
+    part_->end_ns = std::max(now, part_->start_ns);
+    records_.push_back(std::move(*part_));
+  }
+  part_ = DeviceActivity{.kind = DeviceActivity::Kind::host, .name = std::string(part), .start_ns = now};
+}
+
 void StepProfiling::after_step(int64_t step, Backend& backend) {
   if (!recording_) return;
+  // The step's last part ends as the trainer returns, before the wait for the device below.
+  if (part_) {
+    part_->end_ns = std::max(profiler_->now_ns(), part_->start_ns);
+    part_->step = step;
+    records_.push_back(std::move(*part_));
+    part_.reset();
+  }
+  for (DeviceActivity& a : records_) {
+    if (a.kind == DeviceActivity::Kind::host && a.step == 0) a.step = step;
+  }
   backend.synchronize();
   for (DeviceActivity& a : profiler_->collect()) {
     a.step = step;

@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "octet/backend/registry.h"
@@ -34,6 +36,9 @@ class StepProfiling {
   // Around optimizer step `step` (1-based). after_step synchronises the backend on profiled steps.
   void before_step(int64_t step, Backend& backend);
   void after_step(int64_t step, Backend& backend);
+  // The trainer begins a part of the step (TrainSettings::host_part_began): on a profiled step the part
+  // before it ends here, and the trace gets it as a host record. The last part ends at after_step.
+  void host_part(std::string_view part);
   // The run ends before profiling.end_step (a signal): what was recorded is written.
   void finish(Backend& backend);
 
@@ -50,6 +55,7 @@ class StepProfiling {
   Hooks hooks_;
   std::unique_ptr<KernelProfiler> profiler_;
   std::vector<DeviceActivity> records_;
+  std::optional<DeviceActivity> part_;  // the host's part under way on a profiled step
   bool recording_ = false;
   bool gave_up_ = false;
   std::filesystem::path written_;

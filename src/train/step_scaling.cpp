@@ -23,6 +23,7 @@ StepScaling::StepScaling(Model& model) : model_(model) {}
 void StepScaling::begin() {
   // The FP8 layers as they are now (an alert may have moved one to BF16 since the last step).
   names_.clear();
+  restored_.clear();
   layers_.clear();
   const PrecisionPolicy& policy = model_.policy();
   if (policy.recipe() == nullptr) return;
@@ -38,7 +39,8 @@ void StepScaling::begin() {
   }
 }
 
-void StepScaling::after_micro_batch() {
+void StepScaling::after_micro_batch(bool last) {
+  restored_.clear();
   if (names_.empty()) return;
   const std::vector<Fp8LinearState*> live = model_.fp8_states(names_);
   for (size_t i = 0; i < live.size(); ++i) {
@@ -54,6 +56,10 @@ void StepScaling::after_micro_batch() {
       o.cast = true;
       state = o.at_begin;
     }
+  }
+  if (last) {
+    restored_ = live;
+    return;
   }
   publish(live);
 }
@@ -80,7 +86,9 @@ void StepScaling::finish(dist::Communicator* communicator) {
     }
   }
   const ScalingRecipe& recipe = *model_.policy().recipe();
-  const std::vector<Fp8LinearState*> live = model_.fp8_states(names_);
+  // The states the last micro-batch restored, still on the host; fetched where it sent them.
+  const std::vector<Fp8LinearState*> live = restored_.empty() ? model_.fp8_states(names_) : restored_;
+  restored_.clear();
   for (size_t i = 0; i < live.size(); ++i) {
     for (const Operand& o : layers_[i].operands) {
       if (!o.cast) continue;

@@ -26,8 +26,10 @@ class StepScaling {
   // At the start of a step: remembers the activation and gradient scaling state of each layer in FP8 now.
   void begin();
   // After each micro-batch's forward and backward: folds the amaxes its casts recorded into the step's and
-  // restores the states remembered by begin().
-  void after_micro_batch();
+  // restores the states remembered by begin(). After the step's last micro-batch (`last`: finish() comes
+  // next, and nothing casts before it) the restored states stay on the host: finish() sends them once,
+  // updated, which spares the device a copy of every record each way.
+  void after_micro_batch(bool last);
   // At the end of the step: takes the largest amaxes over the ranks (when there is a communicator) and
   // records each operand's once.
   void finish(dist::Communicator* communicator);
@@ -49,6 +51,8 @@ class StepScaling {
   Model& model_;
   std::vector<std::string> names_;  // the layers in FP8 at begin(), fetched and published together
   std::vector<Layer> layers_;
+  // The host states the last micro-batch restored and did not send (after_micro_batch(true)), for finish().
+  std::vector<Fp8LinearState*> restored_;
 };
 
 }  // namespace octet

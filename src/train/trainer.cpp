@@ -226,6 +226,7 @@ StepResult Trainer::step(const BatchSource& data) {
   const auto phase = [this](StepPhase p) {
     if (settings_.phase_began) settings_.phase_began(p);
   };
+  host_part("step start");
   // Before the first step's activations take their memory: the masters the gathers will leave stale go now
   // (again, where weights were loaded since the trainer was made).
   if (gather_ != nullptr) gather_->release_before_first_gather();
@@ -236,12 +237,17 @@ StepResult Trainer::step(const BatchSource& data) {
   const int64_t micro_batches = micro * parallel_.ranks();
   const float dloss = r.loss_scale / static_cast<float>(B * T * micro_batches);
   double loss_sum = accumulate(data, dloss, phase);
+  host_part("loss sum");
   if (parallel_.communicator != nullptr) {
     parallel_.communicator->all_reduce_sum(std::span<double>(&loss_sum, 1));
   }
   // A float64 sum of the losses is finite exactly when every loss is; every rank sees the same sum.
   const bool loss_finite = std::isfinite(loss_sum);
-  if (step_scaling_) step_scaling_->finish(parallel_.communicator);
+  if (step_scaling_) {
+    host_part("step scaling");
+    step_scaling_->finish(parallel_.communicator);
+  }
+  host_part("gradient sums");
   for (std::unique_ptr<OverlappedSums>* sums : {&overlapped_, &overlapped_codes_}) {
     if (*sums == nullptr) continue;  // the sums started during the last backward: finished whatever the loss
     (*sums)->finish();
@@ -252,6 +258,7 @@ StepResult Trainer::step(const BatchSource& data) {
   r.fp8_gemms = model_.counters().fp8_gemms - before.fp8_gemms;
   r.other_gemms = model_.counters().other_gemms - before.other_gemms;
 
+  host_part("gradient norm");
   double sum_of_squares = 0.0;
   if (!loss_finite) {
     r.skip_reason = fmt::format("non-finite loss ({})", r.loss);
@@ -286,6 +293,7 @@ StepResult Trainer::step(const BatchSource& data) {
   const float clip = settings_.grad_clip > 0.0f && r.grad_norm > settings_.grad_clip
                          ? settings_.grad_clip / r.grad_norm
                          : 1.0f;
+  host_part("update");
   // The weight copies for the next step are remade by the update itself.
   const std::vector<Model::WeightCopySlot> copies = model_.weight_copy_slots();
   optimizer_.step(model_.params(), model_.grads(), r.learning_rate, clip / r.loss_scale, copies,
@@ -315,12 +323,15 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
     double group_loss = 0.0;
     for (int64_t m = 0; m < micro; ++m) {
       phase(StepPhase::data);
+      host_part("data");
       data(tokens.data(), targets.data());
       if (token_rows_) token_rows_->add(tokens.data(), B * T);
       phase(StepPhase::forward);
+      host_part("forward");
       const float loss = model_.forward(tokens.data(), targets.data(), B, T, dloss);
       group_loss += loss;
       phase(StepPhase::backward);
+      host_part("backward");
       // The last micro-batch's backward starts the ranks' sums of the gradients it finishes.
       if (m == micro - 1 && overlap_gradient_sums()) {
         if (token_rows_) token_rows_->agree(*parallel_.communicator);
@@ -340,7 +351,12 @@ double Trainer::accumulate(const BatchSource& data, float dloss,
       }
       model_.backward(dloss);
       model_.set_gradient_ready(nullptr);
-      if (step_scaling_) step_scaling_->after_micro_batch();
+      // The last micro-batch's restored states go to the device once, updated, in finish() (the probe
+      // runs the model in between, so it keeps the usual order).
+      if (step_scaling_) {
+        host_part("step scaling");
+        step_scaling_->after_micro_batch(g == groups - 1 && m == micro - 1 && !probe_);
+      }
       if (probe_ && g == 0 && m == 0) probe_(MicroBatch{tokens.data(), targets.data(), B, T, loss, dloss});
     }
     loss_sum = g == 0 ? group_loss : loss_sum + group_loss;

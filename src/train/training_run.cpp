@@ -356,6 +356,13 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   if (telemetry_here) {
     settings.phase_began = [&phases, &backend](StepPhase phase) { phases.begin(phase, *backend); };
   }
+  // The host's parts of the profiled steps, beside their kernels (the profiling is made below).
+  StepProfiling* profiled = nullptr;
+  if (config.profiling.enabled && lead) {
+    settings.host_part_began = [&profiled](std::string_view part) {
+      if (profiled != nullptr) profiled->host_part(part);
+    };
+  }
   // The ranks exchange the backend's tensors over its own communicator (NCCL on GPUs), or over the joined
   // processes themselves (the CPU backend's tensors are host memory).
   std::unique_ptr<dist::Communicator> tensors =
@@ -647,6 +654,7 @@ TrainingRunSummary train_as_rank(const RunConfig& config, const TrainingRunOptio
   const std::string profiled_device =
       config.profiling.enabled ? device.backend->describe_device(device.gpu) : std::string();
   StepProfiling profiling(config, *device.backend, profiled_device, lead, std::move(profiling_hooks));
+  profiled = &profiling;
   try {
     const auto began = std::chrono::steady_clock::now();
     const int64_t first_step = trainer->steps_done();

@@ -1,6 +1,7 @@
 // [profiling] on the GPU, end to end: a few steps of a tiny GPT-2 trained by run_training with profiling on
 // write a kernel trace whose summary lists FP8 GEMM kernels and octet's cast kernels in fp8 mode, and no
 // kernel marked FP8 in bf16 mode. Skips without a GPU (or without FP8 tensor cores for the fp8 half).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -61,6 +62,20 @@ class KernelProfiling : public ::testing::Test {
     for (const fs::path name : {"trace.json", "summary.json"})
       EXPECT_TRUE(fs::exists(run_dir / "profile" / name));
     const KernelSummary s = summarize_kernels(trace);
+    // The host's parts of each step, on the clock of the kernels: no kernel of a step starts before the host
+    // began the step (the part "step start"), which enqueues them.
+    for (const int64_t step : {2, 3}) {
+      uint64_t began = 0, first_kernel = UINT64_MAX;
+      for (const DeviceActivity& a : trace.activities) {
+        if (a.step != step) continue;
+        if (a.kind == DeviceActivity::Kind::host && a.name == "step start") began = a.start_ns;
+        if (a.kind == DeviceActivity::Kind::kernel) first_kernel = std::min(first_kernel, a.start_ns);
+      }
+      EXPECT_GT(began, 0u) << "step " << step << " has no host part \"step start\"";
+      EXPECT_LE(began, first_kernel) << "step " << step;
+    }
+    EXPECT_FALSE(s.host_parts.empty());
+    if (!s.host_parts.empty()) EXPECT_EQ(s.host_parts[0].name, "step start");
     EXPECT_EQ(s.first_step, 2);
     EXPECT_EQ(s.last_step, 3);
     EXPECT_EQ(s.dropped_records, 0u);

@@ -313,6 +313,92 @@ TEST(KernelTraceFiles, WrittenFilesReadBackAndAgree) {
   std::filesystem::remove_all(dir);
 }
 
+// The host's parts of two steps beside the device's kernels: a trainer's step of one micro-batch
+// ("step start", "data", "forward", "backward", "gradient norm", "update"), its times on the device's clock.
+KernelTrace with_host_parts() {
+  KernelTrace trace = parse_kernels_jsonl(hand_written_trace(), "kernels.jsonl");
+  const auto part = [](int64_t step, const char* name, uint64_t start, uint64_t end) {
+    DeviceActivity a;
+    a.kind = DeviceActivity::Kind::host;
+    a.name = name;
+    a.step = step;
+    a.start_ns = start;
+    a.end_ns = end;
+    return a;
+  };
+  for (const int64_t step : {5, 6}) {
+    const uint64_t at = step == 5 ? 999000 : 1999000;
+    const std::vector<DeviceActivity> parts = {part(step, "step start", at, at + 100),
+                                               part(step, "data", at + 100, at + 150),
+                                               part(step, "forward", at + 150, at + 5150),
+                                               part(step, "backward", at + 5150, at + 5400),
+                                               part(step, "gradient norm", at + 5400, at + 11400),
+                                               part(step, "update", at + 11400, at + 11600)};
+    trace.activities.insert(trace.activities.end(), parts.begin(), parts.end());
+  }
+  std::stable_sort(trace.activities.begin(), trace.activities.end(),
+                   [](const DeviceActivity& a, const DeviceActivity& b) {
+                     return a.step != b.step ? a.step < b.step : a.start_ns < b.start_ns;
+                   });
+  return trace;
+}
+
+TEST(KernelSummary, TheHostsPartsStandBesideTheDevicesWork) {
+  const KernelTrace trace = with_host_parts();
+  ASSERT_EQ(trace.activities.size(), 9u + 12u);
+  const KernelSummary s = summarize_kernels(trace);
+  // The device's figures are those of the kernels alone (AggregatesAHandWrittenTrace).
+  EXPECT_EQ(s.launches, 9);
+  EXPECT_EQ(s.total_ns, 20000u);
+  EXPECT_EQ(s.fp8_gemm_ns, 10000u);
+  EXPECT_EQ(s.rows.size(), 6u);
+  EXPECT_EQ(s.first_step, 5);
+  EXPECT_EQ(s.last_step, 6);
+  // The parts in the order each first began, summed over the two steps.
+  ASSERT_EQ(s.host_parts.size(), 6u);
+  const std::vector<std::string> order = {"step start", "data",          "forward",
+                                          "backward",   "gradient norm", "update"};
+  const std::vector<uint64_t> totals = {200, 100, 10000, 500, 12000, 400};
+  for (size_t i = 0; i < order.size(); ++i) {
+    EXPECT_EQ(s.host_parts[i].name, order[i]);
+    EXPECT_EQ(s.host_parts[i].count, 2);
+    EXPECT_EQ(s.host_parts[i].total_ns, totals[i]) << order[i];
+  }
+
+  // The files: the host records read back; summary.json lists the parts; trace.json puts them on a process
+  // of their own, outside the device's step spans.
+  EXPECT_EQ(kernels_jsonl(parse_kernels_jsonl(kernels_jsonl(trace), "again")), kernels_jsonl(trace));
+  const json summary = json::parse(kernel_summary_json(s));
+  EXPECT_EQ(summary["launches"], 9);
+  ASSERT_EQ(summary["host_parts"].size(), 6u);
+  EXPECT_EQ(summary["host_parts"][2]["name"], "forward");
+  EXPECT_EQ(summary["host_parts"][2]["count"], 2);
+  EXPECT_EQ(summary["host_parts"][2]["total_ms"].get<double>(), 0.01);
+  EXPECT_EQ(summary["host_parts"][2]["mean_ms"].get<double>(), 0.005);
+  const json chrome = json::parse(chrome_trace_json(trace));
+  std::set<int64_t> host_processes;
+  int host_events = 0;
+  bool named = false;
+  for (const json& e : chrome["traceEvents"]) {
+    if (e["ph"] == "X" && e["cat"] == "host") {
+      ++host_events;
+      host_processes.insert(e["pid"].get<int64_t>());
+      if (e["name"] == "forward" && e["args"]["step"] == 5) {
+        EXPECT_EQ(e["ts"].get<double>(), 0.15);  // (999150 - 999000) ns: the trace begins with a part
+        EXPECT_EQ(e["dur"].get<double>(), 5.0);
+      }
+    }
+    if (e["ph"] == "X" && e["cat"] == "step" && e["name"] == "step 5") {
+      EXPECT_EQ(e["ts"].get<double>(), 1.0);  // the device's span: from its first kernel, not the host's part
+    }
+    if (e["ph"] == "M" && e["name"] == "process_name" && e["args"]["name"] == "host") named = true;
+  }
+  EXPECT_EQ(host_events, 12);
+  ASSERT_EQ(host_processes.size(), 1u);
+  EXPECT_NE(*host_processes.begin(), 0) << "not the device's process";
+  EXPECT_TRUE(named);
+}
+
 // The message of the refusal `text` gets; empty when it reads.
 std::string refusal(const std::string& text) {
   try {

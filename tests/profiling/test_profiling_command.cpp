@@ -124,6 +124,34 @@ TEST_F(InspectKernels, JsonAndTheTraceDirectoryItself) {
   EXPECT_EQ(doc["fp8_gemm"]["share"].get<double>(), 0.6);
 }
 
+TEST_F(InspectKernels, PrintsTheHostsPartsAfterTheKernels) {
+  KernelTrace t = fp8_trace();
+  const auto part = [](int64_t step, const char* name, uint64_t start, uint64_t ns) {
+    DeviceActivity a = kernel(step, name, start, ns);
+    a.kind = DeviceActivity::Kind::host;
+    return a;
+  };
+  // Steps 3 and 4: the forward 1.5 and 2.5 ms, the gradient norm 0.25 ms each.
+  t.activities.push_back(part(3, "forward", 0, 1500000));
+  t.activities.push_back(part(3, "gradient norm", 1500000, 250000));
+  t.activities.push_back(part(4, "forward", 2000000, 2500000));
+  t.activities.push_back(part(4, "gradient norm", 4500000, 250000));
+  write_kernel_trace(root_ / "run" / "profile", t);
+  const ProcessResult r = run_octet({"inspect", (root_ / "run").string(), "--kernels"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 14u) << r.out;
+  // The device's table as without them (PrintsTheSummaryAsATable), then the host's.
+  EXPECT_EQ(lines[1],
+            "  steps 3 to 4 on NVIDIA H100 80GB HBM3 (CUDA device 0, compute capability 9.0): 7 launches, "
+            "0.010 ms of GPU time");
+  EXPECT_EQ(lines[9], "octet's FP8 casts: 2 launches, 20% of GPU time");
+  EXPECT_EQ(lines[10], "host, the trainer's parts of the steps:");
+  EXPECT_EQ(lines[11], "  part" + std::string(60, ' ') + "   count   total ms    mean ms");
+  EXPECT_EQ(lines[12], "  forward" + std::string(57, ' ') + "       2      4.000      2.000");
+  EXPECT_EQ(lines[13], "  gradient norm" + std::string(51, ' ') + "       2      0.500      0.250");
+}
+
 TEST_F(InspectKernels, SaysWhenNoFp8GemmRan) {
   KernelTrace t = fp8_trace();
   t.activities = {kernel(2, "nvjet_sm90_tst_256x160_64x4_1x2_h_bz_coopA_NNT", 100, 1000)};

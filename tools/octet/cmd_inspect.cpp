@@ -222,6 +222,17 @@ std::string kernels_text(const KernelSummary& s, const std::string& source) {
   }
   out += fmt::format("octet's FP8 casts: {} launches, {} of GPU time\n", s.cast_launches,
                      percent(share(s.cast_ns)));
+  if (!s.host_parts.empty()) {
+    // The trainer's parts of the steps as the host spent them: enqueueing work, and waiting where a part
+    // needs a result from the device (the forward's loss, the gradient norm).
+    out += fmt::format("host, the trainer's parts of the steps:\n  {:<64} {:>7} {:>10} {:>10}\n", "part",
+                       "count", "total ms", "mean ms");
+    for (const HostPartRow& r : s.host_parts) {
+      out += fmt::format("  {:<64} {:>7} {:>10.3f} {:>10.3f}\n", r.name, r.count,
+                         static_cast<double>(r.total_ns) / 1e6,
+                         static_cast<double>(r.total_ns) / 1e6 / static_cast<double>(r.count));
+    }
+  }
   return out;
 }
 

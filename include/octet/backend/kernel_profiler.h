@@ -5,17 +5,20 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace octet {
 
-// One piece of device work: a kernel launch, a copy or a fill, with the device's own start and end times.
+// One piece of device work: a kernel launch, a copy or a fill, with the device's own start and end times; or
+// (kind host) a part of a step as the host spent it: what the trainer did between two points of the step
+// ("forward": enqueueing the forward and waiting for its loss), on the same clock.
 struct DeviceActivity {
-  enum class Kind : uint8_t { kernel, memcpy, memset };
+  enum class Kind : uint8_t { kernel, memcpy, memset, host };
   Kind kind = Kind::kernel;
-  std::string name;       // a kernel's name, demangled where it is a C++ name; "memcpy HtoD", "memset"
+  std::string name;  // a kernel's name, demangled where it is a C++ name; "memcpy HtoD", "memset"; a part
   uint64_t start_ns = 0;  // device timestamps (nanoseconds; one clock for the whole process)
   uint64_t end_ns = 0;
   std::array<int32_t, 3> grid{0, 0, 0};   // kernels only
@@ -41,6 +44,14 @@ class KernelProfiler {
   virtual void stop() = 0;
   // Records lost because the profiler's buffers were full (0 in a healthy trace).
   virtual uint64_t dropped_records() const { return 0; }
+  // Now, on the clock of the records' times (for the host's parts of a step).
+  virtual uint64_t now_ns() const;
 };
+
+inline uint64_t KernelProfiler::now_ns() const {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
 
 }  // namespace octet

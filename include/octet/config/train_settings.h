@@ -71,6 +71,10 @@ struct TrainSettings {
   // Called as each phase of a step begins, and with StepPhase::done when the step ends (`octet bench train`
   // synchronises the backend there to time the phases); none when unset.
   std::function<void(StepPhase)> phase_began;
+  // Called as each part of a step begins on the host, by name ("step start", "data", "forward", "backward",
+  // "step scaling", "loss sum", "gradient sums", "gradient norm", "update"): what [profiling] records of the
+  // host beside the device's kernels; none when unset. Nothing waits for the device there.
+  std::function<void(std::string_view)> host_part_began;
 };
 
 }  // namespace octet

@@ -48,11 +48,18 @@ struct KernelSummaryRow {
   double share = 0.0;  // of the summed time of every recorded activity
 };
 
+// One part of the steps as the host spent it (the trace's host records of one name).
+struct HostPartRow {
+  std::string name;
+  int64_t count = 0;      // stretches: one a step, or one a micro-batch
+  uint64_t total_ns = 0;  // summed over the profiled steps
+};
+
 struct KernelSummary {
   std::string device;
   int64_t first_step = 0;  // 0 and 0 for an empty trace
   int64_t last_step = 0;
-  int64_t launches = 0;   // activities of every kind
+  int64_t launches = 0;   // the device's activities of every kind
   uint64_t total_ns = 0;  // their summed durations ("GPU time"; overlapping work counts twice)
   int64_t fp8_gemm_launches = 0;
   uint64_t fp8_gemm_ns = 0;
@@ -60,6 +67,8 @@ struct KernelSummary {
   uint64_t cast_ns = 0;
   uint64_t dropped_records = 0;
   std::vector<KernelSummaryRow> rows;  // most time first, then by name
+  // The host's parts of the steps, in the order each first began; not in the counts and times above.
+  std::vector<HostPartRow> host_parts;
 };
 KernelSummary summarize_kernels(const KernelTrace& trace);
 

@@ -119,6 +119,10 @@ class Trainer {
   double accumulate(const BatchSource& data, float dloss, const std::function<void(StepPhase)>& phase);
   // Whether the sums start during the last micro-batch's backward (overlapped_sums.h).
   bool overlap_gradient_sums() const;
+  // TrainSettings::host_part_began, where set.
+  void host_part(std::string_view part) const {
+    if (settings_.host_part_began) settings_.host_part_began(part);
+  }
   // The elements of a bucket of the overlapped sums (DataParallel::bucket_elements; 0 there: one bucket).
   int64_t bucket_elements() const;
   // Each emulated rank's gradients added on the host, in rank order, as the ranks' sums add them: `sum` and
