@@ -187,10 +187,11 @@ std::string Trainer::first_non_finite_gradient() {
 }
 
 double Trainer::gradient_sum_of_squares() {
-  if (!parallel_.shard_optimizer_state) return model_.gradient_sum_of_squares();
-  // With the optimizer state in shards, each shard's sum of squares, and the shards' sums added in rank
-  // order: the ranks of a sharded state hold the summed gradients of their shard only (reduce-scatter), and
-  // emulated ranks add the same sums in the same order. The shards are the shard group's.
+  if (parallel_.ranks() == 1) return model_.gradient_sum_of_squares();
+  // Each shard's sum of squares, and the shards' sums added in rank order: the ranks of a sharded state hold
+  // the summed gradients of their shard only (reduce-scatter); without one, every rank holds every sum and
+  // takes its shard's squares alone, a part of the work each. Emulated ranks add the same sums in the same
+  // order. The shards are the shard group's.
   const int ranks = static_cast<int>(parallel_.shard_ranks());
   const float* grads = model_.grads();
   const void* codes = model_.grads_bf16();
