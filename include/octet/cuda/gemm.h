@@ -121,7 +121,8 @@ enum class GemmAlgorithmChoice : uint8_t {
   heuristic,
   // The fastest of the heuristic's first GemmEngine::kTimedCandidates answers, each timed on the first
   // call's own operands (kTimedRepeats products after one warm-up, on the caller's stream, once the device
-  // has finished the work enqueued before, on every stream; the host waits for them once). A candidate's product overwrites D as the call's own does, or adds the same addend to it, so
+  // has finished the work enqueued before, on every stream; the host waits for them once). A candidate's
+  // product overwrites D as the call's own does, or adds the same addend to it, so
   // timing changes nothing the call returns. Products that accumulate into D keep the heuristic's first
   // answer: timing them would add into D more than once. Which candidate wins can differ from run to run,
   // and candidates may sum in different orders: the last bits of a result are then not reproducible.
